@@ -1,0 +1,145 @@
+"""``analyze``: one window of ``[steps, ranks, stages]`` durations in, one WindowReport out.
+
+This is the only analysis path: live windows, evidence packets and reduced profiler traces all
+end here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .accounting import FloatArray, advances_from_frontier, as_window
+from .errors import RolesError, SideEvidenceError
+from .evidence import compute_evidence
+from .gates import Gates
+from .labels import LabelInputs, label_window
+from .report import WindowReport
+from .routing import candidate_set, rank_order
+from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, semantic_stage, stage_order_hash
+from .side import SideEvidence
+
+
+def analyze(
+    d: Any,
+    stages: Sequence[str],
+    *,
+    gates: Gates | None = None,
+    roles: Sequence[str] | None = None,
+    side: SideEvidence | None = None,
+) -> WindowReport:
+    """Frontier accounting, localization and labels for one window.
+
+    Args:
+        d: durations in seconds, array-like ``[N steps, R ranks, S stages]``.
+        stages: the ``S`` ordered stage names.
+        gates: labeler thresholds; ``Gates()`` by default.
+        roles: optional role per rank (e.g. pipeline stage). Mixed roles give
+            ``role_aware_needed`` and per-role shares instead of a global attribution.
+        side: optional side evidence (CUDA-event samples, accumulation, telemetry errors).
+
+    Raises:
+        StageFrontierError subclasses for malformed input, each naming the problem.
+    """
+    names = check_stage_names(stages)
+    arr = as_window(d, names)
+    n, r, s = arr.shape
+    gates = gates or Gates()
+    role_list = _check_roles(roles, r)
+    side = (side or SideEvidence()).checked(n, r, s)
+    if gates.gain_baseline == "reference" and side.no_stall_reference_s is None:
+        raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
+
+    ev, prefix = compute_evidence(arr, gates, side)
+    residual = ev.shares[names.index(RESIDUAL_STAGE)] if RESIDUAL_STAGE in names else 0.0
+    wall = float(prefix[:, -1, :].sum()) - side.overlap_error_s
+    overlap = side.overlap_error_s / wall if wall > 0 else 0.0
+    labeling = label_window(
+        LabelInputs(
+            stages=names,
+            d=arr,
+            prefix=prefix,
+            evidence=ev,
+            gates=gates,
+            side=side,
+            roles=role_list,
+            residual_share=float(residual),
+            overlap_share=overlap,
+        )
+    )
+    order = rank_order(ev.shares if ev.shares_defined else ev.advance_totals)
+    stage_dict = _per_stage(names)
+    return WindowReport(
+        stages=list(names),
+        n_steps=n,
+        n_ranks=r,
+        schema_version=SCHEMA_VERSION,
+        stage_order_hash=stage_order_hash(names),
+        exposed_s=ev.exposed_s,
+        shares_defined=ev.shares_defined,
+        shares=stage_dict(ev.shares),
+        advances=stage_dict(ev.advance_totals),
+        direct_gain=stage_dict(ev.gain),
+        top1=names[order[0]],
+        top2=names[order[1]] if s > 1 else None,
+        routing_set=candidate_set(ev.shares, names, gates.candidate_threshold)
+        if ev.shares_defined
+        else [],
+        labels=labeling.ordered(),
+        reasons=labeling.reasons,
+        co_critical_stages=labeling.co_critical_stages,
+        leaders={name: loc.leader_rank for name, loc in zip(names, ev.localization)},
+        localization=dict(zip(names, ev.localization)),
+        semantic_shares=_semantic_shares(names, ev.shares),
+        residual_share=float(residual),
+        overlap_share=overlap,
+        roles=role_list,
+        role_shares=_role_shares(prefix, names, role_list, gates),
+        forward_event=labeling.forward_event,
+        gates=gates,
+    )
+
+
+def _per_stage(names: Sequence[str]) -> Any:
+    def to_dict(values: FloatArray) -> dict[str, float]:
+        return {name: float(v) for name, v in zip(names, values)}
+
+    return to_dict
+
+
+def _check_roles(roles: Sequence[str] | None, n_ranks: int) -> list[str] | None:
+    if roles is None:
+        return None
+    if isinstance(roles, str):
+        raise RolesError("roles must be a sequence with one role per rank, not a single string")
+    role_list = [str(x) for x in roles]
+    if len(role_list) != n_ranks:
+        raise RolesError(f"{len(role_list)} roles given for {n_ranks} ranks: need one per rank")
+    return role_list
+
+
+def _semantic_shares(names: Sequence[str], shares: FloatArray) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, share in zip(names, shares):
+        key = semantic_stage(name)
+        out[key] = out.get(key, 0.0) + float(share)
+    return out
+
+
+def _role_shares(
+    prefix: FloatArray, names: Sequence[str], roles: list[str] | None, gates: Gates
+) -> dict[str, dict[str, float]] | None:
+    """Frontier shares computed within each role group: the role-aware view."""
+    if roles is None or len(set(roles)) < 2:
+        return None
+    out = {}
+    role_arr = np.array(roles)
+    for role in sorted(set(roles)):
+        group = prefix[:, :, role_arr == role]
+        step_adv = advances_from_frontier(group.max(axis=2))
+        exposed = float(step_adv.sum())
+        shares = step_adv.sum(axis=0) / exposed if exposed > gates.min_exposed_s else 0 * step_adv[0]
+        out[role] = {name: float(v) for name, v in zip(names, shares)}
+    return out

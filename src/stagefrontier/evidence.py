@@ -1,0 +1,201 @@
+"""Vectorized window evidence: frontier, localization (leaders, ties, lag) and direct-exposure gain.
+
+Everything here is numeric and label-free; ``labels.py`` turns it into claims. The whole window is
+computed with a handful of passes over two ``[N, S, R]`` buffers (the prefixes and one scratch
+buffer that is reused for every sort), so memory stays within a small multiple of the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .accounting import FloatArray, advances_from_frontier, rank_last_prefixes
+from .gates import Gates
+from .side import SideEvidence
+
+
+@dataclass(frozen=True)
+class StageLocalization:
+    """Which rank sets the frontier at one stage boundary, and how clearly, over a window."""
+
+    leader_rank: int | None
+    """Rank that most often leads the boundary uniquely, weighted by the stage's advance."""
+    leader_fraction: float
+    """Fraction of the stage's advance in steps this rank led uniquely."""
+    confident_steps: int
+    """Steps where exactly one rank was within the tie tolerance of the frontier."""
+    leader_switches: int
+    """Changes of leader between consecutive confident steps."""
+    tied_ranks: list[int]
+    """Ranks that shared the lead (tie set of size > 1) in at least one step, most frequent first."""
+    lag_mean_s: float
+    """Mean over steps of ``max_r P - median_r P`` at this boundary."""
+    delta_lag_mean_s: float
+    """Mean lag growth within this stage (lag here minus lag at the previous boundary)."""
+    gap_mean_s: float | None
+    """Mean gap between the leading and the second prefix; None with a single rank."""
+
+
+@dataclass(frozen=True)
+class WindowEvidence:
+    step_exposed_s: FloatArray  # [N] F[t, S]
+    step_advances: FloatArray  # [N, S]
+    advance_totals: FloatArray  # [S] sum_t a[t, s]
+    shares: FloatArray  # [S]
+    shares_defined: bool
+    exposed_s: float
+    gain: FloatArray  # [S] G_s
+    localization: list[StageLocalization]
+
+
+def compute_evidence(
+    d: FloatArray, gates: Gates, side: SideEvidence | None
+) -> tuple[WindowEvidence, FloatArray]:
+    """All numeric evidence for one validated window ``d [N, R, S]``.
+
+    Returns the evidence and the rank-last prefixes (kept for the critical-path fallback).
+    """
+    n, r, s = d.shape
+    prefix = rank_last_prefixes(d)
+    front = prefix.max(axis=2)
+    step_exposed = front[:, -1]
+    step_adv = advances_from_frontier(front)
+    totals = step_adv.sum(axis=0)
+    exposed = float(step_exposed.sum())
+    defined = exposed > gates.min_exposed_s
+    shares = totals / exposed if defined else np.zeros(s)
+
+    scratch = np.empty((n, s, r), dtype=np.float64)
+    localization = _localize(prefix, front, step_adv, gates, scratch)
+    gain = _direct_gain(d, prefix[:, -1, :], step_exposed, exposed, defined, gates, side, scratch)
+    evidence = WindowEvidence(
+        step_exposed_s=step_exposed,
+        step_advances=step_adv,
+        advance_totals=totals,
+        shares=shares,
+        shares_defined=defined,
+        exposed_s=exposed,
+        gain=gain,
+        localization=localization,
+    )
+    return evidence, prefix
+
+
+def _localize(
+    prefix: FloatArray, front: FloatArray, step_adv: FloatArray, gates: Gates, scratch: FloatArray
+) -> list[StageLocalization]:
+    n, s, r = prefix.shape
+    leader = prefix.argmax(axis=2)
+    tolerance = gates.leader_tie * front[:, -1]
+    tied = prefix >= (front - tolerance[:, None])[:, :, None]
+    tie_size = tied.sum(axis=2)
+    tie_counts = (tied & (tie_size > 1)[:, :, None]).sum(axis=0)  # [S, R]
+    unique = tie_size == 1
+
+    np.copyto(scratch, prefix)
+    scratch.sort(axis=2)
+    if r % 2:
+        median = scratch[:, :, r // 2]
+    else:
+        median = 0.5 * (scratch[:, :, r // 2 - 1] + scratch[:, :, r // 2])
+    lag = front - median
+    delta_lag = np.diff(lag, axis=1, prepend=0.0)
+    gap = front - scratch[:, :, -2] if r > 1 else None
+
+    out = []
+    for j in range(s):
+        confident = unique[:, j]
+        sequence = leader[confident, j]
+        weights = np.bincount(sequence, weights=step_adv[confident, j], minlength=r)
+        stage_total = float(step_adv[:, j].sum())
+        if len(sequence) == 0:
+            lead: int | None = None
+            fraction = 0.0
+        else:
+            lead = int(weights.argmax()) if weights.any() else int(np.bincount(sequence).argmax())
+            fraction = float(weights[lead] / stage_total) if stage_total > 0 else 0.0
+        ties = tie_counts[j]
+        tied_ranks = [int(i) for i in np.argsort(-ties, kind="stable") if ties[i] > 0]
+        out.append(
+            StageLocalization(
+                leader_rank=lead,
+                leader_fraction=fraction,
+                confident_steps=int(confident.sum()),
+                leader_switches=int(np.count_nonzero(sequence[1:] != sequence[:-1])),
+                tied_ranks=tied_ranks,
+                lag_mean_s=float(lag[:, j].mean()),
+                delta_lag_mean_s=float(delta_lag[:, j].mean()),
+                gap_mean_s=None if gap is None else float(gap[:, j].mean()),
+            )
+        )
+    return out
+
+
+def _direct_gain(
+    d: FloatArray,
+    rank_totals: FloatArray,
+    step_exposed: FloatArray,
+    exposed: float,
+    defined: bool,
+    gates: Gates,
+    side: SideEvidence | None,
+    scratch: FloatArray,
+) -> FloatArray:
+    """``G_s``: the exposed time removed when stage ``s`` is clipped to its baseline.
+
+    With the clipped baseline ``b = min(d, b~)`` the recomputed step time is
+    ``max_r (P[t, r, S] - max(d[t, r, s] - b~, 0))``, one reduction over ranks per stage.
+    """
+    n, r, s = d.shape
+    if not defined:
+        return np.zeros(s)
+    by_rank = d.transpose(0, 2, 1)  # [N, S, R] view
+    if gates.gain_baseline == "rank_median":
+        per_rank = scratch.reshape(r, s, n)
+        np.copyto(per_rank, d.transpose(1, 2, 0))
+        per_rank.sort(axis=2)
+        baseline = _sorted_median(per_rank).T[None, :, :]  # [1, S, R]
+    elif gates.gain_baseline == "cohort_median":
+        np.copyto(scratch, by_rank)
+        scratch.sort(axis=2)
+        baseline = _sorted_median(scratch)[:, :, None]  # [N, S, 1]
+    else:
+        if side is None or side.no_stall_reference_s is None:
+            # The analyzer checks this before computing; kept as a guard for direct callers.
+            raise ValueError("gain_baseline='reference' needs side.no_stall_reference_s")
+        ref = np.asarray(side.no_stall_reference_s, dtype=np.float64)
+        baseline = (ref[:, None] if ref.ndim == 1 else ref.T)[None, :, :]
+    np.subtract(by_rank, baseline, out=scratch)
+    np.maximum(scratch, 0.0, out=scratch)
+    np.subtract(rank_totals[:, None, :], scratch, out=scratch)
+    counterfactual = scratch.max(axis=2)  # [N, S]
+    return np.asarray((step_exposed[:, None] - counterfactual).sum(axis=0) / exposed)
+
+
+def _sorted_median(sorted_lanes: FloatArray) -> FloatArray:
+    k = sorted_lanes.shape[-1]
+    if k % 2:
+        return np.asarray(sorted_lanes[..., k // 2])
+    return np.asarray(0.5 * (sorted_lanes[..., k // 2 - 1] + sorted_lanes[..., k // 2]))
+
+
+def critical_path_stages(
+    d: FloatArray, prefix: FloatArray, step_exposed: FloatArray, gates: Gates
+) -> FloatArray:
+    """Fraction of exposed time carried by each stage along the ranks that end a step on the frontier.
+
+    A rank whose total is within the tie tolerance of ``F[t, S]`` is critical in step ``t``; its
+    largest stage is the path it reached the frontier by. Each step's exposed time is split evenly
+    among its critical ranks. Used when the gains cannot separate co-critical paths.
+    """
+    n, r, s = d.shape
+    totals = prefix[:, -1, :]  # [N, R]
+    critical = totals >= (step_exposed - gates.leader_tie * step_exposed)[:, None]
+    per_rank_weight = step_exposed / np.maximum(critical.sum(axis=1), 1)
+    dominant = d.argmax(axis=2)  # [N, R]
+    weights = np.broadcast_to(per_rank_weight[:, None], (n, r))[critical]
+    carried = np.bincount(dominant[critical], weights=weights, minlength=s)
+    total = float(step_exposed.sum())
+    return carried / total if total > 0 else np.zeros(s)

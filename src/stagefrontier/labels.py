@@ -1,0 +1,342 @@
+"""The labeler: from window evidence to labels, the co-critical set and a reason for every call.
+
+Labels sit on separate evidence axes (accounting, model fit, direct gain, device evidence,
+ambiguity, role clarity, telemetry); they are not a confidence ladder. Every label that is
+emitted, and every strong label that was considered but withheld, gets human-readable reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .accounting import FloatArray
+from .evidence import WindowEvidence, critical_path_stages
+from .gates import Gates
+from .routing import rank_order
+from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
+
+FRONTIER_ACCOUNTING = "frontier_accounting"
+LIKELY_SYNC_WAIT = "likely_sync_wait"
+SYNC_WAIT_DEPENDENT = "sync_wait_dependent"
+DIRECT_EXPOSURE = "direct_exposure"
+FORWARD_DEVICE_SUPPORTED = "forward_device_supported"
+FORWARD_SPILLOVER_SUSPECTED = "forward_spillover_suspected"
+FORWARD_HOST_OVERHEAD_SUSPECTED = "forward_host_overhead_suspected"
+FORWARD_EVENT_SCOPE_LIMITED = "forward_event_scope_limited"
+CO_CRITICAL = "co_critical"
+GRADIENT_ACCUMULATION_AMBIGUOUS = "gradient_accumulation_ambiguous"
+ROLE_AWARE_NEEDED = "role_aware_needed"
+TELEMETRY_LIMITED = "telemetry_limited"
+
+ALL_LABELS: tuple[str, ...] = (
+    FRONTIER_ACCOUNTING,
+    LIKELY_SYNC_WAIT,
+    SYNC_WAIT_DEPENDENT,
+    DIRECT_EXPOSURE,
+    FORWARD_DEVICE_SUPPORTED,
+    FORWARD_SPILLOVER_SUSPECTED,
+    FORWARD_HOST_OVERHEAD_SUSPECTED,
+    FORWARD_EVENT_SCOPE_LIMITED,
+    CO_CRITICAL,
+    GRADIENT_ACCUMULATION_AMBIGUOUS,
+    ROLE_AWARE_NEEDED,
+    TELEMETRY_LIMITED,
+)
+"""Every label, in the order reports list them."""
+
+STRONG_LABELS = (LIKELY_SYNC_WAIT, SYNC_WAIT_DEPENDENT, DIRECT_EXPOSURE)
+
+
+@dataclass
+class Labeling:
+    labels: set[str] = field(default_factory=set)
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    co_critical_stages: list[str] = field(default_factory=list)
+    forward_event: dict[str, float] | None = None
+
+    def emit(self, label: str, reason: str) -> None:
+        self.labels.add(label)
+        self.reasons.setdefault(label, []).append(reason)
+
+    def withhold(self, label: str, reason: str) -> None:
+        self.reasons.setdefault(label, []).append(f"not emitted: {reason}")
+
+    def ordered(self) -> list[str]:
+        return [label for label in ALL_LABELS if label in self.labels]
+
+
+@dataclass(frozen=True)
+class LabelInputs:
+    stages: Sequence[str]
+    d: FloatArray
+    prefix: FloatArray
+    evidence: WindowEvidence
+    gates: Gates
+    side: SideEvidence
+    roles: Sequence[str] | None
+    residual_share: float
+    overlap_share: float
+
+
+def label_window(x: LabelInputs) -> Labeling:
+    """Apply the gates to one window's evidence."""
+    out = Labeling()
+    ev, g = x.evidence, x.gates
+    n, n_ranks, _ = x.d.shape
+    order = rank_order(ev.shares)
+    s1 = order[0]
+    s2 = order[1] if len(order) > 1 else None
+    a1 = float(ev.shares[s1])
+    a2 = float(ev.shares[s2]) if s2 is not None else 0.0
+
+    if ev.shares_defined:
+        out.emit(
+            FRONTIER_ACCOUNTING,
+            f"{ev.exposed_s:.6g} s exposed over {n} step(s) telescopes exactly into stage "
+            f"advances; {x.stages[s1]} carries {a1:.1%}",
+        )
+    else:
+        out.emit(
+            FRONTIER_ACCOUNTING,
+            f"exposed time {ev.exposed_s:.3g} s is at or below the {g.min_exposed_s:g} s floor: "
+            "shares are undefined, raw advances are reported",
+        )
+
+    blockers = _telemetry(x, out) + _roles(x, out)
+    if x.side.accumulation_collapsed:
+        out.emit(
+            GRADIENT_ACCUMULATION_AMBIGUOUS,
+            "accumulation microsteps were collapsed or mixed: data and backward displacement "
+            "cannot be separated; record accumulation-indexed substages (timer.microstep)",
+        )
+        blockers.append(GRADIENT_ACCUMULATION_AMBIGUOUS)
+    _forward_events(x, out, order)
+
+    if not ev.shares_defined:
+        for label in STRONG_LABELS:
+            out.withhold(label, "shares undefined")
+        return out
+
+    # --- ambiguity: near ties, unstable leaders, high share with low direct gain -------------
+    name1 = x.stages[s1]
+    g1 = float(ev.gain[s1])
+    gmax = float(ev.gain.max())
+    co_reasons: list[str] = []
+    if s2 is not None and a1 > 0 and a1 - a2 <= g.share_tie:
+        co_reasons.append(
+            f"top shares near-tied: {name1} {a1:.1%} vs {x.stages[s2]} {a2:.1%} "
+            f"(within eta_A={g.share_tie})"
+        )
+    strong_gains = [j for j in range(len(x.stages)) if ev.gain[j] >= g.gain_threshold]
+    gain_ties = [j for j in strong_gains if ev.gain[j] >= gmax - g.gain_tie]
+    if len(gain_ties) > 1:
+        co_reasons.append(
+            "direct gains near-tied: "
+            + ", ".join(f"{x.stages[j]} {ev.gain[j]:.1%}" for j in gain_ties)
+            + f" (within eta_G={g.gain_tie})"
+        )
+    loc = ev.localization[s1]
+    confident = loc.confident_steps >= g.min_confident_fraction * n
+    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
+    if n_ranks > 1 and confident and switch_rate > g.max_switch_rate:
+        co_reasons.append(
+            f"lead rank of {name1} switches {loc.leader_switches} times over "
+            f"{loc.confident_steps} confident steps (rate {switch_rate:.2f} > {g.max_switch_rate})"
+        )
+    dominant = a1 > g.share_dominance
+    model_fit = name1 in g.model_fit_stages
+    if dominant and g1 < g.gain_threshold and not model_fit:
+        co_reasons.append(
+            f"{name1} leads with {a1:.1%} of exposed time but its direct gain is "
+            f"{g1:.1%} < gamma_G={g.gain_threshold}; without a model-fit indicator the share may "
+            "be wait induced or an independent co-critical path"
+        )
+    if dominant and g1 >= g.gain_threshold and s1 not in gain_ties:
+        co_reasons.append(f"another stage has a larger direct gain than {name1}")
+
+    if co_reasons:
+        for reason in co_reasons:
+            out.emit(CO_CRITICAL, reason)
+        out.co_critical_stages = _ambiguity_set(x, a1, gmax, strong_gains)
+        for label in STRONG_LABELS:
+            out.withhold(label, "window is co_critical")
+        return out
+
+    if not dominant:
+        for label in STRONG_LABELS:
+            out.withhold(
+                label, f"top share {a1:.1%} ({name1}) is not above gamma_A={g.share_dominance}"
+            )
+        return out
+    if blockers:
+        for label in STRONG_LABELS:
+            out.withhold(label, "suppressed by " + ", ".join(sorted(set(blockers))))
+        return out
+
+    if g1 >= g.gain_threshold:
+        out.emit(
+            DIRECT_EXPOSURE,
+            f"{name1}: share {a1:.1%} and clipped direct gain {g1:.1%} "
+            f"(>= gamma_G={g.gain_threshold}, top gain) agree",
+        )
+    else:
+        out.withhold(DIRECT_EXPOSURE, f"direct gain {g1:.1%} of {name1} is below gamma_G")
+    if n_ranks == 1:
+        for label in (SYNC_WAIT_DEPENDENT, LIKELY_SYNC_WAIT):
+            out.withhold(label, "single rank: no cross-rank wait evidence")
+        return out
+    if not model_fit:
+        for label in (SYNC_WAIT_DEPENDENT, LIKELY_SYNC_WAIT):
+            out.withhold(label, f"no model-fit indicator for {name1} (W_s = 0)")
+        return out
+    if g1 < g.gain_threshold:
+        out.emit(
+            SYNC_WAIT_DEPENDENT,
+            f"{name1}: share {a1:.1%} with direct gain {g1:.1%} < gamma_G under the caller's "
+            "synchronization-wait model",
+        )
+    else:
+        out.withhold(SYNC_WAIT_DEPENDENT, f"direct gain of {name1} is high")
+    mean_step = ev.exposed_s / n
+    if confident and loc.delta_lag_mean_s >= g.share_tie * mean_step:
+        out.emit(
+            LIKELY_SYNC_WAIT,
+            f"rank {loc.leader_rank} pulls ahead of the median by {loc.delta_lag_mean_s:.4g} s "
+            f"per step in {name1} and leads it in {loc.confident_steps}/{n} steps",
+        )
+    else:
+        out.withhold(
+            LIKELY_SYNC_WAIT,
+            f"lag growth in {name1} ({loc.delta_lag_mean_s:.3g} s/step) or leader confidence "
+            f"({loc.confident_steps}/{n} steps) is too weak",
+        )
+    return out
+
+
+def _telemetry(x: LabelInputs, out: Labeling) -> list[str]:
+    g, side = x.gates, x.side
+    reasons: list[str] = []
+    if not x.evidence.shares_defined:
+        reasons.append("exposed time below the share floor")
+    if x.residual_share > g.max_residual_share:
+        reasons.append(
+            f"residual step.other_cpu_wall carries {x.residual_share:.1%} of exposed time "
+            f"(> {g.max_residual_share:.0%}): timed stages do not close the step"
+        )
+    if x.overlap_share > g.max_overlap_share:
+        reasons.append(
+            f"overlap error is {x.overlap_share:.2%} of step wall time "
+            f"(> {g.max_overlap_share:.0%}): ordered spans nest or double count"
+        )
+    if len(side.missing_ranks) > g.max_missing_ranks:
+        reasons.append(f"missing ranks {list(side.missing_ranks)}: analyzed the ranks that arrived")
+    if not side.gather_ok and not side.missing_ranks:
+        reasons.append("window collection did not complete")
+    if side.mismatched_ranks:
+        reasons.append(
+            f"ranks {list(side.mismatched_ranks)} sent a different schema or step count and "
+            "were not merged"
+        )
+    if side.contract_violations:
+        reasons.append(f"{side.contract_violations} ordered-stage contract violation(s)")
+    reasons.extend(side.notes)
+    for reason in reasons:
+        out.emit(TELEMETRY_LIMITED, reason)
+    return [TELEMETRY_LIMITED] if reasons else []
+
+
+def _roles(x: LabelInputs, out: Labeling) -> list[str]:
+    if x.roles is None:
+        return []
+    distinct = sorted(set(x.roles))
+    if len(distinct) < 2:
+        return []
+    out.emit(
+        ROLE_AWARE_NEEDED,
+        f"ranks play {len(distinct)} roles ({', '.join(distinct)}): a global frontier mixes "
+        "boundaries that do not wait on each other; read role_shares per role instead",
+    )
+    return [ROLE_AWARE_NEEDED]
+
+
+def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[int]) -> list[str]:
+    """``E_amb = C_A ∪ C_G`` in schema order.
+
+    ``C_A``: stages within eta_A of the top share. ``C_G``: stages within eta_G of the top direct
+    gain when some gain reaches gamma_G; otherwise the gains carry no separating evidence and
+    ``C_G`` holds the stages along which ranks reach the step's frontier (critical paths).
+    """
+    g, ev = x.gates, x.evidence
+    members = {j for j in range(len(x.stages)) if ev.shares[j] >= a1 - g.share_tie}
+    if strong_gains:
+        members |= {j for j in strong_gains if ev.gain[j] >= gmax - g.gain_tie}
+    else:
+        carried = critical_path_stages(x.d, x.prefix, ev.step_exposed_s, g)
+        members |= {j for j in range(len(x.stages)) if carried[j] >= g.critical_path_fraction}
+    return [x.stages[j] for j in sorted(members)]
+
+
+def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
+    side, g = x.side, x.gates
+    if side.event_state is None or side.event_ms is None:
+        return
+    state = np.asarray(side.event_state)
+    sampled = int((state != EVENT_NOT_SAMPLED).sum())
+    if sampled == 0:
+        return
+    ready_mask = state == EVENT_READY
+    ready = int(ready_mask.sum())
+    ratio_ready = ready / sampled
+    summary: dict[str, float] = {
+        "sampled": float(sampled),
+        "ready": float(ready),
+        "ready_ratio": ratio_ready,
+    }
+    out.forward_event = summary
+    if side.forward_stage not in x.stages:
+        out.emit(
+            FORWARD_EVENT_SCOPE_LIMITED,
+            f"event samples bracket {side.forward_stage!r}, which is not an ordered stage here",
+        )
+        return
+    problems = []
+    if side.event_scope_limited:
+        problems.append("the trainer uses streams the event markers do not cover")
+    if ratio_ready < g.min_event_ready_ratio:
+        problems.append(
+            f"only {ready}/{sampled} sampled event pairs completed "
+            f"(ratio {ratio_ready:.2f} < {g.min_event_ready_ratio})"
+        )
+    if ready < g.min_event_samples:
+        problems.append(f"{ready} ready event pair(s) < {g.min_event_samples} needed")
+    if problems:
+        for p in problems:
+            out.emit(FORWARD_EVENT_SCOPE_LIMITED, p)
+        return
+    fwd = list(x.stages).index(side.forward_stage)
+    event_s = float(np.asarray(side.event_ms)[ready_mask].mean()) / 1000.0
+    cpu_s = float(x.d[:, :, fwd][ready_mask].mean())
+    ratio = event_s / cpu_s if cpu_s > 0 else float("inf")
+    summary.update({"event_mean_ms": event_s * 1e3, "cpu_mean_ms": cpu_s * 1e3, "ratio": ratio})
+    in_top2 = fwd in order[:2]
+    if ratio >= g.event_high_ratio:
+        if in_top2:
+            out.emit(
+                FORWARD_DEVICE_SUPPORTED,
+                f"forward is a top-2 stage and sampled device time is {ratio:.2f}x its CPU wall",
+            )
+        if order[0] > fwd and event_s > cpu_s:
+            out.emit(
+                FORWARD_SPILLOVER_SUSPECTED,
+                f"forward device time ({event_s * 1e3:.3g} ms) exceeds its CPU wall "
+                f"({cpu_s * 1e3:.3g} ms) while the exposed cost peaks later, in "
+                f"{x.stages[order[0]]}",
+            )
+    elif ratio < g.event_low_ratio and in_top2:
+        out.emit(
+            FORWARD_HOST_OVERHEAD_SUSPECTED,
+            f"forward is a top-2 stage but sampled device time is only {ratio:.2f}x its CPU wall",
+        )

@@ -1,0 +1,123 @@
+"""WindowReport: the analyzer's result for one window, and its exact dict/JSON round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ReportFormatError
+from .evidence import StageLocalization
+from .gates import Gates
+
+REPORT_FORMAT = "stagefrontier.window_report"
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """Frontier accounting, localization evidence and labels for one window.
+
+    Shares, gains and ``residual_share`` are fractions of ``exposed_s``; times are seconds.
+    """
+
+    stages: list[str]
+    n_steps: int
+    n_ranks: int
+    schema_version: int
+    stage_order_hash: str
+    exposed_s: float
+    """Sum over steps of the exposed step time ``F[t, S]``."""
+    shares_defined: bool
+    """False when the window's exposed time is below the floor: use ``advances``."""
+    shares: dict[str, float]
+    advances: dict[str, float]
+    direct_gain: dict[str, float]
+    top1: str | None
+    top2: str | None
+    routing_set: list[str]
+    labels: list[str]
+    reasons: dict[str, list[str]]
+    co_critical_stages: list[str]
+    leaders: dict[str, int | None]
+    localization: dict[str, StageLocalization]
+    semantic_shares: dict[str, float]
+    """Shares summed by broad stage (accumulation substages ``name[i]`` folded into ``name``)."""
+    residual_share: float
+    overlap_share: float
+    roles: list[str] | None
+    role_shares: dict[str, dict[str, float]] | None
+    forward_event: dict[str, float] | None
+    gates: Gates
+
+    def has(self, label: str) -> bool:
+        return label in self.labels
+
+    @property
+    def mean_step_s(self) -> float:
+        return self.exposed_s / self.n_steps
+
+    def summary(self) -> str:
+        """One line for a log: exposed step time, top stage and its leader, routing, labels."""
+        parts = [f"exposed {self.mean_step_s * 1e3:.1f} ms/step over {self.n_steps} steps"]
+        if self.top1 is not None and self.shares_defined:
+            lead = self.leaders.get(self.top1)
+            who = f" led by rank {lead}" if lead is not None else ""
+            parts.append(f"top {self.top1} {self.shares[self.top1]:.0%}{who}")
+            parts.append("route " + "+".join(self.routing_set))
+        elif not self.shares_defined:
+            parts.append("no exposed time: raw advances only")
+        flags = [label for label in self.labels if label != "frontier_accounting"]
+        parts.append("labels " + (",".join(flags) if flags else "none"))
+        return " | ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": REPORT_FORMAT, "version": REPORT_VERSION}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "localization":
+                value = {k: _loc_to_dict(v) for k, v in value.items()}
+            elif f.name == "gates":
+                value = value.to_dict()
+            out[f.name] = value
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowReport:
+        if not isinstance(data, dict):
+            raise ReportFormatError(f"a report must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != REPORT_FORMAT:
+            raise ReportFormatError(f"not a window report (format={data.get('format')!r})")
+        if data.get("version") != REPORT_VERSION:
+            raise ReportFormatError(
+                f"report version {data.get('version')!r} is not supported "
+                f"(this stagefrontier reads version {REPORT_VERSION})"
+            )
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ReportFormatError(f"report is missing field(s): {missing}")
+        values = {n: data[n] for n in names}
+        try:
+            values["localization"] = {
+                k: StageLocalization(**v) for k, v in values["localization"].items()
+            }
+            values["gates"] = Gates.from_dict(values["gates"])
+        except (TypeError, AttributeError) as exc:
+            raise ReportFormatError(f"malformed report: {exc}") from None
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> WindowReport:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ReportFormatError(f"report is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _loc_to_dict(loc: StageLocalization) -> dict[str, Any]:
+    return {f.name: getattr(loc, f.name) for f in fields(loc)}

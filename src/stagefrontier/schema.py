@@ -1,0 +1,92 @@
+"""Stage names and the ordered schema that every rank and every window must share."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+from .errors import StageNamesError
+
+SCHEMA_VERSION = 1
+
+DATA_STAGE = "data.next_wait"
+FORWARD_STAGE = "model.fwd_loss_cpu_wall"
+BACKWARD_STAGE = "model.backward_cpu_wall"
+CALLBACKS_STAGE = "callbacks.cpu_wall"
+OPTIMIZER_STAGE = "optim.step_cpu_wall"
+RESIDUAL_STAGE = "step.other_cpu_wall"
+"""Step wall time not covered by any timed stage; computed, never timed by the user."""
+
+DEFAULT_STAGES: tuple[str, ...] = (
+    DATA_STAGE,
+    FORWARD_STAGE,
+    BACKWARD_STAGE,
+    CALLBACKS_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+
+_SUBSTAGE = re.compile(r"^(?P<base>.+)\[(?P<index>\d+)\]$")
+
+
+def semantic_stage(name: str) -> str:
+    """The broad stage an accumulation-indexed substage belongs to: ``"x[2]" -> "x"``."""
+    match = _SUBSTAGE.match(name)
+    return match.group("base") if match else name
+
+
+def microstep_index(name: str) -> int | None:
+    """The accumulation index of a substage name, or None for a plain stage."""
+    match = _SUBSTAGE.match(name)
+    return int(match.group("index")) if match else None
+
+
+def expand_microsteps(stages: Sequence[str], factor: int) -> tuple[str, ...]:
+    """Ordered substages for gradient accumulation: each stage but the residual, per microstep.
+
+    The microsteps run in order, so all stages of microstep 0 come before those of microstep 1;
+    the residual closes the whole optimizer step and stays a single stage at the end.
+    """
+    if factor < 1:
+        raise StageNamesError(f"accumulation factor must be >= 1, got {factor}")
+    timed = [s for s in stages if s != RESIDUAL_STAGE]
+    expanded = [f"{s}[{i}]" for i in range(factor) for s in timed]
+    if RESIDUAL_STAGE in stages:
+        expanded.append(RESIDUAL_STAGE)
+    return tuple(expanded)
+
+
+def check_stage_names(stages: Sequence[str], expected: int | None = None) -> tuple[str, ...]:
+    """Validate an ordered stage list and return it as a tuple of str.
+
+    Raises StageNamesError for a non-string name, an empty name, a duplicate, an empty list, or a
+    length that does not match ``expected`` (the stage axis of the matrix).
+    """
+    if isinstance(stages, str):
+        raise StageNamesError("stages must be a sequence of names, not a single string")
+    names = tuple(stages)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise StageNamesError(f"stage name at position {i} must be a non-empty str, got {name!r}")
+    if not names:
+        raise StageNamesError("stage list is empty")
+    if expected is not None and len(names) != expected:
+        raise StageNamesError(
+            f"{len(names)} stage names given but the matrix has {expected} stages (last axis)"
+        )
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise StageNamesError(f"duplicate stage name {name!r}: stage names must be unique")
+        seen.add(name)
+    return names
+
+
+def stage_order_hash(stages: Sequence[str], version: int = SCHEMA_VERSION) -> str:
+    """A short stable hash of the schema version and ordered stage list.
+
+    Two ranks may only be merged into one frontier when their hashes agree.
+    """
+    text = f"v{version}\n" + "\n".join(stages)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
