@@ -15,6 +15,7 @@ from .errors import (
 from .evidence import StageLocalization
 from .gates import Gates
 from .labels import ALL_LABELS
+from .recorder import ContractViolation, StageTimer
 from .report import WindowReport
 from .schema import DEFAULT_STAGES, RESIDUAL_STAGE
 from .side import SideEvidence
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALL_LABELS",
+    "ContractViolation",
     "DEFAULT_STAGES",
     "RESIDUAL_STAGE",
     "DurationsError",
@@ -35,6 +37,7 @@ __all__ = [
     "StageFrontierError",
     "StageLocalization",
     "StageNamesError",
+    "StageTimer",
     "WindowReport",
     "__version__",
     "advances",

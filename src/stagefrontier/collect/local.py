@@ -1,0 +1,42 @@
+"""Single-process collection: the rank's own windows are analyzed on a background thread."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..sinks import Sink, default_sinks, emit
+from ..window import RankWindow, analyze_merged, merge_windows
+from .base import BackgroundWorker
+
+
+class LocalCollector:
+    """R = 1: every window is analyzed by itself and written by this process."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(
+        self,
+        *,
+        out_dir: str | os.PathLike[str],
+        queue_size: int = 4,
+        sinks: Sequence[Sink] | None = None,
+        join_timeout_s: float = 10.0,
+    ) -> None:
+        self.sinks = list(sinks) if sinks is not None else default_sinks(out_dir)
+        self._worker = BackgroundWorker(
+            "stagefrontier-analysis", self._process, queue_size, join_timeout_s
+        )
+
+    def submit(self, window: RankWindow) -> bool:
+        return self._worker.offer(window)
+
+    def _process(self, window: RankWindow) -> None:
+        merged = merge_windows([window], world_size=1)
+        emit(self.sinks, merged, analyze_merged(merged))
+
+    def close(self) -> None:
+        self._worker.close()
+        for sink in self.sinks:
+            sink.close()

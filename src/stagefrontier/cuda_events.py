@@ -1,0 +1,135 @@
+"""Sampled forward CUDA-event side channel.
+
+On a deterministic fraction q of steps, two events bracket the forward region. Their readiness is
+polled at later step boundaries with ``query()``, never ``synchronize()``; a pair that is not
+ready within ``MAX_PENDING_STEPS`` steps, or by the end of its window, is recorded as missing.
+With q = 0 nothing here touches torch. The event type is injectable so tests can drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .noop import NOOP
+from .side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
+
+if TYPE_CHECKING:
+    from .recorder import StageTimer
+
+logger = logging.getLogger("stagefrontier")
+
+MAX_PENDING_STEPS = 8
+
+
+def is_sampled(step: int, fraction: float) -> bool:
+    """Deterministic sampling: exactly ``floor(n * q)`` of the first ``n`` steps are sampled,
+    evenly spread (with q = 0.05, steps 19, 39, 59, ...)."""
+    return int((step + 1) * fraction) > int(step * fraction)
+
+
+def _torch_event() -> Any:
+    import torch  # imported only when sampling is on
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+class _EventContext:
+    __slots__ = ("_sampler", "_timer", "_start")
+
+    def __init__(self, sampler: EventSampler, timer: StageTimer) -> None:
+        self._sampler = sampler
+        self._timer = timer
+        self._start: Any = None
+
+    def __enter__(self) -> None:
+        self._start = self._sampler.record(self._timer)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._start is not None:
+            self._sampler.finish(self._timer, self._start)
+            self._start = None
+
+
+class EventSampler:
+    """Per-rank event samples for the open window: ``[window]`` milliseconds and states."""
+
+    def __init__(
+        self, fraction: float, factory: Callable[[], Any] | None, window: int
+    ) -> None:
+        self.fraction = fraction
+        self.forward_stage: str | None = None
+        self._factory = factory or _torch_event
+        self._pending: list[tuple[int, int, Any, Any]] = []  # (row, step, start, end)
+        self._ms = np.full(window, np.nan)
+        self._state = np.zeros(window, dtype=np.int8)
+        self._broken = False
+        self._context: _EventContext | None = None
+
+    def context(self, timer: StageTimer) -> Any:
+        if self.fraction == 0.0 or self._broken or timer._row < 0:
+            return NOOP
+        if not is_sampled(timer._step, self.fraction):
+            return NOOP
+        if self._context is None:
+            self._context = _EventContext(self, timer)
+        return self._context
+
+    def record(self, timer: StageTimer) -> Any:
+        try:
+            start = self._factory()
+            start.record()
+        except Exception as exc:  # no CUDA, or a broken event type: sample nothing from now on
+            self._broken = True
+            logger.warning("stagefrontier: CUDA-event sampling disabled: %s", exc)
+            return None
+        if timer._active is not None:
+            self.forward_stage = timer._active._name
+        return start
+
+    def finish(self, timer: StageTimer, start: Any) -> None:
+        try:
+            end = self._factory()
+            end.record()
+        except Exception as exc:
+            self._broken = True
+            logger.warning("stagefrontier: CUDA-event sampling disabled: %s", exc)
+            return
+        row = timer._n
+        self._state[row] = EVENT_MISSING  # until a poll finds it ready
+        self._pending.append((row, timer._step, start, end))
+
+    def poll(self, timer: StageTimer) -> None:
+        """Resolve pending pairs whose end event has completed; age out the others."""
+        if not self._pending:
+            return
+        still = []
+        for row, step, start, end in self._pending:
+            try:
+                if end.query():
+                    self._ms[row] = float(start.elapsed_time(end))
+                    self._state[row] = EVENT_READY
+                    continue
+            except Exception as exc:
+                logger.warning("stagefrontier: CUDA-event query failed: %s", exc)
+                continue  # stays missing
+            if timer._step - step < MAX_PENDING_STEPS:
+                still.append((row, step, start, end))
+        self._pending = still
+
+    def drain(
+        self, timer: StageTimer, n: int
+    ) -> tuple[npt.NDArray[np.float64] | None, npt.NDArray[np.int8] | None]:
+        """The window's samples (None when sampling is off); unresolved pairs count as missing."""
+        if self.fraction == 0.0:
+            return None, None
+        self.poll(timer)
+        self._pending = []
+        ms, state = self._ms[:n].copy(), self._state[:n].copy()
+        self._ms.fill(np.nan)
+        self._state.fill(EVENT_NOT_SAMPLED)
+        return ms, state

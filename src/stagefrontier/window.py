@@ -1,0 +1,173 @@
+"""RankWindow: what one rank hands off at a window boundary, and how windows become a report.
+
+The recorder fills a RankWindow on the training thread (a copy of its buffers, nothing more); the
+collector merges the windows of all ranks that arrived into ``[N, R, S]`` seconds and runs the one
+analyzer. Everything here after the hand-off runs off the training thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .analyzer import analyze
+from .gates import Gates
+from .report import WindowReport
+from .schema import FORWARD_STAGE, SCHEMA_VERSION, stage_order_hash
+from .side import EVENT_NOT_SAMPLED, SideEvidence
+
+NS = 1e-9
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's completed window.
+
+    ``durations_ns`` is ``[N, S]`` integer nanoseconds in schema order, residual included;
+    ``wall_ns`` the rank-local step wall times. Event arrays are per step (this rank only).
+    """
+
+    window: int
+    first_step: int
+    last_step: int
+    rank: int
+    stages: tuple[str, ...]
+    durations_ns: npt.NDArray[np.int64]
+    wall_ns: npt.NDArray[np.int64]
+    event_ms: npt.NDArray[np.float64] | None = None
+    event_state: npt.NDArray[np.int8] | None = None
+    forward_stage: str | None = None
+    accumulation_factor: int = 1
+    accumulation_mixed: bool = False
+    contract_violations: int = 0
+    violation_reasons: tuple[str, ...] = ()
+    probes: dict[str, dict[str, float]] = field(default_factory=dict)
+    dropped_windows: int = 0
+    hostname: str = ""
+    local_rank: int = 0
+    pid: int = 0
+    role: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.durations_ns.shape[0])
+
+    @property
+    def schema_hash(self) -> str:
+        return stage_order_hash(self.stages, self.schema_version)
+
+    @property
+    def overlap_ns(self) -> int:
+        """Total time the timed spans exceed the step wall (nested or double-counted spans)."""
+        covered = self.durations_ns.sum(axis=1)
+        return int(np.maximum(covered - self.wall_ns, 0).sum())
+
+
+@dataclass(frozen=True)
+class MergedWindow:
+    """The ranks of one window that can be analyzed together, plus what is known to be missing."""
+
+    reference: RankWindow
+    ranks: list[RankWindow]
+    world_size: int
+    missing_ranks: list[int]
+    mismatched_ranks: list[int]
+    notes: list[str]
+
+
+def merge_windows(
+    windows: Sequence[RankWindow], world_size: int, notes: Sequence[str] = ()
+) -> MergedWindow:
+    """Select the ranks that share rank 0's (or the lowest rank's) schema and step count.
+
+    Ranks with a different schema hash or N are reported as mismatched, never merged.
+    """
+    by_rank = sorted(windows, key=lambda w: w.rank)
+    reference = next((w for w in by_rank if w.rank == 0), by_rank[0])
+    same = [
+        w
+        for w in by_rank
+        if w.schema_hash == reference.schema_hash and w.n_steps == reference.n_steps
+    ]
+    mismatched = [w.rank for w in by_rank if w not in same]
+    present = {w.rank for w in by_rank}
+    missing = [r for r in range(world_size) if r not in present]
+    return MergedWindow(reference, same, world_size, missing, mismatched, list(notes))
+
+
+def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> WindowReport:
+    """Run the analyzer on the merged ranks, with the side evidence the windows carry."""
+    ranks = merged.ranks
+    d = np.stack([w.durations_ns for w in ranks], axis=1).astype(np.float64) * NS
+    roles = [w.role or "" for w in ranks]
+    event_ms, event_state, forward_stage = _events(ranks)
+    notes = list(merged.notes)
+    for w in ranks:
+        notes.extend(f"rank {w.rank}: {reason}" for reason in w.violation_reasons)
+        if w.dropped_windows:
+            notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off queue full")
+    side = SideEvidence(
+        event_ms=event_ms,
+        event_state=event_state,
+        forward_stage=forward_stage or FORWARD_STAGE,
+        accumulation_factor=merged.reference.accumulation_factor,
+        accumulation_collapsed=any(w.accumulation_mixed for w in ranks),
+        overlap_error_s=sum(w.overlap_ns for w in ranks) * NS,
+        missing_ranks=tuple(merged.missing_ranks),
+        mismatched_ranks=tuple(merged.mismatched_ranks),
+        gather_ok=not merged.missing_ranks,
+        contract_violations=sum(w.contract_violations for w in ranks),
+        notes=tuple(notes),
+    )
+    return analyze(
+        d,
+        merged.reference.stages,
+        gates=gates,
+        roles=roles if any(roles) else None,
+        side=side,
+    )
+
+
+def _events(
+    ranks: Sequence[RankWindow],
+) -> tuple[npt.NDArray[np.float64] | None, npt.NDArray[np.int8] | None, str | None]:
+    if all(w.event_state is None for w in ranks):
+        return None, None, None
+    n = ranks[0].n_steps
+    ms = np.full((n, len(ranks)), np.nan)
+    state = np.full((n, len(ranks)), EVENT_NOT_SAMPLED, dtype=np.int8)
+    for i, w in enumerate(ranks):
+        if w.event_state is not None and w.event_ms is not None:
+            ms[:, i] = w.event_ms
+            state[:, i] = w.event_state
+    stage = next((w.forward_stage for w in ranks if w.forward_stage), None)
+    return ms, state, stage
+
+
+def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
+    """The JSON object written per window to ``windows.jsonl``."""
+    ref = merged.reference
+    wall = sum(float(w.wall_ns.sum()) for w in merged.ranks) * NS
+    record: dict[str, Any] = {
+        "window": ref.window,
+        "first_step": ref.first_step,
+        "last_step": ref.last_step,
+        "world_size": merged.world_size,
+        "ranks_present": [w.rank for w in merged.ranks],
+        "gather_ok": not merged.missing_ranks,
+        "missing_ranks": merged.missing_ranks,
+        "mismatched_ranks": merged.mismatched_ranks,
+        "hosts": {str(w.rank): w.hostname for w in merged.ranks},
+        "accumulation_factor": ref.accumulation_factor,
+        "step_wall_s": wall,
+        "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
+        "contract_violations": sum(w.contract_violations for w in merged.ranks),
+        "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
+    }
+    record.update(report.to_dict())
+    return record
