@@ -1,0 +1,39 @@
+# Newcomer entry points: `make demo` (set up + run the main job) and `make test` (set up + tests).
+# Overridable: PYTHON, VENV, TORCH_SPEC (the torch requirement installed when none is present).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stagefrontier-installed
+
+.PHONY: setup demo test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# A CPU build of torch is pinned only where no torch is importable; set TORCH_SPEC to override.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,plot]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/stagefrontier validate
+	$(VENV)/bin/stagefrontier analyze examples/sync_wait_window.npz
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/analyzer.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
