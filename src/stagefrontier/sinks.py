@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .report import WindowReport
-from .window import MergedWindow, window_record
+from .window import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 
 
 class Sink(Protocol):
-    def write(self, record: dict[str, Any], report: WindowReport) -> None: ...
+    """Receives every analyzed window on the analysis thread; must not block for long."""
+
+    def write(self, window: AnalyzedWindow) -> None: ...
 
     def close(self) -> None: ...
 
@@ -28,11 +30,11 @@ class JsonlSink:
         self.path = Path(out_dir) / "windows.jsonl"
         self._file: Any = None
 
-    def write(self, record: dict[str, Any], report: WindowReport) -> None:
+    def write(self, window: AnalyzedWindow) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.write(json.dumps(window.record, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -47,8 +49,8 @@ class LogSink:
     def __init__(self, level: int = logging.INFO) -> None:
         self.level = level
 
-    def write(self, record: dict[str, Any], report: WindowReport) -> None:
-        logger.log(self.level, "%s", summary_line(record, report))
+    def write(self, window: AnalyzedWindow) -> None:
+        logger.log(self.level, "%s", summary_line(window.record, window.report))
 
     def close(self) -> None:
         return None
@@ -67,15 +69,58 @@ def summary_line(record: dict[str, Any], report: WindowReport) -> str:
     return f"{head} | {line}"
 
 
-def default_sinks(out_dir: str | os.PathLike[str]) -> list[Sink]:
-    return [JsonlSink(out_dir), LogSink()]
+class PacketSink:
+    """Writes one evidence packet per window to ``out_dir/packets/``."""
+
+    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        self.folder = Path(out_dir) / "packets"
+
+    def write(self, window: AnalyzedWindow) -> None:
+        from .packet import write_packet
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        index = window.merged.reference.window
+        write_packet(
+            self.folder / f"window-{index:06d}.json",
+            window.d,
+            window.report.stages,
+            report=window.report,
+            roles=window.roles,
+            side=window.side,
+            meta={k: v for k, v in window.record.items() if k in PACKET_META},
+        )
+
+    def close(self) -> None:
+        return None
 
 
-def emit(sinks: Sequence[Sink], merged: MergedWindow, report: WindowReport) -> None:
+PACKET_META = (
+    "window",
+    "first_step",
+    "last_step",
+    "world_size",
+    "ranks_present",
+    "gather_ok",
+    "missing_ranks",
+    "mismatched_ranks",
+    "hosts",
+    "accumulation_factor",
+    "contract_violations",
+)
+
+
+def default_sinks(out_dir: str | os.PathLike[str], packets: bool = False) -> list[Sink]:
+    """JSONL and the log line; with ``packets``, an evidence packet per window too."""
+    sinks: list[Sink] = [JsonlSink(out_dir), LogSink()]
+    if packets:
+        sinks.append(PacketSink(out_dir))
+    return sinks
+
+
+def emit(sinks: Sequence[Sink], window: AnalyzedWindow) -> None:
     """Write one analyzed window to every sink; a failing sink does not stop the others."""
-    record = window_record(merged, report)
     for sink in sinks:
         try:
-            sink.write(record, report)
+            sink.write(window)
         except Exception:
             logger.exception("stagefrontier: sink %s failed", type(sink).__name__)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -100,11 +101,28 @@ def merge_windows(
     return MergedWindow(reference, same, world_size, missing, mismatched, list(notes))
 
 
-def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> WindowReport:
+@dataclass(frozen=True)
+class AnalyzedWindow:
+    """A merged window with the exact analyzer inputs and its report: what sinks receive."""
+
+    merged: MergedWindow
+    d: npt.NDArray[np.float64]
+    roles: list[str] | None
+    side: SideEvidence
+    report: WindowReport
+
+    @cached_property
+    def record(self) -> dict[str, Any]:
+        """The JSON object written per window to ``windows.jsonl``."""
+        return window_record(self.merged, self.report)
+
+
+def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> AnalyzedWindow:
     """Run the analyzer on the merged ranks, with the side evidence the windows carry."""
     ranks = merged.ranks
     d = np.stack([w.durations_ns for w in ranks], axis=1).astype(np.float64) * NS
-    roles = [w.role or "" for w in ranks]
+    role_list = [w.role or "" for w in ranks]
+    roles = role_list if any(role_list) else None
     event_ms, event_state, forward_stage = _events(ranks)
     notes = list(merged.notes)
     for w in ranks:
@@ -124,13 +142,8 @@ def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> WindowRe
         contract_violations=sum(w.contract_violations for w in ranks),
         notes=tuple(notes),
     )
-    return analyze(
-        d,
-        merged.reference.stages,
-        gates=gates,
-        roles=roles if any(roles) else None,
-        side=side,
-    )
+    report = analyze(d, merged.reference.stages, gates=gates, roles=roles, side=side)
+    return AnalyzedWindow(merged, d, roles, side, report)
 
 
 def _events(

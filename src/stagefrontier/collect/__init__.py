@@ -1,4 +1,4 @@
-"""How completed rank windows reach the analyzer: in-process (local) or across ranks."""
+"""How completed rank windows reach the analyzer: in-process (local) or across ranks (store)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import sys
 from ..errors import StageFrontierError
 from .base import Collector
 from .local import LocalCollector
+from .store import StoreCollector
 
-__all__ = ["Collector", "LocalCollector", "make_collector"]
+__all__ = ["Collector", "LocalCollector", "StoreCollector", "make_collector"]
 
-COLLECT_MODES = ("auto", "local")
+COLLECT_MODES = ("auto", "local", "store")
 
 
 def make_collector(
@@ -19,18 +20,25 @@ def make_collector(
 ) -> Collector:
     """The collector for ``StageTimer(collect=mode)``.
 
-    ``auto`` is ``local`` when torch.distributed is not initialized (checked without importing
-    torch). A distributed job needs a cross-rank collector, which this version does not ship yet,
-    so ``auto`` refuses rather than letting every rank report alone into the same folder.
+    ``auto`` uses the store when torch.distributed is initialized (checked without importing
+    torch) and stays in-process otherwise.
     """
     if mode not in COLLECT_MODES:
         raise StageFrontierError(f"unknown collect mode {mode!r}; choose one of {COLLECT_MODES}")
-    if mode == "auto" and _distributed_initialized():
-        raise StageFrontierError(
-            "torch.distributed is initialized but cross-rank collection is not available in "
-            "this version; pass collect='local' to analyze each rank on its own"
-        )
-    return LocalCollector(out_dir=out_dir, queue_size=queue_size)
+    distributed = _distributed_initialized()
+    if mode == "store" and not distributed:
+        raise StageFrontierError("collect='store' needs torch.distributed to be initialized first")
+    if mode == "local" or not distributed:
+        return LocalCollector(out_dir=out_dir, queue_size=queue_size)
+    import torch.distributed as dist
+
+    return StoreCollector(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        out_dir=out_dir,
+        timeout_s=timeout_s,
+        queue_size=queue_size,
+    )
 
 
 def _distributed_initialized() -> bool:

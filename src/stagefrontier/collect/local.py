@@ -33,8 +33,7 @@ class LocalCollector:
         return self._worker.offer(window)
 
     def _process(self, window: RankWindow) -> None:
-        merged = merge_windows([window], world_size=1)
-        emit(self.sinks, merged, analyze_merged(merged))
+        emit(self.sinks, analyze_merged(merge_windows([window], world_size=1)))
 
     def close(self) -> None:
         self._worker.close()

@@ -1,0 +1,17 @@
+"""The CPU demo: a real multi-rank Gloo DDP training with injected faults, timed by StageTimer."""
+
+from .faults import FAULT_KINDS, Fault, FaultSpecError, parse_fault
+from .launch import DemoError, DemoRun, launch, read_windows
+from .train import DemoConfig
+
+__all__ = [
+    "FAULT_KINDS",
+    "DemoConfig",
+    "DemoError",
+    "DemoRun",
+    "Fault",
+    "FaultSpecError",
+    "launch",
+    "parse_fault",
+    "read_windows",
+]

@@ -1,0 +1,99 @@
+"""Host-side fault injection for the demo and the evaluation harness.
+
+Spec grammar: ``KIND@RANK:DELAYms[,every=K][,from=S,to=E]``, e.g. ``data@2:120ms``,
+``callback_sync@0:120ms,every=10``, ``comm@1:180ms,from=40,to=80``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import StageFrontierError
+
+FAULT_KINDS = (
+    "data",
+    "forward",
+    "backward",
+    "comm",
+    "callback_sync",
+    "callback_host",
+    "forward_device",
+)
+"""Where the delay goes: the data stage, forward, backward, inside a DDP communication hook, a
+callback followed by a barrier on every rank, a callback without a barrier, or a device-side
+forward delay (CUDA only)."""
+
+_SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<rank>\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$")
+
+
+class FaultSpecError(StageFrontierError, ValueError):
+    """A --fault specification that does not parse."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    delay_s: float
+    every: int = 1
+    start: int = 0
+    stop: int | None = None
+
+    def active(self, rank: int, step: int) -> bool:
+        """Whether this fault fires on ``rank`` at ``step``."""
+        return (
+            rank == self.rank
+            and step >= self.start
+            and (self.stop is None or step < self.stop)
+            and (step - self.start) % self.every == 0
+        )
+
+    def __str__(self) -> str:
+        text = f"{self.kind}@{self.rank}:{self.delay_s * 1e3:g}ms"
+        if self.every != 1:
+            text += f",every={self.every}"
+        if self.start or self.stop is not None:
+            text += f",from={self.start}" + (f",to={self.stop}" if self.stop is not None else "")
+        return text
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse one ``--fault`` value; raises FaultSpecError naming what is wrong."""
+    match = _SPEC.match(spec.strip())
+    if not match:
+        raise FaultSpecError(
+            f"bad fault {spec!r}: expected KIND@RANK:DELAYms[,every=K][,from=S,to=E], "
+            "e.g. data@2:120ms"
+        )
+    kind = match["kind"]
+    if kind not in FAULT_KINDS:
+        raise FaultSpecError(f"unknown fault kind {kind!r}; choose one of {', '.join(FAULT_KINDS)}")
+    options: dict[str, int] = {}
+    for item in filter(None, match["opts"].split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("every", "from", "to") or not value.isdigit():
+            raise FaultSpecError(f"bad fault option {item!r} in {spec!r}: use every=K, from=S, to=E")
+        options[key] = int(value)
+    if options.get("every", 1) < 1:
+        raise FaultSpecError(f"every must be >= 1 in {spec!r}")
+    return Fault(
+        kind=kind,
+        rank=int(match["rank"]),
+        delay_s=float(match["ms"]) / 1e3,
+        every=options.get("every", 1),
+        start=options.get("from", 0),
+        stop=options.get("to"),
+    )
+
+
+def check_faults(faults: tuple[Fault, ...], ranks: int, cuda: bool) -> None:
+    """Reject faults that cannot run in this configuration, with the reason."""
+    for fault in faults:
+        if fault.rank >= ranks:
+            raise FaultSpecError(f"fault {fault} targets rank {fault.rank} but --ranks is {ranks}")
+        if fault.kind == "forward_device" and not cuda:
+            raise FaultSpecError(
+                "forward_device needs a CUDA GPU (it delays device work inside the forward); "
+                "this machine has none. Use forward@RANK:DELAYms for a host-side forward delay"
+            )
