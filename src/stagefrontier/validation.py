@@ -86,7 +86,7 @@ def _random_window(rng: np.random.Generator, max_n: int = 20, max_r: int = 16) -
     return d
 
 
-# --- telescoping ----------------------------------------------------------------------------
+# --- telescoping ----------------------------------------------------------------------------------
 
 
 def telescoping_max_error(windows: int = TELESCOPING_WINDOWS) -> float:
@@ -99,7 +99,7 @@ def telescoping_max_error(windows: int = TELESCOPING_WINDOWS) -> float:
     return worst
 
 
-# --- max / mean bounds ------------------------------------------------------------------------
+# --- max / mean bounds ----------------------------------------------------------------------------
 
 
 def _bound_violations(d: FloatArray) -> int:
@@ -162,7 +162,7 @@ def bound_violations(windows: int = BOUND_WINDOWS) -> int:
     return count
 
 
-# --- measurement-error stability ------------------------------------------------------------
+# --- measurement-error stability ------------------------------------------------------------------
 
 
 def _perturbation(rng: np.random.Generator, shape: tuple[int, ...], eps: float, mode: int) -> Any:
@@ -197,10 +197,10 @@ def stability_max_ratio(windows: int = STABILITY_WINDOWS) -> float:
     return worst
 
 
-# --- synchronization-wait fixtures ------------------------------------------------------------
+# --- synchronization-wait fixtures ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fixture:
     """One seeded window and the stage that was injected into it."""
 
@@ -257,7 +257,7 @@ def _top1(scores: FloatArray, stages: Sequence[str]) -> str:
     return top_stages(scores, stages, 1)[0]
 
 
-# --- direct-exposure fixtures -----------------------------------------------------------------
+# --- direct-exposure fixtures ---------------------------------------------------------------------
 
 
 def direct_exposure_fixture(rng: np.random.Generator) -> Fixture:
@@ -297,7 +297,7 @@ def direct_exposure_recovery(fixtures: int = DIRECT_EXPOSURE_FIXTURES) -> float:
     return hits / fixtures
 
 
-# --- downgrade fixtures -----------------------------------------------------------------------
+# --- downgrade fixtures ---------------------------------------------------------------------------
 
 
 def _co_critical_two_rank() -> bool:
@@ -346,7 +346,7 @@ def downgrade_fixtures() -> dict[str, bool]:
     }
 
 
-# --- the suite ----------------------------------------------------------------------------------
+# --- the suite ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,258 @@
+"""The ``stagefrontier`` command line.
+
+Subcommands register themselves in ``COMMANDS``: each entry is a function that adds its parser
+to the subparsers and sets ``handler`` (``Namespace -> exit status``) as a default. A new
+subcommand (``demo``, ``report``, ``plot``, ...) is one more such function.
+
+Exit status: 0 on success, 1 when ``validate`` finds a failing check, 2 on bad input or usage.
+Errors print one line to stderr, never a traceback. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .analyzer import analyze
+from .errors import ReportFormatError, StageFrontierError
+from .packet import read_packet
+from .report import WindowReport
+from .validation import check_rows, run_validation
+
+Handler = Callable[[argparse.Namespace], int]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+# --- input windows --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedWindow:
+    """An analyzed input file: the fresh report, plus what a packet stored alongside it."""
+
+    report: WindowReport
+    meta: dict[str, Any] | None = None
+    stored_report: WindowReport | None = None
+
+
+def load_window(path: Path) -> LoadedWindow:
+    """Analyze an ``.npz`` window (``d``, ``stages``, optional ``roles``) or an evidence packet.
+
+    The kind is told by content (a zip archive or a JSON object), falling back to the extension.
+    A packet is re-analyzed with its stored gates, roles and side evidence.
+    """
+    with path.open("rb") as handle:
+        head = handle.read(64)
+    is_json = head.lstrip().startswith(b"{")
+    if head.startswith(_ZIP_MAGIC) or (not is_json and path.suffix == ".npz"):
+        return _load_npz(path)
+    if is_json or path.suffix == ".json":
+        try:
+            packet = read_packet(path)
+        except ReportFormatError as exc:
+            raise ReportFormatError(f"{path}: {exc}") from None
+        return LoadedWindow(
+            report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report
+        )
+    raise ReportFormatError(f"{path}: neither an .npz window nor a stagefrontier packet")
+
+
+def _load_npz(path: Path) -> LoadedWindow:
+    arrays = _npz_arrays(path, ("d", "stages", "roles"))
+    for key in ("d", "stages"):
+        if key not in arrays:
+            raise ReportFormatError(f"{path}: the .npz file has no {key!r} array")
+    stages = _names(arrays["stages"], path, "stages")
+    roles = _names(arrays["roles"], path, "roles") if "roles" in arrays else None
+    return LoadedWindow(report=analyze(arrays["d"], stages, roles=roles))
+
+
+def _npz_arrays(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+    """The named arrays present in an .npz archive; object arrays are refused, never unpickled."""
+    unreadable = (zipfile.BadZipFile, zlib.error, ValueError, EOFError)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except unreadable as exc:
+        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ReportFormatError(f"{path}: a single .npy array, not an .npz window")
+    try:
+        with loaded as npz:
+            return {key: npz[key] for key in keys if key in npz.files}
+    except unreadable as exc:
+        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
+
+
+def _names(arr: np.ndarray[Any, Any], path: Path, key: str) -> list[str]:
+    if arr.ndim != 1 or arr.dtype.kind not in "US":
+        raise ReportFormatError(f"{path}: {key!r} must be a 1-D array of strings")
+    return [x.decode() if isinstance(x, bytes) else str(x) for x in arr.tolist()]
+
+
+# --- analyze --------------------------------------------------------------------------------------
+
+
+def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "analyze",
+        help="analyze one window (.npz or evidence packet)",
+        description="Frontier accounting, localization and labels for one window. FILE is an "
+        ".npz with arrays d [steps, ranks, stages] and stages (optional roles), or an evidence "
+        "packet written by stagefrontier.",
+    )
+    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=_run_analyze)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    loaded = load_window(args.file)
+    if loaded.stored_report is not None and loaded.stored_report != loaded.report:
+        _warn(f"{args.file}: stored report differs from a fresh analysis; showing the fresh one")
+    if args.json:
+        print(loaded.report.to_json(indent=2))
+    else:
+        print(format_report(loaded.report, meta=loaded.meta))
+    return EXIT_OK
+
+
+def format_report(report: WindowReport, meta: dict[str, Any] | None = None) -> str:
+    """A readable multi-line summary: per-stage table, routing, labels with reasons."""
+    lines = [
+        f"window: {report.n_steps} steps x {report.n_ranks} ranks x {len(report.stages)} stages, "
+        f"exposed {report.exposed_s:.6g} s ({report.mean_step_s * 1e3:.3f} ms/step)"
+    ]
+    if meta:
+        lines.append("meta: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
+    lines += ["", *_stage_table(report), ""]
+    if not report.shares_defined:
+        lines.append("shares undefined (exposed time below the floor): raw advances shown")
+    lines.append(f"top-1: {report.top1}    top-2: {report.top2 or '-'}")
+    tau = report.gates.candidate_threshold
+    lines.append(f"routing set (tau_C={tau:g}): {', '.join(report.routing_set) or '-'}")
+    lines.append(f"co-critical stages: {', '.join(report.co_critical_stages) or '-'}")
+    lines += _label_block("labels", report.labels, report.reasons)
+    withheld = [label for label in report.reasons if label not in report.labels]
+    lines += _label_block("withheld", withheld, report.reasons)
+    if report.role_shares:
+        lines += ["", "shares by role:"]
+        for role, shares in report.role_shares.items():
+            top = max(shares, key=lambda s: shares[s])
+            lines.append(f"  {role}: top {top} {shares[top]:.1%}")
+    return "\n".join(lines)
+
+
+def _label_block(title: str, labels: list[str], reasons: dict[str, list[str]]) -> list[str]:
+    """A titled list of labels, each followed by its reasons; empty when there are no labels."""
+    if not labels:
+        return []
+    lines = ["", f"{title}:"]
+    for label in labels:
+        lines.append(f"  {label}")
+        lines += [f"    - {reason}" for reason in reasons.get(label, [])]
+    return lines
+
+
+def _stage_table(report: WindowReport) -> list[str]:
+    width = max(len("stage"), *(len(s) for s in report.stages))
+    header = f"{'stage':<{width}}  {'share':>7}  {'advance s':>11}  {'direct gain':>11}  leader"
+    rows = [header, "-" * len(header)]
+    for stage in report.stages:
+        share = f"{report.shares[stage]:.1%}" if report.shares_defined else "n/a"
+        leader = report.leaders.get(stage)
+        rows.append(
+            f"{stage:<{width}}  {share:>7}  {report.advances[stage]:>11.6f}  "
+            f"{report.direct_gain[stage]:>11.1%}  {'-' if leader is None else leader}"
+        )
+    return rows
+
+
+# --- validate -------------------------------------------------------------------------------------
+
+
+def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "validate",
+        help="run the algorithmic validation suite",
+        description="Regenerate the algorithmic validation checks (telescoping, bounds, "
+        "stability, sync-wait and direct-exposure recovery, downgrade fixtures) from seeded "
+        "fixtures. Exit status 0 only when every check holds.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result dict as JSON")
+    parser.set_defaults(handler=_run_validate)
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    result = run_validation()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        rows = check_rows(result)
+        width = max(len(row.name) for row in rows)
+        print(f"{'check':<{width}}  {'value':>12}  {'criterion':>10}  result")
+        for row in rows:
+            verdict = "PASS" if row.passed else "FAIL"
+            print(f"{row.name:<{width}}  {row.value:>12}  {row.criterion:>10}  {verdict}")
+        print("all checks pass" if result["ok"] else "SOME CHECKS FAILED")
+    return EXIT_OK if result["ok"] else EXIT_FAILED
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_analyze,
+    _add_validate,
+]
+"""Subcommand registrars, in help order."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stagefrontier",
+        description="Synchronization-aware stage accounting for distributed training.",
+    )
+    parser.add_argument("--version", action="version", version=f"stagefrontier {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in COMMANDS:
+        register(sub)
+    return parser
+
+
+def _warn(message: str) -> None:
+    print(f"stagefrontier: warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (StageFrontierError, OSError) as exc:
+        print(f"stagefrontier: error: {_describe(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Evidence packets: one window's matrix, context and report as small, versioned JSON.
+
+A packet holds everything needed to re-run the analysis of a window offline and get the same
+report back: the ``[N, R, K]`` float64 duration matrix (exact, compact), the stage names, the
+optional roles and side evidence, the gates, a free-form ``meta`` dict from the caller (window
+index, steps, world size, hosts, gather status, ...) and the report computed when it was written.
+
+Layout (JSON object)::
+
+    {"format": "stagefrontier.packet", "version": 1,
+     "d": {"dtype": "<f8", "shape": [N, R, K], "codec": "shuffle+zlib+base64", "data": "..."},
+     "stages": [...], "roles": [...] | null, "side": {...} | null, "gates": {...},
+     "meta": {...}, "report": {...}}
+
+Arrays are little-endian bytes, byte-shuffled (byte ``i`` of every value stored together, which
+lets zlib squeeze the near-constant exponent bytes of timing data), zlib-compressed and base64
+encoded. Reading never unpickles anything, checks every declared size before allocating, bounds
+decompression by the declared size, and reports any defect as a ReportFormatError naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+import os
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .accounting import FloatArray, as_window
+from .analyzer import analyze
+from .errors import ReportFormatError, StageFrontierError
+from .gates import Gates
+from .report import WindowReport
+from .schema import check_stage_names
+from .side import SideEvidence
+
+logger = logging.getLogger("stagefrontier")
+
+PACKET_FORMAT = "stagefrontier.packet"
+PACKET_VERSION = 1
+CODEC = "shuffle+zlib+base64"
+
+_FIELDS = ("d", "stages", "roles", "side", "gates", "meta", "report")
+_DTYPES: dict[str, np.dtype[Any]] = {"<f8": np.dtype("<f8"), "|i1": np.dtype("|i1")}
+_SIDE_ARRAYS = {"event_ms": "<f8", "event_state": "|i1", "no_stall_reference_s": "<f8"}
+_MAX_ZLIB_RATIO = 1100
+"""Deflate cannot expand data by more than about 1032x; a declared size beyond this multiple of
+the compressed bytes is a lie and is rejected before any allocation."""
+
+
+@dataclass(frozen=True, eq=False)
+class Packet:
+    """A decoded evidence packet. ``reanalyze()`` reproduces ``report`` from the stored inputs."""
+
+    d: FloatArray
+    stages: tuple[str, ...]
+    roles: tuple[str, ...] | None
+    side: SideEvidence | None
+    gates: Gates
+    meta: dict[str, Any]
+    report: WindowReport
+
+    def reanalyze(self) -> WindowReport:
+        """Run the analyzer again on the stored matrix with the stored stages, gates, roles and
+        side evidence; equal to ``report`` for a packet written by this version."""
+        return analyze(self.d, self.stages, gates=self.gates, roles=self.roles, side=self.side)
+
+
+# --- array codec ----------------------------------------------------------------------------------
+
+
+def encode_array(values: Any, dtype: str) -> dict[str, Any]:
+    """Encode an array exactly as little-endian, byte-shuffled, zlib-compressed base64."""
+    arr = np.ascontiguousarray(values, dtype=_DTYPES[dtype])
+    raw = arr.tobytes()
+    shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(-1, arr.itemsize).T.tobytes()
+    return {
+        "dtype": dtype,
+        "shape": list(arr.shape),
+        "codec": CODEC,
+        "data": base64.b64encode(zlib.compress(shuffled, 9)).decode("ascii"),
+    }
+
+
+def decode_array(obj: Any, name: str, ndim: int | None = None) -> Any:
+    """Decode an ``encode_array`` object; raises ReportFormatError naming ``name`` on any defect.
+
+    The declared dtype and shape fix the byte count, which is checked against the compressed
+    size before decompressing and against the decompressed size (bounded by the declaration)
+    before the array is built.
+    """
+    if not isinstance(obj, dict):
+        raise ReportFormatError(f"packet field {name!r} must be an encoded array object")
+    missing = [k for k in ("dtype", "shape", "codec", "data") if k not in obj]
+    if missing:
+        raise ReportFormatError(f"packet field {name!r} is missing key(s) {missing}")
+    dtype = _DTYPES.get(obj["dtype"]) if isinstance(obj["dtype"], str) else None
+    if dtype is None:
+        raise ReportFormatError(f"packet field {name!r} has unsupported dtype {obj['dtype']!r}")
+    if obj["codec"] != CODEC:
+        raise ReportFormatError(f"packet field {name!r} has unknown codec {obj['codec']!r}")
+    shape = _checked_shape(obj["shape"], name, ndim)
+    expected = math.prod(shape) * dtype.itemsize
+    compressed = _b64decode(obj["data"], name)
+    if expected > _MAX_ZLIB_RATIO * len(compressed) + 64:
+        raise ReportFormatError(
+            f"packet field {name!r}: shape/byte mismatch: declared shape {list(shape)} needs "
+            f"{expected} bytes, more than {len(compressed)} compressed bytes can hold"
+        )
+    raw = _inflate(compressed, expected, name)
+    shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(dtype.itemsize, -1)
+    return np.frombuffer(shuffled.T.tobytes(), dtype=dtype).reshape(shape)
+
+
+def _checked_shape(shape: Any, name: str, ndim: int | None) -> tuple[int, ...]:
+    ok = isinstance(shape, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape
+    )
+    if not ok:
+        raise ReportFormatError(
+            f"packet field {name!r}: shape must be a list of non-negative ints, got {shape!r}"
+        )
+    if ndim is not None and len(shape) != ndim:
+        raise ReportFormatError(f"packet field {name!r}: expected {ndim} axes, got shape {shape}")
+    return tuple(shape)
+
+
+def _b64decode(text: Any, name: str) -> bytes:
+    if not isinstance(text, str):
+        raise ReportFormatError(f"packet field {name!r}: data must be a base64 string")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise ReportFormatError(f"packet field {name!r}: data is not valid base64: {exc}") from None
+
+
+def _inflate(compressed: bytes, expected: int, name: str) -> bytes:
+    """Decompress at most ``expected + 1`` bytes; anything but exactly ``expected`` is an error."""
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(compressed, expected + 1)
+        complete = inflater.eof and not inflater.unconsumed_tail and not inflater.unused_data
+    except zlib.error as exc:
+        raise ReportFormatError(f"packet field {name!r}: data is not valid zlib: {exc}") from None
+    if len(raw) != expected or not complete:
+        if len(raw) > expected:
+            got = f"more than {expected}"
+        elif len(raw) < expected:
+            got = str(len(raw))
+        else:
+            got = f"{expected} in a truncated stream or one followed by trailing data"
+        raise ReportFormatError(
+            f"packet field {name!r}: shape/byte mismatch: declared {expected} bytes, decoded {got}"
+        )
+    return raw
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def packet_dict(
+    d: Any,
+    stages: Sequence[str],
+    *,
+    report: WindowReport,
+    roles: Sequence[str] | None = None,
+    side: SideEvidence | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The packet as a JSON-ready dict. The report must describe this matrix and stage list."""
+    names = check_stage_names(stages)
+    arr = as_window(d, names)
+    if tuple(report.stages) != names or (report.n_steps, report.n_ranks) != arr.shape[:2]:
+        raise ReportFormatError(
+            f"report describes {report.n_steps} steps x {report.n_ranks} ranks of "
+            f"{report.stages}, not this {list(arr.shape)} window of {list(names)}"
+        )
+    return {
+        "format": PACKET_FORMAT,
+        "version": PACKET_VERSION,
+        "d": encode_array(arr, "<f8"),
+        "stages": list(names),
+        "roles": None if roles is None else [str(x) for x in roles],
+        "side": None if side is None else _side_to_dict(side),
+        "gates": report.gates.to_dict(),
+        "meta": dict(meta or {}),
+        "report": report.to_dict(),
+    }
+
+
+def packet_bytes(
+    d: Any,
+    stages: Sequence[str],
+    *,
+    report: WindowReport,
+    roles: Sequence[str] | None = None,
+    side: SideEvidence | None = None,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """The packet serialized as compact UTF-8 JSON (strict: no NaN or infinity)."""
+    data = packet_dict(d, stages, report=report, roles=roles, side=side, meta=meta)
+    try:
+        text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ReportFormatError(f"packet is not JSON-serializable (check meta): {exc}") from None
+    return text.encode("utf-8")
+
+
+def write_packet(
+    path: str | os.PathLike[str],
+    d: Any,
+    stages: Sequence[str],
+    *,
+    report: WindowReport,
+    roles: Sequence[str] | None = None,
+    side: SideEvidence | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a packet atomically (temporary file in the same folder, then ``os.replace``), so a
+    reader never sees a partial packet. Returns the path written."""
+    target = Path(path)
+    payload = packet_bytes(d, stages, report=report, roles=roles, side=side, meta=meta)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.debug("wrote packet %s (%d bytes)", target, len(payload))
+    return target
+
+
+def _side_to_dict(side: SideEvidence) -> dict[str, Any]:
+    """Side evidence with its arrays in the binary codec: exact, compact, and NaN-safe (event
+    times hold NaN where nothing was sampled, which strict JSON cannot carry)."""
+    out = side.to_dict()
+    for key, dtype in _SIDE_ARRAYS.items():
+        value = getattr(side, key)
+        out[key] = None if value is None else encode_array(value, dtype)
+    return out
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def read_packet(path: str | os.PathLike[str]) -> Packet:
+    """Read and validate a packet file; raises ReportFormatError for any corrupt content."""
+    return packet_from_bytes(Path(path).read_bytes())
+
+
+def packet_from_bytes(data: bytes) -> Packet:
+    """Decode packet bytes; every defect raises ReportFormatError with a specific message."""
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise ReportFormatError(f"packet is not JSON: {exc}") from None
+    return packet_from_dict(obj)
+
+
+def _reject_constant(name: str) -> Any:
+    """Strict JSON: NaN and infinities are not numbers a packet may hold."""
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
+def packet_from_dict(obj: Any) -> Packet:
+    """Validate a parsed packet object and decode it."""
+    if not isinstance(obj, dict):
+        raise ReportFormatError(f"packet must be a JSON object, got {type(obj).__name__}")
+    if obj.get("format") != PACKET_FORMAT:
+        raise ReportFormatError(
+            f"not a stagefrontier packet: format is {obj.get('format')!r}, "
+            f"expected {PACKET_FORMAT!r}"
+        )
+    if obj.get("version") != PACKET_VERSION:
+        raise ReportFormatError(
+            f"unknown packet version {obj.get('version')!r}: this stagefrontier reads "
+            f"version {PACKET_VERSION}"
+        )
+    missing = [k for k in _FIELDS if k not in obj]
+    if missing:
+        raise ReportFormatError(f"packet is missing field(s) {missing}")
+    d = _decode_matrix(obj["d"])
+    if not isinstance(obj["stages"], list):
+        raise ReportFormatError("packet field 'stages' must be a list of stage names")
+    stages = _field("stages", check_stage_names, obj["stages"], d.shape[2])
+    roles = _decode_roles(obj["roles"], d.shape[1])
+    side = None if obj["side"] is None else _field("side", _side_from_dict, obj["side"])
+    gates = _field("gates", Gates.from_dict, _object(obj["gates"], "gates"))
+    meta = _object(obj["meta"], "meta")
+    report = _field("report", WindowReport.from_dict, _object(obj["report"], "report"))
+    _check_consistent(d, stages, gates, report)
+    return Packet(d=d, stages=stages, roles=roles, side=side, gates=gates, meta=meta, report=report)
+
+
+def _decode_matrix(obj: Any) -> FloatArray:
+    arr = decode_array(obj, "d", ndim=3)
+    if arr.dtype != np.dtype("<f8"):
+        raise ReportFormatError(f"packet field 'd' must be float64 ('<f8'), got {arr.dtype.str}")
+    matrix: FloatArray = _field("d", as_window, arr.astype(np.float64))
+    return matrix
+
+
+def _decode_roles(roles: Any, n_ranks: int) -> tuple[str, ...] | None:
+    if roles is None:
+        return None
+    if not isinstance(roles, list) or not all(isinstance(x, str) for x in roles):
+        raise ReportFormatError("packet field 'roles' must be null or a list of strings")
+    if len(roles) != n_ranks:
+        raise ReportFormatError(f"packet field 'roles' has {len(roles)} roles for {n_ranks} ranks")
+    return tuple(roles)
+
+
+def _side_from_dict(data: dict[str, Any]) -> SideEvidence:
+    values = dict(_object(data, "side"))
+    for key in _SIDE_ARRAYS:
+        if values.get(key) is not None:
+            values[key] = decode_array(values[key], f"side.{key}")
+    return SideEvidence.from_dict(values)
+
+
+def _object(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ReportFormatError(f"packet field {name!r} must be a JSON object")
+    return value
+
+
+def _field(name: str, decode: Any, *args: Any) -> Any:
+    """Run a field decoder, turning its validation errors into ReportFormatError."""
+    try:
+        return decode(*args)
+    except ReportFormatError:
+        raise
+    except (StageFrontierError, TypeError, ValueError) as exc:
+        raise ReportFormatError(f"packet field {name!r} is invalid: {exc}") from None
+
+
+def _check_consistent(
+    d: FloatArray, stages: tuple[str, ...], gates: Gates, report: WindowReport
+) -> None:
+    """The stored report must describe the stored matrix under the stored gates."""
+    n, r, _ = d.shape
+    if tuple(report.stages) != stages or (report.n_steps, report.n_ranks) != (n, r):
+        raise ReportFormatError(
+            f"packet report describes {report.n_steps} steps x {report.n_ranks} ranks of "
+            f"{report.stages}, but the matrix is {list(d.shape)} of {list(stages)}"
+        )
+    if report.gates != gates:
+        raise ReportFormatError("packet report was computed with other gates than the packet's")
