@@ -24,9 +24,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALL_LABELS",
-    "ContractViolation",
     "DEFAULT_STAGES",
     "RESIDUAL_STAGE",
+    "ContractViolation",
     "DurationsError",
     "EmptyWindowError",
     "Gates",

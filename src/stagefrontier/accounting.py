@@ -86,7 +86,8 @@ def prefixes(d: Any) -> FloatArray:
 
 def frontier(d: Any) -> FloatArray:
     """The max-prefix frontier ``F[t, s] = max_r P[t, r, s]``, shape ``[N, S]``."""
-    return rank_last_prefixes(as_window(d)).max(axis=2)
+    front: FloatArray = rank_last_prefixes(as_window(d)).max(axis=2)
+    return front
 
 
 def advances(d: Any) -> FloatArray:
@@ -95,7 +96,9 @@ def advances(d: Any) -> FloatArray:
 
 
 def slack(d: Any) -> FloatArray:
-    """Slack ``lambda[t, r, s] = F[t, s-1] - P[t, r, s-1]`` (zero at the first stage), ``[N, R, S]``.
+    """Slack ``lambda[t, r, s] = F[t, s-1] - P[t, r, s-1]`` (zero at the first stage).
+
+    Shape ``[N, R, S]``.
 
     It satisfies ``a[t, s] = max_r (d[t, r, s] - lambda[t, r, s])``: a rank that reached the
     previous boundary early has its next stage discounted by the time it owed the group.
@@ -122,7 +125,7 @@ def window_shares(step_advances: FloatArray, floor_s: float) -> tuple[FloatArray
 
 
 def stage_sum_bounds(d: Any) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Per-step exposed time ``F[t,S]``, per-stage-max sum ``M_t`` and per-stage-mean sum ``Mbar_t``.
+    """Per step: exposed time ``F[t,S]``, per-stage-max sum ``M_t``, per-stage-mean sum ``Mbar_t``.
 
     They satisfy ``F <= M <= min(R, S) F`` and ``F / R <= Mbar <= F``.
     """

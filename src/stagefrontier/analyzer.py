@@ -18,7 +18,13 @@ from .gates import Gates
 from .labels import LabelInputs, label_window
 from .report import WindowReport
 from .routing import candidate_set, rank_order
-from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, semantic_stage, stage_order_hash
+from .schema import (
+    RESIDUAL_STAGE,
+    SCHEMA_VERSION,
+    check_stage_names,
+    semantic_stage,
+    stage_order_hash,
+)
 from .side import SideEvidence
 
 
@@ -43,8 +49,8 @@ def analyze(
     Raises:
         StageFrontierError subclasses for malformed input, each naming the problem.
     """
+    arr = as_window(d, stages)
     names = check_stage_names(stages)
-    arr = as_window(d, names)
     n, r, s = arr.shape
     gates = gates or Gates()
     role_list = _check_roles(roles, r)
@@ -90,8 +96,8 @@ def analyze(
         labels=labeling.ordered(),
         reasons=labeling.reasons,
         co_critical_stages=labeling.co_critical_stages,
-        leaders={name: loc.leader_rank for name, loc in zip(names, ev.localization)},
-        localization=dict(zip(names, ev.localization)),
+        leaders={name: loc.leader_rank for name, loc in zip(names, ev.localization, strict=True)},
+        localization=dict(zip(names, ev.localization, strict=True)),
         semantic_shares=_semantic_shares(names, ev.shares),
         residual_share=float(residual),
         overlap_share=overlap,
@@ -104,7 +110,7 @@ def analyze(
 
 def _per_stage(names: Sequence[str]) -> Any:
     def to_dict(values: FloatArray) -> dict[str, float]:
-        return {name: float(v) for name, v in zip(names, values)}
+        return {name: float(v) for name, v in zip(names, values, strict=True)}
 
     return to_dict
 
@@ -122,7 +128,7 @@ def _check_roles(roles: Sequence[str] | None, n_ranks: int) -> list[str] | None:
 
 def _semantic_shares(names: Sequence[str], shares: FloatArray) -> dict[str, float]:
     out: dict[str, float] = {}
-    for name, share in zip(names, shares):
+    for name, share in zip(names, shares, strict=True):
         key = semantic_stage(name)
         out[key] = out.get(key, 0.0) + float(share)
     return out
@@ -140,6 +146,8 @@ def _role_shares(
         group = prefix[:, :, role_arr == role]
         step_adv = advances_from_frontier(group.max(axis=2))
         exposed = float(step_adv.sum())
-        shares = step_adv.sum(axis=0) / exposed if exposed > gates.min_exposed_s else 0 * step_adv[0]
-        out[role] = {name: float(v) for name, v in zip(names, shares)}
+        shares = (
+            step_adv.sum(axis=0) / exposed if exposed > gates.min_exposed_s else 0 * step_adv[0]
+        )
+        out[role] = {name: float(v) for name, v in zip(names, shares, strict=True)}
     return out

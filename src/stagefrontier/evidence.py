@@ -29,7 +29,7 @@ class StageLocalization:
     leader_switches: int
     """Changes of leader between consecutive confident steps."""
     tied_ranks: list[int]
-    """Ranks that shared the lead (tie set of size > 1) in at least one step, most frequent first."""
+    """Ranks that shared the lead (tie set larger than one) in some step, most frequent first."""
     lag_mean_s: float
     """Mean over steps of ``max_r P - median_r P`` at this boundary."""
     delta_lag_mean_s: float
@@ -86,7 +86,7 @@ def compute_evidence(
 def _localize(
     prefix: FloatArray, front: FloatArray, step_adv: FloatArray, gates: Gates, scratch: FloatArray
 ) -> list[StageLocalization]:
-    n, s, r = prefix.shape
+    s, r = prefix.shape[1:]
     leader = prefix.argmax(axis=2)
     tolerance = gates.leader_tie * front[:, -1]
     tied = prefix >= (front - tolerance[:, None])[:, :, None]
@@ -184,7 +184,7 @@ def _sorted_median(sorted_lanes: FloatArray) -> FloatArray:
 def critical_path_stages(
     d: FloatArray, prefix: FloatArray, step_exposed: FloatArray, gates: Gates
 ) -> FloatArray:
-    """Fraction of exposed time carried by each stage along the ranks that end a step on the frontier.
+    """Fraction of exposed time carried by each stage along the ranks that end a step last.
 
     A rank whose total is within the tie tolerance of ``F[t, S]`` is critical in step ``t``; its
     largest stage is the path it reached the frontier by. Each step's exposed time is split evenly

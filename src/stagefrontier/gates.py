@@ -20,7 +20,8 @@ class Gates:
     max_residual_share: float = 0.05
     """Frontier share of ``step.other_cpu_wall`` above which strong labels are suppressed."""
     max_overlap_share: float = 0.01
-    """Overlap error as a fraction of rank step wall time above which strong labels are suppressed."""
+    """Overlap error, as a fraction of rank step wall time, above which strong labels are
+    suppressed."""
     max_missing_ranks: int = 0
     """Missing ranks tolerated before distributed labels downgrade to telemetry_limited."""
     min_event_ready_ratio: float = 0.8
@@ -65,7 +66,7 @@ class Gates:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, float) and not value >= 0.0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
                 raise StageFrontierError(f"gate {f.name} must be >= 0, got {value!r}")
         if not 0.0 < self.candidate_threshold <= 1.0:
             raise StageFrontierError(

@@ -319,9 +319,13 @@ def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
     fwd = list(x.stages).index(side.forward_stage)
     event_s = float(np.asarray(side.event_ms)[ready_mask].mean()) / 1000.0
     cpu_s = float(x.d[:, :, fwd][ready_mask].mean())
-    ratio = event_s / cpu_s if cpu_s > 0 else float("inf")
-    summary.update({"event_mean_ms": event_s * 1e3, "cpu_mean_ms": cpu_s * 1e3, "ratio": ratio})
-    in_top2 = fwd in order[:2]
+    summary.update({"event_mean_ms": event_s * 1e3, "cpu_mean_ms": cpu_s * 1e3})
+    if cpu_s <= 0.0:
+        out.emit(FORWARD_EVENT_SCOPE_LIMITED, "forward CPU wall is zero where events completed")
+        return
+    ratio = event_s / cpu_s
+    summary["ratio"] = ratio
+    in_top2 = fwd in order[:2] and x.evidence.shares[fwd] > 0
     if ratio >= g.event_high_ratio:
         if in_top2:
             out.emit(

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ReportFormatError
+from .errors import ReportFormatError, StageFrontierError
 from .evidence import StageLocalization
 from .gates import Gates
 
@@ -101,12 +101,17 @@ class WindowReport:
         if missing:
             raise ReportFormatError(f"report is missing field(s): {missing}")
         values = {n: data[n] for n in names}
+        for name, kinds in _FIELD_KINDS.items():
+            if not isinstance(values[name], kinds):
+                raise ReportFormatError(
+                    f"malformed report: field {name!r} has type {type(values[name]).__name__}"
+                )
         try:
             values["localization"] = {
                 k: StageLocalization(**v) for k, v in values["localization"].items()
             }
             values["gates"] = Gates.from_dict(values["gates"])
-        except (TypeError, AttributeError) as exc:
+        except (TypeError, AttributeError, StageFrontierError) as exc:
             raise ReportFormatError(f"malformed report: {exc}") from None
         return cls(**values)
 
@@ -117,6 +122,37 @@ class WindowReport:
         except json.JSONDecodeError as exc:
             raise ReportFormatError(f"report is not valid JSON: {exc}") from None
         return cls.from_dict(data)
+
+
+_NUMBER = (int, float)
+_FIELD_KINDS: dict[str, type | tuple[type, ...]] = {
+    "stages": list,
+    "n_steps": int,
+    "n_ranks": int,
+    "schema_version": int,
+    "stage_order_hash": str,
+    "exposed_s": _NUMBER,
+    "shares_defined": bool,
+    "shares": dict,
+    "advances": dict,
+    "direct_gain": dict,
+    "top1": (str, type(None)),
+    "top2": (str, type(None)),
+    "routing_set": list,
+    "labels": list,
+    "reasons": dict,
+    "co_critical_stages": list,
+    "leaders": dict,
+    "localization": dict,
+    "semantic_shares": dict,
+    "residual_share": _NUMBER,
+    "overlap_share": _NUMBER,
+    "roles": (list, type(None)),
+    "role_shares": (dict, type(None)),
+    "forward_event": (dict, type(None)),
+    "gates": dict,
+}
+"""The JSON type of every serialized field, checked before a report is rebuilt."""
 
 
 def _loc_to_dict(loc: StageLocalization) -> dict[str, Any]:

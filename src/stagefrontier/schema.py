@@ -68,7 +68,9 @@ def check_stage_names(stages: Sequence[str], expected: int | None = None) -> tup
     names = tuple(stages)
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
-            raise StageNamesError(f"stage name at position {i} must be a non-empty str, got {name!r}")
+            raise StageNamesError(
+                f"stage name at position {i} must be a non-empty str, got {name!r}"
+            )
     if not names:
         raise StageNamesError("stage list is empty")
     if expected is not None and len(names) != expected:

@@ -98,7 +98,15 @@ class SideEvidence:
 
     def to_dict(self) -> dict[str, Any]:
         def arr(x: Any) -> Any:
-            return None if x is None else np.asarray(x).tolist()
+            # NaN (an event sample with no value) becomes null: strict JSON has no NaN.
+            if x is None:
+                return None
+            values = np.asarray(x)
+            if values.dtype.kind == "f":
+                boxed = values.astype(object)
+                boxed[np.isnan(values)] = None
+                return boxed.tolist()
+            return values.tolist()
 
         return {
             "event_ms": arr(self.event_ms),
@@ -119,7 +127,11 @@ class SideEvidence:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SideEvidence:
         try:
-            ms, state, ref = data.get("event_ms"), data.get("event_state"), data.get("no_stall_reference_s")
+            ms, state, ref = (
+                data.get("event_ms"),
+                data.get("event_state"),
+                data.get("no_stall_reference_s"),
+            )
             return cls(
                 event_ms=None if ms is None else np.array(ms, dtype=np.float64),
                 event_state=None if state is None else np.array(state, dtype=np.int8),

@@ -128,7 +128,9 @@ def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> Analyzed
     for w in ranks:
         notes.extend(f"rank {w.rank}: {reason}" for reason in w.violation_reasons)
         if w.dropped_windows:
-            notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off queue full")
+            notes.append(
+                f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off queue full"
+            )
     side = SideEvidence(
         event_ms=event_ms,
         event_state=event_state,

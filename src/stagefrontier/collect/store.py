@@ -223,7 +223,6 @@ class StoreCollector:
         window = decode_window(data)
         if window.window != index or window.rank != rank:
             raise ReportFormatError(
-                f"key for window {index} rank {rank} held window {window.window} "
-                f"rank {window.rank}"
+                f"key for window {index} rank {rank} held window {window.window} rank {window.rank}"
             )
         return window

@@ -73,7 +73,9 @@ def parse_fault(spec: str) -> Fault:
     for item in filter(None, match["opts"].split(",")):
         key, _, value = item.partition("=")
         if key not in ("every", "from", "to") or not value.isdigit():
-            raise FaultSpecError(f"bad fault option {item!r} in {spec!r}: use every=K, from=S, to=E")
+            raise FaultSpecError(
+                f"bad fault option {item!r} in {spec!r}: use every=K, from=S, to=E"
+            )
         options[key] = int(value)
     if options.get("every", 1) < 1:
         raise FaultSpecError(f"every must be >= 1 in {spec!r}")

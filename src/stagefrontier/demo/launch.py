@@ -31,12 +31,14 @@ def launch(
     *,
     deadline_s: float = 600.0,
     store_setup: Callable[[Any], None] | None = None,
+    store_teardown: Callable[[Any], None] | None = None,
     kill_store_after_step: int | None = None,
 ) -> DemoRun:
     """Run ``config.ranks`` spawned processes of ``run_rank`` and collect their results.
 
     ``store_setup`` may write into the job's store before the ranks start (stale keys of an
-    earlier attempt); ``kill_store_after_step`` shuts the store server down once rank 0 has
+    earlier attempt) and ``store_teardown`` inspect it after they finish;
+    ``kill_store_after_step`` shuts the store server down once rank 0 has
     finished that step (a store that dies mid-run).
     """
     import torch.distributed as dist
@@ -47,7 +49,11 @@ def launch(
     for stale in [out / "windows.jsonl", *out.glob("losses-rank*.json")]:
         stale.unlink(missing_ok=True)
     store: Any = dist.TCPStore(
-        "127.0.0.1", 0, config.ranks, is_master=True, timeout=timedelta(seconds=60),
+        "127.0.0.1",
+        0,
+        config.ranks,
+        is_master=True,
+        timeout=timedelta(seconds=60),
         wait_for_workers=False,
     )
     if store_setup is not None:
@@ -75,6 +81,8 @@ def launch(
             if proc.is_alive():
                 proc.terminate()
             proc.join(5)
+    if store_teardown is not None and store is not None:
+        store_teardown(store)
     failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
     if failed:
         raise DemoError(f"demo rank(s) failed with exit codes {failed}; see their output above")

@@ -36,7 +36,7 @@ class CharData:
         return window[:, :-1], window[:, 1:]
 
 
-class TinyDecoder(nn.Module):
+class TinyDecoder(nn.Module):  # type: ignore[misc]
     """Embedding, a few pre-norm causal self-attention blocks, a tied output projection."""
 
     def __init__(
@@ -46,7 +46,11 @@ class TinyDecoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, d_model)
         self.position = nn.Parameter(torch.zeros(seq_len, d_model))
         layer = nn.TransformerEncoderLayer(
-            d_model, n_heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True,
+            d_model,
+            n_heads,
+            dim_feedforward=4 * d_model,
+            dropout=0.0,
+            batch_first=True,
             norm_first=True,
         )
         self.blocks = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)

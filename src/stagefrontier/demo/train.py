@@ -77,9 +77,7 @@ class _Injector:
 
     def barrier_now(self) -> bool:
         """callback_sync faults put a barrier on every rank at the faulty rank's steps."""
-        return any(
-            f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults
-        )
+        return any(f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults)
 
     def comm_hook(self, process_group: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

@@ -1,0 +1,217 @@
+"""Real multi-process Gloo DDP runs: routing of injected delays and every collection failure path.
+
+Each test spawns real ranks around an ephemeral-port TCPStore (see stagefrontier.demo.launch)
+with a hard deadline. Faults only sleep, so a faulty run must reproduce the untimed run's losses.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stagefrontier import analyze
+from stagefrontier.demo import DemoConfig, launch, parse_fault
+from stagefrontier.packet import read_packet
+
+STEPS = 30
+WINDOW = 10
+DEADLINE_S = 240.0
+
+
+def _run(tmp_path: Path, name: str, **kwargs: object) -> object:
+    config = DemoConfig(
+        ranks=kwargs.pop("ranks", 2),  # type: ignore[arg-type]
+        steps=STEPS,
+        window=WINDOW,
+        out_dir=str(tmp_path / name),
+        collect_timeout_s=kwargs.pop("collect_timeout_s", 5.0),  # type: ignore[arg-type]
+        quiet=True,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return launch(config, deadline_s=DEADLINE_S)
+
+
+@pytest.fixture(scope="module")
+def untimed_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]]:
+    run = _run(tmp_path_factory.mktemp("untimed"), "untimed", timed=False)
+    assert run.windows == []  # type: ignore[attr-defined]
+    return run.losses  # type: ignore[attr-defined, no-any-return]
+
+
+def _majority(values: list[object]) -> object:
+    return Counter(values).most_common(1)[0][0]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "fault", "stage", "leader"),
+    [
+        (2, "data@1:120ms", "data.next_wait", 1),
+        (4, "data@2:120ms", "data.next_wait", 2),
+        (2, "forward@1:120ms", "model.fwd_loss_cpu_wall", 1),
+        # A host delay inside backward is absorbed by the gradient all-reduce: every rank leaves
+        # backward together, so the stage is identified but no single rank leads it.
+        (2, "backward@1:120ms", "model.backward_cpu_wall", None),
+    ],
+)
+def test_injected_delay_routes_to_its_stage_and_rank(
+    tmp_path: Path,
+    untimed_losses: dict[int, list[float]],
+    ranks: int,
+    fault: str,
+    stage: str,
+    leader: int | None,
+) -> None:
+    run = _run(tmp_path, "fault", ranks=ranks, faults=(parse_fault(fault),))
+    windows = run.windows  # type: ignore[attr-defined]
+    assert len(windows) == STEPS // WINDOW
+    assert all(w["gather_ok"] and w["world_size"] == ranks for w in windows)
+    assert _majority([w["top1"] for w in windows]) == stage
+    assert all(stage in w["routing_set"] for w in windows)
+    if leader is not None:
+        assert _majority([w["leaders"][stage] for w in windows]) == leader
+    if ranks == 2:
+        assert run.losses == untimed_losses  # type: ignore[attr-defined]
+
+
+def test_packet_reads_back_to_the_identical_report(tmp_path: Path) -> None:
+    run = _run(tmp_path, "packets", faults=(parse_fault("data@1:120ms"),))
+    packets = sorted((run.out_dir / "packets").glob("*.json"))  # type: ignore[attr-defined]
+    assert len(packets) == STEPS // WINDOW
+    for path, record in zip(packets, run.windows, strict=True):  # type: ignore[attr-defined]
+        packet = read_packet(path)
+        again = analyze(
+            packet.d, packet.stages, gates=packet.gates, roles=packet.roles, side=packet.side
+        )
+        assert again == packet.report
+        assert again.to_dict()["shares"] == record["shares"]
+        assert path.stat().st_size < 50_000
+
+
+def test_rank_that_never_sends_is_reported_missing(
+    tmp_path: Path, untimed_losses: dict[int, list[float]]
+) -> None:
+    run = _run(tmp_path, "silent", untimed_ranks=(1,), collect_timeout_s=1.0)
+    windows = run.windows  # type: ignore[attr-defined]
+    assert len(windows) == STEPS // WINDOW
+    for w in windows:
+        assert not w["gather_ok"]
+        assert w["missing_ranks"] == [1]
+        assert w["ranks_present"] == [0]
+        assert "telemetry_limited" in w["labels"]
+        assert any("missing ranks [1]" in r for r in w["reasons"]["telemetry_limited"])
+    assert run.losses == untimed_losses  # type: ignore[attr-defined]
+
+
+def test_rank_late_beyond_the_deadline_is_reported_missing(
+    tmp_path: Path, untimed_losses: dict[int, list[float]]
+) -> None:
+    run = _run(tmp_path, "late", late_send_s={1: 2.0}, collect_timeout_s=0.5)
+    windows = run.windows  # type: ignore[attr-defined]
+    assert len(windows) == STEPS // WINDOW
+    assert all(w["missing_ranks"] == [1] and "telemetry_limited" in w["labels"] for w in windows)
+    assert run.losses == untimed_losses  # type: ignore[attr-defined]
+
+
+def test_rank_with_a_different_stage_list_is_not_merged(
+    tmp_path: Path, untimed_losses: dict[int, list[float]]
+) -> None:
+    run = _run(tmp_path, "mismatch", extra_stage_ranks=(1,))
+    windows = run.windows  # type: ignore[attr-defined]
+    assert len(windows) == STEPS // WINDOW
+    for w in windows:
+        assert w["mismatched_ranks"] == [1]
+        assert w["ranks_present"] == [0]
+        assert w["n_ranks"] == 1
+        assert any("not merged" in r for r in w["reasons"]["telemetry_limited"])
+    assert run.losses == untimed_losses  # type: ignore[attr-defined]
+
+
+def test_store_that_dies_mid_run_downgrades_later_windows(
+    tmp_path: Path, untimed_losses: dict[int, list[float]]
+) -> None:
+    config = DemoConfig(
+        ranks=2,
+        steps=STEPS,
+        window=WINDOW,
+        out_dir=str(tmp_path / "dead"),
+        quiet=True,
+        collect_timeout_s=2.0,
+    )
+    run = launch(config, deadline_s=DEADLINE_S, kill_store_after_step=WINDOW + 2)
+    windows = run.windows
+    assert len(windows) == STEPS // WINDOW
+    assert windows[0]["gather_ok"]
+    assert not windows[-1]["gather_ok"]
+    assert any("store" in r for r in windows[-1]["reasons"]["telemetry_limited"])
+    assert run.losses == untimed_losses
+
+
+def test_restart_ignores_and_deletes_the_previous_attempts_keys(tmp_path: Path) -> None:
+    stale = [f"stagefrontier/job/0/w{w}/r1" for w in range(STEPS // WINDOW)]
+    seen: dict[str, bool] = {}
+
+    def plant(store: object) -> None:
+        for key in stale:
+            store.set(key, b"garbage from the previous attempt")  # type: ignore[attr-defined]
+
+    def check(store: object) -> None:
+        seen.update({key: bool(store.check([key])) for key in stale})  # type: ignore[attr-defined]
+
+    config = DemoConfig(
+        ranks=2,
+        steps=STEPS,
+        window=WINDOW,
+        out_dir=str(tmp_path / "restart"),
+        quiet=True,
+        env={"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "1"},
+    )
+    run = launch(config, deadline_s=DEADLINE_S, store_setup=plant, store_teardown=check)
+    assert all(w["gather_ok"] and w["ranks_present"] == [0, 1] for w in run.windows)
+    assert not any(
+        "rejected" in r for w in run.windows for r in w["reasons"].get("telemetry_limited", [])
+    )
+    assert seen == {key: False for key in stale}
+
+
+def test_runs_under_torchrun(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "ddp_torchrun.py"
+    out = tmp_path / "torchrun"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(example),
+            "--steps",
+            "40",
+            "--window",
+            "20",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (out / "windows.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    import json
+
+    for line in lines:
+        record = json.loads(line)
+        assert record["world_size"] == 4
+        assert record["ranks_present"] == [0, 1, 2, 3]
+        assert record["gather_ok"]
