@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+DEMO_ARGS ?= --ranks 4 --steps 120 --window 20 --fault data@2:120ms --out stagefrontier-demo
+
 demo: $(STAMP)
-	$(VENV)/bin/stagefrontier validate
-	$(VENV)/bin/stagefrontier analyze examples/sync_wait_window.npz
+	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -212,11 +212,114 @@ def _run_validate(args: argparse.Namespace) -> int:
     return EXIT_OK if result["ok"] else EXIT_FAILED
 
 
+# --- report, plot, demo ---------------------------------------------------------------------------
+
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "report",
+        help="report an output folder (windows.jsonl, packets/) against the baselines",
+        description="Print StageFrontier's shares next to the five rank-local baselines, the "
+        "routing set, leaders, labels and reasons for every window in DIR.",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR")
+    parser.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from .runreport import load_run, render_report
+
+    print(render_report(load_run(args.dir)))
+    return EXIT_OK
+
+
+def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "plot",
+        help="write the worst-step frontier and shares-over-time PNGs for an output folder",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="frontier figure path (default DIR/frontier_worst_step.png); the shares figure "
+        "goes beside it with a _shares suffix",
+    )
+    parser.set_defaults(handler=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from .plots import plot_shares_over_time, plot_worst_step
+    from .runreport import load_run
+
+    run = load_run(args.dir)
+    frontier = args.output or args.dir / "frontier_worst_step.png"
+    shares = (
+        frontier.with_name(frontier.stem + "_shares.png")
+        if args.output
+        else args.dir / "shares_over_time.png"
+    )
+    if run.packets:
+        print(plot_worst_step(run, frontier))
+    else:
+        _warn("no packets/ in the folder: skipping the frontier figure")
+    print(plot_shares_over_time(run, shares))
+    return EXIT_OK
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="run the CPU demo: multi-rank Gloo DDP training with injected faults",
+        description="Spawn RANKS real processes (Gloo DDP, CPU), train a small transformer "
+        "language model with StageTimer, inject faults, and report. Needs torch.",
+    )
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--window", type=int, default=20)
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with KIND one of data, forward, "
+        "backward, comm, callback_sync, callback_host, forward_device (CUDA only); repeatable",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="stagefrontier-demo", metavar="DIR")
+    parser.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    try:
+        from .demo.command import run_demo
+    except ImportError as exc:
+        raise StageFrontierError(
+            f"the demo needs torch ({exc}); install it, e.g. pip install torch"
+        ) from None
+    if args.ranks < 1 or args.steps < 1 or args.window < 1:
+        raise StageFrontierError("--ranks, --steps and --window must be >= 1")
+    run_demo(
+        ranks=args.ranks,
+        steps=args.steps,
+        window=args.window,
+        faults=args.fault,
+        seed=args.seed,
+        out=args.out,
+    )
+    return EXIT_OK
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_analyze,
     _add_validate,
+    _add_report,
+    _add_plot,
+    _add_demo,
 ]
 """Subcommand registrars, in help order."""
 
