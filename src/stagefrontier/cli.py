@@ -26,6 +26,7 @@ from . import __version__
 from .analyzer import analyze
 from .errors import ReportFormatError, StageFrontierError
 from .packet import read_packet
+from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
 from .report import WindowReport
 from .validation import check_rows, run_validation
 
@@ -35,41 +36,61 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
 
-_ZIP_MAGIC = b"PK\x03\x04"
-
 
 # --- input windows --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class LoadedWindow:
-    """An analyzed input file: the fresh report, plus what a packet stored alongside it."""
+    """An analyzed input: the fresh report, plus what a packet stored alongside it, or what
+    reducing a trace noted."""
 
     report: WindowReport
     meta: dict[str, Any] | None = None
     stored_report: WindowReport | None = None
+    notes: tuple[str, ...] = ()
 
 
-def load_window(path: Path) -> LoadedWindow:
-    """Analyze an ``.npz`` window (``d``, ``stages``, optional ``roles``) or an evidence packet.
+def load_window(
+    path: Path, fmt: str = "auto", trace_options: dict[str, Any] | None = None
+) -> LoadedWindow:
+    """Analyze an ``.npz`` window (``d``, ``stages``, optional ``roles``), an evidence packet,
+    or a profiler trace reduced to the stage matrix (PyTorch Profiler files or folder, through
+    the direct reader or HTA; an Nsight Systems SQLite export).
 
-    The kind is told by content (a zip archive or a JSON object), falling back to the extension.
-    A packet is re-analyzed with its stored gates, roles and side evidence.
+    With ``fmt="auto"`` the kind is told by content, falling back to the name (a folder is read
+    as PyTorch Profiler traces). A packet is re-analyzed with its stored gates, roles and side
+    evidence. ``trace_options`` go to the trace reducer (``stages``, ``ranks``, ...).
     """
-    with path.open("rb") as handle:
-        head = handle.read(64)
-    is_json = head.lstrip().startswith(b"{")
-    if head.startswith(_ZIP_MAGIC) or (not is_json and path.suffix == ".npz"):
+    if fmt not in FORMATS:
+        raise ReportFormatError(f"unknown --format {fmt!r}; one of {', '.join(FORMATS)}")
+    kind = detect_format(path) if fmt == "auto" else fmt
+    if kind in TRACE_FORMATS:
+        return _load_trace(path, kind, trace_options or {})
+    if path.is_dir():
+        raise ReportFormatError(f"{path}: a folder; only traces can be read from a folder")
+    if kind == "npz":
         return _load_npz(path)
-    if is_json or path.suffix == ".json":
-        try:
-            packet = read_packet(path)
-        except ReportFormatError as exc:
-            raise ReportFormatError(f"{path}: {exc}") from None
-        return LoadedWindow(
-            report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report
-        )
-    raise ReportFormatError(f"{path}: neither an .npz window nor a stagefrontier packet")
+    try:
+        packet = read_packet(path)
+    except ReportFormatError as exc:
+        raise ReportFormatError(f"{path}: {exc}") from None
+    return LoadedWindow(report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report)
+
+
+def _load_trace(path: Path, kind: str, options: dict[str, Any]) -> LoadedWindow:
+    options = dict(options)
+    steps = options.pop("steps", None)
+    reduced = reduce_trace(path, kind, **options)
+    if steps is not None:
+        first, last = steps
+        wanted = [s for s in reduced.step_ids if first <= s <= last]
+        if not wanted:
+            raise ReportFormatError(
+                f"{path}: no step id in {first}:{last} among {reduced.step_ids}"
+            )
+        reduced = reduced.select_steps(wanted)
+    return LoadedWindow(report=reduced.analyze(), meta=reduced.summary(), notes=reduced.notes)
 
 
 def _load_npz(path: Path) -> LoadedWindow:
@@ -110,24 +131,80 @@ def _names(arr: np.ndarray[Any, Any], path: Path, key: str) -> list[str]:
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "analyze",
-        help="analyze one window (.npz or evidence packet)",
-        description="Frontier accounting, localization and labels for one window. FILE is an "
-        ".npz with arrays d [steps, ranks, stages] and stages (optional roles), or an evidence "
-        "packet written by stagefrontier.",
+        help="analyze one window (.npz, evidence packet, or a profiler trace)",
+        description="Frontier accounting, localization and labels for one window. PATH is an "
+        ".npz with arrays d [steps, ranks, stages] and stages (optional roles), an evidence "
+        "packet written by stagefrontier, PyTorch Profiler traces (.json/.json.gz files or a "
+        "folder of them, one per rank) or an Nsight Systems SQLite export. A trace is reduced "
+        "to the ordered stage matrix from its step ranges and the ranges named like the stages.",
     )
-    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument("file", type=Path, metavar="PATH")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="input kind (default: told by content; a folder is read as PyTorch Profiler "
+        "traces); hta reads PyTorch Profiler traces through Holistic Trace Analysis",
+    )
+    trace = parser.add_argument_group("traces")
+    trace.add_argument(
+        "--stages",
+        metavar="A,B,...",
+        help="ordered stage names the trace's ranges carry (default: the six default stages)",
+    )
+    trace.add_argument(
+        "--rank",
+        action="append",
+        default=[],
+        metavar="FILE=RANK",
+        help="rank of a trace file that does not say it (repeatable)",
+    )
+    trace.add_argument(
+        "--steps", metavar="FIRST:LAST", help="analyze only step ids FIRST..LAST (inclusive)"
+    )
+    trace.add_argument(
+        "--allow-missing-ranks",
+        action="store_true",
+        help="analyze the ranks present when the world size names more (labels are downgraded)",
+    )
     parser.set_defaults(handler=_run_analyze)
 
 
+def _trace_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Reducer options from the command line; ignored for .npz windows and packets."""
+    options: dict[str, Any] = {}
+    if args.stages:
+        options["stages"] = [s.strip() for s in args.stages.split(",") if s.strip()]
+    if args.rank:
+        ranks: dict[str, int] = {}
+        for item in args.rank:
+            file, sep, rank = item.rpartition("=")
+            if not sep or not file or not rank.isdigit():
+                raise StageFrontierError(f"bad --rank {item!r}: expected FILE=RANK")
+            ranks[file] = int(rank)
+        options["ranks"] = ranks
+    if args.steps:
+        first, sep, last = args.steps.partition(":")
+        if not sep or not first.isdigit() or not last.isdigit():
+            raise StageFrontierError(f"bad --steps {args.steps!r}: expected FIRST:LAST")
+        options["steps"] = (int(first), int(last))
+    if args.allow_missing_ranks:
+        options["missing_ranks"] = "allow"
+    return options
+
+
 def _run_analyze(args: argparse.Namespace) -> int:
-    loaded = load_window(args.file)
+    loaded = load_window(args.file, args.format, _trace_options(args))
     if loaded.stored_report is not None and loaded.stored_report != loaded.report:
         _warn(f"{args.file}: stored report differs from a fresh analysis; showing the fresh one")
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
         print(format_report(loaded.report, meta=loaded.meta))
+        if loaded.notes:
+            print("\ntrace notes:")
+            print("\n".join(f"  - {note}" for note in loaded.notes))
     return EXIT_OK
 
 

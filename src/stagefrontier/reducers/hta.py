@@ -1,0 +1,177 @@
+"""PyTorch Profiler traces to the ordered stage matrix through Holistic Trace Analysis.
+
+The same reduction as ``reduce_kineto``, but the events come from HTA's per-rank dataframes
+(``hta.common.trace.Trace``): a site that already loads its traces with HTA gets the matrix from
+the frames it has, and the two readers check each other (tests assert equal matrices).
+
+HTA is optional (``pip install 'stagefrontier[hta]'``) and imported only when this runs. HTA
+keeps one trace file per rank (give one profiler cycle per rank) and by default rounds event
+times to whole microseconds (start up, end down); the reducer turns that rounding off for the
+load, so durations keep the trace's nanosecond resolution, unless ``ns_rounding=True``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..schema import DEFAULT_STAGES
+from .errors import MissingDependencyError, TraceFormatError
+from .files import KINETO_SUFFIXES, Paths, RankMap, check_unmapped, trace_files
+from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
+from .matrix import build_matrix, timed_stages
+from .ranges import STEP_ANNOTATION, RankRanges, Span, Thread, rank_ranges, wanted_name
+from .result import ReducedTrace
+
+NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
+"""HTA's switch for its microsecond rounding of nanosecond traces (``"1"`` turns it off)."""
+
+
+def reduce_hta(
+    paths: Paths,
+    stages: Sequence[str] | None = None,
+    *,
+    ranks: RankMap | None = None,
+    world_size: int | None = None,
+    step_name: str = STEP_ANNOTATION,
+    step_source: str = "auto",
+    align: str = "intersect",
+    missing_ranks: str = "error",
+    missing_stages: str = "error",
+    ns_rounding: bool = False,
+) -> ReducedTrace:
+    """Reduce PyTorch Profiler traces to ``d [N, R, S]`` seconds via HTA's dataframes.
+
+    Arguments as for ``reduce_kineto``; ``ns_rounding=True`` keeps HTA's default rounding of
+    event times to whole microseconds.
+
+    Raises:
+        MissingDependencyError: HolisticTraceAnalysis is not installed.
+        TraceFormatError and its subclasses, naming the file.
+    """
+    trace_cls = _import_hta()
+    timed = timed_stages(DEFAULT_STAGES if stages is None else stages)
+    files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
+    check_unmapped(ranks, files)
+    headers = [(path, read_header(path)) for path in files]
+    notes: list[str] = []
+    by_rank: dict[int, Path] = {}
+    for path, header in headers:
+        rank = resolve_rank(path, header, ranks, single=len(files) == 1, notes=notes)
+        if rank in by_rank:
+            raise TraceFormatError(
+                f"{by_rank[rank]} and {path} are both rank {rank}; HTA holds one trace per rank "
+                "(reduce one profiler cycle at a time, or use reduce_kineto)"
+            )
+        by_rank[rank] = path
+    frames, symbols = _load(trace_cls, by_rank, ns_rounding)
+    parts = [
+        _rank_ranges(frames[rank], symbols, rank, by_rank[rank], timed, step_name, step_source)
+        for rank in sorted(by_rank)
+    ]
+    return build_matrix(
+        parts,
+        timed,
+        source="hta",
+        world_size=world_size if world_size is not None else header_world_size(headers),
+        align=align,
+        missing_ranks=missing_ranks,
+        missing_stages=missing_stages,
+        meta={"hta_ns_rounding": ns_rounding},
+        notes=notes,
+    )
+
+
+def _import_hta() -> Any:
+    try:
+        module = importlib.import_module("hta.common.trace")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"reduce_hta needs HolisticTraceAnalysis ({exc}); install it with "
+            "pip install 'stagefrontier[hta]'"
+        ) from None
+    return module.Trace
+
+
+@contextmanager
+def _hta_settings(ns_rounding: bool) -> Iterator[None]:
+    """HTA's rounding switch and a quiet ``hta`` logger for the duration of one load."""
+    saved = os.environ.get(NS_ROUNDING_ENV)
+    logger = logging.getLogger("hta")
+    level = logger.level
+    if not ns_rounding:
+        os.environ[NS_ROUNDING_ENV] = "1"
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if saved is None:
+            os.environ.pop(NS_ROUNDING_ENV, None)
+        else:
+            os.environ[NS_ROUNDING_ENV] = saved
+
+
+def _load(trace_cls: Any, by_rank: dict[int, Path], ns_rounding: bool) -> tuple[Any, list[str]]:
+    """HTA's per-rank dataframes and its symbol table (id -> name)."""
+    resolved = {rank: str(path.resolve()) for rank, path in by_rank.items()}
+    folder = os.path.commonpath([os.path.dirname(p) for p in resolved.values()])
+    with _hta_settings(ns_rounding):
+        try:
+            trace = trace_cls(trace_files=resolved, trace_dir=folder)
+            trace.load_traces(
+                include_last_profiler_step=True,
+                use_multiprocessing=False,
+                use_memory_profiling=False,
+            )
+        except Exception as exc:  # HTA raises assorted errors on bad input; name the files
+            files = ", ".join(str(p) for p in by_rank.values())
+            raise TraceFormatError(f"HTA could not load {files}: {exc!r}") from exc
+    frames = {rank: trace.get_trace(rank) for rank in by_rank}
+    return frames, list(trace.symbol_table.sym_table)
+
+
+def _rank_ranges(
+    frame: Any,
+    symbols: list[str],
+    rank: int,
+    path: Path,
+    timed: Sequence[str],
+    step_name: str,
+    step_source: str,
+) -> RankRanges:
+    """One rank's ranges from its HTA dataframe (``name``/``cat`` are symbol ids, ``ts``/``dur``
+    float microseconds, shifted so the earliest event of the job starts at 0)."""
+    wanted = frozenset(timed)
+    index = {name: i for i, name in enumerate(symbols)}
+    categories = [index[c] for c in RANGE_CATEGORIES if c in index]
+    annotation = index.get("user_annotation", -1)
+    name_ids = [i for i, name in enumerate(symbols) if wanted_name(name, wanted, step_name)]
+    host = frame[frame["cat"].isin(categories)]
+    rows = host[host["name"].isin(name_ids)]
+    rows = rows[rows["dur"] >= 0]  # HTA's microsecond rounding can turn a tiny range negative
+    spans = [
+        Span(symbols[int(n)], round(float(ts) * 1000), round(float(dur) * 1000), (str(p), str(t)))
+        for n, ts, dur, p, t in zip(
+            rows["name"], rows["ts"], rows["dur"], rows["pid"], rows["tid"], strict=True
+        )
+    ]
+    others = host[(host["cat"] == annotation) & ~host["name"].isin(name_ids)]
+    seen: set[tuple[str, Thread]] = {
+        (symbols[int(name)], (str(p), str(t)))
+        for name, p, t in others[["name", "pid", "tid"]].drop_duplicates().itertuples(index=False)
+    }
+    return rank_ranges(
+        spans,
+        timed,
+        rank=rank,
+        label=str(path),
+        step_name=step_name,
+        step_source=step_source,
+        seen=seen,
+    )

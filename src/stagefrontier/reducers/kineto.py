@@ -1,0 +1,279 @@
+"""PyTorch Profiler (Kineto) Chrome traces to the ordered stage matrix.
+
+Input: ``.json`` or ``.json.gz`` files as written by ``prof.export_chrome_trace(path)`` or by
+``torch.profiler.tensorboard_trace_handler(dir)`` (one file per rank and profiler cycle), given
+one by one or as a folder. What is read:
+
+* the rank: an explicit ``ranks`` mapping, else the trace's ``distributedInfo.rank`` (written
+  when torch.distributed is initialized), else rank 0 for a single file;
+* the steps: complete (``"ph": "X"``) ``ProfilerStep#N`` ranges, else ranges named like the step
+  annotation (``stagefrontier.step`` or ``stagefrontier.step#N``);
+* the stages: complete ranges of category ``user_annotation`` (``record_function``; old traces
+  file them under ``cpu_op``) named exactly like the ordered stages, on the training thread (the
+  thread that holds the step ranges). ``gpu_user_annotation`` mirrors are never used.
+
+Times: ``ts`` and ``dur`` are microseconds with nanosecond decimals. Recent traces give ``ts``
+relative to ``baseTimeNanoseconds`` (an absolute ns base in the header), older ones absolute. The
+reduction only subtracts times within one trace, so both work; the absolute start of a trace is
+used to order several files of one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from ..schema import DEFAULT_STAGES
+from .errors import TraceFormatError
+from .files import (
+    KINETO_SUFFIXES,
+    Paths,
+    RankMap,
+    check_unmapped,
+    mapped_rank,
+    open_maybe_gzip,
+    trace_files,
+)
+from .matrix import build_matrix, timed_stages
+from .ranges import (
+    STEP_ANNOTATION,
+    RankRanges,
+    Span,
+    Thread,
+    merge_rank_ranges,
+    rank_ranges,
+    wanted_name,
+)
+from .result import ReducedTrace
+
+RANGE_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
+"""Categories of host ranges that may be steps or stages (``record_function`` ranges)."""
+
+HEADER_PEEK_BYTES = 1 << 20
+_READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError)
+
+
+@dataclass(frozen=True)
+class KinetoFile:
+    """The parts of one trace file the reduction needs."""
+
+    path: Path
+    header: dict[str, Any]
+    spans: tuple[Span, ...]
+    seen: frozenset[tuple[str, Thread]]
+    """(name, thread) of the other ``user_annotation`` ranges."""
+    skipped: int
+    """Ranges with a wanted name but a malformed ``ts`` or ``dur``."""
+
+    @property
+    def time_base(self) -> str:
+        return "baseTimeNanoseconds" if _base_ns(self.header) is not None else "absolute"
+
+
+def reduce_kineto(
+    paths: Paths,
+    stages: Sequence[str] | None = None,
+    *,
+    ranks: RankMap | None = None,
+    world_size: int | None = None,
+    step_name: str = STEP_ANNOTATION,
+    step_source: str = "auto",
+    align: str = "intersect",
+    missing_ranks: str = "error",
+    missing_stages: str = "error",
+) -> ReducedTrace:
+    """Reduce PyTorch Profiler traces to ``d [N, R, S]`` seconds.
+
+    Args:
+        paths: a trace file, a folder of traces, or a list of either.
+        stages: the ordered stage names; the six defaults when None. The residual
+            ``step.other_cpu_wall`` is computed, never read from the trace.
+        ranks: explicit rank per file (path or file name -> rank); wins over distributedInfo.
+        world_size: the job's world size; by default the traces' ``distributedInfo.world_size``.
+        step_name: the step annotation used when the trace has no ``ProfilerStep#N``.
+        step_source: ``auto``, ``profiler`` or ``annotation``.
+        align: ``intersect`` keeps the step ids every rank holds (noted), ``strict`` refuses
+            ranks with different step ids.
+        missing_ranks: ``error``, or ``allow`` to analyze the ranks present (noted; the analyzer
+            downgrades its labels).
+        missing_stages: ``error``, or ``zero`` to accept a stage with no range on a rank.
+
+    Raises:
+        TraceFormatError and its subclasses, naming the file.
+    """
+    timed = timed_stages(DEFAULT_STAGES if stages is None else stages)
+    files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
+    check_unmapped(ranks, files)
+    read = [read_kineto_file(path, timed, step_name) for path in files]
+    notes: list[str] = []
+    parts: dict[int, list[RankRanges]] = {}
+    for item in read:
+        rank = resolve_rank(item.path, item.header, ranks, single=len(read) == 1, notes=notes)
+        if item.skipped:
+            notes.append(f"{item.path}: {item.skipped} range(s) with malformed ts/dur skipped")
+        ranges = rank_ranges(
+            item.spans,
+            timed,
+            rank=rank,
+            label=str(item.path),
+            step_name=step_name,
+            step_source=step_source,
+            seen=item.seen,
+        )
+        parts.setdefault(rank, []).append(ranges)
+    bases = sorted({item.time_base for item in read})
+    return build_matrix(
+        [merge_rank_ranges(group) for group in parts.values()],
+        (*timed,),
+        source="kineto",
+        world_size=world_size
+        if world_size is not None
+        else header_world_size([(item.path, item.header) for item in read]),
+        align=align,
+        missing_ranks=missing_ranks,
+        missing_stages=missing_stages,
+        meta={"time_base": bases[0] if len(bases) == 1 else "mixed"},
+        notes=notes,
+    )
+
+
+def read_kineto_file(path: Path, stages: Sequence[str], step_name: str) -> KinetoFile:
+    """Parse one trace file and keep its step and stage ranges (absolute integer ns)."""
+    header, events = load_trace(path)
+    base = _base_ns(header) or 0
+    wanted = frozenset(stages)
+    spans: list[Span] = []
+    seen: set[tuple[str, Thread]] = set()
+    skipped = 0
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        if event.get("cat") not in RANGE_CATEGORIES:
+            continue
+        name = event.get("name")
+        if not isinstance(name, str):
+            continue
+        thread = (str(event.get("pid")), str(event.get("tid")))
+        if not wanted_name(name, wanted, step_name):
+            if event.get("cat") == "user_annotation":
+                seen.add((name, thread))
+            continue
+        ts, dur = event.get("ts"), event.get("dur")
+        if not (_is_number(ts) and _is_number(dur)) or dur < 0:
+            skipped += 1
+            continue
+        spans.append(Span(name, base + round(ts * 1000), round(dur * 1000), thread))
+    return KinetoFile(path, header, tuple(spans), frozenset(seen), skipped)
+
+
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _base_ns(header: dict[str, Any]) -> int | None:
+    base = header.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) else None
+
+
+def load_trace(path: Path) -> tuple[dict[str, Any], list[Any]]:
+    """The header (every top-level key but ``traceEvents``) and the event list of a trace.
+
+    A bare JSON array of events (the Chrome trace array format) has an empty header.
+    """
+    try:
+        with open_maybe_gzip(path) as handle:
+            data = json.load(handle)
+    except _READ_ERRORS as exc:
+        raise TraceFormatError(f"{path}: not a readable JSON trace: {exc}") from None
+    if isinstance(data, list):
+        return {}, data
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceFormatError(f"{path}: not a Chrome trace (no traceEvents list)")
+    events = data.pop("traceEvents")
+    return data, events
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The top-level keys before ``traceEvents``, read from the start of the file only.
+
+    Kineto writes the header (distributedInfo, baseTimeNanoseconds, ...) before the events; a
+    file laid out otherwise is parsed whole.
+    """
+    try:
+        with open_maybe_gzip(path) as handle:
+            head = handle.read(HEADER_PEEK_BYTES)
+    except _READ_ERRORS as exc:
+        raise TraceFormatError(f"{path}: not a readable JSON trace: {exc}") from None
+    key = head.find(b'"traceEvents"')
+    if key > 0:
+        text = head[:key].rstrip().rstrip(b",") + b"}"
+        try:
+            header = json.loads(text)
+        except ValueError:
+            header = None
+        if isinstance(header, dict):
+            return header
+    return load_trace(path)[0]
+
+
+def resolve_rank(
+    path: Path,
+    header: dict[str, Any],
+    ranks: RankMap | None,
+    *,
+    single: bool,
+    notes: list[str],
+) -> int:
+    """A file's rank: the explicit mapping, else ``distributedInfo.rank``, else 0 when it is the
+    only file.
+
+    Raises:
+        TraceFormatError: several files and no way to tell this one's rank.
+    """
+    embedded = _distributed(header).get("rank")
+    if isinstance(embedded, bool) or not isinstance(embedded, int):
+        embedded = None
+    explicit = mapped_rank(path, ranks)
+    if explicit is not None:
+        if embedded is not None and embedded != explicit:
+            notes.append(
+                f"{path}: the rank mapping says {explicit}, distributedInfo says {embedded}; "
+                "using the mapping"
+            )
+        return explicit
+    if embedded is not None:
+        return embedded
+    if single:
+        notes.append(f"{path}: no distributedInfo.rank; taken as rank 0 (the only file)")
+        return 0
+    raise TraceFormatError(
+        f"{path}: cannot tell its rank: the trace has no distributedInfo.rank (torch.distributed "
+        "was not initialized when it was captured); pass an explicit rank mapping"
+    )
+
+
+def header_world_size(headers: Sequence[tuple[Path, dict[str, Any]]]) -> int | None:
+    """The world size the traces' headers (``(path, header)`` pairs) agree on, None when none
+    states it.
+
+    Raises:
+        TraceFormatError: two files state different world sizes (traces of different jobs).
+    """
+    sizes = {}
+    for path, header in headers:
+        size = _distributed(header).get("world_size")
+        if isinstance(size, int) and not isinstance(size, bool):
+            sizes[path] = size
+    if len(set(sizes.values())) > 1:
+        detail = ", ".join(f"{p.name}: {s}" for p, s in sizes.items())
+        raise TraceFormatError(f"the traces state different world sizes ({detail})")
+    return next(iter(sizes.values()), None)
+
+
+def _distributed(header: dict[str, Any]) -> dict[str, Any]:
+    info = header.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
