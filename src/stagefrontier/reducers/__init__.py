@@ -13,7 +13,13 @@ All return a ``ReducedTrace``; ``ReducedTrace.analyze()`` runs the one analyzer.
 imports torch; ``reduce_hta`` imports ``hta`` only when called.
 """
 
-from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
+from .errors import (
+    MisalignedStepsError,
+    MissingDependencyError,
+    MissingRanksError,
+    MissingStagesError,
+    TraceFormatError,
+)
 from .hta import reduce_hta
 from .kineto import reduce_kineto
 from .nsys import reduce_nsys
@@ -23,6 +29,7 @@ from .result import ReducedTrace
 __all__ = [
     "STEP_ANNOTATION",
     "MisalignedStepsError",
+    "MissingDependencyError",
     "MissingRanksError",
     "MissingStagesError",
     "ReducedTrace",
