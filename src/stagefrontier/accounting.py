@@ -66,11 +66,9 @@ def _raise_bad_value(arr: FloatArray, stages: Sequence[str] | None) -> None:
 
 def rank_last_prefixes(d: FloatArray) -> FloatArray:
     """Prefix sums ``P[t, s, r] = sum_{j<=s} d[t, r, j]``, laid out ``[N, S, R]``."""
-    n, r, s = d.shape
-    prefix = np.empty((n, s, r), dtype=np.float64)
-    np.copyto(prefix[:, 0, :], d[:, :, 0])
-    for j in range(1, s):
-        np.add(prefix[:, j - 1, :], d[:, :, j], out=prefix[:, j, :])
+    prefix = d.transpose(0, 2, 1).copy()  # always a copy: it is summed in place
+    for j in range(1, prefix.shape[1]):
+        prefix[:, j, :] += prefix[:, j - 1, :]
     return prefix
 
 

@@ -27,6 +27,9 @@ from .schema import (
 )
 from .side import SideEvidence
 
+DEFAULT_GATES = Gates()
+NO_SIDE_EVIDENCE = SideEvidence()
+
 
 def analyze(
     d: Any,
@@ -52,9 +55,9 @@ def analyze(
     arr = as_window(d, stages)
     names = check_stage_names(stages)
     n, r, s = arr.shape
-    gates = gates or Gates()
+    gates = gates or DEFAULT_GATES
     role_list = _check_roles(roles, r)
-    side = (side or SideEvidence()).checked(n, r, s)
+    side = (side or NO_SIDE_EVIDENCE).checked(n, r, s)
     if gates.gain_baseline == "reference" and side.no_stall_reference_s is None:
         raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
 

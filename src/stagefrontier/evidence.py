@@ -86,48 +86,51 @@ def compute_evidence(
 def _localize(
     prefix: FloatArray, front: FloatArray, step_adv: FloatArray, gates: Gates, scratch: FloatArray
 ) -> list[StageLocalization]:
-    s, r = prefix.shape[1:]
+    n, s, r = prefix.shape
     leader = prefix.argmax(axis=2)
-    tolerance = gates.leader_tie * front[:, -1]
-    tied = prefix >= (front - tolerance[:, None])[:, :, None]
-    tie_size = tied.sum(axis=2)
-    tie_counts = (tied & (tie_size > 1)[:, :, None]).sum(axis=0)  # [S, R]
-    unique = tie_size == 1
+    threshold = front - (gates.leader_tie * front[:, -1])[:, None]  # [N, S]: the tie cut-off
 
     np.copyto(scratch, prefix)
     scratch.sort(axis=2)
-    if r % 2:
-        median = scratch[:, :, r // 2]
-    else:
-        median = 0.5 * (scratch[:, :, r // 2 - 1] + scratch[:, :, r // 2])
-    lag = front - median
+    lag = front - _sorted_median(scratch)
     delta_lag = np.diff(lag, axis=1, prepend=0.0)
-    gap = front - scratch[:, :, -2] if r > 1 else None
+    if r > 1:
+        second = scratch[:, :, -2]
+        unique = second < threshold  # only the leader is within the tolerance
+        gap_means: list[float | None] = (front - second).mean(axis=0).tolist()
+        shared = prefix >= threshold[:, :, None]
+        shared &= ~unique[:, :, None]
+        tie_counts = np.count_nonzero(shared, axis=0)  # [S, R]: steps each rank shared the lead
+    else:
+        unique = np.ones((n, s), dtype=bool)
+        gap_means = [None] * s
+        tie_counts = np.zeros((s, r), dtype=np.intp)
+    lag_means = lag.mean(axis=0).tolist()
+    delta_means = delta_lag.mean(axis=0).tolist()
+    stage_totals = step_adv.sum(axis=0).tolist()
 
     out = []
     for j in range(s):
         confident = unique[:, j]
         sequence = leader[confident, j]
-        weights = np.bincount(sequence, weights=step_adv[confident, j], minlength=r)
-        stage_total = float(step_adv[:, j].sum())
-        if len(sequence) == 0:
-            lead: int | None = None
-            fraction = 0.0
-        else:
+        lead: int | None = None
+        fraction = 0.0
+        if len(sequence):
+            weights = np.bincount(sequence, weights=step_adv[confident, j], minlength=r)
             lead = int(weights.argmax()) if weights.any() else int(np.bincount(sequence).argmax())
-            fraction = float(weights[lead] / stage_total) if stage_total > 0 else 0.0
-        ties = tie_counts[j]
-        tied_ranks = [int(i) for i in np.argsort(-ties, kind="stable") if ties[i] > 0]
+            if stage_totals[j] > 0:
+                fraction = float(weights[lead]) / stage_totals[j]
+        order = np.argsort(-tie_counts[j], kind="stable")
         out.append(
             StageLocalization(
                 leader_rank=lead,
                 leader_fraction=fraction,
-                confident_steps=int(confident.sum()),
+                confident_steps=len(sequence),
                 leader_switches=int(np.count_nonzero(sequence[1:] != sequence[:-1])),
-                tied_ranks=tied_ranks,
-                lag_mean_s=float(lag[:, j].mean()),
-                delta_lag_mean_s=float(delta_lag[:, j].mean()),
-                gap_mean_s=None if gap is None else float(gap[:, j].mean()),
+                tied_ranks=order[tie_counts[j][order] > 0].tolist(),
+                lag_mean_s=lag_means[j],
+                delta_lag_mean_s=delta_means[j],
+                gap_mean_s=gap_means[j],
             )
         )
     return out
