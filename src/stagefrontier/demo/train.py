@@ -6,11 +6,14 @@ the paper's minimal integration and the injected faults.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -56,10 +59,35 @@ class DemoConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the ranks (e.g. torchelastic restart variables)."""
     quiet: bool = False
+    accumulation: int = 1
+    """Gradient-accumulation factor: microsteps (data, forward, backward) per optimizer step,
+    gradient sync skipped on all but the last. Data, forward and backward faults fire in every
+    microstep; a comm fault only where the all-reduce runs (the last); callbacks once per step."""
+    microstep_timing: bool = True
+    """With accumulation, time each microstep's stages as indexed substages (``name[i]``) inside
+    ``timer.microstep(i)``; False times them as broad stages (repeated entries add up)."""
+    sharding: str = "ddp"
+    """``ddp`` (DistributedDataParallel), ``zero1`` (DDP with ZeroRedundancyOptimizer) or
+    ``fsdp2`` (``torch.distributed.fsdp.fully_shard`` on every block and the root)."""
+
+    def __post_init__(self) -> None:
+        if self.accumulation < 1:
+            raise ValueError(f"accumulation must be >= 1, got {self.accumulation}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding == "fsdp2" and any(f.kind == "comm" for f in self.faults):
+            raise ValueError("comm faults use a DDP communication hook; fsdp2 has none")
+
+
+SHARDINGS = ("ddp", "zero1", "fsdp2")
 
 
 STEP_MARKER = "step-{step}.marker"
 """Rank 0 touches this file in out_dir/.markers after each step, so a launcher can act mid-run."""
+ERROR_FILE = "error-rank{rank}.txt"
+STEP_TIMES = "step-times-rank{rank}.json"
+"""Each rank's wall time per optimizer step (seconds, ``time.perf_counter``), measured around the
+whole step independently of the timer, so logger-off and logger-on runs compare equally."""
 
 
 class _Injector:
@@ -88,13 +116,22 @@ class _Injector:
 
 
 def run_rank(rank: int, config: DemoConfig, port: int) -> None:
-    """Entry point of one spawned rank."""
+    """Entry point of one spawned rank. A failure's traceback is also written to
+    ``out_dir/error-rank{rank}.txt``, so the launcher can say what went wrong."""
+    try:
+        _train(rank, config, port)
+    except BaseException:
+        Path(config.out_dir, ERROR_FILE.format(rank=rank)).write_text(traceback.format_exc())
+        raise
+
+
+def _train(rank: int, config: DemoConfig, port: int) -> None:
+    """One rank's job: join the Gloo group, build the model and train it, timed by StageTimer."""
     os.environ.update(config.env)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .model import CharData, TinyDecoder, load_corpus
 
@@ -109,28 +146,36 @@ def run_rank(rank: int, config: DemoConfig, port: int) -> None:
 
     torch.manual_seed(config.seed)
     data = CharData(load_corpus(), config.seq_len, config.batch_size, seed=config.seed * 997 + rank)
-    model = DDP(TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    model, optimizer = _wrap(
+        TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers), config
+    )
     faults = _Injector(config.faults, rank)
     if any(f.kind == "comm" for f in config.faults):
-        model.register_comm_hook(None, faults.comm_hook)
+        # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
+        model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
     timer = _make_timer(rank, config)
+    accumulation = config.accumulation
 
     markers = Path(config.out_dir) / ".markers"
-    losses = []
+    losses, step_times = [], []
     for step in range(config.steps):
         faults.step = step
+        started = time.perf_counter()
         with timer.step():
-            with timer.stage(DATA_STAGE):
-                inputs, targets = next(data)
-                faults.delay("data")
-            with timer.stage(FORWARD_STAGE):
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.reshape(-1, data.vocab_size), targets.reshape(-1))
-                faults.delay("forward")
-            with timer.stage(BACKWARD_STAGE):
-                faults.delay("backward")
-                loss.backward()
+            for micro in range(accumulation):
+                with _microstep(timer, micro, config), _gradient_sync(model, micro, config):
+                    with timer.stage(DATA_STAGE):
+                        inputs, targets = next(data)
+                        faults.delay("data")
+                    with timer.stage(FORWARD_STAGE):
+                        logits = model(inputs)
+                        loss = F.cross_entropy(
+                            logits.reshape(-1, data.vocab_size), targets.reshape(-1)
+                        )
+                        faults.delay("forward")
+                    with timer.stage(BACKWARD_STAGE):
+                        faults.delay("backward")
+                        (loss / accumulation).backward()
             with timer.stage(CALLBACKS_STAGE):
                 losses.append(loss.item())
                 faults.delay("callback_sync")
@@ -140,13 +185,66 @@ def run_rank(rank: int, config: DemoConfig, port: int) -> None:
             with timer.stage(OPTIMIZER_STAGE):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+        step_times.append(time.perf_counter() - started)
         if rank == 0:
             markers.mkdir(parents=True, exist_ok=True)
             (markers / STEP_MARKER.format(step=step)).touch()
     timer.close()
     Path(config.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
+    Path(config.out_dir, STEP_TIMES.format(rank=rank)).write_text(json.dumps(step_times))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _wrap(module: Any, config: DemoConfig) -> tuple[Any, Any]:
+    """The model under the configured data-parallel wrapper, and its optimizer."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if config.sharding == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (config.ranks,))
+        for block in module.blocks.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+        return module, torch.optim.AdamW(module.parameters(), lr=config.lr)
+    model = DDP(module)
+    if config.sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.AdamW, lr=config.lr
+        )
+        return model, optimizer
+    return model, torch.optim.AdamW(model.parameters(), lr=config.lr)
+
+
+def _microstep(timer: StageTimer, micro: int, config: DemoConfig) -> Any:
+    """``timer.microstep(micro)`` under accumulation with ordered substages, else nothing."""
+    if config.accumulation > 1 and config.microstep_timing:
+        return timer.microstep(micro)
+    return contextlib.nullcontext()
+
+
+def _gradient_sync(model: Any, micro: int, config: DemoConfig) -> Any:
+    """Skip the gradient all-reduce (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync``) on
+    every microstep but the last of an optimizer step."""
+    if micro == config.accumulation - 1:
+        return contextlib.nullcontext()
+    if config.sharding == "fsdp2":
+        return _fsdp_no_sync(model)
+    return model.no_sync()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: Any) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
