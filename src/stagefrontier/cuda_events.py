@@ -35,11 +35,12 @@ def is_sampled(step: int, fraction: float) -> bool:
 def _torch_event() -> Any:
     import torch  # imported only when sampling is on
 
-    return torch.cuda.Event(enable_timing=True)
+    event: Any = torch.cuda.Event
+    return event(enable_timing=True)
 
 
 class _EventContext:
-    __slots__ = ("_sampler", "_timer", "_start")
+    __slots__ = ("_sampler", "_start", "_timer")
 
     def __init__(self, sampler: EventSampler, timer: StageTimer) -> None:
         self._sampler = sampler
@@ -49,31 +50,34 @@ class _EventContext:
     def __enter__(self) -> None:
         self._start = self._sampler.record(self._timer)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self._start is not None:
             self._sampler.finish(self._timer, self._start)
             self._start = None
 
 
 class EventSampler:
-    """Per-rank event samples for the open window: ``[window]`` milliseconds and states."""
+    """Per-rank event samples for the open window: ``[window]`` milliseconds and states.
 
-    def __init__(
-        self, fraction: float, factory: Callable[[], Any] | None, window: int
-    ) -> None:
+    ``pending`` holds the recorded pairs not resolved yet, as ``(row, step, start, end)``; the
+    list object never changes, so the timer can test it for emptiness at every step boundary
+    without a call.
+    """
+
+    def __init__(self, fraction: float, factory: Callable[[], Any] | None, window: int) -> None:
         self.fraction = fraction
         self.forward_stage: str | None = None
+        self.pending: list[tuple[int, int, Any, Any]] = []
         self._factory = factory or _torch_event
-        self._pending: list[tuple[int, int, Any, Any]] = []  # (row, step, start, end)
         self._ms = np.full(window, np.nan)
         self._state = np.zeros(window, dtype=np.int8)
         self._broken = False
         self._context: _EventContext | None = None
 
     def context(self, timer: StageTimer) -> Any:
-        if self.fraction == 0.0 or self._broken or timer._row < 0:
+        if self.fraction == 0.0 or self._broken or not timer._in_step:
             return NOOP
-        if not is_sampled(timer._step, self.fraction):
+        if not is_sampled(timer._step_index, self.fraction):
             return NOOP
         if self._context is None:
             self._context = _EventContext(self, timer)
@@ -101,14 +105,14 @@ class EventSampler:
             return
         row = timer._n
         self._state[row] = EVENT_MISSING  # until a poll finds it ready
-        self._pending.append((row, timer._step, start, end))
+        self.pending.append((row, timer._step_index, start, end))
 
     def poll(self, timer: StageTimer) -> None:
         """Resolve pending pairs whose end event has completed; age out the others."""
-        if not self._pending:
+        if not self.pending:
             return
         still = []
-        for row, step, start, end in self._pending:
+        for row, step, start, end in self.pending:
             try:
                 if end.query():
                     self._ms[row] = float(start.elapsed_time(end))
@@ -117,19 +121,25 @@ class EventSampler:
             except Exception as exc:
                 logger.warning("stagefrontier: CUDA-event query failed: %s", exc)
                 continue  # stays missing
-            if timer._step - step < MAX_PENDING_STEPS:
+            if timer._step_index - step < MAX_PENDING_STEPS:
                 still.append((row, step, start, end))
-        self._pending = still
+        self.pending[:] = still
 
     def drain(
-        self, timer: StageTimer, n: int
+        self, timer: StageTimer, n: int, carry_row: int | None = None
     ) -> tuple[npt.NDArray[np.float64] | None, npt.NDArray[np.int8] | None]:
-        """The window's samples (None when sampling is off); unresolved pairs count as missing."""
+        """The window's first ``n`` rows of samples (None when sampling is off); pairs still
+        unresolved count as missing. ``carry_row``: a row that becomes row 0 of the next window
+        (its sample and pending pair move with it)."""
         if self.fraction == 0.0:
             return None, None
         self.poll(timer)
-        self._pending = []
         ms, state = self._ms[:n].copy(), self._state[:n].copy()
+        carried = [] if carry_row is None else [p for p in self.pending if p[0] == carry_row]
+        kept_ms = np.nan if carry_row is None else float(self._ms[carry_row])
+        kept_state = EVENT_NOT_SAMPLED if carry_row is None else int(self._state[carry_row])
         self._ms.fill(np.nan)
         self._state.fill(EVENT_NOT_SAMPLED)
+        self._ms[0], self._state[0] = kept_ms, kept_state
+        self.pending[:] = [(0, step, start, end) for _, step, start, end in carried]
         return ms, state

@@ -4,6 +4,12 @@ Hot-path rules: integer nanoseconds from ``time.perf_counter_ns``, writes into a
 ``array('q')`` buffer, no I/O, no locks, no torch call (unless CUDA-event sampling is on), and
 one non-blocking hand-off per window. Contract violations are counted and reported with the
 window; they never raise into training unless ``strict=True``.
+
+The common path is kept to a few attribute reads and writes per context: ``timer.stage`` is a
+dict lookup with no Python frame, every buffer index is absolute (the open step's row offset is
+folded into ``_base`` and ``_last``), rows are zeroed once per window rather than once per step,
+and the rare cases (accumulation, prefetched data waits, pending CUDA events, violations) each
+sit behind one truth test. ``benchmarks/hotpath.py`` measures it against a bare context manager.
 """
 
 from __future__ import annotations
@@ -14,16 +20,15 @@ import socket
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .collect import Collector, make_collector
 from .cuda_events import EventSampler
+from .errors import StageFrontierError
 from .noop import NOOP as _NULL
 from .noop import NoopContext as _NullContext
-from .errors import StageFrontierError
 from .schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names, expand_microsteps
 from .window import RankWindow
 
@@ -39,68 +44,135 @@ class ContractViolation(StageFrontierError):
     """Raised instead of counted when the timer is strict."""
 
 
+class _Marker:
+    """Stands in ``StageTimer._active`` for "no step is open" or "a stage is re-entered"."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+
+_OUTSIDE = _Marker("<outside step>")
+"""``_active`` between steps: a stage entered now is rejected by the same test as nesting."""
 
 
 class _Stage:
     """Context for one ordered stage; one instance per stage name, reused every step."""
 
-    __slots__ = ("_timer", "_column", "_name", "_start")
+    __slots__ = ("_column", "_name", "_reentered", "_reentry", "_start", "_timer")
 
     def __init__(self, timer: StageTimer, column: int, name: str) -> None:
         self._timer = timer
-        self._column = column
+        self._column = column  # offset within one microstep's block of columns
         self._name = name
         self._start = 0
+        self._reentry = _Marker(name)  # ``_active`` while this stage is re-entered (rejected)
+        self._reentered = 0
 
     def __enter__(self) -> None:
         t = self._timer
-        if t._active is not None or t._row < 0:
-            t._entry_violation(self._name)  # not recorded: the enclosing span covers it
+        if t._active is not None:  # outside a step, or another ordered stage is open
+            t._rejected_entry(self)
             return
         t._active = self
         self._start = _now()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
         t = self._timer
-        if t._active is not self:
+        if t._active is not self:  # the exit of a rejected entry: nothing was recorded
+            if t._active is self._reentry:
+                self._reentered -= 1
+                if not self._reentered:
+                    t._active = self
             return
         t._active = None
-        column = 1 + t._micro_offset + self._column
-        if column <= t._last_column:
+        i = t._base + self._column
+        if i > t._last:  # a column after the last one recorded: still zero in this row
+            t._last = i
+            t._buf[i] = end - self._start
+        else:  # repeated or out of order: counted, and the span is added to the column
             t._order_violation(self._name)
-        else:
-            t._last_column = column
-        if t._micro_used and not t._micro_active:
-            t._outside_after_micro = True
-        t._buf[t._row + column] += end - self._start
+            t._buf[i] += end - self._start
+
+
+class _StageTable(dict[str, "_Stage"]):
+    """Stage name -> its context. ``timer.stage`` is this table's ``__getitem__``: the lookup
+    is then a C call with no Python frame, which is a measurable share of a stage's cost. An
+    unknown name reaches ``__missing__``: a contract violation, answered with the no-op context.
+    """
+
+    __slots__ = ("_timer",)
+
+    def __init__(self, timer: StageTimer) -> None:
+        super().__init__()
+        self._timer = timer
+
+    def __missing__(self, name: str) -> _NullContext:
+        return self._timer._unknown_stage(name)
+
+
+class _NullTable(dict[str, _NullContext]):
+    """``timer.stage`` of a disabled timer: every name gives the no-op context (names are
+    remembered, up to a bound, so that repeated lookups stay in C)."""
+
+    __slots__ = ()
+
+    def __missing__(self, name: str) -> _NullContext:
+        if len(self) < 256:
+            self[name] = _NULL
+        return _NULL
 
 
 class _Step:
-    __slots__ = ("_timer", "_start", "_depth")
+    """Context for one step; one instance per timer, reused every step."""
+
+    __slots__ = ("_nested", "_start", "_timer")
 
     def __init__(self, timer: StageTimer) -> None:
         self._timer = timer
         self._start = 0
-        self._depth = 0
+        self._nested = 0
 
     def __enter__(self) -> None:
-        self._depth += 1
-        if self._depth > 1:
-            self._timer._violation("step() entered inside another step")
+        t = self._timer
+        if t._active is not _OUTSIDE:
+            t._violation("step() entered inside another step")  # raises when strict
+            self._nested += 1
             return
-        self._timer._begin_step()
+        row = t._n * t._width
+        t._row = row
+        t._active = None
+        t._base = row + 1
+        t._last = row
         self._start = _now()
+        if t._pending_data_ns:  # fetched through timer.iter before this step began
+            self._start -= t._import_data_wait(row)
+        if t._events_pending:
+            t._events.poll(t)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
-        self._depth -= 1
-        if self._depth == 0:
-            self._timer._end_step(end - self._start)
+        if self._nested:
+            self._nested -= 1
+            return
+        t = self._timer
+        if t._active is not None:
+            t._stage_left_open()
+        row = t._row
+        t._buf[row] = end - self._start
+        t._active = _OUTSIDE
+        if t._accumulating:
+            t._end_accumulation_step(row)
+        n = t._n + 1
+        t._n = n
+        if n == t.window:
+            t._hand_off(n)
 
 
 class _Microstep:
-    __slots__ = ("_timer", "_index")
+    __slots__ = ("_index", "_timer")
 
     def __init__(self, timer: StageTimer, index: int) -> None:
         self._timer = timer
@@ -109,25 +181,27 @@ class _Microstep:
     def __enter__(self) -> None:
         t = self._timer
         index = self._index
-        if index != t._last_micro + 1 or t._outside_after_micro:
-            t._step_mixed = True
+        if t._active is _OUTSIDE:
+            t._violation(f"microstep({index}) entered outside step()")
+            return
+        if index != t._last_micro + 1 or (t._last_micro >= 0 and t._last != t._micro_exit_last):
+            t._step_mixed = True  # skipped or repeated index, or a stage between microsteps
         t._last_micro = index
-        t._micro_active = True
-        t._micro_used = True
+        t._accumulating = True
         if index >= t._capacity:
             t._grow(index + 1)
         if index + 1 > t._step_factor:
             t._step_factor = index + 1
-        t._micro_offset = index * t._n_timed
+        t._base = t._row + 1 + index * t._n_timed
 
-    def __exit__(self, *exc: object) -> None:
-        self._timer._micro_active = False
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._timer._micro_exit_last = self._timer._last
 
 
 class _Probe:
     """Side-channel span: may nest anywhere, never enters the prefix vector."""
 
-    __slots__ = ("_start", "count", "total_ns", "max_ns")
+    __slots__ = ("_start", "count", "max_ns", "total_ns")
 
     def __init__(self) -> None:
         self._start = 0
@@ -138,7 +212,7 @@ class _Probe:
     def __enter__(self) -> None:
         self._start = _now()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         elapsed = _now() - self._start
         self.count += 1
         self.total_ns += elapsed
@@ -146,7 +220,11 @@ class _Probe:
             self.max_ns = elapsed
 
     def drain(self) -> dict[str, float]:
-        out = {"count": float(self.count), "total_s": self.total_ns * 1e-9, "max_s": self.max_ns * 1e-9}
+        out = {
+            "count": float(self.count),
+            "total_s": self.total_ns * 1e-9,
+            "max_s": self.max_ns * 1e-9,
+        }
         self.count = self.total_ns = self.max_ns = 0
         return out
 
@@ -215,40 +293,47 @@ class StageTimer:
         self._hostname = socket.gethostname()
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self._role = role
-        self._stage_ctx = {name: _Stage(self, i, name) for i, name in enumerate(self.stages)}
+        self._stage_ctx = _StageTable(self)
+        self._stage_ctx.update((name, _Stage(self, i, name)) for i, name in enumerate(self.stages))
+        self.stage = self._stage_ctx.__getitem__  # type: ignore[method-assign,assignment]
         self._probes: dict[str, _Probe] = {}
         self._step_ctx = _Step(self)
         self._micro_ctx: dict[int, _Microstep] = {}
         self._events = EventSampler(cuda_event_fraction, event_factory, window)
+        self._events_pending = self._events.pending  # the sampler's list, checked per step
+        if cuda_event_fraction == 0.0:
+            self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
 
         # Buffer layout per step: column 0 is the step wall time, then one column per timed
         # stage and accumulation microstep (column 1 + i * K + k), for up to ``_capacity``
-        # microsteps. ``_factor`` is the accumulation factor of the open window.
+        # microsteps. ``_factor`` is the accumulation factor of the open window. Rows are zero
+        # when a window starts; each step writes only its own row.
         self._capacity = 1
         self._factor = 1
         self._alloc(self._capacity)
-        self._step = 0  # global index of the next step
+        self._first_step = 0  # global index of the open window's first step
         self._n = 0  # completed steps in the open window
         self._window_index = 0
-        self._window_first = 0
-        self._row = -1  # buffer offset of the open step; -1 outside a step
-        self._active: _Stage | None = None
-        self._last_column = 0
-        self._micro_offset = 0
-        self._micro_active = False
-        self._micro_used = False
+        self._row = 0  # buffer offset of the open (or the last) step
+        # The open ordered stage: None when none is, _OUTSIDE when no step is open.
+        self._active: _Stage | _Marker | None = _OUTSIDE
+        self._base = 1  # buffer index of the open step's (microstep's) first stage column
+        self._last = 0  # buffer index of the last stage column recorded in the open step
+        # Gradient accumulation state of the open step (reset at its end when it was used).
+        # ``_accumulating``: this step entered a microstep, or the window's factor is not 1.
+        self._accumulating = False
         self._last_micro = -1
-        self._outside_after_micro = False
+        self._micro_exit_last = 0
         self._step_factor = 1
         self._step_mixed = False
         self._window_mixed = False
         self._violations = 0
         self._reasons: list[str] = []
         self._dropped = 0
-        # Prefetch-aware data wait (timer.iter): each fetch is charged to the next step to start.
+        # Prefetch-aware data wait (timer.iter): each fetch is charged to the next step to
+        # begin (its start is moved back by the wait); a fetch made inside a step is taken out
+        # of that step's wall time (its start is moved forward).
         self._pending_data_ns = 0
-        self._imported_ns = 0
-        self._exported_ns = 0
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> _Step | _NullContext:
@@ -256,11 +341,10 @@ class StageTimer:
         return self._step_ctx
 
     def stage(self, name: str) -> _Stage | _NullContext:
-        """Context for one ordered stage. Stages must not nest and must follow schema order."""
-        ctx = self._stage_ctx.get(name)
-        if ctx is None:
-            return self._unknown_stage(name)
-        return ctx
+        """Context for one ordered stage. Stages must not nest and must follow schema order;
+        an unknown name is a contract violation. (Each timer binds this to its stage table's
+        lookup, so ``name`` must be a str, or at least hashable.)"""
+        return self._stage_ctx[name]
 
     def probe(self, name: str) -> _Probe | _NullContext:
         """Side-channel span that may nest anywhere; reported per window, never in the frontier."""
@@ -291,11 +375,14 @@ class StageTimer:
         """Wrap a data iterator so that each ``next()`` wait is charged to the step that consumes
         the batch: the next step to begin after the fetch. This covers ``for batch in
         timer.iter(loader): with timer.step(): ...`` and loops that prefetch batch t+1 at the
-        end of step t. ``stage`` must be the first ordered stage; do not also time it."""
+        end of step t (a fetch made inside a step is also taken out of that step's wall time).
+        So fetch before the step that uses the batch, or at the end of the step before it:
+        a fetch inside a step always counts for the next one. ``stage`` must be the first
+        ordered stage; do not also time it."""
         if not self.enabled:
             yield from iterable
             return
-        if not self.stages or self.stages[0] != stage:
+        if self.stages[0] != stage:
             self._violation(f"timer.iter stage {stage!r} must be the first ordered stage")
         iterator = iter(iterable)
         while True:
@@ -306,8 +393,8 @@ class StageTimer:
                 return
             elapsed = _now() - start
             self._pending_data_ns += elapsed
-            if self._row >= 0:
-                self._exported_ns += elapsed
+            if self._active is not _OUTSIDE:
+                self._step_ctx._start += elapsed
             yield item
 
     def close(self) -> None:
@@ -327,8 +414,18 @@ class StageTimer:
     def __enter__(self) -> StageTimer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
+
+    @property
+    def _in_step(self) -> bool:
+        """Whether a step is open (for the slow paths; the hot path tests ``_active``)."""
+        return self._active is not _OUTSIDE
+
+    @property
+    def _step_index(self) -> int:
+        """Global index of the open step (of the next one between steps)."""
+        return self._first_step + self._n
 
     @property
     def violations(self) -> int:
@@ -339,19 +436,19 @@ class StageTimer:
     def _disable(self) -> None:
         null = _NULL
         self.step = lambda: null  # type: ignore[method-assign]
-        self.stage = lambda name: null  # type: ignore[method-assign]
+        self.stage = _NullTable().__getitem__  # type: ignore[method-assign,assignment]
         self.probe = lambda name: null  # type: ignore[method-assign]
         self.microstep = lambda index: null  # type: ignore[method-assign]
-        self.cuda_event_sample = lambda name="": null  # type: ignore[method-assign]
+        self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
 
     def _alloc(self, capacity: int) -> None:
         self._width = 1 + self._n_timed * capacity
         self._buf = array("q", bytes(8 * self._width * self.window))
-        self._zero_row = array("q", bytes(8 * self._width))
+        self._buf_view = np.frombuffer(self._buf, dtype=np.int64)  # for zeroing and snapshots
 
     def _grow(self, capacity: int) -> None:
         """Widen the buffer for more microsteps (rare: the first step with a larger factor)."""
-        old, old_width = self._buf, self._width
+        old, old_width, old_row = self._buf, self._width, self._row
         self._capacity = capacity
         self._alloc(capacity)
         for i in range(self._n + 1):
@@ -359,82 +456,88 @@ class StageTimer:
                 i * old_width : (i + 1) * old_width
             ]
         self._row = self._n * self._width
+        shift = self._row - old_row  # a column keeps its offset within the row
+        self._base += shift
+        self._last += shift
+        self._micro_exit_last += shift
 
-    def _begin_step(self) -> None:
-        if self._n == 0:
-            self._window_first = self._step
-        row = self._n * self._width
-        self._buf[row : row + self._width] = self._zero_row
-        self._row = row
-        self._last_column = 0
-        self._micro_offset = 0
-        self._micro_used = False
-        self._micro_active = False
-        self._last_micro = -1
-        self._outside_after_micro = False
-        self._step_factor = 1
-        self._step_mixed = False
-        self._imported_ns = self._pending_data_ns
+    def _import_data_wait(self, row: int) -> int:
+        """Charge the data wait fetched through ``timer.iter`` to the step that begins now: it is
+        the first stage of microstep 0. Returns it, to extend the step's wall time over it."""
+        pending = self._pending_data_ns
         self._pending_data_ns = 0
-        if self._imported_ns:
-            self._buf[row + 1] = self._imported_ns  # the data stage of microstep 0: done
-            self._last_column = 1
-        self._events.poll(self)
+        self._buf[row + 1] = pending
+        self._last = row + 1
+        return pending
 
-    def _end_step(self, elapsed_ns: int) -> None:
-        if self._active is not None:
-            self._violation(f"stage {self._active._name!r} still open at the end of the step")
-            self._active = None
-        row = self._row
-        # A fetch made during this step belongs to the next one, a fetch made before it started
-        # belongs to this one: move both so that the wall time matches the stages.
-        self._buf[row] = elapsed_ns - self._exported_ns + self._imported_ns
-        self._exported_ns = 0
-        self._row = -1
-        self._step += 1
+    def _stage_left_open(self) -> None:
+        """The step ends while an ordered stage is open (its exit never ran)."""
+        active = self._active
+        self._active = None
+        for stage in self._stage_ctx.values():
+            stage._reentered = 0
+        if active is not None:
+            self._violation(f"stage {active._name!r} still open at the end of the step")
+
+    def _end_accumulation_step(self, row: int) -> None:
+        """Accumulation bookkeeping at the end of a step that used microsteps, or that follows
+        steps that did: a change of factor closes the window before this step."""
+        factor = self._step_factor
+        if self._n and factor != self._factor:
+            self._note(f"accumulation factor changed from {self._factor} to {factor}")
+            saved = self._buf[row : row + self._width]
+            self._hand_off(self._n, carry_row=self._n)
+            self._buf[0 : self._width] = saved
         if self._step_mixed:
             self._window_mixed = True
-        if self._n and self._step_factor != self._factor:
-            self._note(f"accumulation factor changed from {self._factor} to {self._step_factor}")
-            self._hand_off(self._n)
-            self._buf[0 : self._width] = self._buf[row : row + self._width]
-            self._window_first = self._step - 1
-        self._factor = self._step_factor
-        self._n += 1
-        if self._n == self.window:
-            self._hand_off(self._n)
+        self._factor = factor
+        self._accumulating = factor != 1
+        self._last_micro = -1
+        self._step_factor = 1
+        self._step_mixed = False
 
-    def _hand_off(self, n: int) -> None:
-        """Copy ``n`` steps out of the buffer and pass them on without blocking."""
+    def _hand_off(self, n: int, carry_row: int | None = None) -> None:
+        """Copy ``n`` steps out of the buffer and pass them on without blocking.
+
+        ``carry_row``: the row of a completed step that starts the next window (a change of
+        accumulation factor); its CUDA-event sample moves with it.
+        """
+        first = self._first_step
         try:
-            rank_window = self._snapshot(n)
+            rank_window = self._snapshot(n, first, carry_row)
         except Exception:  # never let a telemetry bug reach the training loop
             logger.exception("stagefrontier: building window %d failed", self._window_index)
             rank_window = None
+        self._first_step = first + n
+        self._buf_view.fill(0)
         self._window_index += 1
         self._n = 0
         self._window_mixed = False
         self._violations = 0
         self._reasons = []
-        if rank_window is not None and self._collector.submit(rank_window):
+        try:
+            queued = rank_window is not None and self._collector.submit(rank_window)
+        except Exception:
+            logger.exception("stagefrontier: handing off window %d failed", self._window_index - 1)
+            queued = False
+        if queued:
             self._dropped = 0
         else:
             self._dropped += 1
 
-    def _snapshot(self, n: int) -> RankWindow:
+    def _snapshot(self, n: int, first: int, carry_row: int | None) -> RankWindow:
         k = self._n_timed * self._factor
-        raw = np.frombuffer(self._buf, dtype=np.int64, count=n * self._width)
-        raw = raw.reshape(n, self._width)
+        raw = self._buf_view[: n * self._width].reshape(n, self._width)
         wall = raw[:, 0].copy()
         durations = np.empty((n, k + 1), dtype=np.int64)
         durations[:, :k] = raw[:, 1 : 1 + k]
         durations[:, k] = np.maximum(wall - durations[:, :k].sum(axis=1), 0)
         timed = self.stages if self._factor == 1 else expand_microsteps(self.stages, self._factor)
-        event_ms, event_state = self._events.drain(self, n)
+        event_ms, event_state = self._events.drain(self, n, carry_row)
         return RankWindow(
             window=self._window_index,
-            first_step=self._window_first,
-            last_step=self._window_first + n - 1,
+            first_step=first,
+            last_step=first + n - 1,
             rank=self.rank,
             stages=(*timed, RESIDUAL_STAGE),
             durations_ns=durations,
@@ -465,11 +568,20 @@ class StageTimer:
         if len(self._reasons) < MAX_REASONS and reason not in self._reasons:
             self._reasons.append(reason)
 
-    def _entry_violation(self, name: str) -> None:
-        if self._row < 0:
-            self._violation(f"stage {name!r} entered outside step()")
-        elif self._active is not None:
-            self._violation(f"stage {name!r} nested inside ordered stage {self._active._name!r}")
+    def _rejected_entry(self, stage: _Stage) -> None:
+        """A stage entered outside a step or while an ordered stage is open: counted, not
+        recorded (the enclosing span already covers its time)."""
+        active = self._active
+        if active is _OUTSIDE:
+            self._violation(f"stage {stage._name!r} entered outside step()")
+            return
+        assert active is not None
+        self._violation(f"stage {stage._name!r} nested inside ordered stage {active._name!r}")
+        if active is stage or active is stage._reentry:
+            # The same stage again (a recursive hook): its exits come first and must not end
+            # the outer span, so the outer one is parked until they are all done.
+            stage._reentered += 1
+            self._active = stage._reentry
 
     def _order_violation(self, name: str) -> None:
         self._violation(f"stage {name!r} repeated or out of schema order within a step")
@@ -477,3 +589,8 @@ class StageTimer:
     def _unknown_stage(self, name: str) -> _NullContext:
         self._violation(f"unknown stage {name!r} (schema: {', '.join(self.stages)})")
         return _NULL
+
+
+def _null_event_sample(name: str = "") -> _NullContext:
+    """``cuda_event_sample`` when sampling is off: no torch, no sampler call."""
+    return _NULL

@@ -1,0 +1,52 @@
+"""Shared helpers for the recorder tests: a capturing collector and readers for its outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stagefrontier.window import RankWindow
+
+DATA = "data.next_wait"
+FWD = "model.fwd_loss_cpu_wall"
+BWD = "model.backward_cpu_wall"
+CALLBACKS = "callbacks.cpu_wall"
+OPTIM = "optim.step_cpu_wall"
+OTHER = "step.other_cpu_wall"
+TIMED = (DATA, FWD, BWD, CALLBACKS, OPTIM)
+
+
+class CaptureCollector:
+    """Keeps every submitted window in memory (R = 1), so tests can read raw nanoseconds."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self) -> None:
+        self.windows: list[RankWindow] = []
+        self.closed = 0
+
+    def submit(self, window: RankWindow) -> bool:
+        self.windows.append(window)
+        return True
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def read_records(out_dir: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``out_dir/windows.jsonl``, one per window."""
+    path = out_dir / "windows.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def column(window: RankWindow, stage: str) -> np.ndarray:
+    """One stage's per-step durations in seconds."""
+    return window.durations_ns[:, window.stages.index(stage)] * 1e-9
+
+
+def wall(window: RankWindow) -> np.ndarray:
+    return window.wall_ns * 1e-9

@@ -1,0 +1,589 @@
+"""StageTimer in one process: the JSONL record and log line per window, window boundaries, the
+residual, probes, contract violations, disabled mode, prefetch alignment, the zero-allocation hot
+path and the bounded hand-off. Durations come from real sleeps; assertions compare lower bounds
+and relative sizes, never exact timings."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stagefrontier as sf
+from recorder_support import (
+    BWD,
+    CALLBACKS,
+    DATA,
+    FWD,
+    OPTIM,
+    OTHER,
+    TIMED,
+    CaptureCollector,
+    column,
+    read_records,
+    wall,
+)
+from stagefrontier import ContractViolation, StageTimer, WindowReport
+from stagefrontier.collect import LocalCollector
+from stagefrontier.report import REPORT_FORMAT
+from stagefrontier.schema import SCHEMA_VERSION, stage_order_hash
+from stagefrontier.sinks import JsonlSink
+from stagefrontier.window import AnalyzedWindow
+
+MS = 1e-3
+
+
+def run_steps(timer: StageTimer, n: int, sleep_s: float = 0.0) -> None:
+    """``n`` well-formed steps: all five default stages, ``sleep_s`` in the forward."""
+    for _ in range(n):
+        with timer.step():
+            with timer.stage(DATA):
+                pass
+            with timer.stage(FWD):
+                time.sleep(sleep_s)
+            with timer.stage(BWD):
+                pass
+            with timer.stage(CALLBACKS):
+                pass
+            with timer.stage(OPTIM):
+                pass
+
+
+def capture(**kwargs: Any) -> tuple[StageTimer, CaptureCollector]:
+    collector = CaptureCollector()
+    return StageTimer(collector=collector, **kwargs), collector
+
+
+# ------------------------------------------------------------------------------ JSONL and logs
+
+
+def test_windows_jsonl_record_and_one_log_line_per_window(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="stagefrontier")
+    timer = StageTimer(window=4, out_dir=tmp_path)
+    run_steps(timer, 10, sleep_s=5 * MS)
+    timer.close()
+
+    records = read_records(tmp_path)
+    assert [r["window"] for r in records] == [0, 1, 2]
+    assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7), (8, 9)]
+    assert [r["n_steps"] for r in records] == [4, 4, 2]
+    for record in records:
+        assert record["world_size"] == 1
+        assert record["ranks_present"] == [0]
+        assert record["gather_ok"] is True
+        assert record["missing_ranks"] == []
+        assert record["mismatched_ranks"] == []
+        assert record["contract_violations"] == 0
+        assert record["accumulation_factor"] == 1
+        # The WindowReport fields, complete enough to rebuild the report.
+        report = WindowReport.from_dict(record)
+        assert record["format"] == REPORT_FORMAT
+        assert report.stages == list(sf.DEFAULT_STAGES)
+        assert report.n_ranks == 1
+        assert report.n_steps == record["n_steps"]
+        assert report.schema_version == SCHEMA_VERSION
+        assert report.stage_order_hash == stage_order_hash(sf.DEFAULT_STAGES)
+        assert "frontier_accounting" in report.labels
+        assert report.top1 == FWD  # the only stage that sleeps
+        assert report.leaders[FWD] == 0
+        assert sum(report.shares.values()) == pytest.approx(1.0)
+        # Closure and overlap: one rank, no nesting, so the exposed time is the step wall.
+        assert record["overlap_error_s"] == 0.0
+        assert report.overlap_share == 0.0
+        assert record["step_wall_s"] >= record["n_steps"] * 5 * MS
+        assert report.exposed_s == pytest.approx(record["step_wall_s"], rel=1e-9)
+        assert 0.0 <= report.residual_share < 1.0
+        assert report.residual_share == pytest.approx(report.shares[OTHER])
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "stagefrontier"]
+    window_lines = [line for line in lines if line.startswith("window ")]
+    assert len(window_lines) == 3
+    for line, steps in zip(window_lines, ("0-3", "4-7", "8-9"), strict=True):
+        assert f"steps {steps}" in line
+        assert f"top {FWD}" in line
+        assert "led by rank 0" in line
+        assert "labels " in line
+        assert "\n" not in line
+
+
+def test_window_boundaries_exact_multiple_and_empty(tmp_path: Path) -> None:
+    timer, collector = capture(window=3)
+    run_steps(timer, 6)
+    assert [w.window for w in collector.windows] == [0, 1]  # handed off at the boundary
+    timer.close()
+    assert len(collector.windows) == 2  # nothing left to flush
+    assert [(w.first_step, w.last_step, w.n_steps) for w in collector.windows] == [
+        (0, 2, 3),
+        (3, 5, 3),
+    ]
+
+    idle = StageTimer(window=3, out_dir=tmp_path / "idle")
+    idle.close()
+    assert not (tmp_path / "idle" / "windows.jsonl").exists()
+
+
+def test_final_partial_window_is_flushed_by_close() -> None:
+    timer, collector = capture(window=100)
+    run_steps(timer, 7)
+    assert collector.windows == []
+    timer.close()
+    assert [(w.first_step, w.last_step, w.n_steps) for w in collector.windows] == [(0, 6, 7)]
+    assert collector.closed == 1
+
+
+def test_close_twice_and_context_manager(tmp_path: Path) -> None:
+    with StageTimer(window=4, out_dir=tmp_path) as timer:
+        run_steps(timer, 5)
+    records = read_records(tmp_path)
+    assert [r["n_steps"] for r in records] == [4, 1]
+    timer.close()  # a second close: no error, nothing written twice
+    timer.close()
+    assert read_records(tmp_path) == records
+
+    collector = CaptureCollector()
+    with StageTimer(window=4, collector=collector) as timer2:
+        run_steps(timer2, 2)
+    timer2.close()
+    assert collector.closed == 1
+    assert len(collector.windows) == 1
+
+
+def test_constructor_rejects_bad_arguments() -> None:
+    with pytest.raises(sf.StageFrontierError, match="window"):
+        StageTimer(window=0, collector=CaptureCollector())
+    with pytest.raises(sf.StageFrontierError, match="cuda_event_fraction"):
+        StageTimer(cuda_event_fraction=1.5, collector=CaptureCollector())
+    with pytest.raises(sf.StageFrontierError, match="timed stage"):
+        StageTimer(stages=[OTHER], collector=CaptureCollector())
+    with pytest.raises(sf.StageNamesError):
+        StageTimer(stages=["a", "a"], collector=CaptureCollector())
+
+
+# ------------------------------------------------------------------------------ closure, probes
+
+
+def test_residual_is_step_wall_minus_timed_spans() -> None:
+    gap_s = 30 * MS
+    timer, collector = capture(window=3)
+    for _ in range(3):
+        with timer.step():
+            with timer.stage(FWD):
+                time.sleep(2 * MS)
+            time.sleep(gap_s)  # untimed: lands in the residual
+            with timer.stage(OPTIM):
+                time.sleep(1 * MS)
+    timer.close()
+    (w,) = collector.windows
+    assert w.stages == (*TIMED, OTHER)
+    residual = column(w, OTHER)
+    assert np.all(residual >= gap_s)
+    assert np.all(residual > column(w, FWD))
+    # The residual closes the step exactly: timed spans + residual == wall, no overlap.
+    np.testing.assert_array_equal(w.durations_ns.sum(axis=1), w.wall_ns)
+    np.testing.assert_array_equal(
+        w.durations_ns[:, -1], w.wall_ns - w.durations_ns[:, :-1].sum(axis=1)
+    )
+    assert w.overlap_ns == 0
+    assert np.all(column(w, FWD) >= 2 * MS)
+    assert np.all(column(w, OPTIM) >= 1 * MS)
+
+
+def test_skipped_stages_give_zero(tmp_path: Path) -> None:
+    timer = StageTimer(window=4, out_dir=tmp_path)
+    collector = CaptureCollector()
+    captured = StageTimer(window=4, collector=collector)
+    for t in (timer, captured):
+        for _ in range(4):
+            with t.step():
+                with t.stage(FWD):
+                    time.sleep(1 * MS)
+                with t.stage(OPTIM):
+                    pass
+        t.close()
+    (w,) = collector.windows
+    for stage in (DATA, BWD, CALLBACKS):
+        assert np.all(w.durations_ns[:, w.stages.index(stage)] == 0)
+    assert w.contract_violations == 0
+    (record,) = read_records(tmp_path)
+    assert record["contract_violations"] == 0
+    for stage in (DATA, BWD, CALLBACKS):
+        assert record["advances"][stage] == 0.0
+        assert record["shares"][stage] == 0.0
+
+
+def test_probes_are_reported_per_window_and_never_in_the_frontier(tmp_path: Path) -> None:
+    probe = "callbacks.image_logging"
+    timer = StageTimer(window=3, out_dir=tmp_path)
+    for t in range(6):
+        if t == 4:
+            with timer.probe("outside.step"):  # a probe needs no step
+                pass
+        with timer.step():
+            with timer.stage(FWD):
+                pass
+            with timer.stage(CALLBACKS), timer.probe(probe):  # nested in an ordered stage
+                time.sleep(2 * MS)
+    timer.close()
+    records = read_records(tmp_path)
+    assert len(records) == 2
+    for record in records:
+        assert probe not in record["stages"]
+        assert probe not in record["shares"]
+        assert probe not in record["semantic_shares"]
+        assert record["contract_violations"] == 0
+        stats = record["probes"]["0"][probe]
+        assert stats["count"] == 3  # per window, not cumulative
+        assert stats["total_s"] >= 3 * 2 * MS
+        assert 2 * MS <= stats["max_s"] <= stats["total_s"]
+        # The probe's time is inside the callbacks stage, not added on top of it.
+        assert record["advances"][CALLBACKS] >= stats["total_s"]
+    assert "outside.step" not in records[0]["probes"]["0"]
+    assert records[1]["probes"]["0"]["outside.step"]["count"] == 1
+
+
+# ------------------------------------------------------------------------------ contract
+
+
+def _nested_stage(timer: StageTimer) -> None:
+    with timer.step(), timer.stage(FWD), timer.stage(BWD):
+        pass
+
+
+def _stage_outside_step(timer: StageTimer) -> None:
+    with timer.stage(FWD):
+        pass
+
+
+def _unknown_stage(timer: StageTimer) -> None:
+    with timer.step(), timer.stage("model.fwd"):
+        pass
+
+
+def _repeated_stage(timer: StageTimer) -> None:
+    with timer.step():
+        with timer.stage(FWD):
+            pass
+        with timer.stage(FWD):
+            pass
+
+
+def _out_of_order(timer: StageTimer) -> None:
+    with timer.step():
+        with timer.stage(BWD):
+            pass
+        with timer.stage(FWD):
+            pass
+
+
+def _nested_step(timer: StageTimer) -> None:
+    with timer.step(), timer.step():
+        pass
+
+
+VIOLATIONS: dict[str, tuple[Callable[[StageTimer], None], str]] = {
+    "nested_ordered_stage": (_nested_stage, f"stage '{BWD}' nested inside ordered stage '{FWD}'"),
+    "stage_outside_step": (_stage_outside_step, f"stage '{FWD}' entered outside step()"),
+    "unknown_stage": (_unknown_stage, "unknown stage 'model.fwd'"),
+    "repeated_stage": (_repeated_stage, f"stage '{FWD}' repeated or out of schema order"),
+    "out_of_order_stage": (_out_of_order, f"stage '{FWD}' repeated or out of schema order"),
+    "nested_step": (_nested_step, "step() entered inside another step"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VIOLATIONS))
+def test_contract_violation_is_counted_and_downgrades_the_window(case: str, tmp_path: Path) -> None:
+    action, reason = VIOLATIONS[case]
+    timer = StageTimer(window=3, out_dir=tmp_path)
+    run_steps(timer, 1)
+    action(timer)  # never raises into training
+    assert timer.violations == 1
+    run_steps(timer, 3)  # completes window 0 (and one step of window 1, flushed clean)
+    timer.close()
+    records = read_records(tmp_path)
+    bad, *rest = records
+    assert bad["contract_violations"] == 1
+    assert "telemetry_limited" in bad["labels"]
+    reasons = bad["reasons"]["telemetry_limited"]
+    assert "1 ordered-stage contract violation(s)" in reasons
+    assert any(r.startswith("rank 0: ") and reason in r for r in reasons)
+    # Later windows are clean again: the count belongs to the window it happened in.
+    assert rest and all(r["contract_violations"] == 0 for r in rest)
+
+
+@pytest.mark.parametrize("case", sorted(VIOLATIONS))
+def test_strict_timer_raises_contract_violation(case: str) -> None:
+    action, reason = VIOLATIONS[case]
+    timer, collector = capture(window=2, strict=True)
+    run_steps(timer, 1)
+    with pytest.raises(ContractViolation, match=re.escape(reason)):
+        action(timer)
+    assert issubclass(sf.ContractViolation, sf.StageFrontierError)
+    # The timer stays usable after the raise: the next steps are recorded normally.
+    run_steps(timer, 3, sleep_s=0)
+    timer.close()
+    assert sum(w.n_steps for w in collector.windows) >= 4
+    assert all(w.contract_violations == 0 for w in collector.windows)
+
+
+def test_many_violations_are_counted_exactly_with_distinct_reasons() -> None:
+    timer, collector = capture(window=5)
+    for _ in range(5):
+        _repeated_stage(timer)
+    timer.close()
+    (w,) = collector.windows
+    assert w.contract_violations == 5
+    assert w.violation_reasons == (f"stage '{FWD}' repeated or out of schema order within a step",)
+
+
+def test_rejected_nested_entry_records_the_outer_span_whole() -> None:
+    timer, collector = capture(window=1)
+    with timer.step(), timer.stage(FWD):
+        with timer.stage(FWD):  # re-entered (a recursive hook): rejected, not recorded
+            time.sleep(1 * MS)
+        time.sleep(20 * MS)  # still inside the outer forward span
+    timer.close()
+    (w,) = collector.windows
+    assert w.contract_violations == 1
+    assert column(w, FWD)[0] >= 21 * MS
+    assert column(w, OTHER)[0] < column(w, FWD)[0]
+    assert w.overlap_ns == 0
+
+
+# ------------------------------------------------------------------------------ schema
+
+
+def test_schema_version_and_stage_order_hash_travel_with_every_window(tmp_path: Path) -> None:
+    timer = StageTimer(stages=["load", "compute"], window=2, out_dir=tmp_path)
+    for _ in range(3):
+        with timer.step():
+            with timer.stage("load"):
+                pass
+            with timer.stage("compute"):
+                time.sleep(1 * MS)
+    timer.close()
+    records = read_records(tmp_path)
+    assert len(records) == 2
+    expected = stage_order_hash(["load", "compute", OTHER])
+    for record in records:
+        assert record["stages"] == ["load", "compute", OTHER]
+        assert record["schema_version"] == SCHEMA_VERSION
+        assert record["stage_order_hash"] == expected
+    assert expected != stage_order_hash(sf.DEFAULT_STAGES)
+    assert expected != stage_order_hash(["compute", "load", OTHER])
+
+
+# ------------------------------------------------------------------------------ disabled
+
+
+def test_disabled_timer_records_nothing_and_writes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="stagefrontier")
+    out = tmp_path / "sf"
+    threads_before = threading.active_count()
+    timer = StageTimer(window=2, out_dir=out, enabled=False, cuda_event_fraction=1.0)
+    seen = []
+    for batch in timer.iter(range(5)):
+        with timer.step():
+            with timer.stage(FWD), timer.cuda_event_sample():
+                pass
+            with timer.stage("not.a.stage"), timer.stage(FWD):  # would be violations
+                pass
+            with timer.microstep(0), timer.probe("p"):
+                pass
+            with timer.step():
+                pass
+        seen.append(batch)
+    timer.close()
+    timer.close()
+    assert seen == [0, 1, 2, 3, 4]
+    assert timer.violations == 0
+    assert not out.exists()
+    assert threading.active_count() == threads_before
+    assert [r for r in caplog.records if r.name == "stagefrontier"] == []
+
+
+# ------------------------------------------------------------------------------ prefetch
+
+
+FAST_S = 1 * MS
+SLOW_S = 150 * MS
+SLOW_BATCH = 3
+
+
+def slow_loader(n: int) -> Iterator[int]:
+    """Batches 0..n-1; fetching batch ``SLOW_BATCH`` takes ``SLOW_S``."""
+    for k in range(n):
+        time.sleep(SLOW_S if k == SLOW_BATCH else FAST_S)
+        yield k
+
+
+def _check_alignment(w: Any, consumed: list[int]) -> None:
+    assert consumed == list(range(6))
+    data = column(w, DATA)
+    assert data[SLOW_BATCH] >= SLOW_S
+    assert int(np.argmax(data)) == SLOW_BATCH
+    assert np.all(np.delete(data, SLOW_BATCH) < data[SLOW_BATCH])
+    assert np.all(np.delete(data, SLOW_BATCH) >= FAST_S)
+    # The step before the slow batch neither waits for it nor carries it in its wall time.
+    before = SLOW_BATCH - 1
+    assert wall(w)[before] < data[SLOW_BATCH]
+    assert column(w, OTHER)[before] < data[SLOW_BATCH]
+    # Wall and residual stay consistent: the stages close each step, nothing overlaps.
+    assert w.overlap_ns == 0
+    np.testing.assert_array_equal(w.durations_ns.sum(axis=1), w.wall_ns)
+    assert np.all(wall(w) >= data)
+    assert w.contract_violations == 0
+
+
+def test_iter_charges_data_wait_to_the_consuming_step_plain_loop() -> None:
+    timer, collector = capture(window=6)
+    consumed = []
+    for batch in timer.iter(slow_loader(6)):
+        with timer.step():
+            with timer.stage(FWD):
+                consumed.append(batch)
+                time.sleep(1 * MS)
+            with timer.stage(OPTIM):
+                pass
+    timer.close()
+    (w,) = collector.windows
+    _check_alignment(w, consumed)
+
+
+def test_iter_charges_prefetched_batch_to_the_consuming_step() -> None:
+    timer, collector = capture(window=6)
+    consumed = []
+    it = timer.iter(slow_loader(7))
+    batch = next(it)  # batch 0, fetched before the loop
+    for _ in range(6):
+        with timer.step():
+            with timer.stage(FWD):
+                consumed.append(batch)
+                time.sleep(1 * MS)
+            with timer.stage(OPTIM):
+                pass
+            batch = next(it)  # prefetch batch t+1 at the end of step t
+    timer.close()
+    (w,) = collector.windows
+    _check_alignment(w, consumed)
+
+
+def test_iter_with_a_stage_that_is_not_first_is_a_violation() -> None:
+    timer, collector = capture(window=1)
+    it = timer.iter([1, 2], stage=FWD)
+    with timer.step():
+        next(it)
+    timer.close()
+    (w,) = collector.windows
+    assert w.contract_violations == 1
+    assert "must be the first ordered stage" in w.violation_reasons[0]
+
+
+# ------------------------------------------------------------------------------ hot path
+
+
+def test_steady_state_steps_do_not_allocate() -> None:
+    timer, collector = capture(window=20_000)
+    step, stage, probe = timer.step, timer.stage, timer.probe
+    event = timer.cuda_event_sample
+    it = timer.iter(iter(int, 1))  # an endless source of zeros
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            next(it)
+            with step():
+                with stage(FWD), event():
+                    pass
+                with stage(BWD):
+                    pass
+                with stage(CALLBACKS), probe("p"):
+                    pass
+                with stage(OPTIM):
+                    pass
+
+    steps(200)  # warm up: first-use allocations (probe, contexts, caches)
+    tracemalloc.start()
+    try:
+        steps(200)
+        base, _ = tracemalloc.get_traced_memory()
+        steps(1000)
+        after_1000, _ = tracemalloc.get_traced_memory()
+        steps(2000)
+        after_3000, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after_3000 - after_1000 < 2048
+    assert after_1000 - base < 2048
+    assert collector.windows == []  # no hand-off happened during the measurement
+    timer.close()
+    assert collector.windows[0].n_steps == 3400
+
+
+class BlockingSink:
+    """A sink whose first write blocks until released: the analysis thread is stuck."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.released_in_time = True
+        self.windows: list[int] = []
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, window: AnalyzedWindow) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.released_in_time = self.release.wait(timeout=20)
+        self.windows.append(window.record["window"])
+        self.records.append(window.record)
+
+    def close(self) -> None:
+        return None
+
+
+def test_full_hand_off_queue_drops_windows_with_a_count(tmp_path: Path) -> None:
+    sink = BlockingSink()
+    collector = LocalCollector(out_dir=tmp_path, queue_size=1, sinks=[sink, JsonlSink(tmp_path)])
+    timer = StageTimer(window=2, collector=collector)
+    run_steps(timer, 2)  # window 0: taken by the analysis thread, which then blocks
+    assert sink.entered.wait(timeout=20)
+    run_steps(timer, 2)  # window 1: waits in the queue (size 1)
+    run_steps(timer, 4)  # windows 2 and 3: queue full, dropped without blocking or raising
+    assert not sink.release.is_set()  # the loop got here while the analysis was stuck
+    sink.release.set()
+    deadline = time.monotonic() + 20
+    while len(sink.windows) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sink.windows == [0, 1]
+    run_steps(timer, 2)  # window 4: queued again, reporting the two drops
+    timer.close()
+    assert sink.released_in_time
+    assert sink.windows == [0, 1, 4]
+    last = sink.records[-1]
+    assert "telemetry_limited" in last["labels"]
+    assert "rank 0 dropped 2 window(s): hand-off queue full" in last["reasons"]["telemetry_limited"]
+    assert [r["window"] for r in read_records(tmp_path)] == [0, 1, 4]
+
+
+def test_a_collector_that_raises_never_reaches_the_training_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(CaptureCollector):
+        def submit(self, window: Any) -> bool:
+            raise RuntimeError("transport down")
+
+    timer = StageTimer(window=2, collector=Broken())
+    run_steps(timer, 5)
+    timer.close()
+    assert timer._dropped == 3
+    assert any("handing off window" in r.getMessage() for r in caplog.records)
