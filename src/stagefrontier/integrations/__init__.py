@@ -1,0 +1,13 @@
+"""Integrations with the tools training jobs already use.
+
+Nothing here is imported by ``import stagefrontier``: each module needs its optional extra and
+raises :class:`MissingExtraError` naming it when the package is absent.
+
+- :mod:`stagefrontier.integrations.sinks`: TensorBoard, Prometheus, W&B and CSV sinks.
+- :mod:`stagefrontier.integrations.lightning`: a Lightning ``Callback``.
+- :mod:`stagefrontier.integrations.transformers`: a Hugging Face ``TrainerCallback``.
+"""
+
+from ._extras import MissingExtraError
+
+__all__ = ["MissingExtraError"]

@@ -1,0 +1,23 @@
+"""Optional dependencies: import them on demand, or fail with the extra that installs them."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..reducers.errors import MissingDependencyError
+
+
+class MissingExtraError(MissingDependencyError):
+    """An integration's optional package is missing; the message names the extra to install."""
+
+
+def require(module: str, extra: str, what: str) -> ModuleType:
+    """Import ``module`` or raise MissingExtraError telling the user which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{what} needs the optional package {module.split('.')[0]!r}, which is not "
+            f"importable ({exc}); install it with: pip install 'stagefrontier[{extra}]'"
+        ) from exc

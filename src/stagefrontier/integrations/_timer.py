@@ -1,0 +1,248 @@
+"""Building a StageTimer with extra sinks, and driving it from a framework's hooks.
+
+Frameworks call a callback at points *between* the stages a loop would wrap in ``with`` blocks,
+so the integrations do not use context managers: :class:`HookClock` closes the open stage and
+opens the next one at each hook boundary, and charges the data wait measured between two hooks
+(the end of one step and the start of the next) to the next step, like ``timer.iter`` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..collect import COLLECT_MODES, Collector, GlooCollector, LocalCollector, StoreCollector
+from ..errors import StageFrontierError
+from ..recorder import StageTimer
+from ..sinks import Sink, default_sinks
+
+logger = logging.getLogger("stagefrontier")
+_now = time.perf_counter_ns
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TIMER_TAKES_SINKS = "sinks" in inspect.signature(StageTimer).parameters
+
+
+def make_timer(
+    stages: Sequence[str] | None = None, *, sinks: Sequence[Sink] = (), **timer_kwargs: Any
+) -> StageTimer:
+    """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
+
+    The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
+    distributed collection); ``sinks`` are added after them. Sinks with a ``start()`` method (the
+    Prometheus exporter) are started on rank 0 once the timer exists. With
+    ``collector=...`` given, ``sinks`` must be empty: pass them to that collector instead.
+    """
+    sinks = list(sinks)
+    kwargs = dict(timer_kwargs)
+    if sinks and kwargs.get("collector") is not None:
+        raise StageFrontierError("give sinks to the collector you pass, not to make_timer")
+    if sinks and kwargs.get("enabled", True):
+        if _TIMER_TAKES_SINKS:
+            kwargs["sinks"] = sinks
+        else:
+            kwargs["collector"] = collector_with_sinks(
+                kwargs.get("collect", "auto"),
+                out_dir=kwargs.get("out_dir", "stagefrontier"),
+                timeout_s=kwargs.get("collect_timeout_s", 10.0),
+                queue_size=kwargs.get("queue_size", 4),
+                sinks=sinks,
+            )
+    timer = StageTimer(stages, **kwargs)
+    if timer.enabled and timer.rank == 0:
+        for sink in sinks:
+            start = getattr(sink, "start", None)
+            if callable(start):
+                try:
+                    start()
+                except Exception:
+                    logger.exception("stagefrontier: starting sink %s failed", type(sink).__name__)
+    return timer
+
+
+def collector_with_sinks(
+    mode: str,
+    *,
+    out_dir: str | os.PathLike[str],
+    timeout_s: float,
+    queue_size: int,
+    sinks: Sequence[Sink],
+) -> Collector:
+    """The collector ``StageTimer(collect=mode)`` would build, writing to the default sinks
+    followed by ``sinks`` on rank 0."""
+    if mode not in COLLECT_MODES:
+        raise StageFrontierError(f"unknown collect mode {mode!r}; choose one of {COLLECT_MODES}")
+    distributed = _distributed_initialized()
+    if mode in ("store", "gloo") and not distributed:
+        raise StageFrontierError(
+            f"collect={mode!r} needs torch.distributed to be initialized first"
+        )
+    if mode == "local" or not distributed:
+        return LocalCollector(
+            out_dir=out_dir, queue_size=queue_size, sinks=[*default_sinks(out_dir), *sinks]
+        )
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    everything = [*default_sinks(out_dir, packets=True), *sinks] if rank == 0 else []
+    cls = GlooCollector if mode == "gloo" else StoreCollector
+    return cls(
+        rank=rank,
+        world_size=world_size,
+        out_dir=out_dir,
+        timeout_s=timeout_s,
+        queue_size=queue_size,
+        sinks=everything,
+    )
+
+
+def _distributed_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:
+    """Charge a data wait measured between steps to the next step to begin: it becomes that
+    step's first ordered stage and the step's start moves back over it (what ``timer.iter`` does
+    for a wrapped iterator)."""
+    if not timer.enabled or wait_ns <= 0:
+        return
+    public = getattr(timer, "charge_data_wait", None)
+    if callable(public):
+        public(wait_ns)
+    else:  # the recorder's own mechanism behind timer.iter
+        timer._pending_data_ns += int(wait_ns)
+
+
+class HookClock:
+    """Opens and closes a StageTimer's step, microsteps and stages at hook boundaries.
+
+    ``mark()`` records the earliest moment the next step's data wait may start (the end of the
+    previous step, or the end of validation or of an epoch boundary); ``begin_step()`` charges
+    the time since the mark to the data stage and opens the step. Every method is cheap and
+    never raises: a failure is logged once and the clock stops driving the timer.
+    """
+
+    __slots__ = ("_broken", "_mark", "_micro", "_stage", "_step", "_timer", "microstep_index")
+
+    def __init__(self, timer: StageTimer) -> None:
+        self._timer = timer
+        self._step: Any = None  # the open step context, or None
+        self._micro: Any = None  # the open microstep context, or None
+        self._stage: Any = None  # the open stage context, or None
+        self._mark: int | None = None
+        self._broken = False
+        self.microstep_index = -1
+
+    @property
+    def timer(self) -> StageTimer:
+        return self._timer
+
+    @property
+    def step_open(self) -> bool:
+        return self._step is not None
+
+    def mark(self) -> None:
+        """The next step's data wait starts now (unless a step is open)."""
+        if self._step is None:
+            self._mark = _now()
+
+    def begin_step(self, stage: str | None = None, *, microsteps: bool = False) -> None:
+        """Open a step whose data wait ran from the last mark to now; then ``stage``."""
+        if self._broken:
+            return
+        try:
+            if self._step is not None:
+                self.end_step()
+            mark, self._mark = self._mark, None
+            if mark is not None:
+                charge_data_wait(self._timer, _now() - mark)
+            step = self._timer.step()
+            step.__enter__()
+            self._step = step
+            self.microstep_index = -1
+            if microsteps:
+                self.microstep(0)
+            if stage is not None:
+                self.switch(stage)
+        except Exception:
+            self._fail()
+
+    def switch(self, stage: str) -> None:
+        """Close the open stage and open ``stage`` (inside a step only)."""
+        if self._broken or self._step is None:
+            return
+        try:
+            self._close_stage()
+            ctx = self._timer.stage(stage)
+            ctx.__enter__()
+            self._stage = ctx
+        except Exception:
+            self._fail()
+
+    def microstep(self, index: int, stage: str | None = None) -> None:
+        """Close the open stage and microstep, open microstep ``index``, then ``stage``."""
+        if self._broken or self._step is None:
+            return
+        try:
+            self._close_stage()
+            self._close_micro()
+            ctx = self._timer.microstep(index)
+            ctx.__enter__()
+            self._micro = ctx
+            self.microstep_index = index
+            if stage is not None:
+                self.switch(stage)
+        except Exception:
+            self._fail()
+
+    def end_step(self) -> None:
+        """Close everything open and mark the start of the next data wait."""
+        if self._broken:
+            return
+        try:
+            self._close_stage()
+            self._close_micro()
+            step, self._step = self._step, None
+            if step is not None:
+                step.__exit__(None, None, None)
+            self.microstep_index = -1
+            self._mark = _now()
+        except Exception:
+            self._fail()
+
+    def _close_stage(self) -> None:
+        ctx, self._stage = self._stage, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+    def _close_micro(self) -> None:
+        ctx, self._micro = self._micro, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+    def _fail(self) -> None:
+        self._broken = True
+        logger.exception("stagefrontier: driving the timer from hooks failed; timing stops here")
+
+
+def guarded(method: F) -> F:
+    """Wrap a hook so that no stagefrontier failure can reach the training loop."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            logger.exception("stagefrontier: %s failed", method.__qualname__)
+            return None
+
+    wrapper.__name__ = method.__name__
+    wrapper.__qualname__ = method.__qualname__
+    wrapper.__doc__ = method.__doc__
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,222 @@
+"""Hugging Face ``Trainer`` callback: StageFrontier stage accounting from the Trainer's hooks.
+
+::
+
+    from stagefrontier.integrations.transformers import StageFrontierCallback
+
+    trainer = Trainer(model, args, train_dataset=ds,
+                      callbacks=[StageFrontierCallback(window=100, out_dir="stagefrontier")])
+
+The timer is built in ``on_train_begin``, after the Trainer (Accelerate) has set up the process
+group, so under ``torchrun`` every rank's window reaches rank 0 through the job's c10d store.
+
+The Trainer has no hook between forward and backward: both run inside ``training_step``. With
+``split_forward=True`` (the default) the callback registers a forward hook on the model it is
+handed (``register_forward_hook``, no wrapper, removed at ``on_train_end``): the first return of
+the model's ``forward`` in each micro-batch closes the forward stage. With ``split_forward=False``
+the two are one stage, ``model.fwd_bwd_cpu_wall``.
+
+Ordered stages and their boundaries (``on_*`` are this callback's hooks; the Trainer calls
+callbacks in list order: its defaults, the reporting integrations, then yours):
+
+=====================================  ========================================================
+stage                                  from -> to
+=====================================  ========================================================
+``data.next_wait``                     end of the previous step (see the last row), or
+                                       ``on_train_begin`` / ``on_epoch_begin`` /
+                                       ``on_evaluate`` / ``on_save`` -> ``on_step_begin``. The
+                                       Trainer fetches every micro-batch of the optimizer step
+                                       here (``get_batch_samples``), and counts the step's
+                                       label tokens (a cross-rank gather when
+                                       ``average_tokens_across_devices``).
+``model.fwd_loss_cpu_wall``            ``on_step_begin`` (micro-batch 0) or ``on_substep_end``
+                                       (micro-batch i > 0) -> the model's forward returns:
+                                       input preparation (device transfer) and the forward,
+                                       including a loss the model computes from ``labels``.
+``model.backward_cpu_wall``            forward return -> ``on_substep_end`` or
+                                       ``on_pre_optimizer_step``: loss post-processing in
+                                       ``compute_loss``, ``accelerator.backward`` (DDP's
+                                       all-reduce included), loss bookkeeping, and on the last
+                                       micro-batch gradient clipping and the gradient norm.
+``optim.step_cpu_wall``                ``on_pre_optimizer_step`` -> ``on_optimizer_step``:
+                                       ``optimizer.step()`` alone.
+``callbacks.step_end_cpu_wall``        ``on_optimizer_step`` -> ``on_step_end``, or ->
+                                       ``on_log`` when the step logs: LR scheduler,
+                                       ``zero_grad``, the ``on_step_end`` hooks of the callbacks
+                                       before this one, and on logging steps the loss gather and
+                                       every ``on_log`` before this one (the TensorBoard and
+                                       W&B reporting callbacks).
+``step.other_cpu_wall`` (residual)     step wall time beyond the stages above (next to nothing).
+=====================================  ========================================================
+
+Not counted: evaluation and checkpoint saving (``_maybe_log_save_evaluate`` after the step's
+log; the next data wait starts again at ``on_evaluate`` / ``on_save``), and callbacks listed
+after this one. Add it last to count the others' hooks.
+
+Gradient accumulation (``gradient_accumulation_steps=k``): one timer step per optimizer step;
+micro-batch ``i`` is ``timer.microstep(i)``. The Trainer fetches all k micro-batches before
+``on_step_begin``, so the whole data wait is micro-batch 0's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StageFrontierError
+from ..recorder import StageTimer
+from ..schema import BACKWARD_STAGE, DATA_STAGE, FORWARD_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE
+from ..sinks import Sink
+from ._extras import require
+from ._timer import HookClock, make_timer
+
+logger = logging.getLogger("stagefrontier")
+
+_transformers: Any = require("transformers", "transformers", "StageFrontierCallback (HF Trainer)")
+
+STEP_END_STAGE = "callbacks.step_end_cpu_wall"
+FWD_BWD_STAGE = "model.fwd_bwd_cpu_wall"
+TRAINER_STAGES: tuple[str, ...] = (
+    DATA_STAGE,
+    FORWARD_STAGE,
+    BACKWARD_STAGE,
+    OPTIMIZER_STAGE,
+    STEP_END_STAGE,
+    RESIDUAL_STAGE,
+)
+"""The ordered schema with ``split_forward=True``, in the Trainer's execution order."""
+TRAINER_STAGES_LUMPED: tuple[str, ...] = (
+    DATA_STAGE,
+    FWD_BWD_STAGE,
+    OPTIMIZER_STAGE,
+    STEP_END_STAGE,
+    RESIDUAL_STAGE,
+)
+"""The ordered schema with ``split_forward=False``."""
+
+
+class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc]
+    """Times the HF Trainer's optimizer steps as StageFrontier's ordered stages.
+
+    Args:
+        sinks: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
+            addition to ``windows.jsonl``, the log line and the evidence packets.
+        split_forward: time forward and backward apart with a forward hook on the model.
+        **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
+            ``collect``, ``collect_timeout_s``, ``enabled``, ...); not ``stages``.
+    """
+
+    def __init__(
+        self, *, sinks: Sequence[Sink] = (), split_forward: bool = True, **timer_kwargs: Any
+    ) -> None:
+        if "stages" in timer_kwargs:
+            raise StageFrontierError(
+                "StageFrontierCallback times the Trainer's own stages; 'stages' cannot be given"
+            )
+        self.sinks = list(sinks)
+        self.split_forward = split_forward
+        self.timer_kwargs = timer_kwargs
+        self.timer: StageTimer | None = None
+        self._clock: HookClock | None = None
+        self._hook: Any = None
+        self._in_forward = False
+        self._close_on_log = False
+        self._accumulate = 1
+        self._first = FORWARD_STAGE if split_forward else FWD_BWD_STAGE
+
+    # ------------------------------------------------------------------ life cycle
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.timer is None:
+            stages = TRAINER_STAGES if self.split_forward else TRAINER_STAGES_LUMPED
+            self.timer = make_timer(stages, sinks=self.sinks, **self.timer_kwargs)
+            self._clock = HookClock(self.timer)
+        self._accumulate = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+        model = kwargs.get("model")
+        if self.split_forward and self.timer.enabled and model is not None and self._hook is None:
+            self._hook = model.register_forward_hook(self._forward_returned)
+        self._clock.mark()  # type: ignore[union-attr]
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_step()
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+        self._clock = None
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.close()
+
+    # ------------------------------------------------------------------ between steps
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._remark()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_step()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._remark()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._remark()
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._close_on_log:
+            self._end_step()
+
+    def _remark(self) -> None:
+        self._end_step()
+        if self._clock is not None:
+            self._clock.mark()
+
+    def _end_step(self) -> None:
+        self._close_on_log = False
+        self._in_forward = False
+        clock = self._clock
+        if clock is not None and clock.step_open:
+            clock.end_step()
+
+    # ------------------------------------------------------------------ inside a step
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        clock = self._clock
+        if clock is None:
+            return
+        self._close_on_log = False
+        self._in_forward = True
+        clock.begin_step(self._first, microsteps=self._accumulate > 1)
+
+    def _forward_returned(self, module: Any, inputs: Any, output: Any) -> None:
+        if self._in_forward:  # the first forward of the micro-batch; evaluation is ignored
+            self._in_forward = False
+            if self._clock is not None:
+                self._clock.switch(BACKWARD_STAGE)
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        clock = self._clock
+        if clock is not None and clock.step_open:
+            self._in_forward = True
+            clock.microstep(clock.microstep_index + 1, self._first)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._clock is not None:
+            self._in_forward = False
+            self._clock.switch(OPTIMIZER_STAGE)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._clock is not None:
+            self._clock.switch(STEP_END_STAGE)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if getattr(control, "should_log", False):
+            self._close_on_log = True  # the Trainer logs right after this hook: count it
+        else:
+            self._end_step()
+
+
+__all__ = [
+    "FWD_BWD_STAGE",
+    "STEP_END_STAGE",
+    "TRAINER_STAGES",
+    "TRAINER_STAGES_LUMPED",
+    "StageFrontierCallback",
+]
