@@ -1,4 +1,5 @@
-"""How completed rank windows reach the analyzer: in-process (local) or across ranks (store)."""
+"""How completed rank windows reach the analyzer: in-process (local) or across ranks (the job's
+store by default, or an opt-in dedicated Gloo group)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import sys
 
 from ..errors import StageFrontierError
 from .base import Collector
+from .gloo import GlooCollector
 from .local import LocalCollector
 from .store import StoreCollector
 
-__all__ = ["Collector", "LocalCollector", "StoreCollector", "make_collector"]
+__all__ = ["Collector", "GlooCollector", "LocalCollector", "StoreCollector", "make_collector"]
 
-COLLECT_MODES = ("auto", "local", "store")
+COLLECT_MODES = ("auto", "local", "store", "gloo")
 
 
 def make_collector(
@@ -21,17 +23,28 @@ def make_collector(
     """The collector for ``StageTimer(collect=mode)``.
 
     ``auto`` uses the store when torch.distributed is initialized (checked without importing
-    torch) and stays in-process otherwise.
+    torch) and stays in-process otherwise. ``gloo`` creates a dedicated Gloo group here, on the
+    calling (training) thread: every rank must build its timer at the same point.
     """
     if mode not in COLLECT_MODES:
         raise StageFrontierError(f"unknown collect mode {mode!r}; choose one of {COLLECT_MODES}")
     distributed = _distributed_initialized()
-    if mode == "store" and not distributed:
-        raise StageFrontierError("collect='store' needs torch.distributed to be initialized first")
+    if mode in ("store", "gloo") and not distributed:
+        raise StageFrontierError(
+            f"collect={mode!r} needs torch.distributed to be initialized first"
+        )
     if mode == "local" or not distributed:
         return LocalCollector(out_dir=out_dir, queue_size=queue_size)
     import torch.distributed as dist
 
+    if mode == "gloo":
+        return GlooCollector(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            out_dir=out_dir,
+            timeout_s=timeout_s,
+            queue_size=queue_size,
+        )
     return StoreCollector(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
-from ..window import RankWindow
+from ..window import MergedWindow, RankWindow, merge_windows
 
 logger = logging.getLogger("stagefrontier")
 
@@ -28,20 +30,32 @@ _STOP = object()
 
 
 class BackgroundWorker:
-    """One daemon thread fed by a bounded queue; the training thread only ever calls ``offer``."""
+    """One daemon thread fed by a bounded queue; the training thread only ever calls ``offer``.
+
+    The queue is a C ``SimpleQueue`` bounded by a size check: ``offer`` never takes a Python-level
+    lock or condition, which halves its cost at a window boundary when the training thread comes
+    back from a wait with cold caches (``queue.Queue.put_nowait`` is Python code around a
+    Condition). The training thread is the only producer, so the check cannot overfill it.
+    """
 
     def __init__(self, name: str, handle: object, queue_size: int, join_timeout_s: float) -> None:
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._maxsize = max(1, queue_size)
         self._handle = handle
         self._join_timeout_s = join_timeout_s
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread is still running (after ``close``: it overran its bound)."""
+        return self._thread.is_alive()
+
     def offer(self, item: object) -> bool:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+        if self._stopping or self._queue.qsize() >= self._maxsize:
             return False
+        self._queue.put(item)
         return True
 
     def _run(self) -> None:
@@ -55,15 +69,42 @@ class BackgroundWorker:
                 logger.exception("stagefrontier: background window processing failed")
 
     def close(self) -> None:
-        """Let queued work finish, waiting at most ``join_timeout_s`` in total."""
-        try:
-            self._queue.put(_STOP, timeout=self._join_timeout_s)
-        except queue.Full:
-            logger.warning("stagefrontier: analysis queue still full at close; not waiting")
-            return
+        """Let queued work finish, waiting at most ``join_timeout_s`` in total. Safe twice."""
+        if not self._stopping:
+            self._stopping = True
+            self._queue.put(_STOP)
         self._thread.join(self._join_timeout_s)
         if self._thread.is_alive():
             logger.warning(
                 "stagefrontier: analysis still running after %.1f s at close; leaving it",
                 self._join_timeout_s,
             )
+
+
+def merge_received(
+    windows: Sequence[RankWindow], world_size: int, notes: Sequence[str] = ()
+) -> MergedWindow:
+    """``merge_windows`` plus a step-range check: a rank whose window of the same index covers
+    other steps than the reference's (its window counter drifted, e.g. a timer built later or
+    an extra flush on that rank) is reported as mismatched instead of merged step by step with
+    steps it never ran alongside."""
+    merged = merge_windows(windows, world_size, notes)
+    ref = merged.reference
+    span = (ref.first_step, ref.last_step)
+    drifted = [w for w in merged.ranks if (w.first_step, w.last_step) != span]
+    if not drifted:
+        return merged
+    gone = {id(w) for w in drifted}
+    return replace(
+        merged,
+        ranks=[w for w in merged.ranks if id(w) not in gone],
+        mismatched_ranks=sorted([*merged.mismatched_ranks, *(w.rank for w in drifted)]),
+        notes=[
+            *merged.notes,
+            *(
+                f"rank {w.rank} window {w.window} covers steps {w.first_step}-{w.last_step}, "
+                f"rank {ref.rank}'s covers {span[0]}-{span[1]}: not merged"
+                for w in drifted
+            ),
+        ],
+    )

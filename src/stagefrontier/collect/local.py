@@ -37,5 +37,7 @@ class LocalCollector:
 
     def close(self) -> None:
         self._worker.close()
+        if self._worker.alive:  # analysis overran its bound: do not close sinks under it
+            return
         for sink in self.sinks:
             sink.close()

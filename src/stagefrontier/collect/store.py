@@ -5,6 +5,12 @@ store, else a TCPStore client on MASTER_ADDR/MASTER_PORT), so the training threa
 traffic is never serialized behind ours. Ranks other than 0 write one key per window; rank 0's
 collector polls for them until a deadline measured from its own window end, analyzes the ranks
 that arrived and records the rest as missing. Any store failure downgrades, never raises.
+
+Key lifetime: rank 0 deletes the keys it read, after the report is written, then advances a
+``done`` counter (the next window it will collect). Each sender deletes its own keys of windows
+below ``done`` that rank 0 never read (it gave up on a late rank, or dropped the window from a full
+queue), so a key is never deleted before rank 0 has moved past its window, however far behind
+rank 0's analysis runs, and no window's keys outlive the next send of their rank.
 """
 
 from __future__ import annotations
@@ -13,14 +19,15 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from ..errors import ReportFormatError
 from ..sinks import Sink, default_sinks, emit
-from ..window import RankWindow, analyze_merged, merge_windows
-from .base import BackgroundWorker
+from ..window import RankWindow, analyze_merged
+from .base import BackgroundWorker, merge_received
 from .wire import decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -29,7 +36,18 @@ CHUNK_BYTES = 4 << 20
 """Payloads above this size are split over several keys (the store server caps a value)."""
 _CHUNKED = struct.Struct("<4sIQ")
 _CHUNK_MAGIC = b"SFC1"
+MAX_CHUNKS = 1024
+"""A chunk index naming more chunks than this (4 GiB) is rejected as corrupt."""
 POLL_S = 0.005
+ABSENT_GRACE_S = 0.25
+"""How long after its window end rank 0 waits for a rank that missed the previous window (instead
+of the full deadline), so a dead rank does not stall every window and a rank that was late once
+is not reported missing for good."""
+DONE_KEY = "done"
+"""Rank 0's counter: every window below it has been collected or given up on."""
+MAX_UNCOLLECTED = 64
+"""A sender deletes its keys older than this many windows even if rank 0 never moved past them
+(rank 0 stuck or gone), so the store never holds more than this per rank."""
 
 
 def _attempt() -> tuple[str, int]:
@@ -39,16 +57,17 @@ def _attempt() -> tuple[str, int]:
 
 def store_prefix() -> str:
     """Keys are scoped by torchelastic run id and restart count, so a restarted attempt never
-    reads the previous attempt's windows."""
+    reads the previous attempt's windows. ``PrefixStore`` adds the ``/`` between this prefix and
+    a key: window 3 of rank 1 is ``stagefrontier/<run>/<restart>/w3/r1`` in the job's store."""
     run, restart = _attempt()
-    return f"stagefrontier/{run}/{restart}/"
+    return f"stagefrontier/{run}/{restart}"
 
 
 def previous_attempt_prefix() -> str | None:
     """The key prefix of the attempt before a torchelastic restart, whose leftovers rank 0
     deletes window by window."""
     run, restart = _attempt()
-    return f"stagefrontier/{run}/{restart - 1}/" if restart > 0 else None
+    return f"stagefrontier/{run}/{restart - 1}" if restart > 0 else None
 
 
 def window_key(window: int, rank: int) -> str:
@@ -56,8 +75,13 @@ def window_key(window: int, rank: int) -> str:
 
 
 def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
-    """A private store connection: ``store.clone()`` of the given or default store, else a
-    TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if neither is reachable."""
+    """A private store connection: ``store.clone()`` of the given store, else of the job's root
+    store, else a TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if none is reachable.
+
+    The default group's store is torch's ``PrefixStore`` over the job's store (``0/``, and an
+    attempt prefix under torchelastic); it is unwrapped so that keys sit at the documented
+    ``stagefrontier/<run>/<restart>/...`` whatever the launcher, and a restarted attempt can
+    find and delete the keys of the attempt before it."""
     import torch.distributed as dist  # only the distributed collector touches torch
 
     base = store
@@ -68,6 +92,8 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
             base = distributed_c10d._get_default_store()
         except Exception:
             base = None
+        while isinstance(base, dist.PrefixStore):
+            base = base.underlying_store
     if base is not None:
         try:
             conn = base.clone()
@@ -107,7 +133,10 @@ class StoreCollector:
         self._conn: Any = None
         self._previous: Any = None
         self._dead: str | None = None
+        self._closed = False
         self._absent: set[int] = set()
+        self._done = 0  # rank 0: the value of the done counter it last published
+        self._written: deque[tuple[int, int]] = deque()  # sender: (window, chunks) not yet freed
         self.sinks = list(sinks) if sinks is not None else []
         if rank == 0 and sinks is None:
             self.sinks = default_sinks(out_dir, packets=True)
@@ -124,27 +153,36 @@ class StoreCollector:
         return self._worker.offer((window, time.monotonic()))
 
     def close(self) -> None:
+        """Let queued windows finish (bounded), then drop the private connection. The job's
+        store and process groups are untouched; safe twice and with the store already gone."""
         self._worker.close()
+        self._closed = True
+        if self._worker.alive:  # still inside a store call: leave it its connection and sinks
+            return
         for sink in self.sinks:
             sink.close()
         conn, self._conn = self._conn, None
-        del conn  # drops our private connection; the job's store and groups are untouched
+        del conn
 
     # ------------------------------------------------------------------ background thread
     def _connection(self) -> Any:
         if self._conn is None:
+            if self._closed:
+                raise RuntimeError("the collector is closed")
             from torch.distributed import PrefixStore
 
             raw = open_connection(self._base_store)
             self._conn = PrefixStore(store_prefix(), raw)
             previous = previous_attempt_prefix()
             self._previous = None if previous is None else PrefixStore(previous, raw)
+            if self._previous is not None and self.rank == 0:
+                self._previous.delete_key(DONE_KEY)
         return self._conn
 
     def _fail(self, what: str, exc: BaseException) -> None:
         if self._dead is None:
             logger.warning("stagefrontier: store %s failed, collection disabled: %s", what, exc)
-        self._dead = f"store unavailable since a failed {what}: {exc}"
+            self._dead = f"store unavailable since a failed {what}: {exc}"
 
     def _send(self, item: tuple[RankWindow, float]) -> None:
         window, _ = item
@@ -156,73 +194,138 @@ class StoreCollector:
             conn = self._connection()
             key = window_key(window.window, window.rank)
             data = encode_window(window)
+            chunks = 0
             if len(data) > CHUNK_BYTES:
-                chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
-                for i, chunk in enumerate(chunks):
-                    conn.set(f"{key}/c{i}", chunk)
-                data = _CHUNKED.pack(_CHUNK_MAGIC, len(chunks), sum(map(len, chunks)))
+                parts = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
+                for i, part in enumerate(parts):
+                    conn.set(f"{key}/c{i}", part)
+                chunks = len(parts)
+                data = _CHUNKED.pack(_CHUNK_MAGIC, chunks, sum(map(len, parts)))
             conn.set(key, data)  # set last: its presence means the window is complete
-            if window.window >= 2:  # a window rank 0 gave up on; deleting twice is harmless
-                conn.delete_key(window_key(window.window - 2, window.rank))
+            self._written.append((window.window, chunks))
+            self._free_uncollected(conn)
         except Exception as exc:
             self._fail("send", exc)
+
+    def _free_uncollected(self, conn: Any) -> None:
+        """Delete this rank's keys of windows rank 0 has moved past without reading them."""
+        done = int(conn.add(DONE_KEY, 0))
+        written = self._written
+        while written and (written[0][0] < done or len(written) > MAX_UNCOLLECTED):
+            index, chunks = written.popleft()
+            _delete_window(conn, window_key(index, self.rank), chunks)
 
     def _collect(self, item: tuple[RankWindow, float]) -> None:
         own, ended = item
         windows = [own]
         notes: list[str] = []
+        read: list[str] = []
         if self._dead:
             notes.append(self._dead)
         elif self.world_size > 1:
+            grace = ended + min(self.timeout_s, ABSENT_GRACE_S)
             try:
-                windows += self._gather(own.window, deadline=ended + self.timeout_s, notes=notes)
+                self._gather(own.window, ended + self.timeout_s, grace, windows, notes, read)
             except Exception as exc:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
-        merged = merge_windows(windows, self.world_size, notes)
-        emit(self.sinks, analyze_merged(merged))
+        emit(self.sinks, analyze_merged(merge_received(windows, self.world_size, notes)))
+        if self._dead is None and self.world_size > 1:
+            try:  # after the report: cleanup is off the latency path
+                self._release(own.window, read)
+            except Exception as exc:
+                self._fail("cleanup", exc)
 
-    def _gather(self, index: int, deadline: float, notes: list[str]) -> list[RankWindow]:
+    def _gather(
+        self,
+        index: int,
+        deadline: float,
+        grace: float,
+        arrived: list[RankWindow],
+        notes: list[str],
+        read: list[str],
+    ) -> None:
+        """Append the windows of ``index`` that arrive by the deadline to ``arrived`` (kept even
+        if the store fails midway) and the keys read to ``read``."""
         conn = self._connection()
         pending = {r: window_key(index, r) for r in range(1, self.world_size)}
-        arrived: list[RankWindow] = []
         while True:
-            for rank, key in list(pending.items()):
-                if conn.check([key]):
-                    del pending[rank]
-                    try:
-                        arrived.append(self._read(conn, key, index, rank))
-                    except ReportFormatError as exc:
-                        notes.append(f"rank {rank} window rejected: {exc}")
-            # Ranks that missed the previous window are checked, not waited for, so a dead rank
-            # cannot make every later window wait out the whole deadline.
-            if not pending or time.monotonic() >= deadline or pending.keys() <= self._absent:
+            keys = list(pending.values())
+            if conn.check(keys):  # all there: one round trip
+                ready = list(pending)
+            elif len(keys) == 1:
+                ready = []
+            else:
+                ready = [rank for rank, key in pending.items() if conn.check([key])]
+            for rank in ready:
+                key = pending.pop(rank)
+                try:
+                    arrived.append(self._read(conn, key, index, rank, read))
+                except ReportFormatError as exc:
+                    notes.append(f"rank {rank} window rejected: {exc}")
+            now = time.monotonic()
+            # Ranks that missed the previous window get a short grace, not the whole deadline,
+            # so a dead rank cannot make every later window wait it out.
+            if not pending or now >= deadline or (pending.keys() <= self._absent and now >= grace):
                 break
             time.sleep(POLL_S)
-        for key in pending.values():
-            conn.delete_key(key)  # a late sender's key would otherwise stay forever
         self._absent = set(pending)
-        if self._previous is not None:
-            for rank in range(self.world_size):
-                self._previous.delete_key(window_key(index, rank))
-        return arrived
 
-    def _read(self, conn: Any, key: str, index: int, rank: int) -> RankWindow:
+    def _read(self, conn: Any, key: str, index: int, rank: int, read: list[str]) -> RankWindow:
         data = bytes(conn.get(key))
-        keys = [key]
+        read.append(key)
         if data[:4] == _CHUNK_MAGIC:
-            if len(data) != _CHUNKED.size:
-                raise ReportFormatError("bad chunk index")
-            _, count, total = _CHUNKED.unpack(data)
-            keys += [f"{key}/c{i}" for i in range(count)]
-            data = b"".join(bytes(conn.get(k)) for k in keys[1:])
+            count, total = _chunk_index(data)
+            keys = [f"{key}/c{i}" for i in range(count)]
+            read.extend(keys)
+            if not conn.check(keys):  # never block in get() on a key that is not there
+                raise ReportFormatError(f"chunks of {key} are missing")
+            data = b"".join(bytes(conn.get(k)) for k in keys)
             if len(data) != total:
                 raise ReportFormatError(f"chunked window has {len(data)} bytes, expected {total}")
-        for k in keys:
-            conn.delete_key(k)
         window = decode_window(data)
         if window.window != index or window.rank != rank:
             raise ReportFormatError(
                 f"key for window {index} rank {rank} held window {window.window} rank {window.rank}"
             )
         return window
+
+    def _release(self, index: int, read: list[str]) -> None:
+        """Delete what was read, and this window's keys of the previous restart attempt, then
+        tell the senders that every window up to ``index`` is done."""
+        conn = self._connection()
+        for key in read:
+            conn.delete_key(key)
+        if self._previous is not None:
+            for rank in range(1, self.world_size):
+                _delete_window(self._previous, window_key(index, rank))
+        if index + 1 > self._done:
+            conn.add(DONE_KEY, index + 1 - self._done)
+            self._done = index + 1
+
+
+def _chunk_index(data: bytes) -> tuple[int, int]:
+    """(chunk count, total bytes) of a chunk index, validated before anything is fetched."""
+    if len(data) != _CHUNKED.size:
+        raise ReportFormatError("bad chunk index")
+    _, count, total = _CHUNKED.unpack(data)
+    if not 1 < count <= MAX_CHUNKS or count != -(-total // CHUNK_BYTES):
+        raise ReportFormatError(f"chunk index names {count} chunks for {total} bytes")
+    return count, total
+
+
+def _delete_window(store: Any, key: str, chunks: int | None = None) -> None:
+    """Delete a window key and its chunks; ``chunks=None``: read the count from the key itself."""
+    if chunks is None:
+        if not store.check([key]):
+            return
+        data = bytes(store.get(key))
+        chunks = 0
+        if data[:4] == _CHUNK_MAGIC:
+            try:
+                chunks = _chunk_index(data)[0]
+            except ReportFormatError:
+                chunks = 0
+    for i in range(chunks):
+        store.delete_key(f"{key}/c{i}")
+    store.delete_key(key)

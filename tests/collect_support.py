@@ -1,0 +1,217 @@
+"""A tiny spawned Gloo DDP job for the collection tests: every rank trains a small MLP under a
+StageTimer whose collector the test chooses, around an ephemeral-port TCPStore of the parent.
+
+Faults only sleep or drop windows, so every run reproduces the untimed run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+DATA = "data.next_wait"
+FWD = "model.fwd_loss_cpu_wall"
+BWD = "model.backward_cpu_wall"
+CALLBACKS = "callbacks.cpu_wall"
+OPTIM = "optim.step_cpu_wall"
+
+
+@dataclass(frozen=True)
+class Job:
+    out_dir: str
+    ranks: int = 2
+    steps: int = 30
+    window: int = 10
+    collect: str = "gloo"
+    """``gloo``, ``store`` or ``off`` (every timer disabled: the untimed reference)."""
+    timeout_s: float = 5.0
+    step_sleep_s: float = 0.0
+    """Slept in the data stage of every rank, so a run lasts long enough for a timeout."""
+    data_delay_s: dict[int, float] = field(default_factory=dict)
+    """Extra sleep in the data stage of these ranks."""
+    silent_ranks: tuple[int, ...] = ()
+    """Gloo: ranks that create the collection group but whose timer is disabled, so they never
+    join a window operation."""
+    drop_windows: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Per rank, window indices its hand-off drops as if its queue were full."""
+    queue_size: dict[int, int] = field(default_factory=dict)
+    sink_sleep_s: float = 0.0
+    """Store: rank 0's analysis sleeps this long per window (after writing windows.jsonl)."""
+
+
+@dataclass(frozen=True)
+class JobRun:
+    losses: dict[int, list[float]]
+    windows: list[dict[str, Any]]
+
+
+class _SleepySink:
+    """Stands for slow analysis on rank 0."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def write(self, window: object) -> None:
+        time.sleep(self.seconds)
+
+    def close(self) -> None:
+        return None
+
+
+class _Dropping:
+    """Wraps a real collector; refuses the named windows as a full queue would."""
+
+    def __init__(self, inner: Any, drop: tuple[int, ...]) -> None:
+        self.inner = inner
+        self.drop = drop
+        self.rank = inner.rank
+        self.world_size = inner.world_size
+
+    def submit(self, window: Any) -> bool:
+        if window.window in self.drop:
+            return False
+        return bool(self.inner.submit(window))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _collector(rank: int, job: Job) -> Any:
+    from stagefrontier.collect import GlooCollector, StoreCollector
+    from stagefrontier.sinks import JsonlSink
+
+    queue_size = job.queue_size.get(rank, 4)
+    if job.collect == "gloo":
+        collector: Any = GlooCollector(
+            rank=rank,
+            world_size=job.ranks,
+            out_dir=job.out_dir,
+            timeout_s=job.timeout_s,
+            queue_size=queue_size,
+        )
+    else:
+        sinks = None
+        if rank == 0 and job.sink_sleep_s:
+            sinks = [JsonlSink(job.out_dir), _SleepySink(job.sink_sleep_s)]
+        collector = StoreCollector(
+            rank=rank,
+            world_size=job.ranks,
+            out_dir=job.out_dir,
+            timeout_s=job.timeout_s,
+            queue_size=queue_size,
+            sinks=sinks,
+        )
+    if rank in job.drop_windows:
+        collector = _Dropping(collector, job.drop_windows[rank])
+    return collector
+
+
+def run_rank(rank: int, job: Job, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stagefrontier import StageTimer
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=60)
+    )
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + rank)
+
+    silent = rank in job.silent_ranks
+    collector = None if job.collect == "off" else _collector(rank, job)
+    timer = StageTimer(
+        window=job.window,
+        out_dir=job.out_dir,
+        enabled=collector is not None and not silent,
+        collector=None if silent else collector,
+    )
+    delay = job.step_sleep_s + job.data_delay_s.get(rank, 0.0)
+    losses: list[float] = []
+    for _ in range(job.steps):
+        with timer.step():
+            with timer.stage(DATA):
+                x = torch.randn(8, 16, generator=gen)
+                y = torch.randint(0, 4, (8,), generator=gen)
+                if delay:
+                    time.sleep(delay)
+            with timer.stage(FWD):
+                loss = F.cross_entropy(model(x), y)
+            with timer.stage(BWD):
+                loss.backward()
+            with timer.stage(CALLBACKS):
+                losses.append(loss.item())
+            with timer.stage(OPTIM):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    timer.close()
+    if silent and collector is not None:
+        collector.close()
+    Path(job.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(job: Job, deadline_s: float = 180.0) -> JobRun:
+    """Spawn the ranks around a fresh ephemeral-port store; fail on a rank error or overrun."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    out = Path(job.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        job.ranks,
+        is_master=True,
+        timeout=timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+    context = mp.get_context("spawn")
+    procs = [
+        context.Process(target=run_rank, args=(rank, job, store.port), daemon=True)
+        for rank in range(job.ranks)
+    ]
+    start = time.monotonic()
+    for proc in procs:
+        proc.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            if time.monotonic() - start > deadline_s:
+                raise AssertionError(f"job exceeded its {deadline_s:.0f} s deadline")
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(5)
+    codes = {rank: p.exitcode for rank, p in enumerate(procs)}
+    assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
+    records = out / "windows.jsonl"
+    windows = (
+        [json.loads(line) for line in records.read_text().splitlines()] if records.exists() else []
+    )
+    losses = {
+        rank: json.loads((out / f"losses-rank{rank}.json").read_text()) for rank in range(job.ranks)
+    }
+    return JobRun(losses=losses, windows=windows)
+
+
+def reasons(record: dict[str, Any]) -> list[str]:
+    """The telemetry_limited reasons of one window record."""
+    return list(record.get("reasons", {}).get("telemetry_limited", []))

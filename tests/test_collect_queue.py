@@ -1,0 +1,52 @@
+"""A full hand-off queue in a real 2-rank store-collected job: rank 0's analysis is slower than
+its windows arrive, so windows are dropped and counted, training is unaffected, and every window
+rank 0 does analyze still has both ranks (a sender never deletes a key rank 0 has yet to read).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from collect_support import Job, launch, reasons
+
+STEPS = 40
+WINDOW = 2
+
+
+def test_full_queue_drops_windows_with_a_count_and_training_completes(tmp_path: Path) -> None:
+    untimed = launch(Job(out_dir=str(tmp_path / "untimed"), steps=STEPS, collect="off"))
+    run = launch(
+        Job(
+            out_dir=str(tmp_path / "slow"),
+            steps=STEPS,
+            window=WINDOW,
+            collect="store",
+            step_sleep_s=0.01,
+            queue_size={0: 1, 1: 16},
+            sink_sleep_s=0.3,
+        )
+    )
+    assert run.losses == untimed.losses
+    windows = run.windows
+    indices = [w["window"] for w in windows]
+    assert indices == sorted(indices)
+    assert 1 <= len(windows) < STEPS // WINDOW
+    dropped = []
+    for w in windows:
+        assert w["gather_ok"], w["missing_ranks"]
+        assert w["ranks_present"] == [0, 1]
+        for reason in reasons(w):
+            match = re.fullmatch(r"rank 0 dropped (\d+) window\(s\): hand-off queue full", reason)
+            if match:
+                dropped.append(int(match.group(1)))
+    assert dropped and all(n >= 1 for n in dropped)
+    assert len(windows) + sum(dropped) <= STEPS // WINDOW
+    # each gap in the analyzed windows is exactly the count the next analyzed window reports
+    gaps = [b - a - 1 for a, b in itertools.pairwise(indices) if b - a > 1]
+    assert sorted(gaps) == sorted(dropped)
