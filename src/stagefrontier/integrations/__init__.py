@@ -6,8 +6,10 @@ raises :class:`MissingExtraError` naming it when the package is absent.
 - :mod:`stagefrontier.integrations.sinks`: TensorBoard, Prometheus, W&B and CSV sinks.
 - :mod:`stagefrontier.integrations.lightning`: a Lightning ``Callback``.
 - :mod:`stagefrontier.integrations.transformers`: a Hugging Face ``TrainerCallback``.
+- :func:`make_timer`: a ``StageTimer`` whose rank-0 analysis also writes to extra sinks.
 """
 
 from ._extras import MissingExtraError
+from ._timer import make_timer
 
-__all__ = ["MissingExtraError"]
+__all__ = ["MissingExtraError", "make_timer"]
