@@ -29,7 +29,9 @@ class RandomTokens(Dataset[dict[str, torch.Tensor]]):
     """Random token sequences with labels; ``delay_s`` per sample on ``delay_rank``."""
 
     def __init__(self, n: int, length: int, vocab: int, delay_rank: int, delay_s: float) -> None:
-        self.tokens = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(0))
+        self.tokens = torch.randint(
+            0, vocab, (n, length), generator=torch.Generator().manual_seed(0)
+        )
         self.delay_rank = delay_rank
         self.delay_s = delay_s
 
@@ -69,14 +71,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         from stagefrontier.integrations.sinks import CsvSink
 
         sinks.append(CsvSink(args.csv))
-    callbacks = [] if args.no_callback else [
-        StageFrontierCallback(
-            window=args.window,
-            out_dir=args.out,
-            sinks=sinks,
-            split_forward=not args.no_split_forward,
-        )
-    ]
+    callbacks = (
+        []
+        if args.no_callback
+        else [
+            StageFrontierCallback(
+                window=args.window,
+                out_dir=args.out,
+                sinks=sinks,
+                split_forward=not args.no_split_forward,
+            )
+        ]
+    )
     with tempfile.TemporaryDirectory() as scratch:
         training_args = TrainingArguments(
             output_dir=scratch,
@@ -91,9 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             disable_tqdm=True,
             dataloader_num_workers=0,
         )
-        trainer = Trainer(
-            model=model, args=training_args, train_dataset=data, callbacks=callbacks
-        )
+        trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=callbacks)
         trainer.train()
 
 

@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--accumulation", type=int, default=1, help="accumulate_grad_batches")
     parser.add_argument("--delay-rank", type=int, default=-1)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--out", default="sf-lightning")
@@ -93,13 +94,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         from stagefrontier.integrations.sinks import TensorBoardSink
 
         sinks.append(TensorBoardSink(args.tensorboard))
-    callbacks = [] if args.no_callback else [
-        StageFrontierCallback(window=args.window, out_dir=args.out, sinks=sinks)
-    ]
+    callbacks = (
+        []
+        if args.no_callback
+        else [StageFrontierCallback(window=args.window, out_dir=args.out, sinks=sinks)]
+    )
 
     pl.seed_everything(0, verbose=False)
     data = Regression(
-        args.steps * args.batch_size * args.devices,
+        args.steps * args.batch_size * args.devices * args.accumulation,
         args.batch_size,
         args.delay_rank,
         args.delay_ms / 1e3,
@@ -109,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         max_steps=args.steps,
+        accumulate_grad_batches=args.accumulation,
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,

@@ -1,0 +1,178 @@
+"""The Lightning and Hugging Face callbacks in real training runs on CPU.
+
+- Lightning: a real ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` fit (Lightning
+  starts the second rank by running the script again) with a data-loading delay on rank 1:
+  rank 0's ``windows.jsonl`` routes every window to ``data.next_wait`` led by rank 1.
+- Hugging Face: a real ``Trainer`` on a tiny GPT-2 built from a config (no download), CPU.
+
+Skipped, with the extra to install, where the framework is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEADLINE_S = 300
+
+
+def _needs(module: str, extra: str) -> Any:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return pytest.mark.skipif(
+            True, reason=f"{module} missing ({exc}); pip install '.[{extra}]'"
+        )
+    return pytest.mark.skipif(False, reason="")
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+
+
+def _example(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@_needs("lightning", "lightning")
+def test_lightning_ddp_routes_a_rank_1_data_delay_to_the_data_stage(tmp_path: Path) -> None:
+    from stagefrontier.integrations.lightning import LIGHTNING_STAGES
+
+    _example(
+        "lightning_ddp.py",
+        tmp_path,
+        *("--devices", "2", "--steps", "24", "--window", "8"),
+        *("--delay-rank", "1", "--delay-ms", "40", "--out", "sf"),
+    )
+    records = _records(tmp_path / "sf")
+    assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 7), (8, 15), (16, 23)]
+    for r in records:
+        assert r["world_size"] == 2 and r["ranks_present"] == [0, 1] and r["gather_ok"]
+        assert r["stages"] == list(LIGHTNING_STAGES)
+        assert r["contract_violations"] == 0
+        assert r["top1"] == "data.next_wait", r["shares"]
+        assert r["shares"]["data.next_wait"] > 0.5
+        assert r["leaders"]["data.next_wait"] == 1
+        # every step's wall time is covered by the hook-bounded stages
+        assert r["residual_share"] < 0.05
+    assert list((tmp_path / "sf" / "packets").glob("window-*.json"))
+
+
+@_needs("lightning", "lightning")
+def test_lightning_gradient_accumulation_times_microsteps(tmp_path: Path) -> None:
+    from stagefrontier.integrations.lightning import LIGHTNING_STAGES
+    from stagefrontier.schema import expand_microsteps
+
+    _example(
+        "lightning_ddp.py",
+        tmp_path,
+        *("--devices", "1", "--steps", "8", "--window", "4", "--accumulation", "2"),
+        *("--out", "sf", "--csv", "sf/windows.csv"),
+    )
+    records = _records(tmp_path / "sf")
+    assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7)]
+    for r in records:
+        assert r["accumulation_factor"] == 2
+        assert r["stages"] == list(expand_microsteps(LIGHTNING_STAGES, 2))
+        assert r["contract_violations"] == 0
+        assert "gradient_accumulation_ambiguous" not in r["labels"]
+        # micro-batch 1 has its own data wait, forward and backward; the optimizer runs once
+        advances = r["advances"]
+        assert advances["model.backward_cpu_wall[1]"] > 0
+        assert advances["optim.step_cpu_wall[1]"] > 0 and advances["optim.step_cpu_wall[0]"] == 0
+    assert len((tmp_path / "sf" / "windows.csv").read_text().splitlines()) == 3
+
+
+def _hf_run(tmp_path: Path, *, accumulation: int, split_forward: bool) -> list[dict[str, Any]]:
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from stagefrontier.integrations.transformers import StageFrontierCallback
+
+    class Tokens(Dataset[dict[str, torch.Tensor]]):
+        def __init__(self, n: int) -> None:
+            self.ids = torch.randint(0, 64, (n, 16), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    )
+    steps, window = 12, 4
+    out = tmp_path / "sf"
+    callback = StageFrontierCallback(window=window, out_dir=out, split_forward=split_forward)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=accumulation,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=5,  # a logging step inside a window: the step closes at on_log
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    data = Tokens(steps * 2 * accumulation)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    assert callback.timer is None  # closed at on_train_end
+    # the forward hook is gone with the run
+    assert not model._forward_hooks
+    return _records(out)
+
+
+@_needs("transformers", "transformers")
+def test_hf_trainer_run_produces_windows(tmp_path: Path) -> None:
+    from stagefrontier.integrations.transformers import TRAINER_STAGES
+
+    records = _hf_run(tmp_path, accumulation=1, split_forward=True)
+    assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7), (8, 11)]
+    for r in records:
+        assert r["stages"] == list(TRAINER_STAGES)
+        assert r["contract_violations"] == 0
+        assert r["world_size"] == 1 and r["gather_ok"]
+        adv = r["advances"]
+        # the forward hook splits forward from backward; every hooked stage saw time
+        for stage in TRAINER_STAGES[:-1]:
+            assert adv[stage] > 0, (stage, adv)
+        assert r["residual_share"] < 0.05
+
+
+@_needs("transformers", "transformers")
+def test_hf_trainer_accumulation_without_the_forward_split(tmp_path: Path) -> None:
+    from stagefrontier.integrations.transformers import FWD_BWD_STAGE, TRAINER_STAGES_LUMPED
+    from stagefrontier.schema import expand_microsteps
+
+    records = _hf_run(tmp_path, accumulation=2, split_forward=False)
+    assert len(records) == 3
+    for r in records:
+        assert r["stages"] == list(expand_microsteps(TRAINER_STAGES_LUMPED, 2))
+        assert r["accumulation_factor"] == 2 and r["contract_violations"] == 0
+        assert r["advances"][f"{FWD_BWD_STAGE}[0]"] > 0
+        assert r["advances"][f"{FWD_BWD_STAGE}[1]"] > 0
