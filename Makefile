@@ -1,9 +1,11 @@
 # Newcomer entry points: `make demo` (set up + run the main job) and `make test` (set up + tests).
-# Overridable: PYTHON, VENV, TORCH_SPEC (the torch requirement installed when none is present).
+# Overridable: PYTHON, VENV, TORCH_SPEC (the torch requirement installed when none is present),
+# EXTRAS (the optional extras installed with the project; the integrations' tests need theirs).
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,plot,tensorboard,prometheus,wandb,lightning,transformers
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stagefrontier-installed
 
@@ -13,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# A CPU build of torch is pinned only where no torch is importable; set TORCH_SPEC to override.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,plot]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 setup: $(STAMP)
