@@ -526,7 +526,7 @@ def render(
         f"- Platform: {platform.platform()} ({platform.machine()})",
         "",
         "Method: per seed, one real Gloo DDP job of "
-        f"{s.ranks} spawned CPU ranks (demo TinyDecoder on CharData, AdamW) runs "
+        f"{s.ranks} spawned CPU ranks (demo TinyDecoder on CharData, fused AdamW) runs "
         f"{len(s.segments)} segments ({', '.join(LABELS[k] for k in s.segments)}). In each, "
         f"`torch.profiler` (CPU activities, schedule wait={s.wait} warmup={s.warmup} "
         f"active={s.active}) captures {s.active} steps and the inner {s.scored} are scored; a "
