@@ -2,15 +2,16 @@
 without them, and the cost of the hook work alone.
 
     python benchmarks/integrations.py                 # writes benchmarks/results/integrations.md
-    python benchmarks/integrations.py --pairs 3 --steps 120 --no-write   # a quick look
+    python benchmarks/integrations.py --groups 3 --steps 120 --no-write   # a quick look
 
 End to end: every run trains the same tiny model on CPU in this process (one rank) with a
 measuring callback that records ``perf_counter_ns`` at the end of every step; a run's step time is
-the median interval between consecutive steps after ``--warmup`` steps. Runs come in pairs, with
-and without the StageFrontier callback (default window of 100 steps, local collection writing
-``windows.jsonl`` and the log line), in alternating order; the overhead of a pair is the ratio
-with/without of the two step times. The table gives the median ratio over pairs with its range,
-and the median difference in microseconds per step.
+the median interval between consecutive steps after ``--warmup`` steps. Runs come in groups of
+three, in rotating order: no extra callback, callbacks that do nothing (what the framework's
+dispatch of a callback costs by itself), and the StageFrontier callback (default window of 100
+steps, local collection writing ``windows.jsonl`` and the log line). The overhead of a group is
+the ratio of the StageFrontier run's step time to the no-callback run's; the table gives the
+median ratio over groups with its range, and the median difference in microseconds per step.
 
 Hook work alone: the callback's hooks are called in a tight loop in the order the framework calls
 them (one optimizer step per iteration), with a real timer and analysis, and timed per step.
@@ -38,19 +39,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "integrations.md"
 
 
+VARIANTS = ("none", "empty", "stagefrontier")
+"""Per group of runs: no extra callback, callbacks that do nothing, StageFrontier's callback."""
+
+
 @dataclass
-class PairStats:
+class GroupStats:
     framework: str
-    base_ms: list[float]
-    with_ms: list[float]
+    ms: dict[str, list[float]]
+    """Step time (ms) per variant, one value per group, in group order."""
 
-    @property
-    def ratios(self) -> list[float]:
-        return [w / b for w, b in zip(self.with_ms, self.base_ms, strict=True)]
+    def ratios(self, variant: str) -> list[float]:
+        return [v / b for v, b in zip(self.ms[variant], self.ms["none"], strict=True)]
 
-    @property
-    def diffs_us(self) -> list[float]:
-        return [(w - b) * 1e3 for w, b in zip(self.with_ms, self.base_ms, strict=True)]
+    def diffs_us(self, variant: str) -> list[float]:
+        return [(v - b) * 1e3 for v, b in zip(self.ms[variant], self.ms["none"], strict=True)]
 
 
 def _median_interval_ms(stamps: list[int], warmup: int) -> float:
@@ -59,7 +62,7 @@ def _median_interval_ms(stamps: list[int], warmup: int) -> float:
 
 
 # ------------------------------------------------------------------------------------ Lightning
-def lightning_run(steps: int, warmup: int, with_callback: bool, out: Path) -> float:
+def lightning_run(steps: int, warmup: int, variant: str, out: Path) -> float:
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -92,8 +95,10 @@ def lightning_run(steps: int, warmup: int, with_callback: bool, out: Path) -> fl
     loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=16)
     clock = Clock()
     callbacks: list[Any] = [clock]
-    if with_callback:
+    if variant == "stagefrontier":
         callbacks.append(StageFrontierCallback(out_dir=out, collect="local"))
+    elif variant == "empty":  # two callbacks that do nothing, like StageFrontier's head and tail
+        callbacks += [type("Empty1", (pl.Callback,), {})(), type("Empty2", (pl.Callback,), {})()]
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -131,7 +136,7 @@ def lightning_hooks(steps: int, out: Path) -> float:
 
 
 # --------------------------------------------------------------------------------- transformers
-def transformers_run(steps: int, warmup: int, with_callback: bool, out: Path) -> float:
+def transformers_run(steps: int, warmup: int, variant: str, out: Path) -> float:
     import torch
     from torch.utils.data import Dataset
     from transformers import (
@@ -167,8 +172,10 @@ def transformers_run(steps: int, warmup: int, with_callback: bool, out: Path) ->
     )
     clock = Clock()
     callbacks: list[Any] = [clock]
-    if with_callback:
+    if variant == "stagefrontier":
         callbacks.append(StageFrontierCallback(out_dir=out, collect="local"))
+    elif variant == "empty":  # a callback that does nothing
+        callbacks.append(TrainerCallback())
     with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(
             output_dir=scratch,
@@ -187,7 +194,8 @@ def transformers_run(steps: int, warmup: int, with_callback: bool, out: Path) ->
 
 
 def transformers_hooks(steps: int, out: Path) -> float:
-    """µs per step of the HF callback's hooks alone, forward hook included (real timer)."""
+    """µs per step of the HF callback's hooks alone, forward hook included (real timer); the
+    time of the bare module call is subtracted."""
     import torch
 
     from stagefrontier.integrations.transformers import StageFrontierCallback
@@ -197,15 +205,19 @@ def transformers_hooks(steps: int, out: Path) -> float:
     args = SimpleNamespace(gradient_accumulation_steps=1)
     control = SimpleNamespace(should_log=False)
     x = torch.zeros(1)
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        model(x)  # the bare module call, subtracted below
+    bare = time.perf_counter_ns() - t0
     cb.on_train_begin(args, None, control, model=model)
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         cb.on_step_begin(args, None, control)
-        model(x)  # fires the forward hook (the Identity itself costs ~1 µs)
+        model(x)  # fires the forward hook
         cb.on_pre_optimizer_step(args, None, control)
         cb.on_optimizer_step(args, None, control)
         cb.on_step_end(args, None, control)
-    elapsed = time.perf_counter_ns() - t0
+    elapsed = time.perf_counter_ns() - t0 - bare
     cb.on_train_end(args, None, control)
     return elapsed / steps / 1e3
 
@@ -246,7 +258,7 @@ def _versions() -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--groups", type=int, default=6, help="groups of three runs")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--hook-steps", type=int, default=20000)
@@ -263,24 +275,25 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
-    stats: list[PairStats] = []
+    stats: list[GroupStats] = []
     hooks: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.frameworks.split(","):
             run, hook_cost = FRAMEWORKS[name]
-            base: list[float] = []
-            timed: list[float] = []
-            run(60, 10, True, Path(tmp) / f"{name}-warm")  # imports and first-run costs
-            for i in range(args.pairs):
-                order = (False, True) if i % 2 == 0 else (True, False)
-                for with_callback in order:
-                    ms = run(args.steps, args.warmup, with_callback, Path(tmp) / f"{name}-{i}")
-                    (timed if with_callback else base).append(ms)
+            ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            run(60, 10, "stagefrontier", Path(tmp) / f"{name}-warm")  # imports, first-run costs
+            for i in range(args.groups):
+                k = i % len(VARIANTS)
+                for variant in VARIANTS[k:] + VARIANTS[:k]:  # the order rotates between groups
+                    out = Path(tmp) / f"{name}-{i}-{variant}"
+                    ms[variant].append(run(args.steps, args.warmup, variant, out))
                 print(
-                    f"{name} pair {i}: without {base[-1]:.3f} ms/step, with {timed[-1]:.3f}",
+                    f"{name} group {i}: "
+                    + ", ".join(f"{v} {ms[v][-1]:.3f}" for v in VARIANTS)
+                    + " ms/step",
                     flush=True,
                 )
-            stats.append(PairStats(name, base, timed))
+            stats.append(GroupStats(name, ms))
             hooks[name] = statistics.median(
                 hook_cost(args.hook_steps, Path(tmp) / f"{name}-hooks-{k}") for k in range(5)
             )
@@ -289,21 +302,27 @@ def main() -> None:
         )
     wall = time.perf_counter() - started
 
+    def ratio_cell(st: GroupStats, variant: str) -> str:
+        r = st.ratios(variant)
+        return f"{statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
+
     header = (
-        "| framework | step without (ms) | step with (ms) | ratio with/without, median "
-        "[min, max] | overhead µs/step, median | hook work alone µs/step |"
+        "| framework | step, no callback (ms) | step, with StageFrontier (ms) | "
+        "ratio StageFrontier/none, median [min, max] | overhead µs/step, median | "
+        "ratio empty callback(s)/none | empty callback(s) µs/step | hook work alone µs/step |"
     )
-    rows = [header, "|---|---:|---:|---|---:|---:|"]
-    for s in stats:
-        r = s.ratios
+    rows = [header, "|---|---:|---:|---|---:|---|---:|---:|"]
+    for st in stats:
         rows.append(
-            f"| {s.framework} | {statistics.median(s.base_ms):.3f} | "
-            f"{statistics.median(s.with_ms):.3f} | {statistics.median(r):.3f} "
-            f"[{min(r):.3f}, {max(r):.3f}] | {statistics.median(s.diffs_us):.1f} | "
-            f"{hooks[s.framework]:.1f} |"
+            f"| {st.framework} | {statistics.median(st.ms['none']):.3f} | "
+            f"{statistics.median(st.ms['stagefrontier']):.3f} | "
+            f"{ratio_cell(st, 'stagefrontier')} | "
+            f"{statistics.median(st.diffs_us('stagefrontier')):.1f} | "
+            f"{ratio_cell(st, 'empty')} | {statistics.median(st.diffs_us('empty')):.1f} | "
+            f"{hooks[st.framework]:.1f} |"
         )
     rows.append(
-        f"| (reference: `StageTimer` with `with` blocks, 5 stages) | | | | | {reference:.1f} |"
+        f"| (reference: `StageTimer` with `with` blocks, 5 stages) | | | | | | | {reference:.1f} |"
     )
     table = "\n".join(rows)
     print(table)
@@ -334,14 +353,16 @@ Environment:
 Method: one process, one rank, CPU, `torch.set_num_threads(1)`. Lightning: a 32-128-1 MLP,
 batch 16, `Trainer(devices=1)` with logger, checkpointing, progress bar and model summary off.
 Hugging Face: a one-layer GPT-2 (n_embd 32, vocab 64, 16 tokens, batch 2) built from a config,
-`use_cpu=True`, `report_to=[]`, logging every 50 steps. {args.pairs} pairs of {args.steps}-step
-runs, with and without `StageFrontierCallback(collect="local")` (window 100: `windows.jsonl` and
-the log line at each window end), in alternating order. A run's step time is the median interval
-between consecutive step ends (a measuring callback present in both runs) after {args.warmup}
-warm-up steps; a pair's overhead is the ratio of its two step times. "Hook work alone" calls the
-callback's hooks {args.hook_steps} times in framework order on a real timer (median of 5 loops;
-one window spans the loop, so no analysis runs inside it), with no framework around them; the
-reference row times a plain `StageTimer` loop of five `with timer.stage(...)` blocks the same way.
+`use_cpu=True`, `report_to=[]`, logging every 50 steps. {args.groups} groups of three
+{args.steps}-step runs in rotating order: no extra callback; callbacks that do nothing (two for
+Lightning, as StageFrontier's callback adds a companion at the end of the list; one for the HF
+Trainer); `StageFrontierCallback(collect="local")` (window 100: `windows.jsonl` and the log line at
+each window end). A run's step time is the median interval between consecutive step ends (a
+measuring callback present in every run) after {args.warmup} warm-up steps; ratios and differences
+are taken within a group. "Hook work alone" calls the callback's hooks {args.hook_steps} times in
+framework order on a real timer (median of 5 loops; one window spans the loop, so no analysis runs
+inside it), with no framework around them; the reference row times a plain `StageTimer` loop of
+five `with timer.stage(...)` blocks the same way.
 
 {table}
 
