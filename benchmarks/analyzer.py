@@ -1,0 +1,356 @@
+"""Benchmark: full ``stagefrontier.analyze`` against a bare numpy frontier.
+
+For each window shape ``(R ranks, N steps, S stages)`` the script times
+
+* the bare frontier ``P = cumsum(d, axis=2); F = P.max(axis=1); a = diff(F, prepend=0)``, and
+* the full ``stagefrontier.analyze(d, stages)``,
+
+interleaving the two in every repeat so that they share the machine's noise, and reports the
+median and minimum per-call time over the repeats. Peak memory of one ``analyze`` call is the
+peak traced allocation (tracemalloc) above what was allocated before the call, as a multiple of
+the input array's size.
+
+Targets (issue #2, "Speed"): analyze <= 3x the bare frontier at R=128 and R=4096, and peak memory
+<= 3x the input array.
+
+Usage::
+
+    python benchmarks/analyzer.py            # full run, writes benchmarks/results/analyzer.md
+    python benchmarks/analyzer.py --quick    # fewer repeats, for a smoke check
+    python benchmarks/analyzer.py --out PATH # write the markdown somewhere else
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+import stagefrontier
+from stagefrontier import DEFAULT_STAGES
+
+FloatArray = npt.NDArray[np.float64]
+
+SHAPES: tuple[tuple[int, int, int], ...] = ((8, 100, 6), (128, 100, 6), (4096, 100, 6))
+"""(R ranks, N steps, S stages) per benchmark row."""
+TIME_TARGET_RANKS = frozenset({128, 4096})
+TIME_TARGET = 3.0  # analyze / bare frontier, median per-call time
+MEMORY_TARGET = 3.0  # peak traced allocation of one analyze call / d.nbytes
+SEED = 20240501
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "analyzer.md"
+COMMAND = "python benchmarks/analyzer.py"
+
+# Median stage times in seconds, one per default stage: data wait, forward, backward,
+# callbacks, optimizer step, residual.
+STAGE_MEDIANS_S = np.array([0.012, 0.045, 0.095, 0.010, 0.020, 0.010])
+
+
+@dataclass(frozen=True)
+class Settings:
+    repeats: int
+    """Timing samples per function; each sample is one batch of calls."""
+    min_sample_s: float
+    """Each sample loops the call until it takes at least this long."""
+
+
+FULL = Settings(repeats=31, min_sample_s=0.05)
+QUICK = Settings(repeats=3, min_sample_s=0.002)
+
+
+@dataclass(frozen=True)
+class Row:
+    ranks: int
+    steps: int
+    stages: int
+    bare_median_s: float
+    bare_min_s: float
+    analyze_median_s: float
+    analyze_min_s: float
+    peak_bytes: int
+    input_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.analyze_median_s / self.bare_median_s
+
+    @property
+    def ratio_min(self) -> float:
+        return self.analyze_min_s / self.bare_min_s
+
+    @property
+    def peak_ratio(self) -> float:
+        return self.peak_bytes / self.input_bytes
+
+    @property
+    def time_target_applies(self) -> bool:
+        return self.ranks in TIME_TARGET_RANKS
+
+    @property
+    def time_ok(self) -> bool:
+        return self.ratio <= TIME_TARGET
+
+    @property
+    def memory_ok(self) -> bool:
+        return self.peak_ratio <= MEMORY_TARGET
+
+
+def make_window(ranks: int, steps: int, stages: int, seed: int = SEED) -> FloatArray:
+    """Seeded realistic durations ``[N, R, S]`` in seconds, with one straggler rank.
+
+    Stage times are lognormal around 10-100 ms with a little per-rank bias; the straggler
+    (rank ``R // 3``) runs its backward stage 30% slower and, in a fifth of the steps, waits an
+    extra 20 ms for data. Every other rank waits at the next collective, which shows up in its
+    residual stage.
+    """
+    rng = np.random.default_rng([seed, ranks, steps, stages])
+    medians = np.resize(STAGE_MEDIANS_S, stages)
+    rank_bias = rng.lognormal(0.0, 0.03, size=(1, ranks, stages))
+    d = medians * rank_bias * rng.lognormal(0.0, 0.15, size=(steps, ranks, stages))
+    straggler = ranks // 3
+    if stages > 2:
+        d[:, straggler, 2] *= 1.3
+    slow_data = rng.random(steps) < 0.2
+    d[slow_data, straggler, 0] += 0.020
+    return np.ascontiguousarray(d)
+
+
+def bare_frontier(d: FloatArray) -> FloatArray:
+    """The reference: rank-local prefixes, max over ranks, per-stage advances."""
+    prefix = np.cumsum(d, axis=2)
+    front = prefix.max(axis=1)
+    return np.diff(front, axis=1, prepend=0)
+
+
+def calibrate(func: Callable[[], object], min_sample_s: float) -> int:
+    """Number of calls that makes one timing sample last at least ``min_sample_s``."""
+    loops = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(loops):
+            func()
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_sample_s:
+            return loops
+        loops = max(loops * 2, int(loops * 1.2 * min_sample_s / max(elapsed, 1e-9)))
+
+
+def sample(func: Callable[[], object], loops: int) -> float:
+    """Per-call seconds of one batch of ``loops`` calls."""
+    start = time.perf_counter()
+    for _ in range(loops):
+        func()
+    return (time.perf_counter() - start) / loops
+
+
+def time_interleaved(
+    funcs: Sequence[Callable[[], object]], settings: Settings
+) -> list[list[float]]:
+    """Per-call time samples for each function, taken in alternating order in every repeat."""
+    loops = [calibrate(f, settings.min_sample_s) for f in funcs]
+    samples: list[list[float]] = [[] for _ in funcs]
+    order = list(range(len(funcs)))
+    for rep in range(settings.repeats):
+        for i in order if rep % 2 == 0 else reversed(order):
+            samples[i].append(sample(funcs[i], loops[i]))
+    return samples
+
+
+def peak_allocation(func: Callable[[], object]) -> int:
+    """Peak traced bytes allocated during one call, above what was allocated before it."""
+    func()  # warm up caches and lazy imports outside the trace
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        func()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - before
+
+
+def run_shape(ranks: int, steps: int, stages: int, settings: Settings) -> Row:
+    d = make_window(ranks, steps, stages)
+    names = list(DEFAULT_STAGES)
+    if stages != len(names):
+        names = [f"stage{i}" for i in range(stages)]
+
+    def bare() -> object:
+        return bare_frontier(d)
+
+    def full() -> object:
+        return stagefrontier.analyze(d, names)
+
+    bare_samples, full_samples = time_interleaved([bare, full], settings)
+    return Row(
+        ranks=ranks,
+        steps=steps,
+        stages=stages,
+        bare_median_s=statistics.median(bare_samples),
+        bare_min_s=min(bare_samples),
+        analyze_median_s=statistics.median(full_samples),
+        analyze_min_s=min(full_samples),
+        peak_bytes=peak_allocation(full),
+        input_bytes=d.nbytes,
+    )
+
+
+def _ms(median_s: float, min_s: float) -> str:
+    return f"{median_s * 1e3:.3f} (min {min_s * 1e3:.3f})"
+
+
+def _verdict(row: Row) -> str:
+    time_part = ("yes" if row.time_ok else "NO") if row.time_target_applies else "n/a"
+    mem_part = "yes" if row.memory_ok else "NO"
+    return f"time {time_part}, mem {mem_part}"
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    lines = [
+        "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.ranks} | {row.steps} | {row.stages} "
+            f"| {_ms(row.bare_median_s, row.bare_min_s)} "
+            f"| {_ms(row.analyze_median_s, row.analyze_min_s)} "
+            f"| {row.ratio:.2f} (min {row.ratio_min:.2f}) "
+            f"| {row.peak_bytes / 1e6:.2f} | {row.peak_ratio:.2f} | {_verdict(row)} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(rows: Sequence[Row], loads: Sequence[float | None] = ()) -> list[str]:
+    timed = [r for r in rows if r.time_target_applies]
+    time_detail = ", ".join(f"R={r.ranks}: {r.ratio:.2f}x" for r in timed)
+    time_ok = all(r.time_ok for r in timed)
+    mem_detail = ", ".join(f"R={r.ranks}: {r.peak_ratio:.2f}x" for r in rows)
+    mem_ok = all(r.memory_ok for r in rows)
+    return [
+        f"- Time (analyze <= {TIME_TARGET:g}x bare frontier at R=128 and R=4096, median): "
+        f"{'MET' if time_ok else 'MISSED'} ({time_detail}).",
+        f"- Memory (peak traced allocation of one analyze <= {MEMORY_TARGET:g}x input): "
+        f"{'MET' if mem_ok else 'MISSED'} ({mem_detail}).",
+        *_busy_caveat(loads),
+    ]
+
+
+def _busy_caveat(loads: Sequence[float | None]) -> list[str]:
+    """A warning line when the machine was busy: wall-clock ratios are then noisy."""
+    known = [x for x in loads if x is not None]
+    cpus = os.cpu_count() or 1
+    if not known or max(known) < 0.5 * cpus:
+        return []
+    return [
+        f"- Caveat: the machine was busy (1-min load average up to {max(known):.1f} on {cpus} "
+        "CPUs); wall-clock times are inflated and the ratios noisy. Re-run on an idle machine "
+        "before relying on a verdict near its threshold."
+    ]
+
+
+def environment(loads: Sequence[float | None]) -> list[str]:
+    load_text = ", ".join("n/a" if x is None else f"{x:.2f}" for x in loads)
+    return [
+        f"- Python: {platform.python_version()} ({platform.python_implementation()})",
+        f"- numpy: {np.__version__}",
+        f"- stagefrontier: {stagefrontier.__version__}",
+        f"- CPU count: {os.cpu_count()}",
+        f"- Platform: {platform.platform()} ({platform.machine()})",
+        f"- Load average (1 min) at start, end: {load_text}",
+    ]
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on every platform
+        return None
+
+
+def render(
+    rows: Sequence[Row], settings: Settings, quick: bool, loads: Sequence[float | None]
+) -> str:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = COMMAND + (" --quick" if quick else "")
+    parts = [
+        "# Analyzer benchmark: full `analyze` vs. bare numpy frontier",
+        "",
+        "Produced by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Date: {now}",
+        "",
+        "Environment:",
+        "",
+        *environment(loads),
+        "",
+        "Method: seeded lognormal float64 durations `[N, R, S]` (stage medians 10-95 ms, one "
+        "straggler rank). The bare frontier is `cumsum(d, axis=2).max(axis=1)` followed by "
+        "`diff(prepend=0)`; the full path is `stagefrontier.analyze(d, DEFAULT_STAGES)`. Both are "
+        f"timed with `time.perf_counter` in {settings.repeats} interleaved repeats (each repeat "
+        f"loops a call for at least {settings.min_sample_s * 1e3:g} ms); times are per call, "
+        "median (and min) over repeats. The ratio is median/median (min/min in brackets). Peak "
+        "memory is tracemalloc's peak traced allocation during one `analyze` call above the "
+        "allocation before it; the input array is not counted.",
+        "",
+        markdown_table(rows),
+        "",
+        "Verdicts:",
+        "",
+        *verdicts(rows, loads),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="few short repeats (a smoke check, not a measurement)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="markdown results file (default: benchmarks/results/analyzer.md)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    loads = [load_average()]
+    rows = []
+    for ranks, steps, stages in SHAPES:
+        row = run_shape(ranks, steps, stages, settings)
+        print(f"R={ranks} N={steps} S={stages}: done", file=sys.stderr, flush=True)
+        rows.append(row)
+    loads.append(load_average())
+    print(markdown_table(rows))
+    print()
+    print("\n".join(verdicts(rows, loads)))
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(rows, settings, args.quick, loads), encoding="utf-8")
+    print(f"\nwrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
