@@ -366,10 +366,14 @@ five `with timer.stage(...)` blocks the same way.
 
 {table}
 
-Reading: the ratio is the whole cost seen by training (hooks, the timer, the analysis thread at
-window ends competing for the GIL); the hook-work column is the part that scales with steps, not
-with the model. On a real model with steps of tens of milliseconds the same few microseconds are a
-far smaller fraction. Differences below the spread of the ratios are noise on this shared machine.
+Reading: the ratio is the whole cost seen by training: the framework's dispatch of the callback's
+hooks (Lightning calls every hook of every callback through a profiler context; the "empty
+callback(s)" columns measure that part alone), the hooks' own work with the timer (the last
+column), and the analysis thread at window ends competing for the GIL. The cost is a fixed number
+of microseconds per step, independent of the model: the toy steps here last a few milliseconds,
+so the ratio is an upper bound for real models, whose steps last tens to hundreds of
+milliseconds. On this shared machine the spread of the ratio across groups ([min, max]) is as wide
+as the effect; differences inside it are noise.
 """
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(text)
