@@ -176,3 +176,24 @@ def test_hf_trainer_accumulation_without_the_forward_split(tmp_path: Path) -> No
         assert r["accumulation_factor"] == 2 and r["contract_violations"] == 0
         assert r["advances"][f"{FWD_BWD_STAGE}[0]"] > 0
         assert r["advances"][f"{FWD_BWD_STAGE}[1]"] > 0
+
+
+@_needs("lightning", "lightning")
+@_needs("transformers", "transformers")
+def test_overhead_benchmark_quick_prints_its_table() -> None:
+    script = EXAMPLES.parent / "benchmarks" / "integrations.py"
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(script), "--groups", "1", "--steps", "30"),
+            *("--warmup", "5", "--hook-steps", "200", "--no-write"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| framework | step, no callback (ms)")
+    assert [row.split("|")[1].strip() for row in rows[1:3]] == ["lightning", "transformers"]
