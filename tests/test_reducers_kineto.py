@@ -187,10 +187,15 @@ def test_bare_step_annotation_numbers_steps_in_order(tmp_path: Path) -> None:
     assert any("carry no step number" in note for note in reduced.notes)
 
 
-def test_step_source_profiler_refuses_annotation_only_traces(tmp_path: Path) -> None:
+def test_step_source_profiler_refuses_annotation_only_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = single_process_trace(tmp_path / "t.json", steps=2, step_annotation="stagefrontier.step#")
     with pytest.raises(TraceFormatError, match=r"no step ranges \(ProfilerStep#N\)"):
         reduce_kineto(path, step_source="profiler")
+    assert main(["analyze", str(path), "--step-source", "profiler"]) == 2
+    assert "no step ranges (ProfilerStep#N)" in capsys.readouterr().err
+    assert main(["analyze", str(path), "--step-source", "annotation"]) == 0
 
 
 def test_stage_ranges_on_another_thread_are_ignored(single: Path, tmp_path: Path) -> None:
@@ -354,9 +359,9 @@ def test_cli_analyzes_a_trace_folder(gloo_dir: Path, capsys: pytest.CaptureFixtu
 def test_cli_json_steps_and_format(gloo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = reduce_kineto(gloo_dir).step_ids
     argv = ["analyze", str(gloo_dir), "--format", "kineto", "--json"]
-    code, out, _ = run([*argv, "--steps", f"{ids[1]}:{ids[2]}"], capsys)
+    code, out, _ = run([*argv, "--steps", f"{ids[1]}:{ids[3]}"], capsys)
     report: dict[str, Any] = json.loads(out)
-    assert code == 0 and report["n_steps"] == 2 and report["top1"] == DATA
+    assert code == 0 and report["n_steps"] == 3 and report["top1"] == DATA
 
 
 def test_cli_rank_option_and_missing_ranks(

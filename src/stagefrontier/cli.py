@@ -164,6 +164,13 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--steps", metavar="FIRST:LAST", help="analyze only step ids FIRST..LAST (inclusive)"
     )
     trace.add_argument(
+        "--step-source",
+        choices=("auto", "profiler", "annotation"),
+        default="auto",
+        help="step ranges: ProfilerStep#N (profiler), the stagefrontier.step ranges "
+        "(annotation), or the first of them present (auto, the default)",
+    )
+    trace.add_argument(
         "--allow-missing-ranks",
         action="store_true",
         help="analyze the ranks present when the world size names more (labels are downgraded)",
@@ -191,6 +198,8 @@ def _trace_options(args: argparse.Namespace) -> dict[str, Any]:
         options["steps"] = (int(first), int(last))
     if args.allow_missing_ranks:
         options["missing_ranks"] = "allow"
+    if args.step_source != "auto":
+        options["step_source"] = args.step_source
     return options
 
 
