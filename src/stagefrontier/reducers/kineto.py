@@ -8,9 +8,10 @@ one by one or as a folder. What is read:
   when torch.distributed is initialized), else rank 0 for a single file;
 * the steps: complete (``"ph": "X"``) ``ProfilerStep#N`` ranges, else ranges named like the step
   annotation (``stagefrontier.step`` or ``stagefrontier.step#N``);
-* the stages: complete ranges of category ``user_annotation`` (``record_function``; old traces
-  file them under ``cpu_op``) named exactly like the ordered stages, on the training thread (the
-  thread that holds the step ranges). ``gpu_user_annotation`` mirrors are never used.
+* the stages: complete ranges of category ``user_annotation`` (what ``record_function`` writes
+  in the torch 2.x traces checked here; ``cpu_op`` is accepted too) named exactly like the
+  ordered stages, on the training thread (the thread that holds the step ranges). The
+  ``gpu_user_annotation`` mirrors on GPU streams are never used.
 
 Times: ``ts`` and ``dur`` are microseconds with nanosecond decimals. Recent traces give ``ts``
 relative to ``baseTimeNanoseconds`` (an absolute ns base in the header), older ones absolute. The
