@@ -115,7 +115,7 @@ def run_fault(
     top_sub, top_sub_share = hc.top_stage(substages)
     progress.line(
         f"{family} seed {seed} {fault}",
-        f"semantic {seeded} {pooled.report.semantic_shares[seeded]:.0%} (rank {hit.rank}),"
+        f"semantic {seeded} {pooled.report.semantic_shares[seeded]:.0%} (#{hit.rank}),"
         f" top substage {top_sub} {top_sub_share:.0%}",
         run.wall_s,
     )

@@ -362,22 +362,66 @@ def notes(
         lines.append("- This is a --quick smoke run (one seed, one rank count, few steps).")
     ratio = ", ".join(f"{DELAY_MS / v:.2f} at {r} ranks" for r, v in sorted(p50.items()))
     lines += [
-        "- Paper: 8 and 32 ranks on GPUs (bf16 transformer, NCCL training, Gloo telemetry),"
-        " 120-600-step windows; five families data, backward, backward/comm, forward/device,"
-        " forward/host. Here: 4 and 8 CPU processes sharing 2 cores, Gloo for training too,"
-        " a 2-layer d=64 character transformer, short runs (pooled scored steps per row as in"
-        " the setup). forward/device needs CUDA, so the fifth positive family is callback/sync"
-        " (the paper's callback pilot) instead.",
-        f"- Delay/p50 here is {ratio} (paper: 0.58 at 8 ranks, 0.51 at 32). Every rank of a"
-        " step competes for the same 2 cores, so the no-fault step is dominated by"
-        " oversubscribed forward/backward compute, and a rank that sleeps hands its core to the"
-        " others: the delay is exposed, but also partly overlapped with other ranks' compute.",
+        "- Setting. Paper: 8 and 32 ranks on GPUs (bf16 transformer, NCCL training, Gloo"
+        " telemetry), 120-600-step windows, families data, backward, backward/comm,"
+        " forward/device, forward/host. Here: 4 and 8 CPU processes sharing 2 cores, Gloo for"
+        " training too, a 2-layer d=64 character transformer, short runs pooled per row (see"
+        " Setup). forward/device needs CUDA, so the fifth positive family is callback/sync (the"
+        " paper's callback pilot) instead.",
+        f"- Delay/p50 here is {ratio} (paper: 0.58 at 8 ranks, 0.51 at 32), so the injected"
+        " magnitude relative to the step is comparable. The no-fault step is dominated by"
+        " oversubscribed forward/backward compute (every rank competes for the same 2 cores),"
+        " and a rank that sleeps hands its core to the others.",
+        *headline_notes(positive),
+        *miss_notes(positive),
+        *mechanism_notes(rows),
     ]
-    return lines + extra_notes(rows, positive)
+    return lines
 
 
-def extra_notes(rows: Sequence[dict[str, Any]], positive: Sequence[dict[str, Any]]) -> list[str]:
-    """Observations read from the rows themselves."""
+def headline_notes(positive: Sequence[dict[str, Any]]) -> list[str]:
+    """StageFrontier's counts and candidate sizes against the paper's."""
+    n = len(positive)
+    sf = [hits(r, "stagefrontier") for r in positive]
+    if not sf:
+        return []
+    wide = sorted(
+        {
+            FAMILY_TITLES[r["family"]]
+            for r, h in zip(positive, sf, strict=True)
+            if h.candidate_size > 2
+        }
+    )
+    best_other = max(
+        (m for m in hc.METHODS if m != "stagefrontier"),
+        key=lambda m: sum(hits(r, m).top2 for r in positive),
+    )
+    other_top2 = sum(hits(r, best_other).top2 for r in positive)
+    missed = sorted({FAMILY_TITLES[r["family"]] for r in positive if not hits(r, best_other).top2})
+    t1, t2 = sum(h.top1 for h in sf), sum(h.top2 for h in sf)
+    lines = [
+        f"- StageFrontier: top-1 {t1}/{n}, top-2 {t2}/{n}, candidate hit"
+        f" {sum(h.candidate for h in sf)}/{n} (paper 40/50, 50/50, 50/50). The best baseline on"
+        f" top-2 is {hc.METHOD_TITLES[best_other]} with {other_top2}/{n}"
+        + (f", missing on {', '.join(missed)} rows" if missed else "")
+        + " (paper: per-stage max ties StageFrontier at 50/50 top-2).",
+        f"- Candidate sets average {statistics.mean(h.candidate_size for h in sf):.2f} stages"
+        f" (max {max(h.candidate_size for h in sf)}) against the paper's 2.00 on every row."
+        + (
+            f" Three-stage sets occur in {', '.join(wide)} rows: with the seeded stage near"
+            " 0.3-0.5, the remaining exposed time is split between forward and backward"
+            " compute, which on 2 oversubscribed cores are of similar size, so the 0.80 prefix"
+            " needs a third stage. The candidate hit is unaffected and stable across tau_C, as in"
+            " table 11 of the paper."
+            if wide
+            else ""
+        ),
+    ]
+    return lines
+
+
+def miss_notes(positive: Sequence[dict[str, Any]]) -> list[str]:
+    """Where StageFrontier's top-1 missed, and what ranked first instead."""
     lines = []
     for family in POSITIVE:
         for ranks in sorted({r["ranks"] for r in positive}):
@@ -393,10 +437,57 @@ def extra_notes(rows: Sequence[dict[str, Any]], positive: Sequence[dict[str, Any
                     for r in misses
                 }
             )
-            lines.append(
-                f"- {FAMILY_TITLES[family]} at {ranks} ranks: StageFrontier top-1 missed on"
-                f" {len(misses)}/{len(group)} rows; top-1 there was {', '.join(winners)}."
+            text = (
+                f"- {FAMILY_TITLES[family]} at {ranks} ranks: top-1 missed on"
+                f" {len(misses)}/{len(group)} rows (first was {', '.join(winners)}), top-2 on"
+                f" {sum(not hits(r, 'stagefrontier').top2 for r in group)}/{len(group)}."
             )
+            if family == "callback_sync":
+                text += (
+                    " The paper reports the same magnitude boundary for this family: 0/3 top-1"
+                    " and 3/3 top-2 at 60 and 120 ms, top-1 only from 180 ms on."
+                )
+            if family == "data":
+                text += (
+                    " A 120 ms data tail sits at the detectability transition (paper: mean"
+                    " share 0.434 at 8 ranks, exactly at the cutoff), so a single row can tip"
+                    " either way."
+                )
+            lines.append(text)
+    return lines
+
+
+def mechanism_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Why the baselines and the leader column look as they do (read with the family table)."""
+    control = [r for r in rows if r["family"] == "callback_host"]
+    local = [r for r in rows if r["family"] in ("data", "forward") and r["delay_ms"] == DELAY_MS]
+    led = sum(r["leader"] == r["fault_rank"] for r in local)
+    lines = [
+        "- Baselines. The other ranks wait for the delayed rank in the next collective (in a"
+        " diagnostic run with a data fault, two ranks waited in DDP's buffer broadcast at the"
+        " start of forward and one in the gradient all-reduce in backward). Per-rank summaries"
+        " (per-stage max, average, slowest rank, rank 0) add that wait to forward and backward,"
+        " where it outweighs the delayed rank's own data or forward time, so they rank forward"
+        " or backward first on data and forward/host rows. Raw rank spread sees the one late"
+        " rank in data or forward, but on backward and backward/comm rows the all-reduce makes"
+        " every rank leave backward together, so backward shows little spread and forward"
+        " ranks first. The max-prefix frontier charges the time at the boundary where the"
+        " leading rank fell behind, and gets both kinds.",
+        f"- Leader = faulty rank: the frontier leader is the injected rank on {led}/{len(local)}"
+        " data and forward/host rows. In backward, backward/comm and callback/sync the stage"
+        " ends in a collective (the gradient all-reduce, the barrier), every rank leaves it at"
+        " about the same time, and the leader is a near-tie: the stage is routed, the rank is"
+        " not claimed.",
+    ]
+    if control:
+        routed = sum(hits(r, "stagefrontier").top2 for r in control)
+        lines.append(
+            f"- Callback/host control: callbacks in the top-2 on {routed}/{len(control)} rows"
+            " (paper 0/3). Without a barrier the delay is exposed as the other ranks' wait in the"
+            " next step's first collective (the buffer broadcast in forward or the all-reduce in"
+            " backward), so the frontier charges forward, not the callback: work visible to one"
+            " rank but not exposed as group delay in its own stage is left unrouted."
+        )
     return lines
 
 
