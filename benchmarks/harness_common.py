@@ -421,6 +421,13 @@ def rows_path(out: Path) -> Path:
     return out.with_name(out.stem + "-rows.json")
 
 
+def write_rows(path: Path, meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> None:
+    """The raw rows as JSON, one row per line (compact, and diffs stay readable)."""
+    body = ",\n".join(json.dumps(row, separators=(",", ":")) for row in rows)
+    text = f'{{"meta": {json.dumps(meta, indent=1)},\n"rows": [\n{body}\n]}}\n'
+    path.write_text(text, encoding="utf-8")
+
+
 Collect = Callable[[bool, Path], list[dict[str, Any]]]
 Render = Callable[[list[dict[str, Any]], Result, bool], None]
 
@@ -455,14 +462,6 @@ def harness_main(name: str, description: str, collect: Collect, render: Render) 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(result.markdown(), encoding="utf-8")
     stored_path = rows_path(args.out)
-    if args.from_rows is None or args.from_rows.resolve() != stored_path.resolve():
-        stored_path.write_text(
-            json.dumps(
-                {"meta": {k: v for k, v in meta.items() if k != "rendered_by"}, "rows": rows},
-                indent=1,
-            )
-            + "\n",
-            encoding="utf-8",
-        )
+    write_rows(stored_path, {k: v for k, v in meta.items() if k != "rendered_by"}, rows)
     print(f"\nwrote {args.out} and {stored_path.name} (script wall time {meta['wall_s']:.0f} s)")
     return 0
