@@ -43,10 +43,9 @@ def as_window(d: Any, stages: Sequence[str] | None = None) -> FloatArray:
         )
     if stages is not None:
         check_stage_names(stages, expected=s)
-    # One reduction detects every bad value: NaN and -inf make the minimum NaN or negative, and
-    # +inf is caught by a finite check on the (much smaller) sum over the last axis.
-    low = arr.min()
-    if not low >= 0.0 or not np.isfinite(arr.sum(axis=2)).all():
+    # Two reductions detect every bad value: NaN and -inf make the minimum NaN or negative, and
+    # +inf makes the maximum infinite.
+    if not arr.min() >= 0.0 or not np.isfinite(arr.max()):
         _raise_bad_value(arr, stages)
     return np.ascontiguousarray(arr)
 

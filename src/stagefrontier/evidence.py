@@ -109,23 +109,24 @@ def _localize(
     delta_means = delta_lag.mean(axis=0).tolist()
     stage_totals = step_adv.sum(axis=0).tolist()
 
+    # Per stage and rank: how much of the stage's advance, and how many steps, it led alone.
+    cells = (np.arange(s) * r + leader)[unique]
+    weights = np.bincount(cells, weights=step_adv[unique], minlength=s * r).reshape(s, r)
+    counts = np.bincount(cells, minlength=s * r).reshape(s, r)
+    leads = np.where(weights.any(axis=1), weights.argmax(axis=1), counts.argmax(axis=1)).tolist()
+    led = weights[np.arange(s), leads].tolist()
+    confident_steps = counts.sum(axis=1).tolist()
+    tie_order = np.argsort(-tie_counts, axis=1, kind="stable")
+
     out = []
     for j in range(s):
-        confident = unique[:, j]
-        sequence = leader[confident, j]
-        lead: int | None = None
-        fraction = 0.0
-        if len(sequence):
-            weights = np.bincount(sequence, weights=step_adv[confident, j], minlength=r)
-            lead = int(weights.argmax()) if weights.any() else int(np.bincount(sequence).argmax())
-            if stage_totals[j] > 0:
-                fraction = float(weights[lead]) / stage_totals[j]
-        order = np.argsort(-tie_counts[j], kind="stable")
+        sequence = leader[unique[:, j], j]
+        order = tie_order[j]
         out.append(
             StageLocalization(
-                leader_rank=lead,
-                leader_fraction=fraction,
-                confident_steps=len(sequence),
+                leader_rank=leads[j] if confident_steps[j] else None,
+                leader_fraction=led[j] / stage_totals[j] if stage_totals[j] > 0 else 0.0,
+                confident_steps=confident_steps[j],
                 leader_switches=int(np.count_nonzero(sequence[1:] != sequence[:-1])),
                 tied_ranks=order[tie_counts[j][order] > 0].tolist(),
                 lag_mean_s=lag_means[j],
