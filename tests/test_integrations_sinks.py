@@ -277,8 +277,42 @@ def test_a_missing_package_names_its_extra(
 def test_a_missing_framework_names_its_extra(
     module: str, blocked: tuple[str, ...], extra: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in blocked:
+    for name in blocked:  # the package and any of its submodules imported earlier
+        for loaded in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            monkeypatch.setitem(sys.modules, loaded, None)
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(MissingExtraError, match=rf"pip install 'stagefrontier\[{extra}\]'"):
         importlib.import_module(module)
+
+
+def test_hook_clock_charges_the_wait_between_steps_to_the_data_stage(tmp_path: Path) -> None:
+    """What the callbacks rely on: the time from ``mark()`` to ``begin_step()`` becomes the
+    step's data stage and is part of its wall time; stages switch at hook boundaries."""
+    from stagefrontier.integrations._timer import HookClock
+
+    timer = StageTimer(
+        window=3,
+        out_dir=tmp_path,
+        collector=LocalCollector(out_dir=tmp_path, sinks=[JsonlSink(tmp_path)]),
+        strict=True,
+    )
+    clock = HookClock(timer)
+    with timer:
+        clock.mark()
+        for _ in range(3):
+            time.sleep(0.02)  # between two hooks: the data wait
+            clock.begin_step("model.fwd_loss_cpu_wall")
+            time.sleep(0.002)
+            clock.switch("model.backward_cpu_wall")
+            time.sleep(0.002)
+            clock.end_step()  # marks the next wait
+    (record,) = _records(tmp_path)
+    adv = record["advances"]
+    assert adv["data.next_wait"] >= 3 * 0.02
+    assert adv["model.fwd_loss_cpu_wall"] >= 3 * 0.002
+    assert adv["model.backward_cpu_wall"] >= 3 * 0.002
+    assert record["contract_violations"] == 0
+    # the waits are inside the step wall times: the timed stages close the steps
+    assert record["residual_share"] < 0.05
+    assert record["step_wall_s"] >= 3 * 0.024
