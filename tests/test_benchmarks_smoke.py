@@ -30,6 +30,34 @@ def test_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert "python benchmarks/analyzer.py" in text
 
 
+HOTPATH_SCRIPT = SCRIPT.parent / "hotpath.py"
+HOTPATH_HEADER = "| variant | ns/op | x floor | x floor, quartiles | target |"
+
+
+def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
+    out = tmp_path / "hotpath.md"
+    proc = subprocess.run(
+        [sys.executable, str(HOTPATH_SCRIPT), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "python benchmarks/hotpath.py --quick" in text
+    assert HOTPATH_HEADER in text
+    lines = text.splitlines()
+    start = lines.index(HOTPATH_HEADER)
+    rows = [line for line in lines[start + 2 :] if line.startswith("|")]
+    labels = [row.split("|")[1].strip() for row in rows]
+    assert labels[0].startswith("floor")
+    assert any("enabled=False" in label for label in labels)
+    assert any("SimpleProfiler" in label for label in labels)
+    assert "Verdicts:" in text
+    assert HOTPATH_HEADER in proc.stdout
+
+
 COLLECTION_SCRIPT = SCRIPT.parent / "collection.py"
 COLLECTION_HEADER = (
     "| collect | R | window | windows | step ms | other exits us | hand-off us median (p90, max) "

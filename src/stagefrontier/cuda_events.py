@@ -59,9 +59,8 @@ class _EventContext:
 class EventSampler:
     """Per-rank event samples for the open window: ``[window]`` milliseconds and states.
 
-    ``pending`` holds the recorded pairs not resolved yet, as ``(row, step, start, end)``; the
-    list object never changes, so the timer can test it for emptiness at every step boundary
-    without a call.
+    ``pending`` holds the recorded pairs not resolved yet, as ``(row, step, start, end)``; while
+    it is not empty the timer polls it at every step's beginning.
     """
 
     def __init__(self, fraction: float, factory: Callable[[], Any] | None, window: int) -> None:
@@ -106,6 +105,7 @@ class EventSampler:
         row = timer._n
         self._state[row] = EVENT_MISSING  # until a poll finds it ready
         self.pending.append((row, timer._step_index, start, end))
+        timer._step_hooks = True  # poll at the next step's beginning
 
     def poll(self, timer: StageTimer) -> None:
         """Resolve pending pairs whose end event has completed; age out the others."""

@@ -64,7 +64,7 @@ class _Stage:
 
     def __init__(self, timer: StageTimer, column: int, name: str) -> None:
         self._timer = timer
-        self._column = column  # offset within one microstep's block of columns
+        self._column = column  # 1 + position in the schema: its column in a plain step's row
         self._name = name
         self._start = 0
         self._reentry = _Marker(name)  # ``_active`` while this stage is re-entered (rejected)
@@ -113,18 +113,6 @@ class _StageTable(dict[str, "_Stage"]):
         return self._timer._unknown_stage(name)
 
 
-class _NullTable(dict[str, _NullContext]):
-    """``timer.stage`` of a disabled timer: every name gives the no-op context (names are
-    remembered, up to a bound, so that repeated lookups stay in C)."""
-
-    __slots__ = ()
-
-    def __missing__(self, name: str) -> _NullContext:
-        if len(self) < 256:
-            self[name] = _NULL
-        return _NULL
-
-
 class _Step:
     """Context for one step; one instance per timer, reused every step."""
 
@@ -144,13 +132,10 @@ class _Step:
         row = t._n * t._width
         t._row = row
         t._active = None
-        t._base = row + 1
-        t._last = row
+        t._base = row  # (``_last`` needs no reset: rows grow within a window)
         self._start = _now()
-        if t._pending_data_ns:  # fetched through timer.iter before this step began
-            self._start -= t._import_data_wait(row)
-        if t._events_pending:
-            t._events.poll(t)
+        if t._step_hooks:  # a prefetched data wait to import, or CUDA events to poll
+            self._start -= t._begin_hooks(row)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
@@ -192,7 +177,7 @@ class _Microstep:
             t._grow(index + 1)
         if index + 1 > t._step_factor:
             t._step_factor = index + 1
-        t._base = t._row + 1 + index * t._n_timed
+        t._base = t._row + index * t._n_timed
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._timer._micro_exit_last = self._timer._last
@@ -294,13 +279,14 @@ class StageTimer:
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self._role = role
         self._stage_ctx = _StageTable(self)
-        self._stage_ctx.update((name, _Stage(self, i, name)) for i, name in enumerate(self.stages))
+        self._stage_ctx.update(
+            (name, _Stage(self, 1 + i, name)) for i, name in enumerate(self.stages)
+        )
         self.stage = self._stage_ctx.__getitem__  # type: ignore[method-assign,assignment]
         self._probes: dict[str, _Probe] = {}
         self._step_ctx = _Step(self)
         self._micro_ctx: dict[int, _Microstep] = {}
         self._events = EventSampler(cuda_event_fraction, event_factory, window)
-        self._events_pending = self._events.pending  # the sampler's list, checked per step
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
 
@@ -317,8 +303,11 @@ class StageTimer:
         self._row = 0  # buffer offset of the open (or the last) step
         # The open ordered stage: None when none is, _OUTSIDE when no step is open.
         self._active: _Stage | _Marker | None = _OUTSIDE
-        self._base = 1  # buffer index of the open step's (microstep's) first stage column
-        self._last = 0  # buffer index of the last stage column recorded in the open step
+        self._base = 0  # buffer index a stage's column is added to: row + microstep offset
+        # Buffer index of the last stage column recorded: any column of the open step is
+        # larger than every column of the steps before it in the window, so the schema-order
+        # check needs ``_last`` reset only when a window starts.
+        self._last = 0
         # Gradient accumulation state of the open step (reset at its end when it was used).
         # ``_accumulating``: this step entered a microstep, or the window's factor is not 1.
         self._accumulating = False
@@ -334,6 +323,8 @@ class StageTimer:
         # begin (its start is moved back by the wait); a fetch made inside a step is taken out
         # of that step's wall time (its start is moved forward).
         self._pending_data_ns = 0
+        # Work for the next step's beginning: a data wait to import, or event pairs to poll.
+        self._step_hooks = False
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> _Step | _NullContext:
@@ -393,9 +384,21 @@ class StageTimer:
                 return
             elapsed = _now() - start
             self._pending_data_ns += elapsed
+            self._step_hooks = True
             if self._active is not _OUTSIDE:
                 self._step_ctx._start += elapsed
             yield item
+
+    def charge_data_wait(self, wait_ns: int) -> None:
+        """Charge a data wait measured outside the timer (by a framework hook, say) to the next
+        step to begin, as ``timer.iter`` does for its fetches: it becomes that step's first
+        ordered stage and the step's wall time is extended over it. Only the charge is made
+        here; the wait must not also be inside a timed step (``timer.iter`` takes a fetch made
+        inside a step out of that step's wall time itself)."""
+        if not self.enabled or wait_ns <= 0:
+            return
+        self._pending_data_ns += int(wait_ns)
+        self._step_hooks = True
 
     def close(self) -> None:
         """Flush the last partial window and stop background work. Safe to call twice."""
@@ -436,7 +439,7 @@ class StageTimer:
     def _disable(self) -> None:
         null = _NULL
         self.step = lambda: null  # type: ignore[method-assign]
-        self.stage = _NullTable().__getitem__  # type: ignore[method-assign,assignment]
+        self.stage = lambda name: null  # type: ignore[method-assign]
         self.probe = lambda name: null  # type: ignore[method-assign]
         self.microstep = lambda index: null  # type: ignore[method-assign]
         self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
@@ -461,13 +464,18 @@ class StageTimer:
         self._last += shift
         self._micro_exit_last += shift
 
-    def _import_data_wait(self, row: int) -> int:
-        """Charge the data wait fetched through ``timer.iter`` to the step that begins now: it is
-        the first stage of microstep 0. Returns it, to extend the step's wall time over it."""
+    def _begin_hooks(self, row: int) -> int:
+        """The rare work at the beginning of a step. A data wait fetched through ``timer.iter``
+        is charged to this step, as the first stage of microstep 0; it is returned, to extend
+        the step's wall time over it. Pending CUDA-event pairs are polled."""
         pending = self._pending_data_ns
-        self._pending_data_ns = 0
-        self._buf[row + 1] = pending
-        self._last = row + 1
+        if pending:
+            self._pending_data_ns = 0
+            self._buf[row + 1] = pending
+            self._last = row + 1
+        if self._events.pending:
+            self._events.poll(self)
+        self._step_hooks = bool(self._events.pending)
         return pending
 
     def _stage_left_open(self) -> None:
@@ -510,6 +518,7 @@ class StageTimer:
             rank_window = None
         self._first_step = first + n
         self._buf_view.fill(0)
+        self._last = 0
         self._window_index += 1
         self._n = 0
         self._window_mixed = False
