@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stagefrontier.window import RankWindow
+from stagefrontier.window import PendingWindow, RankWindow
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
@@ -29,8 +29,8 @@ class CaptureCollector:
         self.windows: list[RankWindow] = []
         self.closed = 0
 
-    def submit(self, window: RankWindow) -> bool:
-        self.windows.append(window)
+    def submit(self, window: PendingWindow) -> bool:
+        self.windows.append(window.build())
         return True
 
     def close(self) -> None:

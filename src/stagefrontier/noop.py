@@ -9,7 +9,7 @@ class NoopContext:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         return None
 
 

@@ -24,13 +24,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .annotate import ProfilerRanges, step_range_name
 from .collect import Collector, make_collector
 from .cuda_events import EventSampler
 from .errors import StageFrontierError
 from .noop import NOOP as _NULL
 from .noop import NoopContext as _NullContext
-from .schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names, expand_microsteps
-from .window import RankWindow
+from .schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
+from .sinks import Sink
+from .window import WindowSnapshot
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
@@ -156,6 +158,44 @@ class _Step:
             t._hand_off(n)
 
 
+class _AnnotatedStage(_Stage):
+    """An ordered stage that is also a profiler (and NVTX) range of the same name."""
+
+    __slots__ = ("_ranges", "_scope")
+
+    def __init__(self, timer: StageTimer, column: int, name: str, ranges: ProfilerRanges) -> None:
+        super().__init__(timer, column, name)
+        self._ranges = ranges
+        self._scope: Any = None
+
+    def __enter__(self) -> None:
+        self._scope = self._ranges.open(self._name)
+        _Stage.__enter__(self)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        _Stage.__exit__(self, exc_type, exc, tb)
+        self._ranges.close(self._scope)
+
+
+class _AnnotatedStep(_Step):
+    """A step that is also a ``stagefrontier.step#<n>`` profiler (and NVTX) range."""
+
+    __slots__ = ("_ranges", "_scope")
+
+    def __init__(self, timer: StageTimer, ranges: ProfilerRanges) -> None:
+        super().__init__(timer)
+        self._ranges = ranges
+        self._scope: Any = None
+
+    def __enter__(self) -> None:
+        self._scope = self._ranges.open(step_range_name(self._timer._step_index))
+        _Step.__enter__(self)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        _Step.__exit__(self, exc_type, exc, tb)
+        self._ranges.close(self._scope)
+
+
 class _Microstep:
     __slots__ = ("_index", "_timer")
 
@@ -232,6 +272,12 @@ class StageTimer:
         role: this rank's role (e.g. pipeline stage) for role-aware analysis.
         queue_size: completed windows that may wait for analysis before new ones are dropped.
         collector: a ready collector, replacing ``collect`` (for tests and custom transports).
+        sinks: extra destinations for rank 0's analyzed windows (TensorBoard, Prometheus, W&B,
+            CSV, see ``stagefrontier.integrations.sinks``), after ``windows.jsonl`` and the log.
+        annotate: also emit every step and ordered stage as a ``torch.profiler.record_function``
+            range (and an NVTX range when CUDA is available) named like the stage, so a trace
+            taken while the timer runs carries the stage boundaries. Off by default: it costs a
+            few microseconds per context.
     """
 
     def __init__(
@@ -249,6 +295,8 @@ class StageTimer:
         role: str | None = None,
         queue_size: int = 4,
         collector: Collector | None = None,
+        sinks: Sequence[Sink] = (),
+        annotate: bool = False,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
         self.stages: tuple[str, ...] = tuple(s for s in names if s != RESIDUAL_STAGE)
@@ -270,21 +318,35 @@ class StageTimer:
             self._disable()
             return
 
+        if sinks and collector is not None:
+            raise StageFrontierError("give sinks to the collector you pass, not to StageTimer")
         self._collector = collector or make_collector(
-            collect, out_dir=self.out_dir, timeout_s=collect_timeout_s, queue_size=queue_size
+            collect,
+            out_dir=self.out_dir,
+            timeout_s=collect_timeout_s,
+            queue_size=queue_size,
+            sinks=sinks,
         )
         self.rank = self._collector.rank
         self.world_size = self._collector.world_size
         self._hostname = socket.gethostname()
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        self._pid = os.getpid()
         self._role = role
         self._stage_ctx = _StageTable(self)
+        ranges = ProfilerRanges() if annotate else None
         self._stage_ctx.update(
-            (name, _Stage(self, 1 + i, name)) for i, name in enumerate(self.stages)
+            (
+                name,
+                _Stage(self, 1 + i, name)
+                if ranges is None
+                else _AnnotatedStage(self, 1 + i, name, ranges),
+            )
+            for i, name in enumerate(self.stages)
         )
         self.stage = self._stage_ctx.__getitem__  # type: ignore[method-assign,assignment]
         self._probes: dict[str, _Probe] = {}
-        self._step_ctx = _Step(self)
+        self._step_ctx = _Step(self) if ranges is None else _AnnotatedStep(self, ranges)
         self._micro_ctx: dict[int, _Microstep] = {}
         self._events = EventSampler(cuda_event_fraction, event_factory, window)
         if cuda_event_fraction == 0.0:
@@ -534,37 +596,30 @@ class StageTimer:
         else:
             self._dropped += 1
 
-    def _snapshot(self, n: int, first: int, carry_row: int | None) -> RankWindow:
-        k = self._n_timed * self._factor
-        raw = self._buf_view[: n * self._width].reshape(n, self._width)
-        wall = raw[:, 0].copy()
-        durations = np.empty((n, k + 1), dtype=np.int64)
-        durations[:, :k] = raw[:, 1 : 1 + k]
-        durations[:, k] = np.maximum(wall - durations[:, :k].sum(axis=1), 0)
-        timed = self.stages if self._factor == 1 else expand_microsteps(self.stages, self._factor)
+    def _snapshot(self, n: int, first: int, carry_row: int | None) -> WindowSnapshot:
+        """Copy the window's rows and bookkeeping; the collector builds the RankWindow."""
         event_ms, event_state = self._events.drain(self, n, carry_row)
-        return RankWindow(
-            window=self._window_index,
-            first_step=first,
-            last_step=first + n - 1,
-            rank=self.rank,
-            stages=(*timed, RESIDUAL_STAGE),
-            durations_ns=durations,
-            wall_ns=wall,
-            event_ms=event_ms,
-            event_state=event_state,
-            forward_stage=self._events.forward_stage,
-            accumulation_factor=self._factor,
-            accumulation_mixed=self._window_mixed,
-            contract_violations=self._violations,
-            violation_reasons=tuple(self._reasons),
-            probes={name: p.drain() for name, p in self._probes.items() if p.count},
-            dropped_windows=self._dropped,
-            hostname=self._hostname,
-            local_rank=self._local_rank,
-            pid=os.getpid(),
-            role=self._role,
-        )
+        fields = {
+            "window": self._window_index,
+            "first_step": first,
+            "last_step": first + n - 1,
+            "rank": self.rank,
+            "event_ms": event_ms,
+            "event_state": event_state,
+            "forward_stage": self._events.forward_stage,
+            "accumulation_factor": self._factor,
+            "accumulation_mixed": self._window_mixed,
+            "contract_violations": self._violations,
+            "violation_reasons": tuple(self._reasons),
+            "probes": {name: p.drain() for name, p in self._probes.items() if p.count},
+            "dropped_windows": self._dropped,
+            "hostname": self._hostname,
+            "local_rank": self._local_rank,
+            "pid": self._pid,
+            "role": self._role,
+        }
+        raw = self._buf_view[: n * self._width].reshape(n, self._width).copy()
+        return WindowSnapshot(raw, self.stages, fields)
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:

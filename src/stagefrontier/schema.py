@@ -18,6 +18,10 @@ OPTIMIZER_STAGE = "optim.step_cpu_wall"
 RESIDUAL_STAGE = "step.other_cpu_wall"
 """Step wall time not covered by any timed stage; computed, never timed by the user."""
 
+STEP_ANNOTATION = "stagefrontier.step"
+"""Name of the profiler/NVTX range ``StageTimer(annotate=True)`` emits per step, as
+``stagefrontier.step#<global step>``; the trace reducers recognize it (bare or numbered)."""
+
 DEFAULT_STAGES: tuple[str, ...] = (
     DATA_STAGE,
     FORWARD_STAGE,

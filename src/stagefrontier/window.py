@@ -18,7 +18,13 @@ import numpy.typing as npt
 from .analyzer import analyze
 from .gates import Gates
 from .report import WindowReport
-from .schema import FORWARD_STAGE, SCHEMA_VERSION, stage_order_hash
+from .schema import (
+    FORWARD_STAGE,
+    RESIDUAL_STAGE,
+    SCHEMA_VERSION,
+    expand_microsteps,
+    stage_order_hash,
+)
 from .side import EVENT_NOT_SAMPLED, SideEvidence
 
 NS = 1e-9
@@ -58,6 +64,10 @@ class RankWindow:
     def n_steps(self) -> int:
         return int(self.durations_ns.shape[0])
 
+    def build(self) -> RankWindow:
+        """Already built (see WindowSnapshot.build)."""
+        return self
+
     @property
     def schema_hash(self) -> str:
         return stage_order_hash(self.stages, self.schema_version)
@@ -67,6 +77,40 @@ class RankWindow:
         """Total time the timed spans exceed the step wall (nested or double-counted spans)."""
         covered = self.durations_ns.sum(axis=1)
         return int(np.maximum(covered - self.wall_ns, 0).sum())
+
+
+@dataclass(frozen=True)
+class WindowSnapshot:
+    """What the training thread copies at a window boundary: the raw buffer rows and the
+    window's bookkeeping. Collectors call ``build()`` on their own thread, so the residual,
+    the stage names and the RankWindow are computed off the training thread."""
+
+    raw: npt.NDArray[np.int64]
+    """``[N, width]``: column 0 the step wall time, then ``K * factor`` stage columns."""
+    timed_stages: tuple[str, ...]
+    fields: dict[str, Any]
+    """Every other RankWindow field, as recorded."""
+
+    @property
+    def window(self) -> int:
+        return int(self.fields["window"])
+
+    def build(self) -> RankWindow:
+        factor = int(self.fields["accumulation_factor"])
+        k = len(self.timed_stages) * factor
+        n = self.raw.shape[0]
+        wall = self.raw[:, 0].copy()
+        durations = np.empty((n, k + 1), dtype=np.int64)
+        durations[:, :k] = self.raw[:, 1 : 1 + k]
+        durations[:, k] = np.maximum(wall - durations[:, :k].sum(axis=1), 0)
+        timed = self.timed_stages if factor == 1 else expand_microsteps(self.timed_stages, factor)
+        return RankWindow(
+            stages=(*timed, RESIDUAL_STAGE), durations_ns=durations, wall_ns=wall, **self.fields
+        )
+
+
+PendingWindow = RankWindow | WindowSnapshot
+"""What a collector's ``submit`` receives; ``.build()`` gives the RankWindow."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from ..window import MergedWindow, RankWindow, merge_windows
+from ..window import MergedWindow, PendingWindow, RankWindow, merge_windows
 
 logger = logging.getLogger("stagefrontier")
 
@@ -21,7 +21,7 @@ class Collector(Protocol):
     rank: int
     world_size: int
 
-    def submit(self, window: RankWindow) -> bool: ...
+    def submit(self, window: PendingWindow) -> bool: ...
 
     def close(self) -> None: ...
 

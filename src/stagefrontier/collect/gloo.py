@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ReportFormatError
 from ..sinks import Sink, default_sinks, emit
-from ..window import RankWindow, analyze_merged
+from ..window import PendingWindow, RankWindow, analyze_merged
 from .base import BackgroundWorker, merge_received
 from .wire import WIRE_VERSION, decode_window, encode_window
 
@@ -102,7 +102,7 @@ class GlooCollector:
         return self._dead
 
     # ------------------------------------------------------------------ training thread
-    def submit(self, window: RankWindow) -> bool:
+    def submit(self, window: PendingWindow) -> bool:
         return self._worker.offer(window)
 
     def close(self) -> None:
@@ -120,7 +120,8 @@ class GlooCollector:
             logger.warning("stagefrontier: gloo collection disabled: %s", reason)
             self._dead = f"gloo collection group dead: {reason}"
 
-    def _process(self, window: RankWindow) -> None:
+    def _process(self, pending: PendingWindow) -> None:
+        window = pending.build()
         windows = [window]
         notes: list[str] = []
         if self._dead:

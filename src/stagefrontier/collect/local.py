@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 
 from ..sinks import Sink, default_sinks, emit
-from ..window import RankWindow, analyze_merged, merge_windows
+from ..window import PendingWindow, analyze_merged, merge_windows
 from .base import BackgroundWorker
 
 
@@ -29,11 +29,11 @@ class LocalCollector:
             "stagefrontier-analysis", self._process, queue_size, join_timeout_s
         )
 
-    def submit(self, window: RankWindow) -> bool:
+    def submit(self, window: PendingWindow) -> bool:
         return self._worker.offer(window)
 
-    def _process(self, window: RankWindow) -> None:
-        emit(self.sinks, analyze_merged(merge_windows([window], world_size=1)))
+    def _process(self, window: PendingWindow) -> None:
+        emit(self.sinks, analyze_merged(merge_windows([window.build()], world_size=1)))
 
     def close(self) -> None:
         self._worker.close()

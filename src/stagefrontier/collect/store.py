@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ReportFormatError
 from ..sinks import Sink, default_sinks, emit
-from ..window import RankWindow, analyze_merged
+from ..window import PendingWindow, RankWindow, analyze_merged
 from .base import BackgroundWorker, merge_received
 from .wire import decode_window, encode_window
 
@@ -149,7 +149,7 @@ class StoreCollector:
         )
 
     # ------------------------------------------------------------------ training thread
-    def submit(self, window: RankWindow) -> bool:
+    def submit(self, window: PendingWindow) -> bool:
         return self._worker.offer((window, time.monotonic()))
 
     def close(self) -> None:
@@ -184,8 +184,8 @@ class StoreCollector:
             logger.warning("stagefrontier: store %s failed, collection disabled: %s", what, exc)
             self._dead = f"store unavailable since a failed {what}: {exc}"
 
-    def _send(self, item: tuple[RankWindow, float]) -> None:
-        window, _ = item
+    def _send(self, item: tuple[PendingWindow, float]) -> None:
+        window = item[0].build()
         if self._dead:
             return
         if self.send_delay_s:
@@ -215,8 +215,8 @@ class StoreCollector:
             index, chunks = written.popleft()
             _delete_window(conn, window_key(index, self.rank), chunks)
 
-    def _collect(self, item: tuple[RankWindow, float]) -> None:
-        own, ended = item
+    def _collect(self, item: tuple[PendingWindow, float]) -> None:
+        own, ended = item[0].build(), item[1]
         windows = [own]
         notes: list[str] = []
         read: list[str] = []

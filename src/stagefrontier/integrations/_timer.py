@@ -8,24 +8,18 @@ opens the next one at each hook boundary, and charges the data wait measured bet
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..collect import COLLECT_MODES, Collector, GlooCollector, LocalCollector, StoreCollector
 from ..errors import StageFrontierError
 from ..recorder import StageTimer
-from ..sinks import Sink, default_sinks
+from ..sinks import Sink
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
 F = TypeVar("F", bound=Callable[..., Any])
-
-_TIMER_TAKES_SINKS = "sinks" in inspect.signature(StageTimer).parameters
 
 
 def make_timer(
@@ -42,17 +36,7 @@ def make_timer(
     kwargs = dict(timer_kwargs)
     if sinks and kwargs.get("collector") is not None:
         raise StageFrontierError("give sinks to the collector you pass, not to make_timer")
-    if sinks and kwargs.get("enabled", True):
-        if _TIMER_TAKES_SINKS:
-            kwargs["sinks"] = sinks
-        else:
-            kwargs["collector"] = collector_with_sinks(
-                kwargs.get("collect", "auto"),
-                out_dir=kwargs.get("out_dir", "stagefrontier"),
-                timeout_s=kwargs.get("collect_timeout_s", 10.0),
-                queue_size=kwargs.get("queue_size", 4),
-                sinks=sinks,
-            )
+    kwargs["sinks"] = sinks
     timer = StageTimer(stages, **kwargs)
     if timer.enabled and timer.rank == 0:
         for sink in sinks:
@@ -63,48 +47,6 @@ def make_timer(
                 except Exception:
                     logger.exception("stagefrontier: starting sink %s failed", type(sink).__name__)
     return timer
-
-
-def collector_with_sinks(
-    mode: str,
-    *,
-    out_dir: str | os.PathLike[str],
-    timeout_s: float,
-    queue_size: int,
-    sinks: Sequence[Sink],
-) -> Collector:
-    """The collector ``StageTimer(collect=mode)`` would build, writing to the default sinks
-    followed by ``sinks`` on rank 0."""
-    if mode not in COLLECT_MODES:
-        raise StageFrontierError(f"unknown collect mode {mode!r}; choose one of {COLLECT_MODES}")
-    distributed = _distributed_initialized()
-    if mode in ("store", "gloo") and not distributed:
-        raise StageFrontierError(
-            f"collect={mode!r} needs torch.distributed to be initialized first"
-        )
-    if mode == "local" or not distributed:
-        return LocalCollector(
-            out_dir=out_dir, queue_size=queue_size, sinks=[*default_sinks(out_dir), *sinks]
-        )
-    import torch.distributed as dist
-
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    everything = [*default_sinks(out_dir, packets=True), *sinks] if rank == 0 else []
-    cls = GlooCollector if mode == "gloo" else StoreCollector
-    return cls(
-        rank=rank,
-        world_size=world_size,
-        out_dir=out_dir,
-        timeout_s=timeout_s,
-        queue_size=queue_size,
-        sinks=everything,
-    )
-
-
-def _distributed_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
 def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:

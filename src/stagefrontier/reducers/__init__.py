@@ -13,6 +13,7 @@ All return a ``ReducedTrace``; ``ReducedTrace.analyze()`` runs the one analyzer.
 imports torch; ``reduce_hta`` imports ``hta`` only when called.
 """
 
+from ..schema import STEP_ANNOTATION
 from .errors import (
     MisalignedStepsError,
     MissingDependencyError,
@@ -23,7 +24,6 @@ from .errors import (
 from .hta import reduce_hta
 from .kineto import reduce_kineto
 from .nsys import reduce_nsys
-from .ranges import STEP_ANNOTATION
 from .result import ReducedTrace
 
 __all__ = [

@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..schema import DEFAULT_STAGES
+from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import MissingDependencyError, TraceFormatError
 from .files import KINETO_SUFFIXES, Paths, RankMap, check_unmapped, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
 from .matrix import build_matrix, timed_stages
-from .ranges import STEP_ANNOTATION, RankRanges, Span, Thread, rank_ranges, wanted_name
+from .ranges import RankRanges, Span, Thread, rank_ranges, wanted_name
 from .result import ReducedTrace
 
 NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from ..schema import DEFAULT_STAGES
+from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     KINETO_SUFFIXES,
@@ -41,7 +41,6 @@ from .files import (
 )
 from .matrix import build_matrix, timed_stages
 from .ranges import (
-    STEP_ANNOTATION,
     RankRanges,
     Span,
     Thread,

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 
-from ..schema import DEFAULT_STAGES
+from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     NSYS_SUFFIXES,
@@ -39,7 +39,6 @@ from .files import (
 )
 from .matrix import build_matrix, timed_stages
 from .ranges import (
-    STEP_ANNOTATION,
     RankRanges,
     Span,
     Thread,

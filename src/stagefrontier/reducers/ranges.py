@@ -19,10 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..schema import STEP_ANNOTATION
 from .errors import TraceFormatError
-
-STEP_ANNOTATION = "stagefrontier.step"
-"""Default name of the step range a training loop emits (``name`` or ``name#<step>``)."""
 
 PROFILER_STEP = "ProfilerStep"
 STEP_SOURCES = ("auto", "profiler", "annotation")

@@ -1,0 +1,90 @@
+"""StageTimer(annotate=True) emits profiler ranges the Kineto reducer reads back, and
+StageTimer(sinks=[...]) adds destinations after the default ones."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stagefrontier import StageTimer
+from stagefrontier.reducers import reduce_kineto
+from stagefrontier.window import AnalyzedWindow
+
+torch = pytest.importorskip("torch")
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+
+
+def _steps(timer: StageTimer, n: int, slow_stage: str) -> None:
+    for _ in range(n):
+        with timer.step():
+            for stage in STAGES:
+                with timer.stage(stage):
+                    time.sleep(0.02 if stage == slow_stage else 0.002)
+
+
+def test_annotated_timer_trace_reduces_to_the_same_stages(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    with (
+        StageTimer(STAGES, window=4, out_dir=tmp_path / "sf", annotate=True) as timer,
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+    ):
+        _steps(timer, 8, slow_stage="model.fwd_loss_cpu_wall")
+    prof.export_chrome_trace(str(trace))
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert set(STAGES) <= names
+    assert {f"stagefrontier.step#{i}" for i in range(8)} <= names
+
+    reduced = reduce_kineto(trace, STAGES, ranks={trace.name: 0}, step_source="annotation")
+    assert reduced.d.shape == (8, 1, len(STAGES) + 1)
+    assert list(reduced.step_ids) == list(range(8))
+    report = reduced.analyze()
+    assert report.top1 == "model.fwd_loss_cpu_wall"
+
+    # The timer's own windows saw the same stage durations, to within the range overheads.
+    records = [
+        json.loads(x) for x in (tmp_path / "sf" / "windows.jsonl").read_text().split("\n") if x
+    ]
+    timer_adv = sum(np.array([r["advances"][s] for s in STAGES]) for r in records)
+    trace_adv = np.array([report.advances[s] for s in STAGES])
+    np.testing.assert_allclose(trace_adv, timer_adv, rtol=0.2)
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.windows: list[AnalyzedWindow] = []
+        self.closed = False
+
+    def write(self, window: AnalyzedWindow) -> None:
+        self.windows.append(window)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_extra_sinks_follow_the_default_ones(tmp_path: Path) -> None:
+    extra = _Recording()
+    with StageTimer(STAGES, window=3, out_dir=tmp_path, sinks=[extra]) as timer:
+        _steps(timer, 7, slow_stage="data.next_wait")
+    lines = (tmp_path / "windows.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # the default JSONL sink still writes
+    assert [w.record["window"] for w in extra.windows] == [0, 1, 2]
+    assert all(w.report.top1 == "data.next_wait" for w in extra.windows)
+    assert extra.closed
+
+
+def test_sinks_and_a_collector_together_are_refused(tmp_path: Path) -> None:
+    from stagefrontier.collect import LocalCollector
+    from stagefrontier.errors import StageFrontierError
+
+    collector: Any = LocalCollector(out_dir=tmp_path)
+    with pytest.raises(StageFrontierError, match="collector"):
+        StageTimer(STAGES, collector=collector, sinks=[_Recording()])
+    collector.close()
