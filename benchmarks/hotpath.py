@@ -210,9 +210,9 @@ def lightning_profiler() -> tuple[Callable[[], Any] | None, str]:
 # ---------------------------------------------------------------------------- measurement
 
 
-def fresh_timer(n: int, stages: Sequence[str] | None) -> StageTimer:
+def fresh_timer(n: int, stages: Sequence[str] | None, annotate: bool = False) -> StageTimer:
     """A timer whose window holds the warm-up and the timed loop: no hand-off while timing."""
-    return StageTimer(stages=stages, window=n + 1, collector=DiscardCollector())
+    return StageTimer(stages=stages, window=n + 1, collector=DiscardCollector(), annotate=annotate)
 
 
 def measure_round(
@@ -224,6 +224,7 @@ def measure_round(
     one = fresh_timer(capacity, ["x"])
     empty = fresh_timer(capacity, ["x"])
     full = fresh_timer(capacity, None)
+    annotated = fresh_timer(capacity, None, annotate=True)
     disabled = StageTimer(stages=["x"], enabled=False)
     profiler = profiler_factory() if profiler_factory is not None else None
     jobs: list[tuple[str, Callable[[int], int]]] = [
@@ -234,6 +235,7 @@ def measure_round(
         ("empty_step", lambda k: loop_empty_step(k, empty)),
         ("one_stage_step", lambda k: loop_one_stage(k, one)),
         ("full_step", lambda k: loop_full_step(k, full)),
+        ("annotated_step", lambda k: loop_full_step(k, annotated)),
         ("disabled", lambda k: loop_disabled(k, disabled)),
     ]
     if profiler is not None:
@@ -249,7 +251,7 @@ def measure_round(
             out[name] = job(n)
         finally:
             gc.enable()
-    for timer in (one, empty, full, disabled):
+    for timer in (one, empty, full, annotated, disabled):
         timer.close()
     return out
 
@@ -307,6 +309,10 @@ def summarize(rounds: Sequence[dict[str, int]], n: int, peer: str) -> list[Row]:
             target=STAGE_TARGET,
         ),
         row("full step: `step()` + 5 default stages", "full_step", target=FULL_STEP_TARGET),
+        row(
+            "full step with `annotate=True` (record_function ranges, profiler not running)",
+            "annotated_step",
+        ),
         row('`timer.stage("x")` with `enabled=False`', "disabled", target=DISABLED_TARGET),
         row("(reference: `with NOOP:`, the shared no-op context, no call)", "noop"),
         row(
