@@ -348,8 +348,10 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
     shares = [statistics.median(r.submit_us) for r in rows]
     out.append(
         f"- Of the hand-off, the collector's `submit` (queue offer) takes {min(shares):.1f}-"
-        f"{max(shares):.1f} us (median per row); the rest is the recorder building the window "
-        "(`StageTimer._snapshot`: buffer copy, residual, RankWindow) on the training thread."
+        f"{max(shares):.1f} us (median per row); the rest is the recorder's "
+        "snapshot on the training thread (one copy of the raw rows plus the window's "
+        "bookkeeping; the residual and the RankWindow are built on the collector thread), most "
+        "of it cache and scheduler cold-start after the step's compute."
     )
     at_target = [r for r in rows if r.ranks == LATENCY_TARGET_RANKS]
     if at_target:
