@@ -310,7 +310,7 @@ def summarize(rounds: Sequence[dict[str, int]], n: int, peer: str) -> list[Row]:
         ),
         row("full step: `step()` + 5 default stages", "full_step", target=FULL_STEP_TARGET),
         row(
-            "full step with `annotate=True` (record_function ranges, profiler not running)",
+            "full step with `annotate=True` (no profiler running: ranges skipped, one check each)",
             "annotated_step",
         ),
         row('`timer.stage("x")` with `enabled=False`', "disabled", target=DISABLED_TARGET),
