@@ -7,7 +7,7 @@
 ``Accelerator()`` initializes torch.distributed under a launcher, so a timer built after it
 collects every rank's windows on rank 0 through the job's store, as in a plain DDP loop (see
 examples/ddp_torchrun.py). ``timer.iter`` charges each batch's fetch to the step that uses it,
-prefetching included. ``make_timer`` adds extra sinks (here a CSV file) to the defaults.
+prefetching included. ``sinks=`` adds destinations (here a CSV file) after the defaults.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from stagefrontier.integrations import make_timer
+import stagefrontier
 from stagefrontier.integrations.sinks import CsvSink
 
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     slow = accelerator.process_index == args.delay_rank
 
-    timer = make_timer(
+    timer = stagefrontier.StageTimer(
         window=args.window, out_dir=args.out, sinks=[CsvSink(f"{args.out}/windows.csv")]
     )
     with timer:

@@ -51,32 +51,10 @@ def make_timer(
 
 def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:
     """Charge a data wait measured between steps to the next step to begin: it becomes that
-    step's first ordered stage and the step's start moves back over it (what ``timer.iter`` does
-    for a wrapped iterator).
-
-    Uses ``StageTimer.charge_data_wait`` where the recorder has it; until then, the recorder's
-    own bookkeeping behind ``timer.iter`` (its pending wait, and the flag that makes the next
-    step import it where that flag exists). The integration tests check that the data stage
-    receives the wait, so a change of those internals cannot go unnoticed.
-    """
-    if not timer.enabled or wait_ns <= 0:
-        return
-    public = getattr(timer, "charge_data_wait", None)
-    if callable(public):
-        public(wait_ns)
-        return
-    if not hasattr(timer, "_pending_data_ns"):
-        global _WARNED
-        if not _WARNED:
-            _WARNED = True
-            logger.warning("stagefrontier: this StageTimer cannot be charged a data wait")
-        return
-    timer._pending_data_ns += int(wait_ns)
-    if hasattr(timer, "_step_hooks"):
-        timer._step_hooks = True
-
-
-_WARNED = False
+    step's first ordered stage and the step's start moves back over it (``timer.iter``'s
+    mechanism, through ``StageTimer.charge_data_wait``)."""
+    if wait_ns > 0:
+        timer.charge_data_wait(wait_ns)
 
 
 class HookClock:
