@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,plot,tensorboard,prometheus,wandb,lightning,transformers
+EXTRAS ?= dev,plot,tensorboard,prometheus,wandb,lightning,transformers,hta
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stagefrontier-installed
 
