@@ -329,6 +329,8 @@ class StageTimer:
         )
         self.rank = self._collector.rank
         self.world_size = self._collector.world_size
+        if self.rank == 0:
+            _start_sinks(sinks)
         self._hostname = socket.gethostname()
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self._pid = os.getpid()
@@ -658,3 +660,15 @@ class StageTimer:
 def _null_event_sample(name: str = "") -> _NullContext:
     """``cuda_event_sample`` when sampling is off: no torch, no sampler call."""
     return _NULL
+
+
+def _start_sinks(sinks: Sequence[Sink]) -> None:
+    """Start rank 0's sinks that serve or open something up front (the Prometheus endpoint, the
+    TensorBoard event file) instead of at the first window; a failure is logged, never raised."""
+    for sink in sinks:
+        start = getattr(sink, "start", None)
+        if callable(start):
+            try:
+                start()
+            except Exception:
+                logger.exception("stagefrontier: starting sink %s failed", type(sink).__name__)

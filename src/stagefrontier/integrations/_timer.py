@@ -28,8 +28,8 @@ def make_timer(
     """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
-    distributed collection); ``sinks`` are added after them. Sinks with a ``start()`` method (the
-    Prometheus exporter) are started on rank 0 once the timer exists. With
+    distributed collection); ``sinks`` are added after them (StageTimer starts those with a
+    ``start()`` method on rank 0). With
     ``collector=...`` given, ``sinks`` must be empty: pass them to that collector instead.
     """
     sinks = list(sinks)
@@ -37,16 +37,7 @@ def make_timer(
     if sinks and kwargs.get("collector") is not None:
         raise StageFrontierError("give sinks to the collector you pass, not to make_timer")
     kwargs["sinks"] = sinks
-    timer = StageTimer(stages, **kwargs)
-    if timer.enabled and timer.rank == 0:
-        for sink in sinks:
-            start = getattr(sink, "start", None)
-            if callable(start):
-                try:
-                    start()
-                except Exception:
-                    logger.exception("stagefrontier: starting sink %s failed", type(sink).__name__)
-    return timer
+    return StageTimer(stages, **kwargs)
 
 
 def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:
