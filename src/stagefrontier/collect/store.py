@@ -125,8 +125,7 @@ class StoreCollector:
         send_delay_s: float = 0.0,
     ) -> None:
         self.rank = rank
-        self.send_delay_s = send_delay_s
-        """Fault injection: a delay before each window is sent (a late rank)."""
+        self.send_delay_s = send_delay_s  # fault injection: a late rank's delay before each send
         self.world_size = world_size
         self.timeout_s = timeout_s
         self._base_store = store
