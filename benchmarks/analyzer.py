@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import platform
 import statistics
@@ -38,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 import stagefrontier
+from result_header import result_header
 from stagefrontier import DEFAULT_STAGES
 
 FloatArray = npt.NDArray[np.float64]
@@ -282,21 +282,9 @@ def load_average() -> float | None:
 def render(
     rows: Sequence[Row], settings: Settings, quick: bool, loads: Sequence[float | None]
 ) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = COMMAND + (" --quick" if quick else "")
     parts = [
-        "# Analyzer benchmark: full `analyze` vs. bare numpy frontier",
-        "",
-        "Produced by:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
-        f"Date: {now}",
-        "",
-        "Environment:",
-        "",
+        *result_header("Analyzer benchmark: full `analyze` vs. bare numpy frontier", command),
         *environment(loads),
         "",
         "Method: seeded lognormal float64 durations `[N, R, S]` (stage medians 10-95 ms, one "

@@ -21,7 +21,6 @@ machine: run it when the load is low and read the load average recorded with the
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from result_header import result_header
 
 COMMAND = "python benchmarks/collection.py"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "collection.md"
@@ -415,21 +416,9 @@ def environment() -> list[str]:
 
 
 def render(rows: Sequence[Row], command: str, loads: tuple[str, str], args: Any) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
-            "# Collection benchmark: hand-off, rank-0 latency, packet size",
-            "",
-            "Produced by:",
-            "",
-            "```bash",
-            command,
-            "```",
-            "",
-            f"Date: {now}",
-            "",
-            "Environment:",
-            "",
+            *result_header("Collection benchmark: hand-off, rank-0 latency, packet size", command),
             *environment(),
             f"- Load average (1, 5, 15 min) at start: {loads[0]}; at end: {loads[1]}",
             "",

@@ -27,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import os
 import platform
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
+from result_header import result_header
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer
 from stagefrontier.noop import NOOP
 
@@ -443,21 +443,11 @@ def render(
     load_start: str,
     load_end: str,
 ) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = COMMAND + (" --quick" if quick else "")
     parts = [
-        "# Recorder hot-path benchmark: `StageTimer` vs. a bare context manager",
-        "",
-        "Produced by:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
-        f"Date: {now}",
-        "",
-        "Environment:",
-        "",
+        *result_header(
+            "Recorder hot-path benchmark: `StageTimer` vs. a bare context manager", command
+        ),
         *environment(peer, load_start, load_end),
         "",
         f"Method: {settings.repeats} interleaved rounds (variant order reversed every other "
