@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from result_header import result_header
+from stagefrontier.demo.launch import run_ranks
 
 COMMAND = "python benchmarks/collection.py"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "collection.md"
@@ -184,40 +185,9 @@ def run_rank(rank: int, config: Config, port: int) -> None:
 
 
 def launch(config: Config) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
     Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        config.ranks,
-        is_master=True,
-        timeout=timedelta(seconds=120),
-        wait_for_workers=False,
-    )
-    context = mp.get_context("spawn")
-    procs = [
-        context.Process(target=run_rank, args=(rank, config, store.port), daemon=True)
-        for rank in range(config.ranks)
-    ]
-    start = time.monotonic()
-    for proc in procs:
-        proc.start()
-    try:
-        while any(p.is_alive() for p in procs):
-            if time.monotonic() - start > DEADLINE_S:
-                raise RuntimeError(f"run exceeded its {DEADLINE_S:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5)
-    codes = [p.exitcode for p in procs]
-    if any(code != 0 for code in codes):
+    codes = run_ranks(run_rank, config.ranks, config, deadline_s=DEADLINE_S)
+    if any(code != 0 for code in codes.values()):
         raise RuntimeError(f"ranks exited with {codes}")
     return [
         json.loads(Path(config.out_dir, f"result-rank{rank}.json").read_text())

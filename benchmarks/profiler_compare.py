@@ -55,6 +55,7 @@ import numpy as np
 
 import stagefrontier
 from stagefrontier.demo.faults import Fault
+from stagefrontier.demo.launch import run_ranks
 from stagefrontier.packet import read_packet
 from stagefrontier.reducers import ReducedTrace, reduce_hta, reduce_kineto
 from stagefrontier.report import WindowReport
@@ -274,36 +275,11 @@ def run_rank(rank: int, job: Job, port: int) -> None:
 
 def launch(job: Job) -> float:
     """Spawn the job's ranks around an ephemeral-port TCPStore; returns its wall time."""
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
     s = job.settings
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
-    store = dist.TCPStore(
-        "127.0.0.1", 0, s.ranks, is_master=True, timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )  # fmt: skip
-    context = mp.get_context("spawn")
-    procs = [
-        context.Process(target=run_rank, args=(rank, job, store.port), daemon=True)
-        for rank in range(s.ranks)
-    ]
     started = time.monotonic()
-    for proc in procs:
-        proc.start()
-    try:
-        while any(p.is_alive() for p in procs):
-            if time.monotonic() - started > s.deadline_s:
-                raise SystemExit(f"seed {job.seed}: job exceeded its {s.deadline_s:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(10)
-    failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
+    codes = run_ranks(run_rank, s.ranks, job, deadline_s=s.deadline_s)
+    failed = {rank: code for rank, code in codes.items() if code != 0}
     if failed:
         raise SystemExit(f"seed {job.seed}: rank(s) failed with exit codes {failed}")
     return time.monotonic() - started

@@ -14,6 +14,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from stagefrontier.demo.launch import run_ranks
+
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
 BWD = "model.backward_cpu_wall"
@@ -167,40 +169,9 @@ def run_rank(rank: int, job: Job, port: int) -> None:
 
 def launch(job: Job, deadline_s: float = 180.0) -> JobRun:
     """Spawn the ranks around a fresh ephemeral-port store; fail on a rank error or overrun."""
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        job.ranks,
-        is_master=True,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
-    context = mp.get_context("spawn")
-    procs = [
-        context.Process(target=run_rank, args=(rank, job, store.port), daemon=True)
-        for rank in range(job.ranks)
-    ]
-    start = time.monotonic()
-    for proc in procs:
-        proc.start()
-    try:
-        while any(p.is_alive() for p in procs):
-            if time.monotonic() - start > deadline_s:
-                raise AssertionError(f"job exceeded its {deadline_s:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5)
-    codes = {rank: p.exitcode for rank, p in enumerate(procs)}
+    codes = run_ranks(run_rank, job.ranks, job, deadline_s=deadline_s)
     assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
     records = out / "windows.jsonl"
     windows = (

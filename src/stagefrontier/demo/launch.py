@@ -57,52 +57,24 @@ def launch(
     ranks from a server that has torch imported already (see FORKSERVER_PRELOAD): much faster
     to start, for harnesses that launch many short runs.
     """
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for pattern in ("windows.jsonl", "losses-rank*.json", "step-times-rank*", "error-rank*"):
         for stale in out.glob(pattern):
             stale.unlink(missing_ok=True)
-    store: Any = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        config.ranks,
-        is_master=True,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
-    if store_setup is not None:
-        store_setup(store)
-    context = mp.get_context(start_method)
-    if start_method == "forkserver":
-        context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    procs = [
-        context.Process(target=run_rank, args=(rank, config, store.port), daemon=True)
-        for rank in range(config.ranks)
-    ]
-    start = time.monotonic()
-    for proc in procs:
-        proc.start()
     marker = out / ".markers" / STEP_MARKER.format(step=kill_store_after_step)
-    try:
-        while any(p.is_alive() for p in procs):
-            if time.monotonic() - start > deadline_s:
-                raise DemoError(f"demo exceeded its {deadline_s:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            if kill_store_after_step is not None and store is not None and marker.exists():
-                store = None  # the only reference: the server shuts down
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5)
-    if store_teardown is not None and store is not None:
-        store_teardown(store)
-    failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
+    start = time.monotonic()
+    codes = run_ranks(
+        run_rank,
+        config.ranks,
+        config,
+        deadline_s=deadline_s,
+        start_method=start_method,
+        store_setup=store_setup,
+        store_teardown=store_teardown,
+        kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
+    )
+    failed = {rank: code for rank, code in codes.items() if code != 0}
     if failed:
         raise DemoError(
             f"demo rank(s) failed with exit codes {failed}; see their output above"
@@ -121,6 +93,62 @@ def launch(
             for rank in range(config.ranks)
         },
     )
+
+
+def run_ranks(
+    target: Callable[[int, Any, int], None],
+    ranks: int,
+    payload: Any,
+    *,
+    deadline_s: float,
+    start_method: str = "spawn",
+    store_setup: Callable[[Any], None] | None = None,
+    store_teardown: Callable[[Any], None] | None = None,
+    kill_store: Callable[[], bool] | None = None,
+) -> dict[int, int | None]:
+    """Start ``target(rank, payload, store_port)`` in ``ranks`` processes around a fresh
+    ephemeral-port TCPStore and wait for them; returns each rank's exit code.
+
+    A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
+    rank is terminated and DemoError raised. ``kill_store`` is polled while the ranks run: when
+    it returns True the store server is shut down (a store that dies mid-run).
+    """
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store: Any = dist.TCPStore(
+        "127.0.0.1", 0, ranks, is_master=True, timeout=timedelta(seconds=60),
+        wait_for_workers=False,
+    )  # fmt: skip
+    if store_setup is not None:
+        store_setup(store)
+    context = mp.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    procs = [
+        context.Process(target=target, args=(rank, payload, store.port), daemon=True)
+        for rank in range(ranks)
+    ]
+    start = time.monotonic()
+    for proc in procs:
+        proc.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            if time.monotonic() - start > deadline_s:
+                raise DemoError(f"run exceeded its {deadline_s:.0f} s deadline")
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            if kill_store is not None and store is not None and kill_store():
+                store = None  # the only reference: the server shuts down
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(5)
+    if store_teardown is not None and store is not None:
+        store_teardown(store)
+    return {rank: p.exitcode for rank, p in enumerate(procs)}
 
 
 def _rank_errors(out: Path, ranks: int) -> list[str]:
