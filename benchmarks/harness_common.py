@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import faulthandler
 import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,8 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TAU_C = 0.80
 """The default cumulative-share threshold of the routing (candidate) set."""
-DEADLINE_S = 900.0
-"""Hard deadline of one launched run."""
+DEADLINE_BASE_S = 120.0
+DEADLINE_PER_RANK_STEP_S = 0.5
+"""A launched run's hard deadline: the base plus this per rank and step (about 5x a run's
+time on 2 shared cores), so a stuck run of a quick smoke test is stopped in minutes."""
 
 METHODS = ("stagefrontier", *BASELINES)
 METHOD_TITLES = {
@@ -137,7 +141,9 @@ def work_dir(keep: Path | None) -> Iterator[Path]:
 
 
 def prepare_process() -> None:
-    """One intra-op thread per rank (ranks share the cores); set before the fork server starts."""
+    """One intra-op thread per rank (ranks share the cores); set before the fork server starts.
+    SIGUSR1 prints every thread's stack to stderr (a caller that finds the script stuck)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
@@ -162,14 +168,27 @@ class Progress:
 
 LAUNCHES = [0]
 """Runs launched by this process (for the result header)."""
+RETRIES: list[str] = []
+"""Why each retried run was retried (for the result header)."""
 
 
 def launch_run(config: Any) -> Any:
-    """Launch one demo job (fork-server start: torch is imported once, not per rank)."""
-    from stagefrontier.demo import launch
+    """Launch one demo job (fork-server start: torch is imported once, not per rank).
 
+    A run that overruns its deadline is stopped (the error names where each rank was stuck)
+    and run once more; the retry and its reason go into the results file. Any other failure,
+    or a second overrun, is raised."""
+    from stagefrontier.demo import DeadlineExceeded, launch
+
+    deadline_s = DEADLINE_BASE_S + DEADLINE_PER_RANK_STEP_S * config.ranks * config.steps
     LAUNCHES[0] += 1
-    return launch(config, deadline_s=DEADLINE_S, start_method="forkserver")
+    try:
+        return launch(config, deadline_s=deadline_s, start_method="forkserver")
+    except DeadlineExceeded as exc:
+        print(f"run in {config.out_dir} retried once: {exc}", flush=True)
+        RETRIES.append(str(exc).splitlines()[0])
+    LAUNCHES[0] += 1
+    return launch(config, deadline_s=deadline_s, start_method="forkserver")
 
 
 def warm_up(ranks: int, work: Path) -> None:
@@ -406,6 +425,7 @@ class Result:
             + ("; a --quick smoke run, not a result" if meta["quick"] else ""),
             *meta["env"],
         ]
+        lines += [f"- Retried once after: {reason}" for reason in meta.get("retries", [])]
         if "rendered_by" in meta:
             lines.append(
                 f"- Tables rendered from the stored rows (no new runs) by `{meta['rendered_by']}`"
@@ -457,6 +477,7 @@ def harness_main(name: str, description: str, collect: Collect, render: Render) 
             rows = collect(args.quick, work)
         meta["wall_s"] = time.monotonic() - started
         meta["runs"] = LAUNCHES[0]
+        meta["retries"] = RETRIES
     result = Result(meta)
     render(rows, result, bool(meta["quick"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)

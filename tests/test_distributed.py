@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 from stagefrontier import analyze
-from stagefrontier.demo import DemoConfig, launch, parse_fault
+from stagefrontier.demo import DeadlineExceeded, DemoConfig, launch, parse_fault
 from stagefrontier.packet import read_packet
 
 STEPS = 30
@@ -215,3 +215,24 @@ def test_runs_under_torchrun(tmp_path: Path) -> None:
         assert record["world_size"] == 4
         assert record["ranks_present"] == [0, 1, 2, 3]
         assert record["gather_ok"]
+
+
+def test_run_past_its_deadline_says_where_each_rank_is_stuck(tmp_path: Path) -> None:
+    """Rank 1 sleeps for a minute in its data stage, rank 0 waits in the gradient all-reduce:
+    at the deadline the launcher collects both ranks' stacks and names where each one is."""
+    config = DemoConfig(
+        ranks=2,
+        steps=3,
+        window=3,
+        faults=(parse_fault("data@1:60000ms"),),
+        out_dir=str(tmp_path / "stuck"),
+        timed=False,
+        quiet=True,
+    )
+    with pytest.raises(DeadlineExceeded, match="deadline") as caught:
+        launch(config, deadline_s=20.0)
+    message = str(caught.value)
+    assert "rank 1 stuck at File" in message and "in delay" in message, message
+    assert "rank 0 stuck at File" in message, message
+    stacks = (tmp_path / "stuck" / "stacks-rank1.txt").read_text()
+    assert "_train" in stacks and "Current thread" in stacks

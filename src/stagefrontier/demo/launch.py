@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StageFrontierError
-from .train import ERROR_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
+from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
 
 FORKSERVER_PRELOAD = (
     "torch",
@@ -25,8 +28,16 @@ FORKSERVER_PRELOAD = (
 ``torch._dynamo`` on construction); with many ranks on few cores this dominates a short run."""
 
 
+STACKS_WAIT_S = 2.0
+"""How long a run past its deadline waits for its ranks' stack dumps before terminating them."""
+
+
 class DemoError(StageFrontierError, RuntimeError):
     """A demo rank failed or the run exceeded its deadline."""
+
+
+class DeadlineExceeded(DemoError):
+    """The run's ranks were still running at its deadline and were terminated."""
 
 
 @dataclass(frozen=True)
@@ -59,21 +70,33 @@ def launch(
     """
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for pattern in ("windows.jsonl", "losses-rank*.json", "step-times-rank*", "error-rank*"):
+    stale_files = (
+        "windows.jsonl",
+        "losses-rank*.json",
+        "step-times-rank*",
+        "error-rank*",
+        "stacks-rank*",
+    )
+    for pattern in stale_files:
         for stale in out.glob(pattern):
             stale.unlink(missing_ok=True)
     marker = out / ".markers" / STEP_MARKER.format(step=kill_store_after_step)
     start = time.monotonic()
-    codes = run_ranks(
-        run_rank,
-        config.ranks,
-        config,
-        deadline_s=deadline_s,
-        start_method=start_method,
-        store_setup=store_setup,
-        store_teardown=store_teardown,
-        kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
-    )
+    try:
+        codes = run_ranks(
+            run_rank,
+            config.ranks,
+            config,
+            deadline_s=deadline_s,
+            start_method=start_method,
+            store_setup=store_setup,
+            store_teardown=store_teardown,
+            kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
+        )
+    except DeadlineExceeded as exc:
+        raise DeadlineExceeded(
+            str(exc) + "".join(f"\n  {line}" for line in _rank_stacks(out, config.ranks))
+        ) from None
     failed = {rank: code for rank, code in codes.items() if code != 0}
     if failed:
         raise DemoError(
@@ -110,8 +133,9 @@ def run_ranks(
     ephemeral-port TCPStore and wait for them; returns each rank's exit code.
 
     A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
-    rank is terminated and DemoError raised. ``kill_store`` is polled while the ranks run: when
-    it returns True the store server is shut down (a store that dies mid-run).
+    live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
+    stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
+    run: when it returns True the store server is shut down (a store that dies mid-run).
     """
     import torch.distributed as dist
     import torch.multiprocessing as mp
@@ -135,7 +159,8 @@ def run_ranks(
     try:
         while any(p.is_alive() for p in procs):
             if time.monotonic() - start > deadline_s:
-                raise DemoError(f"run exceeded its {deadline_s:.0f} s deadline")
+                _request_stacks(procs)
+                raise DeadlineExceeded(f"run exceeded its {deadline_s:.0f} s deadline")
             if any(p.exitcode not in (None, 0) for p in procs):
                 break
             if kill_store is not None and store is not None and kill_store():
@@ -149,6 +174,29 @@ def run_ranks(
     if store_teardown is not None and store is not None:
         store_teardown(store)
     return {rank: p.exitcode for rank, p in enumerate(procs)}
+
+
+def _request_stacks(procs: list[Any]) -> None:
+    """SIGUSR1 to every live rank, then a moment for the handlers to write."""
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(STACKS_WAIT_S)
+
+
+def _rank_stacks(out: Path, ranks: int) -> list[str]:
+    """Per rank that wrote its stacks: the file and the innermost frame of the thread that was
+    running (the main thread: it handles the signal), i.e. where that rank was stuck."""
+    lines = []
+    for rank in range(ranks):
+        path = out / STACKS_FILE.format(rank=rank)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        _, current, rest = text.partition("Current thread")
+        frames = [ln.strip() for ln in rest.splitlines() if ln.strip().startswith("File ")]
+        if current and frames:
+            lines.append(f"rank {rank} stuck at {frames[0]} (all threads: {path})")
+    return lines
 
 
 def _rank_errors(out: Path, ranks: int) -> list[str]:

@@ -7,9 +7,11 @@ the paper's minimal integration and the injected faults.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -48,6 +50,9 @@ class DemoConfig:
     n_layers: int = 2
     lr: float = 3e-3
     collect_timeout_s: float = 10.0
+    collective_timeout_s: float = 300.0
+    """The Gloo group's timeout: a rendezvous or collective stuck this long raises on the rank
+    instead of waiting out torch's 30-minute default."""
     timed: bool = True
     """False runs the same job with the timer disabled on every rank (the logger-off arm)."""
     untimed_ranks: tuple[int, ...] = ()
@@ -85,6 +90,9 @@ SHARDINGS = ("ddp", "zero1", "fsdp2")
 STEP_MARKER = "step-{step}.marker"
 """Rank 0 touches this file in out_dir/.markers after each step, so a launcher can act mid-run."""
 ERROR_FILE = "error-rank{rank}.txt"
+STACKS_FILE = "stacks-rank{rank}.txt"
+"""Where a rank writes every thread's Python stack when it receives SIGUSR1 (the launcher asks
+for them before terminating a run that overran its deadline)."""
 STEP_TIMES = "step-times-rank{rank}.json"
 """Each rank's wall time per optimizer step (seconds, ``time.perf_counter``), measured around the
 whole step independently of the timer, so logger-off and logger-on runs compare equally."""
@@ -117,12 +125,20 @@ class _Injector:
 
 def run_rank(rank: int, config: DemoConfig, port: int) -> None:
     """Entry point of one spawned rank. A failure's traceback is also written to
-    ``out_dir/error-rank{rank}.txt``, so the launcher can say what went wrong."""
-    try:
-        _train(rank, config, port)
-    except BaseException:
-        Path(config.out_dir, ERROR_FILE.format(rank=rank)).write_text(traceback.format_exc())
-        raise
+    ``out_dir/error-rank{rank}.txt``, so the launcher can say what went wrong; SIGUSR1 writes
+    every thread's stack to ``out_dir/stacks-rank{rank}.txt`` (kept only if written)."""
+    stacks_path = Path(config.out_dir, STACKS_FILE.format(rank=rank))
+    with open(stacks_path, "w") as stacks:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        try:
+            _train(rank, config, port)
+        except BaseException:
+            Path(config.out_dir, ERROR_FILE.format(rank=rank)).write_text(traceback.format_exc())
+            raise
+        finally:
+            faulthandler.unregister(signal.SIGUSR1)
+            if stacks_path.stat().st_size == 0:
+                stacks_path.unlink()
 
 
 def _train(rank: int, config: DemoConfig, port: int) -> None:
@@ -142,7 +158,13 @@ def _train(rank: int, config: DemoConfig, port: int) -> None:
     store = dist.TCPStore(
         "127.0.0.1", port, config.ranks, is_master=False, timeout=timedelta(seconds=60)
     )
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=config.ranks)
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=config.ranks,
+        timeout=timedelta(seconds=config.collective_timeout_s),
+    )
 
     torch.manual_seed(config.seed)
     data = CharData(load_corpus(), config.seq_len, config.batch_size, seed=config.seed * 997 + rank)
