@@ -88,3 +88,41 @@ def test_sinks_and_a_collector_together_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StageFrontierError, match="collector"):
         StageTimer(STAGES, collector=collector, sinks=[_Recording()])
     collector.close()
+
+
+def test_a_restarted_attempt_keeps_the_first_attempts_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchelastic a restart counts windows from 0 again in the same folder: records and
+    packets carry the attempt, no packet is overwritten, and the report orders by attempt."""
+    from stagefrontier.collect import LocalCollector
+    from stagefrontier.runreport import load_run, render_report
+    from stagefrontier.sinks import default_sinks
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    slow = {0: "data.next_wait", 1: "model.backward_cpu_wall"}
+    for attempt in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+        collector: Any = LocalCollector(
+            out_dir=tmp_path, sinks=default_sinks(tmp_path, packets=True)
+        )
+        with StageTimer(STAGES, window=3, collector=collector) as timer:
+            _steps(timer, 6, slow_stage=slow[attempt])
+
+    assert sorted(p.name for p in (tmp_path / "packets").iterdir()) == [
+        "window-000000.attempt-1.json",
+        "window-000000.json",
+        "window-000001.attempt-1.json",
+        "window-000001.json",
+    ]
+    run = load_run(tmp_path)
+    assert [(r["run_id"], r["attempt"], r["window"]) for r in run.records] == [
+        ("job-7", 0, 0),
+        ("job-7", 0, 1),
+        ("job-7", 1, 0),
+        ("job-7", 1, 1),
+    ]
+    order = [(p.meta["attempt"], p.meta["window"], p.report.top1) for p in run.packets]
+    assert order == [(a, w, slow[a]) for a in (0, 1) for w in (0, 1)]
+    table = render_report(run).split("Per window:")[1]
+    assert "\n       0  0-2" in table and "\n     1/0  0-2" in table, table

@@ -29,7 +29,7 @@ METHOD_TITLES = {
 
 @dataclass(frozen=True)
 class RunWindows:
-    """The analyzed windows of one output folder, in window order."""
+    """The analyzed windows of one output folder, in (restart attempt, window) order."""
 
     folder: Path
     packets: list[Packet]
@@ -46,7 +46,10 @@ def load_run(folder: str | Path) -> RunWindows:
     path = Path(folder)
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
-    packets = [read_packet(p) for p in sorted((path / "packets").glob("window-*.json"))]
+    packets = sorted(
+        (read_packet(p) for p in (path / "packets").glob("window-*.json")),
+        key=lambda packet: (packet.meta.get("attempt", 0), packet.meta.get("window", 0)),
+    )
     records = []
     jsonl = path / "windows.jsonl"
     if jsonl.exists():
@@ -139,6 +142,8 @@ def _windows_table(run: RunWindows) -> list[str]:
         span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"
         ms = r["exposed_s"] / r["n_steps"] * 1e3
         index = str(meta.get("window", "?"))
+        if meta.get("attempt"):  # a torchelastic restart counts windows from 0 again
+            index = f"{meta['attempt']}/{index}"
         lines.append(f"  {index:>6}  {span:<9} {ms:>8.1f}  {top} ({share}, {who})  {flags}")
     return lines
 

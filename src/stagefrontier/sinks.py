@@ -79,9 +79,8 @@ class PacketSink:
         from .packet import write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        index = window.merged.reference.window
         write_packet(
-            self.folder / f"window-{index:06d}.json",
+            self.folder / packet_name(window.record),
             window.d,
             window.report.stages,
             report=window.report,
@@ -94,7 +93,17 @@ class PacketSink:
         return None
 
 
+def packet_name(record: dict[str, Any]) -> str:
+    """``window-000003.json``; a restarted job's attempt k writes ``window-000003.attempt-k.json``
+    instead of overwriting the first attempt's packet of the same window index."""
+    attempt = record.get("attempt", 0)
+    suffix = f".attempt-{attempt}" if attempt else ""
+    return f"window-{record['window']:06d}{suffix}.json"
+
+
 PACKET_META = (
+    "run_id",
+    "attempt",
     "window",
     "first_step",
     "last_step",

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .analyzer import analyze
+from .attempt import current_attempt
 from .gates import Gates
 from .report import WindowReport
 from .schema import (
@@ -212,7 +213,10 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
     """The JSON object written per window to ``windows.jsonl``."""
     ref = merged.reference
     wall = sum(float(w.wall_ns.sum()) for w in merged.ranks) * NS
+    run_id, attempt = current_attempt()
     record: dict[str, Any] = {
+        "run_id": run_id,
+        "attempt": attempt,
         "window": ref.window,
         "first_step": ref.first_step,
         "last_step": ref.last_step,

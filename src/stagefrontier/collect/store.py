@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..attempt import current_attempt
 from ..errors import ReportFormatError
 from ..sinks import Sink, default_sinks, emit
 from ..window import PendingWindow, RankWindow, analyze_merged
@@ -50,23 +51,18 @@ MAX_UNCOLLECTED = 64
 (rank 0 stuck or gone), so the store never holds more than this per rank."""
 
 
-def _attempt() -> tuple[str, int]:
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("STAGEFRONTIER_RUN_ID") or "run"
-    return run, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-
-
 def store_prefix() -> str:
     """Keys are scoped by torchelastic run id and restart count, so a restarted attempt never
     reads the previous attempt's windows. ``PrefixStore`` adds the ``/`` between this prefix and
     a key: window 3 of rank 1 is ``stagefrontier/<run>/<restart>/w3/r1`` in the job's store."""
-    run, restart = _attempt()
+    run, restart = current_attempt()
     return f"stagefrontier/{run}/{restart}"
 
 
 def previous_attempt_prefix() -> str | None:
     """The key prefix of the attempt before a torchelastic restart, whose leftovers rank 0
     deletes window by window."""
-    run, restart = _attempt()
+    run, restart = current_attempt()
     return f"stagefrontier/{run}/{restart - 1}" if restart > 0 else None
 
 
