@@ -105,26 +105,29 @@ def test_ready_pairs_give_event_values_at_fraction_one(tmp_path: Path) -> None:
     assert not any("cuda_event" in s for s in record["stages"])
 
 
-def test_fraction_five_percent_samples_steps_19_39_59_79_99(tmp_path: Path) -> None:
+def test_fraction_five_percent_samples_steps_19_39_59_79_and_defers_99(tmp_path: Path) -> None:
     source = EventSource(ms=3.0, ready_after=2)  # ready at the second poll: a later boundary
     collector = CaptureCollector()
     timer = StageTimer(
         window=100, collector=collector, cuda_event_fraction=0.05, event_factory=source
     )
-    forward_steps(timer, 100, fwd_s=0)
+    forward_steps(timer, 120, fwd_s=0)
     timer.close()
-    (w,) = collector.windows
-    assert w.event_state is not None and w.event_ms is not None
-    sampled = np.flatnonzero(w.event_state != EVENT_NOT_SAMPLED).tolist()
-    assert sampled == [19, 39, 59, 79, 99]
-    assert source.created == 10
-    # Each pair completes at its second poll, i.e. at a later step boundary; the pair of the
-    # window's last step gets only the end-of-window poll and is reported missing.
-    assert w.event_state[[19, 39, 59, 79]].tolist() == [EVENT_READY] * 4
-    assert w.event_state[99] == EVENT_MISSING
-    np.testing.assert_array_equal(w.event_ms[[19, 39, 59, 79]], [3.0] * 4)
-    assert np.isnan(w.event_ms[99])
-    assert np.all(np.isnan(np.delete(w.event_ms, [19, 39, 59, 79])))
+    first, second = collector.windows
+    assert first.event_state is not None and first.event_ms is not None
+    sampled = np.flatnonzero(first.event_state != EVENT_NOT_SAMPLED).tolist()
+    # Step 99 is the window's last: its pair would get one poll, at the hand-off right after
+    # it, so the sample moves to step 100, the next window's first row.
+    assert sampled == [19, 39, 59, 79]
+    assert first.event_state[sampled].tolist() == [EVENT_READY] * 4
+    np.testing.assert_array_equal(first.event_ms[sampled], [3.0] * 4)
+    assert np.all(np.isnan(np.delete(first.event_ms, sampled)))
+    assert second.event_state is not None and second.event_ms is not None
+    assert np.flatnonzero(second.event_state != EVENT_NOT_SAMPLED).tolist() == [0, 19]
+    assert second.event_state[0] == EVENT_READY and second.event_ms[0] == 3.0
+    # Step 119 is last only because close() flushes a partial window: one poll, missing.
+    assert second.event_state[19] == EVENT_MISSING
+    assert source.created == 2 * 6
 
 
 def test_never_ready_pairs_are_missing_and_scope_limited(tmp_path: Path) -> None:
@@ -151,12 +154,13 @@ def test_missing_and_ready_mix_at_five_percent(tmp_path: Path) -> None:
     )
     forward_steps(timer, 50, fwd_s=0)  # samples at 19 and 39 never complete
     source.ready_after = 1
-    forward_steps(timer, 50, fwd_s=0)  # samples at 59, 79, 99 complete
+    forward_steps(timer, 50, fwd_s=0)  # samples at 59 and 79 complete; 99 moves to step 100
     timer.close()
     (w,) = collector.windows
     assert w.event_state is not None
     assert w.event_state[[19, 39]].tolist() == [EVENT_MISSING] * 2
-    assert w.event_state[[59, 79, 99]].tolist() == [EVENT_READY] * 3
+    assert w.event_state[[59, 79]].tolist() == [EVENT_READY] * 2
+    assert w.event_state[99] == EVENT_NOT_SAMPLED
 
 
 def test_broken_event_factory_disables_sampling_without_raising() -> None:

@@ -3,6 +3,9 @@
 On a deterministic fraction q of steps, two events bracket the forward region. Their readiness is
 polled at later step boundaries with ``query()``, never ``synchronize()``; a pair that is not
 ready within ``MAX_PENDING_STEPS`` steps, or by the end of its window, is recorded as missing.
+A sample that falls on a window's last step moves to the next step (the next window's first)
+unless that one is sampled too, so a pair gets at least one step of GPU progress before its
+window is handed off.
 With q = 0 nothing here touches torch. The event type is injectable so tests can drive it.
 """
 
@@ -71,12 +74,21 @@ class EventSampler:
         self._ms = np.full(window, np.nan)
         self._state = np.zeros(window, dtype=np.int8)
         self._broken = False
+        self._deferred_to = -1
         self._context: _EventContext | None = None
 
     def context(self, timer: StageTimer) -> Any:
         if self.fraction == 0.0 or self._broken or not timer._in_step:
             return NOOP
-        if not is_sampled(timer._step_index, self.fraction):
+        step = timer._step_index
+        if not is_sampled(step, self.fraction) and step != self._deferred_to:
+            return NOOP
+        last_row = timer._n == timer.window - 1 and timer.window > 1
+        if last_row and not is_sampled(step + 1, self.fraction):
+            # A pair from a window's last step would get a single poll, at the hand-off right
+            # after it, and often count as missing: sample the next window's first step. (When
+            # that step is sampled anyway, as at q = 1, moving would lose a sample: keep it.)
+            self._deferred_to = step + 1
             return NOOP
         if self._context is None:
             self._context = _EventContext(self, timer)
