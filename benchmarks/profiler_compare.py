@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
-from stagefrontier.demo.faults import Fault
+from stagefrontier.demo.faults import Fault, FaultInjector
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.packet import read_packet
 from stagefrontier.reducers import ReducedTrace, reduce_hta, reduce_kineto
@@ -168,30 +168,6 @@ class Job:
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
 
-class Injector:
-    """Sleeps where a fault says (the demo's fault semantics), on its rank and steps."""
-
-    def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
-        self.faults = faults
-        self.rank = rank
-        self.step = 0
-
-    def delay(self, kind: str) -> None:
-        for fault in self.faults:
-            if fault.kind == kind and fault.active(self.rank, self.step):
-                time.sleep(fault.delay_s)
-
-    def barrier_now(self) -> bool:
-        return any(f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults)
-
-    def comm_hook(self, process_group: Any, bucket: Any) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        if bucket.index() == 0:
-            self.delay("comm")
-        return allreduce_hook(process_group, bucket)
-
-
 def run_rank(rank: int, job: Job, port: int) -> None:
     """One spawned rank: DDP training with StageTimer, record_function ranges and the profiler."""
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -221,7 +197,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     model = DDP(TinyDecoder(data.vocab_size, 64))
     # fused: one kernel per step instead of a dozen ops per parameter (a smaller trace)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
-    faults = Injector(job.faults, rank)
+    faults = FaultInjector(job.faults, rank)
     model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
     timer = StageTimer(window=s.scored, out_dir=job.out_dir, collect_timeout_s=60.0)
 

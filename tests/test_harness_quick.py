@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from subprocess import PIPE, CompletedProcess
 
 import pytest
 
-pytest.importorskip("torch")
+from bench_support import run_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+pytest.importorskip("torch")
 
 SCRIPTS = {
     "routing": [
@@ -36,8 +31,9 @@ SCRIPTS = {
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_quick_run_writes_its_result(tmp_path: Path, name: str) -> None:
     out = tmp_path / f"{name}.md"
-    command = [sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", "--out", str(out)]
-    proc = _run_with_stacks_on_timeout([*command, "--work", str(tmp_path / "work")], 900.0)
+    # The limit is above two deadlines of the longest run: a stuck run is retried once.
+    args = ("--quick", "--out", str(out), "--work", str(tmp_path / "work"))
+    proc = run_benchmark(name, *args, timeout_s=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     text = out.read_text(encoding="utf-8")
     assert f"python benchmarks/{name}.py --quick" in text
@@ -51,36 +47,9 @@ def test_quick_run_writes_its_result(tmp_path: Path, name: str) -> None:
     assert stored["rows"] and stored["meta"]["quick"] is True
 
     again = tmp_path / f"{name}-again.md"
-    rerender = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARKS / f"{name}.py"),
-            "--from-rows",
-            str(tmp_path / f"{name}-rows.json"),
-            "--out",
-            str(again),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    stored_rows = str(tmp_path / f"{name}-rows.json")
+    rerender = run_benchmark(name, "--from-rows", stored_rows, "--out", str(again), timeout_s=120)
     assert rerender.returncode == 0, rerender.stderr[-4000:]
     rendered = again.read_text(encoding="utf-8")
     for expected in SCRIPTS[name]:
         assert expected in rendered, expected
-
-
-def _run_with_stacks_on_timeout(command: list[str], timeout_s: float) -> CompletedProcess[str]:
-    """Run a script; if it overruns (above two deadlines of its longest run, since a stuck run
-    is retried once), ask it for its threads' stacks (SIGUSR1) and fail with its output."""
-    with subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGUSR1)
-            time.sleep(2)
-            proc.kill()
-            stdout, stderr = proc.communicate()
-            pytest.fail(f"overran {timeout_s:.0f} s; its output and stacks:\n{stdout}{stderr}")
-    return CompletedProcess(command, proc.returncode, stdout, stderr)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench_support import run_benchmark
 
 pytest.importorskip("torch")
 try:
@@ -15,18 +15,10 @@ try:
 except ImportError as exc:
     pytest.skip(f"HolisticTraceAnalysis is not installed ({exc})", allow_module_level=True)
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profiler_compare.py"
-
 
 def test_quick_comparison_writes_its_tables(tmp_path: Path) -> None:
     out = tmp_path / "profiler_compare.md"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    proc = run_benchmark("profiler_compare", "--quick", "--out", str(out), timeout_s=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text(encoding="utf-8")
     assert "python benchmarks/profiler_compare.py --quick" in text

@@ -7,7 +7,9 @@ Spec grammar: ``KIND@RANK:DELAYms[,every=K][,from=S,to=E]``, e.g. ``data@2:120ms
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import StageFrontierError
 
@@ -99,3 +101,32 @@ def check_faults(faults: tuple[Fault, ...], ranks: int, cuda: bool) -> None:
                 "forward_device needs a CUDA GPU (it delays device work inside the forward); "
                 "this machine has none. Use forward@RANK:DELAYms for a host-side forward delay"
             )
+
+
+class FaultInjector:
+    """Sleeps where a fault says, on the rank and steps it names; set ``step`` before each step.
+
+    Training code calls ``delay(kind)`` at each injection point, ``barrier_now()`` in the
+    callbacks stage, and registers ``comm_hook`` as a DDP communication hook for comm faults.
+    """
+
+    def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
+        self.faults = faults
+        self.rank = rank
+        self.step = 0
+
+    def delay(self, kind: str) -> None:
+        for fault in self.faults:
+            if fault.kind == kind and fault.active(self.rank, self.step):
+                time.sleep(fault.delay_s)
+
+    def barrier_now(self) -> bool:
+        """callback_sync faults put a barrier on every rank at the faulty rank's steps."""
+        return any(f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults)
+
+    def comm_hook(self, process_group: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if bucket.index() == 0:
+            self.delay("comm")
+        return allreduce_hook(process_group, bucket)

@@ -31,7 +31,7 @@ from ..schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
-from .faults import Fault
+from .faults import Fault, FaultInjector
 
 
 @dataclass(frozen=True)
@@ -98,31 +98,6 @@ STEP_TIMES = "step-times-rank{rank}.json"
 whole step independently of the timer, so logger-off and logger-on runs compare equally."""
 
 
-class _Injector:
-    """Sleeps where a fault says, on the rank and steps it names."""
-
-    def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
-        self.faults = faults
-        self.rank = rank
-        self.step = 0
-
-    def delay(self, kind: str) -> None:
-        for fault in self.faults:
-            if fault.kind == kind and fault.active(self.rank, self.step):
-                time.sleep(fault.delay_s)
-
-    def barrier_now(self) -> bool:
-        """callback_sync faults put a barrier on every rank at the faulty rank's steps."""
-        return any(f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults)
-
-    def comm_hook(self, process_group: Any, bucket: Any) -> Any:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        if bucket.index() == 0:
-            self.delay("comm")
-        return allreduce_hook(process_group, bucket)
-
-
 def run_rank(rank: int, config: DemoConfig, port: int) -> None:
     """Entry point of one spawned rank. A failure's traceback is also written to
     ``out_dir/error-rank{rank}.txt``, so the launcher can say what went wrong; SIGUSR1 writes
@@ -171,7 +146,7 @@ def _train(rank: int, config: DemoConfig, port: int) -> None:
     model, optimizer = _wrap(
         TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers), config
     )
-    faults = _Injector(config.faults, rank)
+    faults = FaultInjector(config.faults, rank)
     if any(f.kind == "comm" for f in config.faults):
         # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
         model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
