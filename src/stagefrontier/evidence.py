@@ -7,7 +7,7 @@ buffer that is reused for every sort), so memory stays within a small multiple o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,10 @@ class StageLocalization:
     """Mean lag growth within this stage (lag here minus lag at the previous boundary)."""
     gap_mean_s: float | None
     """Mean gap between the leading and the second prefix; None with a single rank."""
+    leading_ranks: list[int] = field(default_factory=list)
+    """Ranks that led this boundary alone for at least ``gates.leading_rank_fraction`` of its
+    uniquely led advance, or shared the lead in at least that fraction of steps; strongest
+    first."""
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,19 @@ def _localize(
     led = weights[np.arange(s), leads].tolist()
     confident_steps = counts.sum(axis=1).tolist()
     tie_order = np.argsort(-tie_counts, axis=1, kind="stable")
+    led_total = weights.sum(axis=1, keepdims=True)
+    lead_score = np.divide(weights, led_total, out=np.zeros(weights.shape), where=led_total > 0)
+    tie_score = tie_counts / max(n, 1)
+    leading = (lead_score >= gates.leading_rank_fraction) | (
+        tie_score >= gates.leading_rank_fraction
+    )
+    strength_order = np.argsort(-(lead_score + tie_score), axis=1, kind="stable")
 
     out = []
     for j in range(s):
         sequence = leader[unique[:, j], j]
         order = tie_order[j]
+        strongest = strength_order[j]
         out.append(
             StageLocalization(
                 leader_rank=leads[j] if confident_steps[j] else None,
@@ -132,6 +144,7 @@ def _localize(
                 lag_mean_s=lag_means[j],
                 delta_lag_mean_s=delta_means[j],
                 gap_mean_s=gap_means[j],
+                leading_ranks=strongest[leading[j][strongest]].tolist(),
             )
         )
     return out

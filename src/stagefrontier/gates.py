@@ -39,6 +39,10 @@ class Gates:
     leader_tie: float = 0.02
     """eta_Q: ranks whose prefix is within this fraction of the step's exposed time of the
     frontier are tied for the lead; a confident leader is the only rank in its tie set."""
+    leading_rank_fraction: float = 0.1
+    """A rank is one of a stage's leading ranks if it led the boundary alone for at least this
+    fraction of the uniquely led advance, or shared the lead in at least this fraction of steps
+    (several leading ranks on one host of a multi-host job: a node-level problem)."""
     max_switch_rate: float = 0.3
     """gamma_switch: leader changes per confident step above which the lead rank is unstable."""
     min_confident_fraction: float = 0.5

@@ -16,6 +16,7 @@ from .accounting import FloatArray
 from .errors import ReportFormatError, StageFrontierError
 from .packet import Packet, read_packet
 from .routing import rank_order
+from .sinks import lead_scope_text
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",
@@ -137,6 +138,8 @@ def _windows_table(run: RunWindows) -> list[str]:
         lead = r["leaders"].get(top) if top else None
         host = meta.get("hosts", {}).get(str(lead), "") if lead is not None else ""
         who = "-" if lead is None else f"rank {lead}" + (f"@{host}" if host else "")
+        scope = lead_scope_text(meta.get("lead"))
+        who += f"; {scope}" if scope else ""
         share = f"{r['shares'][top]:.0%}" if top and r["shares_defined"] else "n/a"
         flags = ",".join(x for x in r["labels"] if x != "frontier_accounting") or "-"
         span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"

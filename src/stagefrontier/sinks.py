@@ -64,6 +64,9 @@ def summary_line(record: dict[str, Any], report: WindowReport) -> str:
     host = record.get("hosts", {}).get(str(lead)) if lead is not None else None
     if host:
         line = line.replace(f"led by rank {lead}", f"led by rank {lead}@{host}", 1)
+    scope = lead_scope_text(record.get("lead"))
+    if scope:
+        line = line.replace(" | route ", f" ({scope}) | route ", 1)
     if not record.get("gather_ok", True):
         line += f" | missing ranks {record.get('missing_ranks')}"
     return f"{head} | {line}"
@@ -101,6 +104,18 @@ def packet_name(record: dict[str, Any]) -> str:
     return f"window-{record['window']:06d}{suffix}.json"
 
 
+def lead_scope_text(lead: dict[str, Any] | None) -> str:
+    """``node-level: ranks 4,5,6,7 all on node-b``; empty for a single leading rank."""
+    if not lead or lead["scope"] == "rank":
+        return ""
+    ranks = ",".join(str(r) for r in lead["ranks"])
+    if lead["scope"] == "node":
+        return f"node-level: ranks {ranks} all on {lead['hosts'][0]}"
+    if lead["scope"] == "hosts":
+        return f"ranks {ranks} on {len(lead['hosts'])} hosts"
+    return f"ranks {ranks} lead together"
+
+
 PACKET_META = (
     "run_id",
     "attempt",
@@ -113,6 +128,9 @@ PACKET_META = (
     "missing_ranks",
     "mismatched_ranks",
     "hosts",
+    "local_ranks",
+    "pids",
+    "lead",
     "accumulation_factor",
     "contract_violations",
 )

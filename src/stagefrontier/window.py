@@ -231,6 +231,30 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
         "contract_violations": sum(w.contract_violations for w in merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
+        "local_ranks": {str(w.rank): w.local_rank for w in merged.ranks},
+        "pids": {str(w.rank): w.pid for w in merged.ranks},
+        "lead": lead_scope(report, {w.rank: w.hostname for w in merged.ranks}),
     }
     record.update(report.to_dict())
     return record
+
+
+def lead_scope(report: WindowReport, hosts: dict[int, str]) -> dict[str, Any] | None:
+    """Where the top stage's leading ranks run: ``scope`` is ``rank`` (one leading rank),
+    ``node`` (several, all on one host of a job that spans several: suspect the node, not a
+    rank), ``hosts`` (several, on several hosts) or ``one_host_job`` (several, but the whole job
+    runs on one host, so node and rank cannot be told apart). None without a top stage."""
+    top = report.top1
+    if top is None or top not in report.localization:
+        return None
+    ranks = report.localization[top].leading_ranks
+    if not ranks:
+        return None
+    on = sorted({hosts.get(r, "") for r in ranks})
+    if len(ranks) == 1:
+        scope = "rank"
+    elif len(set(hosts.values())) == 1:
+        scope = "one_host_job"
+    else:
+        scope = "node" if len(on) == 1 else "hosts"
+    return {"stage": top, "ranks": ranks, "hosts": on, "scope": scope}
