@@ -276,6 +276,10 @@ def test_role_aware_needed_when_roles_differ() -> None:
     rep = sf.analyze(d, ST3, roles=roles)
     assert "role_aware_needed" in rep.labels
     assert rep.role_shares is not None and set(rep.role_shares) == {"pp0", "pp1"}
+    # No global attribution across roles: no ranking, no routing set, per-role tops instead.
+    assert rep.top1 is None and rep.top2 is None and rep.routing_set == []
+    assert "roles differ, top per role: pp0 " in rep.summary() and ", pp1 " in rep.summary()
+    assert sf.WindowReport.from_dict(rep.to_dict()) == rep
     assert "direct_exposure" not in rep.labels
     assert any("role_aware_needed" in r for r in rep.reasons["direct_exposure"])
     assert_reasons(rep)
@@ -283,6 +287,7 @@ def test_role_aware_needed_when_roles_differ() -> None:
     same = sf.analyze(d, ST3, roles=["pp0"] * 4)
     assert "role_aware_needed" not in same.labels
     assert same.role_shares is None
+    assert same.top1 == "data" and same.routing_set
     assert "direct_exposure" in same.labels
 
 
@@ -571,7 +576,8 @@ def test_tiny_window_reports_raw_advances() -> None:
     assert rep.shares_defined is False
     assert rep.advances == pytest.approx({"data": 2e-12, "fwd": 0.0, "bwd": 4e-12}, abs=1e-25)
     assert rep.exposed_s == pytest.approx(6e-12, abs=1e-25)
-    assert rep.top1 == "bwd"  # ordered by raw advances when shares are undefined
+    assert rep.top1 is None  # roles differ: no global ranking
+    assert sf.analyze(d, ST3).top1 == "bwd"  # ordered by raw advances when shares are undefined
     assert rep.role_shares == {"a": dict.fromkeys(ST3, 0.0), "b": dict.fromkeys(ST3, 0.0)}
 
 

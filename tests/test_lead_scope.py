@@ -29,7 +29,9 @@ def _windows(slow: dict[int, int], hosts: dict[int, str], seed: int = 0) -> list
             durations[:, 0] += slow[rank] * MS + rng.integers(0, 8 * MS, size=30)
         wall = durations.sum(axis=1)
         out.append(
-            RankWindow(0, 0, 29, rank, STAGES, durations, wall, hostname=hosts[rank], pid=100 + rank)
+            RankWindow(
+                0, 0, 29, rank, STAGES, durations, wall, hostname=hosts[rank], pid=100 + rank
+            )
         )
     return out
 

@@ -46,7 +46,8 @@ def analyze(
         stages: the ``S`` ordered stage names.
         gates: labeler thresholds; ``Gates()`` by default.
         roles: optional role per rank (e.g. pipeline stage). Mixed roles give
-            ``role_aware_needed`` and per-role shares instead of a global attribution.
+            ``role_aware_needed`` and per-role shares instead of a global attribution:
+            ``top1``, ``top2`` and ``routing_set`` stay empty.
         side: optional side evidence (CUDA-event samples, accumulation, telemetry errors).
 
     Raises:
@@ -79,6 +80,9 @@ def analyze(
         )
     )
     order = rank_order(ev.shares if ev.shares_defined else ev.advance_totals)
+    labels = labeling.ordered()
+    # Ranks in different roles: a global ranking of stages is unsafe, only role_shares stand.
+    ranked = "role_aware_needed" not in labels
     stage_dict = _per_stage(names)
     return WindowReport(
         stages=list(names),
@@ -91,12 +95,12 @@ def analyze(
         shares=stage_dict(ev.shares),
         advances=stage_dict(ev.advance_totals),
         direct_gain=stage_dict(ev.gain),
-        top1=names[order[0]],
-        top2=names[order[1]] if s > 1 else None,
+        top1=names[order[0]] if ranked else None,
+        top2=names[order[1]] if s > 1 and ranked else None,
         routing_set=candidate_set(ev.shares, names, gates.candidate_threshold)
-        if ev.shares_defined
+        if ev.shares_defined and ranked
         else [],
-        labels=labeling.ordered(),
+        labels=labels,
         reasons=labeling.reasons,
         co_critical_stages=labeling.co_critical_stages,
         leaders={name: loc.leader_rank for name, loc in zip(names, ev.localization, strict=True)},

@@ -67,6 +67,12 @@ class WindowReport:
             parts.append("route " + "+".join(self.routing_set))
         elif not self.shares_defined:
             parts.append("no exposed time: raw advances only")
+        elif self.role_shares:
+            tops = ", ".join(
+                f"{role} {max(shares, key=shares.__getitem__)} {max(shares.values()):.0%}"
+                for role, shares in self.role_shares.items()
+            )
+            parts.append(f"roles differ, top per role: {tops}")
         flags = [label for label in self.labels if label != "frontier_accounting"]
         parts.append("labels " + (",".join(flags) if flags else "none"))
         return " | ".join(parts)
