@@ -371,7 +371,8 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         metavar="SPEC",
         help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with KIND one of data, forward, "
-        "backward, comm, callback_sync, callback_host, forward_device (CUDA only); repeatable",
+        "backward, comm, callback_sync, callback_host (forward_device is refused: the demo's "
+        "forward has no device work); repeatable",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="stagefrontier-demo", metavar="DIR")

@@ -24,7 +24,7 @@ FAULT_KINDS = (
 )
 """Where the delay goes: the data stage, forward, backward, inside a DDP communication hook, a
 callback followed by a barrier on every rank, a callback without a barrier, or a device-side
-forward delay (CUDA only)."""
+forward delay (parsed, but refused by the CPU demo, whose forward has no device work)."""
 
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<rank>\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$")
 
@@ -96,10 +96,13 @@ def check_faults(faults: tuple[Fault, ...], ranks: int, cuda: bool) -> None:
     for fault in faults:
         if fault.rank >= ranks:
             raise FaultSpecError(f"fault {fault} targets rank {fault.rank} but --ranks is {ranks}")
-        if fault.kind == "forward_device" and not cuda:
+        if fault.kind == "forward_device":
+            # The demo model trains on the CPU: accepting it would inject nothing.
             raise FaultSpecError(
-                "forward_device needs a CUDA GPU (it delays device work inside the forward); "
-                "this machine has none. Use forward@RANK:DELAYms for a host-side forward delay"
+                "forward_device delays device work inside the forward, and the demo trains on "
+                "the CPU over Gloo, so it has none to delay"
+                + ("" if cuda else " (and this machine has no CUDA GPU)")
+                + ". Use forward@RANK:DELAYms for a host-side forward delay"
             )
 
 
