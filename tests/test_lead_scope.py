@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from stagefrontier.runreport import load_run, render_report
 from stagefrontier.sinks import PacketSink, summary_line
@@ -71,10 +70,8 @@ def test_a_single_host_job_cannot_tell_node_from_rank() -> None:
     assert record["lead"]["scope"] == "one_host_job"
 
 
-@pytest.mark.parametrize("slow", [{4: 60, 5: 60, 6: 60, 7: 60}])
-def test_node_level_lead_reaches_the_log_line_packet_and_report(
-    tmp_path: Path, slow: dict[int, int]
-) -> None:
+def test_node_level_lead_reaches_the_log_line_packet_and_report(tmp_path: Path) -> None:
+    slow = {4: 60, 5: 60, 6: 60, 7: 60}
     analyzed = analyze_merged(merge_windows(_windows(slow, HOSTS), 8))
     line = summary_line(analyzed.record, analyzed.report)
     assert "(node-level: ranks " in line and "all on node-b) | route " in line, line
