@@ -23,7 +23,7 @@ from typing import Any
 
 import harness_common as hc
 from harness_common import pct
-from stagefrontier.schema import CALLBACKS_STAGE
+from stagefrontier.analysis.schema import CALLBACKS_STAGE
 
 DELAY_MS = 120.0
 PHASES = ("A1", "B", "A2")

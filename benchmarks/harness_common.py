@@ -33,17 +33,17 @@ import numpy as np
 import numpy.typing as npt
 
 from stagefrontier import analyze
-from stagefrontier.baselines import BASELINES
-from stagefrontier.packet import Packet, read_packet
-from stagefrontier.report import WindowReport
-from stagefrontier.routing import candidate_set, rank_order
-from stagefrontier.runreport import method_shares
-from stagefrontier.schema import (
+from stagefrontier.analysis.baselines import BASELINES
+from stagefrontier.analysis.routing import candidate_set, rank_order
+from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
     DATA_STAGE,
     FORWARD_STAGE,
 )
+from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.formats.packet import Packet, read_packet
+from stagefrontier.render.run_report import method_shares
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -43,7 +43,7 @@ import numpy as np
 import stagefrontier
 from result_header import result_header
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer
-from stagefrontier.noop import NOOP
+from stagefrontier.record.noop import NOOP
 
 _now = time.perf_counter_ns
 

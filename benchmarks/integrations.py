@@ -225,7 +225,7 @@ def transformers_hooks(steps: int, out: Path) -> float:
 def plain_timer(steps: int, out: Path) -> float:
     """µs per step of a StageTimer driven by ``with`` blocks over five stages: the reference."""
     from stagefrontier import StageTimer
-    from stagefrontier.schema import DEFAULT_STAGES
+    from stagefrontier.analysis.schema import DEFAULT_STAGES
 
     names = DEFAULT_STAGES[:-1]
     timer = StageTimer(window=steps + 1, out_dir=out, collect="local")

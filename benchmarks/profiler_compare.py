@@ -54,12 +54,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
-from stagefrontier.demo.faults import Fault, FaultInjector
-from stagefrontier.demo.launch import run_ranks
-from stagefrontier.packet import read_packet
-from stagefrontier.reducers import ReducedTrace, reduce_hta, reduce_kineto
-from stagefrontier.report import WindowReport
-from stagefrontier.schema import (
+from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
     DATA_STAGE,
@@ -67,6 +62,11 @@ from stagefrontier.schema import (
     OPTIMIZER_STAGE,
     RESIDUAL_STAGE,
 )
+from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.demo.faults import Fault, FaultInjector
+from stagefrontier.demo.launch import run_ranks
+from stagefrontier.formats.packet import read_packet
+from stagefrontier.reducers import ReducedTrace, reduce_hta, reduce_kineto
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "profiler_compare.md"
 COMMAND = "python benchmarks/profiler_compare.py"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import harness_common as hc
-from stagefrontier.routing import candidate_set
+from stagefrontier.analysis.routing import candidate_set
 
 FAMILIES = ("data", "backward", "comm", "forward", "callback_sync", "callback_host")
 POSITIVE = FAMILIES[:5]

@@ -85,7 +85,7 @@ class _Dropping:
 
 def _collector(rank: int, job: Job) -> Any:
     from stagefrontier.collect import GlooCollector, StoreCollector
-    from stagefrontier.sinks import JsonlSink
+    from stagefrontier.sinks.core import JsonlSink
 
     queue_size = job.queue_size.get(rank, 4)
     if job.collect == "gloo":

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stagefrontier.window import PendingWindow, RankWindow
+from stagefrontier.record.window import PendingWindow, RankWindow
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"

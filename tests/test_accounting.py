@@ -7,7 +7,7 @@ import pytest
 
 import reference as ref
 import stagefrontier as sf
-from stagefrontier.accounting import stage_sum_bounds, window_shares
+from stagefrontier.analysis.accounting import stage_sum_bounds, window_shares
 
 # Paper figure 1: r0 has a slow data stage, r1 and r2 wait for it inside backward.
 FIG1 = np.array([[[6.0, 1.0, 1.2], [1.0, 1.0, 6.2], [1.1, 1.0, 6.0]]])

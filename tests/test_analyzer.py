@@ -11,7 +11,7 @@ import pytest
 import reference as ref
 import stagefrontier as sf
 from stagefrontier import Gates, SideEvidence, WindowReport
-from stagefrontier.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
+from stagefrontier.analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
 
 ST3 = ["data", "fwd", "bwd"]
 FWD_STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from stagefrontier import StageTimer
+from stagefrontier.record.window import AnalyzedWindow
 from stagefrontier.reducers import reduce_kineto
-from stagefrontier.window import AnalyzedWindow
 
 torch = pytest.importorskip("torch")
 
@@ -96,8 +96,8 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     """Under torchelastic a restart counts windows from 0 again in the same folder: records and
     packets carry the attempt, no packet is overwritten, and the report orders by attempt."""
     from stagefrontier.collect import LocalCollector
-    from stagefrontier.runreport import load_run, render_report
-    from stagefrontier.sinks import default_sinks
+    from stagefrontier.render.run_report import load_run, render_report
+    from stagefrontier.sinks.core import default_sinks
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     slow = {0: "data.next_wait", 1: "model.backward_cpu_wall"}

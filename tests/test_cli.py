@@ -14,7 +14,7 @@ import pytest
 
 import stagefrontier as sf
 from stagefrontier.cli import main
-from stagefrontier.packet import write_packet
+from stagefrontier.formats.packet import write_packet
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sync_wait_window.npz"
@@ -138,7 +138,7 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_corrupt_packet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.json"
-    path.write_text('{"format": "stagefrontier.packet", "version": 99}')
+    path.write_text('{"format": "stagefrontier.formats.packet", "version": 99}')
     code, out, err = run(["analyze", str(path)], capsys)
     assert_one_line_error(code, out, err, "unknown packet version 99")
 

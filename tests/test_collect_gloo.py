@@ -92,7 +92,7 @@ def test_gloo_mode_needs_torch_distributed(tmp_path: Path) -> None:
 def test_gloo_collector_of_one_rank_analyzes_locally(tmp_path: Path) -> None:
     import numpy as np
 
-    from stagefrontier.window import RankWindow
+    from stagefrontier.record.window import RankWindow
 
     collector = GlooCollector(rank=0, world_size=1, out_dir=tmp_path, group=None)
     stages = (DATA, "step.other_cpu_wall")

@@ -14,8 +14,8 @@ import pytest
 
 from recorder_support import FWD, OPTIM, CaptureCollector, read_records
 from stagefrontier import StageTimer
-from stagefrontier.cuda_events import MAX_PENDING_STEPS, is_sampled
-from stagefrontier.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
+from stagefrontier.analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
+from stagefrontier.record.cuda_events import MAX_PENDING_STEPS, is_sampled
 
 MS = 1e-3
 SCOPE_LIMITED = "forward_event_scope_limited"

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from stagefrontier import analyze
 from stagefrontier.demo import DeadlineExceeded, DemoConfig, launch, parse_fault
-from stagefrontier.packet import read_packet
+from stagefrontier.formats.packet import read_packet
 
 STEPS = 30
 WINDOW = 10

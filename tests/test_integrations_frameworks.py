@@ -81,8 +81,8 @@ def test_lightning_ddp_routes_a_rank_1_data_delay_to_the_data_stage(tmp_path: Pa
 
 @_needs("lightning", "lightning")
 def test_lightning_gradient_accumulation_times_microsteps(tmp_path: Path) -> None:
+    from stagefrontier.analysis.schema import expand_microsteps
     from stagefrontier.integrations.lightning import LIGHTNING_STAGES
-    from stagefrontier.schema import expand_microsteps
 
     _example(
         "lightning_ddp.py",
@@ -166,8 +166,8 @@ def test_hf_trainer_run_produces_windows(tmp_path: Path) -> None:
 
 @_needs("transformers", "transformers")
 def test_hf_trainer_accumulation_without_the_forward_split(tmp_path: Path) -> None:
+    from stagefrontier.analysis.schema import expand_microsteps
     from stagefrontier.integrations.transformers import FWD_BWD_STAGE, TRAINER_STAGES_LUMPED
-    from stagefrontier.schema import expand_microsteps
 
     records = _hf_run(tmp_path, accumulation=2, split_forward=False)
     assert len(records) == 3

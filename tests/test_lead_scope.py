@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stagefrontier.runreport import load_run, render_report
-from stagefrontier.sinks import PacketSink, summary_line
-from stagefrontier.window import RankWindow, analyze_merged, merge_windows
+from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+from stagefrontier.render.run_report import load_run, render_report
+from stagefrontier.sinks.core import PacketSink, summary_line
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 HOSTS = {r: "node-a" if r < 4 else "node-b" for r in range(8)}

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import stagefrontier as sf
-from stagefrontier.packet import (
+from stagefrontier.analysis.side import EVENT_MISSING, EVENT_READY
+from stagefrontier.formats.packet import (
     PACKET_FORMAT,
     PACKET_VERSION,
     decode_array,
@@ -25,7 +26,6 @@ from stagefrontier.packet import (
     read_packet,
     write_packet,
 )
-from stagefrontier.side import EVENT_MISSING, EVENT_READY
 
 STAGES = sf.DEFAULT_STAGES
 BASE = np.array([0.004, 0.030, 0.055, 0.002, 0.012, 0.0005])

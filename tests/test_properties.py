@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 
 import reference as ref
 import stagefrontier as sf
-from stagefrontier.accounting import stage_sum_bounds
+from stagefrontier.analysis.accounting import stage_sum_bounds
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -32,11 +32,11 @@ from recorder_support import (
     wall,
 )
 from stagefrontier import ContractViolation, StageTimer, WindowReport
+from stagefrontier.analysis.schema import SCHEMA_VERSION, stage_order_hash
+from stagefrontier.analysis.window_report import REPORT_FORMAT
 from stagefrontier.collect import LocalCollector
-from stagefrontier.report import REPORT_FORMAT
-from stagefrontier.schema import SCHEMA_VERSION, stage_order_hash
-from stagefrontier.sinks import JsonlSink
-from stagefrontier.window import AnalyzedWindow
+from stagefrontier.record.window import AnalyzedWindow
+from stagefrontier.sinks.core import JsonlSink
 
 MS = 1e-3
 

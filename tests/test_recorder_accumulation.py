@@ -21,7 +21,7 @@ from recorder_support import (
     read_records,
 )
 from stagefrontier import StageTimer
-from stagefrontier.schema import expand_microsteps, stage_order_hash
+from stagefrontier.analysis.schema import expand_microsteps, stage_order_hash
 
 MS = 1e-3
 AMBIGUOUS = "gradient_accumulation_ambiguous"

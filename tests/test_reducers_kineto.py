@@ -389,7 +389,7 @@ def test_detect_format(gloo_dir: Path, single: Path, tmp_path: Path) -> None:
     assert detect_format(gz) == "kineto"
     np.savez(tmp_path / "w.npz", d=np.zeros((1, 1, 1)))
     assert detect_format(tmp_path / "w.npz") == "npz"
-    (tmp_path / "p.json").write_text('{"format":"stagefrontier.packet","version":1}')
+    (tmp_path / "p.json").write_text('{"format":"stagefrontier.formats.packet","version":1}')
     assert detect_format(tmp_path / "p.json") == "packet"
     rep = tmp_path / "report.nsys-rep"
     rep.write_bytes(b"\x00binary")

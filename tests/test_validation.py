@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
-from stagefrontier import validation as v
+from stagefrontier.analysis import validation as v
 
 KEYS = {
     "telescoping_max_error",

@@ -1,8 +1,14 @@
 """StageFrontier: synchronization-aware stage accounting for distributed training."""
 
-from . import baselines
-from .accounting import advances, frontier, prefixes, slack
-from .analyzer import analyze
+from .analysis import baselines
+from .analysis.accounting import advances, frontier, prefixes, slack
+from .analysis.analyzer import analyze
+from .analysis.evidence import StageLocalization
+from .analysis.gates import Gates
+from .analysis.labels import ALL_LABELS
+from .analysis.schema import DEFAULT_STAGES, RESIDUAL_STAGE
+from .analysis.side import SideEvidence
+from .analysis.window_report import WindowReport
 from .errors import (
     DurationsError,
     EmptyWindowError,
@@ -12,13 +18,7 @@ from .errors import (
     StageFrontierError,
     StageNamesError,
 )
-from .evidence import StageLocalization
-from .gates import Gates
-from .labels import ALL_LABELS
-from .recorder import ContractViolation, StageTimer
-from .report import WindowReport
-from .schema import DEFAULT_STAGES, RESIDUAL_STAGE
-from .side import SideEvidence
+from .record.recorder import ContractViolation, StageTimer
 
 __version__ = "0.1.0"
 

@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .analyzer import analyze
+from .analysis.analyzer import analyze
+from .analysis.validation import check_rows, run_validation
+from .analysis.window_report import WindowReport
 from .errors import ReportFormatError, StageFrontierError
-from .packet import read_packet
+from .formats.packet import read_packet
 from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
-from .report import WindowReport
-from .validation import check_rows, run_validation
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -313,7 +313,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .runreport import load_run, render_report
+    from .render.run_report import load_run, render_report
 
     print(render_report(load_run(args.dir)))
     return EXIT_OK
@@ -337,8 +337,8 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from .plots import plot_shares_over_time, plot_worst_step
-    from .runreport import load_run
+    from .render.plots import plot_shares_over_time, plot_worst_step
+    from .render.run_report import load_run
 
     run = load_run(args.dir)
     frontier = args.output or args.dir / "frontier_worst_step.png"

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import StageFrontierError
-from ..sinks import Sink, default_sinks
+from ..sinks.core import Sink, default_sinks
 from .base import Collector
 from .gloo import GlooCollector
 from .local import LocalCollector

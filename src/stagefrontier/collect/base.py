@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from ..window import MergedWindow, PendingWindow, RankWindow, merge_windows
+from ..record.window import MergedWindow, PendingWindow, RankWindow, merge_windows
 
 logger = logging.getLogger("stagefrontier")
 

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ReportFormatError
-from ..sinks import Sink, default_sinks, emit
-from ..window import PendingWindow, RankWindow, analyze_merged
+from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..sinks.core import Sink, default_sinks, emit
 from .base import BackgroundWorker, merge_received
 from .wire import WIRE_VERSION, decode_window, encode_window
 

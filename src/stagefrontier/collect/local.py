@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ..sinks import Sink, default_sinks, emit
-from ..window import PendingWindow, analyze_merged, merge_windows
+from ..record.window import PendingWindow, analyze_merged, merge_windows
+from ..sinks.core import Sink, default_sinks, emit
 from .base import BackgroundWorker
 
 

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..attempt import current_attempt
 from ..errors import ReportFormatError
-from ..sinks import Sink, default_sinks, emit
-from ..window import PendingWindow, RankWindow, analyze_merged
+from ..record.attempt import current_attempt
+from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..sinks.core import Sink, default_sinks, emit
 from .base import BackgroundWorker, merge_received
 from .wire import decode_window, encode_window
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ReportFormatError
-from ..window import RankWindow
+from ..record.window import RankWindow
 
 MAGIC = b"SFW1"
 WIRE_VERSION = 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..plots import plot_shares_over_time, plot_worst_step
-from ..runreport import load_run, render_report
+from ..render.plots import plot_shares_over_time, plot_worst_step
+from ..render.run_report import load_run, render_report
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig

@@ -21,9 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..collect import StoreCollector
-from ..recorder import StageTimer
-from ..schema import (
+from ..analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
     DATA_STAGE,
@@ -31,6 +29,8 @@ from ..schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
+from ..collect import StoreCollector
+from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import StageFrontierError
-from ..recorder import StageTimer
-from ..sinks import Sink
+from ..record.recorder import StageTimer
+from ..sinks.core import Sink
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns

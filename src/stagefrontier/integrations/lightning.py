@@ -71,11 +71,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..analysis.schema import (
+    BACKWARD_STAGE,
+    CALLBACKS_STAGE,
+    DATA_STAGE,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+)
+from ..analysis.schema import RESIDUAL_STAGE as _RESIDUAL
 from ..errors import StageFrontierError
-from ..recorder import StageTimer
-from ..schema import BACKWARD_STAGE, CALLBACKS_STAGE, DATA_STAGE, FORWARD_STAGE, OPTIMIZER_STAGE
-from ..schema import RESIDUAL_STAGE as _RESIDUAL
-from ..sinks import Sink
+from ..record.recorder import StageTimer
+from ..sinks.core import Sink
 from ._extras import MissingExtraError, require
 from ._timer import HookClock, make_timer
 

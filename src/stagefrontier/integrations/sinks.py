@@ -1,6 +1,6 @@
 """Sinks for the tools training jobs already watch: TensorBoard, Prometheus, W&B, and CSV.
 
-Every sink follows :class:`stagefrontier.sinks.Sink`: ``write(window)`` on rank 0's analysis
+Every sink follows :class:`stagefrontier.sinks.core.Sink`: ``write(window)`` on rank 0's analysis
 thread once per analyzed window, ``close()`` when the timer closes. Each one writes the same few
 numbers, taken by :func:`window_metrics` from the window's report:
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..labels import ALL_LABELS
-from ..schema import semantic_stage
-from ..window import AnalyzedWindow
+from ..analysis.labels import ALL_LABELS
+from ..analysis.schema import semantic_stage
+from ..record.window import AnalyzedWindow
 from ._extras import require
 
 logger = logging.getLogger("stagefrontier")

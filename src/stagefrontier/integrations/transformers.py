@@ -64,10 +64,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..analysis.schema import (
+    BACKWARD_STAGE,
+    DATA_STAGE,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
 from ..errors import StageFrontierError
-from ..recorder import StageTimer
-from ..schema import BACKWARD_STAGE, DATA_STAGE, FORWARD_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE
-from ..sinks import Sink
+from ..record.recorder import StageTimer
+from ..sinks.core import Sink
 from ._extras import require
 from ._timer import HookClock, make_timer
 

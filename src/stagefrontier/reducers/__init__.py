@@ -13,7 +13,7 @@ All return a ``ReducedTrace``; ``ReducedTrace.analyze()`` runs the one analyzer.
 imports torch; ``reduce_hta`` imports ``hta`` only when called.
 """
 
-from ..schema import STEP_ANNOTATION
+from ..analysis.schema import STEP_ANNOTATION
 from .errors import (
     MisalignedStepsError,
     MissingDependencyError,

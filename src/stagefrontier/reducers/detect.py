@@ -48,7 +48,7 @@ def detect_format(path: Path) -> str:
         )
     text = _peek_text(path)
     if text.startswith(b"{"):
-        if b'"stagefrontier.packet"' in text[:4096]:
+        if b'"stagefrontier.formats.packet"' in text[:4096]:
             return "packet"
         if any(key in text for key in _TRACE_KEYS):
             return "kineto"

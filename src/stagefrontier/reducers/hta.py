@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
+from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import MissingDependencyError, TraceFormatError
 from .files import KINETO_SUFFIXES, Paths, RankMap, check_unmapped, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank

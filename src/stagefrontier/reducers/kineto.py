@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
+from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     KINETO_SUFFIXES,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..schema import RESIDUAL_STAGE, check_stage_names
+from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
 from .ranges import RankRanges, Span, id_text
 from .result import ReducedTrace

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 
-from ..schema import DEFAULT_STAGES, STEP_ANNOTATION
+from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     NSYS_SUFFIXES,

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..schema import STEP_ANNOTATION
+from ..analysis.schema import STEP_ANNOTATION
 from .errors import TraceFormatError
 
 PROFILER_STEP = "ProfilerStep"

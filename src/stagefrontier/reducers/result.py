@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..analyzer import analyze
-from ..gates import Gates
-from ..report import WindowReport
-from ..side import SideEvidence
+from ..analysis.analyzer import analyze
+from ..analysis.gates import Gates
+from ..analysis.side import SideEvidence
+from ..analysis.window_report import WindowReport
 from .errors import MisalignedStepsError
 from .ranges import id_text
 

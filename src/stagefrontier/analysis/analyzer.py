@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import RolesError, SideEvidenceError
 from .accounting import FloatArray, advances_from_frontier, as_window
-from .errors import RolesError, SideEvidenceError
 from .evidence import compute_evidence
 from .gates import Gates
 from .labels import LabelInputs, label_window
-from .report import WindowReport
 from .routing import candidate_set, rank_order
 from .schema import (
     RESIDUAL_STAGE,
@@ -26,6 +25,7 @@ from .schema import (
     stage_order_hash,
 )
 from .side import SideEvidence
+from .window_report import WindowReport
 
 DEFAULT_GATES = Gates()
 NO_SIDE_EVIDENCE = SideEvidence()

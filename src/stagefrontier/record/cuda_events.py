@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ..analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
 from .noop import NOOP
-from .side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
 
 if TYPE_CHECKING:
     from .recorder import StageTimer

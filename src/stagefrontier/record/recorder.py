@@ -24,14 +24,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
+from ..collect import Collector, make_collector
+from ..errors import StageFrontierError
+from ..sinks.core import Sink
 from .annotate import ProfilerRanges, step_range_name
-from .collect import Collector, make_collector
 from .cuda_events import EventSampler
-from .errors import StageFrontierError
 from .noop import NOOP as _NULL
 from .noop import NoopContext as _NullContext
-from .schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
-from .sinks import Sink
 from .window import WindowSnapshot
 
 logger = logging.getLogger("stagefrontier")

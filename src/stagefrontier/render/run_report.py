@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from . import baselines
-from .accounting import FloatArray
-from .errors import ReportFormatError, StageFrontierError
-from .packet import Packet, read_packet
-from .routing import rank_order
-from .sinks import lead_scope_text
+from ..analysis import baselines
+from ..analysis.accounting import FloatArray
+from ..analysis.routing import rank_order
+from ..errors import ReportFormatError, StageFrontierError
+from ..formats.packet import Packet, read_packet
+from ..sinks.core import lead_scope_text
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",

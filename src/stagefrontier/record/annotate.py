@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema import STEP_ANNOTATION
+from ..analysis.schema import STEP_ANNOTATION
 
 
 class ProfilerRanges:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .report import WindowReport
-from .window import AnalyzedWindow
+from ..analysis.window_report import WindowReport
+from ..record.window import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 
@@ -79,7 +79,7 @@ class PacketSink:
         self.folder = Path(out_dir) / "packets"
 
     def write(self, window: AnalyzedWindow) -> None:
-        from .packet import write_packet
+        from ..formats.packet import write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
         write_packet(

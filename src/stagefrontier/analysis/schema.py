@@ -6,7 +6,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 
-from .errors import StageNamesError
+from ..errors import StageNamesError
 
 SCHEMA_VERSION = 1
 

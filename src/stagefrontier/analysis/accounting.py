@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import DurationsError, EmptyWindowError
+from ..errors import DurationsError, EmptyWindowError
 from .schema import check_stage_names
 
 FloatArray = npt.NDArray[np.float64]

@@ -7,7 +7,7 @@ index, steps, world size, hosts, gather status, ...) and the report computed whe
 
 Layout (JSON object)::
 
-    {"format": "stagefrontier.packet", "version": 1,
+    {"format": "stagefrontier.formats.packet", "version": 1,
      "d": {"dtype": "<f8", "shape": [N, R, K], "codec": "shuffle+zlib+base64", "data": "..."},
      "stages": [...], "roles": [...] | null, "side": {...} | null, "gates": {...},
      "meta": {...}, "report": {...}}
@@ -35,17 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from .accounting import FloatArray, as_window
-from .analyzer import analyze
-from .errors import ReportFormatError, StageFrontierError
-from .gates import Gates
-from .report import WindowReport
-from .schema import check_stage_names
-from .side import SideEvidence
+from ..analysis.accounting import FloatArray, as_window
+from ..analysis.analyzer import analyze
+from ..analysis.gates import Gates
+from ..analysis.schema import check_stage_names
+from ..analysis.side import SideEvidence
+from ..analysis.window_report import WindowReport
+from ..errors import ReportFormatError, StageFrontierError
 
 logger = logging.getLogger("stagefrontier")
 
-PACKET_FORMAT = "stagefrontier.packet"
+PACKET_FORMAT = "stagefrontier.formats.packet"
 PACKET_VERSION = 1
 CODEC = "shuffle+zlib+base64"
 

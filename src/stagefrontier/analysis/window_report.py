@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ReportFormatError, StageFrontierError
+from ..errors import ReportFormatError, StageFrontierError
 from .evidence import StageLocalization
 from .gates import Gates
 

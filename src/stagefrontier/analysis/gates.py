@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from .errors import StageFrontierError
+from ..errors import StageFrontierError
 
 GainBaseline = Literal["rank_median", "cohort_median", "reference"]
 

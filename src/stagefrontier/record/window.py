@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .analyzer import analyze
-from .attempt import current_attempt
-from .gates import Gates
-from .report import WindowReport
-from .schema import (
+from ..analysis.analyzer import analyze
+from ..analysis.gates import Gates
+from ..analysis.schema import (
     FORWARD_STAGE,
     RESIDUAL_STAGE,
     SCHEMA_VERSION,
     expand_microsteps,
     stage_order_hash,
 )
-from .side import EVENT_NOT_SAMPLED, SideEvidence
+from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
+from ..analysis.window_report import WindowReport
+from .attempt import current_attempt
 
 NS = 1e-9
 

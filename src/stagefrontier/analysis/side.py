@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import SideEvidenceError
+from ..errors import SideEvidenceError
 from .schema import FORWARD_STAGE
 
 EVENT_NOT_SAMPLED = 0
