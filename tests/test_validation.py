@@ -101,7 +101,7 @@ def test_tight_fixtures_attain_their_bounds() -> None:
     # The M = min(R, S) F fixture: four ranks, one unit each on a distinct stage.
     d = np.zeros((1, 4, 6))
     d[0, np.arange(4), np.arange(4)] = 2.0
-    exposed, m_max, m_mean = sf.accounting.stage_sum_bounds(d)
+    exposed, m_max, m_mean = sf.analysis.accounting.stage_sum_bounds(d)
     assert (exposed[0], m_max[0], m_mean[0]) == (2.0, 8.0, 2.0)
 
 
