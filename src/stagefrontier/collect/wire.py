@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import MISSING
 from typing import Any
 
 import numpy as np
 
 from ..errors import ReportFormatError
-from ..record.window import RankWindow
+from ..record.window import RankWindow, wire_fields
+from .wire_checks import check_meta_value
 
 MAGIC = b"SFW1"
 WIRE_VERSION = 1
@@ -23,26 +25,12 @@ _HEADER = struct.Struct("<4sHIIII16sIB")
 HEADER_SIZE = _HEADER.size
 _HAS_EVENTS = 1
 MAX_META_BYTES = 1 << 20
+MAX_DURATION_NS = 1 << 50
+"""About 13 days: a longer stage is corrupt, and sums of such values stay exact in float64."""
 
 
 def encode_window(w: RankWindow) -> bytes:
-    meta = {
-        "stages": list(w.stages),
-        "first_step": w.first_step,
-        "last_step": w.last_step,
-        "schema_version": w.schema_version,
-        "forward_stage": w.forward_stage,
-        "accumulation_factor": w.accumulation_factor,
-        "accumulation_mixed": w.accumulation_mixed,
-        "contract_violations": w.contract_violations,
-        "violation_reasons": list(w.violation_reasons),
-        "probes": w.probes,
-        "dropped_windows": w.dropped_windows,
-        "hostname": w.hostname,
-        "local_rank": w.local_rank,
-        "pid": w.pid,
-        "role": w.role,
-    }
+    meta = {f.name: _jsonable(getattr(w, f.name)) for f in wire_fields()}
     meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
     n, k = w.durations_ns.shape
     has_events = w.event_ms is not None and w.event_state is not None
@@ -69,11 +57,17 @@ def encode_window(w: RankWindow) -> bytes:
     return b"".join(parts)
 
 
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def read_header(data: bytes) -> tuple[int, int, int, int, str, int, int]:
     """(window, rank, N, K, schema hash, metadata length, flags); raises ReportFormatError."""
     if len(data) < HEADER_SIZE:
         raise ReportFormatError(f"window payload too short for a header ({len(data)} bytes)")
     magic, version, window, rank, n, k, schema, meta_len, flags = _HEADER.unpack_from(data)
+    if flags & ~_HAS_EVENTS:
+        raise ReportFormatError(f"window payload has unknown flag bits {flags:#x}")
     if magic != MAGIC:
         raise ReportFormatError(f"bad window payload magic {magic!r}")
     if version != WIRE_VERSION:
@@ -99,7 +93,7 @@ def decode_window(data: bytes) -> RankWindow:
     offset = HEADER_SIZE
     try:
         meta: dict[str, Any] = json.loads(data[offset : offset + meta_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ReportFormatError(f"window metadata of rank {rank} is not JSON: {exc}") from None
     offset += meta_len
 
@@ -114,32 +108,34 @@ def decode_window(data: bytes) -> RankWindow:
     wall = take("<i8", n, (n,))
     event_ms = take("<f8", n, (n,)) if flags & _HAS_EVENTS else None
     event_state = take("i1", n, (n,)) if flags & _HAS_EVENTS else None
-    try:
-        result = RankWindow(
-            window=window,
-            first_step=int(meta["first_step"]),
-            last_step=int(meta["last_step"]),
-            rank=rank,
-            stages=tuple(str(s) for s in meta["stages"]),
-            durations_ns=durations,
-            wall_ns=wall,
-            event_ms=event_ms,
-            event_state=event_state,
-            forward_stage=meta.get("forward_stage"),
-            accumulation_factor=int(meta.get("accumulation_factor", 1)),
-            accumulation_mixed=bool(meta.get("accumulation_mixed", False)),
-            contract_violations=int(meta.get("contract_violations", 0)),
-            violation_reasons=tuple(str(r) for r in meta.get("violation_reasons", ())),
-            probes=dict(meta.get("probes", {})),
-            dropped_windows=int(meta.get("dropped_windows", 0)),
-            hostname=str(meta.get("hostname", "")),
-            local_rank=int(meta.get("local_rank", 0)),
-            pid=int(meta.get("pid", 0)),
-            role=meta.get("role"),
-            schema_version=int(meta.get("schema_version", 1)),
+    for name, array in (("durations", durations), ("step walls", wall)):
+        if array.size and (array.min() < 0 or array.max() > MAX_DURATION_NS):
+            raise ReportFormatError(
+                f"window payload of rank {rank} holds {name} outside [0, 2**50] ns"
+            )
+    if not isinstance(meta, dict):
+        raise ReportFormatError(f"window metadata of rank {rank} is not a JSON object")
+    values = {}
+    for f in wire_fields():
+        if f.name not in meta:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ReportFormatError(f"window metadata of rank {rank} lacks {f.name!r}")
+            continue
+        values[f.name] = check_meta_value(f.metadata["kind"], meta[f.name], f"rank {rank} {f.name}")
+    result = RankWindow(
+        window=window,
+        rank=rank,
+        durations_ns=durations,
+        wall_ns=wall,
+        event_ms=event_ms,
+        event_state=event_state,
+        **values,
+    )
+    if result.first_step > result.last_step or result.last_step - result.first_step + 1 != n:
+        raise ReportFormatError(
+            f"rank {rank} window covers steps {result.first_step}-{result.last_step} "
+            f"but holds {n} rows"
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReportFormatError(f"window metadata of rank {rank} is malformed: {exc}") from None
     if len(result.stages) != k:
         raise ReportFormatError(f"rank {rank} sent {len(result.stages)} stage names for K={k}")
     if result.schema_hash != schema:

@@ -8,7 +8,7 @@ analyzer. Everything here after the hand-off runs off the training thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -31,35 +31,45 @@ from .attempt import current_attempt
 NS = 1e-9
 
 
+def _meta(kind: str, record: str | None = None) -> dict[str, str | None]:
+    """Field metadata: ``kind`` says how the wire decoder checks the value, ``record`` under
+    which key ``windows.jsonl`` keeps it per rank (``{rank: value}``), if at all."""
+    return {"kind": kind, "record": record}
+
+
 @dataclass(frozen=True)
 class RankWindow:
     """One rank's completed window.
 
     ``durations_ns`` is ``[N, S]`` integer nanoseconds in schema order, residual included;
     ``wall_ns`` the rank-local step wall times. Event arrays are per step (this rank only).
+
+    This declaration is the one list of a window's fields: the wire format (``collect/wire.py``)
+    sends every field whose metadata has a ``kind`` in its JSON block and checks it on receipt,
+    and ``window_record`` keeps those with a ``record`` key per rank. A new field is one line.
     """
 
     window: int
-    first_step: int
-    last_step: int
+    first_step: int = field(metadata=_meta("count"))
+    last_step: int = field(metadata=_meta("count"))
     rank: int
-    stages: tuple[str, ...]
+    stages: tuple[str, ...] = field(metadata=_meta("names"))
     durations_ns: npt.NDArray[np.int64]
     wall_ns: npt.NDArray[np.int64]
     event_ms: npt.NDArray[np.float64] | None = None
     event_state: npt.NDArray[np.int8] | None = None
-    forward_stage: str | None = None
-    accumulation_factor: int = 1
-    accumulation_mixed: bool = False
-    contract_violations: int = 0
-    violation_reasons: tuple[str, ...] = ()
-    probes: dict[str, dict[str, float]] = field(default_factory=dict)
-    dropped_windows: int = 0
-    hostname: str = ""
-    local_rank: int = 0
-    pid: int = 0
-    role: str | None = None
-    schema_version: int = SCHEMA_VERSION
+    forward_stage: str | None = field(default=None, metadata=_meta("optional_text"))
+    accumulation_factor: int = field(default=1, metadata=_meta("positive"))
+    accumulation_mixed: bool = field(default=False, metadata=_meta("flag"))
+    contract_violations: int = field(default=0, metadata=_meta("count"))
+    violation_reasons: tuple[str, ...] = field(default=(), metadata=_meta("names"))
+    probes: dict[str, dict[str, float]] = field(default_factory=dict, metadata=_meta("probes"))
+    dropped_windows: int = field(default=0, metadata=_meta("count"))
+    hostname: str = field(default="", metadata=_meta("text", record="hosts"))
+    local_rank: int = field(default=0, metadata=_meta("count", record="local_ranks"))
+    pid: int = field(default=0, metadata=_meta("count", record="pids"))
+    role: str | None = field(default=None, metadata=_meta("optional_text"))
+    schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
     def n_steps(self) -> int:
@@ -225,18 +235,30 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "gather_ok": not merged.missing_ranks,
         "missing_ranks": merged.missing_ranks,
         "mismatched_ranks": merged.mismatched_ranks,
-        "hosts": {str(w.rank): w.hostname for w in merged.ranks},
         "accumulation_factor": ref.accumulation_factor,
         "step_wall_s": wall,
         "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
         "contract_violations": sum(w.contract_violations for w in merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
-        "local_ranks": {str(w.rank): w.local_rank for w in merged.ranks},
-        "pids": {str(w.rank): w.pid for w in merged.ranks},
+        **per_rank_fields(merged.ranks),
         "lead": lead_scope(report, {w.rank: w.hostname for w in merged.ranks}),
     }
     record.update(report.to_dict())
     return record
+
+
+def wire_fields() -> list[Field[Any]]:
+    """The RankWindow fields that travel in the wire format's JSON block, in declaration order."""
+    return [f for f in fields(RankWindow) if "kind" in f.metadata]
+
+
+def per_rank_fields(ranks: Sequence[RankWindow]) -> dict[str, dict[str, Any]]:
+    """``{record key: {rank: value}}`` for every field declared with a ``record`` key."""
+    return {
+        f.metadata["record"]: {str(w.rank): getattr(w, f.name) for w in ranks}
+        for f in fields(RankWindow)
+        if f.metadata.get("record")
+    }
 
 
 def lead_scope(report: WindowReport, hosts: dict[int, str]) -> dict[str, Any] | None:

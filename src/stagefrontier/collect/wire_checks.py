@@ -1,0 +1,88 @@
+"""Checks for the values in a window payload's JSON block, one per declared field kind.
+
+Every value read off the wire is checked for its exact JSON type and range before it reaches a
+RankWindow, so a malformed payload is a ReportFormatError for that rank only, never an overflow,
+a bool read as a count or a float read as a rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ReportFormatError
+
+MAX_COUNT = (1 << 62) - 1
+"""Far above any real step, pid or count; below int64, so numpy never overflows on it."""
+
+
+def check_meta_value(kind: str, value: Any, where: str) -> Any:
+    """``value`` as the field of that kind holds it; raises ReportFormatError otherwise."""
+    try:
+        check = _CHECKS[kind]
+    except KeyError:
+        raise ReportFormatError(f"{where}: unknown field kind {kind!r}") from None
+    return check(value, where)
+
+
+def _integer(value: Any, where: str, low: int) -> int:
+    if type(value) is not int or not low <= value <= MAX_COUNT:
+        raise ReportFormatError(f"{where} must be an integer in [{low}, 2**62), got {value!r:.40}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    return _integer(value, where, 0)
+
+
+def _positive(value: Any, where: str) -> int:
+    return _integer(value, where, 1)
+
+
+def _flag(value: Any, where: str) -> bool:
+    if type(value) is not bool:
+        raise ReportFormatError(f"{where} must be true or false, got {value!r:.40}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if type(value) is not str:
+        raise ReportFormatError(f"{where} must be a string, got {value!r:.40}")
+    return value
+
+
+def _optional_text(value: Any, where: str) -> str | None:
+    return None if value is None else _text(value, where)
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if type(value) is not list:
+        raise ReportFormatError(f"{where} must be a list of strings, got {value!r:.40}")
+    return tuple(_text(v, where) for v in value)
+
+
+def _probes(value: Any, where: str) -> dict[str, dict[str, float]]:
+    if type(value) is not dict:
+        raise ReportFormatError(f"{where} must be an object, got {value!r:.40}")
+    out: dict[str, dict[str, float]] = {}
+    for name, stats in value.items():
+        if type(stats) is not dict:
+            raise ReportFormatError(f"{where}[{name!r}] must be an object")
+        out[name] = {}
+        for key, number in stats.items():
+            if type(number) not in (int, float) or not math.isfinite(number):
+                raise ReportFormatError(f"{where}[{name!r}][{key!r}] must be a finite number")
+            out[name][key] = float(number)
+    return out
+
+
+_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "count": _count,
+    "positive": _positive,
+    "flag": _flag,
+    "text": _text,
+    "optional_text": _optional_text,
+    "names": _names,
+    "probes": _probes,
+}
