@@ -8,7 +8,7 @@ analyzer folds them back into broad stages (``semantic_shares``).
 
 * Routing: a 120 ms delay per microstep on one rank in the data or backward stage (so 480 ms
   per optimizer step); each row's windows after the first are pooled and scored on the
-  semantic shares (top-1, top-2, tau_C = 0.80 candidate hit), next to the substage view.
+  semantic shares (top-1, top-2, tau_C = 0.80 routing-set hit), next to the substage view.
 * Throughput: pairs of no-fault runs of the same job, ordered substages (``timer.microstep``)
   against broad stages (no microstep contexts, so each stage's repeated entries add up in its
   broad column), alternating order; ratio of throughputs from the ranks' measured step times.
@@ -183,8 +183,8 @@ def routing_table(faults: Sequence[dict[str, Any]], base_ms: float) -> list[str]
                 n,
                 f"{sum(h.top1 for h in hits)}/{n}",
                 f"{sum(h.top2 for h in hits)}/{n}",
-                f"{sum(h.candidate for h in hits)}/{n}",
-                f"{statistics.mean(h.candidate_size for h in hits):.1f}",
+                f"{sum(h.in_routing_set for h in hits)}/{n}",
+                f"{statistics.mean(h.routing_set_size for h in hits):.1f}",
                 f"{share:.2f}",
             ]
         )

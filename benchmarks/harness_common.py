@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from stagefrontier import analyze
 from stagefrontier.analysis.baselines import BASELINES
-from stagefrontier.analysis.routing import candidate_set, rank_order
+from stagefrontier.analysis.routing import rank_order, routing_set
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -50,7 +50,7 @@ FloatArray = npt.NDArray[np.float64]
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TAU_C = 0.80
-"""The default cumulative-share threshold of the routing (candidate) set."""
+"""The default cumulative-share threshold of the routing set."""
 DEADLINE_BASE_S = 120.0
 DEADLINE_PER_RANK_STEP_S = 0.5
 """A launched run's hard deadline: the base plus this per rank and step (about 5x a run's
@@ -281,8 +281,8 @@ class Hit:
 
     top1: bool
     top2: bool
-    candidate: bool
-    candidate_size: int
+    in_routing_set: bool
+    routing_set_size: int
     rank: int
     """1-based position of the seeded stage in the method's order."""
 
@@ -290,14 +290,14 @@ class Hit:
 def score(
     scores: Sequence[float] | FloatArray, stages: Sequence[str], seeded: str, tau: float = TAU_C
 ) -> Hit:
-    """Top-1, top-2, candidate hit and candidate-set size of ``seeded`` under ``scores``."""
+    """Top-1, top-2, routing-set hit and routing-set size of ``seeded`` under ``scores``."""
     order = [stages[i] for i in rank_order(scores)]
-    candidates = candidate_set(scores, stages, tau)
+    candidates = routing_set(scores, stages, tau)
     return Hit(
         top1=order[0] == seeded,
         top2=seeded in order[:2],
-        candidate=seeded in candidates,
-        candidate_size=len(candidates),
+        in_routing_set=seeded in candidates,
+        routing_set_size=len(candidates),
         rank=order.index(seeded) + 1,
     )
 

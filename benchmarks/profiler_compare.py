@@ -12,7 +12,7 @@ segment is written by ``tensorboard_trace_handler`` (one file per rank) and redu
 scored by the same analyzer.
 
 Reported per tool (like the paper's table 5): top-1 and top-2 hits of the injected stage,
-candidate hit (the stage is in the routing set) and routing-set size, the largest per-stage share
+routing-set hit (the stage is in the routing set) and routing-set size, the largest per-stage share
 difference from StageFrontier, artifact size (the window's evidence packet vs the trace files on
 disk), no-fault step overhead while capturing, and post-processing time (reduce + analyze).
 Medians of size, overhead and post-processing come from the no-fault segments.
@@ -492,9 +492,9 @@ def render(
         f"{', '.join(str(x) for x in s.seeds)}; hidden rank per seed: "
         f"{', '.join(str(fault_rank(x, s.ranks)) for x in s.seeds)}.",
         "",
-        "Columns: top-1/top-2/candidate hit count the positive rows whose injected stage is the "
+        "Columns: top-1/top-2/routing-set hit count the positive rows whose injected stage is the "
         "top stage / among the top two / in the routing set (shares up to tau_C = 0.8); "
-        "candidate avg/max is the routing-set size; max share diff is the largest per-stage "
+        "routing-set avg/max is the routing-set size; max share diff is the largest per-stage "
         "share difference from StageFrontier on any positive row; artifact is the scored "
         "window's evidence packet vs the segment's trace files on disk (uncompressed JSON, all "
         "ranks); overhead is the median step time of the captured no-fault steps over the "

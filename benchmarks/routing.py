@@ -5,8 +5,8 @@ on real multi-rank Gloo DDP jobs of the demo workload. Each row is one run with 
 delay on one rank (the rank varies with the seed) in one of five families (data, backward,
 backward/comm, forward/host, callback/sync) plus the callback/host control. A row's windows,
 after the first (warm-up), are pooled into one matrix and every method is scored on it:
-top-1, top-2, candidate hit (the seeded stage is in the tau_C = 0.80 candidate set of the
-method's shares) and candidate-set size. A no-fault run per rank count gives the step-time p50
+top-1, top-2, routing-set hit (the seeded stage is in the tau_C = 0.80 routing set of the
+method's shares) and routing-set size. A no-fault run per rank count gives the step-time p50
 for Delay/p50. The sweep injects 12/30/60 ms data tails (120 ms comes from the data rows).
 
 Usage::
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import harness_common as hc
-from stagefrontier.analysis.routing import candidate_set
+from stagefrontier.analysis.routing import routing_set
 
 FAMILIES = ("data", "backward", "comm", "forward", "callback_sync", "callback_host")
 POSITIVE = FAMILIES[:5]
@@ -170,7 +170,8 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
         f"{counts} x {len(seeds)} seed(s) = {n} positive rows, {DELAY_MS:g} ms host-side delay"
         " on one rank, plus the callback/host control and a no-fault run per rank count."
         f" StageFrontier: top-1 {sum(h.top1 for h in sf)}/{n},"
-        f" top-2 {sum(h.top2 for h in sf)}/{n}, candidate hit {sum(h.candidate for h in sf)}/{n}"
+        f" top-2 {sum(h.top2 for h in sf)}/{n},"
+        f" routing-set hit {sum(h.in_routing_set for h in sf)}/{n}"
         " (paper: 40/50, 50/50, 50/50).",
     ]
     result.section("Setup", setup_lines(rows, p50))
@@ -212,14 +213,14 @@ def method_table(positive: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for method in hc.METHODS:
         h = [hits(r, method) for r in positive]
-        sizes = [x.candidate_size for x in h]
+        sizes = [x.routing_set_size for x in h]
         out.append(
             [
                 hc.METHOD_TITLES[method],
                 "yes" if method == "stagefrontier" else "no",
                 f"{sum(x.top1 for x in h)}/{n}",
                 f"{sum(x.top2 for x in h)}/{n}",
-                f"{sum(x.candidate for x in h)}/{n}",
+                f"{sum(x.in_routing_set for x in h)}/{n}",
                 f"{statistics.mean(sizes):.2f}" if sizes else "-",
                 str(max(sizes)) if sizes else "-",
             ]
@@ -248,8 +249,8 @@ def scenario_table(faulted: Sequence[dict[str, Any]], p50: dict[int, float]) -> 
                     n,
                     f"{sum(x.top1 for x in h)}/{n}",
                     f"{sum(x.top2 for x in h)}/{n}",
-                    f"{sum(x.candidate for x in h)}/{n}",
-                    f"{statistics.mean(x.candidate_size for x in h):.1f}",
+                    f"{sum(x.in_routing_set for x in h)}/{n}",
+                    f"{statistics.mean(x.routing_set_size for x in h):.1f}",
                     f"{statistics.mean(seeded):.2f}",
                     f"{leaders}/{n}",
                 ]
@@ -310,7 +311,7 @@ def detect_table(rows: Sequence[dict[str, Any]], p50: dict[int, float]) -> list[
                 f"{statistics.mean(shares):.3f}{spread}",
                 f"{sum(x.top1 for x in h)}/{n}",
                 f"{sum(x.top2 for x in h)}/{n}",
-                f"{sum(x.candidate for x in h)}/{n}",
+                f"{sum(x.in_routing_set for x in h)}/{n}",
             ]
         )
     headers = [
@@ -320,11 +321,11 @@ def detect_table(rows: Sequence[dict[str, Any]], p50: dict[int, float]) -> list[
         "Mean data share (± sd)",
         "Top-1",
         "Top-2",
-        "In tau_C=0.80 candidate set",
+        "In tau_C=0.80 routing set",
     ]
     paper = (
         "Paper (8 ranks): mean data.next_wait share 0.060, 0.146, 0.284, 0.434 at 12, 30, 60,"
-        " 120 ms; data enters the 0.80 candidate prefix at about 0.43."
+        " 120 ms; data enters the 0.80 routing set at about 0.43."
     )
     intro = f"{ranks} ranks, seeds {', '.join(map(str, seeds))} at every magnitude."
     return [intro, "", *hc.table(headers, out), "", paper]
@@ -335,11 +336,11 @@ def tau_table(positive: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for tau in TAUS:
         h = [hits(r, "stagefrontier", tau) for r in positive]
-        sizes = [x.candidate_size for x in h]
+        sizes = [x.routing_set_size for x in h]
         out.append(
             [
                 f"{tau:.2f}",
-                f"{sum(x.candidate for x in h)}/{n}",
+                f"{sum(x.in_routing_set for x in h)}/{n}",
                 f"{statistics.mean(sizes):.2f}",
                 max(sizes),
             ]
@@ -380,7 +381,7 @@ def notes(
 
 
 def headline_notes(positive: Sequence[dict[str, Any]]) -> list[str]:
-    """StageFrontier's counts and candidate sizes against the paper's."""
+    """StageFrontier's counts and routing-set sizes against the paper's."""
     n = len(positive)
     sf = [hits(r, "stagefrontier") for r in positive]
     if not sf:
@@ -389,7 +390,7 @@ def headline_notes(positive: Sequence[dict[str, Any]]) -> list[str]:
         {
             FAMILY_TITLES[r["family"]]
             for r, h in zip(positive, sf, strict=True)
-            if h.candidate_size > 2
+            if h.routing_set_size > 2
         }
     )
     best_other = max(
@@ -400,18 +401,19 @@ def headline_notes(positive: Sequence[dict[str, Any]]) -> list[str]:
     missed = sorted({FAMILY_TITLES[r["family"]] for r in positive if not hits(r, best_other).top2})
     t1, t2 = sum(h.top1 for h in sf), sum(h.top2 for h in sf)
     lines = [
-        f"- StageFrontier: top-1 {t1}/{n}, top-2 {t2}/{n}, candidate hit"
-        f" {sum(h.candidate for h in sf)}/{n} (paper 40/50, 50/50, 50/50). The best baseline on"
+        f"- StageFrontier: top-1 {t1}/{n}, top-2 {t2}/{n}, routing-set hit"
+        f" {sum(h.in_routing_set for h in sf)}/{n} (paper 40/50, 50/50, 50/50)."
+        " The best baseline on"
         f" top-2 is {hc.METHOD_TITLES[best_other]} with {other_top2}/{n}"
         + (f", missing on {', '.join(missed)} rows" if missed else "")
         + " (paper: per-stage max ties StageFrontier at 50/50 top-2).",
-        f"- Candidate sets average {statistics.mean(h.candidate_size for h in sf):.2f} stages"
-        f" (max {max(h.candidate_size for h in sf)}) against the paper's 2.00 on every row."
+        f"- Candidate sets average {statistics.mean(h.routing_set_size for h in sf):.2f} stages"
+        f" (max {max(h.routing_set_size for h in sf)}) against the paper's 2.00 on every row."
         + (
             f" Three-stage sets occur in {', '.join(wide)} rows: with the seeded stage near"
             " 0.3-0.5, the remaining exposed time is split between forward and backward"
             " compute, which on 2 oversubscribed cores are of similar size, so the 0.80 prefix"
-            " needs a third stage. The candidate hit is unaffected and stable across tau_C, as in"
+            " needs a third stage. The routing-set hit is unaffected and stable across tau_C, as in"
             " table 11 of the paper."
             if wide
             else ""
@@ -497,7 +499,7 @@ def row_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         shares = dict(zip(r["stages"], r["shares"]["stagefrontier"], strict=True))
         top, top_share = hc.top_stage(shares)
         seeded = r["seeded"]
-        cand = candidate_set(r["shares"]["stagefrontier"], r["stages"], hc.TAU_C)
+        cand = routing_set(r["shares"]["stagefrontier"], r["stages"], hc.TAU_C)
         out.append(
             [
                 r["family"],
@@ -520,7 +522,7 @@ def row_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         "p50 ms",
         "SF top-1 (share)",
         "Seeded share",
-        "SF candidate set",
+        "SF routing set",
         "Leader",
         "Window labels",
     ]

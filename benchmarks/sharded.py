@@ -6,7 +6,7 @@ The demo job wrapped two ways: DDP with ``torch.distributed.optim.ZeroRedundancy
 gradients and optimizer state sharded; all-gather in forward and backward, reduce-scatter in
 backward). 180 ms faults on one rank in data, backward and callback/sync (comm is a DDP
 communication hook, so it is not used here), plus the callback/host control (no barrier).
-Each row's windows after the first are pooled and scored (top-1, top-2, tau_C = 0.80 candidate
+Each row's windows after the first are pooled and scored (top-1, top-2, tau_C = 0.80 routing
 hit of the seeded stage). A configuration that cannot run on this machine is reported with the
 ranks' error message instead of numbers.
 
@@ -171,8 +171,8 @@ def config_table(ok: Sequence[dict[str, Any]]) -> list[str]:
                     n,
                     f"{sum(h.top1 for h in hits)}/{n}",
                     f"{sum(h.top2 for h in hits)}/{n}",
-                    f"{sum(h.candidate for h in hits)}/{n}",
-                    f"{statistics.mean(h.candidate_size for h in hits):.1f}",
+                    f"{sum(h.in_routing_set for h in hits)}/{n}",
+                    f"{statistics.mean(h.routing_set_size for h in hits):.1f}",
                     f"{share:.2f}",
                 ]
             )

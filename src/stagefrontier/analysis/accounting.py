@@ -17,7 +17,6 @@ from ..errors import DurationsError, EmptyWindowError
 from .schema import check_stage_names
 
 FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.intp]
 
 
 def as_window(d: Any, stages: Sequence[str] | None = None) -> FloatArray:

@@ -16,7 +16,7 @@ from .accounting import FloatArray, advances_from_frontier, as_window
 from .evidence import compute_evidence
 from .gates import Gates
 from .labels import LabelInputs, label_window
-from .routing import candidate_set, rank_order
+from .routing import rank_order, routing_set
 from .schema import (
     RESIDUAL_STAGE,
     SCHEMA_VERSION,
@@ -97,7 +97,7 @@ def analyze(
         direct_gain=stage_dict(ev.gain),
         top1=names[order[0]] if ranked else None,
         top2=names[order[1]] if s > 1 and ranked else None,
-        routing_set=candidate_set(ev.shares, names, gates.candidate_threshold)
+        routing_set=routing_set(ev.shares, names, gates.candidate_threshold)
         if ev.shares_defined and ranked
         else [],
         labels=labels,

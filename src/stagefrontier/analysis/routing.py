@@ -1,4 +1,4 @@
-"""Ranking stages by a score vector: top-k and the compact routing (candidate) set.
+"""Ranking stages by a score vector: top-k and the compact routing set.
 
 Shared by the analyzer and every baseline so that only the scoring rule differs between methods.
 """
@@ -21,7 +21,7 @@ def top_stages(scores: npt.ArrayLike, stages: Sequence[str], k: int) -> list[str
     return [stages[i] for i in rank_order(scores)[:k]]
 
 
-def candidate_set(scores: npt.ArrayLike, stages: Sequence[str], threshold: float) -> list[str]:
+def routing_set(scores: npt.ArrayLike, stages: Sequence[str], threshold: float) -> list[str]:
     """Shortest prefix of the score-ordered stages whose cumulative normalized score reaches
     ``threshold``. Scores are normalized to sum to one; an all-zero vector gives an empty set."""
     values = np.asarray(scores, dtype=np.float64)
