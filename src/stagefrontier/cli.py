@@ -355,6 +355,45 @@ def _run_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "compare",
+        help="split the change in step time between two runs (or window ranges) by stage",
+        description="Compare NEW against BASE: per-step exposed time on each side and its change, "
+        "split exactly into the change of each stage's frontier advance, the leading ranks on "
+        "each side, and each rank's change of its own stage times.",
+        epilog="Each side is an output folder, a packet file, or a window range of a folder: "
+        "DIR:3-7 (windows 3 to 7), DIR:3- (from 3), DIR:-7 (up to 7), DIR:5 (one window). "
+        "Example: stagefrontier compare yesterday/ today/ --plot delta.png",
+    )
+    parser.add_argument("base", metavar="BASE")
+    parser.add_argument("new", metavar="NEW")
+    parser.add_argument(
+        "--stages",
+        metavar="A,B,...",
+        help="compare only these stages (for runs whose schemas differ); the others are "
+        "reported together",
+    )
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write a bar figure here")
+    parser.set_defaults(handler=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .analysis.compare import compare
+    from .formats.sides import load_side
+    from .render.compare_text import render_comparison
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    result = compare(load_side(args.base), load_side(args.new), stages)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render_comparison(result))
+    if args.plot:
+        from .render.compare_plot import plot_comparison
+
+        print(plot_comparison(result, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return EXIT_OK
+
+
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
@@ -406,6 +445,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], N
     _add_validate,
     _add_report,
     _add_plot,
+    _add_compare,
     _add_demo,
 ]
 """Subcommand registrars, in help order."""

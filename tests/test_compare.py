@@ -1,0 +1,183 @@
+"""``stagefrontier compare``: the exact split of a step-time change into stage advances, on random
+windows, on packet folders, on a real demo run whose stall starts halfway, and on bad inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+import stagefrontier as sf
+from stagefrontier import DEFAULT_STAGES
+from stagefrontier.analysis.compare import OTHER_STAGES, CompareError, Side, compare
+from stagefrontier.formats.packet import write_packet
+from stagefrontier.formats.sides import load_side, parse_side
+from test_cli import console_script
+
+STAGES = tuple(DEFAULT_STAGES)
+DATA = DEFAULT_STAGES[0]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def healthy(seed: int, steps: int = 12, ranks: int = 4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    typical = np.array([0.004, 0.030, 0.055, 0.002, 0.012, 0.0005])
+    return typical * (1 + 0.05 * rng.random((steps, ranks, len(typical))))
+
+
+def write_run(folder: Path, windows: list[np.ndarray], stages: tuple[str, ...] = STAGES) -> Path:
+    (folder / "packets").mkdir(parents=True)
+    for i, d in enumerate(windows):
+        meta = {"window": i, "first_step": i * d.shape[0]}
+        report = sf.analyze(d, stages)
+        write_packet(
+            folder / "packets" / f"window-{i:06d}.json", d, stages, report=report, meta=meta
+        )
+    return folder
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base=arrays(np.float64, (5, 3, 4), elements=st.floats(0, 10, allow_subnormal=False)),
+    new=arrays(np.float64, (7, 3, 4), elements=st.floats(0, 10, allow_subnormal=False)),
+)
+def test_stage_deltas_sum_to_the_exposed_delta(base: np.ndarray, new: np.ndarray) -> None:
+    names = ("a", "b", "c", "d")
+    result = compare(Side.from_windows("b", [base], names), Side.from_windows("n", [new], names))
+    total = sum(result.delta_advance_ms.values())
+    assert total == pytest.approx(result.delta_exposed_ms, abs=1e-9 * max(result.new_exposed_ms, 1))
+    exposed = sf.frontier(new)[:, -1].mean() - sf.frontier(base)[:, -1].mean()
+    assert result.delta_exposed_ms == pytest.approx(exposed * 1e3, abs=1e-9)
+
+
+def test_a_stall_is_named_with_its_size_and_its_rank() -> None:
+    base = healthy(0)
+    new = healthy(1)
+    new[:, 2, 0] += 0.120  # rank 2 waits 120 ms for data on every step
+    result = compare(Side.from_windows("b", [base], STAGES), Side.from_windows("n", [new], STAGES))
+    assert result.top_stage == DATA
+    assert result.delta_advance_ms[DATA] == pytest.approx(120, rel=0.1)
+    assert result.rank_deltas[0]["rank"] == 2
+    assert result.leaders(result.new_report)[DATA] == [2]
+    out = result.to_dict()
+    assert set(out) >= {
+        "base_exposed_ms_per_step",
+        "new_exposed_ms_per_step",
+        "delta_exposed_ms_per_step",
+        "delta_advance_ms_per_step",
+        "top_stage",
+        "rank_deltas",
+    }
+    json.dumps(out)
+
+
+def test_different_schemas_need_the_stages_named() -> None:
+    base = Side.from_windows("b", [healthy(0)], STAGES)
+    other = (*STAGES[:3], "extra.stage", *STAGES[3:])
+    new_d = np.concatenate([healthy(1)[:, :, :3], healthy(2)[:, :, :1], healthy(1)[:, :, 3:]], 2)
+    new = Side.from_windows("n", [new_d], other)
+    with pytest.raises(CompareError, match="name the stages to compare"):
+        compare(base, new)
+    result = compare(base, new, stages=STAGES[:3])
+    assert list(result.delta_advance_ms) == [*STAGES[:3], OTHER_STAGES]
+    total = sum(result.delta_advance_ms.values())
+    assert total == pytest.approx(result.delta_exposed_ms, abs=1e-9)
+    with pytest.raises(CompareError, match=r"has no stage extra\.stage"):
+        compare(base, new, stages=["extra.stage"])
+
+
+def test_different_world_sizes_are_refused() -> None:
+    base = Side.from_windows("b", [healthy(0, ranks=4)], STAGES)
+    new = Side.from_windows("n", [healthy(0, ranks=8)], STAGES)
+    with pytest.raises(CompareError, match="world sizes differ"):
+        compare(base, new)
+
+
+def test_window_ranges_of_a_folder(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [healthy(i) for i in range(6)])
+    assert parse_side(f"{run}:2-4") == (run, 2, 4)
+    assert parse_side(f"{run}:3-") == (run, 3, None)
+    assert parse_side(f"{run}:-1") == (run, None, 1)
+    assert parse_side(f"{run}:5") == (run, 5, 5)
+    assert load_side(f"{run}:2-4").d.shape[0] == 3 * 12
+    assert load_side(str(run / "packets" / "window-000001.json")).d.shape[0] == 12
+    with pytest.raises(CompareError, match=r"no window in that range \(the folder has windows 0-5"):
+        load_side(f"{run}:7-9")
+    with pytest.raises(CompareError, match="starts after it ends"):
+        load_side(f"{run}:4-2")
+
+
+def test_cli_compare_text_json_and_plot(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
+    stalled = [healthy(2), healthy(3)]
+    for d in stalled:
+        d[:, 2, 0] += 0.120
+    new = write_run(tmp_path / "new", stalled)
+    figure = tmp_path / "delta.png"
+    text = run_cli("compare", str(base), str(new), "--plot", str(figure))
+    assert re.search(r"grew most: data\.next_wait \(\+1[12]\d\.\d ms/step\)", text), text
+    assert re.search(r"own time in data\.next_wait, by rank: rank 2 \+1[12]\d", text), text
+    assert "labels: base co_critical 2/2" in text or "labels: base direct_exposure" in text
+    assert figure.read_bytes().startswith(PNG_MAGIC)
+    data = json.loads(run_cli("compare", str(base), str(new), "--json"))
+    assert data["top_stage"] == DATA
+    assert data["delta_advance_ms_per_step"][DATA] == pytest.approx(120, rel=0.1)
+
+
+@pytest.mark.parametrize("case", ["empty", "schemas", "truncated", "missing"])
+def test_cli_bad_inputs_are_one_line_and_exit_code_2(tmp_path: Path, case: str) -> None:
+    base = write_run(tmp_path / "base", [healthy(0)])
+    if case == "empty":
+        (tmp_path / "empty").mkdir()
+        other = tmp_path / "empty"
+    elif case == "schemas":
+        other = write_run(tmp_path / "other", [healthy(0)[:, :, :3]], ("x", "y", "z"))
+    elif case == "truncated":
+        packet = base / "packets" / "window-000000.json"
+        other = tmp_path / "cut.json"
+        other.write_bytes(packet.read_bytes()[:200])
+    else:
+        other = tmp_path / "nowhere"
+    proc = subprocess.run(
+        [*console_script(), "compare", str(base), str(other)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stagefrontier: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_compare_on_a_demo_whose_stall_starts_halfway(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    run_cli(
+        "demo",
+        *("--ranks", "2", "--steps", "48", "--window", "8"),
+        *("--fault", "data@1:120ms,from=24", "--out", str(out)),
+        timeout=300,
+    )
+    data = json.loads(run_cli("compare", f"{out}:0-2", f"{out}:3-", "--json"))
+    assert data["top_stage"] == DATA
+    assert data["delta_advance_ms_per_step"][DATA] == pytest.approx(120, rel=0.1)
+    assert data["top_stage_rank_deltas"][0]["rank"] == 1
+    assert data["top_stage_rank_deltas"][0]["delta_ms"] == pytest.approx(120, rel=0.1)
+    total = sum(data["delta_advance_ms_per_step"].values())
+    assert total == pytest.approx(data["delta_exposed_ms_per_step"], abs=1e-9)
+
+
+def run_cli(*args: str, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        [*console_script(), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
