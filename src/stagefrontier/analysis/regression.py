@@ -1,0 +1,129 @@
+"""Live regression check on rank 0: is this window slower than the run's recent healthy windows,
+and which stage's exposed time grew?
+
+Rule (documented in the README): the baseline is the last ``baseline_windows`` windows that were
+not themselves regressions. Once it holds ``min_baseline`` windows, a new window regresses when
+the median of its per-step exposed times exceeds the baseline's median by more than both
+``min_increase`` of that median and ``noise_factor`` times the baseline's robust step-to-step
+spread (1.4826 x the median absolute deviation). Medians make a few slow steps (a checkpoint, a
+GC pause) harmless; the relative floor keeps a very steady run from alarming on tiny shifts. A
+regression is then split exactly into stage advance changes with ``analysis.compare``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StageFrontierError
+from .accounting import FloatArray, frontier
+from .compare import Side, compare
+
+MAD_TO_SIGMA = 1.4826
+RANKS_NAMED = 3
+
+
+@dataclass(frozen=True)
+class RegressionConfig:
+    """When a window counts as slower than the run's recent healthy windows."""
+
+    baseline_windows: int = 5
+    min_baseline: int = 2
+    min_increase: float = 0.10
+    noise_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.baseline_windows < 1 or not 1 <= self.min_baseline <= self.baseline_windows:
+            raise StageFrontierError(
+                "RegressionConfig needs baseline_windows >= 1 and "
+                "1 <= min_baseline <= baseline_windows"
+            )
+        if self.min_increase < 0 or self.noise_factor < 0:
+            raise StageFrontierError("RegressionConfig thresholds must be >= 0")
+
+
+@dataclass(frozen=True)
+class _Healthy:
+    window: int
+    d: FloatArray
+    exposed: FloatArray
+
+
+class RegressionCheck:
+    """Keeps the baseline and checks each window against it; one per run, on rank 0."""
+
+    def __init__(self, config: RegressionConfig | None = None) -> None:
+        self.config = config or RegressionConfig()
+        self._healthy: deque[_Healthy] = deque(maxlen=self.config.baseline_windows)
+        self._stages: tuple[str, ...] | None = None
+
+    def check(self, window: int, d: FloatArray, stages: Sequence[str]) -> dict[str, Any] | None:
+        """The ``regression`` object for this window, or None; the window joins the baseline
+        when it is not a regression. A change of schema or rank count restarts the baseline."""
+        names = tuple(stages)
+        if self._stages != names or (self._healthy and self._healthy[0].d.shape[1] != d.shape[1]):
+            self._healthy.clear()
+            self._stages = names
+        exposed = frontier(d)[:, -1]
+        found = self._regression(window, d, names, exposed)
+        if found is None:
+            self._healthy.append(_Healthy(window, d, exposed))
+        return found
+
+    def _regression(
+        self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
+    ) -> dict[str, Any] | None:
+        cfg = self.config
+        if len(self._healthy) < cfg.min_baseline:
+            return None
+        base = np.concatenate([h.exposed for h in self._healthy])
+        base_median = float(np.median(base))
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
+        increase = float(np.median(exposed)) - base_median
+        if increase <= max(cfg.min_increase * base_median, cfg.noise_factor * spread):
+            return None
+        result = compare(
+            Side.from_windows("baseline", [h.d for h in self._healthy], stages),
+            Side.from_windows(f"window {window}", [d], stages),
+        )
+        top = result.top_stage
+        grew = result.stage_rank_deltas(top)
+        stage_delta = result.delta_advance_ms[top]
+        grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
+        return {
+            "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
+            "median_increase_ms_per_step": increase * 1e3,
+            "delta_exposed_ms_per_step": result.delta_exposed_ms,
+            "delta_advance_ms_per_step": result.delta_advance_ms,
+            "top_stage": top,
+            # The ranks whose own time in the stage grew by at least half the stage's delta;
+            # all of them means a slowdown of the whole job (a slower mount, a new augmentation).
+            "ranks": grown or [row["rank"] for row in grew[:1]],
+            "all_ranks": len(grown) == len(grew) > 1,
+            "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
+        }
+
+
+def regression_text(regression: dict[str, Any]) -> str:
+    """A few words for the window line: ``+38 ms/step vs windows 4-8: data.next_wait +35 ms,
+    all ranks``."""
+    first, last = regression["baseline_windows"]
+    top = regression["top_stage"]
+    delta = regression["delta_advance_ms_per_step"][top]
+    ranks = regression["ranks"]
+    if regression["all_ranks"]:
+        who = "all ranks"
+    else:
+        shown = ",".join(str(r) for r in ranks[:RANKS_NAMED])
+        who = (
+            ("rank " if len(ranks) == 1 else "ranks ") + shown + (",..." if len(ranks) > 3 else "")
+        )
+    span = f"window {first}" if first == last else f"windows {first}-{last}"
+    return (
+        f"{regression['delta_exposed_ms_per_step']:+.0f} ms/step vs {span}: "
+        f"{top} {delta:+.0f} ms, {who}"
+    )

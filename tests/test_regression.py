@@ -1,0 +1,86 @@
+"""The live regression check: quiet on noisy healthy windows, and an exact, named split when a
+stage slows down on one rank or on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stagefrontier import DEFAULT_STAGES, StageFrontierError
+from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig, regression_text
+
+STAGES = tuple(DEFAULT_STAGES)
+DATA = STAGES[0]
+TYPICAL = np.array([0.004, 0.030, 0.055, 0.002, 0.012, 0.0005])
+
+
+def window(rng: np.random.Generator, steps: int = 20, ranks: int = 4) -> np.ndarray:
+    # Step-to-step noise of about 5% per stage, with an occasional slow step (a GC pause).
+    d = TYPICAL * rng.lognormal(0.0, 0.05, size=(steps, ranks, len(TYPICAL)))
+    slow = rng.random(steps) < 0.05
+    d[slow, :, 2] += 0.040
+    return d
+
+
+def test_no_alarm_on_200_healthy_windows() -> None:
+    rng = np.random.default_rng(7)
+    for run in range(4):
+        check = RegressionCheck()
+        alarms = [check.check(w, window(rng), STAGES) for w in range(50)]
+        assert not any(alarms), f"run {run}: {[a for a in alarms if a]}"
+
+
+def test_a_one_rank_stall_is_caught_in_its_first_window_and_named() -> None:
+    rng = np.random.default_rng(1)
+    check = RegressionCheck()
+    for w in range(5):
+        assert check.check(w, window(rng), STAGES) is None
+    stalled = window(rng)
+    stalled[:, 2, 0] += 0.120
+    found = check.check(5, stalled, STAGES)
+    assert found is not None
+    assert found["top_stage"] == DATA
+    assert found["baseline_windows"] == [0, 4]
+    assert found["ranks"] == [2] and not found["all_ranks"]
+    assert found["delta_advance_ms_per_step"][DATA] == pytest.approx(120, rel=0.1)
+    total = sum(found["delta_advance_ms_per_step"].values())
+    assert total == pytest.approx(found["delta_exposed_ms_per_step"], abs=1e-9)
+    assert regression_text(found).endswith("rank 2")
+    assert "vs windows 0-4: data.next_wait +1" in regression_text(found)
+    # The stalled window does not join the baseline: the next one is compared with 0-4 again.
+    again = check.check(6, stalled, STAGES)
+    assert again is not None and again["baseline_windows"] == [0, 4]
+
+
+def test_a_slowdown_on_every_rank_is_named_as_such() -> None:
+    rng = np.random.default_rng(2)
+    check = RegressionCheck()
+    for w in range(3):
+        check.check(w, window(rng), STAGES)
+    slower = window(rng)
+    slower[:, :, 0] += 0.030  # every rank's data loading got 30 ms slower
+    found = check.check(3, slower, STAGES)
+    assert found is not None and found["top_stage"] == DATA and found["all_ranks"]
+    assert sorted(found["ranks"]) == [0, 1, 2, 3]
+    assert regression_text(found).endswith("all ranks")
+
+
+def test_the_baseline_needs_healthy_windows_and_restarts_on_a_new_schema() -> None:
+    rng = np.random.default_rng(3)
+    check = RegressionCheck(RegressionConfig(baseline_windows=3, min_baseline=2))
+    stalled = window(rng)
+    stalled[:, 1, 0] += 0.2
+    assert check.check(0, window(rng), STAGES) is None
+    assert check.check(1, stalled, STAGES) is None  # one healthy window is not a baseline yet
+    renamed = (*STAGES[:-1], "step.extra")
+    check.check(2, window(rng), renamed)
+    assert check.check(3, stalled, renamed) is None  # the baseline restarted with the schema
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"baseline_windows": 0}, {"min_baseline": 6}, {"min_increase": -1.0}],
+)
+def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(StageFrontierError):
+        RegressionConfig(**kwargs)  # type: ignore[arg-type]
