@@ -1,4 +1,6 @@
-"""Exception hierarchy. Every error the analyzer raises on bad input derives from one root."""
+"""Exception hierarchy: every error stagefrontier raises derives from one root, and every
+exception class is defined here (the modules that raise them re-export them under their old
+import paths)."""
 
 from __future__ import annotations
 
@@ -29,3 +31,49 @@ class SideEvidenceError(StageFrontierError, ValueError):
 
 class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
+
+
+class TraceFormatError(ReportFormatError):
+    """A trace file is unreadable, of an unknown layout, or holds no usable step ranges."""
+
+
+class MissingStagesError(TraceFormatError):
+    """An ordered stage has no range at all on some rank: reducing would invent zeros."""
+
+
+class MissingRanksError(TraceFormatError):
+    """The job's world size names ranks that no trace file covers."""
+
+
+class MisalignedStepsError(TraceFormatError):
+    """The ranks' traces hold different step ids and strict alignment was asked for, or no step
+    id is common to every rank."""
+
+
+class MissingDependencyError(StageFrontierError, ImportError):
+    """An optional package a reducer needs (HolisticTraceAnalysis) is not installed."""
+
+
+class MissingExtraError(MissingDependencyError):
+    """An integration's optional package is missing; the message names the extra to install."""
+
+
+class ContractViolation(StageFrontierError):
+    """A misuse of the timer's contexts (nesting, order, an unknown stage), raised instead of
+    counted when the timer is strict."""
+
+
+class GlooProtocolError(StageFrontierError, RuntimeError):
+    """A peer's header is not a stagefrontier header of this version: the group is out of step."""
+
+
+class FaultSpecError(StageFrontierError, ValueError):
+    """A --fault specification that does not parse."""
+
+
+class DemoError(StageFrontierError, RuntimeError):
+    """A demo rank failed or the run exceeded its deadline."""
+
+
+class DeadlineExceeded(DemoError):
+    """The run's ranks were still running at its deadline and were terminated."""

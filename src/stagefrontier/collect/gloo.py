@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.gates import Gates
+from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow, analyze_merged
 from ..sinks.core import Sink, default_sinks, emit
@@ -45,10 +47,6 @@ MAX_PAYLOAD_BYTES = 256 << 20
 """A header declaring a larger payload is treated as a protocol failure (the group is dead)."""
 
 
-class GlooProtocolError(RuntimeError):
-    """A peer's header is not a stagefrontier header of this version: the group is out of step."""
-
-
 class GlooCollector:
     """One thread per rank exchanging each window over a dedicated Gloo group; rank 0 analyzes.
 
@@ -60,6 +58,7 @@ class GlooCollector:
         group: an existing group to use instead of creating one (all ranks, Gloo).
         sinks: rank 0's sinks (default: windows.jsonl, the log line and packets).
         join_timeout_s: how long ``close`` waits for queued windows.
+        gates: the labeler's gates for rank 0's analysis (None: the defaults).
     """
 
     def __init__(
@@ -73,10 +72,12 @@ class GlooCollector:
         group: Any = None,
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float | None = None,
+        gates: Gates | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.gates = gates
         self._dead: str | None = None
         self._group = group
         if group is None and world_size > 1:
@@ -133,7 +134,8 @@ class GlooCollector:
                 self._mark_dead(f"window {window.window} exchange failed: {_describe(exc)}")
                 notes.append(self._dead or "")
         if self.rank == 0:
-            emit(self.sinks, analyze_merged(merge_received(windows, self.world_size, notes)))
+            merged = merge_received(windows, self.world_size, notes)
+            emit(self.sinks, analyze_merged(merged, self.gates))
 
     def _exchange(self, window: RankWindow, arrived: list[RankWindow], notes: list[str]) -> None:
         """The two operations of one window (more while ranks disagree on the window index)."""

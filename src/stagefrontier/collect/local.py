@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from ..analysis.gates import Gates
 from ..record.window import PendingWindow, analyze_merged, merge_windows
 from ..sinks.core import Sink, default_sinks, emit
 from .base import BackgroundWorker
@@ -23,8 +24,10 @@ class LocalCollector:
         queue_size: int = 4,
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float = 10.0,
+        gates: Gates | None = None,
     ) -> None:
         self.sinks = list(sinks) if sinks is not None else default_sinks(out_dir)
+        self.gates = gates
         self._worker = BackgroundWorker(
             "stagefrontier-analysis", self._process, queue_size, join_timeout_s
         )
@@ -33,7 +36,8 @@ class LocalCollector:
         return self._worker.offer(window)
 
     def _process(self, window: PendingWindow) -> None:
-        emit(self.sinks, analyze_merged(merge_windows([window.build()], world_size=1)))
+        merged = merge_windows([window.build()], world_size=1)
+        emit(self.sinks, analyze_merged(merged, self.gates))
 
     def close(self) -> None:
         self._worker.close()

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..analysis.gates import Gates
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow, analyze_merged
@@ -118,12 +119,12 @@ class StoreCollector:
         store: Any = None,
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float | None = None,
-        send_delay_s: float = 0.0,
+        gates: Gates | None = None,
     ) -> None:
         self.rank = rank
-        self.send_delay_s = send_delay_s  # fault injection: a late rank's delay before each send
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.gates = gates
         self._base_store = store
         self._conn: Any = None
         self._previous: Any = None
@@ -166,7 +167,7 @@ class StoreCollector:
                 raise RuntimeError("the collector is closed")
             from torch.distributed import PrefixStore
 
-            raw = open_connection(self._base_store)
+            raw = open_connection(self._base_store, self.timeout_s)
             self._conn = PrefixStore(store_prefix(), raw)
             previous = previous_attempt_prefix()
             self._previous = None if previous is None else PrefixStore(previous, raw)
@@ -183,8 +184,6 @@ class StoreCollector:
         window = item[0].build()
         if self._dead:
             return
-        if self.send_delay_s:
-            time.sleep(self.send_delay_s)
         try:
             conn = self._connection()
             key = window_key(window.window, window.rank)
@@ -224,7 +223,8 @@ class StoreCollector:
             except Exception as exc:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
-        emit(self.sinks, analyze_merged(merge_received(windows, self.world_size, notes)))
+        merged = merge_received(windows, self.world_size, notes)
+        emit(self.sinks, analyze_merged(merged, self.gates))
         if self._dead is None and self.world_size > 1:
             try:  # after the report: cleanup is off the latency path
                 self._release(own.window, read)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StageFrontierError
+from ..errors import FaultSpecError as FaultSpecError  # defined there, importable here
 
 FAULT_KINDS = (
     "data",
@@ -27,10 +27,6 @@ callback followed by a barrier on every rank, a callback without a barrier, or a
 forward delay (parsed, but refused by the CPU demo, whose forward has no device work)."""
 
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<rank>\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$")
-
-
-class FaultSpecError(StageFrontierError, ValueError):
-    """A --fault specification that does not parse."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..errors import StageFrontierError
+from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
+from ..errors import DemoError as DemoError
 from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
 
 FORKSERVER_PRELOAD = (
@@ -30,14 +31,6 @@ FORKSERVER_PRELOAD = (
 
 STACKS_WAIT_S = 2.0
 """How long a run past its deadline waits for its ranks' stack dumps before terminating them."""
-
-
-class DemoError(StageFrontierError, RuntimeError):
-    """A demo rank failed or the run exceeded its deadline."""
-
-
-class DeadlineExceeded(DemoError):
-    """The run's ranks were still running at its deadline and were terminated."""
 
 
 @dataclass(frozen=True)

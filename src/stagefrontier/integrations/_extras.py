@@ -5,11 +5,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..reducers.errors import MissingDependencyError
+from ..errors import MissingExtraError
 
-
-class MissingExtraError(MissingDependencyError):
-    """An integration's optional package is missing; the message names the extra to install."""
+__all__ = ["MissingExtraError", "require"]
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..analysis.window_report import WindowReport
+from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
@@ -44,12 +45,14 @@ class JsonlSink:
 
 
 class LogSink:
-    """One concise line per window on the ``stagefrontier`` logger."""
+    """One concise line per window on the ``stagefrontier`` logger (on stderr when the
+    application configured no logging, see ``stagefrontier.logs``)."""
 
     def __init__(self, level: int = logging.INFO) -> None:
         self.level = level
 
     def write(self, window: AnalyzedWindow) -> None:
+        show_window_lines()
         logger.log(self.level, "%s", summary_line(window.record, window.report))
 
     def close(self) -> None:
@@ -136,9 +139,14 @@ PACKET_META = (
 )
 
 
-def default_sinks(out_dir: str | os.PathLike[str], packets: bool = False) -> list[Sink]:
-    """JSONL and the log line; with ``packets``, an evidence packet per window too."""
-    sinks: list[Sink] = [JsonlSink(out_dir), LogSink()]
+def default_sinks(
+    out_dir: str | os.PathLike[str], packets: bool = False, log: bool = True
+) -> list[Sink]:
+    """JSONL and (unless ``log`` is False) the log line; with ``packets``, an evidence packet
+    per window too."""
+    sinks: list[Sink] = [JsonlSink(out_dir)]
+    if log:
+        sinks.append(LogSink())
     if packets:
         sinks.append(PacketSink(out_dir))
     return sinks

@@ -1,0 +1,97 @@
+"""The collection settings of a StageTimer, grouped in one frozen object.
+
+``StageTimer(collect=CollectConfig(mode="store", timeout_s=30.0))`` and the flat keywords
+``StageTimer(collect="store", collect_timeout_s=30.0)`` build the same config; giving a setting
+both ways is an error, never a silent choice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..analysis.gates import Gates
+from ..errors import StageFrontierError
+from ..sinks.core import Sink
+
+COLLECT_MODES = ("auto", "local", "store", "gloo")
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """How a timer's windows reach rank 0's analysis, and where the results go.
+
+    Attributes:
+        mode: ``"auto"`` (the job's store once torch.distributed is initialized, this process
+            alone otherwise), ``"local"`` (this process only), ``"store"`` or ``"gloo"``.
+        out_dir: where rank 0 writes ``windows.jsonl`` (and packets, with collection).
+        timeout_s: how long rank 0 waits for the other ranks' windows; also the timeout of the
+            collection's own store connection (or Gloo group).
+        queue_size: completed windows that may wait for analysis before new ones are dropped.
+        sinks: extra destinations for rank 0's analyzed windows, after ``windows.jsonl`` and
+            the log line.
+        gates: the labeler's gates for the live analysis (None: the defaults).
+        log: write rank 0's one-line window summary to the ``stagefrontier`` logger (shown on
+            stderr when the application configured no logging); False leaves it out.
+    """
+
+    mode: str = "auto"
+    out_dir: str | os.PathLike[str] = "stagefrontier"
+    timeout_s: float = 10.0
+    queue_size: int = 4
+    sinks: tuple[Sink, ...] = ()
+    gates: Gates | None = None
+    log: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in COLLECT_MODES:
+            raise StageFrontierError(
+                f"unknown collect mode {self.mode!r}; choose one of {COLLECT_MODES}"
+            )
+        if not self.timeout_s > 0:
+            raise StageFrontierError(f"collect timeout must be > 0 s, got {self.timeout_s}")
+        if self.queue_size < 1:
+            raise StageFrontierError(f"queue_size must be >= 1, got {self.queue_size}")
+        if self.gates is not None and not isinstance(self.gates, Gates):
+            raise StageFrontierError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
+        object.__setattr__(self, "sinks", tuple(self.sinks))
+
+
+def collect_config(
+    collect: str | CollectConfig,
+    *,
+    out_dir: str | os.PathLike[str] | None = None,
+    collect_timeout_s: float | None = None,
+    queue_size: int | None = None,
+    sinks: Sequence[Sink] = (),
+    gates: Gates | None = None,
+    log: bool | None = None,
+) -> CollectConfig:
+    """The config of ``StageTimer(collect=..., <flat keywords>)``: the flat keywords given (not
+    None, sinks not empty) fill a config for ``collect`` as a mode, and must all be absent when
+    ``collect`` is a CollectConfig already."""
+    given = {
+        keyword: value
+        for keyword, value in (
+            ("out_dir", out_dir),
+            ("collect_timeout_s", collect_timeout_s),
+            ("queue_size", queue_size),
+            ("sinks", tuple(sinks) or None),
+            ("gates", gates),
+            ("log", log),
+        )
+        if value is not None
+    }
+    if isinstance(collect, CollectConfig):
+        if given:
+            raise StageFrontierError(
+                f"give {', '.join(given)} in the CollectConfig passed as collect=, not also as "
+                "StageTimer keywords"
+            )
+        return collect
+    if not isinstance(collect, str):
+        raise StageFrontierError(f"collect must be a mode name or a CollectConfig, got {collect!r}")
+    if "collect_timeout_s" in given:
+        given["timeout_s"] = given.pop("collect_timeout_s")
+    return replace(CollectConfig(mode=collect), **given)
