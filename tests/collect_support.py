@@ -44,6 +44,8 @@ class Job:
     queue_size: dict[int, int] = field(default_factory=dict)
     sink_sleep_s: float = 0.0
     """Store: rank 0's analysis sleeps this long per window (after writing windows.jsonl)."""
+    late_send_s: dict[int, float] = field(default_factory=dict)
+    """Store: per rank, a delay on its sender thread before each window is sent (a late rank)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,18 @@ class _Dropping:
         self.inner.close()
 
 
+def _late_sender(delay_s: float, **kwargs: Any) -> Any:
+    """A real StoreCollector whose sender thread waits ``delay_s`` before each send."""
+    from stagefrontier.collect import StoreCollector
+
+    class LateSender(StoreCollector):
+        def _send(self, item: Any) -> None:
+            time.sleep(delay_s)
+            super()._send(item)
+
+    return LateSender(**kwargs)
+
+
 def _collector(rank: int, job: Job) -> Any:
     from stagefrontier.collect import GlooCollector, StoreCollector
     from stagefrontier.sinks.core import JsonlSink
@@ -100,14 +114,16 @@ def _collector(rank: int, job: Job) -> Any:
         sinks = None
         if rank == 0 and job.sink_sleep_s:
             sinks = [JsonlSink(job.out_dir), _SleepySink(job.sink_sleep_s)]
-        collector = StoreCollector(
-            rank=rank,
-            world_size=job.ranks,
-            out_dir=job.out_dir,
-            timeout_s=job.timeout_s,
-            queue_size=queue_size,
-            sinks=sinks,
-        )
+        settings: dict[str, Any] = {
+            "rank": rank,
+            "world_size": job.ranks,
+            "out_dir": job.out_dir,
+            "timeout_s": job.timeout_s,
+            "queue_size": queue_size,
+            "sinks": sinks,
+        }
+        late = job.late_send_s.get(rank)
+        collector = StoreCollector(**settings) if late is None else _late_sender(late, **settings)
     if rank in job.drop_windows:
         collector = _Dropping(collector, job.drop_windows[rank])
     return collector

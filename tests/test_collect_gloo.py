@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from collect_support import DATA, Job, launch, reasons
-from stagefrontier.collect import GlooCollector, make_collector
+from stagefrontier.collect import CollectConfig, GlooCollector, make_collector
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_gloo_mode_needs_torch_distributed(tmp_path: Path) -> None:
     from stagefrontier.errors import StageFrontierError
 
     with pytest.raises(StageFrontierError, match=r"collect='gloo' needs torch\.distributed"):
-        make_collector("gloo", out_dir=tmp_path, timeout_s=1.0, queue_size=1)
+        make_collector(CollectConfig(mode="gloo", out_dir=tmp_path, timeout_s=1.0, queue_size=1))
 
 
 def test_gloo_collector_of_one_rank_analyzes_locally(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
-"""A full hand-off queue in a real 2-rank store-collected job: rank 0's analysis is slower than
-its windows arrive, so windows are dropped and counted, training is unaffected, and every window
-rank 0 does analyze still has both ranks (a sender never deletes a key rank 0 has yet to read).
+"""Slow analysis and late ranks in a real 2-rank store-collected job.
+
+A full hand-off queue: rank 0's analysis is slower than its windows arrive, so windows are
+dropped and counted, training is unaffected, and every window rank 0 does analyze still has both
+ranks (a sender never deletes a key rank 0 has yet to read). A late rank: its windows arrive
+after rank 0's deadline and are reported missing.
 """
 
 from __future__ import annotations
@@ -50,3 +53,24 @@ def test_full_queue_drops_windows_with_a_count_and_training_completes(tmp_path: 
     # each gap in the analyzed windows is exactly the count the next analyzed window reports
     gaps = [b - a - 1 for a, b in itertools.pairwise(indices) if b - a > 1]
     assert sorted(gaps) == sorted(dropped)
+
+
+def test_rank_late_beyond_the_deadline_is_reported_missing(tmp_path: Path) -> None:
+    """Rank 1's sender thread waits 2 s before each send (a fault injected from outside the
+    collector), rank 0 waits 0.5 s: every window is analyzed without rank 1."""
+    untimed = launch(Job(out_dir=str(tmp_path / "untimed"), steps=30, collect="off"))
+    run = launch(
+        Job(
+            out_dir=str(tmp_path / "late"),
+            steps=30,
+            window=10,
+            collect="store",
+            timeout_s=0.5,
+            late_send_s={1: 2.0},
+        )
+    )
+    assert len(run.windows) == 3
+    for w in run.windows:
+        assert w["missing_ranks"] == [1]
+        assert "telemetry_limited" in w["labels"]
+    assert run.losses == untimed.losses

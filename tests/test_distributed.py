@@ -109,16 +109,6 @@ def test_rank_that_never_sends_is_reported_missing(
     assert run.losses == untimed_losses  # type: ignore[attr-defined]
 
 
-def test_rank_late_beyond_the_deadline_is_reported_missing(
-    tmp_path: Path, untimed_losses: dict[int, list[float]]
-) -> None:
-    run = _run(tmp_path, "late", late_send_s={1: 2.0}, collect_timeout_s=0.5)
-    windows = run.windows  # type: ignore[attr-defined]
-    assert len(windows) == STEPS // WINDOW
-    assert all(w["missing_ranks"] == [1] and "telemetry_limited" in w["labels"] for w in windows)
-    assert run.losses == untimed_losses  # type: ignore[attr-defined]
-
-
 def test_rank_with_a_different_stage_list_is_not_merged(
     tmp_path: Path, untimed_losses: dict[int, list[float]]
 ) -> None:

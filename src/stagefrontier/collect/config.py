@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..analysis.gates import Gates
 from ..errors import StageFrontierError
@@ -71,7 +72,7 @@ def collect_config(
     """The config of ``StageTimer(collect=..., <flat keywords>)``: the flat keywords given (not
     None, sinks not empty) fill a config for ``collect`` as a mode, and must all be absent when
     ``collect`` is a CollectConfig already."""
-    given = {
+    given: dict[str, Any] = {
         keyword: value
         for keyword, value in (
             ("out_dir", out_dir),

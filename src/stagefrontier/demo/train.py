@@ -29,7 +29,6 @@ from ..analysis.schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
-from ..collect import StoreCollector
 from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 
@@ -57,8 +56,6 @@ class DemoConfig:
     """False runs the same job with the timer disabled on every rank (the logger-off arm)."""
     untimed_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled, so they never send a window."""
-    late_send_s: dict[int, float] = field(default_factory=dict)
-    """Per rank, a delay added before each window is sent (a late rank)."""
     extra_stage_ranks: tuple[int, ...] = ()
     """Ranks whose schema has one more stage (a mismatched rank)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -249,22 +246,10 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
     stages = list(DEFAULT_STAGES)
     if rank in config.extra_stage_ranks:
         stages.insert(-1, "extra.cpu_wall")
-    collector = None
-    if enabled and rank in config.late_send_s:
-        import torch.distributed as dist
-
-        collector = StoreCollector(
-            rank=rank,
-            world_size=dist.get_world_size(),
-            out_dir=config.out_dir,
-            timeout_s=config.collect_timeout_s,
-            send_delay_s=config.late_send_s[rank],
-        )
     return StageTimer(
         stages,
         window=config.window,
         out_dir=config.out_dir,
         collect_timeout_s=config.collect_timeout_s,
         enabled=enabled,
-        collector=collector,
     )

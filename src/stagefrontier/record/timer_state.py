@@ -1,0 +1,287 @@
+"""The recorder's state between its contexts: the window buffer, the open step's bookkeeping,
+contract violations and the hand-off of a completed window.
+
+``StageTimer`` derives from :class:`TimerState`; the contexts of ``record.contexts`` read and
+write these fields directly (an attribute access is the cheapest thing the hot path can do) and
+call the slow-path methods here only for the rare cases.
+
+Buffer layout per step: column 0 is the step wall time, then one column per timed stage and
+accumulation microstep (column ``1 + i * K + k``), for up to ``_capacity`` microsteps. Rows are
+zero when a window starts; each step writes only its own row.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import socket
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..analysis.schema import RESIDUAL_STAGE
+from ..collect import Collector, make_collector
+from ..collect.config import CollectConfig
+from ..collect.launcher import (
+    distributed_initialized,
+    launched_rank,
+    launched_world_size,
+    warn_once,
+)
+from ..errors import ContractViolation
+from .cuda_events import EventSampler
+from .probe import Probe
+from .window import WindowSnapshot
+
+logger = logging.getLogger("stagefrontier")
+
+MAX_REASONS = 8
+"""Distinct violation messages kept per window (the count is always exact)."""
+
+
+class OpenSpan:
+    """What ``TimerState._active`` holds: an open ordered stage (a subclass) or a marker."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+
+OUTSIDE = OpenSpan("<outside step>")
+"""``_active`` between steps: a stage entered now is rejected by the same test as nesting."""
+
+
+class TimerState:
+    """Fields and slow paths shared by StageTimer and its contexts (see the module doc)."""
+
+    def __init__(
+        self,
+        stages: tuple[str, ...],
+        window: int,
+        strict: bool,
+        collect_config: CollectConfig,
+        cuda_event_fraction: float,
+        event_factory: Callable[[], Any] | None,
+    ) -> None:
+        self.stages = stages
+        self.window = window
+        self.strict = strict
+        self.collect_config = collect_config
+        self.rank = launched_rank()  # the collector's, once there is one
+        self.world_size = launched_world_size()
+        self._n_timed = len(stages)
+        self._collector: Collector | None = None  # None until the process group exists
+        self._hostname = socket.gethostname()
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        self._pid = os.getpid()
+        self._role: str | None = None
+        self._probes: dict[str, Probe] = {}
+        self._events = EventSampler(
+            cuda_event_fraction, event_factory, window, self._poll_at_next_step
+        )
+        self._capacity = 1
+        self._factor = 1  # the accumulation factor of the open window
+        self._alloc(self._capacity)
+        self._first_step = 0  # global index of the open window's first step
+        self._n = 0  # completed steps in the open window
+        self._window_index = 0
+        self._row = 0  # buffer offset of the open (or the last) step
+        # The open ordered stage: None when none is, OUTSIDE when no step is open.
+        self._active: OpenSpan | None = OUTSIDE
+        self._base = 0  # buffer index a stage's column is added to: row + microstep offset
+        # Buffer index of the last stage column recorded: any column of the open step is
+        # larger than every column of the steps before it in the window, so the schema-order
+        # check needs ``_last`` reset only when a window starts.
+        self._last = 0
+        # Gradient accumulation state of the open step (reset at its end when it was used).
+        # ``_accumulating``: this step entered a microstep, or the window's factor is not 1.
+        self._accumulating = False
+        self._last_micro = -1
+        self._micro_exit_last = 0
+        self._step_factor = 1
+        self._step_mixed = False
+        self._window_mixed = False
+        self._violations = 0
+        self._reasons: list[str] = []
+        self._unknown_names: set[str] = set()
+        self._dropped = 0
+        # Prefetch-aware data wait (timer.iter, timer.fetch): each fetch is charged to the next
+        # step to begin (its start is moved back by the wait); a fetch made inside a step is
+        # taken out of that step's wall time (its start is moved forward).
+        self._pending_data_ns = 0
+        # Work for the next step's beginning: a data wait to import, or event pairs to poll.
+        self._step_hooks = False
+
+    @property
+    def _step_index(self) -> int:
+        """Global index of the open step (of the next one between steps)."""
+        return self._first_step + self._n
+
+    # ------------------------------------------------------------------ the buffer
+    def _alloc(self, capacity: int) -> None:
+        self._width = 1 + self._n_timed * capacity
+        self._buf = array("q", bytes(8 * self._width * self.window))
+        self._buf_view = np.frombuffer(self._buf, dtype=np.int64)  # for zeroing and snapshots
+
+    def _grow(self, capacity: int) -> None:
+        """Widen the buffer for more microsteps (rare: the first step with a larger factor)."""
+        old, old_width, old_row = self._buf, self._width, self._row
+        self._capacity = capacity
+        self._alloc(capacity)
+        for i in range(self._n + 1):
+            self._buf[i * self._width : i * self._width + old_width] = old[
+                i * old_width : (i + 1) * old_width
+            ]
+        self._row = self._n * self._width
+        shift = self._row - old_row  # a column keeps its offset within the row
+        self._base += shift
+        self._last += shift
+        self._micro_exit_last += shift
+
+    # ------------------------------------------------------------------ step boundaries
+    def _poll_at_next_step(self) -> None:
+        """The event sampler has a pair to poll at the next step's beginning."""
+        self._step_hooks = True
+
+    def _begin_hooks(self, row: int) -> int:
+        """The rare work at the beginning of a step. A data wait fetched through ``timer.iter``
+        is charged to this step, as the first stage of microstep 0; it is returned, to extend
+        the step's wall time over it. Pending CUDA-event pairs are polled."""
+        pending = self._pending_data_ns
+        if pending:
+            self._pending_data_ns = 0
+            self._buf[row + 1] = pending
+            self._last = row + 1
+        if self._events.pending:
+            self._events.poll(self._step_index)
+        self._step_hooks = bool(self._events.pending)
+        return pending
+
+    def _end_accumulation_step(self, row: int) -> None:
+        """Accumulation bookkeeping at the end of a step that used microsteps, or that follows
+        steps that did: a change of factor closes the window before this step."""
+        factor = self._step_factor
+        if self._n and factor != self._factor:
+            self._note(f"accumulation factor changed from {self._factor} to {factor}")
+            saved = self._buf[row : row + self._width]
+            self._hand_off(self._n, carry_row=self._n)
+            self._buf[0 : self._width] = saved
+        if self._step_mixed:
+            self._window_mixed = True
+        self._factor = factor
+        self._accumulating = factor != 1
+        self._last_micro = -1
+        self._step_factor = 1
+        self._step_mixed = False
+
+    # ------------------------------------------------------------------ hand-off
+    def _open_collector(self) -> Collector:
+        """Build the collector deferred by a timer made before ``init_process_group``: at the
+        first window boundary, with the process group if it exists by now, else one folder per
+        rank (see ``collect.launcher``)."""
+        if not distributed_initialized():
+            warn_once(
+                "no-process-group",
+                "stagefrontier: torch.distributed is still not initialized at the first window "
+                "boundary: each rank analyzes its own windows alone, under %s",
+                os.path.join(os.fspath(self.collect_config.out_dir), "rank-<rank>"),
+            )
+        collector = self._collector = make_collector(self.collect_config)
+        self.rank, self.world_size = collector.rank, collector.world_size
+        return collector
+
+    def _hand_off(self, n: int, carry_row: int | None = None) -> None:
+        """Copy ``n`` steps out of the buffer and pass them on without blocking.
+
+        ``carry_row``: the row of a completed step that starts the next window (a change of
+        accumulation factor); its CUDA-event sample moves with it.
+        """
+        first = self._first_step
+        collector = self._collector
+        try:
+            if collector is None:
+                collector = self._open_collector()
+            rank_window = self._snapshot(n, first, carry_row)
+        except Exception:  # never let a telemetry bug reach the training loop
+            logger.exception("stagefrontier: building window %d failed", self._window_index)
+            rank_window = None
+        self._first_step = first + n
+        self._buf_view.fill(0)
+        self._last = 0
+        self._window_index += 1
+        self._n = 0
+        self._window_mixed = False
+        self._violations = 0
+        self._reasons = []
+        try:
+            queued = (
+                rank_window is not None and collector is not None and collector.submit(rank_window)
+            )
+        except Exception:
+            logger.exception("stagefrontier: handing off window %d failed", self._window_index - 1)
+            queued = False
+        if queued:
+            self._dropped = 0
+        else:
+            self._dropped += 1
+
+    def _snapshot(self, n: int, first: int, carry_row: int | None) -> WindowSnapshot:
+        """Copy the window's rows and bookkeeping; the collector builds the RankWindow."""
+        event_ms, event_state = self._events.drain(n, self._step_index, carry_row)
+        fields = {
+            "window": self._window_index,
+            "first_step": first,
+            "last_step": first + n - 1,
+            "rank": self.rank,
+            "event_ms": event_ms,
+            "event_state": event_state,
+            "forward_stage": self._events.forward_stage,
+            "accumulation_factor": self._factor,
+            "accumulation_mixed": self._window_mixed,
+            "contract_violations": self._violations,
+            "violation_reasons": tuple(self._reasons),
+            "probes": {name: p.drain() for name, p in self._probes.items() if p.count},
+            "dropped_windows": self._dropped,
+            "hostname": self._hostname,
+            "local_rank": self._local_rank,
+            "pid": self._pid,
+            "role": self._role,
+        }
+        raw = self._buf_view[: n * self._width].reshape(n, self._width).copy()
+        return WindowSnapshot(raw, self.stages, fields)
+
+    # ------------------------------------------------------------------ contract violations
+    def _violation(self, reason: str) -> None:
+        if self.strict:
+            raise ContractViolation(reason)
+        self._violations += 1
+        self._note(reason)
+
+    def _note(self, reason: str) -> None:
+        if len(self._reasons) < MAX_REASONS and reason not in self._reasons:
+            self._reasons.append(reason)
+
+    def _order_violation(self, name: str) -> None:
+        self._violation(f"stage {name!r} repeated or out of schema order within a step")
+
+    def _unknown_stage(self, name: str) -> None:
+        """A stage name outside the schema: counted with every use, and logged at WARNING on
+        this rank the first time (a typo would otherwise show only in the window's record)."""
+        close = difflib.get_close_matches(name, self.stages, n=1) if isinstance(name, str) else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        if name not in self._unknown_names:
+            self._unknown_names.add(name)
+            logger.warning(
+                "stagefrontier: unknown stage %r on rank %d%s Its time is counted in %s; "
+                "the stages are: %s",
+                name,
+                self.rank,
+                hint or ".",
+                RESIDUAL_STAGE,
+                ", ".join(self.stages),
+            )
+        self._violation(f"unknown stage {name!r}{hint} (schema: {', '.join(self.stages)})")
