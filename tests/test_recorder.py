@@ -335,6 +335,30 @@ def test_strict_timer_raises_contract_violation(case: str) -> None:
     assert all(w.contract_violations == 0 for w in collector.windows)
 
 
+def test_unknown_stage_is_logged_once_per_name_with_a_suggestion(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    timer, collector = capture(window=3)
+    for _ in range(3):
+        with timer.step():
+            with timer.stage("data.next_wiat"):  # a typo of the data stage
+                pass
+            with timer.stage("eval.cpu_wall"):  # nothing like any stage
+                pass
+    timer.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # once per name, not once per use
+    typo, other = warnings
+    assert "unknown stage 'data.next_wiat' on rank 0; did you mean 'data.next_wait'?" in typo
+    assert f"counted in {OTHER}" in typo
+    assert "unknown stage 'eval.cpu_wall' on rank 0." in other
+    assert "did you mean" not in other
+    (w,) = collector.windows
+    assert w.contract_violations == 6  # every use is still counted
+    assert any("did you mean 'data.next_wait'" in r for r in w.violation_reasons)
+
+
 def test_many_violations_are_counted_exactly_with_distinct_reasons() -> None:
     timer, collector = capture(window=5)
     for _ in range(5):
@@ -477,6 +501,65 @@ def test_iter_charges_prefetched_batch_to_the_consuming_step() -> None:
     timer.close()
     (w,) = collector.windows
     _check_alignment(w, consumed)
+
+
+def get_batch(k: int, split: str = "train") -> tuple[str, int]:
+    """A loop's fetch function (``get_batch("train")``): batch ``SLOW_BATCH`` takes ``SLOW_S``."""
+    time.sleep(SLOW_S if k == SLOW_BATCH else FAST_S)
+    return split, k
+
+
+def test_fetch_charges_a_function_call_to_the_consuming_step() -> None:
+    timer, collector = capture(window=6)
+    consumed = []
+    for k in range(6):
+        split, batch = timer.fetch(get_batch, k, split="train")
+        with timer.step():
+            with timer.stage(FWD):
+                consumed.append(batch)
+                time.sleep(1 * MS)
+            with timer.stage(OPTIM):
+                pass
+    timer.close()
+    assert split == "train"
+    (w,) = collector.windows
+    _check_alignment(w, consumed)
+
+
+def test_fetch_at_the_end_of_a_step_is_charged_to_the_next_one() -> None:
+    timer, collector = capture(window=6)
+    consumed = []
+    _, batch = timer.fetch(get_batch, 0)
+    for k in range(6):
+        with timer.step():
+            with timer.stage(FWD):
+                consumed.append(batch)
+                time.sleep(1 * MS)
+            with timer.stage(OPTIM):
+                pass
+            _, batch = timer.fetch(get_batch, k + 1)  # prefetch batch t+1 at the end of step t
+    timer.close()
+    (w,) = collector.windows
+    _check_alignment(w, consumed)
+
+
+def test_fetch_that_raises_charges_nothing_and_disabled_fetch_just_calls() -> None:
+    def exhausted() -> int:
+        time.sleep(20 * MS)
+        raise StopIteration("no more batches")
+
+    timer, collector = capture(window=1)
+    with pytest.raises(StopIteration, match="no more batches"):
+        timer.fetch(exhausted)
+    with timer.step(), timer.stage(FWD):
+        pass
+    timer.close()
+    (w,) = collector.windows
+    assert column(w, DATA).tolist() == [0.0]
+    assert w.contract_violations == 0
+    disabled = StageTimer(enabled=False)
+    assert disabled.fetch(get_batch, 1, split="val") == ("val", 1)
+    disabled.close()
 
 
 def test_charge_data_wait_goes_to_the_next_step() -> None:

@@ -9,7 +9,9 @@ from .analysis.labels import ALL_LABELS
 from .analysis.schema import DEFAULT_STAGES, RESIDUAL_STAGE
 from .analysis.side import SideEvidence
 from .analysis.window_report import WindowReport
+from .collect.config import CollectConfig
 from .errors import (
+    ContractViolation,
     DurationsError,
     EmptyWindowError,
     ReportFormatError,
@@ -18,7 +20,7 @@ from .errors import (
     StageFrontierError,
     StageNamesError,
 )
-from .record.recorder import ContractViolation, StageTimer
+from .record.recorder import StageTimer
 
 __version__ = "0.1.0"
 
@@ -26,6 +28,7 @@ __all__ = [
     "ALL_LABELS",
     "DEFAULT_STAGES",
     "RESIDUAL_STAGE",
+    "CollectConfig",
     "ContractViolation",
     "DurationsError",
     "EmptyWindowError",

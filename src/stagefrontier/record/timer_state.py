@@ -40,6 +40,8 @@ logger = logging.getLogger("stagefrontier")
 
 MAX_REASONS = 8
 """Distinct violation messages kept per window (the count is always exact)."""
+SUGGESTION_CUTOFF = 0.8
+"""How alike (difflib's ratio) an unknown stage name and a stage must be for "did you mean"."""
 
 
 class OpenSpan:
@@ -271,7 +273,11 @@ class TimerState:
     def _unknown_stage(self, name: str) -> None:
         """A stage name outside the schema: counted with every use, and logged at WARNING on
         this rank the first time (a typo would otherwise show only in the window's record)."""
-        close = difflib.get_close_matches(name, self.stages, n=1) if isinstance(name, str) else []
+        close = (
+            difflib.get_close_matches(name, self.stages, n=1, cutoff=SUGGESTION_CUTOFF)
+            if isinstance(name, str)
+            else []
+        )
         hint = f"; did you mean {close[0]!r}?" if close else ""
         if name not in self._unknown_names:
             self._unknown_names.add(name)
