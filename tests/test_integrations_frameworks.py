@@ -104,7 +104,52 @@ def test_lightning_gradient_accumulation_times_microsteps(tmp_path: Path) -> Non
     assert len((tmp_path / "sf" / "windows.csv").read_text().splitlines()) == 3
 
 
-def _hf_run(tmp_path: Path, *, accumulation: int, split_forward: bool) -> list[dict[str, Any]]:
+@_needs("lightning", "lightning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:DeprecationWarning")  # inside Lightning 2.6
+def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stagefrontier import Gates
+    from stagefrontier.integrations.lightning import StageFrontierCallback
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    out = tmp_path / "sf"
+    callback = StageFrontierCallback(window=4, out_dir=out, gates=Gates(share_dominance=0.3))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), DataLoader(data, batch_size=2))
+    records = _records(out)
+    assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7)]
+    assert all(r["gates"]["share_dominance"] == 0.3 for r in records)
+
+
+def _hf_run(
+    tmp_path: Path, *, accumulation: int, split_forward: bool, **timer_kwargs: Any
+) -> list[dict[str, Any]]:
     import torch
     from torch.utils.data import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -127,7 +172,9 @@ def _hf_run(tmp_path: Path, *, accumulation: int, split_forward: bool) -> list[d
     )
     steps, window = 12, 4
     out = tmp_path / "sf"
-    callback = StageFrontierCallback(window=window, out_dir=out, split_forward=split_forward)
+    callback = StageFrontierCallback(
+        window=window, out_dir=out, split_forward=split_forward, **timer_kwargs
+    )
     args = TrainingArguments(
         output_dir=str(tmp_path / "hf"),
         max_steps=steps,
@@ -149,11 +196,14 @@ def _hf_run(tmp_path: Path, *, accumulation: int, split_forward: bool) -> list[d
 
 @_needs("transformers", "transformers")
 def test_hf_trainer_run_produces_windows(tmp_path: Path) -> None:
+    from stagefrontier import Gates
     from stagefrontier.integrations.transformers import TRAINER_STAGES
 
-    records = _hf_run(tmp_path, accumulation=1, split_forward=True)
+    gates = Gates(share_dominance=0.3)
+    records = _hf_run(tmp_path, accumulation=1, split_forward=True, gates=gates)
     assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7), (8, 11)]
     for r in records:
+        assert r["gates"]["share_dominance"] == 0.3  # the callback's gates reach the analysis
         assert r["stages"] == list(TRAINER_STAGES)
         assert r["contract_violations"] == 0
         assert r["world_size"] == 1 and r["gather_ok"]

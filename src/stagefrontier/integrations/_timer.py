@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import StageFrontierError
 from ..record.recorder import StageTimer
@@ -19,7 +19,6 @@ from ..sinks.core import Sink
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def make_timer(
@@ -28,7 +27,7 @@ def make_timer(
     """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
-    distributed collection); ``sinks`` are added after them (StageTimer starts those with a
+    distributed collection); ``sinks`` are added after them (rank 0 starts those with a
     ``start()`` method on rank 0). With
     ``collector=...`` given, ``sinks`` must be empty: pass them to that collector instead.
     """
@@ -158,19 +157,3 @@ class HookClock:
     def _fail(self) -> None:
         self._broken = True
         logger.exception("stagefrontier: driving the timer from hooks failed; timing stops here")
-
-
-def guarded(method: F) -> F:
-    """Wrap a hook so that no stagefrontier failure can reach the training loop."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except Exception:
-            logger.exception("stagefrontier: %s failed", method.__qualname__)
-            return None
-
-    wrapper.__name__ = method.__name__
-    wrapper.__qualname__ = method.__qualname__
-    wrapper.__doc__ = method.__doc__
-    return wrapper  # type: ignore[return-value]

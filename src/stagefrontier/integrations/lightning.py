@@ -112,8 +112,8 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
         sinks: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
             addition to ``windows.jsonl``, the log line and the evidence packets.
         **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
-            ``collect``, ``collect_timeout_s``, ``enabled``, ``role``, ...). ``stages`` is fixed
-            by the hook mapping and cannot be given.
+            ``collect``, ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ``role``, ...).
+            ``stages`` is fixed by the hook mapping and cannot be given.
     """
 
     def __init__(self, *, sinks: Sequence[Sink] = (), **timer_kwargs: Any) -> None:

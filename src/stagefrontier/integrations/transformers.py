@@ -60,7 +60,6 @@ micro-batch ``i`` is ``timer.microstep(i)``. The Trainer fetches all k micro-bat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,8 +75,6 @@ from ..record.recorder import StageTimer
 from ..sinks.core import Sink
 from ._extras import require
 from ._timer import HookClock, make_timer
-
-logger = logging.getLogger("stagefrontier")
 
 _transformers: Any = require("transformers", "transformers", "StageFrontierCallback (HF Trainer)")
 
@@ -110,7 +107,8 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
             addition to ``windows.jsonl``, the log line and the evidence packets.
         split_forward: time forward and backward apart with a forward hook on the model.
         **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
-            ``collect``, ``collect_timeout_s``, ``enabled``, ...); not ``stages``.
+            ``collect``, ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ...); not
+            ``stages``.
     """
 
     def __init__(
