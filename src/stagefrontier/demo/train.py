@@ -252,4 +252,5 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
         out_dir=config.out_dir,
         collect_timeout_s=config.collect_timeout_s,
         enabled=enabled,
+        log=not config.quiet,
     )
