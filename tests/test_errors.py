@@ -49,6 +49,50 @@ def test_hierarchy() -> None:
     assert issubclass(EmptyWindowError, DurationsError)
 
 
+def test_every_exception_class_is_defined_in_errors_and_exported() -> None:
+    """All of them live in stagefrontier.errors, derive from the root, are importable from
+    ``stagefrontier``, and stay importable from the modules that raise them."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import stagefrontier.errors as errors
+
+    defined = {
+        name: cls
+        for name, cls in vars(errors).items()
+        if inspect.isclass(cls) and issubclass(cls, BaseException)
+    }
+    assert len(defined) >= 17
+    for name, cls in defined.items():
+        assert cls.__module__ == "stagefrontier.errors"
+        assert issubclass(cls, StageFrontierError)
+        assert getattr(sf, name) is cls and name in sf.__all__
+    for info in pkgutil.walk_packages(sf.__path__, "stagefrontier."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an integration whose optional framework is not installed
+            continue
+        for value in vars(module).values():
+            if inspect.isclass(value) and issubclass(value, BaseException):
+                home = value.__module__
+                assert home == "stagefrontier.errors" or not home.startswith("stagefrontier"), (
+                    f"{value.__qualname__} is defined in {home}"
+                )
+    old_homes = {
+        "stagefrontier.record.recorder": "ContractViolation",
+        "stagefrontier.collect.gloo": "GlooProtocolError",
+        "stagefrontier.demo": "DemoError",
+        "stagefrontier.demo.launch": "DeadlineExceeded",
+        "stagefrontier.demo.faults": "FaultSpecError",
+        "stagefrontier.reducers": "TraceFormatError",
+        "stagefrontier.reducers.errors": "MissingDependencyError",
+        "stagefrontier.integrations": "MissingExtraError",
+    }
+    for module_name, name in old_homes.items():
+        assert getattr(importlib.import_module(module_name), name) is defined[name]
+
+
 @pytest.mark.parametrize(
     ("value", "word"),
     [(np.nan, "NaN"), (np.inf, "infinite"), (-np.inf, "infinite"), (-0.5, "negative")],
