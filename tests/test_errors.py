@@ -81,6 +81,7 @@ def test_every_exception_class_is_defined_in_errors_and_exported() -> None:
                 )
     old_homes = {
         "stagefrontier.record.recorder": "ContractViolation",
+        "stagefrontier.analysis.compare": "CompareError",
         "stagefrontier.collect.gloo": "GlooProtocolError",
         "stagefrontier.demo": "DemoError",
         "stagefrontier.demo.launch": "DeadlineExceeded",

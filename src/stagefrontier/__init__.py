@@ -11,6 +11,7 @@ from .analysis.side import SideEvidence
 from .analysis.window_report import WindowReport
 from .collect.config import CollectConfig
 from .errors import (
+    CompareError,
     ContractViolation,
     DeadlineExceeded,
     DemoError,
@@ -39,6 +40,7 @@ __all__ = [
     "DEFAULT_STAGES",
     "RESIDUAL_STAGE",
     "CollectConfig",
+    "CompareError",
     "ContractViolation",
     "DeadlineExceeded",
     "DemoError",

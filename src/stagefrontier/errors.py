@@ -33,6 +33,10 @@ class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
 
 
+class CompareError(StageFrontierError):
+    """Two sides that cannot be compared (no windows, different schemas or world sizes)."""
+
+
 class TraceFormatError(ReportFormatError):
     """A trace file is unreadable, of an unknown layout, or holds no usable step ranges."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StageFrontierError
+from ..errors import CompareError as CompareError  # defined there, importable here
 from .accounting import FloatArray, advances, as_window
 from .analyzer import analyze
 from .window_report import WindowReport
@@ -27,10 +27,6 @@ OTHER_STAGES = "other stages"
 """The per-stage key that holds the advances of the stages left out of a comparison."""
 
 MS = 1e3
-
-
-class CompareError(StageFrontierError):
-    """Two sides that cannot be compared (no windows, different schemas or world sizes)."""
 
 
 @dataclass(frozen=True)
