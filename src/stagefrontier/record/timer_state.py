@@ -109,7 +109,7 @@ class TimerState:
         self._window_mixed = False
         self._violations = 0
         self._reasons: list[str] = []
-        self._unknown_names: set[str] = set()
+        self._unknown_names: dict[str, str] = {}  # unknown stage name -> its violation reason
         self._dropped = 0
         # Prefetch-aware data wait (timer.iter, timer.fetch): each fetch is charged to the next
         # step to begin (its start is moved back by the wait); a fetch made inside a step is
@@ -273,14 +273,16 @@ class TimerState:
     def _unknown_stage(self, name: str) -> None:
         """A stage name outside the schema: counted with every use, and logged at WARNING on
         this rank the first time (a typo would otherwise show only in the window's record)."""
-        close = (
-            difflib.get_close_matches(name, self.stages, n=1, cutoff=SUGGESTION_CUTOFF)
-            if isinstance(name, str)
-            else []
-        )
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        if name not in self._unknown_names:
-            self._unknown_names.add(name)
+        reason = self._unknown_names.get(name)
+        if reason is None:
+            close = (
+                difflib.get_close_matches(name, self.stages, n=1, cutoff=SUGGESTION_CUTOFF)
+                if isinstance(name, str)
+                else []
+            )
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            stages = ", ".join(self.stages)
+            reason = self._unknown_names[name] = f"unknown stage {name!r}{hint} (schema: {stages})"
             logger.warning(
                 "stagefrontier: unknown stage %r on rank %d%s Its time is counted in %s; "
                 "the stages are: %s",
@@ -288,6 +290,6 @@ class TimerState:
                 self.rank,
                 hint or ".",
                 RESIDUAL_STAGE,
-                ", ".join(self.stages),
+                stages,
             )
-        self._violation(f"unknown stage {name!r}{hint} (schema: {', '.join(self.stages)})")
+        self._violation(reason)
