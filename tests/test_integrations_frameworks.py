@@ -105,7 +105,7 @@ def test_lightning_gradient_accumulation_times_microsteps(tmp_path: Path) -> Non
 
 
 @_needs("lightning", "lightning")
-@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:DeprecationWarning")  # inside Lightning 2.6
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
 def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) -> None:
     import lightning.pytorch as pl
     import torch
