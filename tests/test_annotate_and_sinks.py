@@ -96,7 +96,8 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     """Under torchelastic a restart counts windows from 0 again in the same folder: records and
     packets carry the attempt, no packet is overwritten, and the report orders by attempt."""
     from stagefrontier.collect import LocalCollector
-    from stagefrontier.render.run_report import load_run, render_report
+    from stagefrontier.render.run_folder import load_run
+    from stagefrontier.render.text import run_report_text
     from stagefrontier.sinks.core import default_sinks
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
@@ -124,5 +125,5 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     ]
     order = [(p.meta["attempt"], p.meta["window"], p.report.top1) for p in run.packets]
     assert order == [(a, w, slow[a]) for a in (0, 1) for w in (0, 1)]
-    table = render_report(run).split("Per window:")[1]
+    table = run_report_text(run).split("Per window:")[1]
     assert "\n       0  0-2" in table and "\n     1/0  0-2" in table, table

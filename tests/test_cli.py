@@ -52,7 +52,7 @@ def test_analyze_example_prints_a_readable_summary(capsys: pytest.CaptureFixture
     data_row = next(line for line in out.splitlines() if line.startswith("data.next_wait "))
     assert data_row.split()[-1] == "2"  # rank 2 leads the data boundary
     assert "top-1: data.next_wait" in out
-    assert "routing set (tau_C=0.8): data.next_wait, model.backward_cpu_wall" in out
+    assert "routing set (candidate_threshold=0.8): data.next_wait, model.backward_cpu_wall" in out
     assert "co-critical stages: data.next_wait, model.backward_cpu_wall" in out
     assert "\n  co_critical\n    - data.next_wait leads with" in out
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.run_report import load_run, render_report
+from stagefrontier.render.run_folder import load_run
+from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks.core import PacketSink, summary_line
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
@@ -74,8 +75,8 @@ def test_node_level_lead_reaches_the_log_line_packet_and_report(tmp_path: Path) 
     slow = {4: 60, 5: 60, 6: 60, 7: 60}
     analyzed = analyze_merged(merge_windows(_windows(slow, HOSTS), 8))
     line = summary_line(analyzed.record, analyzed.report)
-    assert "(node-level: ranks " in line and "all on node-b) | route " in line, line
+    assert "led by node-b (node-level: ranks 4,5,6,7 all on node-b) | route " in line, line
     PacketSink(tmp_path).write(analyzed)
     run = load_run(tmp_path)
     assert run.packets[0].meta["lead"]["scope"] == "node"
-    assert "node-level: ranks" in render_report(run)
+    assert "node-level: ranks" in run_report_text(run)

@@ -29,6 +29,7 @@ from .analysis.window_report import WindowReport
 from .errors import ReportFormatError, StageFrontierError
 from .formats.packet import read_packet
 from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
+from .render.text import window_report_text
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -210,62 +211,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
-        print(format_report(loaded.report, meta=loaded.meta))
+        print(window_report_text(loaded.report, meta=loaded.meta))
         if loaded.notes:
             print("\ntrace notes:")
             print("\n".join(f"  - {note}" for note in loaded.notes))
     return EXIT_OK
-
-
-def format_report(report: WindowReport, meta: dict[str, Any] | None = None) -> str:
-    """A readable multi-line summary: per-stage table, routing, labels with reasons."""
-    lines = [
-        f"window: {report.n_steps} steps x {report.n_ranks} ranks x {len(report.stages)} stages, "
-        f"exposed {report.exposed_s:.6g} s ({report.mean_step_s * 1e3:.3f} ms/step)"
-    ]
-    if meta:
-        lines.append("meta: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
-    lines += ["", *_stage_table(report), ""]
-    if not report.shares_defined:
-        lines.append("shares undefined (exposed time below the floor): raw advances shown")
-    lines.append(f"top-1: {report.top1}    top-2: {report.top2 or '-'}")
-    tau = report.gates.candidate_threshold
-    lines.append(f"routing set (tau_C={tau:g}): {', '.join(report.routing_set) or '-'}")
-    lines.append(f"co-critical stages: {', '.join(report.co_critical_stages) or '-'}")
-    lines += _label_block("labels", report.labels, report.reasons)
-    withheld = [label for label in report.reasons if label not in report.labels]
-    lines += _label_block("withheld", withheld, report.reasons)
-    if report.role_shares:
-        lines += ["", "shares by role:"]
-        for role, shares in report.role_shares.items():
-            top = max(shares, key=lambda s: shares[s])
-            lines.append(f"  {role}: top {top} {shares[top]:.1%}")
-    return "\n".join(lines)
-
-
-def _label_block(title: str, labels: list[str], reasons: dict[str, list[str]]) -> list[str]:
-    """A titled list of labels, each followed by its reasons; empty when there are no labels."""
-    if not labels:
-        return []
-    lines = ["", f"{title}:"]
-    for label in labels:
-        lines.append(f"  {label}")
-        lines += [f"    - {reason}" for reason in reasons.get(label, [])]
-    return lines
-
-
-def _stage_table(report: WindowReport) -> list[str]:
-    width = max(len("stage"), *(len(s) for s in report.stages))
-    header = f"{'stage':<{width}}  {'share':>7}  {'advance s':>11}  {'direct gain':>11}  leader"
-    rows = [header, "-" * len(header)]
-    for stage in report.stages:
-        share = f"{report.shares[stage]:.1%}" if report.shares_defined else "n/a"
-        leader = report.leaders.get(stage)
-        rows.append(
-            f"{stage:<{width}}  {share:>7}  {report.advances[stage]:>11.6f}  "
-            f"{report.direct_gain[stage]:>11.1%}  {'-' if leader is None else leader}"
-        )
-    return rows
 
 
 # --- validate -------------------------------------------------------------------------------------
@@ -313,9 +263,10 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .render.run_report import load_run, render_report
+    from .render.run_folder import load_run
+    from .render.text import run_report_text
 
-    print(render_report(load_run(args.dir)))
+    print(run_report_text(load_run(args.dir)))
     return EXIT_OK
 
 
@@ -338,7 +289,7 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _run_plot(args: argparse.Namespace) -> int:
     from .render.plots import plot_shares_over_time, plot_worst_step
-    from .render.run_report import load_run
+    from .render.run_folder import load_run
 
     run = load_run(args.dir)
     frontier = args.output or args.dir / "frontier_worst_step.png"

@@ -17,13 +17,8 @@ from .evidence import compute_evidence
 from .gates import Gates
 from .labels import LabelInputs, label_window
 from .routing import rank_order, routing_set
-from .schema import (
-    RESIDUAL_STAGE,
-    SCHEMA_VERSION,
-    check_stage_names,
-    semantic_stage,
-    stage_order_hash,
-)
+from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
+from .semantic import semantic_view
 from .side import SideEvidence
 from .window_report import WindowReport
 
@@ -63,15 +58,16 @@ def analyze(
         raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
 
     ev, prefix = compute_evidence(arr, gates, side)
+    view = semantic_view(arr, prefix, ev, names, gates, side)
     residual = ev.shares[names.index(RESIDUAL_STAGE)] if RESIDUAL_STAGE in names else 0.0
     wall = float(prefix[:, -1, :].sum()) - side.overlap_error_s
     overlap = side.overlap_error_s / wall if wall > 0 else 0.0
     labeling = label_window(
         LabelInputs(
-            stages=names,
-            d=arr,
+            stages=view.stages,
+            d=view.d,
             prefix=prefix,
-            evidence=ev,
+            evidence=view.evidence,
             gates=gates,
             side=side,
             roles=role_list,
@@ -79,11 +75,12 @@ def analyze(
             overlap_share=overlap,
         )
     )
-    order = rank_order(ev.shares if ev.shares_defined else ev.advance_totals)
+    broad = view.evidence
+    order = rank_order(broad.shares if broad.shares_defined else broad.advance_totals)
     labels = labeling.ordered()
     # Ranks in different roles: a global ranking of stages is unsafe, only role_shares stand.
     ranked = "role_aware_needed" not in labels
-    stage_dict = _per_stage(names)
+    stage_dict, broad_dict = _per_stage(names), _per_stage(view.stages)
     return WindowReport(
         stages=list(names),
         n_steps=n,
@@ -95,17 +92,19 @@ def analyze(
         shares=stage_dict(ev.shares),
         advances=stage_dict(ev.advance_totals),
         direct_gain=stage_dict(ev.gain),
-        top1=names[order[0]] if ranked else None,
-        top2=names[order[1]] if s > 1 and ranked else None,
-        routing_set=routing_set(ev.shares, names, gates.candidate_threshold)
-        if ev.shares_defined and ranked
+        top1=view.stages[order[0]] if ranked else None,
+        top2=view.stages[order[1]] if len(order) > 1 and ranked else None,
+        routing_set=routing_set(broad.shares, view.stages, gates.candidate_threshold)
+        if broad.shares_defined and ranked
         else [],
         labels=labels,
         reasons=labeling.reasons,
         co_critical_stages=labeling.co_critical_stages,
         leaders={name: loc.leader_rank for name, loc in zip(names, ev.localization, strict=True)},
         localization=dict(zip(names, ev.localization, strict=True)),
-        semantic_shares=_semantic_shares(names, ev.shares),
+        semantic_shares=broad_dict(broad.shares),
+        semantic_gain=broad_dict(broad.gain),
+        semantic_localization=dict(zip(view.stages, broad.localization, strict=True)),
         residual_share=float(residual),
         overlap_share=overlap,
         roles=role_list,
@@ -131,14 +130,6 @@ def _check_roles(roles: Sequence[str] | None, n_ranks: int) -> list[str] | None:
     if len(role_list) != n_ranks:
         raise RolesError(f"{len(role_list)} roles given for {n_ranks} ranks: need one per rank")
     return role_list
-
-
-def _semantic_shares(names: Sequence[str], shares: FloatArray) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, share in zip(names, shares, strict=True):
-        key = semantic_stage(name)
-        out[key] = out.get(key, 0.0) + float(share)
-    return out
 
 
 def _role_shares(

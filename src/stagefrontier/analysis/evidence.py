@@ -7,6 +7,7 @@ buffer that is reused for every sort), so memory stays within a small multiple o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,15 +160,18 @@ def _direct_gain(
     gates: Gates,
     side: SideEvidence | None,
     scratch: FloatArray,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> FloatArray:
     """``G_s``: the exposed time removed when stage ``s`` is clipped to its baseline.
 
     With the clipped baseline ``b = min(d, b~)`` the recomputed step time is
     ``max_r (P[t, r, S] - max(d[t, r, s] - b~, 0))``, one reduction over ranks per stage.
+    With ``groups`` (lists of stage indices), one gain per group: all its stages are clipped at
+    once, as when a stage repeated in every accumulation microstep is fixed.
     """
     n, r, s = d.shape
     if not defined:
-        return np.zeros(s)
+        return np.zeros(s if groups is None else len(groups))
     by_rank = d.transpose(0, 2, 1)  # [N, S, R] view
     if gates.gain_baseline == "rank_median":
         per_rank = scratch.reshape(r, s, n)
@@ -185,10 +189,38 @@ def _direct_gain(
         ref = np.asarray(side.no_stall_reference_s, dtype=np.float64)
         baseline = (ref[:, None] if ref.ndim == 1 else ref.T)[None, :, :]
     np.subtract(by_rank, baseline, out=scratch)
-    np.maximum(scratch, 0.0, out=scratch)
-    np.subtract(rank_totals[:, None, :], scratch, out=scratch)
-    counterfactual = scratch.max(axis=2)  # [N, S]
+    np.maximum(scratch, 0.0, out=scratch)  # [N, S, R]: the time clipping removes per stage
+    if groups is not None:  # clip every member of a group together
+        excess = np.stack([scratch[:, members, :].sum(axis=1) for members in groups], axis=1)
+        counterfactual = (rank_totals[:, None, :] - excess).max(axis=2)
+    else:
+        np.subtract(rank_totals[:, None, :], scratch, out=scratch)
+        counterfactual = scratch.max(axis=2)  # [N, S]
     return np.asarray((step_exposed[:, None] - counterfactual).sum(axis=0) / exposed)
+
+
+def group_gain(
+    d: FloatArray,
+    prefix: FloatArray,
+    evidence: WindowEvidence,
+    gates: Gates,
+    side: SideEvidence | None,
+    groups: Sequence[Sequence[int]],
+) -> FloatArray:
+    """Direct gain of each group of stages, every member clipped to its baseline at once."""
+    n, r, s = d.shape
+    scratch = np.empty((n, s, r), dtype=np.float64)
+    return _direct_gain(
+        d,
+        prefix[:, -1, :],
+        evidence.step_exposed_s,
+        evidence.exposed_s,
+        evidence.shares_defined,
+        gates,
+        side,
+        scratch,
+        groups,
+    )
 
 
 def _sorted_median(sorted_lanes: FloatArray) -> FloatArray:

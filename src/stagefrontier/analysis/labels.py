@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .evidence import WindowEvidence, critical_path_stages
+from .evidence import StageLocalization, WindowEvidence, critical_path_stages
 from .gates import Gates
 from .routing import rank_order
 from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
@@ -88,9 +88,7 @@ def label_window(x: LabelInputs) -> Labeling:
     n, n_ranks, _ = x.d.shape
     order = rank_order(ev.shares)
     s1 = order[0]
-    s2 = order[1] if len(order) > 1 else None
     a1 = float(ev.shares[s1])
-    a2 = float(ev.shares[s2]) if s2 is not None else 0.0
 
     if ev.shares_defined:
         out.emit(
@@ -124,51 +122,26 @@ def label_window(x: LabelInputs) -> Labeling:
     name1 = x.stages[s1]
     g1 = float(ev.gain[s1])
     gmax = float(ev.gain.max())
-    co_reasons: list[str] = []
-    if s2 is not None and a1 > 0 and a1 - a2 <= g.share_tie:
-        co_reasons.append(
-            f"top shares near-tied: {name1} {a1:.1%} vs {x.stages[s2]} {a2:.1%} "
-            f"(within eta_A={g.share_tie})"
-        )
     strong_gains = [j for j in range(len(x.stages)) if ev.gain[j] >= g.gain_threshold]
-    gain_ties = [j for j in strong_gains if ev.gain[j] >= gmax - g.gain_tie]
-    if len(gain_ties) > 1:
-        co_reasons.append(
-            "direct gains near-tied: "
-            + ", ".join(f"{x.stages[j]} {ev.gain[j]:.1%}" for j in gain_ties)
-            + f" (within eta_G={g.gain_tie})"
-        )
     loc = ev.localization[s1]
     confident = loc.confident_steps >= g.min_confident_fraction * n
-    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
-    if n_ranks > 1 and confident and switch_rate > g.max_switch_rate:
-        co_reasons.append(
-            f"lead rank of {name1} switches {loc.leader_switches} times over "
-            f"{loc.confident_steps} confident steps (rate {switch_rate:.2f} > {g.max_switch_rate})"
-        )
     dominant = a1 > g.share_dominance
     model_fit = name1 in g.model_fit_stages
-    if dominant and g1 < g.gain_threshold and not model_fit:
-        co_reasons.append(
-            f"{name1} leads with {a1:.1%} of exposed time but its direct gain is "
-            f"{g1:.1%} < gamma_G={g.gain_threshold}; without a model-fit indicator the share may "
-            "be wait induced or an independent co-critical path"
-        )
-    if dominant and g1 >= g.gain_threshold and s1 not in gain_ties:
-        co_reasons.append(f"another stage has a larger direct gain than {name1}")
-
-    if co_reasons:
-        for reason in co_reasons:
+    ambiguities = _ambiguities(x, order, strong_gains)
+    if ambiguities:
+        for reason, _ in ambiguities:
             out.emit(CO_CRITICAL, reason)
         out.co_critical_stages = _ambiguity_set(x, a1, gmax, strong_gains)
+        causes = "; ".join(cause for _, cause in ambiguities)
         for label in STRONG_LABELS:
-            out.withhold(label, "window is co_critical")
+            out.withhold(label, f"co_critical: {causes}")
         return out
 
     if not dominant:
         for label in STRONG_LABELS:
             out.withhold(
-                label, f"top share {a1:.1%} ({name1}) is not above gamma_A={g.share_dominance}"
+                label,
+                f"top share {a1:.1%} ({name1}) is not above share_dominance={g.share_dominance}",
             )
         return out
     if blockers:
@@ -180,23 +153,29 @@ def label_window(x: LabelInputs) -> Labeling:
         out.emit(
             DIRECT_EXPOSURE,
             f"{name1}: share {a1:.1%} and clipped direct gain {g1:.1%} "
-            f"(>= gamma_G={g.gain_threshold}, top gain) agree",
+            f"(>= gain_threshold={g.gain_threshold}, top gain) agree",
         )
     else:
-        out.withhold(DIRECT_EXPOSURE, f"direct gain {g1:.1%} of {name1} is below gamma_G")
+        out.withhold(
+            DIRECT_EXPOSURE,
+            f"direct gain {g1:.1%} of {name1} is below gain_threshold={g.gain_threshold}: "
+            + _low_gain_cause(x, s1),
+        )
     if n_ranks == 1:
         for label in (SYNC_WAIT_DEPENDENT, LIKELY_SYNC_WAIT):
             out.withhold(label, "single rank: no cross-rank wait evidence")
         return out
     if not model_fit:
         for label in (SYNC_WAIT_DEPENDENT, LIKELY_SYNC_WAIT):
-            out.withhold(label, f"no model-fit indicator for {name1} (W_s = 0)")
+            out.withhold(
+                label, f"Gates.model_fit_stages does not include {name1}: no wait model asserted"
+            )
         return out
     if g1 < g.gain_threshold:
         out.emit(
             SYNC_WAIT_DEPENDENT,
-            f"{name1}: share {a1:.1%} with direct gain {g1:.1%} < gamma_G under the caller's "
-            "synchronization-wait model",
+            f"{name1}: share {a1:.1%} with direct gain {g1:.1%} < gain_threshold under the "
+            "caller's synchronization-wait model",
         )
     else:
         out.withhold(SYNC_WAIT_DEPENDENT, f"direct gain of {name1} is high")
@@ -214,6 +193,114 @@ def label_window(x: LabelInputs) -> Labeling:
             f"({loc.confident_steps}/{n} steps) is too weak",
         )
     return out
+
+
+def lead_switches(loc: StageLocalization, n_steps: int, gates: Gates) -> bool:
+    """Whether a stage's lead rank changes too often to name one: enough steps have a clear
+    leader (``min_confident_fraction``) and it changes in more than ``max_switch_rate`` of
+    them."""
+    confident = loc.confident_steps >= gates.min_confident_fraction * n_steps
+    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
+    return confident and switch_rate > gates.max_switch_rate
+
+
+def _ambiguities(
+    x: LabelInputs, order: list[int], strong_gains: list[int]
+) -> list[tuple[str, str]]:
+    """Why the window is co_critical: (full reason, short cause) pairs; empty when it is not.
+
+    Near-tied shares or gains, an unstable lead rank, a dominant share whose direct gain is
+    below ``gain_threshold`` (with no wait model asserted), or within ``gain_tie`` above it (too
+    close to the threshold to separate direct exposure from wait), or a larger gain elsewhere.
+    """
+    ev, g = x.evidence, x.gates
+    n_ranks = x.d.shape[1]
+    s1 = order[0]
+    name1, a1, g1 = x.stages[s1], float(ev.shares[s1]), float(ev.gain[s1])
+    gmax = float(ev.gain.max())
+    out: list[tuple[str, str]] = []
+    if len(order) > 1 and a1 > 0 and a1 - ev.shares[order[1]] <= g.share_tie:
+        name2, a2 = x.stages[order[1]], float(ev.shares[order[1]])
+        out.append(
+            (
+                f"top shares near-tied: {name1} {a1:.1%} vs {name2} {a2:.1%} "
+                f"(within share_tie={g.share_tie})",
+                f"{name1} and {name2} carry near-tied shares",
+            )
+        )
+    gain_ties = [j for j in strong_gains if ev.gain[j] >= gmax - g.gain_tie]
+    if len(gain_ties) > 1:
+        tied = ", ".join(f"{x.stages[j]} {ev.gain[j]:.1%}" for j in gain_ties)
+        out.append(
+            (
+                f"direct gains near-tied: {tied} (within gain_tie={g.gain_tie})",
+                f"direct gains near-tied ({tied})",
+            )
+        )
+    loc = ev.localization[s1]
+    if n_ranks > 1 and lead_switches(loc, x.d.shape[0], g):
+        switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
+        out.append(
+            (
+                f"lead rank of {name1} switches {loc.leader_switches} times over "
+                f"{loc.confident_steps} confident steps "
+                f"(rate {switch_rate:.2f} > max_switch_rate={g.max_switch_rate})",
+                f"no single rank leads {name1}: the lead changed {loc.leader_switches} times "
+                f"in {loc.confident_steps} steps with a clear leader",
+            )
+        )
+    if a1 <= g.share_dominance:
+        return out
+    if g1 < g.gain_threshold and name1 not in g.model_fit_stages:
+        out.append(
+            (
+                f"{name1} leads with {a1:.1%} of exposed time but its direct gain is {g1:.1%} "
+                f"< gain_threshold={g.gain_threshold} ({_low_gain_cause(x, s1)}); with no wait "
+                f"model asserted for it (Gates.model_fit_stages) the share may be wait induced "
+                "or an independent co-critical path",
+                f"{name1}'s direct gain is {g1:.1%} < gain_threshold={g.gain_threshold} and "
+                "Gates.model_fit_stages does not include it",
+            )
+        )
+    elif g.gain_threshold <= g1 < g.gain_threshold + g.gain_tie and s1 not in gain_ties[1:]:
+        out.append(
+            (
+                f"{name1}'s direct gain {g1:.1%} is within gain_tie={g.gain_tie} of "
+                f"gain_threshold={g.gain_threshold}: too close to the threshold to tell direct "
+                "exposure from a wait-dependent share",
+                f"{name1}'s direct gain {g1:.1%} is within gain_tie of gain_threshold",
+            )
+        )
+    if g1 >= g.gain_threshold and s1 not in gain_ties:
+        top = x.stages[int(np.argmax(ev.gain))]
+        out.append(
+            (
+                f"another stage has a larger direct gain than {name1}: {top} {gmax:.1%}",
+                f"{top} has a larger direct gain ({gmax:.1%}) than {name1} ({g1:.1%})",
+            )
+        )
+    return out
+
+
+def _low_gain_cause(x: LabelInputs, stage: int) -> str:
+    """Why clipping a stage to its baseline removes little exposed time."""
+    g, loc = x.gates, x.evidence.localization[stage]
+    n = x.d.shape[0]
+    mean_step = x.evidence.exposed_s / n
+    steady = (
+        loc.leader_rank is not None
+        and loc.confident_steps >= g.min_confident_fraction * n
+        and loc.delta_lag_mean_s >= g.share_tie * mean_step
+    )
+    if g.gain_baseline == "rank_median" and steady:
+        return (
+            f"a steady stall: rank {loc.leader_rank} is {loc.delta_lag_mean_s * 1e3:.3g} ms/step "
+            f"behind the median rank in this stage in {loc.confident_steps}/{n} steps, so the "
+            "stall is that rank's usual value and clipping to its own median changes nothing"
+        )
+    if g.gain_baseline == "rank_median":
+        return "the stage rarely exceeds each rank's own median duration: there is no tail to clip"
+    return f"clipping it to the {g.gain_baseline.replace('_', ' ')} removes little exposed time"
 
 
 def _telemetry(x: LabelInputs, out: Labeling) -> list[str]:

@@ -11,7 +11,7 @@ from .evidence import StageLocalization
 from .gates import Gates
 
 REPORT_FORMAT = "stagefrontier.window_report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,10 @@ class WindowReport:
     """Frontier accounting, localization evidence and labels for one window.
 
     Shares, gains and ``residual_share`` are fractions of ``exposed_s``; times are seconds.
+    ``stages`` and the per-stage fields follow the window's schema, accumulation substages
+    ``name[i]`` included (the detail); ``top1``, ``top2``, ``routing_set``,
+    ``co_critical_stages`` and the labels work on the broad stages, whose numbers are the
+    ``semantic_*`` fields (equal to the per-stage ones without accumulation).
     """
 
     stages: list[str]
@@ -43,6 +47,11 @@ class WindowReport:
     localization: dict[str, StageLocalization]
     semantic_shares: dict[str, float]
     """Shares summed by broad stage (accumulation substages ``name[i]`` folded into ``name``)."""
+    semantic_gain: dict[str, float]
+    """Direct gain per broad stage, all its substages clipped at once."""
+    semantic_localization: dict[str, StageLocalization]
+    """Per broad stage: the localization of its substage with the largest advance, with the lag
+    growth summed over its substages."""
     residual_share: float
     overlap_share: float
     roles: list[str] | None
@@ -58,30 +67,16 @@ class WindowReport:
         return self.exposed_s / self.n_steps
 
     def summary(self) -> str:
-        """One line for a log: exposed step time, top stage and its leader, routing, labels."""
-        parts = [f"exposed {self.mean_step_s * 1e3:.1f} ms/step over {self.n_steps} steps"]
-        if self.top1 is not None and self.shares_defined:
-            lead = self.leaders.get(self.top1)
-            who = f" led by rank {lead}" if lead is not None else ""
-            parts.append(f"top {self.top1} {self.shares[self.top1]:.0%}{who}")
-            parts.append("route " + "+".join(self.routing_set))
-        elif not self.shares_defined:
-            parts.append("no exposed time: raw advances only")
-        elif self.role_shares:
-            tops = ", ".join(
-                f"{role} {max(shares, key=shares.__getitem__)} {max(shares.values()):.0%}"
-                for role, shares in self.role_shares.items()
-            )
-            parts.append(f"roles differ, top per role: {tops}")
-        flags = [label for label in self.labels if label != "frontier_accounting"]
-        parts.append("labels " + (",".join(flags) if flags else "none"))
-        return " | ".join(parts)
+        """One line for a log: step time, top stage and its leader, routing, labels, verdict."""
+        from ..render.text import window_line
+
+        return window_line(self)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": REPORT_FORMAT, "version": REPORT_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "localization":
+            if f.name in ("localization", "semantic_localization"):
                 value = {k: _loc_to_dict(v) for k, v in value.items()}
             elif f.name == "gates":
                 value = value.to_dict()
@@ -113,9 +108,8 @@ class WindowReport:
                     f"malformed report: field {name!r} has type {type(values[name]).__name__}"
                 )
         try:
-            values["localization"] = {
-                k: StageLocalization(**v) for k, v in values["localization"].items()
-            }
+            for name in ("localization", "semantic_localization"):
+                values[name] = {k: StageLocalization(**v) for k, v in values[name].items()}
             values["gates"] = Gates.from_dict(values["gates"])
         except (TypeError, AttributeError, StageFrontierError) as exc:
             raise ReportFormatError(f"malformed report: {exc}") from None
@@ -151,6 +145,8 @@ _FIELD_KINDS: dict[str, type | tuple[type, ...]] = {
     "leaders": dict,
     "localization": dict,
     "semantic_shares": dict,
+    "semantic_gain": dict,
+    "semantic_localization": dict,
     "residual_share": _NUMBER,
     "overlap_share": _NUMBER,
     "roles": (list, type(None)),

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from ..render.plots import plot_shares_over_time, plot_worst_step
-from ..render.run_report import load_run, render_report
+from ..render.run_folder import load_run
+from ..render.text import run_report_text
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig
@@ -49,7 +50,7 @@ def run_demo(
 def write_report(out: str | Path) -> list[Path]:
     """Print the folder's report and write its two figures; returns every file produced."""
     run = load_run(out)
-    print(render_report(run))
+    print(run_report_text(run))
     folder = Path(out)
     files = [folder / "windows.jsonl", *sorted((folder / "packets").glob("*.json"))]
     if run.packets:

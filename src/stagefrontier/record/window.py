@@ -267,9 +267,9 @@ def lead_scope(report: WindowReport, hosts: dict[int, str]) -> dict[str, Any] | 
     rank), ``hosts`` (several, on several hosts) or ``one_host_job`` (several, but the whole job
     runs on one host, so node and rank cannot be told apart). None without a top stage."""
     top = report.top1
-    if top is None or top not in report.localization:
+    if top is None or top not in report.semantic_localization:
         return None
-    ranks = report.localization[top].leading_ranks
+    ranks = report.semantic_localization[top].leading_ranks
     if not ranks:
         return None
     on = sorted({hosts.get(r, "") for r in ranks})

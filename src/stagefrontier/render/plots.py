@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StageFrontierError
-from .run_report import RunWindows
+from .run_folder import RunWindows
 
 STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9"]
 

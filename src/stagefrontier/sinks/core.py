@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from ..analysis.window_report import WindowReport
 from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
+from ..render.text import window_line
 
 logger = logging.getLogger("stagefrontier")
 
@@ -61,18 +62,7 @@ class LogSink:
 
 def summary_line(record: dict[str, Any], report: WindowReport) -> str:
     """``window 3 steps 300-399 | exposed 212.4 ms/step ... | top ... led by rank 2@host ...``"""
-    head = f"window {record['window']} steps {record['first_step']}-{record['last_step']}"
-    line = report.summary()
-    lead = report.leaders.get(report.top1) if report.top1 else None
-    host = record.get("hosts", {}).get(str(lead)) if lead is not None else None
-    if host:
-        line = line.replace(f"led by rank {lead}", f"led by rank {lead}@{host}", 1)
-    scope = lead_scope_text(record.get("lead"))
-    if scope:
-        line = line.replace(" | route ", f" ({scope}) | route ", 1)
-    if not record.get("gather_ok", True):
-        line += f" | missing ranks {record.get('missing_ranks')}"
-    return f"{head} | {line}"
+    return window_line(report, record)
 
 
 class PacketSink:
@@ -105,18 +95,6 @@ def packet_name(record: dict[str, Any]) -> str:
     attempt = record.get("attempt", 0)
     suffix = f".attempt-{attempt}" if attempt else ""
     return f"window-{record['window']:06d}{suffix}.json"
-
-
-def lead_scope_text(lead: dict[str, Any] | None) -> str:
-    """``node-level: ranks 4,5,6,7 all on node-b``; empty for a single leading rank."""
-    if not lead or lead["scope"] == "rank":
-        return ""
-    ranks = ",".join(str(r) for r in lead["ranks"])
-    if lead["scope"] == "node":
-        return f"node-level: ranks {ranks} all on {lead['hosts'][0]}"
-    if lead["scope"] == "hosts":
-        return f"ranks {ranks} on {len(lead['hosts'])} hosts"
-    return f"ranks {ranks} lead together"
 
 
 PACKET_META = (

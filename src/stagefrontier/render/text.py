@@ -1,0 +1,252 @@
+"""Every piece of report text: the window line, ``stagefrontier analyze``'s window report, the
+per-window table and a run folder's report. Each ends with the verdict sentence."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..analysis.routing import rank_order
+from ..analysis.window_report import WindowReport
+from .run_folder import RunWindows, method_shares
+from .verdict import ranks_text, single_leader, verdict
+
+METHOD_TITLES = {
+    "stagefrontier": "frontier",
+    "per_stage_max": "stage-max",
+    "per_stage_mean": "stage-mean",
+    "rank_spread": "spread",
+    "slowest_rank": "slowest",
+    "rank0_total": "rank0",
+}
+
+
+# --- one window -----------------------------------------------------------------------------------
+
+
+def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+    """``window 3 steps 60-79 | exposed 182.9 ms/step over 20 steps | top ... | labels ... |
+    verdict``; the window index, hosts, lead scope and missing ranks come from ``record`` (a
+    ``windows.jsonl`` object) when given."""
+    record = record or {}
+    parts = []
+    if "window" in record:
+        parts.append(
+            f"window {record['window']} steps {record['first_step']}-{record['last_step']}"
+        )
+    parts.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step over {report.n_steps} steps")
+    if report.top1 is not None and report.shares_defined:
+        top = report.top1
+        parts.append(f"top {top} {report.semantic_shares[top]:.0%} {lead_text(report, record)}")
+        parts.append("route " + "+".join(report.routing_set))
+    elif not report.shares_defined:
+        parts.append("no exposed time: raw advances only")
+    elif report.role_shares:
+        tops = ", ".join(
+            f"{role} {max(shares, key=shares.__getitem__)} {max(shares.values()):.0%}"
+            for role, shares in report.role_shares.items()
+        )
+        parts.append(f"roles differ, top per role: {tops}")
+    parts.append("labels " + (",".join(_flags(report.labels)) or "none"))
+    if not record.get("gather_ok", True):
+        parts.append(f"missing ranks {record.get('missing_ranks')}")
+    parts.append(verdict(report, record))
+    return " | ".join(parts)
+
+
+def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+    """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4-7)`` or ``no single leader
+    (ranks 0-3)`` for the top stage."""
+    record = record or {}
+    top = str(report.top1)
+    lead = record.get("lead")
+    if lead and lead.get("scope") == "node":
+        listed = ",".join(str(r) for r in lead["ranks"])
+        return f"led by {lead['hosts'][0]} (node-level: ranks {listed} all on {lead['hosts'][0]})"
+    leader = single_leader(report, top)
+    if leader is not None:
+        host = record.get("hosts", {}).get(str(leader))
+        return f"led by rank {leader}" + (f"@{host}" if host else "")
+    loc = report.semantic_localization[top]
+    ranks = loc.leading_ranks or loc.tied_ranks
+    return f"no single leader (ranks {ranks_text(ranks)})" if ranks else "no single leader"
+
+
+def window_report_text(report: WindowReport, meta: Mapping[str, Any] | None = None) -> str:
+    """``stagefrontier analyze``'s report: stage table, routing, labels with their reasons, the
+    labels withheld and why, shares by role, and the verdict."""
+    lines = [
+        f"window: {report.n_steps} steps x {report.n_ranks} ranks x {len(report.stages)} stages, "
+        f"exposed {report.exposed_s:.6g} s ({report.mean_step_s * 1e3:.3f} ms/step)"
+    ]
+    if meta:
+        lines.append("meta: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
+    lines += ["", *_stage_table(report)]
+    if set(report.semantic_shares) != set(report.stages):
+        lines += ["", "folded by stage (accumulation substages summed):", *_semantic_table(report)]
+    lines.append("")
+    if not report.shares_defined:
+        lines.append("shares undefined (exposed time below the floor): raw advances shown")
+    lines.append(f"top-1: {report.top1}    top-2 (second stage): {report.top2 or '-'}")
+    tau = report.gates.candidate_threshold
+    lines.append(
+        f"routing set (candidate_threshold={tau:g}): {', '.join(report.routing_set) or '-'}"
+    )
+    lines.append(f"co-critical stages: {', '.join(report.co_critical_stages) or '-'}")
+    lines += _label_block("labels", report.labels, report.reasons)
+    withheld = [label for label in report.reasons if label not in report.labels]
+    lines += _label_block("withheld", withheld, report.reasons)
+    if report.role_shares:
+        lines += ["", "shares by role:"]
+        for role, shares in report.role_shares.items():
+            top = max(shares, key=lambda s: shares[s])
+            lines.append(f"  {role}: top {top} {shares[top]:.1%}")
+    lines += ["", "verdict: " + verdict(report, meta)]
+    return "\n".join(lines)
+
+
+def _label_block(title: str, labels: list[str], reasons: dict[str, list[str]]) -> list[str]:
+    """A titled list of labels, each followed by its reasons; empty when there are no labels."""
+    if not labels:
+        return []
+    lines = ["", f"{title}:"]
+    for label in labels:
+        lines.append(f"  {label}")
+        lines += [f"    - {reason}" for reason in reasons.get(label, [])]
+    return lines
+
+
+def _stage_table(report: WindowReport) -> list[str]:
+    width = max(len("stage"), *(len(s) for s in report.stages))
+    header = f"{'stage':<{width}}  {'share':>7}  {'advance s':>11}  {'direct gain':>11}  leader"
+    rows = [header, "-" * len(header)]
+    for stage in report.stages:
+        share = f"{report.shares[stage]:.1%}" if report.shares_defined else "n/a"
+        leader = report.leaders.get(stage)
+        rows.append(
+            f"{stage:<{width}}  {share:>7}  {report.advances[stage]:>11.6f}  "
+            f"{report.direct_gain[stage]:>11.1%}  {'-' if leader is None else leader}"
+        )
+    return rows
+
+
+def _semantic_table(report: WindowReport) -> list[str]:
+    width = max(len("stage"), *(len(s) for s in report.semantic_shares))
+    header = f"{'stage':<{width}}  {'share':>7}  {'direct gain':>11}  leader"
+    rows = [header, "-" * len(header)]
+    for stage, share in report.semantic_shares.items():
+        leader = report.semantic_localization[stage].leader_rank
+        rows.append(
+            f"{stage:<{width}}  {share:>7.1%}  {report.semantic_gain[stage]:>11.1%}  "
+            f"{'-' if leader is None else leader}"
+        )
+    return rows
+
+
+# --- a run folder ---------------------------------------------------------------------------------
+
+
+def run_report_text(run: RunWindows) -> str:
+    """The report printed by ``stagefrontier report`` and at the end of the demo."""
+    lines = [_title(run), ""]
+    if run.packets:
+        lines += _comparison(run)
+    else:
+        lines.append(
+            "(no packets/: baselines need the per-rank matrix; showing windows.jsonl only)"
+        )
+    windows = _windows(run)
+    lines += ["", *window_table(windows), "", *_labels(windows)]
+    report, meta = windows[-1]
+    lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
+    return "\n".join(lines)
+
+
+def _windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:
+    if run.packets:
+        return [(p.report, p.meta) for p in run.packets]
+    return [(WindowReport.from_dict(r), r) for r in run.records]
+
+
+def _title(run: RunWindows) -> str:
+    windows = _windows(run)
+    first, last = windows[0][1], windows[-1][1]
+    steps = ""
+    if "first_step" in first and "last_step" in last:
+        steps = f", steps {first['first_step']}-{last['last_step']}"
+    ranks = max(report.n_ranks for report, _ in windows)
+    return (
+        f"StageFrontier report for {run.folder}: {len(windows)} window(s){steps}, {ranks} rank(s)"
+    )
+
+
+def _comparison(run: RunWindows) -> list[str]:
+    per_window = [method_shares(p) for p in run.packets]
+    stages = run.stages
+    methods = list(METHOD_TITLES)
+    mean = {m: np.mean([w[m] for w in per_window], axis=0) for m in methods}
+    width = max(len("stage"), *(len(s) for s in stages))
+    header = f"{'stage':<{width}}" + "".join(f"  {METHOD_TITLES[m]:>10}" for m in methods)
+    lines = [
+        "Stage shares, mean over windows: StageFrontier (frontier) vs rank-local baselines",
+        header,
+        "-" * len(header),
+    ]
+    for j, stage in enumerate(stages):
+        lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
+    lines.append("")
+    lines.append("top-1 stage per method (windows where it was top-1):")
+    for m in methods:
+        tops = Counter(stages[rank_order(w[m])[0]] for w in per_window)
+        stage, count = tops.most_common(1)[0]
+        lines.append(f"  {METHOD_TITLES[m]:<10} {stage} ({count}/{len(per_window)})")
+    return lines
+
+
+def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
+    """One row per window: steps, ms/step, the top stage with its share and leader, labels."""
+    lines = ["Per window:", "  window  steps      ms/step  top-1 (share, leader)  labels"]
+    for report, meta in windows:
+        top = report.top1
+        share = f"{report.semantic_shares[top]:.0%}" if top and report.shares_defined else "n/a"
+        who = lead_text(report, meta) if top else "-"
+        flags = ",".join(_flags(report.labels)) or "-"
+        span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"
+        ms = report.mean_step_s * 1e3
+        lines.append(f"  {_index(meta):>6}  {span:<9} {ms:>8.1f}  {top} ({share}, {who})  {flags}")
+    return lines
+
+
+def _index(meta: Mapping[str, Any]) -> str:
+    index = str(meta.get("window", "?"))
+    if meta.get("attempt"):  # a torchelastic restart counts windows from 0 again
+        index = f"{meta['attempt']}/{index}"
+    return index
+
+
+def _labels(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
+    reports = [report for report, _ in windows]
+    routes = Counter(" + ".join(r.routing_set) for r in reports)
+    route, count = routes.most_common(1)[0]
+    lines = [f"Routing set (most common, {count}/{len(reports)} windows): {route or '-'}"]
+    co = Counter(" + ".join(r.co_critical_stages) for r in reports if r.co_critical_stages)
+    if co:
+        stages, n = co.most_common(1)[0]
+        lines.append(f"Co-critical stages (most common, {n}/{len(reports)} windows): {stages}")
+    counts = Counter(label for r in reports for label in r.labels)
+    lines.append(
+        "Labels: " + ", ".join(f"{label} {n}/{len(reports)}" for label, n in counts.items())
+    )
+    last, meta = windows[-1]
+    lines.append(f"Reasons (last window, {_index(meta)}):")
+    for label in last.labels:
+        for reason in last.reasons.get(label, []):
+            lines.append(f"  {label}: {reason}")
+    return lines
+
+
+def _flags(labels: list[str]) -> list[str]:
+    return [label for label in labels if label != "frontier_accounting"]

@@ -1,0 +1,238 @@
+"""The verdict: one plain sentence per window, built from its labels and never claiming more.
+
+It says what the top stage costs per step, which rank (or node) sets it, where the other ranks
+make up the gap, and what to profile. A direct exposure is a profiling target; a sync-wait label
+(the wait model asserted by the caller) says the others wait; ``co_critical`` keeps the causal
+reading open and says why; telemetry, role and accumulation limits are stated first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.labels import (
+    CO_CRITICAL,
+    DIRECT_EXPOSURE,
+    GRADIENT_ACCUMULATION_AMBIGUOUS,
+    LIKELY_SYNC_WAIT,
+    SYNC_WAIT_DEPENDENT,
+    TELEMETRY_LIMITED,
+    lead_switches,
+)
+from ..analysis.schema import (
+    BACKWARD_STAGE,
+    CALLBACKS_STAGE,
+    DATA_STAGE,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+from ..analysis.window_report import WindowReport
+
+PLAIN_NAMES = {
+    DATA_STAGE: "data loading",
+    FORWARD_STAGE: "forward+loss",
+    BACKWARD_STAGE: "backward",
+    CALLBACKS_STAGE: "callbacks",
+    OPTIMIZER_STAGE: "the optimizer step",
+    RESIDUAL_STAGE: "untimed step time",
+}
+"""What a person calls the default stages; other stage names are used as they are."""
+
+
+def plain(stage: str) -> str:
+    return PLAIN_NAMES.get(stage, stage)
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``[3, 1, 2, 0] -> "0-3"``, ``[1, 4, 5] -> "1,4-5"``: sorted, runs collapsed."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def single_leader(report: WindowReport, stage: str) -> int | None:
+    """The one rank that leads ``stage``, or None when the lead is shared or changes."""
+    loc = report.semantic_localization.get(stage)
+    if loc is None or loc.leader_rank is None:
+        return None
+    if loc.leading_ranks and loc.leading_ranks != [loc.leader_rank]:
+        return None
+    confident = loc.confident_steps >= report.gates.min_confident_fraction * report.n_steps
+    return loc.leader_rank if confident else None
+
+
+def rank_name(rank: int, hosts: Mapping[str, str] | None) -> str:
+    host = (hosts or {}).get(str(rank))
+    return f"rank {rank}@{host}" if host else f"rank {rank}"
+
+
+def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+    """The plain sentence that ends every window line and report."""
+    if not report.shares_defined:
+        return "no exposed step time in this window: nothing to attribute."
+    if report.top1 is None:
+        return _roles_verdict(report)
+    text = _caveats(report) + _main_verdict(report, record or {})
+    return text[0].upper() + text[1:]
+
+
+def _roles_verdict(report: WindowReport) -> str:
+    tops = []
+    for role, shares in (report.role_shares or {}).items():
+        top = max(shares, key=shares.__getitem__)
+        tops.append(f"{role}: {plain(top)} {shares[top]:.0%}")
+    return (
+        "ranks play different roles, so no global verdict: read the top stage per role ("
+        + "; ".join(tops)
+        + ") and profile it within that role."
+    )
+
+
+def _caveats(report: WindowReport) -> str:
+    notes = []
+    if report.has(TELEMETRY_LIMITED):
+        first = report.reasons.get(TELEMETRY_LIMITED, ["incomplete telemetry"])[0]
+        notes.append(f"telemetry is incomplete ({first}), so treat this as provisional")
+    if report.has(GRADIENT_ACCUMULATION_AMBIGUOUS):
+        notes.append("accumulation microsteps were mixed, so data and backward waits blur")
+    return "".join(f"{note}; " for note in notes)
+
+
+def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
+    top = str(report.top1)
+    step_ms = report.mean_step_s * 1e3
+    share = report.semantic_shares[top]
+    cost = f"~{share * step_ms:.0f} ms of the {step_ms:.0f} ms step ({share:.0%})"
+    lead = _lead(report, record, top)
+    target = f"profile {plain(top)} ({top}) " + (f"on {lead.who}" if lead.who else "on any rank")
+    if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
+        waits = _wait_stage(report, top)
+        return (
+            f"{lead.who or 'the leading rank'}'s {plain(top)} holds every rank back by "
+            f"{_behind(report, top)}; it costs {cost}"
+            + (f" and the others wait in {plain(waits)}" if waits else "")
+            + f". Next: {target}."
+        )
+    if report.has(DIRECT_EXPOSURE):
+        gain = report.semantic_gain[top] * step_ms
+        where = f" on {lead.who}" if lead.who else ""
+        return (
+            f"{plain(top)}{where} costs {cost}; clipping it to its usual duration would save "
+            f"~{gain:.0f} ms/step. Next: {target}."
+        )
+    if report.has(CO_CRITICAL):
+        return _co_critical_verdict(report, top, cost, lead, target)
+    stages = ", ".join(f"{plain(s)} {report.semantic_shares[s]:.0%}" for s in report.routing_set)
+    return (
+        f"no stage dominates the {step_ms:.0f} ms step ({stages}). "
+        f"Next: profile {' and '.join(plain(s) for s in report.routing_set)}."
+    )
+
+
+def _co_critical_verdict(
+    report: WindowReport, top: str, cost: str, lead: _Lead, target: str
+) -> str:
+    loc = report.semantic_localization[top]
+    steady = bool(lead.who) and loc.delta_lag_mean_s >= report.gates.share_tie * report.mean_step_s
+    if steady:
+        waits = _wait_stage(report, top)
+        gain = report.semantic_gain[top]
+        why_gain = (
+            f" Its direct gain is only {gain:.0%} because the stall is steady: it is the usual "
+            "value there, so clipping to each rank's own median removes nothing."
+            if gain < report.gates.gain_threshold and report.gates.gain_baseline == "rank_median"
+            else ""
+        )
+        return (
+            f"{lead.who}'s {plain(top)} runs {_behind(report, top)} and sets {cost}"
+            + (
+                f"; the other ranks make up the gap in {plain(waits)}, most likely waiting "
+                "(not proven: co_critical)"
+                if waits
+                else ""
+            )
+            + f".{why_gain} Next: {target}."
+        )
+    if len(lead.ranks) > 1:
+        spread = _end_lag_ms(report)
+        quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
+        how = "alternate at the front of" if lead.switching else "share the lead in"
+        return (
+            f"no single rank leads: ranks {ranks_text(lead.ranks)} {how} {plain(top)}, which "
+            f"takes {cost}"
+            + (
+                f"; ranks end their steps within ~{spread:.0f} ms of the median rank, so no "
+                "rank holds the others back"
+                if quiet
+                else ""
+            )
+            + f". Next: profile {plain(top)} ({top}) on any rank to shorten the step."
+        )
+    others = [s for s in report.co_critical_stages if s != top]
+    if others:
+        named = " and ".join(plain(s) for s in [top, *others])
+        return (
+            f"{plain(top)} takes {cost}, but {named} stay jointly plausible bottlenecks "
+            f"({_short_cause(report)}). Next: profile {named}."
+        )
+    return f"{plain(top)} takes {cost} ({_short_cause(report)}). Next: {target}."
+
+
+@dataclass(frozen=True)
+class _Lead:
+    """Who sets the top stage: ``who`` names one rank, a node or a fixed group of ranks, and is
+    empty when the lead keeps changing hands."""
+
+    who: str
+    ranks: list[int]
+    switching: bool
+
+
+def _lead(report: WindowReport, record: Mapping[str, Any], top: str) -> _Lead:
+    loc = report.semantic_localization[top]
+    ranks = loc.leading_ranks or ([] if loc.leader_rank is None else [loc.leader_rank])
+    switching = report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates)
+    scope = record.get("lead")
+    if scope and scope.get("scope") == "node":
+        return _Lead(f"{scope['hosts'][0]} (ranks {ranks_text(scope['ranks'])})", ranks, False)
+    if switching or not ranks:
+        return _Lead("", ranks, switching)
+    if len(ranks) == 1:
+        return _Lead(rank_name(ranks[0], record.get("hosts")), ranks, False)
+    return _Lead(f"ranks {ranks_text(ranks)}", ranks, False)
+
+
+def _behind(report: WindowReport, stage: str) -> str:
+    lag = report.semantic_localization[stage].delta_lag_mean_s
+    return f"~{lag * 1e3:.0f} ms/step behind the median rank"
+
+
+def _wait_stage(report: WindowReport, top: str) -> str | None:
+    """The stage where the median rank closes most of the leader's gap: where others wait."""
+    stages = list(report.semantic_localization)
+    after = stages[stages.index(top) + 1 :]
+    if not after:
+        return None
+    growth = report.semantic_localization[top].delta_lag_mean_s
+    closing = min(after, key=lambda s: report.semantic_localization[s].delta_lag_mean_s)
+    shrink = -report.semantic_localization[closing].delta_lag_mean_s
+    return closing if shrink >= 0.5 * growth > 0 else None
+
+
+def _end_lag_ms(report: WindowReport) -> float:
+    """How far, on average, the last rank ends its step after the median rank."""
+    last = report.stages[-1]
+    return report.localization[last].lag_mean_s * 1e3
+
+
+def _short_cause(report: WindowReport) -> str:
+    reasons = report.reasons.get(CO_CRITICAL, [])
+    return reasons[0].split(";")[0] if reasons else "the evidence does not single it out"
