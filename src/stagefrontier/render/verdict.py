@@ -114,11 +114,11 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
     lead = _lead(report, record, top)
     target = f"profile {plain(top)} ({top}) " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
-        waits = _wait_stage(report, top)
+        waits = _wait_stages(report, top)
         return (
             f"{lead.who or 'the leading rank'}'s {plain(top)} holds every rank back by "
             f"{_behind(report, top)}; it costs {cost}"
-            + (f" and the others wait in {plain(waits)}" if waits else "")
+            + (f" and the others wait in {waits}" if waits else "")
             + f". Next: {target}."
         )
     if report.has(DIRECT_EXPOSURE):
@@ -143,7 +143,7 @@ def _co_critical_verdict(
     loc = report.semantic_localization[top]
     steady = bool(lead.who) and loc.delta_lag_mean_s >= report.gates.share_tie * report.mean_step_s
     if steady:
-        waits = _wait_stage(report, top)
+        waits = _wait_stages(report, top)
         gain = report.semantic_gain[top]
         why_gain = (
             f" Its direct gain is only {gain:.0%} because the stall is steady: it is the usual "
@@ -154,16 +154,16 @@ def _co_critical_verdict(
         return (
             f"{lead.who}'s {plain(top)} runs {_behind(report, top)} and sets {cost}"
             + (
-                f"; the other ranks make up the gap in {plain(waits)}, most likely waiting "
+                f"; the other ranks make up the gap in {waits}, most likely waiting "
                 "(not proven: co_critical)"
                 if waits
                 else ""
             )
             + f".{why_gain} Next: {target}."
         )
+    spread = _end_lag_ms(report)
+    quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
     if len(lead.ranks) > 1:
-        spread = _end_lag_ms(report)
-        quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
         how = "alternate at the front of" if lead.switching else "share the lead in"
         return (
             f"no single rank leads: ranks {ranks_text(lead.ranks)} {how} {plain(top)}, which "
@@ -177,8 +177,21 @@ def _co_critical_verdict(
             + f". Next: profile {plain(top)} ({top}) on any rank to shorten the step."
         )
     others = [s for s in report.co_critical_stages if s != top]
+    named = " and ".join(plain(s) for s in [top, *others])
+    if quiet or report.n_ranks == 1:
+        gain = report.semantic_gain[top]
+        behind = f", with {' and '.join(plain(s) for s in others)} close behind," if others else ""
+        opening = (
+            "a single rank, so no rank can hold others back: "
+            if report.n_ranks == 1
+            else f"nothing stalls (ranks end their steps within ~{spread:.0f} ms of the median "
+            "rank): "
+        )
+        return (
+            f"{opening}{plain(top)} takes {cost}{behind} at about its usual duration (clipping "
+            f"it to that removes {gain:.0%}). Next: profile {named} to shorten the step."
+        )
     if others:
-        named = " and ".join(plain(s) for s in [top, *others])
         return (
             f"{plain(top)} takes {cost}, but {named} stay jointly plausible bottlenecks "
             f"({_short_cause(report)}). Next: profile {named}."
@@ -215,16 +228,17 @@ def _behind(report: WindowReport, stage: str) -> str:
     return f"~{lag * 1e3:.0f} ms/step behind the median rank"
 
 
-def _wait_stage(report: WindowReport, top: str) -> str | None:
-    """The stage where the median rank closes most of the leader's gap: where others wait."""
-    stages = list(report.semantic_localization)
-    after = stages[stages.index(top) + 1 :]
-    if not after:
-        return None
-    growth = report.semantic_localization[top].delta_lag_mean_s
-    closing = min(after, key=lambda s: report.semantic_localization[s].delta_lag_mean_s)
-    shrink = -report.semantic_localization[closing].delta_lag_mean_s
-    return closing if shrink >= 0.5 * growth > 0 else None
+def _wait_stages(report: WindowReport, top: str) -> str:
+    """The later stages in which the median rank closes at least a quarter of the lag the top
+    stage opened (where the other ranks' waiting shows up), largest first; empty if none."""
+    loc = report.semantic_localization
+    stages = list(loc)
+    growth = loc[top].delta_lag_mean_s
+    closing = [
+        s for s in stages[stages.index(top) + 1 :] if -loc[s].delta_lag_mean_s >= 0.25 * growth
+    ]
+    closing.sort(key=lambda s: loc[s].delta_lag_mean_s)
+    return " and ".join(plain(s) for s in closing) if growth > 0 else ""
 
 
 def _end_lag_ms(report: WindowReport) -> float:
@@ -234,5 +248,9 @@ def _end_lag_ms(report: WindowReport) -> float:
 
 
 def _short_cause(report: WindowReport) -> str:
-    reasons = report.reasons.get(CO_CRITICAL, [])
-    return reasons[0].split(";")[0] if reasons else "the evidence does not single it out"
+    """The short causes the labeler gave for withholding direct_exposure on co_critical."""
+    prefix = "not emitted: co_critical: "
+    for reason in report.reasons.get(DIRECT_EXPOSURE, []):
+        if reason.startswith(prefix):
+            return reason[len(prefix) :]
+    return "the evidence does not single it out"
