@@ -233,7 +233,7 @@ def report_dict() -> dict[str, Any]:
 
 
 CORRUPTIONS = {
-    "unknown_version": (lambda d: d.update(version=2), "version"),
+    "unknown_version": (lambda d: d.update(version=1), "version"),
     "no_version": (lambda d: d.pop("version"), "version"),
     "wrong_format": (lambda d: d.update(format="something.else"), "format"),
     "missing_field": (lambda d: d.pop("shares"), "missing"),

@@ -76,6 +76,7 @@ def test_node_level_lead_reaches_the_log_line_packet_and_report(tmp_path: Path) 
     analyzed = analyze_merged(merge_windows(_windows(slow, HOSTS), 8))
     line = summary_line(analyzed.record, analyzed.report)
     assert "led by node-b (node-level: ranks 4,5,6,7 all on node-b) | route " in line, line
+    assert "Node node-b (ranks 4-7)'s data loading runs " in line, line
     PacketSink(tmp_path).write(analyzed)
     run = load_run(tmp_path)
     assert run.packets[0].meta["lead"]["scope"] == "node"

@@ -61,7 +61,7 @@ def window_metrics(window: AnalyzedWindow) -> WindowMetrics:
     record = window.record
     defined = report.shares_defined
     top1 = report.top1
-    lead = report.leaders.get(top1) if top1 is not None else None
+    lead = report.semantic_localization[top1].leader_rank if top1 is not None else None
     return WindowMetrics(
         window=int(record["window"]),
         first_step=int(record["first_step"]),
@@ -71,7 +71,7 @@ def window_metrics(window: AnalyzedWindow) -> WindowMetrics:
         exposed_ms_per_step=report.mean_step_s * 1e3,
         shares=dict(report.semantic_shares) if defined else {},
         top1=top1,
-        top1_share=report.shares[top1] if defined and top1 is not None else None,
+        top1_share=report.semantic_shares[top1] if defined and top1 is not None else None,
         leader_rank=NO_LEADER if lead is None else int(lead),
         labels=tuple(report.labels),
         label_flags={label: int(label in report.labels) for label in ALL_LABELS},

@@ -64,7 +64,7 @@ def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
     top = str(report.top1)
     lead = record.get("lead")
     if lead and lead.get("scope") == "node":
-        listed = ",".join(str(r) for r in lead["ranks"])
+        listed = ",".join(str(r) for r in sorted(lead["ranks"]))
         return f"led by {lead['hosts'][0]} (node-level: ranks {listed} all on {lead['hosts'][0]})"
     leader = single_leader(report, top)
     if leader is not None:

@@ -59,14 +59,16 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def single_leader(report: WindowReport, stage: str) -> int | None:
-    """The one rank that leads ``stage``, or None when the lead is shared or changes."""
+    """The one rank that leads ``stage``: the only leading rank, or the rank that led at least
+    half of the stage's advance alone; None when the lead is shared or keeps changing."""
     loc = report.semantic_localization.get(stage)
     if loc is None or loc.leader_rank is None:
         return None
-    if loc.leading_ranks and loc.leading_ranks != [loc.leader_rank]:
+    if report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates):
         return None
-    confident = loc.confident_steps >= report.gates.min_confident_fraction * report.n_steps
-    return loc.leader_rank if confident else None
+    if loc.leading_ranks == [loc.leader_rank] or loc.leader_fraction >= 0.5:
+        return loc.leader_rank
+    return None
 
 
 def rank_name(rank: int, hosts: Mapping[str, str] | None) -> str:
@@ -77,10 +79,11 @@ def rank_name(rank: int, hosts: Mapping[str, str] | None) -> str:
 def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
     """The plain sentence that ends every window line and report."""
     if not report.shares_defined:
-        return "no exposed step time in this window: nothing to attribute."
-    if report.top1 is None:
-        return _roles_verdict(report)
-    text = _caveats(report) + _main_verdict(report, record or {})
+        text = "no exposed step time in this window: nothing to attribute."
+    elif report.top1 is None:
+        text = _roles_verdict(report)
+    else:
+        text = _caveats(report) + _main_verdict(report, record or {})
     return text[0].upper() + text[1:]
 
 
@@ -123,9 +126,9 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
         )
     if report.has(DIRECT_EXPOSURE):
         gain = report.semantic_gain[top] * step_ms
-        where = f" on {lead.who}" if lead.who else ""
+        what = f"{lead.who}'s {plain(top)}" if lead.who else f"the {plain(top)} stage"
         return (
-            f"{plain(top)}{where} costs {cost}; clipping it to its usual duration would save "
+            f"{what} costs {cost}; clipping it to its usual duration would save "
             f"~{gain:.0f} ms/step. Next: {target}."
         )
     if report.has(CO_CRITICAL):
@@ -201,8 +204,8 @@ def _co_critical_verdict(
 
 @dataclass(frozen=True)
 class _Lead:
-    """Who sets the top stage: ``who`` names one rank, a node or a fixed group of ranks, and is
-    empty when the lead keeps changing hands."""
+    """Who sets the top stage: ``who`` names one rank or a node, and is empty when several
+    ranks share the lead or it keeps changing hands."""
 
     who: str
     ranks: list[int]
@@ -215,12 +218,12 @@ def _lead(report: WindowReport, record: Mapping[str, Any], top: str) -> _Lead:
     switching = report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates)
     scope = record.get("lead")
     if scope and scope.get("scope") == "node":
-        return _Lead(f"{scope['hosts'][0]} (ranks {ranks_text(scope['ranks'])})", ranks, False)
-    if switching or not ranks:
-        return _Lead("", ranks, switching)
-    if len(ranks) == 1:
-        return _Lead(rank_name(ranks[0], record.get("hosts")), ranks, False)
-    return _Lead(f"ranks {ranks_text(ranks)}", ranks, False)
+        node = f"node {scope['hosts'][0]} (ranks {ranks_text(scope['ranks'])})"
+        return _Lead(node, ranks, False)
+    leader = single_leader(report, top)
+    if leader is not None:
+        return _Lead(rank_name(leader, record.get("hosts")), [leader], False)
+    return _Lead("", ranks, switching)
 
 
 def _behind(report: WindowReport, stage: str) -> str:
