@@ -12,7 +12,7 @@ import numpy as np
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
 from .run_folder import RunWindows, method_shares
-from .verdict import ranks_text, single_leader, verdict
+from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",
@@ -58,18 +58,17 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
 
 
 def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
-    """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4-7)`` or ``no single leader
-    (ranks 0-3)`` for the top stage."""
+    """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4,5,6,7 all on node-b)`` or
+    ``no single leader (ranks 0-3)`` for the top stage."""
     record = record or {}
     top = str(report.top1)
-    lead = record.get("lead")
-    if lead and lead.get("scope") == "node":
-        listed = ",".join(str(r) for r in sorted(lead["ranks"]))
-        return f"led by {lead['hosts'][0]} (node-level: ranks {listed} all on {lead['hosts'][0]})"
+    node = node_lead(record)
+    if node is not None:
+        host, ranks = node
+        return f"led by {host} (node-level: ranks {','.join(map(str, ranks))} all on {host})"
     leader = single_leader(report, top)
     if leader is not None:
-        host = record.get("hosts", {}).get(str(leader))
-        return f"led by rank {leader}" + (f"@{host}" if host else "")
+        return f"led by {rank_name(leader, record)}"
     loc = report.semantic_localization[top]
     ranks = loc.leading_ranks or loc.tied_ranks
     return f"no single leader (ranks {ranks_text(ranks)})" if ranks else "no single leader"

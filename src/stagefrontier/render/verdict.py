@@ -71,9 +71,23 @@ def single_leader(report: WindowReport, stage: str) -> int | None:
     return None
 
 
-def rank_name(rank: int, hosts: Mapping[str, str] | None) -> str:
-    host = (hosts or {}).get(str(rank))
+def rank_name(rank: int, record: Mapping[str, Any]) -> str:
+    """``rank 2@node7``; just ``rank 2`` when the host is unknown or the job runs on one host.
+    ``record`` is a window's ``windows.jsonl`` object or packet metadata (``hosts``)."""
+    hosts = record.get("hosts")
+    if not isinstance(hosts, Mapping) or len(set(hosts.values())) < 2:
+        return f"rank {rank}"
+    host = hosts.get(str(rank))
     return f"rank {rank}@{host}" if host else f"rank {rank}"
+
+
+def node_lead(record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
+    """The host and ranks when the top stage's leading ranks all run on one node of a
+    multi-host job (the record's ``lead`` scope ``node``); None otherwise."""
+    lead = record.get("lead")
+    if isinstance(lead, Mapping) and lead.get("scope") == "node":
+        return str(lead["hosts"][0]), sorted(lead["ranks"])
+    return None
 
 
 def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
@@ -149,8 +163,8 @@ def _co_critical_verdict(
         waits = _wait_stages(report, top)
         gain = report.semantic_gain[top]
         why_gain = (
-            f" Its direct gain is only {gain:.0%} because the stall is steady: it is the usual "
-            "value there, so clipping to each rank's own median removes nothing."
+            f" Its direct gain is only {gain:.0%}: the stall is steady, so it is the usual value "
+            "there and clipping to each rank's own median removes nothing."
             if gain < report.gates.gain_threshold and report.gates.gain_baseline == "rank_median"
             else ""
         )
@@ -216,13 +230,12 @@ def _lead(report: WindowReport, record: Mapping[str, Any], top: str) -> _Lead:
     loc = report.semantic_localization[top]
     ranks = loc.leading_ranks or ([] if loc.leader_rank is None else [loc.leader_rank])
     switching = report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates)
-    scope = record.get("lead")
-    if scope and scope.get("scope") == "node":
-        node = f"node {scope['hosts'][0]} (ranks {ranks_text(scope['ranks'])})"
-        return _Lead(node, ranks, False)
+    node = node_lead(record)
+    if node is not None:
+        return _Lead(f"node {node[0]} (ranks {ranks_text(node[1])})", ranks, False)
     leader = single_leader(report, top)
     if leader is not None:
-        return _Lead(rank_name(leader, record.get("hosts")), [leader], False)
+        return _Lead(rank_name(leader, record), [leader], False)
     return _Lead("", ranks, switching)
 
 
