@@ -8,7 +8,9 @@ window size: the windows, how many carry each label, and the flip rates of the l
 (``frontier_accounting`` aside) and of the top stage between consecutive windows.
 
 The rows store the matrices, so ``--from-rows`` re-labels the very same windows with whichever
-stagefrontier is on the path (the before/after comparison of a labeler change).
+stagefrontier is on the path: ``results/label_flips-before.md`` is the run as labeled before the
+``gain_threshold`` band (a direct gain within ``gain_tie`` above ``gain_threshold`` reads
+``co_critical``), ``results/label_flips.md`` the same rows labeled with it.
 
 Usage::
 
