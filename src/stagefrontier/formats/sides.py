@@ -18,7 +18,7 @@ def load_side(spec: str) -> Side:
     if path.is_file():
         packets = [read_packet(path)]
     elif path.is_dir():
-        from ..render.run_report import load_run
+        from ..render.run_folder import load_run
 
         packets = load_run(path).packets
         if not packets:
