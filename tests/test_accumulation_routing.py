@@ -109,3 +109,13 @@ def test_without_substages_the_broad_view_is_the_window() -> None:
     assert report.semantic_shares == report.shares
     assert report.semantic_gain == report.direct_gain
     assert report.semantic_localization == report.localization
+
+
+def test_role_shares_fold_substages() -> None:
+    stages = ["data[0]", "bwd[0]", "data[1]", "bwd[1]"]
+    d = np.random.default_rng(6).uniform(0.01, 0.02, (5, 4, 4))
+    report = sf.analyze(d, stages, roles=["pp0", "pp0", "pp1", "pp1"])
+    assert report.role_shares is not None
+    for shares in report.role_shares.values():
+        assert set(shares) == {"data", "bwd"}
+        assert sum(shares.values()) == pytest.approx(1.0)

@@ -147,3 +147,15 @@ def test_analyze_text_ends_with_the_verdict() -> None:
 )
 def test_rank_lists_collapse_runs(ranks: list[int], text: str) -> None:
     assert ranks_text(ranks) == text
+
+
+def test_a_suppressed_label_names_the_telemetry_problem() -> None:
+    fixture = direct_exposure_fixture(np.random.default_rng(3))
+    side = sf.SideEvidence(missing_ranks=(99,), gather_ok=False)
+    report = sf.analyze(fixture.d, fixture.stages, side=side)
+    assert not report.has("direct_exposure")
+    (withheld,) = report.reasons["direct_exposure"]
+    assert withheld == "not emitted: suppressed by telemetry_limited: missing ranks [99]: " + (
+        "analyzed the ranks that arrived"
+    )
+    assert verdict(report).startswith("Telemetry is incomplete (missing ranks [99]")

@@ -17,7 +17,13 @@ from .evidence import compute_evidence
 from .gates import Gates
 from .labels import LabelInputs, label_window
 from .routing import rank_order, routing_set
-from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
+from .schema import (
+    RESIDUAL_STAGE,
+    SCHEMA_VERSION,
+    check_stage_names,
+    semantic_stage,
+    stage_order_hash,
+)
 from .semantic import semantic_view
 from .side import SideEvidence
 from .window_report import WindowReport
@@ -135,7 +141,7 @@ def _check_roles(roles: Sequence[str] | None, n_ranks: int) -> list[str] | None:
 def _role_shares(
     prefix: FloatArray, names: Sequence[str], roles: list[str] | None, gates: Gates
 ) -> dict[str, dict[str, float]] | None:
-    """Frontier shares computed within each role group: the role-aware view."""
+    """Frontier shares computed within each role group, by broad stage: the role-aware view."""
     if roles is None or len(set(roles)) < 2:
         return None
     out = {}
@@ -147,5 +153,9 @@ def _role_shares(
         shares = (
             step_adv.sum(axis=0) / exposed if exposed > gates.min_exposed_s else 0 * step_adv[0]
         )
-        out[role] = {name: float(v) for name, v in zip(names, shares, strict=True)}
+        folded: dict[str, float] = {}
+        for name, value in zip(names, shares, strict=True):
+            stage = semantic_stage(name)
+            folded[stage] = folded.get(stage, 0.0) + float(value)
+        out[role] = folded
     return out

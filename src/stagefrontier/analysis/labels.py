@@ -146,7 +146,11 @@ def label_window(x: LabelInputs) -> Labeling:
         return out
     if blockers:
         for label in STRONG_LABELS:
-            out.withhold(label, "suppressed by " + ", ".join(sorted(set(blockers))))
+            out.withhold(
+                label,
+                "suppressed by "
+                + "; ".join(f"{b}: {out.reasons[b][0]}" for b in sorted(set(blockers))),
+            )
         return out
 
     if g1 >= g.gain_threshold:
