@@ -16,6 +16,7 @@ from stagefrontier import StageTimer
 from stagefrontier.analysis.schema import expand_microsteps
 from stagefrontier.render.run_folder import load_run
 from stagefrontier.render.text import run_report_text, window_report_text
+from stagefrontier.render.verdict import verdict
 from stagefrontier.sinks import PacketSink
 
 MS = 1e-3
@@ -64,7 +65,8 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
 
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("window ")]
     assert f"| top {DATA} " in line and f"| route {DATA} |" in line
-    assert "data loading" in line.rsplit(" | ", 1)[1]
+    sentence = line.rsplit(" | ", 1)[1]
+    assert "data loading" in sentence and "microstep" not in sentence  # all four stall alike
 
     report = run_report_text(load_run(tmp_path))
     table = report.split("Per window:")[1].split("Routing set")[0]
@@ -86,6 +88,7 @@ def test_the_stalled_microstep_stays_visible_as_detail(tmp_path: Path) -> None:
     text = window_report_text(report)
     assert f"{DATA}[2]" in text  # the per-substage table
     assert "folded by stage (accumulation substages summed):" in text
+    assert ", most of it in microstep 2" in verdict(report)
 
 
 def test_broad_stage_gain_clips_all_its_substages_at_once() -> None:

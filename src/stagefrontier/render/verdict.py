@@ -28,6 +28,7 @@ from ..analysis.schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
     RESIDUAL_STAGE,
+    semantic_stage,
 )
 from ..analysis.window_report import WindowReport
 
@@ -128,6 +129,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
     step_ms = report.mean_step_s * 1e3
     share = report.semantic_shares[top]
     cost = f"~{share * step_ms:.0f} ms of the {step_ms:.0f} ms step ({share:.0%})"
+    cost += _microstep_note(report, top)
     lead = _lead(report, record, top)
     target = f"profile {plain(top)} ({top}) " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
@@ -237,6 +239,23 @@ def _lead(report: WindowReport, record: Mapping[str, Any], top: str) -> _Lead:
     if leader is not None:
         return _Lead(rank_name(leader, record), [leader], False)
     return _Lead("", ranks, switching)
+
+
+def _microstep_note(report: WindowReport, stage: str) -> str:
+    """``, most of it in microstep 2`` when one accumulation microstep carries more than half
+    of a broad stage's share; empty otherwise."""
+    parts = {
+        name: report.shares[name]
+        for name in report.stages
+        if name != stage and semantic_stage(name) == stage
+    }
+    total = report.semantic_shares[stage]
+    if len(parts) < 2 or total <= 0:
+        return ""
+    name = max(parts, key=parts.__getitem__)
+    if parts[name] <= total / 2:
+        return ""
+    return f", most of it in microstep {name[len(stage) + 1 : -1]}"
 
 
 def _behind(report: WindowReport, stage: str) -> str:
