@@ -47,6 +47,12 @@ def plain(stage: str) -> str:
     return PLAIN_NAMES.get(stage, stage)
 
 
+def listing(stages: Sequence[str]) -> str:
+    """``backward``, ``forward+loss and backward``, ``a, b and c``: plain names, joined."""
+    names = [plain(s) for s in stages]
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def ranks_text(ranks: Sequence[int]) -> str:
     """``[3, 1, 2, 0] -> "0-3"``, ``[1, 4, 5] -> "1,4-5"``: sorted, runs collapsed."""
     ordered = sorted(set(ranks))
@@ -131,7 +137,8 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
     cost = f"~{share * step_ms:.0f} ms of the {step_ms:.0f} ms step ({share:.0%})"
     cost += _microstep_note(report, top)
     lead = _lead(report, record, top)
-    target = f"profile {plain(top)} ({top}) " + (f"on {lead.who}" if lead.who else "on any rank")
+    named = plain(top) if plain(top) == top else f"{plain(top)} ({top})"
+    target = f"profile {named} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
         waits = _wait_stages(report, top)
         return (
@@ -149,10 +156,12 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
         )
     if report.has(CO_CRITICAL):
         return _co_critical_verdict(report, top, cost, lead, target)
+    if share > report.gates.share_dominance:  # strong labels withheld by the limits above
+        return f"{plain(top)} takes {cost}. Next: {target}."
     stages = ", ".join(f"{plain(s)} {report.semantic_shares[s]:.0%}" for s in report.routing_set)
     return (
         f"no stage dominates the {step_ms:.0f} ms step ({stages}). "
-        f"Next: profile {' and '.join(plain(s) for s in report.routing_set)}."
+        f"Next: profile {listing(report.routing_set)}."
     )
 
 
@@ -182,24 +191,25 @@ def _co_critical_verdict(
         )
     spread = _end_lag_ms(report)
     quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
+    others = [s for s in report.co_critical_stages if s != top]
+    named = listing([top, *others])
     if len(lead.ranks) > 1:
         how = "alternate at the front of" if lead.switching else "share the lead in"
         return (
             f"no single rank leads: ranks {ranks_text(lead.ranks)} {how} {plain(top)}, which "
             f"takes {cost}"
+            + (f", with {listing(others)} close behind" if others else "")
             + (
                 f"; ranks end their steps within ~{spread:.0f} ms of the median rank, so no "
                 "rank holds the others back"
                 if quiet
                 else ""
             )
-            + f". Next: profile {plain(top)} ({top}) on any rank to shorten the step."
+            + f". Next: profile {named} on any rank to shorten the step."
         )
-    others = [s for s in report.co_critical_stages if s != top]
-    named = " and ".join(plain(s) for s in [top, *others])
     if quiet or report.n_ranks == 1:
         gain = report.semantic_gain[top]
-        behind = f", with {' and '.join(plain(s) for s in others)} close behind," if others else ""
+        behind = f", with {listing(others)} close behind," if others else ""
         opening = (
             "a single rank, so no rank can hold others back: "
             if report.n_ranks == 1
@@ -273,7 +283,7 @@ def _wait_stages(report: WindowReport, top: str) -> str:
         s for s in stages[stages.index(top) + 1 :] if -loc[s].delta_lag_mean_s >= 0.25 * growth
     ]
     closing.sort(key=lambda s: loc[s].delta_lag_mean_s)
-    return " and ".join(plain(s) for s in closing) if growth > 0 else ""
+    return listing(closing) if growth > 0 else ""
 
 
 def _end_lag_ms(report: WindowReport) -> float:
