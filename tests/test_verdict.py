@@ -10,7 +10,7 @@ import stagefrontier as sf
 from stagefrontier.analysis.schema import BACKWARD_STAGE, DATA_STAGE, RESIDUAL_STAGE
 from stagefrontier.analysis.validation import direct_exposure_fixture
 from stagefrontier.render.text import window_line, window_report_text
-from stagefrontier.render.verdict import ranks_text, verdict
+from stagefrontier.render.verdict import listing, ranks_text, verdict
 
 STAGES = sf.DEFAULT_STAGES
 BASE_S = np.array([0.001, 0.020, 0.030, 0.0005, 0.002, 0.0001])
@@ -159,3 +159,9 @@ def test_a_suppressed_label_names_the_telemetry_problem() -> None:
         "analyzed the ranks that arrived"
     )
     assert verdict(report).startswith("Telemetry is incomplete (missing ranks [99]")
+
+
+def test_stage_lists_read_as_prose() -> None:
+    assert listing([BACKWARD_STAGE]) == "backward"
+    assert listing([DATA_STAGE, BACKWARD_STAGE]) == "data loading and backward"
+    assert listing(["a", "b", RESIDUAL_STAGE]) == "a, b and untimed step time"
