@@ -211,10 +211,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
-        print(window_report_text(loaded.report, meta=loaded.meta))
-        if loaded.notes:
-            print("\ntrace notes:")
-            print("\n".join(f"  - {note}" for note in loaded.notes))
+        print(window_report_text(loaded.report, meta=loaded.meta, notes=loaded.notes))
     return EXIT_OK
 
 

@@ -4,7 +4,7 @@ per-window table and a run folder's report. Each ends with the verdict sentence.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,9 +74,11 @@ def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
     return f"no single leader (ranks {ranks_text(ranks)})" if ranks else "no single leader"
 
 
-def window_report_text(report: WindowReport, meta: Mapping[str, Any] | None = None) -> str:
+def window_report_text(
+    report: WindowReport, meta: Mapping[str, Any] | None = None, notes: Sequence[str] = ()
+) -> str:
     """``stagefrontier analyze``'s report: stage table, routing, labels with their reasons, the
-    labels withheld and why, shares by role, and the verdict."""
+    labels withheld and why, shares by role, what reducing a trace noted, and the verdict."""
     lines = [
         f"window: {report.n_steps} steps x {report.n_ranks} ranks x {len(report.stages)} stages, "
         f"exposed {report.exposed_s:.6g} s ({report.mean_step_s * 1e3:.3f} ms/step)"
@@ -103,6 +105,8 @@ def window_report_text(report: WindowReport, meta: Mapping[str, Any] | None = No
         for role, shares in report.role_shares.items():
             top = max(shares, key=lambda s: shares[s])
             lines.append(f"  {role}: top {top} {shares[top]:.1%}")
+    if notes:
+        lines += ["", "trace notes:", *(f"  - {note}" for note in notes)]
     lines += ["", "verdict: " + verdict(report, meta)]
     return "\n".join(lines)
 
