@@ -106,6 +106,23 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
             table,
         ),
     )
+    result.section(
+        "Comparison with the paper",
+        [
+            "- The paper reports no flip rate. Its labeler is deterministic per window, so the "
+            "change keeps it stateless: no hysteresis across windows, which would make a "
+            "window's labels depend on the one before and a re-analyzed packet disagree with "
+            "its live report.",
+            "- The band is the paper's own gain tie tolerance (eta_G = gain_tie = 0.05, \"emit "
+            "co-critical evidence for near ties\") applied to the top stage's direct gain and "
+            "the threshold gamma_G = gain_threshold it is compared with: a gain in "
+            "[gain_threshold, gain_threshold + gain_tie) is near-tied with the threshold and "
+            "reads co_critical.",
+            "- The top stage itself still changes between forward and backward in short windows "
+            "of a run where the two are close in size: that is the accounting, not a label.",
+        ]
+        + (["- --quick smoke run: one job, few steps."] if quick else []),
+    )
 
 
 if __name__ == "__main__":
