@@ -266,7 +266,7 @@ def _ambiguities(
                 "Gates.model_fit_stages does not include it",
             )
         )
-    elif g.gain_threshold <= g1 < g.gain_threshold + g.gain_tie and s1 not in gain_ties[1:]:
+    elif g.gain_threshold <= g1 < g.gain_threshold + g.gain_tie:
         out.append(
             (
                 f"{name1}'s direct gain {g1:.1%} is within gain_tie={g.gain_tie} of "
