@@ -1,4 +1,4 @@
-"""The verdict: one plain sentence per window, built from its labels and never claiming more.
+"""The verdict: a short plain statement per window, built from its labels, never claiming more.
 
 It says what the top stage costs per step, which rank (or node) sets it, where the other ranks
 make up the gap, and what to profile. A direct exposure is a profiling target; a sync-wait label
@@ -98,7 +98,9 @@ def node_lead(record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
 
 
 def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
-    """The plain sentence that ends every window line and report."""
+    """The plain verdict (a sentence or three) that ends every window line and report.
+    ``record`` is the window's ``windows.jsonl`` object or packet metadata, for hosts and the
+    lead scope; without it ranks are named without hosts."""
     if not report.shares_defined:
         text = "no exposed step time in this window: nothing to attribute."
     elif report.top1 is None:
