@@ -72,7 +72,7 @@ def analyze(
         LabelInputs(
             stages=view.stages,
             d=view.d,
-            prefix=prefix,
+            prefix=prefix,  # over the substages: the labeler reads only its rank totals
             evidence=view.evidence,
             gates=gates,
             side=side,
