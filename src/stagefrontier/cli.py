@@ -13,22 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import zipfile
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import __version__
-from .analysis.analyzer import analyze
 from .analysis.validation import check_rows, run_validation
 from .analysis.window_report import WindowReport
-from .errors import ReportFormatError, StageFrontierError
-from .formats.packet import read_packet
-from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
+from .errors import StageFrontierError
+from .formats.load import load_window
+from .reducers.detect import FORMATS
+from .reducers.files import PathLike
+from .reducers.options import TraceOptions
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -37,106 +33,19 @@ EXIT_FAILED = 1
 EXIT_ERROR = 2
 
 
-# --- input windows --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LoadedWindow:
-    """An analyzed input: the fresh report, plus what a packet stored alongside it, or what
-    reducing a trace noted."""
-
-    report: WindowReport
-    meta: dict[str, Any] | None = None
-    stored_report: WindowReport | None = None
-    notes: tuple[str, ...] = ()
-
-
-def load_window(
-    path: Path, fmt: str = "auto", trace_options: dict[str, Any] | None = None
-) -> LoadedWindow:
-    """Analyze an ``.npz`` window (``d``, ``stages``, optional ``roles``), an evidence packet,
-    or a profiler trace reduced to the stage matrix (PyTorch Profiler files or folder, through
-    the direct reader or HTA; an Nsight Systems SQLite export).
-
-    With ``fmt="auto"`` the kind is told by content, falling back to the name (a folder is read
-    as PyTorch Profiler traces). A packet is re-analyzed with its stored gates, roles and side
-    evidence. ``trace_options`` go to the trace reducer (``stages``, ``ranks``, ...).
-    """
-    if fmt not in FORMATS:
-        raise ReportFormatError(f"unknown --format {fmt!r}; one of {', '.join(FORMATS)}")
-    kind = detect_format(path) if fmt == "auto" else fmt
-    if kind in TRACE_FORMATS:
-        return _load_trace(path, kind, trace_options or {})
-    if path.is_dir():
-        raise ReportFormatError(f"{path}: a folder; only traces can be read from a folder")
-    if kind == "npz":
-        return _load_npz(path)
-    try:
-        packet = read_packet(path)
-    except ReportFormatError as exc:
-        raise ReportFormatError(f"{path}: {exc}") from None
-    return LoadedWindow(report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report)
-
-
-def _load_trace(path: Path, kind: str, options: dict[str, Any]) -> LoadedWindow:
-    options = dict(options)
-    steps = options.pop("steps", None)
-    reduced = reduce_trace(path, kind, **options)
-    if steps is not None:
-        first, last = steps
-        wanted = [s for s in reduced.step_ids if first <= s <= last]
-        if not wanted:
-            raise ReportFormatError(
-                f"{path}: no step id in {first}:{last} among {reduced.step_ids}"
-            )
-        reduced = reduced.select_steps(wanted)
-    return LoadedWindow(report=reduced.analyze(), meta=reduced.summary(), notes=reduced.notes)
-
-
-def _load_npz(path: Path) -> LoadedWindow:
-    arrays = _npz_arrays(path, ("d", "stages", "roles"))
-    for key in ("d", "stages"):
-        if key not in arrays:
-            raise ReportFormatError(f"{path}: the .npz file has no {key!r} array")
-    stages = _names(arrays["stages"], path, "stages")
-    roles = _names(arrays["roles"], path, "roles") if "roles" in arrays else None
-    return LoadedWindow(report=analyze(arrays["d"], stages, roles=roles))
-
-
-def _npz_arrays(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
-    """The named arrays present in an .npz archive; object arrays are refused, never unpickled."""
-    unreadable = (zipfile.BadZipFile, zlib.error, ValueError, EOFError)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except unreadable as exc:
-        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ReportFormatError(f"{path}: a single .npy array, not an .npz window")
-    try:
-        with loaded as npz:
-            return {key: npz[key] for key in keys if key in npz.files}
-    except unreadable as exc:
-        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
-
-
-def _names(arr: np.ndarray[Any, Any], path: Path, key: str) -> list[str]:
-    if arr.ndim != 1 or arr.dtype.kind not in "US":
-        raise ReportFormatError(f"{path}: {key!r} must be a 1-D array of strings")
-    return [x.decode() if isinstance(x, bytes) else str(x) for x in arr.tolist()]
-
-
 # --- analyze --------------------------------------------------------------------------------------
 
 
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "analyze",
-        help="analyze one window (.npz, evidence packet, or a profiler trace)",
+        help="analyze one window (.npz, evidence packet, output folder, or a profiler trace)",
         description="Frontier accounting, localization and labels for one window. PATH is an "
         ".npz with arrays d [steps, ranks, stages] and stages (optional roles), an evidence "
-        "packet written by stagefrontier, PyTorch Profiler traces (.json/.json.gz files or a "
-        "folder of them, one per rank) or an Nsight Systems SQLite export. A trace is reduced "
-        "to the ordered stage matrix from its step ranges and the ranges named like the stages.",
+        "packet written by stagefrontier, an output folder, its packets/ or its windows.jsonl "
+        "(with --window), PyTorch Profiler traces (.json/.json.gz files or a folder of them, "
+        "one per rank) or an Nsight Systems SQLite export. A trace is reduced to the ordered "
+        "stage matrix from its step ranges and its stage ranges.",
     )
     parser.add_argument("file", type=Path, metavar="PATH")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -145,13 +54,21 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         choices=FORMATS,
         default="auto",
         help="input kind (default: told by content; a folder is read as PyTorch Profiler "
-        "traces); hta reads PyTorch Profiler traces through Holistic Trace Analysis",
+        "traces unless it is an output folder); hta reads PyTorch Profiler traces through "
+        "Holistic Trace Analysis",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="N",
+        help="output folders and windows.jsonl: the window to analyze, N or ATTEMPT/N after a "
+        "restart (as `stagefrontier report` lists them)",
     )
     trace = parser.add_argument_group("traces")
     trace.add_argument(
         "--stages",
         metavar="A,B,...",
-        help="ordered stage names the trace's ranges carry (default: the six default stages)",
+        help="ordered stage names the trace's ranges carry (default: inferred from the ranges "
+        "on the step thread, the default stage names first)",
     )
     trace.add_argument(
         "--rank",
@@ -178,39 +95,59 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser.set_defaults(handler=_run_analyze)
 
 
-def _trace_options(args: argparse.Namespace) -> dict[str, Any]:
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
     """Reducer options from the command line; ignored for .npz windows and packets."""
-    options: dict[str, Any] = {}
-    if args.stages:
-        options["stages"] = [s.strip() for s in args.stages.split(",") if s.strip()]
-    if args.rank:
-        ranks: dict[str, int] = {}
-        for item in args.rank:
-            file, sep, rank = item.rpartition("=")
-            if not sep or not file or not rank.isdigit():
-                raise StageFrontierError(f"bad --rank {item!r}: expected FILE=RANK")
-            ranks[file] = int(rank)
-        options["ranks"] = ranks
-    if args.steps:
-        first, sep, last = args.steps.partition(":")
-        if not sep or not first.isdigit() or not last.isdigit():
-            raise StageFrontierError(f"bad --steps {args.steps!r}: expected FIRST:LAST")
-        options["steps"] = (int(first), int(last))
-    if args.allow_missing_ranks:
-        options["missing_ranks"] = "allow"
-    if args.step_source != "auto":
-        options["step_source"] = args.step_source
-    return options
+    ranks: dict[PathLike, int] = {}
+    for item in args.rank:
+        file, sep, rank = item.rpartition("=")
+        if not sep or not file or not rank.isdigit():
+            raise StageFrontierError(f"bad --rank {item!r}: expected FILE=RANK")
+        ranks[file] = int(rank)
+    return TraceOptions(
+        ranks=ranks or None,
+        step_source=args.step_source,
+        missing_ranks="allow" if args.allow_missing_ranks else "error",
+    )
+
+
+def _int_pair(text: str, sep: str, option: str, form: str) -> tuple[int, int]:
+    """``A<sep>B`` as two ints."""
+    first, found, last = text.partition(sep)
+    if not found or not first.isdigit() or not last.isdigit():
+        raise StageFrontierError(f"bad {option} {text!r}: expected {form}")
+    return int(first), int(last)
+
+
+def _window(text: str | None) -> tuple[int | None, int | None]:
+    """``--window``: (window, attempt); the attempt only when written ``ATTEMPT/N``."""
+    if text is None:
+        return None, None
+    if "/" in text:
+        attempt, window = _int_pair(text, "/", "--window", "N or ATTEMPT/N")
+        return window, attempt
+    if not text.isdigit():
+        raise StageFrontierError(f"bad --window {text!r}: expected N or ATTEMPT/N")
+    return int(text), None
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    loaded = load_window(args.file, args.format, _trace_options(args))
+    window, attempt = _window(args.window)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    loaded = load_window(
+        args.file,
+        args.format,
+        stages=stages,
+        trace=_trace_options(args),
+        steps=None if args.steps is None else _int_pair(args.steps, ":", "--steps", "FIRST:LAST"),
+        window=window,
+        attempt=attempt,
+    )
     if loaded.stored_report is not None and loaded.stored_report != loaded.report:
         _warn(f"{args.file}: stored report differs from a fresh analysis; showing the fresh one")
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
-        print(format_report(loaded.report, meta=loaded.meta))
+        print(format_report(loaded.report, meta=loaded.facts()))
         if loaded.notes:
             print("\ntrace notes:")
             print("\n".join(f"  - {note}" for note in loaded.notes))
