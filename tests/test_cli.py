@@ -14,7 +14,7 @@ import pytest
 
 import stagefrontier as sf
 from stagefrontier.cli import main
-from stagefrontier.formats.packet import write_packet
+from stagefrontier.formats.packet import Packet, write_packet
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sync_wait_window.npz"
@@ -102,7 +102,7 @@ def test_analyze_packet_gives_the_stored_report(
     report = sf.analyze(d, STAGES, side=side)
     meta = {"window": 4, "world_size": 5}
     # No extension: the kind is told by content.
-    path = write_packet(tmp_path / "window-4", d, STAGES, report=report, side=side, meta=meta)
+    path = write_packet(tmp_path / "window-4", Packet.of_window(d, report, side=side, meta=meta))
     code, out, err = run(["analyze", str(path), "--json"], capsys)
     assert code == 0 and err == ""
     assert sf.WindowReport.from_json(out) == report
