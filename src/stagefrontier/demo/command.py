@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -47,17 +48,31 @@ def run_demo(
 
 
 def write_report(out: str | Path) -> list[Path]:
-    """Print the folder's report and write its two figures; returns every file produced."""
+    """Print the folder's report and write its two figures; returns every file in the folder."""
     run = load_run(out)
     print(render_report(run))
     folder = Path(out)
-    files = [folder / "windows.jsonl", *sorted((folder / "packets").glob("*.json"))]
     if run.packets:
-        files.append(plot_worst_step(run, folder / "frontier_worst_step.png"))
-    files.append(plot_shares_over_time(run, folder / "shares_over_time.png"))
-    packets = len(run.packets)
+        plot_worst_step(run, folder / "frontier_worst_step.png")
+    plot_shares_over_time(run, folder / "shares_over_time.png")
+    print(f"\nFiles in {folder}: {folder_listing(folder)}")
     print(
-        f"\nFiles in {folder}: windows.jsonl, packets/ ({packets} packet(s)), "
-        "frontier_worst_step.png, shares_over_time.png"
+        "windows.jsonl and packets/ are what StageFrontier writes on rank 0 of any job; the "
+        "per-rank losses, step times and step markers are the demo's own records."
     )
-    return files
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def folder_listing(folder: Path) -> str:
+    """Every entry of ``folder``, numbered names collapsed (``losses-rankN.json (4)``), a
+    subfolder with its file count (``packets/ (6)``)."""
+    counts: dict[str, int] = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_dir():
+            name, count = path.name + "/", sum(1 for _ in path.iterdir())
+        else:
+            name, count = re.sub(r"\d+", "N", path.name), 1
+        counts[name] = counts.get(name, 0) + count
+    return ", ".join(
+        f"{name} ({n})" if n > 1 or name.endswith("/") else name for name, n in counts.items()
+    )
