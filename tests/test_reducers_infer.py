@@ -14,6 +14,8 @@ pytest.importorskip("torch")
 import stagefrontier as sf
 from stagefrontier.cli import main
 from stagefrontier.reducers import AmbiguousStageOrderError, reduce_kineto
+from stagefrontier.reducers.infer import infer_stages
+from stagefrontier.reducers.ranges import RankRanges, Span
 from trace_support import BWD, DATA, FWD, OTHER, load_events, single_process_trace, write_events
 
 THREE = (DATA, FWD, BWD)
@@ -86,3 +88,39 @@ def test_stages_in_different_orders_are_refused(
     _, err = capsys.readouterr()
     assert err.count("\n") == 1 and "--stages" in err
     assert main(["analyze", str(path), "--stages", ",".join(THREE)]) == 0
+
+
+def _rank(rank: int, steps: list[list[str]]) -> RankRanges:
+    """A rank whose step i runs the named ranges back to back, 1 ms each."""
+    thread = ("1", "1")
+    spans: dict[str, list[Span]] = {}
+    step_spans = []
+    for i, names in enumerate(steps):
+        start = i * 100_000_000
+        step_spans.append(Span(f"ProfilerStep#{i}", start, 50_000_000, thread))
+        for k, name in enumerate(names):
+            spans.setdefault(name, []).append(Span(name, start + k * 1_000_000, 1_000_000, thread))
+    return RankRanges(
+        rank=rank,
+        files=(f"rank{rank}.json",),
+        step_ids=tuple(range(len(steps))),
+        steps=tuple(step_spans),
+        stages={name: tuple(v) for name, v in spans.items()},
+        step_kind="profiler",
+        ordinal_ids=False,
+        thread=thread,
+    )
+
+
+def test_orders_met_in_different_steps_combine_and_circles_are_refused() -> None:
+    # a before b (rank 0), b before c (rank 1): one order, a, b, c
+    parts = [_rank(0, [["a", "b"]]), _rank(1, [["b", "c"]])]
+    assert infer_stages(parts) == ("a", "b", "c")
+    # ... and c before a in another step closes a circle
+    circle = [_rank(0, [["a", "b"], ["c", "a"]]), _rank(1, [["b", "c"]])]
+    with pytest.raises(AmbiguousStageOrderError) as err:
+        infer_stages(circle)
+    assert (
+        "runs in a circle: a before b in rank 0 step 0; b before c in rank 1 step 0; "
+        "c before a in rank 0 step 1" in str(err.value)
+    )

@@ -83,6 +83,11 @@ def load_window(
     kind = detect_format(source) if fmt == "auto" else fmt
     if kind == "windows":
         return _load_record(source, window, attempt)
+    if window is not None:
+        raise ReportFormatError(
+            f"{source}: holds one window; a window index applies to output folders and "
+            "windows.jsonl"
+        )
     if kind in TRACE_FORMATS:
         return _load_trace(source, kind, stages, trace, steps)
     if source.is_dir():
