@@ -23,7 +23,7 @@ STAMP := $(VENV)/.stagefrontier-installed
 define install
 	@test -x $(PY) || { echo "setup: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@$(PY) -c "import torch" 2>/dev/null || { \
-	  echo "setup: installing $(TORCH_SPEC) (CPU build about 0.7 GB installed, 1-2 min)"; \
+	  echo "setup: installing $(TORCH_SPEC) (CPU build: about 0.9 GB installed, 20 s from a local wheel, longer to download)"; \
 	  $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"; }
 	@echo "setup: installing stagefrontier[$(1)] for $(2) ($(3))"
 	@$(PY) -m pip install -q -e ".[$(1)]"
@@ -31,11 +31,11 @@ define install
 endef
 
 $(DEMO_STAMP): pyproject.toml
-	$(call install,$(DEMO_EXTRAS),the demo,matplotlib: about 50 MB and 20 s)
+	$(call install,$(DEMO_EXTRAS),the demo,matplotlib: about 0.1 GB and 10 s)
 	@touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml
-	$(call install,$(EXTRAS),the tests,every integration: about 1.2 GB more and 2-3 min)
+	$(call install,$(EXTRAS),the tests,dev tools and every integration: about 0.8 GB and 2 min)
 	@touch $(STAMP) $(DEMO_STAMP)
 
 setup: $(STAMP)
