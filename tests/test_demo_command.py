@@ -99,10 +99,14 @@ def test_demo_then_report_and_plot_on_its_folder(demo: DemoFolder, tmp_path: Pat
 
 
 def test_the_summary_names_every_file_and_packets_share_the_jsonl_mode(demo: DemoFolder) -> None:
-    listing = next(line for line in demo.stdout.splitlines() if line.startswith("Files in "))
+    summary = demo.stdout[demo.stdout.index("\nFiles in ") :]
+    assert summary.startswith(
+        f"\nFiles in {demo.out}: windows.jsonl, packets/ (3), frontier_worst_step.png, "
+        "shares_over_time.png\nThe demo's own per-rank records there: "
+    )
     for entry in demo.out.iterdir():
         name = re.sub(r"\d+", "N", entry.name) + ("/" if entry.is_dir() else "")
-        assert name in listing, (name, listing)
+        assert name in summary, (name, summary)
     modes = {p.stat().st_mode for p in [demo.out / "windows.jsonl", *demo.out.glob("packets/*")]}
     assert len(modes) == 1
 

@@ -55,19 +55,23 @@ def write_report(out: str | Path) -> list[Path]:
     if run.packets:
         plot_worst_step(run, folder / "frontier_worst_step.png")
     plot_shares_over_time(run, folder / "shares_over_time.png")
-    print(f"\nFiles in {folder}: {folder_listing(folder)}")
-    print(
-        "windows.jsonl and packets/ are what StageFrontier writes on rank 0 of any job; the "
-        "per-rank losses, step times and step markers are the demo's own records."
-    )
+    outputs = [folder / name for name in OUTPUTS if (folder / name).exists()]
+    own = sorted(p for p in folder.iterdir() if p not in outputs)
+    print(f"\nFiles in {folder}: {listing(outputs)}")
+    if own:
+        print(f"The demo's own per-rank records there: {listing(own)}")
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
-def folder_listing(folder: Path) -> str:
-    """Every entry of ``folder``, numbered names collapsed (``losses-rankN.json (4)``), a
-    subfolder with its file count (``packets/ (6)``)."""
+OUTPUTS = ("windows.jsonl", "packets", "frontier_worst_step.png", "shares_over_time.png")
+"""What StageFrontier and its report write, in the order the summary names them."""
+
+
+def listing(paths: list[Path]) -> str:
+    """The entries named, numbered names collapsed (``losses-rankN.json (4)``), a folder with
+    its file count (``packets/ (6)``)."""
     counts: dict[str, int] = {}
-    for path in sorted(folder.iterdir()):
+    for path in paths:
         if path.is_dir():
             name, count = path.name + "/", sum(1 for _ in path.iterdir())
         else:
