@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,23 @@ def test_console_script_validate() -> None:
 
 
 # --- torch absent -------------------------------------------------------------------------------
+
+
+def test_a_reader_that_stops_early_is_no_error() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `| head -1` after its line: every write now fails
+    try:
+        proc = subprocess.run(
+            [*console_script(), "analyze", str(EXAMPLE)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0 and proc.stderr == ""
 
 
 def test_cli_runs_with_torch_absent() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -430,7 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # The reader (head, less) stopped reading: end quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (StageFrontierError, OSError) as exc:
         print(f"stagefrontier: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_ERROR
