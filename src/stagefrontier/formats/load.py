@@ -40,7 +40,7 @@ class LoadedWindow:
     def facts(self) -> dict[str, Any]:
         """``meta`` cut to what fits one line: scalars, rank lists as ranges, the hosts by name,
         the lead scope; per-rank tables (pids, local ranks, probes) are left out."""
-        return describe_meta(self.meta or {})
+        return _one_line(self.meta or {})
 
 
 def load_window(
@@ -179,7 +179,7 @@ def _load_record(path: Path, window: int | None, attempt: int | None) -> LoadedW
 _PER_RANK_TABLES = frozenset({"pids", "local_ranks", "probes", "hosts", "lead", "ranks_present"})
 
 
-def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def _one_line(meta: dict[str, Any]) -> dict[str, Any]:
     """Window metadata for one line: see ``LoadedWindow.facts``."""
     out: dict[str, Any] = {}
     for key, value in meta.items():

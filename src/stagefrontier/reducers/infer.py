@@ -3,7 +3,7 @@
 Which ranges are stages: the ranges named like the default stages when the trace holds any of them
 (``data.next_wait``, ``model.fwd_loss_cpu_wall``, ...: what ``StageTimer(annotate=True)`` emits and
 what the README asks a profiled loop to wrap); otherwise every range that is outermost inside a
-step range (not nested in another range of that step).
+step range (not starting inside another range of that step).
 
 Their order: the order in which they first start within each step. It must agree across every
 step of every rank: a pair met in both orders is ambiguous and refused, naming where each order
@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from ..analysis.schema import DEFAULT_STAGES, RESIDUAL_STAGE
 from .errors import AmbiguousStageOrderError, TraceFormatError
-from .ranges import RankRanges, Span
+from .ranges import RankRanges, Span, outermost
 
 DEFAULT_TIMED = tuple(s for s in DEFAULT_STAGES if s != RESIDUAL_STAGE)
 
@@ -49,7 +49,7 @@ def infer_stages(parts: Sequence[RankRanges]) -> tuple[str, ...]:
         ]
     else:
         sequences = [
-            (rank, step_id, _first_starts(_outermost(spans))) for rank, step_id, spans in steps
+            (rank, step_id, _first_starts(outermost(spans))) for rank, step_id, spans in steps
         ]
     if not any(sequence for _, _, sequence in sequences):
         files = ", ".join(f for part in parts for f in part.files)
@@ -71,18 +71,6 @@ def _in_step(part: RankRanges, step: Span) -> list[Span]:
         ),
         key=lambda s: s.start_ns,
     )
-
-
-def _outermost(spans: Sequence[Span]) -> list[Span]:
-    """Spans (sorted by start) that no earlier span contains."""
-    kept: list[Span] = []
-    reach: int | None = None
-    for span in spans:
-        if reach is not None and span.end_ns <= reach:
-            continue
-        kept.append(span)
-        reach = span.end_ns if reach is None else max(reach, span.end_ns)
-    return kept
 
 
 def _first_starts(spans: Sequence[Span]) -> list[tuple[str, float]]:

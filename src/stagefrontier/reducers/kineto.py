@@ -10,8 +10,9 @@ one by one or as a folder. What is read:
   annotation (``stagefrontier.step`` or ``stagefrontier.step#N``);
 * the stages: complete ranges of category ``user_annotation`` (what ``record_function`` writes
   in the torch 2.x traces checked here; ``cpu_op`` is accepted too) named exactly like the
-  ordered stages, on the training thread (the thread that holds the step ranges). The
-  ``gpu_user_annotation`` mirrors on GPU streams are never used.
+  ordered stages, on the training thread (the thread that holds the step ranges). Without a
+  stage list, the ``user_annotation`` ranges there are the candidates the stages are inferred
+  from (``infer.py``). The ``gpu_user_annotation`` mirrors on GPU streams are never used.
 
 Times: ``ts`` and ``dur`` are microseconds with nanosecond decimals. Recent traces give ``ts``
 relative to ``baseTimeNanoseconds`` (an absolute ns base in the header), older ones absolute. The

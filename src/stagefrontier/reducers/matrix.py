@@ -28,7 +28,7 @@ from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
 from .infer import infer_stages
 from .options import TraceOptions
-from .ranges import RankRanges, Span, id_text
+from .ranges import RankRanges, id_text, outermost
 from .result import ReducedTrace
 
 NS = 1e-9
@@ -176,7 +176,7 @@ def _rank_matrix(
     counts = np.zeros((n_all, len(timed)), dtype=np.int64)
     outside = nested = crossing = 0
     for k, name in enumerate(timed):
-        kept = _outermost(part.stages.get(name, ()))
+        kept = outermost(part.stages.get(name, ()))
         nested += len(part.stages.get(name, ())) - len(kept)
         if not kept:
             continue
@@ -212,18 +212,6 @@ def _rank_matrix(
     out[:, :-1] = timed_ns
     out[:, -1] = np.maximum(closure, 0)
     return out, np.maximum(-closure, 0)
-
-
-def _outermost(spans: Sequence[Span]) -> list[Span]:
-    """Spans (sorted by start) without those starting inside an earlier kept span."""
-    kept: list[Span] = []
-    reach = None
-    for span in spans:
-        if reach is not None and span.start_ns < reach:
-            continue
-        kept.append(span)
-        reach = span.end_ns
-    return kept
 
 
 def _check_stages(

@@ -16,7 +16,8 @@ Schema used (the published export schema; tables are created lazily, so only the
 The rank of a file: an explicit ``ranks`` mapping, else a rank in the file name (``rank3`` or a
 trailing ``_3``), else 0 for a single file. A report holding several training processes (nsys
 wrapped around the launcher) needs ``process_ranks`` (pid -> rank). Steps and stages are found
-as in ``reduce_kineto``: ``ProfilerStep#N`` ranges if any, else the step annotation.
+as in ``reduce_kineto``: ``ProfilerStep#N`` ranges if any, else the step annotation; without a
+stage list, every NVTX range on the step thread is a candidate to infer the stages from.
 """
 
 from __future__ import annotations

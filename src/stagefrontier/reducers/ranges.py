@@ -246,6 +246,18 @@ def merge_rank_ranges(parts: Sequence[RankRanges]) -> RankRanges:
     )
 
 
+def outermost(spans: Sequence[Span]) -> list[Span]:
+    """Spans (sorted by start) without those starting inside an earlier kept span."""
+    kept: list[Span] = []
+    reach = None
+    for span in spans:
+        if reach is not None and span.start_ns < reach:
+            continue
+        kept.append(span)
+        reach = span.end_ns
+    return kept
+
+
 def id_text(ids: Sequence[int], limit: int = 8) -> str:
     """Step ids as short text: runs collapsed (``3-7, 9``), at most ``limit`` runs."""
     runs: list[str] = []
