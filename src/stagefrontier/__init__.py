@@ -20,6 +20,7 @@ from .analysis.side import SideEvidence
 from .analysis.window_report import WindowReport
 from .collect.config import CollectConfig
 from .errors import (
+    AmbiguousStageOrderError,
     CompareError,
     ContractViolation,
     DeadlineExceeded,
@@ -58,6 +59,7 @@ __all__ = [
     "OPTIMIZER_STAGE",
     "RESIDUAL_STAGE",
     "STEP_ANNOTATION",
+    "AmbiguousStageOrderError",
     "CollectConfig",
     "CompareError",
     "ContractViolation",
