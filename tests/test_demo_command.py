@@ -4,6 +4,7 @@ spawned Gloo DDP ranks), and ``report``, ``plot`` and ``analyze`` on the folder 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,3 +158,19 @@ def _cli(*args: str, timeout: float = 120) -> str:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def test_a_window_repeated_by_a_restart_is_named_with_its_attempt(
+    demo: DemoFolder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    restarted = tmp_path / "restarted"
+    shutil.copytree(demo.out / "packets", restarted / "packets")
+    shutil.copy(
+        demo.out / "packets" / "window-000002.json",
+        restarted / "packets" / "window-000001.attempt-1.json",
+    )
+    assert main(["analyze", str(restarted), "--window", "1"]) == 2
+    assert "name one as ATTEMPT/1" in capsys.readouterr().err
+    assert main(["analyze", str(restarted), "--window", "1/1", "--json"]) == 0
+    moved = read_packet(demo.out / "packets" / "window-000002.json").report
+    assert sf.WindowReport.from_json(capsys.readouterr().out) == moved

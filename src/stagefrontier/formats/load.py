@@ -149,8 +149,14 @@ def _load_from_folder(folder: Path, window: int | None, attempt: int | None) -> 
             f"{folder}: a StageFrontier output folder ({count}); report every window with "
             f"`stagefrontier report {run_folder}`, or analyze one with --window N"
         )
-    name = {"window": window, "attempt": attempt or 0}
-    packet = packets / packet_name(name)
+    if attempt is None:
+        attempts = sorted(packets.glob(f"window-{window:06d}*.json"))
+        if len(attempts) > 1:
+            raise ReportFormatError(
+                f"{folder}: window {window} has a packet from each of {len(attempts)} restart "
+                f"attempts ({', '.join(p.name for p in attempts)}); name one as ATTEMPT/{window}"
+            )
+    packet = packets / packet_name({"window": window, "attempt": attempt or 0})
     if packet.is_file():
         return _load_packet(packet)
     jsonl = run_folder / WINDOWS_FILE
