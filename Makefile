@@ -1,32 +1,48 @@
-# Newcomer entry points: `make demo` (set up + run the main job) and `make test` (set up + tests).
+# Newcomer entry points: `make demo` (set up what the demo needs, then run it) and `make test`
+# (set up everything the tests need, then lint, type-check and test).
 # Overridable: PYTHON, VENV, TORCH_SPEC (the torch requirement installed when none is present),
 # TORCH_INDEX (pip options for that install: on a machine whose pip would fetch the CUDA wheel, use
-# TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu" for the CPU build), EXTRAS (the
-# optional extras installed with the project; the integrations' tests need theirs).
+# TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu" for the CPU build), DEMO_EXTRAS
+# (the extras the demo needs) and EXTRAS (every extra: the integrations' tests need theirs).
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
+DEMO_EXTRAS ?= plot
 EXTRAS ?= dev,plot,tensorboard,prometheus,wandb,lightning,transformers,hta
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.stagefrontier-demo
 STAMP := $(VENV)/.stagefrontier-installed
 
 .PHONY: setup demo test lint typecheck bench clean
 
+# install(extras, what it is for, rough time): the venv, torch when none is importable (an
+# existing install is kept; the pinned 2.13.0 resolves to the CPU build on the registries this
+# project's machines use), then the project in editable mode with the given extras.
+define install
+	@test -x $(PY) || { echo "setup: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@$(PY) -c "import torch" 2>/dev/null || { \
+	  echo "setup: installing $(TORCH_SPEC) (CPU build: about 0.9 GB installed, 20 s from a local wheel, longer to download)"; \
+	  $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"; }
+	@echo "setup: installing stagefrontier[$(1)] for $(2) ($(3))"
+	@$(PY) -m pip install -q -e ".[$(1)]"
+	@echo "setup: done"
+endef
+
+$(DEMO_STAMP): pyproject.toml
+	$(call install,$(DEMO_EXTRAS),the demo,matplotlib: about 0.1 GB and 10 s)
+	@touch $(DEMO_STAMP)
+
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# torch is pinned only where none is importable (an existing install is kept). The pinned
-	@# 2.13.0 resolves to the CPU build on the registries this project's machines use.
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
-	@touch $(STAMP)
+	$(call install,$(EXTRAS),the tests,dev tools and every integration: about 0.8 GB and 2 min)
+	@touch $(STAMP) $(DEMO_STAMP)
 
 setup: $(STAMP)
 
 DEMO_ARGS ?= --ranks 4 --steps 120 --window 20 --fault data@2:120ms --out stagefrontier-demo
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)
 
 lint: $(STAMP)

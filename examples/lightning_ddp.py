@@ -83,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("lightning").setLevel(logging.WARNING)
+    # Lightning sets its own loggers to INFO (tips, device lines): only its warnings here, so the
+    # output is StageFrontier's window lines.
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     sinks: list[Any] = []
     if args.csv:

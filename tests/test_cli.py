@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 import stagefrontier as sf
 from stagefrontier.cli import main
-from stagefrontier.formats.packet import write_packet
+from stagefrontier.formats.packet import Packet, write_packet
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sync_wait_window.npz"
@@ -102,7 +103,7 @@ def test_analyze_packet_gives_the_stored_report(
     report = sf.analyze(d, STAGES, side=side)
     meta = {"window": 4, "world_size": 5}
     # No extension: the kind is told by content.
-    path = write_packet(tmp_path / "window-4", d, STAGES, report=report, side=side, meta=meta)
+    path = write_packet(tmp_path / "window-4", Packet.of_window(d, report, side=side, meta=meta))
     code, out, err = run(["analyze", str(path), "--json"], capsys)
     assert code == 0 and err == ""
     assert sf.WindowReport.from_json(out) == report
@@ -267,6 +268,23 @@ def test_console_script_validate() -> None:
 
 
 # --- torch absent -------------------------------------------------------------------------------
+
+
+def test_a_reader_that_stops_early_is_no_error() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `| head -1` after its line: every write now fails
+    try:
+        proc = subprocess.run(
+            [*console_script(), "analyze", str(EXAMPLE)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0 and proc.stderr == ""
 
 
 def test_cli_runs_with_torch_absent() -> None:

@@ -17,7 +17,7 @@ from hypothesis.extra.numpy import arrays
 import stagefrontier as sf
 from stagefrontier import DEFAULT_STAGES
 from stagefrontier.analysis.compare import OTHER_STAGES, CompareError, Side, compare
-from stagefrontier.formats.packet import write_packet
+from stagefrontier.formats.packet import Packet, write_packet
 from stagefrontier.formats.sides import load_side, parse_side
 from test_cli import console_script
 
@@ -38,7 +38,7 @@ def write_run(folder: Path, windows: list[np.ndarray], stages: tuple[str, ...] =
         meta = {"window": i, "first_step": i * d.shape[0]}
         report = sf.analyze(d, stages)
         write_packet(
-            folder / "packets" / f"window-{i:06d}.json", d, stages, report=report, meta=meta
+            folder / "packets" / f"window-{i:06d}.json", Packet.of_window(d, report, meta=meta)
         )
     return folder
 

@@ -1,15 +1,21 @@
 """The demo as a newcomer runs it: the fault grammar, then ``stagefrontier demo`` end to end (real
-spawned Gloo DDP ranks), and ``report`` and ``plot`` on the folder it leaves."""
+spawned Gloo DDP ranks), and ``report``, ``plot`` and ``analyze`` on the folder it leaves."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import stagefrontier as sf
+from stagefrontier.cli import main
 from stagefrontier.demo import FaultSpecError, parse_fault
 from stagefrontier.demo.faults import check_faults
+from stagefrontier.formats.packet import read_packet
 from test_cli import console_script
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -50,14 +56,32 @@ def test_faults_the_demo_cannot_run_are_refused_with_the_reason() -> None:
             check_faults((parse_fault("forward_device@1:10ms"),), ranks=4, cuda=cuda)
 
 
-def test_demo_then_report_and_plot_on_its_folder(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
+def test_unknown_fault_kinds_are_answered_with_the_kinds_the_demo_runs() -> None:
+    with pytest.raises(FaultSpecError, match="choose one of data, forward") as err:
+        parse_fault("disk@1:10ms")
+    assert "forward_device" not in str(err.value)
+
+
+@dataclass(frozen=True)
+class DemoFolder:
+    out: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoFolder:
+    """One real short demo run (2 spawned Gloo ranks, a data stall on rank 1)."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
     args = ["--ranks", "2", "--steps", "24", "--window", "8", "--fault", "data@1:120ms"]
-    demo = _cli("demo", *args, "--out", str(out), timeout=300)
-    window_lines = [line for line in demo.splitlines() if " | exposed " in line]
-    assert len(window_lines) == 3, demo  # one progress line per window while it trains
+    return DemoFolder(out, _cli("demo", *args, "--out", str(out), timeout=300))
+
+
+def test_demo_then_report_and_plot_on_its_folder(demo: DemoFolder, tmp_path: Path) -> None:
+    out = demo.out
+    window_lines = [line for line in demo.stdout.splitlines() if " | exposed " in line]
+    assert len(window_lines) == 3, demo.stdout  # one progress line per window while it trains
     assert all("top data.next_wait" in line and "led by rank 1" in line for line in window_lines)
-    assert "StageFrontier report for" in demo and "Routing set" in demo
+    assert "StageFrontier report for" in demo.stdout and "Routing set" in demo.stdout
 
     assert len((out / "windows.jsonl").read_text().splitlines()) == 3
     assert len(list((out / "packets").glob("window-*.json"))) == 3
@@ -75,9 +99,78 @@ def test_demo_then_report_and_plot_on_its_folder(tmp_path: Path) -> None:
     assert (tmp_path / "again_shares.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_the_summary_names_every_file_and_packets_share_the_jsonl_mode(demo: DemoFolder) -> None:
+    summary = demo.stdout[demo.stdout.index("\nFiles in ") :]
+    assert summary.startswith(
+        f"\nFiles in {demo.out}: windows.jsonl, packets/ (3), frontier_worst_step.png, "
+        "shares_over_time.png\nThe demo's own per-rank records there: "
+    )
+    for entry in demo.out.iterdir():
+        name = re.sub(r"\d+", "N", entry.name) + ("/" if entry.is_dir() else "")
+        assert name in summary, (name, summary)
+    modes = {p.stat().st_mode for p in [demo.out / "windows.jsonl", *demo.out.glob("packets/*")]}
+    assert len(modes) == 1
+
+
+def test_analyze_points_from_a_folder_to_report_or_one_window(
+    demo: DemoFolder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for path in (demo.out, demo.out / "packets"):
+        assert main(["analyze", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1
+        assert f"stagefrontier report {demo.out}" in err and "--window N" in err
+    assert main(["analyze", str(demo.out / "windows.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "3 window(s) (0, 1, 2)" in err and "--window N" in err
+    assert main(["analyze", str(demo.out), "--window", "7"]) == 2
+    assert "no window 7; it holds windows 0, 1, 2" in capsys.readouterr().err
+
+
+def test_analyze_one_window_of_a_folder_its_packets_or_its_jsonl(
+    demo: DemoFolder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stored = read_packet(demo.out / "packets" / "window-000001.json").report
+    for path in (demo.out, demo.out / "packets", demo.out / "windows.jsonl"):
+        assert main(["analyze", str(path), "--window", "1", "--json"]) == 0
+        assert sf.WindowReport.from_json(capsys.readouterr().out) == stored, path
+    assert main(["analyze", str(demo.out / "windows.jsonl"), "--window", "1"]) == 0
+    meta = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("meta:"))
+    assert "window=1, first_step=8, last_step=15" in meta and "ranks=0-1" in meta
+    assert "pids" not in meta and "{" not in meta  # per-rank tables stay out of the line
+    assert "the stored report" in meta
+
+
+def test_report_on_a_missing_folder_and_demo_help(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*console_script(), "report", str(tmp_path / "nope")], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("nope does not exist")
+    help_text = _cli("demo", "--help")
+    assert "(default: 4)" in help_text and "(default: stagefrontier-demo)" in help_text
+    assert "examples:\n  stagefrontier demo --fault data@2:120ms" in help_text
+    assert "forward_device" not in help_text
+
+
 def _cli(*args: str, timeout: float = 120) -> str:
     proc = subprocess.run(
         [*console_script(), *args], capture_output=True, text=True, timeout=timeout, check=False
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def test_a_window_repeated_by_a_restart_is_named_with_its_attempt(
+    demo: DemoFolder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    restarted = tmp_path / "restarted"
+    shutil.copytree(demo.out / "packets", restarted / "packets")
+    shutil.copy(
+        demo.out / "packets" / "window-000002.json",
+        restarted / "packets" / "window-000001.attempt-1.json",
+    )
+    assert main(["analyze", str(restarted), "--window", "1"]) == 2
+    assert "name one as ATTEMPT/1" in capsys.readouterr().err
+    assert main(["analyze", str(restarted), "--window", "1/1", "--json"]) == 0
+    moved = read_packet(demo.out / "packets" / "window-000002.json").report
+    assert sf.WindowReport.from_json(capsys.readouterr().out) == moved

@@ -59,12 +59,13 @@ def _example(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[
 def test_lightning_ddp_routes_a_rank_1_data_delay_to_the_data_stage(tmp_path: Path) -> None:
     from stagefrontier.integrations.lightning import LIGHTNING_STAGES
 
-    _example(
+    proc = _example(
         "lightning_ddp.py",
         tmp_path,
         *("--devices", "2", "--steps", "24", "--window", "8"),
         *("--delay-rank", "1", "--delay-ms", "40", "--out", "sf"),
     )
+    assert "Tip:" not in proc.stdout + proc.stderr  # Lightning's own chatter stays quiet
     records = _records(tmp_path / "sf")
     assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 7), (8, 15), (16, 23)]
     for r in records:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from stagefrontier.analysis.side import EVENT_MISSING, EVENT_READY
 from stagefrontier.formats.packet import (
     PACKET_FORMAT,
     PACKET_VERSION,
+    Packet,
     decode_array,
     encode_array,
     packet_bytes,
@@ -56,7 +59,7 @@ def side_evidence(n: int, r: int) -> sf.SideEvidence:
 
 def packet_obj(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
     d = timing_window(8, 4)
-    path = write_packet(tmp_path / "p.json", d, STAGES, report=sf.analyze(d, STAGES), **kwargs)
+    path = write_packet(tmp_path / "p.json", Packet.of_window(d, sf.analyze(d, STAGES), **kwargs))
     obj: dict[str, Any] = json.loads(path.read_text())
     return obj
 
@@ -77,7 +80,7 @@ def test_round_trip_is_exact_and_reanalysis_is_identical(tmp_path: Path) -> None
     }
 
     path = write_packet(
-        tmp_path / "w7.json", d, STAGES, report=report, roles=roles, side=side, meta=meta
+        tmp_path / "w7.json", Packet.of_window(d, report, roles=roles, side=side, meta=meta)
     )
     packet = read_packet(path)
 
@@ -122,8 +125,9 @@ def test_bytes_and_file_agree_and_no_temp_file_is_left(tmp_path: Path) -> None:
     report = sf.analyze(d, STAGES)
     target = tmp_path / "p.json"
     target.write_text("old content")
-    write_packet(target, d, STAGES, report=report, meta={"window": 1})
-    assert target.read_bytes() == packet_bytes(d, STAGES, report=report, meta={"window": 1})
+    packet = Packet.of_window(d, report, meta={"window": 1})
+    write_packet(target, packet)
+    assert target.read_bytes() == packet_bytes(packet)
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
     assert packet_from_bytes(target.read_bytes()).report == report
 
@@ -133,14 +137,14 @@ def test_32_ranks_20_steps_6_stages_fits_in_0_05_mb(tmp_path: Path) -> None:
     report = sf.analyze(d, STAGES)
     hosts = [f"node{i // 8:02d}" for i in range(32)]
     meta = {"window": 12, "first_step": 240, "last_step": 259, "world_size": 32, "hosts": hosts}
-    path = write_packet(tmp_path / "p.json", d, STAGES, report=report, meta=meta)
+    path = write_packet(tmp_path / "p.json", Packet.of_window(d, report, meta=meta))
     assert path.stat().st_size <= 50_000
     assert read_packet(path).reanalyze() == report
 
 
 def test_packet_is_smaller_than_the_raw_matrix_in_json(tmp_path: Path) -> None:
     d = timing_window(20, 32, seed=4)
-    compact = packet_bytes(d, STAGES, report=sf.analyze(d, STAGES))
+    compact = packet_bytes(Packet.of_window(d, sf.analyze(d, STAGES)))
     assert len(compact) < len(json.dumps(d.tolist()))
 
 
@@ -158,19 +162,29 @@ def test_array_codec_is_exact(values: np.ndarray) -> None:
     assert decoded.tobytes() == values.tobytes()
 
 
-def test_write_rejects_a_report_of_another_window(tmp_path: Path) -> None:
+def test_a_packet_refuses_a_report_of_another_window(tmp_path: Path) -> None:
     d = timing_window(5, 3)
     other = sf.analyze(timing_window(6, 3), STAGES)
     with pytest.raises(sf.ReportFormatError, match="report describes 6 steps"):
-        write_packet(tmp_path / "p.json", d, STAGES, report=other)
+        Packet.of_window(d, other)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_packets_get_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    d = timing_window(5, 3)
+    old = os.umask(0o022)
+    try:
+        path = write_packet(tmp_path / "p.json", Packet.of_window(d, sf.analyze(d, STAGES)))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not a temporary file's private 0o600
 
 
 def test_write_rejects_meta_that_is_not_json(tmp_path: Path) -> None:
     d = timing_window(5, 3)
     with pytest.raises(sf.ReportFormatError, match="not JSON-serializable"):
         write_packet(
-            tmp_path / "p.json", d, STAGES, report=sf.analyze(d, STAGES), meta={"x": {1, 2}}
+            tmp_path / "p.json", Packet.of_window(d, sf.analyze(d, STAGES), meta={"x": {1, 2}})
         )
     assert list(tmp_path.iterdir()) == []
 

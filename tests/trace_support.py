@@ -9,6 +9,7 @@ the slow, obvious way (for the tests' expected values).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -39,27 +40,37 @@ DEADLINE_S = 240.0
 _CACHE: dict[str, Path] = {}
 
 
-def _steps(profiler: Any, steps: int, data_sleep_s: float, barrier: Callable[[], None]) -> None:
-    """A tiny training loop with one ``record_function`` range per ordered stage."""
+def _steps(
+    profiler: Any,
+    steps: int,
+    data_sleep_s: float,
+    barrier: Callable[[], None],
+    ranges: tuple[str, ...] = TIMED,
+) -> None:
+    """A tiny training loop with one ``record_function`` range per ordered stage in ``ranges``
+    (the other stages run unwrapped)."""
     import torch
     from torch.profiler import record_function
+
+    def stage(name: str) -> Any:
+        return record_function(name) if name in ranges else contextlib.nullcontext()
 
     model = torch.nn.Linear(32, 32)
     if barrier is not _no_barrier:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
-        with record_function(DATA):
+        with stage(DATA):
             inputs = torch.randn(16, 32)
             if data_sleep_s:
                 time.sleep(data_sleep_s)
-        with record_function(FWD):
+        with stage(FWD):
             loss = model(inputs).square().mean()
-        with record_function(BWD):
+        with stage(BWD):
             loss.backward()
-        with record_function(CALLBACKS):
+        with stage(CALLBACKS):
             barrier()
-        with record_function(OPTIM):
+        with stage(OPTIM):
             optimizer.step()
             optimizer.zero_grad()
         profiler.step()
@@ -133,11 +144,13 @@ def single_process_trace(
     *,
     data_sleep_s: float = 0.0,
     step_annotation: str | None = None,
+    ranges: tuple[str, ...] = TIMED,
 ) -> Path:
     """Profile one process and export its trace to ``path`` (``.json`` or ``.json.gz``).
 
     With ``step_annotation`` the profiler runs without a schedule (no ``ProfilerStep#N``) and the
     loop emits that range around every step instead (``"{name}#{i}"`` if it ends with ``#``).
+    Only the stages in ``ranges`` get a ``record_function`` range.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -148,13 +161,13 @@ def single_process_trace(
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
         ) as prof:
-            _steps(prof, steps + 1, data_sleep_s, _no_barrier)
+            _steps(prof, steps + 1, data_sleep_s, _no_barrier, ranges)
     else:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(steps):
                 name = f"{step_annotation}{i}" if step_annotation.endswith("#") else step_annotation
                 with record_function(name):
-                    _steps(_NoProfiler(), 1, data_sleep_s, _no_barrier)
+                    _steps(_NoProfiler(), 1, data_sleep_s, _no_barrier, ranges)
     prof.export_chrome_trace(str(path))
     return path
 

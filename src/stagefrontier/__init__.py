@@ -6,11 +6,21 @@ from .analysis.analyzer import analyze
 from .analysis.evidence import StageLocalization
 from .analysis.gates import Gates
 from .analysis.labels import ALL_LABELS
-from .analysis.schema import DEFAULT_STAGES, RESIDUAL_STAGE
+from .analysis.schema import (
+    BACKWARD_STAGE,
+    CALLBACKS_STAGE,
+    DATA_STAGE,
+    DEFAULT_STAGES,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+    STEP_ANNOTATION,
+)
 from .analysis.side import SideEvidence
 from .analysis.window_report import WindowReport
 from .collect.config import CollectConfig
 from .errors import (
+    AmbiguousStageOrderError,
     CompareError,
     ContractViolation,
     DeadlineExceeded,
@@ -31,14 +41,25 @@ from .errors import (
     StageNamesError,
     TraceFormatError,
 )
+from .formats.load import LoadedWindow, load_window
+from .formats.packet import Packet, read_packet, write_packet
 from .record.recorder import StageTimer
+from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
+from .render.run_folder import RunWindows, load_run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ALL_LABELS",
+    "BACKWARD_STAGE",
+    "CALLBACKS_STAGE",
+    "DATA_STAGE",
     "DEFAULT_STAGES",
+    "FORWARD_STAGE",
+    "OPTIMIZER_STAGE",
     "RESIDUAL_STAGE",
+    "STEP_ANNOTATION",
+    "AmbiguousStageOrderError",
     "CollectConfig",
     "CompareError",
     "ContractViolation",
@@ -49,13 +70,17 @@ __all__ = [
     "FaultSpecError",
     "Gates",
     "GlooProtocolError",
+    "LoadedWindow",
     "MisalignedStepsError",
     "MissingDependencyError",
     "MissingExtraError",
     "MissingRanksError",
     "MissingStagesError",
+    "Packet",
+    "ReducedTrace",
     "ReportFormatError",
     "RolesError",
+    "RunWindows",
     "SideEvidence",
     "SideEvidenceError",
     "StageFrontierError",
@@ -63,12 +88,20 @@ __all__ = [
     "StageNamesError",
     "StageTimer",
     "TraceFormatError",
+    "TraceOptions",
     "WindowReport",
     "__version__",
     "advances",
     "analyze",
     "baselines",
     "frontier",
+    "load_run",
+    "load_window",
     "prefixes",
+    "read_packet",
+    "reduce_hta",
+    "reduce_kineto",
+    "reduce_nsys",
     "slack",
+    "write_packet",
 ]

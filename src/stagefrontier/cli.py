@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import zipfile
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from . import __version__
-from .analysis.analyzer import analyze
 from .analysis.validation import check_rows, run_validation
-from .analysis.window_report import WindowReport
-from .errors import ReportFormatError, StageFrontierError
-from .formats.packet import read_packet
-from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
+from .demo.faults import HOST_KINDS
+from .errors import StageFrontierError
+from .formats.load import load_window
+from .reducers.detect import FORMATS
+from .reducers.files import PathLike
+from .reducers.options import TraceOptions
 from .render.text import window_report_text
 
 Handler = Callable[[argparse.Namespace], int]
@@ -38,106 +34,19 @@ EXIT_FAILED = 1
 EXIT_ERROR = 2
 
 
-# --- input windows --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LoadedWindow:
-    """An analyzed input: the fresh report, plus what a packet stored alongside it, or what
-    reducing a trace noted."""
-
-    report: WindowReport
-    meta: dict[str, Any] | None = None
-    stored_report: WindowReport | None = None
-    notes: tuple[str, ...] = ()
-
-
-def load_window(
-    path: Path, fmt: str = "auto", trace_options: dict[str, Any] | None = None
-) -> LoadedWindow:
-    """Analyze an ``.npz`` window (``d``, ``stages``, optional ``roles``), an evidence packet,
-    or a profiler trace reduced to the stage matrix (PyTorch Profiler files or folder, through
-    the direct reader or HTA; an Nsight Systems SQLite export).
-
-    With ``fmt="auto"`` the kind is told by content, falling back to the name (a folder is read
-    as PyTorch Profiler traces). A packet is re-analyzed with its stored gates, roles and side
-    evidence. ``trace_options`` go to the trace reducer (``stages``, ``ranks``, ...).
-    """
-    if fmt not in FORMATS:
-        raise ReportFormatError(f"unknown --format {fmt!r}; one of {', '.join(FORMATS)}")
-    kind = detect_format(path) if fmt == "auto" else fmt
-    if kind in TRACE_FORMATS:
-        return _load_trace(path, kind, trace_options or {})
-    if path.is_dir():
-        raise ReportFormatError(f"{path}: a folder; only traces can be read from a folder")
-    if kind == "npz":
-        return _load_npz(path)
-    try:
-        packet = read_packet(path)
-    except ReportFormatError as exc:
-        raise ReportFormatError(f"{path}: {exc}") from None
-    return LoadedWindow(report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report)
-
-
-def _load_trace(path: Path, kind: str, options: dict[str, Any]) -> LoadedWindow:
-    options = dict(options)
-    steps = options.pop("steps", None)
-    reduced = reduce_trace(path, kind, **options)
-    if steps is not None:
-        first, last = steps
-        wanted = [s for s in reduced.step_ids if first <= s <= last]
-        if not wanted:
-            raise ReportFormatError(
-                f"{path}: no step id in {first}:{last} among {reduced.step_ids}"
-            )
-        reduced = reduced.select_steps(wanted)
-    return LoadedWindow(report=reduced.analyze(), meta=reduced.summary(), notes=reduced.notes)
-
-
-def _load_npz(path: Path) -> LoadedWindow:
-    arrays = _npz_arrays(path, ("d", "stages", "roles"))
-    for key in ("d", "stages"):
-        if key not in arrays:
-            raise ReportFormatError(f"{path}: the .npz file has no {key!r} array")
-    stages = _names(arrays["stages"], path, "stages")
-    roles = _names(arrays["roles"], path, "roles") if "roles" in arrays else None
-    return LoadedWindow(report=analyze(arrays["d"], stages, roles=roles))
-
-
-def _npz_arrays(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
-    """The named arrays present in an .npz archive; object arrays are refused, never unpickled."""
-    unreadable = (zipfile.BadZipFile, zlib.error, ValueError, EOFError)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except unreadable as exc:
-        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ReportFormatError(f"{path}: a single .npy array, not an .npz window")
-    try:
-        with loaded as npz:
-            return {key: npz[key] for key in keys if key in npz.files}
-    except unreadable as exc:
-        raise ReportFormatError(f"{path}: not a readable .npz window: {exc}") from None
-
-
-def _names(arr: np.ndarray[Any, Any], path: Path, key: str) -> list[str]:
-    if arr.ndim != 1 or arr.dtype.kind not in "US":
-        raise ReportFormatError(f"{path}: {key!r} must be a 1-D array of strings")
-    return [x.decode() if isinstance(x, bytes) else str(x) for x in arr.tolist()]
-
-
 # --- analyze --------------------------------------------------------------------------------------
 
 
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "analyze",
-        help="analyze one window (.npz, evidence packet, or a profiler trace)",
+        help="analyze one window (.npz, evidence packet, output folder, or a profiler trace)",
         description="Frontier accounting, localization and labels for one window. PATH is an "
         ".npz with arrays d [steps, ranks, stages] and stages (optional roles), an evidence "
-        "packet written by stagefrontier, PyTorch Profiler traces (.json/.json.gz files or a "
-        "folder of them, one per rank) or an Nsight Systems SQLite export. A trace is reduced "
-        "to the ordered stage matrix from its step ranges and the ranges named like the stages.",
+        "packet written by stagefrontier, an output folder, its packets/ or its windows.jsonl "
+        "(with --window), PyTorch Profiler traces (.json/.json.gz files or a folder of them, "
+        "one per rank) or an Nsight Systems SQLite export. A trace is reduced to the ordered "
+        "stage matrix from its step ranges and its stage ranges.",
     )
     parser.add_argument("file", type=Path, metavar="PATH")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -146,13 +55,21 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         choices=FORMATS,
         default="auto",
         help="input kind (default: told by content; a folder is read as PyTorch Profiler "
-        "traces); hta reads PyTorch Profiler traces through Holistic Trace Analysis",
+        "traces unless it is an output folder); hta reads PyTorch Profiler traces through "
+        "Holistic Trace Analysis",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="N",
+        help="output folders and windows.jsonl: the window to analyze, N or ATTEMPT/N after a "
+        "restart (as `stagefrontier report` lists them)",
     )
     trace = parser.add_argument_group("traces")
     trace.add_argument(
         "--stages",
         metavar="A,B,...",
-        help="ordered stage names the trace's ranges carry (default: the six default stages)",
+        help="ordered stage names the trace's ranges carry (default: inferred from the ranges "
+        "on the step thread, the default stage names first)",
     )
     trace.add_argument(
         "--rank",
@@ -179,39 +96,59 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser.set_defaults(handler=_run_analyze)
 
 
-def _trace_options(args: argparse.Namespace) -> dict[str, Any]:
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
     """Reducer options from the command line; ignored for .npz windows and packets."""
-    options: dict[str, Any] = {}
-    if args.stages:
-        options["stages"] = [s.strip() for s in args.stages.split(",") if s.strip()]
-    if args.rank:
-        ranks: dict[str, int] = {}
-        for item in args.rank:
-            file, sep, rank = item.rpartition("=")
-            if not sep or not file or not rank.isdigit():
-                raise StageFrontierError(f"bad --rank {item!r}: expected FILE=RANK")
-            ranks[file] = int(rank)
-        options["ranks"] = ranks
-    if args.steps:
-        first, sep, last = args.steps.partition(":")
-        if not sep or not first.isdigit() or not last.isdigit():
-            raise StageFrontierError(f"bad --steps {args.steps!r}: expected FIRST:LAST")
-        options["steps"] = (int(first), int(last))
-    if args.allow_missing_ranks:
-        options["missing_ranks"] = "allow"
-    if args.step_source != "auto":
-        options["step_source"] = args.step_source
-    return options
+    ranks: dict[PathLike, int] = {}
+    for item in args.rank:
+        file, sep, rank = item.rpartition("=")
+        if not sep or not file or not rank.isdigit():
+            raise StageFrontierError(f"bad --rank {item!r}: expected FILE=RANK")
+        ranks[file] = int(rank)
+    return TraceOptions(
+        ranks=ranks or None,
+        step_source=args.step_source,
+        missing_ranks="allow" if args.allow_missing_ranks else "error",
+    )
+
+
+def _int_pair(text: str, sep: str, option: str, form: str) -> tuple[int, int]:
+    """``A<sep>B`` as two ints."""
+    first, found, last = text.partition(sep)
+    if not found or not first.isdigit() or not last.isdigit():
+        raise StageFrontierError(f"bad {option} {text!r}: expected {form}")
+    return int(first), int(last)
+
+
+def _window(text: str | None) -> tuple[int | None, int | None]:
+    """``--window``: (window, attempt); the attempt only when written ``ATTEMPT/N``."""
+    if text is None:
+        return None, None
+    if "/" in text:
+        attempt, window = _int_pair(text, "/", "--window", "N or ATTEMPT/N")
+        return window, attempt
+    if not text.isdigit():
+        raise StageFrontierError(f"bad --window {text!r}: expected N or ATTEMPT/N")
+    return int(text), None
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    loaded = load_window(args.file, args.format, _trace_options(args))
+    window, attempt = _window(args.window)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    loaded = load_window(
+        args.file,
+        args.format,
+        stages=stages,
+        trace=_trace_options(args),
+        steps=None if args.steps is None else _int_pair(args.steps, ":", "--steps", "FIRST:LAST"),
+        window=window,
+        attempt=attempt,
+    )
     if loaded.stored_report is not None and loaded.stored_report != loaded.report:
         _warn(f"{args.file}: stored report differs from a fresh analysis; showing the fresh one")
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
-        print(window_report_text(loaded.report, meta=loaded.meta, notes=loaded.notes))
+        print(window_report_text(loaded.report, meta=loaded.facts(), notes=loaded.notes))
     return EXIT_OK
 
 
@@ -342,27 +279,47 @@ def _run_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _DefaultsAndExamples(
+    argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
+):
+    """Help that shows each option's default (when it has one) and keeps the examples' line
+    breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+DEMO_EXAMPLES = """examples:
+  stagefrontier demo --fault data@2:120ms             # what `make demo` runs
+  stagefrontier demo --fault comm@1:80ms,from=40,to=80
+  stagefrontier demo --ranks 2 --steps 40 --window 10 --fault callback_sync@0:60ms,every=5
+  stagefrontier report stagefrontier-demo             # the report again, from the folder"""
+
+
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
         help="run the CPU demo: multi-rank Gloo DDP training with injected faults",
-        description="Spawn RANKS real processes (Gloo DDP, CPU), train a small transformer "
+        description="Spawn RANKS real processes (Gloo DDP, CPU), train a small transformer\n"
         "language model with StageTimer, inject faults, and report. Needs torch.",
+        epilog=DEMO_EXAMPLES,
+        formatter_class=_DefaultsAndExamples,
     )
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--ranks", type=int, default=4, help="processes to spawn")
+    parser.add_argument("--steps", type=int, default=120, help="optimizer steps per rank")
+    parser.add_argument("--window", type=int, default=20, help="steps per analyzed window")
     parser.add_argument(
         "--fault",
         action="append",
         default=[],
         metavar="SPEC",
-        help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with KIND one of data, forward, "
-        "backward, comm, callback_sync, callback_host (forward_device is refused: the demo's "
-        "forward has no device work); repeatable",
+        help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with KIND one of "
+        f"{', '.join(HOST_KINDS)}; repeatable (default: no fault)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="stagefrontier-demo", metavar="DIR")
+    parser.add_argument("--seed", type=int, default=0, help="model, data and fault seed")
+    parser.add_argument("--out", default="stagefrontier-demo", metavar="DIR", help="output folder")
     parser.set_defaults(handler=_run_demo)
 
 
@@ -420,7 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # The reader (head, less) stopped reading: end quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (StageFrontierError, OSError) as exc:
         print(f"stagefrontier: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_ERROR

@@ -54,6 +54,11 @@ class MisalignedStepsError(TraceFormatError):
     id is common to every rank."""
 
 
+class AmbiguousStageOrderError(TraceFormatError):
+    """No stage list was given and the trace's stage ranges run in different orders in different
+    steps or ranks, so no one order can be inferred."""
+
+
 class MissingDependencyError(StageFrontierError, ImportError):
     """An optional package a reducer needs (HolisticTraceAnalysis) is not installed."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -48,17 +49,35 @@ def run_demo(
 
 
 def write_report(out: str | Path) -> list[Path]:
-    """Print the folder's report and write its two figures; returns every file produced."""
+    """Print the folder's report and write its two figures; returns every file in the folder."""
     run = load_run(out)
     print(run_report_text(run))
     folder = Path(out)
-    files = [folder / "windows.jsonl", *sorted((folder / "packets").glob("*.json"))]
     if run.packets:
-        files.append(plot_worst_step(run, folder / "frontier_worst_step.png"))
-    files.append(plot_shares_over_time(run, folder / "shares_over_time.png"))
-    packets = len(run.packets)
-    print(
-        f"\nFiles in {folder}: windows.jsonl, packets/ ({packets} packet(s)), "
-        "frontier_worst_step.png, shares_over_time.png"
+        plot_worst_step(run, folder / "frontier_worst_step.png")
+    plot_shares_over_time(run, folder / "shares_over_time.png")
+    outputs = [folder / name for name in OUTPUTS if (folder / name).exists()]
+    own = sorted(p for p in folder.iterdir() if p not in outputs)
+    print(f"\nFiles in {folder}: {listing(outputs)}")
+    if own:
+        print(f"The demo's own per-rank records there: {listing(own)}")
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+OUTPUTS = ("windows.jsonl", "packets", "frontier_worst_step.png", "shares_over_time.png")
+"""What StageFrontier and its report write, in the order the summary names them."""
+
+
+def listing(paths: list[Path]) -> str:
+    """The entries named, numbered names collapsed (``losses-rankN.json (4)``), a folder with
+    its file count (``packets/ (6)``)."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        if path.is_dir():
+            name, count = path.name + "/", sum(1 for _ in path.iterdir())
+        else:
+            name, count = re.sub(r"\d+", "N", path.name), 1
+        counts[name] = counts.get(name, 0) + count
+    return ", ".join(
+        f"{name} ({n})" if n > 1 or name.endswith("/") else name for name, n in counts.items()
     )
-    return files

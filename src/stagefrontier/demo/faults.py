@@ -26,6 +26,9 @@ FAULT_KINDS = (
 callback followed by a barrier on every rank, a callback without a barrier, or a device-side
 forward delay (parsed, but refused by the CPU demo, whose forward has no device work)."""
 
+HOST_KINDS = tuple(k for k in FAULT_KINDS if k != "forward_device")
+"""The kinds the CPU demo runs (the ones a user is offered)."""
+
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<rank>\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$")
 
 
@@ -66,7 +69,7 @@ def parse_fault(spec: str) -> Fault:
         )
     kind = match["kind"]
     if kind not in FAULT_KINDS:
-        raise FaultSpecError(f"unknown fault kind {kind!r}; choose one of {', '.join(FAULT_KINDS)}")
+        raise FaultSpecError(f"unknown fault kind {kind!r}; choose one of {', '.join(HOST_KINDS)}")
     options: dict[str, int] = {}
     for item in filter(None, match["opts"].split(",")):
         key, _, value = item.partition("=")

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import os
-import tempfile
+import secrets
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +68,35 @@ class Packet:
     gates: Gates
     meta: dict[str, Any]
     report: WindowReport
+
+    @classmethod
+    def of_window(
+        cls,
+        d: Any,
+        report: WindowReport,
+        *,
+        roles: Sequence[str] | None = None,
+        side: SideEvidence | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Packet:
+        """The packet of one analyzed window: its stages and gates are the report's.
+
+        Raises:
+            ReportFormatError: the report does not describe this matrix.
+            DurationsError: ``d`` is not a valid ``[N, R, K]`` duration matrix.
+        """
+        stages = check_stage_names(report.stages)
+        matrix = as_window(d, stages)
+        _check_consistent(matrix, stages, report.gates, report)
+        return cls(
+            d=matrix,
+            stages=stages,
+            roles=None if roles is None else tuple(str(x) for x in roles),
+            side=side,
+            gates=report.gates,
+            meta=dict(meta or {}),
+            report=report,
+        )
 
     def reanalyze(self) -> WindowReport:
         """Run the analyzer again on the stored matrix with the stored stages, gates, roles and
@@ -167,77 +196,51 @@ def _inflate(compressed: bytes, expected: int, name: str) -> bytes:
 # --- writing --------------------------------------------------------------------------------------
 
 
-def packet_dict(
-    d: Any,
-    stages: Sequence[str],
-    *,
-    report: WindowReport,
-    roles: Sequence[str] | None = None,
-    side: SideEvidence | None = None,
-    meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The packet as a JSON-ready dict. The report must describe this matrix and stage list."""
-    names = check_stage_names(stages)
-    arr = as_window(d, names)
-    if tuple(report.stages) != names or (report.n_steps, report.n_ranks) != arr.shape[:2]:
-        raise ReportFormatError(
-            f"report describes {report.n_steps} steps x {report.n_ranks} ranks of "
-            f"{report.stages}, not this {list(arr.shape)} window of {list(names)}"
-        )
+def packet_dict(packet: Packet) -> dict[str, Any]:
+    """The packet as a JSON-ready dict.
+
+    Raises:
+        ReportFormatError: the packet's report does not describe its matrix under its gates.
+    """
+    _check_consistent(packet.d, packet.stages, packet.gates, packet.report)
     return {
         "format": PACKET_FORMAT,
         "version": PACKET_VERSION,
-        "d": encode_array(arr, "<f8"),
-        "stages": list(names),
-        "roles": None if roles is None else [str(x) for x in roles],
-        "side": None if side is None else _side_to_dict(side),
-        "gates": report.gates.to_dict(),
-        "meta": dict(meta or {}),
-        "report": report.to_dict(),
+        "d": encode_array(packet.d, "<f8"),
+        "stages": list(packet.stages),
+        "roles": None if packet.roles is None else list(packet.roles),
+        "side": None if packet.side is None else _side_to_dict(packet.side),
+        "gates": packet.gates.to_dict(),
+        "meta": dict(packet.meta),
+        "report": packet.report.to_dict(),
     }
 
 
-def packet_bytes(
-    d: Any,
-    stages: Sequence[str],
-    *,
-    report: WindowReport,
-    roles: Sequence[str] | None = None,
-    side: SideEvidence | None = None,
-    meta: dict[str, Any] | None = None,
-) -> bytes:
+def packet_bytes(packet: Packet) -> bytes:
     """The packet serialized as compact UTF-8 JSON (strict: no NaN or infinity)."""
-    data = packet_dict(d, stages, report=report, roles=roles, side=side, meta=meta)
     try:
-        text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(packet_dict(packet), allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ReportFormatError(f"packet is not JSON-serializable (check meta): {exc}") from None
     return text.encode("utf-8")
 
 
-def write_packet(
-    path: str | os.PathLike[str],
-    d: Any,
-    stages: Sequence[str],
-    *,
-    report: WindowReport,
-    roles: Sequence[str] | None = None,
-    side: SideEvidence | None = None,
-    meta: dict[str, Any] | None = None,
-) -> Path:
+def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:
     """Write a packet atomically (temporary file in the same folder, then ``os.replace``), so a
-    reader never sees a partial packet. Returns the path written."""
+    reader never sees a partial packet. The file gets the mode any new file of this process gets
+    (``0o666`` less the umask), like ``windows.jsonl`` beside it. Returns the path written."""
     target = Path(path)
-    payload = packet_bytes(d, stages, report=report, roles=roles, side=side, meta=meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    payload = packet_bytes(packet)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     logger.debug("wrote packet %s (%d bytes)", target, len(payload))
     return target

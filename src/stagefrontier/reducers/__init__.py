@@ -9,12 +9,15 @@ and the always-on signal are scored by the same analyzer on the same terms:
   ``stagefrontier[hta]``);
 * ``reduce_nsys``: Nsight Systems SQLite exports (``nsys export --type sqlite``), NVTX ranges.
 
-All return a ``ReducedTrace``; ``ReducedTrace.analyze()`` runs the one analyzer. Nothing here
-imports torch; ``reduce_hta`` imports ``hta`` only when called.
+All return a ``ReducedTrace``; ``ReducedTrace.analyze()`` runs the one analyzer. They share one
+``TraceOptions`` record (pass it as ``options=``, or its fields as keywords). Without a stage list
+they infer the stages from the ranges on the step thread (``infer.py``). Nothing here imports
+torch; ``reduce_hta`` imports ``hta`` only when called.
 """
 
 from ..analysis.schema import STEP_ANNOTATION
 from .errors import (
+    AmbiguousStageOrderError,
     MisalignedStepsError,
     MissingDependencyError,
     MissingRanksError,
@@ -24,16 +27,19 @@ from .errors import (
 from .hta import reduce_hta
 from .kineto import reduce_kineto
 from .nsys import reduce_nsys
+from .options import TraceOptions
 from .result import ReducedTrace
 
 __all__ = [
     "STEP_ANNOTATION",
+    "AmbiguousStageOrderError",
     "MisalignedStepsError",
     "MissingDependencyError",
     "MissingRanksError",
     "MissingStagesError",
     "ReducedTrace",
     "TraceFormatError",
+    "TraceOptions",
     "reduce_hta",
     "reduce_kineto",
     "reduce_nsys",

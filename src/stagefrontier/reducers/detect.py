@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from ..formats.records import looks_like_records
 from .errors import TraceFormatError
 from .files import GZIP_MAGIC, KINETO_SUFFIXES, NSYS_SUFFIXES, open_maybe_gzip
 from .nsys import SQLITE_MAGIC
+from .options import TraceOptions
 from .result import ReducedTrace
 
-FORMATS = ("auto", "packet", "npz", "kineto", "hta", "nsys")
+FORMATS = ("auto", "packet", "windows", "npz", "kineto", "hta", "nsys")
 TRACE_FORMATS = ("kineto", "hta", "nsys")
 ZIP_MAGIC = b"PK\x03\x04"
 _PEEK = 1 << 16
@@ -19,7 +20,8 @@ _TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"')
 
 
 def detect_format(path: Path) -> str:
-    """``packet``, ``npz``, ``kineto`` or ``nsys`` for a file or folder.
+    """``packet``, ``windows`` (a ``windows.jsonl``), ``npz``, ``kineto`` or ``nsys`` for a file
+    or folder.
 
     A folder is read as PyTorch Profiler traces unless it holds only ``.sqlite`` exports. A file
     is told by its first bytes (zip, SQLite, gzip, a JSON packet or Chrome trace), then by its
@@ -50,17 +52,24 @@ def detect_format(path: Path) -> str:
     if text.startswith(b"{"):
         if b'"stagefrontier.formats.packet"' in text[:4096]:
             return "packet"
+        if looks_like_records(text):
+            return "windows"
         if any(key in text for key in _TRACE_KEYS):
             return "kineto"
         return "packet"
     if text.startswith(b"["):
         return "kineto"
-    for suffix, kind in ((".npz", "npz"), (".sqlite", "nsys"), (".json", "packet")):
+    for suffix, kind in (
+        (".npz", "npz"),
+        (".sqlite", "nsys"),
+        (".jsonl", "windows"),
+        (".json", "packet"),
+    ):
         if path.name.endswith(suffix):
             return kind
     raise TraceFormatError(
-        f"{path}: neither an .npz window nor a stagefrontier packet, a PyTorch Profiler trace "
-        "(.json/.json.gz or a folder) or an Nsight Systems SQLite export"
+        f"{path}: neither an .npz window nor a stagefrontier packet or windows.jsonl, a PyTorch "
+        "Profiler trace (.json/.json.gz or a folder) or an Nsight Systems SQLite export"
     )
 
 
@@ -70,7 +79,10 @@ def _peek_text(path: Path) -> bytes:
 
 
 def reduce_trace(
-    paths: Path | Sequence[Path], fmt: str, stages: Sequence[str] | None = None, **options: Any
+    paths: Path | Sequence[Path],
+    fmt: str,
+    stages: Sequence[str] | None = None,
+    options: TraceOptions | None = None,
 ) -> ReducedTrace:
     """Run the reducer named ``fmt`` (``kineto``, ``hta`` or ``nsys``) with ``options``."""
     from .hta import reduce_hta
@@ -80,4 +92,4 @@ def reduce_trace(
     reducers = {"kineto": reduce_kineto, "hta": reduce_hta, "nsys": reduce_nsys}
     if fmt not in reducers:
         raise TraceFormatError(f"unknown trace format {fmt!r}; one of {', '.join(reducers)}")
-    return reducers[fmt](paths, stages, **options)
+    return reducers[fmt](paths, stages, options)

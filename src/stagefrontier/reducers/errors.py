@@ -8,6 +8,7 @@ unreadable packets handle unusable traces too. Every message names the file (or 
 from __future__ import annotations
 
 from ..errors import (
+    AmbiguousStageOrderError,
     MisalignedStepsError,
     MissingDependencyError,
     MissingRanksError,
@@ -16,6 +17,7 @@ from ..errors import (
 )
 
 __all__ = [
+    "AmbiguousStageOrderError",
     "MisalignedStepsError",
     "MissingDependencyError",
     "MissingRanksError",

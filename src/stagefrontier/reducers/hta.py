@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import MissingDependencyError, TraceFormatError
-from .files import KINETO_SUFFIXES, Paths, RankMap, check_unmapped, trace_files
+from .files import KINETO_SUFFIXES, Paths, check_unmapped, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
 from .matrix import build_matrix, timed_stages
-from .ranges import RankRanges, Span, Thread, rank_ranges, wanted_name
+from .options import TraceOptions, trace_options
+from .ranges import RankRanges, Span, Thread, rank_ranges, step_kind_of, wanted_name
 from .result import ReducedTrace
 
 NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
@@ -35,15 +35,8 @@ NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
 def reduce_hta(
     paths: Paths,
     stages: Sequence[str] | None = None,
-    *,
-    ranks: RankMap | None = None,
-    world_size: int | None = None,
-    step_name: str = STEP_ANNOTATION,
-    step_source: str = "auto",
-    align: str = "intersect",
-    missing_ranks: str = "error",
-    missing_stages: str = "error",
-    ns_rounding: bool = False,
+    options: TraceOptions | None = None,
+    **keywords: Any,
 ) -> ReducedTrace:
     """Reduce PyTorch Profiler traces to ``d [N, R, S]`` seconds via HTA's dataframes.
 
@@ -54,35 +47,37 @@ def reduce_hta(
         MissingDependencyError: HolisticTraceAnalysis is not installed.
         TraceFormatError and its subclasses, naming the file.
     """
+    opts = trace_options("reduce_hta", options, keywords)
     trace_cls, parser_config = _import_hta()
-    timed = timed_stages(DEFAULT_STAGES if stages is None else stages)
+    timed = None if stages is None else timed_stages(stages)
     files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
-    check_unmapped(ranks, files)
+    check_unmapped(opts.ranks, files)
     headers = [(path, read_header(path)) for path in files]
     notes: list[str] = []
     by_rank: dict[int, Path] = {}
     for path, header in headers:
-        rank = resolve_rank(path, header, ranks, single=len(files) == 1, notes=notes)
+        rank = resolve_rank(path, header, opts.ranks, single=len(files) == 1, notes=notes)
         if rank in by_rank:
             raise TraceFormatError(
                 f"{by_rank[rank]} and {path} are both rank {rank}; HTA holds one trace per rank "
                 "(reduce one profiler cycle at a time, or use reduce_kineto)"
             )
         by_rank[rank] = path
-    frames, symbols = _load(trace_cls, parser_config, by_rank, ns_rounding)
+    frames, symbols = _load(trace_cls, parser_config, by_rank, opts.ns_rounding)
     parts = [
-        _rank_ranges(frames[rank], symbols, rank, by_rank[rank], timed, step_name, step_source)
+        _rank_ranges(frames[rank], symbols, rank, by_rank[rank], timed, opts)
         for rank in sorted(by_rank)
     ]
+    world_size = opts.world_size
+    if world_size is None:
+        world_size = header_world_size(headers)
     return build_matrix(
         parts,
         timed,
+        opts,
         source="hta",
-        world_size=world_size if world_size is not None else header_world_size(headers),
-        align=align,
-        missing_ranks=missing_ranks,
-        missing_stages=missing_stages,
-        meta={"hta_ns_rounding": ns_rounding},
+        world_size=world_size,
+        meta={"hta_ns_rounding": opts.ns_rounding},
         notes=notes,
     )
 
@@ -148,18 +143,20 @@ def _rank_ranges(
     symbols: list[str],
     rank: int,
     path: Path,
-    timed: Sequence[str],
-    step_name: str,
-    step_source: str,
+    timed: Sequence[str] | None,
+    options: TraceOptions,
 ) -> RankRanges:
     """One rank's ranges from its HTA dataframe (``name``/``cat`` are symbol ids, ``ts``/``dur``
     float microseconds, shifted so the earliest event of the job starts at 0)."""
-    wanted = frozenset(timed)
+    wanted = None if timed is None else frozenset(timed)
     index = {name: i for i, name in enumerate(symbols)}
     categories = [index[c] for c in RANGE_CATEGORIES if c in index]
     annotation = index.get("user_annotation", -1)
-    name_ids = [i for i, name in enumerate(symbols) if wanted_name(name, wanted, step_name)]
+    name_ids = [i for i, name in enumerate(symbols) if wanted_name(name, wanted, options.step_name)]
     host = frame[frame["cat"].isin(categories)]
+    if wanted is None:  # inferring the stages: record_function ranges only, not operators
+        steps = [i for i, name in enumerate(symbols) if step_kind_of(name, options.step_name)]
+        host = host[(host["cat"] == annotation) | host["name"].isin(steps)]
     rows = host[host["name"].isin(name_ids)]
     rows = rows[rows["dur"] >= 0]  # HTA's microsecond rounding can turn a tiny range negative
     spans = [
@@ -173,12 +170,4 @@ def _rank_ranges(
         (symbols[int(name)], (str(p), str(t)))
         for name, p, t in others[["name", "pid", "tid"]].drop_duplicates().itertuples(index=False)
     }
-    return rank_ranges(
-        spans,
-        timed,
-        rank=rank,
-        label=str(path),
-        step_name=step_name,
-        step_source=step_source,
-        seen=seen,
-    )
+    return rank_ranges(spans, timed, options, rank=rank, label=str(path), seen=seen)

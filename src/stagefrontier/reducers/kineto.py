@@ -10,8 +10,9 @@ one by one or as a folder. What is read:
   annotation (``stagefrontier.step`` or ``stagefrontier.step#N``);
 * the stages: complete ranges of category ``user_annotation`` (what ``record_function`` writes
   in the torch 2.x traces checked here; ``cpu_op`` is accepted too) named exactly like the
-  ordered stages, on the training thread (the thread that holds the step ranges). The
-  ``gpu_user_annotation`` mirrors on GPU streams are never used.
+  ordered stages, on the training thread (the thread that holds the step ranges). Without a
+  stage list, the ``user_annotation`` ranges there are the candidates the stages are inferred
+  from (``infer.py``). The ``gpu_user_annotation`` mirrors on GPU streams are never used.
 
 Times: ``ts`` and ``dur`` are microseconds with nanosecond decimals. Recent traces give ``ts``
 relative to ``baseTimeNanoseconds`` (an absolute ns base in the header), older ones absolute. The
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     KINETO_SUFFIXES,
@@ -40,6 +40,7 @@ from .files import (
     trace_files,
 )
 from .matrix import build_matrix, timed_stages
+from .options import TraceOptions, trace_options
 from .ranges import (
     RankRanges,
     Span,
@@ -77,75 +78,60 @@ class KinetoFile:
 def reduce_kineto(
     paths: Paths,
     stages: Sequence[str] | None = None,
-    *,
-    ranks: RankMap | None = None,
-    world_size: int | None = None,
-    step_name: str = STEP_ANNOTATION,
-    step_source: str = "auto",
-    align: str = "intersect",
-    missing_ranks: str = "error",
-    missing_stages: str = "error",
+    options: TraceOptions | None = None,
+    **keywords: Any,
 ) -> ReducedTrace:
     """Reduce PyTorch Profiler traces to ``d [N, R, S]`` seconds.
 
     Args:
         paths: a trace file, a folder of traces, or a list of either.
-        stages: the ordered stage names; the six defaults when None. The residual
-            ``step.other_cpu_wall`` is computed, never read from the trace.
-        ranks: explicit rank per file (path or file name -> rank); wins over distributedInfo.
-        world_size: the job's world size; by default the traces' ``distributedInfo.world_size``.
-        step_name: the step annotation used when the trace has no ``ProfilerStep#N``.
-        step_source: ``auto``, ``profiler`` or ``annotation``.
-        align: ``intersect`` keeps the step ids every rank holds (noted), ``strict`` refuses
-            ranks with different step ids.
-        missing_ranks: ``error``, or ``allow`` to analyze the ranks present (noted; the analyzer
-            downgrades its labels).
-        missing_stages: ``error``, or ``zero`` to accept a stage with no range on a rank.
+        stages: the ordered stage names. None infers them from the ranges on the step thread
+            (see ``stagefrontier.reducers.infer``). The residual ``step.other_cpu_wall`` is
+            computed, never read from the trace.
+        options: a ``TraceOptions``; or give its fields as keywords (``ranks={...}``,
+            ``missing_ranks="allow"``, ...). ``world_size`` defaults to the traces'
+            ``distributedInfo.world_size``; an explicit rank mapping wins over
+            ``distributedInfo.rank``.
 
     Raises:
         TraceFormatError and its subclasses, naming the file.
     """
-    timed = timed_stages(DEFAULT_STAGES if stages is None else stages)
+    opts = trace_options("reduce_kineto", options, keywords)
+    timed = None if stages is None else timed_stages(stages)
     files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
-    check_unmapped(ranks, files)
-    read = [read_kineto_file(path, timed, step_name) for path in files]
+    check_unmapped(opts.ranks, files)
+    read = [read_kineto_file(path, timed, opts.step_name) for path in files]
     notes: list[str] = []
     parts: dict[int, list[RankRanges]] = {}
     for item in read:
-        rank = resolve_rank(item.path, item.header, ranks, single=len(read) == 1, notes=notes)
+        rank = resolve_rank(item.path, item.header, opts.ranks, single=len(read) == 1, notes=notes)
         if item.skipped:
             notes.append(f"{item.path}: {item.skipped} range(s) with malformed ts/dur skipped")
         ranges = rank_ranges(
-            item.spans,
-            timed,
-            rank=rank,
-            label=str(item.path),
-            step_name=step_name,
-            step_source=step_source,
-            seen=item.seen,
+            item.spans, timed, opts, rank=rank, label=str(item.path), seen=item.seen
         )
         parts.setdefault(rank, []).append(ranges)
     bases = sorted({item.time_base for item in read})
+    world_size = opts.world_size
+    if world_size is None:
+        world_size = header_world_size([(item.path, item.header) for item in read])
     return build_matrix(
         [merge_rank_ranges(group) for group in parts.values()],
-        (*timed,),
+        timed,
+        opts,
         source="kineto",
-        world_size=world_size
-        if world_size is not None
-        else header_world_size([(item.path, item.header) for item in read]),
-        align=align,
-        missing_ranks=missing_ranks,
-        missing_stages=missing_stages,
+        world_size=world_size,
         meta={"time_base": bases[0] if len(bases) == 1 else "mixed"},
         notes=notes,
     )
 
 
-def read_kineto_file(path: Path, stages: Sequence[str], step_name: str) -> KinetoFile:
-    """Parse one trace file and keep its step and stage ranges (absolute integer ns)."""
+def read_kineto_file(path: Path, stages: Sequence[str] | None, step_name: str) -> KinetoFile:
+    """Parse one trace file and keep its step and stage ranges (absolute integer ns); with no
+    stage list, every ``user_annotation`` range (the candidates to infer the stages from)."""
     header, events = load_trace(path)
     base = _base_ns(header) or 0
-    wanted = frozenset(stages)
+    wanted = None if stages is None else frozenset(stages)
     spans: list[Span] = []
     seen: set[tuple[str, Thread]] = set()
     skipped = 0
@@ -158,8 +144,11 @@ def read_kineto_file(path: Path, stages: Sequence[str], step_name: str) -> Kinet
         if not isinstance(name, str):
             continue
         thread = (str(event.get("pid")), str(event.get("tid")))
-        if not wanted_name(name, wanted, step_name):
-            if event.get("cat") == "user_annotation":
+        annotation = event.get("cat") == "user_annotation"
+        # Inferring the stages, only record_function ranges are candidates, not operators.
+        candidates = wanted if annotation or wanted is not None else frozenset()
+        if not wanted_name(name, candidates, step_name):
+            if annotation:
                 seen.add((name, thread))
             continue
         ts, dur = event.get("ts"), event.get("dur")

@@ -9,7 +9,8 @@ For each rank and step (a step range ``[start, end)``):
   the clipped negative part is the overlap error, reported per step and rank.
 
 Across ranks, steps are matched by id. Ranks whose traces hold different step ids are either
-cut down to the ids they share (``align="intersect"``, noted) or refused (``align="strict"``).
+cut down to the ids they share (``align="intersect"``, noted) or refused (``align="strict"``);
+these modes and the two below are ``TraceOptions`` fields.
 A stage with no range at all on a rank is refused (``missing_stages="error"``) unless zeros are
 explicitly allowed (``"zero"``, noted); a rank of the world size without a trace is refused
 (``missing_ranks="error"``) or listed as missing (``"allow"``) so the analyzer downgrades.
@@ -25,13 +26,12 @@ import numpy.typing as npt
 
 from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
-from .ranges import RankRanges, Span, id_text
+from .infer import infer_stages
+from .options import TraceOptions
+from .ranges import RankRanges, id_text, outermost
 from .result import ReducedTrace
 
 NS = 1e-9
-ALIGN_MODES = ("intersect", "strict")
-MISSING_RANK_MODES = ("error", "allow")
-MISSING_STAGE_MODES = ("error", "zero")
 
 IntArray = npt.NDArray[np.int64]
 
@@ -47,27 +47,24 @@ def timed_stages(stages: Sequence[str]) -> tuple[str, ...]:
 
 def build_matrix(
     parts: Sequence[RankRanges],
-    stages: Sequence[str],
+    stages: Sequence[str] | None,
+    options: TraceOptions,
     *,
     source: str,
     world_size: int | None = None,
-    align: str = "intersect",
-    missing_ranks: str = "error",
-    missing_stages: str = "error",
     meta: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
 ) -> ReducedTrace:
-    """Reduce every rank's ranges (one ``RankRanges`` per rank) to a ``ReducedTrace``.
+    """Reduce every rank's ranges (one ``RankRanges`` per rank) to a ``ReducedTrace``; with
+    ``stages`` None, the stages are inferred from the ranges (``infer_stages``).
 
     Raises:
         MisalignedStepsError, MissingRanksError, MissingStagesError: see the module docstring.
+        AmbiguousStageOrderError: inferring, the ranges run in different orders.
     """
-    _check_mode("align", align, ALIGN_MODES)
-    _check_mode("missing_ranks", missing_ranks, MISSING_RANK_MODES)
-    _check_mode("missing_stages", missing_stages, MISSING_STAGE_MODES)
-    timed = timed_stages(stages)
     if not parts:
         raise TraceFormatError("no trace files to reduce")
+    timed = timed_stages(infer_stages(parts) if stages is None else stages)
     by_rank = sorted(parts, key=lambda p: p.rank)
     ranks = [p.rank for p in by_rank]
     if len(set(ranks)) != len(ranks):
@@ -76,14 +73,22 @@ def build_matrix(
     all_notes = list(notes)
     for part in by_rank:
         all_notes.extend(part.notes)
-    missing = _missing_ranks(ranks, world_size, missing_ranks, by_rank)
+        elsewhere = sum(part.off_thread.get(name, 0) for name in timed)
+        if elsewhere:
+            all_notes.append(
+                f"{_files(part)}: {elsewhere} stage range(s) on threads other than the training "
+                "thread ignored"
+            )
+    missing = _missing_ranks(ranks, world_size, options.missing_ranks, by_rank)
     if missing:
         all_notes.append(
             f"rank(s) {id_text(missing)} of world size {world_size} have no trace; the frontier "
             "covers only the ranks present"
         )
-    common = _common_steps(by_rank, align, all_notes)
-    per_rank = [_rank_matrix(part, timed, common, missing_stages, all_notes) for part in by_rank]
+    common = _common_steps(by_rank, options.align, all_notes)
+    per_rank = [
+        _rank_matrix(part, timed, common, options.missing_stages, all_notes) for part in by_rank
+    ]
     d = np.stack([m[0] for m in per_rank], axis=1).astype(np.float64) * NS
     overlap = np.stack([m[1] for m in per_rank], axis=1).astype(np.float64) * NS
     info: dict[str, Any] = {
@@ -103,12 +108,8 @@ def build_matrix(
         missing_ranks=tuple(missing),
         notes=tuple(all_notes),
         meta=info,
+        stages_inferred=stages is None,
     )
-
-
-def _check_mode(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise TraceFormatError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
 def _files(part: RankRanges) -> str:
@@ -175,7 +176,7 @@ def _rank_matrix(
     counts = np.zeros((n_all, len(timed)), dtype=np.int64)
     outside = nested = crossing = 0
     for k, name in enumerate(timed):
-        kept = _outermost(part.stages.get(name, ()))
+        kept = outermost(part.stages.get(name, ()))
         nested += len(part.stages.get(name, ())) - len(kept)
         if not kept:
             continue
@@ -211,18 +212,6 @@ def _rank_matrix(
     out[:, :-1] = timed_ns
     out[:, -1] = np.maximum(closure, 0)
     return out, np.maximum(-closure, 0)
-
-
-def _outermost(spans: Sequence[Span]) -> list[Span]:
-    """Spans (sorted by start) without those starting inside an earlier kept span."""
-    kept: list[Span] = []
-    reach = None
-    for span in spans:
-        if reach is not None and span.start_ns < reach:
-            continue
-        kept.append(span)
-        reach = span.end_ns
-    return kept
 
 
 def _check_stages(

@@ -16,28 +16,29 @@ Schema used (the published export schema; tables are created lazily, so only the
 The rank of a file: an explicit ``ranks`` mapping, else a rank in the file name (``rank3`` or a
 trailing ``_3``), else 0 for a single file. A report holding several training processes (nsys
 wrapped around the launcher) needs ``process_ranks`` (pid -> rank). Steps and stages are found
-as in ``reduce_kineto``: ``ProfilerStep#N`` ranges if any, else the step annotation.
+as in ``reduce_kineto``: ``ProfilerStep#N`` ranges if any, else the step annotation; without a
+stage list, every NVTX range on the step thread is a candidate to infer the stages from.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
-from ..analysis.schema import DEFAULT_STAGES, STEP_ANNOTATION
 from .errors import TraceFormatError
 from .files import (
     NSYS_SUFFIXES,
     Paths,
-    RankMap,
     check_unmapped,
     mapped_rank,
     rank_from_name,
     trace_files,
 )
 from .matrix import build_matrix, timed_stages
+from .options import TraceOptions, trace_options
 from .ranges import (
     RankRanges,
     Span,
@@ -57,60 +58,32 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 def reduce_nsys(
     paths: Paths,
     stages: Sequence[str] | None = None,
-    *,
-    ranks: RankMap | None = None,
-    process_ranks: Mapping[int, int] | None = None,
-    world_size: int | None = None,
-    step_name: str = STEP_ANNOTATION,
-    step_source: str = "auto",
-    align: str = "intersect",
-    missing_ranks: str = "error",
-    missing_stages: str = "error",
+    options: TraceOptions | None = None,
+    **keywords: Any,
 ) -> ReducedTrace:
     """Reduce Nsight Systems SQLite exports to ``d [N, R, S]`` seconds from NVTX ranges.
 
-    Arguments as for ``reduce_kineto``, plus ``process_ranks`` (pid -> rank) for a report that
-    holds several training processes. The exports carry no world size: pass ``world_size`` to
-    have missing ranks detected.
+    Arguments as for ``reduce_kineto``; ``process_ranks`` (pid -> rank) maps a report that holds
+    several training processes. The exports carry no world size: pass ``world_size`` to have
+    missing ranks detected.
 
     Raises:
         TraceFormatError and its subclasses, naming the file.
     """
-    timed = timed_stages(DEFAULT_STAGES if stages is None else stages)
+    opts = trace_options("reduce_nsys", options, keywords)
+    timed = None if stages is None else timed_stages(stages)
     files = trace_files(paths, NSYS_SUFFIXES, "Nsight Systems SQLite")
-    check_unmapped(ranks, files)
+    check_unmapped(opts.ranks, files)
     notes: list[str] = []
     parts: list[RankRanges] = []
     for path in files:
-        spans, seen, unfinished = read_nvtx_ranges(path, timed, step_name)
+        spans, seen, unfinished = read_nvtx_ranges(path, timed, opts.step_name)
         if unfinished:
             notes.append(f"{path}: {unfinished} NVTX range(s) without an end skipped")
-        parts.extend(
-            _file_ranks(
-                path,
-                spans,
-                seen,
-                timed,
-                ranks,
-                process_ranks,
-                len(files),
-                step_name,
-                step_source,
-                notes,
-            )
-        )
-    if world_size is None:
+        parts.extend(_file_ranks(path, spans, seen, timed, opts, len(files), notes))
+    if opts.world_size is None:
         notes.append("Nsight exports carry no world size: missing ranks cannot be detected")
-    return build_matrix(
-        parts,
-        timed,
-        source="nsys",
-        world_size=world_size,
-        align=align,
-        missing_ranks=missing_ranks,
-        missing_stages=missing_stages,
-        notes=notes,
-    )
+    return build_matrix(parts, timed, opts, source="nsys", world_size=opts.world_size, notes=notes)
 
 
 def split_global_tid(global_tid: int) -> Thread:
@@ -119,10 +92,10 @@ def split_global_tid(global_tid: int) -> Thread:
 
 
 def read_nvtx_ranges(
-    path: Path, stages: Sequence[str], step_name: str
+    path: Path, stages: Sequence[str] | None, step_name: str
 ) -> tuple[list[Span], set[tuple[str, Thread]], int]:
-    """The NVTX ranges named like a stage or a step, the (name, thread) of the other ranges, and
-    how many wanted ranges had no end.
+    """The NVTX ranges named like a stage or a step (every range with no stage list), the
+    (name, thread) of the other ranges, and how many wanted ranges had no end.
 
     Raises:
         TraceFormatError: not an SQLite file, or no NVTX_EVENTS table.
@@ -138,7 +111,7 @@ def read_nvtx_ranges(
             rows = _query(db, path)
     except sqlite3.Error as exc:
         raise TraceFormatError(f"{path}: unreadable Nsight export: {exc}") from None
-    wanted = frozenset(stages)
+    wanted = None if stages is None else frozenset(stages)
     spans: list[Span] = []
     seen: set[tuple[str, Thread]] = set()
     unfinished = 0
@@ -198,18 +171,16 @@ def _file_ranks(
     path: Path,
     spans: list[Span],
     seen: set[tuple[str, Thread]],
-    stages: Sequence[str],
-    ranks: RankMap | None,
-    process_ranks: Mapping[int, int] | None,
+    stages: Sequence[str] | None,
+    options: TraceOptions,
     n_files: int,
-    step_name: str,
-    step_source: str,
     notes: list[str],
 ) -> list[RankRanges]:
     """One ``RankRanges`` per training process in the file (normally exactly one)."""
     step_pids = sorted(
-        {int(s.thread[0]) for s in spans if step_kind_of(s.name, step_name) is not None}
+        {int(s.thread[0]) for s in spans if step_kind_of(s.name, options.step_name) is not None}
     )
+    process_ranks = options.process_ranks
     if len(step_pids) > 1:
         if not process_ranks:
             raise TraceFormatError(
@@ -223,15 +194,14 @@ def _file_ranks(
             rank_ranges(
                 [s for s in spans if s.thread[0] == str(pid)],
                 stages,
+                options,
                 rank=process_ranks[pid],
                 label=f"{path} (process {pid})",
-                step_name=step_name,
-                step_source=step_source,
                 seen=seen,
             )
             for pid in step_pids
         ]
-    rank = mapped_rank(path, ranks)
+    rank = mapped_rank(path, options.ranks)
     if rank is None:
         rank = rank_from_name(path)
     if rank is None:
@@ -242,14 +212,4 @@ def _file_ranks(
             )
         rank = 0
         notes.append(f"{path}: no rank in the file name; taken as rank 0 (the only file)")
-    return [
-        rank_ranges(
-            spans,
-            stages,
-            rank=rank,
-            label=str(path),
-            step_name=step_name,
-            step_source=step_source,
-            seen=seen,
-        )
-    ]
+    return [rank_ranges(spans, stages, options, rank=rank, label=str(path), seen=seen)]

@@ -19,12 +19,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..analysis.schema import STEP_ANNOTATION
 from .errors import TraceFormatError
+from .options import TraceOptions
 
 PROFILER_STEP = "ProfilerStep"
-STEP_SOURCES = ("auto", "profiler", "annotation")
-"""``auto``: ``ProfilerStep#N`` ranges when the trace has any, else the step annotation."""
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 MAX_SEEN_NAMES = 20
@@ -66,6 +64,8 @@ class RankRanges:
     seen_names: tuple[str, ...] = ()
     """Some other range names on the training thread (to explain a missing stage)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    off_thread: dict[str, int] = field(default_factory=dict)
+    """How many ranges of each stage (or candidate) name lie on other threads (ignored)."""
 
 
 def step_kind_of(name: str, step_name: str) -> tuple[str, int | None] | None:
@@ -82,10 +82,12 @@ def step_kind_of(name: str, step_name: str) -> tuple[str, int | None] | None:
     return None
 
 
-def wanted_name(name: str, stages: frozenset[str], step_name: str) -> bool:
-    """Whether a reader must keep a range of this name (a stage or a step range)."""
+def wanted_name(name: str, stages: frozenset[str] | None, step_name: str) -> bool:
+    """Whether a reader must keep a range of this name: a stage or a step range; with no stage
+    list (``None``: the stages are inferred) every range is a candidate."""
     return (
-        name in stages
+        stages is None
+        or name in stages
         or name.startswith(PROFILER_STEP)
         or name == step_name
         or name.startswith(step_name + "#")
@@ -94,40 +96,38 @@ def wanted_name(name: str, stages: frozenset[str], step_name: str) -> bool:
 
 def rank_ranges(
     spans: Iterable[Span],
-    stages: Sequence[str],
+    stages: Sequence[str] | None,
+    options: TraceOptions,
     *,
     rank: int,
     label: str,
-    step_name: str = STEP_ANNOTATION,
-    step_source: str = "auto",
     seen: Iterable[tuple[str, Thread]] = (),
 ) -> RankRanges:
     """Select one rank's step ranges and the stage ranges on their thread.
 
     Args:
         spans: every stage and step range of one process (other names are ignored).
-        stages: the timed stage names (without the computed residual).
+        stages: the timed stage names (without the computed residual); None keeps every range
+            on the step thread as a candidate stage (to infer the stages from).
+        options: the step annotation's name and where step ranges come from are read here.
         rank: the rank these ranges belong to.
         label: the file (and process) they came from, for messages.
-        step_name: the step annotation's name.
-        step_source: ``auto``, ``profiler`` (only ``ProfilerStep#N``) or ``annotation``.
         seen: (name, thread) of other named ranges, to list in a missing-stage message.
 
     Raises:
         TraceFormatError: no step range of the requested kind, or a step id that repeats.
     """
-    if step_source not in STEP_SOURCES:
-        raise TraceFormatError(f"step_source must be one of {', '.join(STEP_SOURCES)}")
-    stage_set = frozenset(stages)
+    step_name = options.step_name
+    stage_set = None if stages is None else frozenset(stages)
     by_kind: dict[str, list[tuple[Span, int | None]]] = {"profiler": [], "annotation": []}
     stage_spans: list[Span] = []
     for span in spans:
         kind = step_kind_of(span.name, step_name)
         if kind is not None:
             by_kind[kind[0]].append((span, kind[1]))
-        elif span.name in stage_set:
+        elif stage_set is None or span.name in stage_set:
             stage_spans.append(span)
-    kind_name = _choose_kind(by_kind, step_source, step_name, label)
+    kind_name = _choose_kind(by_kind, options.step_source, step_name, label)
     candidates = by_kind[kind_name]
     notes: list[str] = []
     threads = Counter(span.thread for span, _ in candidates)
@@ -154,18 +154,16 @@ def rank_ranges(
                 f"{label}: step id(s) {id_text(repeated)} appear more than once on the "
                 "training thread"
             )
-    on_thread: dict[str, list[Span]] = {name: [] for name in stages}
-    elsewhere = 0
+    on_thread: dict[str, list[Span]] = {name: [] for name in stages or ()}
+    off_thread: Counter[str] = Counter()
     for span in stage_spans:
         if span.thread == thread:
-            on_thread[span.name].append(span)
+            on_thread.setdefault(span.name, []).append(span)
         else:
-            elsewhere += 1
-    if elsewhere:
-        notes.append(
-            f"{label}: {elsewhere} stage range(s) on threads other than the training thread ignored"
-        )
-    seen_names = sorted({name for name, t in seen if t == thread and name not in stage_set})
+            off_thread[span.name] += 1
+    seen_names = sorted(
+        {name for name, t in seen if t == thread and (stage_set is None or name not in stage_set)}
+    )
     return RankRanges(
         rank=rank,
         files=(label,),
@@ -177,6 +175,7 @@ def rank_ranges(
         thread=thread,
         seen_names=tuple(seen_names[:MAX_SEEN_NAMES]),
         notes=tuple(notes),
+        off_thread=dict(off_thread),
     )
 
 
@@ -229,7 +228,8 @@ def merge_rank_ranges(parts: Sequence[RankRanges]) -> RankRanges:
             f"rank {rank}: step id(s) {id_text(repeated)} appear in more than one of "
             f"{', '.join(files)}"
         )
-    stages = {name: tuple(s for p in ordered for s in p.stages[name]) for name in ordered[0].stages}
+    names = dict.fromkeys(name for p in ordered for name in p.stages)
+    stages = {name: tuple(s for p in ordered for s in p.stages.get(name, ())) for name in names}
     seen = sorted({n for p in ordered for n in p.seen_names})
     return RankRanges(
         rank=rank,
@@ -242,7 +242,20 @@ def merge_rank_ranges(parts: Sequence[RankRanges]) -> RankRanges:
         thread=ordered[0].thread,
         seen_names=tuple(seen[:MAX_SEEN_NAMES]),
         notes=tuple(n for p in ordered for n in p.notes),
+        off_thread=dict(sum((Counter(p.off_thread) for p in ordered), Counter())),
     )
+
+
+def outermost(spans: Sequence[Span]) -> list[Span]:
+    """Spans (sorted by start) without those starting inside an earlier kept span."""
+    kept: list[Span] = []
+    reach = None
+    for span in spans:
+        if reach is not None and span.start_ns < reach:
+            continue
+        kept.append(span)
+        reach = span.end_ns
+    return kept
 
 
 def id_text(ids: Sequence[int], limit: int = 8) -> str:

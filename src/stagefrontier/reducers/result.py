@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
+from ..analysis.schema import RESIDUAL_STAGE
 from ..analysis.side import SideEvidence
 from ..analysis.window_report import WindowReport
 from .errors import MisalignedStepsError
@@ -37,6 +38,8 @@ class ReducedTrace:
         missing_ranks: ranks of the world size that no file covers (when allowed).
         notes: every downgrade or oddity met while reducing, one sentence each.
         meta: further facts (step kind, time base, training threads, dropped steps).
+        stages_inferred: True when no stage list was given and ``stages`` were taken from the
+            ranges found on the step thread.
     """
 
     d: FloatArray
@@ -50,6 +53,7 @@ class ReducedTrace:
     missing_ranks: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    stages_inferred: bool = False
 
     @property
     def overlap_error_s(self) -> float:
@@ -104,6 +108,8 @@ class ReducedTrace:
             out["world_size"] = self.world_size
         if self.missing_ranks:
             out["missing_ranks"] = list(self.missing_ranks)
+        if self.stages_inferred:
+            out["stages_inferred"] = ", ".join(s for s in self.stages if s != RESIDUAL_STAGE)
         out.update(self.meta)
         if self.notes:
             out["notes"] = len(self.notes)

@@ -4,7 +4,6 @@ them as the run report)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,9 @@ import numpy as np
 
 from ..analysis import baselines
 from ..analysis.accounting import FloatArray
-from ..errors import ReportFormatError, StageFrontierError
+from ..errors import StageFrontierError
 from ..formats.packet import Packet, read_packet
+from ..formats.records import WINDOWS_FILE, read_records
 
 
 @dataclass(frozen=True)
@@ -32,23 +32,18 @@ class RunWindows:
 
 def load_run(folder: str | Path) -> RunWindows:
     """Read ``windows.jsonl`` and ``packets/`` from a folder; raises StageFrontierError if the
-    folder holds neither."""
+    folder does not exist or holds neither."""
     path = Path(folder)
+    if not path.exists():
+        raise StageFrontierError(f"{path} does not exist")
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
     packets = sorted(
         (read_packet(p) for p in (path / "packets").glob("window-*.json")),
         key=lambda packet: (packet.meta.get("attempt", 0), packet.meta.get("window", 0)),
     )
-    records = []
-    jsonl = path / "windows.jsonl"
-    if jsonl.exists():
-        for number, line in enumerate(jsonl.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ReportFormatError(f"{jsonl}:{number}: not JSON: {exc}") from None
+    jsonl = path / WINDOWS_FILE
+    records = read_records(jsonl) if jsonl.exists() else []
     if not packets and not records:
         raise StageFrontierError(f"{path} holds no windows.jsonl and no packets/")
     return RunWindows(path, packets, records)

@@ -72,18 +72,17 @@ class PacketSink:
         self.folder = Path(out_dir) / "packets"
 
     def write(self, window: AnalyzedWindow) -> None:
-        from ..formats.packet import write_packet
+        from ..formats.packet import Packet, write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        write_packet(
-            self.folder / packet_name(window.record),
+        packet = Packet.of_window(
             window.d,
-            window.report.stages,
-            report=window.report,
+            window.report,
             roles=window.roles,
             side=window.side,
             meta={k: v for k, v in window.record.items() if k in PACKET_META},
         )
+        write_packet(self.folder / packet_name(window.record), packet)
 
     def close(self) -> None:
         return None
