@@ -174,3 +174,10 @@ def test_a_window_repeated_by_a_restart_is_named_with_its_attempt(
     assert main(["analyze", str(restarted), "--window", "1/1", "--json"]) == 0
     moved = read_packet(demo.out / "packets" / "window-000002.json").report
     assert sf.WindowReport.from_json(capsys.readouterr().out) == moved
+
+
+def test_a_fault_on_every_rank() -> None:
+    fault = parse_fault("data@all:30ms,from=60")
+    assert fault.rank is None and str(fault) == "data@all:30ms,from=60"
+    assert all(fault.active(r, 60) for r in range(8)) and not fault.active(3, 59)
+    check_faults((fault,), ranks=2, cuda=False)  # no rank to be out of range

@@ -315,7 +315,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with KIND one of "
+        help="KIND@RANK:DELAYms[,every=K][,from=S,to=E] with RANK a number or all and KIND one of "
         f"{', '.join(HOST_KINDS)}; repeatable (default: no fault)",
     )
     parser.add_argument("--seed", type=int, default=0, help="model, data and fault seed")

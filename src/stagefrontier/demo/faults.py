@@ -1,7 +1,8 @@
 """Host-side fault injection for the demo and the evaluation harness.
 
 Spec grammar: ``KIND@RANK:DELAYms[,every=K][,from=S,to=E]``, e.g. ``data@2:120ms``,
-``callback_sync@0:120ms,every=10``, ``comm@1:180ms,from=40,to=80``.
+``callback_sync@0:120ms,every=10``, ``comm@1:180ms,from=40,to=80``. RANK may be ``all``: the
+delay then hits every rank, e.g. ``data@all:30ms,from=60`` (a slower mount from step 60 on).
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ forward delay (parsed, but refused by the CPU demo, whose forward has no device 
 HOST_KINDS = tuple(k for k in FAULT_KINDS if k != "forward_device")
 """The kinds the CPU demo runs (the ones a user is offered)."""
 
-_SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<rank>\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$")
+_SPEC = re.compile(
+    r"^(?P<kind>[a-z_]+)@(?P<rank>\d+|all):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$"
+)
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    rank: int
+    rank: int | None
+    """The rank it hits; None for every rank."""
     delay_s: float
     every: int = 1
     start: int = 0
@@ -44,14 +48,15 @@ class Fault:
     def active(self, rank: int, step: int) -> bool:
         """Whether this fault fires on ``rank`` at ``step``."""
         return (
-            rank == self.rank
+            (self.rank is None or rank == self.rank)
             and step >= self.start
             and (self.stop is None or step < self.stop)
             and (step - self.start) % self.every == 0
         )
 
     def __str__(self) -> str:
-        text = f"{self.kind}@{self.rank}:{self.delay_s * 1e3:g}ms"
+        where = "all" if self.rank is None else self.rank
+        text = f"{self.kind}@{where}:{self.delay_s * 1e3:g}ms"
         if self.every != 1:
             text += f",every={self.every}"
         if self.start or self.stop is not None:
@@ -64,8 +69,8 @@ def parse_fault(spec: str) -> Fault:
     match = _SPEC.match(spec.strip())
     if not match:
         raise FaultSpecError(
-            f"bad fault {spec!r}: expected KIND@RANK:DELAYms[,every=K][,from=S,to=E], "
-            "e.g. data@2:120ms"
+            f"bad fault {spec!r}: expected KIND@RANK:DELAYms[,every=K][,from=S,to=E] "
+            "(RANK a number or all), e.g. data@2:120ms"
         )
     kind = match["kind"]
     if kind not in FAULT_KINDS:
@@ -82,7 +87,7 @@ def parse_fault(spec: str) -> Fault:
         raise FaultSpecError(f"every must be >= 1 in {spec!r}")
     return Fault(
         kind=kind,
-        rank=int(match["rank"]),
+        rank=None if match["rank"] == "all" else int(match["rank"]),
         delay_s=float(match["ms"]) / 1e3,
         every=options.get("every", 1),
         start=options.get("from", 0),
@@ -93,7 +98,7 @@ def parse_fault(spec: str) -> Fault:
 def check_faults(faults: tuple[Fault, ...], ranks: int, cuda: bool) -> None:
     """Reject faults that cannot run in this configuration, with the reason."""
     for fault in faults:
-        if fault.rank >= ranks:
+        if fault.rank is not None and fault.rank >= ranks:
             raise FaultSpecError(f"fault {fault} targets rank {fault.rank} but --ranks is {ranks}")
         if fault.kind == "forward_device":
             # The demo model trains on the CPU: accepting it would inject nothing.
@@ -124,7 +129,11 @@ class FaultInjector:
 
     def barrier_now(self) -> bool:
         """callback_sync faults put a barrier on every rank at the faulty rank's steps."""
-        return any(f.kind == "callback_sync" and f.active(f.rank, self.step) for f in self.faults)
+        return any(
+            f.kind == "callback_sync"
+            and f.active(self.rank if f.rank is None else f.rank, self.step)
+            for f in self.faults
+        )
 
     def comm_hook(self, process_group: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
