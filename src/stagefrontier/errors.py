@@ -29,6 +29,10 @@ class SideEvidenceError(StageFrontierError, ValueError):
     """Side evidence (CUDA-event samples, accumulation info, telemetry errors) is malformed."""
 
 
+class GatesError(StageFrontierError, ValueError):
+    """A labeler gate of the wrong type or out of range, or an unknown gate name."""
+
+
 class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
 

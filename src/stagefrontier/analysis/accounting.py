@@ -7,7 +7,7 @@ rank ``r`` in step ``t`` (shape ``[N, R, S]``). Internally the prefixes are kept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,17 +19,16 @@ from .schema import check_stage_names
 FloatArray = npt.NDArray[np.float64]
 
 
-def as_window(d: Any, stages: Sequence[str] | None = None) -> FloatArray:
+def as_window(d: Any, stages: Iterable[str] | None = None) -> FloatArray:
     """Validate a duration window and return it as a float64 ``[N, R, S]`` array.
 
-    Raises a DurationsError subclass naming the problem: wrong number of axes, an empty axis,
-    NaN, infinite or negative values. With ``stages`` given, the names are checked against the
-    stage axis as well. Every analysis entry point (the analyzer, the baselines) goes through here.
+    Raises a DurationsError subclass naming the problem: a complex, text or other non-real
+    array, wrong number of axes, an empty axis, NaN, infinite or negative values, or values
+    whose sum overflows float64 (every prefix, frontier and share is a partial sum of them).
+    With ``stages`` given, the names are checked against the stage axis as well. Every
+    analysis entry point (the analyzer, the baselines) goes through here.
     """
-    try:
-        arr = np.asarray(d, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise DurationsError(f"durations are not a numeric array: {exc}") from None
+    arr = _real_array(d)
     if arr.ndim != 3:
         raise DurationsError(
             f"durations must have 3 axes [steps, ranks, stages], got shape {arr.shape}"
@@ -40,13 +39,35 @@ def as_window(d: Any, stages: Sequence[str] | None = None) -> FloatArray:
             f"empty window: shape {arr.shape} (steps={n}, ranks={r}, stages={s}); "
             "a window needs at least one step, one rank and one stage"
         )
-    if stages is not None:
-        check_stage_names(stages, expected=s)
+    names = None if stages is None else check_stage_names(stages, expected=s)
     # Two reductions detect every bad value: NaN and -inf make the minimum NaN or negative, and
-    # +inf makes the maximum infinite.
-    if not arr.min() >= 0.0 or not np.isfinite(arr.max()):
-        _raise_bad_value(arr, stages)
+    # +inf, or finite values too large to add up, make the total infinite. Every sum the
+    # analysis takes is bounded by that total, so none of them can overflow afterwards.
+    with np.errstate(over="ignore"):
+        total = arr.sum()
+    if not arr.min() >= 0.0 or not np.isfinite(total):
+        _raise_bad_value(arr, names)
     return np.ascontiguousarray(arr)
+
+
+_REAL_KINDS = frozenset("biufO")
+"""numpy dtype kinds read as durations: bool, integers, floats, and objects (Python numbers)."""
+
+
+def _real_array(d: Any) -> FloatArray:
+    """``d`` as float64; a complex or text array is refused rather than cast (numpy would drop
+    the imaginary part with only a warning, or parse the text)."""
+    try:
+        raw = np.asarray(d)
+        arr = raw.astype(np.float64, copy=False) if raw.dtype.kind in _REAL_KINDS else None
+    except (TypeError, ValueError) as exc:
+        raise DurationsError(f"durations are not a numeric array: {exc}") from None
+    if arr is None:
+        lost = " (casting would drop the imaginary part)" if raw.dtype.kind == "c" else ""
+        raise DurationsError(
+            f"durations must be a numeric array of real numbers, got dtype {raw.dtype}{lost}"
+        )
+    return arr
 
 
 def _raise_bad_value(arr: FloatArray, stages: Sequence[str] | None) -> None:
@@ -59,7 +80,10 @@ def _raise_bad_value(arr: FloatArray, stages: Sequence[str] | None) -> None:
                 f"{len(bad)} {what} duration(s); first at step {t}, rank {r}, stage {s}{name}: "
                 f"{arr[t, r, s]!r}. Durations must be finite and >= 0 seconds"
             )
-    raise DurationsError("durations hold values that are not finite and >= 0")  # pragma: no cover
+    raise DurationsError(
+        f"durations are finite but their sum overflows float64 (largest {float(arr.max())!r} s): "
+        "step times cannot be added up, so no frontier can be computed"
+    )
 
 
 def rank_last_prefixes(d: FloatArray) -> FloatArray:

@@ -6,7 +6,7 @@ end here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ NO_SIDE_EVIDENCE = SideEvidence()
 
 def analyze(
     d: Any,
-    stages: Sequence[str],
+    stages: Iterable[str],
     *,
     gates: Gates | None = None,
     roles: Sequence[str] | None = None,
@@ -44,7 +44,8 @@ def analyze(
 
     Args:
         d: durations in seconds, array-like ``[N steps, R ranks, S stages]``.
-        stages: the ``S`` ordered stage names.
+        stages: the ``S`` ordered stage names (a list, tuple or other ordered iterable;
+            a set is refused).
         gates: labeler thresholds; ``Gates()`` by default.
         roles: optional role per rank (e.g. pipeline stage). Mixed roles give
             ``role_aware_needed`` and per-role shares instead of a global attribution:
@@ -54,8 +55,8 @@ def analyze(
     Raises:
         StageFrontierError subclasses for malformed input, each naming the problem.
     """
-    arr = as_window(d, stages)
-    names = check_stage_names(stages)
+    names = check_stage_names(stages)  # once: a generator is read a single time
+    arr = as_window(d, names)
     n, r, s = arr.shape
     gates = gates or DEFAULT_GATES
     role_list = _check_roles(roles, r)
@@ -82,10 +83,12 @@ def analyze(
         )
     )
     broad = view.evidence
-    order = rank_order(broad.shares if broad.shares_defined else broad.advance_totals)
     labels = labeling.ordered()
     # Ranks in different roles: a global ranking of stages is unsafe, only role_shares stand.
     ranked = "role_aware_needed" not in labels
+    scores = broad.shares if broad.shares_defined else broad.advance_totals
+    # Only a stage that advanced the frontier can be a top stage: none when nothing is exposed.
+    order = [i for i in rank_order(scores) if scores[i] > 0] if ranked else []
     stage_dict, broad_dict = _per_stage(names), _per_stage(view.stages)
     return WindowReport(
         stages=list(names),
@@ -98,8 +101,8 @@ def analyze(
         shares=stage_dict(ev.shares),
         advances=stage_dict(ev.advance_totals),
         direct_gain=stage_dict(ev.gain),
-        top1=view.stages[order[0]] if ranked else None,
-        top2=view.stages[order[1]] if len(order) > 1 and ranked else None,
+        top1=view.stages[order[0]] if order else None,
+        top2=view.stages[order[1]] if len(order) > 1 else None,
         routing_set=routing_set(broad.shares, view.stages, gates.candidate_threshold)
         if broad.shares_defined and ranked
         else [],

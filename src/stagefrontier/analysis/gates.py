@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from ..errors import StageFrontierError
+from ..errors import GatesError
+from .values import is_int, is_real
 
 GainBaseline = Literal["rank_median", "cohort_median", "reference"]
 
@@ -68,18 +70,30 @@ class Gates:
     """Below this many exposed seconds in a window, shares are undefined (raw advances only)."""
 
     def __post_init__(self) -> None:
+        """Type-check every field (a JSON ``true`` or a string is no threshold) and range-check
+        the numbers; raises GatesError naming the field."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
-                raise StageFrontierError(f"gate {f.name} must be >= 0, got {value!r}")
+            check = _NUMBER_CHECKS.get(str(f.type))
+            if check is None:
+                continue
+            is_kind, kind = check
+            if not is_kind(value):
+                raise GatesError(
+                    f"gate {f.name} must be {kind}, got {type(value).__name__} {value!r}"
+                )
+            if not value >= 0:
+                raise GatesError(f"gate {f.name} must be >= 0, got {value!r}")
         if not 0.0 < self.candidate_threshold <= 1.0:
-            raise StageFrontierError(
+            raise GatesError(
                 f"candidate_threshold must be in (0, 1], got {self.candidate_threshold}"
             )
-        if self.gain_baseline not in ("rank_median", "cohort_median", "reference"):
-            raise StageFrontierError(f"unknown gain_baseline {self.gain_baseline!r}")
-        if not isinstance(self.model_fit_stages, frozenset):
-            object.__setattr__(self, "model_fit_stages", frozenset(self.model_fit_stages))
+        if not isinstance(self.gain_baseline, str) or self.gain_baseline not in GAIN_BASELINES:
+            raise GatesError(
+                f"unknown gain_baseline {self.gain_baseline!r}; choose one of "
+                f"{', '.join(GAIN_BASELINES)}"
+            )
+        object.__setattr__(self, "model_fit_stages", _stage_set(self.model_fit_stages))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -88,11 +102,35 @@ class Gates:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Gates:
+        """Gates from ``to_dict()``'s form; raises GatesError for a non-object, an unknown gate
+        or a value of the wrong type."""
+        if not isinstance(data, dict):
+            raise GatesError(f"gates must be an object of gate values, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise StageFrontierError(f"unknown gate(s): {sorted(unknown)}")
-        values = dict(data)
-        if "model_fit_stages" in values:
-            values["model_fit_stages"] = frozenset(values["model_fit_stages"])
-        return cls(**values)
+            raise GatesError(f"unknown gate(s): {sorted(unknown)}")
+        return cls(**data)
+
+
+GAIN_BASELINES: tuple[GainBaseline, ...] = ("rank_median", "cohort_median", "reference")
+
+_NUMBER_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "float": (is_real, "a number"),
+    "int": (is_int, "an integer"),
+}
+"""The check and its wording for each numeric field type (annotations read as strings)."""
+
+
+def _stage_set(stages: Any) -> frozenset[str]:
+    """``model_fit_stages`` as a frozenset of names: any iterable of non-empty strings, but not
+    one string (it would become a set of its characters)."""
+    if isinstance(stages, str) or not isinstance(stages, Iterable):
+        raise GatesError(
+            f"gate model_fit_stages must be a collection of stage names, got {stages!r}"
+        )
+    names = list(stages)
+    bad = [name for name in names if not isinstance(name, str) or not name]
+    if bad:
+        raise GatesError(f"gate model_fit_stages holds non-names: {bad!r}")
+    return frozenset(names)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..errors import StageNamesError
 
@@ -61,14 +61,21 @@ def expand_microsteps(stages: Sequence[str], factor: int) -> tuple[str, ...]:
     return tuple(expanded)
 
 
-def check_stage_names(stages: Sequence[str], expected: int | None = None) -> tuple[str, ...]:
+def check_stage_names(stages: Iterable[str], expected: int | None = None) -> tuple[str, ...]:
     """Validate an ordered stage list and return it as a tuple of str.
 
-    Raises StageNamesError for a non-string name, an empty name, a duplicate, an empty list, or a
-    length that does not match ``expected`` (the stage axis of the matrix).
+    Raises StageNamesError for a non-string name, an empty name, a duplicate, an empty list, a
+    length that does not match ``expected`` (the stage axis of the matrix), a single string, or
+    a set (its iteration order is arbitrary, and the order is the schema). Any other iterable,
+    a generator included, is read once.
     """
     if isinstance(stages, str):
         raise StageNamesError("stages must be a sequence of names, not a single string")
+    if isinstance(stages, (set, frozenset)):
+        raise StageNamesError(
+            "stages must be an ordered sequence (list or tuple), not a set: the stage order is "
+            "the schema, and a set's order changes from run to run"
+        )
     names = tuple(stages)
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:

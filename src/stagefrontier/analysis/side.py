@@ -7,6 +7,7 @@ that did not arrive at the window boundary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from ..errors import SideEvidenceError
 from .schema import FORWARD_STAGE
+from .values import is_int, is_real
 
 EVENT_NOT_SAMPLED = 0
 EVENT_READY = 1
@@ -126,26 +128,60 @@ class SideEvidence:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SideEvidence:
+        """Side evidence from ``to_dict()``'s form (missing keys take their defaults); raises
+        SideEvidenceError for a non-object, an unknown key or a value of the wrong type."""
+        if not isinstance(data, dict):
+            raise SideEvidenceError(f"side evidence must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_KEY_KINDS))
+        if unknown:
+            raise SideEvidenceError(f"unknown side-evidence key(s): {unknown}")
+        for key, value in data.items():
+            is_kind, kind = _KEY_KINDS[key]
+            if not is_kind(value):
+                raise SideEvidenceError(f"side evidence {key} must be {kind}, got {value!r}")
+        values = dict(data)
         try:
-            ms, state, ref = (
-                data.get("event_ms"),
-                data.get("event_state"),
-                data.get("no_stall_reference_s"),
-            )
-            return cls(
-                event_ms=None if ms is None else np.array(ms, dtype=np.float64),
-                event_state=None if state is None else np.array(state, dtype=np.int8),
-                event_scope_limited=bool(data.get("event_scope_limited", False)),
-                forward_stage=str(data.get("forward_stage", FORWARD_STAGE)),
-                accumulation_factor=data.get("accumulation_factor"),
-                accumulation_collapsed=bool(data.get("accumulation_collapsed", False)),
-                overlap_error_s=float(data.get("overlap_error_s", 0.0)),
-                missing_ranks=tuple(int(r) for r in data.get("missing_ranks", ())),
-                mismatched_ranks=tuple(int(r) for r in data.get("mismatched_ranks", ())),
-                gather_ok=bool(data.get("gather_ok", True)),
-                contract_violations=int(data.get("contract_violations", 0)),
-                no_stall_reference_s=None if ref is None else np.array(ref, dtype=np.float64),
-                notes=tuple(str(n) for n in data.get("notes", ())),
-            )
-        except (TypeError, ValueError) as exc:
+            for key in ("event_ms", "event_state", "no_stall_reference_s"):
+                if values.get(key) is not None:
+                    dtype = np.int8 if key == "event_state" else np.float64
+                    values[key] = np.array(values[key], dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
             raise SideEvidenceError(f"malformed side evidence: {exc}") from None
+        for key in ("missing_ranks", "mismatched_ranks", "notes"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
+def _optional_array(value: Any) -> bool:
+    return value is None or isinstance(value, (list, np.ndarray))
+
+
+def _sequence_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, (list, tuple)) and all(test(x) for x in value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+_KEY_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "event_ms": (_optional_array, "null or an array"),
+    "event_state": (_optional_array, "null or an array"),
+    "event_scope_limited": (_is_bool, "true or false"),
+    "forward_stage": (_is_name, "a stage name"),
+    "accumulation_factor": (lambda v: v is None or is_int(v), "null or an integer"),
+    "accumulation_collapsed": (_is_bool, "true or false"),
+    "overlap_error_s": (is_real, "a number"),
+    "missing_ranks": (_sequence_of(is_int), "a list of ranks"),
+    "mismatched_ranks": (_sequence_of(is_int), "a list of ranks"),
+    "gather_ok": (_is_bool, "true or false"),
+    "contract_violations": (is_int, "an integer"),
+    "no_stall_reference_s": (_optional_array, "null or an array"),
+    "notes": (_sequence_of(lambda n: isinstance(n, str)), "a list of strings"),
+}
+"""Every side-evidence key ``to_dict`` writes, with the JSON type ``from_dict`` accepts."""

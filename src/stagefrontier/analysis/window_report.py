@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ReportFormatError, StageFrontierError
 from .evidence import StageLocalization
 from .gates import Gates
+from .values import is_version
 
 REPORT_FORMAT = "stagefrontier.window_report"
 REPORT_VERSION = 2
@@ -92,7 +93,7 @@ class WindowReport:
             raise ReportFormatError(f"a report must be a JSON object, got {type(data).__name__}")
         if data.get("format") != REPORT_FORMAT:
             raise ReportFormatError(f"not a window report (format={data.get('format')!r})")
-        if data.get("version") != REPORT_VERSION:
+        if not is_version(data.get("version"), REPORT_VERSION):
             raise ReportFormatError(
                 f"report version {data.get('version')!r} is not supported "
                 f"(this stagefrontier reads version {REPORT_VERSION})"
@@ -103,7 +104,7 @@ class WindowReport:
             raise ReportFormatError(f"report is missing field(s): {missing}")
         values = {n: data[n] for n in names}
         for name, kinds in _FIELD_KINDS.items():
-            if not isinstance(values[name], kinds):
+            if not _has_kind(values[name], kinds):
                 raise ReportFormatError(
                     f"malformed report: field {name!r} has type {type(values[name]).__name__}"
                 )
@@ -155,6 +156,13 @@ _FIELD_KINDS: dict[str, type | tuple[type, ...]] = {
     "gates": dict,
 }
 """The JSON type of every serialized field, checked before a report is rebuilt."""
+
+
+def _has_kind(value: Any, kinds: type | tuple[type, ...]) -> bool:
+    """``isinstance``, except that a JSON ``true`` is no number: only a bool field takes it."""
+    if isinstance(value, bool):
+        return kinds is bool
+    return isinstance(value, kinds)
 
 
 def _loc_to_dict(loc: StageLocalization) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
 from ..analysis.schema import check_stage_names
 from ..analysis.side import SideEvidence
+from ..analysis.values import is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
 
@@ -287,7 +288,7 @@ def packet_from_dict(obj: Any) -> Packet:
             f"not a stagefrontier packet: format is {obj.get('format')!r}, "
             f"expected {PACKET_FORMAT!r}"
         )
-    if obj.get("version") != PACKET_VERSION:
+    if not is_version(obj.get("version"), PACKET_VERSION):
         raise ReportFormatError(
             f"unknown packet version {obj.get('version')!r}: this stagefrontier reads "
             f"version {PACKET_VERSION}"
