@@ -41,6 +41,8 @@ def test_fault_specs_parse_with_their_options() -> None:
         ("data@x:10ms", "KIND@RANK:DELAYms"),
         ("data@1:10ms,every=0", "every"),
         ("data@1:10ms,sometimes=3", "sometimes"),
+        ("data@1:10ms,from=5,to=2", "never fires: to=2 must be after from=5"),
+        ("data@1:10ms,to=0", "never fires: to=0 must be after from=0"),
     ],
 )
 def test_bad_fault_specs_say_what_is_wrong(spec: str, match: str) -> None:
@@ -54,6 +56,34 @@ def test_faults_the_demo_cannot_run_are_refused_with_the_reason() -> None:
     for cuda in (False, True):
         with pytest.raises(FaultSpecError, match="forward@RANK:DELAYms"):
             check_faults((parse_fault("forward_device@1:10ms"),), ranks=4, cuda=cuda)
+
+
+def test_a_fault_that_starts_after_the_last_step_is_refused() -> None:
+    fault = parse_fault("data@1:10ms,from=120")
+    check_faults((fault,), ranks=2, cuda=False, steps=121)
+    with pytest.raises(FaultSpecError, match="never fires: it starts at step 120 but the run's"):
+        check_faults((fault,), ranks=2, cuda=False, steps=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ranks", "1000"], "--ranks 1000 is more than the demo runs (at most 32)"),
+        (["--ranks", "0"], "--ranks, --steps and --window must be >= 1"),
+        (["--window", "-3"], "--ranks, --steps and --window must be >= 1"),
+        (["--fault", "data@1:10ms,from=5,to=2"], "never fires"),
+        (["--steps", "50", "--fault", "comm@1:10ms,from=60"], "starts at step 60"),
+    ],
+)
+def test_demo_settings_it_cannot_run_are_one_line_before_any_rank_starts(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["demo", *args, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert message in captured.err
+    assert not out.exists()  # refused before the folder was made or a rank spawned
 
 
 def test_unknown_fault_kinds_are_answered_with_the_kinds_the_demo_runs() -> None:

@@ -330,8 +330,6 @@ def _run_demo(args: argparse.Namespace) -> int:
         raise StageFrontierError(
             f"the demo needs torch ({exc}); install it, e.g. pip install torch"
         ) from None
-    if args.ranks < 1 or args.steps < 1 or args.window < 1:
-        raise StageFrontierError("--ranks, --steps and --window must be >= 1")
     run_demo(
         ranks=args.ranks,
         steps=args.steps,

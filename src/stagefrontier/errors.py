@@ -84,6 +84,11 @@ class FaultSpecError(StageFrontierError, ValueError):
     """A --fault specification that does not parse."""
 
 
+class DemoSettingsError(StageFrontierError, ValueError):
+    """A demo setting out of range: ranks, steps or window below 1, or more ranks than the demo
+    spawns."""
+
+
 class DemoError(StageFrontierError, RuntimeError):
     """A demo rank failed or the run exceeded its deadline."""
 

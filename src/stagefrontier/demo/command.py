@@ -6,6 +6,7 @@ import re
 import time
 from pathlib import Path
 
+from ..errors import DemoSettingsError
 from ..render.plots import plot_shares_over_time, plot_worst_step
 from ..render.run_folder import load_run
 from ..render.text import run_report_text
@@ -29,9 +30,15 @@ def run_demo(
     seed: int,
     out: str,
 ) -> list[Path]:
-    """Train, print one line per window as it completes, then the report; returns the files."""
+    """Train, print one line per window as it completes, then the report; returns the files.
+
+    Raises:
+        DemoSettingsError: ``ranks``, ``steps`` or ``window`` out of range.
+        FaultSpecError: a fault that does not parse, or could not fire in this run.
+    """
+    check_settings(ranks=ranks, steps=steps, window=window)
     parsed = tuple(parse_fault(spec) for spec in faults)
-    check_faults(parsed, ranks, cuda=cuda_available())
+    check_faults(parsed, ranks, cuda=cuda_available(), steps=steps)
     config = DemoConfig(
         ranks=ranks, steps=steps, window=window, faults=parsed, seed=seed, out_dir=out
     )
@@ -46,6 +53,22 @@ def run_demo(
     launch(config)
     print(f"Training finished in {time.monotonic() - started:.1f} s.\n", flush=True)
     return write_report(out)
+
+
+MAX_RANKS = 32
+"""The most ranks the demo spawns: each is a whole training process (its own Python, torch and
+model copy) on this one machine, and Gloo connects every pair of them."""
+
+
+def check_settings(*, ranks: int, steps: int, window: int) -> None:
+    """Raise DemoSettingsError, in the command line's words, for a setting the demo cannot run."""
+    if ranks < 1 or steps < 1 or window < 1:
+        raise DemoSettingsError("--ranks, --steps and --window must be >= 1")
+    if ranks > MAX_RANKS:
+        raise DemoSettingsError(
+            f"--ranks {ranks} is more than the demo runs (at most {MAX_RANKS}): each rank is a "
+            "training process on this machine; profile a real job of that size instead"
+        )
 
 
 def write_report(out: str | Path) -> list[Path]:

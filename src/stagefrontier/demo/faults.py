@@ -85,6 +85,11 @@ def parse_fault(spec: str) -> Fault:
         options[key] = int(value)
     if options.get("every", 1) < 1:
         raise FaultSpecError(f"every must be >= 1 in {spec!r}")
+    if "to" in options and options["to"] <= options.get("from", 0):
+        raise FaultSpecError(
+            f"fault {spec!r} never fires: to={options['to']} must be after "
+            f"from={options.get('from', 0)} (the steps from S up to, not including, E)"
+        )
     return Fault(
         kind=kind,
         rank=None if match["rank"] == "all" else int(match["rank"]),
@@ -95,11 +100,19 @@ def parse_fault(spec: str) -> Fault:
     )
 
 
-def check_faults(faults: tuple[Fault, ...], ranks: int, cuda: bool) -> None:
-    """Reject faults that cannot run in this configuration, with the reason."""
+def check_faults(
+    faults: tuple[Fault, ...], ranks: int, cuda: bool, steps: int | None = None
+) -> None:
+    """Reject faults that cannot run in this configuration (a rank the job lacks, a start after
+    its last step, device work the demo has none of), with the reason."""
     for fault in faults:
         if fault.rank is not None and fault.rank >= ranks:
             raise FaultSpecError(f"fault {fault} targets rank {fault.rank} but --ranks is {ranks}")
+        if steps is not None and fault.start >= steps:
+            raise FaultSpecError(
+                f"fault {fault} never fires: it starts at step {fault.start} but the run's "
+                f"--steps {steps} are steps 0-{steps - 1}"
+            )
         if fault.kind == "forward_device":
             # The demo model trains on the CPU: accepting it would inject nothing.
             raise FaultSpecError(
