@@ -98,12 +98,11 @@ def test_custom_gates_change_the_live_labels(
 
 
 def test_collect_timeout_is_the_store_connections_timeout(tmp_path: Path) -> None:
-    dist = pytest.importorskip("torch.distributed")
+    pytest.importorskip("torch.distributed")
     from stagefrontier.collect import StoreCollector
+    from stagefrontier.demo.launch import loopback_store
 
-    server = dist.TCPStore(
-        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
-    )
+    server = loopback_store(1)
     collector = StoreCollector(rank=1, world_size=2, out_dir=tmp_path, timeout_s=1.5, store=server)
     try:
         connection = collector._connection()

@@ -107,13 +107,12 @@ def gloo_traces(tmp_path_factory: Any) -> Path:
     """A folder with one trace per rank of a real 2-rank Gloo job (made once per session)."""
     if "gloo" in _CACHE:
         return _CACHE["gloo"]
-    import torch.distributed as dist
     import torch.multiprocessing as mp
 
+    from stagefrontier.demo.launch import loopback_store
+
     out = tmp_path_factory.mktemp("gloo_traces")
-    store = dist.TCPStore(
-        "127.0.0.1", 0, WORLD, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
-    )
+    store = loopback_store(WORLD)
     context = mp.get_context("spawn")
     procs = [
         context.Process(target=profile_rank, args=(rank, store.port, str(out)), daemon=True)

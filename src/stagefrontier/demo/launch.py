@@ -1,4 +1,5 @@
-"""Spawn the demo's ranks around an ephemeral-port TCPStore and wait for them with a deadline."""
+"""Spawn the demo's ranks around an ephemeral-port TCPStore that listens on loopback only, and
+wait for them with a deadline."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,20 +125,17 @@ def run_ranks(
     kill_store: Callable[[], bool] | None = None,
 ) -> dict[int, int | None]:
     """Start ``target(rank, payload, store_port)`` in ``ranks`` processes around a fresh
-    ephemeral-port TCPStore and wait for them; returns each rank's exit code.
+    ephemeral-port TCPStore (on loopback only, see ``loopback_store``) and wait for them; returns
+    each rank's exit code.
 
     A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
     live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
     stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
     run: when it returns True the store server is shut down (a store that dies mid-run).
     """
-    import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    store: Any = dist.TCPStore(
-        "127.0.0.1", 0, ranks, is_master=True, timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )  # fmt: skip
+    store: Any = loopback_store(ranks)
     if store_setup is not None:
         store_setup(store)
     context = mp.get_context(start_method)
@@ -167,6 +166,35 @@ def run_ranks(
     if store_teardown is not None and store is not None:
         store_teardown(store)
     return {rank: p.exitcode for rank, p in enumerate(procs)}
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_store(world_size: int, timeout_s: float = 60.0) -> Any:
+    """A TCPStore server on an ephemeral port that only this machine can reach.
+
+    Whatever host it is given, torch's store server (libuv or the older backend) binds the
+    wildcard address, every interface of the machine: the host only tells clients where to
+    connect. So the listening socket is made here, bound to loopback, and handed to the store
+    with ``master_listen_fd``; the store owns it from then on and closes it when it shuts down.
+    """
+    import torch.distributed as dist
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(
+            LOOPBACK,
+            sock.getsockname()[1],
+            world_size,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+        sock.detach()  # the store closes it; the ``with`` must not
+    return store
 
 
 def _request_stacks(procs: list[Any]) -> None:
