@@ -25,6 +25,7 @@ from .formats.load import load_window
 from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
+from .render.escape import printable
 from .render.text import window_report_text
 
 Handler = Callable[[argparse.Namespace], int]
@@ -367,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _warn(message: str) -> None:
-    print(f"stagefrontier: warning: {message}", file=sys.stderr)
+    print(f"stagefrontier: warning: {printable(message)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except (StageFrontierError, OSError) as exc:
-        print(f"stagefrontier: error: {_describe(exc)}", file=sys.stderr)
+        print(f"stagefrontier: error: {printable(_describe(exc))}", file=sys.stderr)
         return EXIT_ERROR
 
 

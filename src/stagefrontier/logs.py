@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from .render.escape import printable
+
 logger = logging.getLogger("stagefrontier")
 
 _lock = threading.Lock()
@@ -25,6 +27,11 @@ class _Prefixed(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         return text if text.startswith("stagefrontier") else f"stagefrontier: {text}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # The message may quote names another rank sent: keep it on its line (a traceback,
+        # added after this, keeps its own lines).
+        return printable(super().formatMessage(record))
 
 
 class _FallbackHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..analysis.compare import Comparison, label_counts
+from .escape import printable_lines
 
 RANKS_SHOWN = 4
 MAX_LEADERS = 3
@@ -46,7 +47,7 @@ def render_comparison(c: Comparison) -> str:
         )
     lines.append(f"labels: base {_labels(c, 'base')}; new {_labels(c, 'new')}")
     lines += [f"note: {note}" for note in c.notes]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _percent(delta: float, base: float) -> str:

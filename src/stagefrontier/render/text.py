@@ -11,6 +11,7 @@ import numpy as np
 
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from .escape import printable, printable_lines
 from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
@@ -54,7 +55,7 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
     if not record.get("gather_ok", True):
         parts.append(f"missing ranks {record.get('missing_ranks')}")
     parts.append(verdict(report, record))
-    return " | ".join(parts)
+    return printable(" | ".join(parts))
 
 
 def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
@@ -108,7 +109,7 @@ def window_report_text(
     if notes:
         lines += ["", "trace notes:", *(f"  - {note}" for note in notes)]
     lines += ["", "verdict: " + verdict(report, meta)]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _label_block(title: str, labels: list[str], reasons: dict[str, list[str]]) -> list[str]:
@@ -165,7 +166,7 @@ def run_report_text(run: RunWindows) -> str:
     lines += ["", *window_table(windows), "", *_labels(windows)]
     report, meta = windows[-1]
     lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:

@@ -31,6 +31,7 @@ from ..analysis.schema import (
     semantic_stage,
 )
 from ..analysis.window_report import WindowReport
+from .escape import printable
 
 PLAIN_NAMES = {
     DATA_STAGE: "data loading",
@@ -107,7 +108,7 @@ def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> st
         text = _roles_verdict(report)
     else:
         text = _caveats(report) + _main_verdict(report, record or {})
-    return text[0].upper() + text[1:]
+    return printable(text[0].upper() + text[1:])
 
 
 def _roles_verdict(report: WindowReport) -> str:
