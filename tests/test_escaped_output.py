@@ -4,6 +4,7 @@ any text output (window line, analyze and run reports, compare, verdict, CLI err
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -55,13 +56,18 @@ def test_window_line_and_verdict_cannot_be_forged() -> None:
     assert "\n" not in verdict(packet.report, meta) and not RAW.search(verdict(packet.report, meta))
 
 
-def test_cli_reports_of_a_packet_cannot_be_forged(tmp_path: Path) -> None:
-    packet, _ = evil_packet()
+def test_cli_reports_of_a_packet_or_a_record_cannot_be_forged(tmp_path: Path) -> None:
+    packet, meta = evil_packet()
     (tmp_path / "run" / "packets").mkdir(parents=True)
     path = write_packet(tmp_path / "run" / "packets" / "window-000000.json", packet)
+    records = tmp_path / "records" / "windows.jsonl"  # a folder without packets
+    records.parent.mkdir()
+    records.write_text(json.dumps({**meta, **packet.report.to_dict()}) + "\n")
     for args in (
         ["analyze", str(path)],
         ["report", str(tmp_path / "run")],
+        ["report", str(records.parent)],
+        ["analyze", str(records), "--window", "0"],
         ["compare", str(path), str(path)],
     ):
         proc = subprocess.run(

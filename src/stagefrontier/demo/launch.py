@@ -176,8 +176,9 @@ def loopback_store(world_size: int, timeout_s: float = 60.0) -> Any:
 
     Whatever host it is given, torch's store server binds the wildcard address, every interface
     of the machine (both the libuv and the older backend, in torch 2.13): the host only tells
-    clients where to connect. So the listening socket is made here, bound to loopback, and handed to the store
-    with ``master_listen_fd``; the store owns it from then on and closes it when it shuts down.
+    clients where to connect. So the listening socket is made here, bound to loopback, and
+    handed to the store with ``master_listen_fd``; the store owns it from then on and closes it
+    when it shuts down.
     """
     import torch.distributed as dist
 
