@@ -13,6 +13,7 @@ import pytest
 import stagefrontier as sf
 from stagefrontier.analysis.side import _KEY_KINDS
 from stagefrontier.formats.packet import Packet, packet_dict, packet_from_bytes, packet_from_dict
+from stagefrontier.render.text import window_report_text
 
 ST3 = ["data", "fwd", "bwd"]
 
@@ -61,6 +62,7 @@ def test_a_window_with_nothing_exposed_names_no_top_stage() -> None:
     report = sf.analyze(np.zeros((4, 2, 3)), ST3)
     assert (report.top1, report.top2, report.routing_set) == (None, None, [])
     assert "no exposed time" in report.summary()
+    assert "top-1: -    top-2 (second stage): -" in window_report_text(report)
     assert sf.WindowReport.from_json(report.to_json()) == report
 
 

@@ -85,8 +85,8 @@ class FaultSpecError(StageFrontierError, ValueError):
 
 
 class DemoSettingsError(StageFrontierError, ValueError):
-    """A demo setting out of range: ranks, steps or window below 1, or more ranks than the demo
-    spawns."""
+    """A demo setting it cannot run: ranks, steps or window below 1, more ranks than the demo
+    spawns, an unknown sharding or an accumulation factor below 1."""
 
 
 class DemoError(StageFrontierError, RuntimeError):

@@ -29,6 +29,7 @@ from ..analysis.schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
+from ..errors import DemoSettingsError
 from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 
@@ -74,11 +75,11 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.accumulation < 1:
-            raise ValueError(f"accumulation must be >= 1, got {self.accumulation}")
+            raise DemoSettingsError(f"accumulation must be >= 1, got {self.accumulation}")
         if self.sharding not in SHARDINGS:
-            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+            raise DemoSettingsError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
         if self.sharding == "fsdp2" and any(f.kind == "comm" for f in self.faults):
-            raise ValueError("comm faults use a DDP communication hook; fsdp2 has none")
+            raise DemoSettingsError("comm faults use a DDP communication hook; fsdp2 has none")
 
 
 SHARDINGS = ("ddp", "zero1", "fsdp2")

@@ -92,7 +92,7 @@ def window_report_text(
     lines.append("")
     if not report.shares_defined:
         lines.append("shares undefined (exposed time below the floor): raw advances shown")
-    lines.append(f"top-1: {report.top1}    top-2 (second stage): {report.top2 or '-'}")
+    lines.append(f"top-1: {report.top1 or '-'}    top-2 (second stage): {report.top2 or '-'}")
     tau = report.gates.candidate_threshold
     lines.append(
         f"routing set (candidate_threshold={tau:g}): {', '.join(report.routing_set) or '-'}"
