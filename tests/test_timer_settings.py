@@ -91,7 +91,7 @@ def test_custom_gates_change_the_live_labels(
         assert gated["gates"]["share_dominance"] == 0.3  # type: ignore[index]
         # 35% is not dominant under the default gates: no verdict on the data stage ...
         assert "co_critical" not in plain["labels"]  # type: ignore[operator]
-        assert any("gamma_A=0.4" in r for r in plain["reasons"]["direct_exposure"])  # type: ignore[index]
+        assert any("share_dominance=0.4" in r for r in plain["reasons"]["direct_exposure"])  # type: ignore[index]
         # ... and is under share_dominance=0.3, with no direct gain: co-critical.
         assert "co_critical" in gated["labels"]  # type: ignore[operator]
         assert any(DATA in r for r in gated["reasons"]["co_critical"])  # type: ignore[index]
