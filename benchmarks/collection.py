@@ -106,7 +106,7 @@ def _collector(
     sizes: dict[int, list[int]],
 ) -> Any:
     from stagefrontier.collect import GlooCollector, StoreCollector
-    from stagefrontier.sinks.core import JsonlSink, LogSink, PacketSink
+    from stagefrontier.sinks import JsonlSink, LogSink, PacketSink
 
     sinks: list[Any] | None = None
     if rank == 0:  # the default sinks of rank 0, with stamps after windows.jsonl and after all

@@ -99,7 +99,7 @@ def _late_sender(delay_s: float, **kwargs: Any) -> Any:
 
 def _collector(rank: int, job: Job) -> Any:
     from stagefrontier.collect import GlooCollector, StoreCollector
-    from stagefrontier.sinks.core import JsonlSink
+    from stagefrontier.sinks import JsonlSink
 
     queue_size = job.queue_size.get(rank, 4)
     if job.collect == "gloo":

@@ -98,7 +98,7 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     from stagefrontier.collect import LocalCollector
     from stagefrontier.render.run_folder import load_run
     from stagefrontier.render.text import run_report_text
-    from stagefrontier.sinks.core import default_sinks
+    from stagefrontier.sinks import default_sinks
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     slow = {0: "data.next_wait", 1: "model.backward_cpu_wall"}

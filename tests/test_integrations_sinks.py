@@ -26,7 +26,7 @@ from stagefrontier import ALL_LABELS, StageTimer
 from stagefrontier.collect import LocalCollector
 from stagefrontier.integrations import MissingExtraError, make_timer
 from stagefrontier.integrations.sinks import CSV_FIELDS, CsvSink
-from stagefrontier.sinks.core import JsonlSink, Sink
+from stagefrontier.sinks import JsonlSink, Sink
 
 STEPS = 10
 WINDOW = 4  # windows of 4, 4 and 2 steps (the last one flushed by close)

@@ -10,7 +10,7 @@ import numpy as np
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.run_folder import load_run
 from stagefrontier.render.text import run_report_text
-from stagefrontier.sinks.core import PacketSink, summary_line
+from stagefrontier.sinks import PacketSink, summary_line
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 HOSTS = {r: "node-a" if r < 4 else "node-b" for r in range(8)}

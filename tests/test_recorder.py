@@ -36,7 +36,7 @@ from stagefrontier.analysis.schema import SCHEMA_VERSION, stage_order_hash
 from stagefrontier.analysis.window_report import REPORT_FORMAT
 from stagefrontier.collect import LocalCollector
 from stagefrontier.record.window import AnalyzedWindow
-from stagefrontier.sinks.core import JsonlSink
+from stagefrontier.sinks import JsonlSink
 
 MS = 1e-3
 

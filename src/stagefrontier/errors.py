@@ -64,7 +64,7 @@ class AmbiguousStageOrderError(TraceFormatError):
 
 
 class MissingDependencyError(StageFrontierError, ImportError):
-    """An optional package a reducer needs (HolisticTraceAnalysis) is not installed."""
+    """An optional package a feature needs (a trace library, a sink's backend) is not installed."""
 
 
 class MissingExtraError(MissingDependencyError):

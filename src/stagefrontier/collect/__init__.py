@@ -3,11 +3,8 @@ store by default, or an opt-in dedicated Gloo group)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-
 from ..errors import StageFrontierError
-from ..sinks.core import Sink, default_sinks
+from ..sinks import collector_sinks
 from .base import Collector
 from .config import COLLECT_MODES, CollectConfig
 from .gloo import GlooCollector
@@ -25,18 +22,17 @@ __all__ = [
     "make_collector",
 ]
 
-logger = logging.getLogger("stagefrontier")
-
 
 def make_collector(config: CollectConfig) -> Collector:
-    """The collector for ``StageTimer(collect=config)``, with rank 0's sinks started.
+    """The collector for ``StageTimer(collect=config)``.
 
     ``auto`` uses the store when torch.distributed is initialized (checked without importing
     torch) and stays in-process otherwise: in a process a launcher started among several, it
     then writes under ``out_dir/rank-<r>/``. ``gloo`` creates a dedicated Gloo group here, on
     the calling (training) thread: every rank must build its timer at the same point. Rank 0
     writes to the default sinks (``windows.jsonl``, the log line unless ``config.log`` is False,
-    and packets when distributed), followed by ``config.sinks``.
+    and packets when distributed), followed by ``config.sinks``; the collector starts them and
+    closes them after its last window.
     """
     mode = config.mode
     distributed = distributed_initialized()
@@ -44,43 +40,27 @@ def make_collector(config: CollectConfig) -> Collector:
         raise StageFrontierError(
             f"collect={mode!r} needs torch.distributed to be initialized first"
         )
-    collector: Collector
     if mode == "local" or not distributed:
         out_dir = rank_out_dir(config.out_dir)
         log = config.log and launched_rank() == 0
-        collector = LocalCollector(
+        return LocalCollector(
             out_dir=out_dir,
             queue_size=config.queue_size,
-            sinks=[*default_sinks(out_dir, log=log), *config.sinks],
+            sinks=collector_sinks(0, out_dir, distributed=False, extra=config.sinks, log=log),
             gates=config.gates,
         )
-    else:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        rank = dist.get_rank()
-        rank0_sinks = [*default_sinks(config.out_dir, packets=True, log=config.log), *config.sinks]
-        cls = GlooCollector if mode == "gloo" else StoreCollector
-        collector = cls(
-            rank=rank,
-            world_size=dist.get_world_size(),
-            out_dir=config.out_dir,
-            timeout_s=config.timeout_s,
-            queue_size=config.queue_size,
-            sinks=rank0_sinks if rank == 0 else [],
-            gates=config.gates,
-        )
-    if collector.rank == 0:
-        start_sinks(config.sinks)
-    return collector
-
-
-def start_sinks(sinks: Sequence[Sink]) -> None:
-    """Start rank 0's sinks that serve or open something up front (the Prometheus endpoint, the
-    TensorBoard event file) instead of at the first window; a failure is logged, never raised."""
-    for sink in sinks:
-        start = getattr(sink, "start", None)
-        if callable(start):
-            try:
-                start()
-            except Exception:
-                logger.exception("stagefrontier: starting sink %s failed", type(sink).__name__)
+    rank = dist.get_rank()
+    cls = GlooCollector if mode == "gloo" else StoreCollector
+    return cls(
+        rank=rank,
+        world_size=dist.get_world_size(),
+        out_dir=config.out_dir,
+        timeout_s=config.timeout_s,
+        queue_size=config.queue_size,
+        sinks=collector_sinks(
+            rank, config.out_dir, distributed=True, extra=config.sinks, log=config.log
+        ),
+        gates=config.gates,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -36,12 +36,23 @@ class BackgroundWorker:
     lock or condition, which halves its cost at a window boundary when the training thread comes
     back from a wait with cold caches (``queue.Queue.put_nowait`` is Python code around a
     Condition). The training thread is the only producer, so the check cannot overfill it.
+
+    ``on_stop`` runs on the thread after the last queued item (the owner closes its sinks there),
+    so it runs after the last write even when ``close`` stopped waiting before the work was done.
     """
 
-    def __init__(self, name: str, handle: object, queue_size: int, join_timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        handle: object,
+        queue_size: int,
+        join_timeout_s: float,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._maxsize = max(1, queue_size)
         self._handle = handle
+        self._on_stop = on_stop
         self._join_timeout_s = join_timeout_s
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -62,6 +73,8 @@ class BackgroundWorker:
         while True:
             item = self._queue.get()
             if item is _STOP:
+                if self._on_stop is not None:
+                    self._on_stop()  # after the last item, on this thread, even past the join
                 return
             try:
                 self._handle(item)  # type: ignore[operator]

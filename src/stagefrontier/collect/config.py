@@ -14,7 +14,7 @@ from typing import Any
 
 from ..analysis.gates import Gates
 from ..errors import StageFrontierError
-from ..sinks.core import Sink
+from ..sinks import Sink
 
 COLLECT_MODES = ("auto", "local", "store", "gloo")
 

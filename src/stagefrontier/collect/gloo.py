@@ -35,7 +35,7 @@ from ..analysis.gates import Gates
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow, analyze_merged
-from ..sinks.core import Sink, default_sinks, emit
+from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker, merge_received
 from .wire import WIRE_VERSION, decode_window, encode_window
 
@@ -56,7 +56,8 @@ class GlooCollector:
         timeout_s: the group's timeout: how long one operation may wait for the other ranks.
         queue_size: windows that may wait for the thread before new ones are dropped.
         group: an existing group to use instead of creating one (all ranks, Gloo).
-        sinks: rank 0's sinks (default: windows.jsonl, the log line and packets).
+        sinks: rank 0's sinks, replacing the defaults (windows.jsonl, the log line and packets);
+            started here and closed after the last window.
         join_timeout_s: how long ``close`` waits for queued windows.
         gates: the labeler's gates for rank 0's analysis (None: the defaults).
     """
@@ -87,14 +88,14 @@ class GlooCollector:
                 self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
             except Exception as exc:  # a rank that never built its timer, a store problem
                 self._mark_dead(f"creating the gloo collection group failed: {_describe(exc)}")
-        self.sinks: list[Sink] = list(sinks) if sinks is not None else []
-        if rank == 0 and sinks is None:
-            self.sinks = default_sinks(out_dir, packets=True)
+        self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
+        start_sinks(self.sinks)
         self._worker = BackgroundWorker(
             "stagefrontier-gloo",
             self._process,
             queue_size,
             join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
+            on_stop=lambda: close_sinks(self.sinks),
         )
 
     @property
@@ -110,10 +111,6 @@ class GlooCollector:
         """Let queued windows finish (bounded). The group is left as it is: destroying it is
         collective, and ``destroy_process_group()`` of the job removes it with the others."""
         self._worker.close()
-        if self._worker.alive:  # still inside an operation: leave it its sinks
-            return
-        for sink in self.sinks:
-            sink.close()
 
     # ------------------------------------------------------------------ background thread
     def _mark_dead(self, reason: str) -> None:

@@ -7,12 +7,16 @@ from collections.abc import Sequence
 
 from ..analysis.gates import Gates
 from ..record.window import PendingWindow, analyze_merged, merge_windows
-from ..sinks.core import Sink, default_sinks, emit
+from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker
 
 
 class LocalCollector:
-    """R = 1: every window is analyzed by itself and written by this process."""
+    """R = 1: every window is analyzed by itself and written by this process.
+
+    ``sinks`` replaces the default sinks (``windows.jsonl`` and the log line). The collector
+    starts its sinks when built and closes them after its last window.
+    """
 
     rank = 0
     world_size = 1
@@ -26,10 +30,15 @@ class LocalCollector:
         join_timeout_s: float = 10.0,
         gates: Gates | None = None,
     ) -> None:
-        self.sinks = list(sinks) if sinks is not None else default_sinks(out_dir)
+        self.sinks = collector_sinks(self.rank, out_dir, distributed=False, sinks=sinks)
         self.gates = gates
+        start_sinks(self.sinks)
         self._worker = BackgroundWorker(
-            "stagefrontier-analysis", self._process, queue_size, join_timeout_s
+            "stagefrontier-analysis",
+            self._process,
+            queue_size,
+            join_timeout_s,
+            on_stop=lambda: close_sinks(self.sinks),
         )
 
     def submit(self, window: PendingWindow) -> bool:
@@ -40,8 +49,6 @@ class LocalCollector:
         emit(self.sinks, analyze_merged(merged, self.gates))
 
     def close(self) -> None:
+        """Let queued windows finish (bounded); the analysis thread closes the sinks after the
+        last one."""
         self._worker.close()
-        if self._worker.alive:  # analysis overran its bound: do not close sinks under it
-            return
-        for sink in self.sinks:
-            sink.close()

@@ -28,7 +28,7 @@ from ..analysis.gates import Gates
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow, analyze_merged
-from ..sinks.core import Sink, default_sinks, emit
+from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker, merge_received
 from .wire import decode_window, encode_window
 
@@ -133,15 +133,15 @@ class StoreCollector:
         self._absent: set[int] = set()
         self._done = 0  # rank 0: the value of the done counter it last published
         self._written: deque[tuple[int, int]] = deque()  # sender: (window, chunks) not yet freed
-        self.sinks = list(sinks) if sinks is not None else []
-        if rank == 0 and sinks is None:
-            self.sinks = default_sinks(out_dir, packets=True)
+        self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
+        start_sinks(self.sinks)
         handler = self._collect if rank == 0 else self._send
         self._worker = BackgroundWorker(
             f"stagefrontier-{'collector' if rank == 0 else 'sender'}",
             handler,
             queue_size,
             join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
+            on_stop=lambda: close_sinks(self.sinks),
         )
 
     # ------------------------------------------------------------------ training thread
@@ -153,10 +153,8 @@ class StoreCollector:
         store and process groups are untouched; safe twice and with the store already gone."""
         self._worker.close()
         self._closed = True
-        if self._worker.alive:  # still inside a store call: leave it its connection and sinks
+        if self._worker.alive:  # still inside a store call: leave it its connection
             return
-        for sink in self.sinks:
-            sink.close()
         conn, self._conn = self._conn, None
         del conn
 

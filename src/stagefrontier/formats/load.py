@@ -18,7 +18,7 @@ from ..errors import ReportFormatError
 from ..reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
 from ..reducers.options import TraceOptions
 from ..reducers.ranges import id_text
-from ..sinks.core import packet_name
+from ..sinks.files import packet_name
 from .npz import load_npz
 from .packet import read_packet
 from .records import WINDOWS_FILE, read_records, record_meta, record_report, select_record

@@ -9,7 +9,7 @@ raises :class:`MissingExtraError` naming it when the package is absent.
 - :func:`make_timer`: a ``StageTimer`` whose rank-0 analysis also writes to extra sinks.
 """
 
-from ._extras import MissingExtraError
+from ..errors import MissingExtraError
 from ._timer import make_timer
 
 __all__ = ["MissingExtraError", "make_timer"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import StageFrontierError
 from ..record.recorder import StageTimer
-from ..sinks.core import Sink
+from ..sinks import Sink
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
@@ -27,9 +27,9 @@ def make_timer(
     """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
-    distributed collection); ``sinks`` are added after them (rank 0 starts those with a
-    ``start()`` method on rank 0). With
-    ``collector=...`` given, ``sinks`` must be empty: pass them to that collector instead.
+    distributed collection); ``sinks`` are added after them, and rank 0's collector starts and
+    closes them. With ``collector=...`` given, ``sinks`` must be empty: pass them to that
+    collector instead.
     """
     sinks = list(sinks)
     kwargs = dict(timer_kwargs)

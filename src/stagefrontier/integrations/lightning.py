@@ -79,10 +79,10 @@ from ..analysis.schema import (
     OPTIMIZER_STAGE,
 )
 from ..analysis.schema import RESIDUAL_STAGE as _RESIDUAL
-from ..errors import StageFrontierError
+from ..errors import MissingExtraError, StageFrontierError
+from ..extras import require
 from ..record.recorder import StageTimer
-from ..sinks.core import Sink
-from ._extras import MissingExtraError, require
+from ..sinks import Sink
 from ._timer import HookClock, make_timer
 
 logger = logging.getLogger("stagefrontier")

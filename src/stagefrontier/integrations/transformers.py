@@ -71,9 +71,9 @@ from ..analysis.schema import (
     RESIDUAL_STAGE,
 )
 from ..errors import StageFrontierError
+from ..extras import require
 from ..record.recorder import StageTimer
-from ..sinks.core import Sink
-from ._extras import require
+from ..sinks import Sink
 from ._timer import HookClock, make_timer
 
 _transformers: Any = require("transformers", "transformers", "StageFrontierCallback (HF Trainer)")

@@ -27,7 +27,7 @@ from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import StageFrontierError
-from ..sinks.core import Sink
+from ..sinks import Sink
 from .annotate import ProfilerRanges
 from .contexts import (
     AnnotatedStageContext,
@@ -63,7 +63,8 @@ class StageTimer(TimerState):
         queue_size: completed windows that may wait for analysis before new ones are dropped;
             default 4.
         sinks: extra destinations for rank 0's analyzed windows (TensorBoard, Prometheus, W&B,
-            CSV, see ``stagefrontier.integrations.sinks``), after ``windows.jsonl`` and the log.
+            CSV, see ``stagefrontier.sinks``), after ``windows.jsonl`` and the log; the collector
+            starts them and closes them after its last window.
         gates: the labeler's :class:`~stagefrontier.Gates` for the live analysis.
         log: rank 0's one-line summary per window on the ``stagefrontier`` logger (on stderr
             when the application configured no logging); False leaves it out. Default True.

@@ -25,6 +25,7 @@ from ..analysis.schema import (
     stage_order_hash,
 )
 from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
+from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from .attempt import current_attempt
 
@@ -170,6 +171,18 @@ class AnalyzedWindow:
     def record(self) -> dict[str, Any]:
         """The JSON object written per window to ``windows.jsonl``."""
         return window_record(self.merged, self.report)
+
+    @cached_property
+    def metrics(self) -> WindowMetrics:
+        """The numbers the metrics sinks write, computed once for all of them."""
+        ref = self.merged.reference
+        return WindowMetrics.from_report(
+            self.report,
+            window=ref.window,
+            first_step=ref.first_step,
+            last_step=ref.last_step,
+            gather_ok=not self.merged.missing_ranks,
+        )
 
 
 def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> AnalyzedWindow:

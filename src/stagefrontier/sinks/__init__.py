@@ -1,5 +1,46 @@
-"""Where analyzed windows go on rank 0: the Sink protocol, the built-in sinks and `emit`."""
+"""Where analyzed windows go on rank 0.
 
-from .core import JsonlSink, LogSink, PacketSink, Sink, default_sinks, emit, summary_line
+- :mod:`.base`: the ``Sink`` protocol and ``start_sinks``/``emit``/``close_sinks``, which the
+  collector that owns the sinks calls;
+- :mod:`.defaults`: which sinks a collector owns (the default list is chosen there only);
+- :mod:`.files`: ``windows.jsonl`` and evidence packets; :mod:`.log`: the log line;
+- :mod:`.csv_file`: a CSV row per window (standard library only);
+- :mod:`.tensorboard`, :mod:`.prometheus`, :mod:`.wandb`: one module per optional backend, each
+  importing its package when the sink is built and naming the extra to install when it is missing.
 
-__all__ = ["JsonlSink", "LogSink", "PacketSink", "Sink", "default_sinks", "emit", "summary_line"]
+The metrics sinks (CSV and the three backends) read ``AnalyzedWindow.metrics``, computed once per
+window.
+"""
+
+from ..analysis.window_metrics import NO_LEADER, WindowMetrics
+from .base import Sink, StartableSink, close_sinks, emit, start_sinks
+from .csv_file import CSV_FIELDS, CsvSink
+from .defaults import collector_sinks, default_sinks
+from .files import JsonlSink, PacketSink, packet_name
+from .log import LogSink, summary_line
+from .prometheus import DEFAULT_PROMETHEUS_PORT, PrometheusSink
+from .tensorboard import TensorBoardSink
+from .wandb import WandbSink
+
+__all__ = [
+    "CSV_FIELDS",
+    "DEFAULT_PROMETHEUS_PORT",
+    "NO_LEADER",
+    "CsvSink",
+    "JsonlSink",
+    "LogSink",
+    "PacketSink",
+    "PrometheusSink",
+    "Sink",
+    "StartableSink",
+    "TensorBoardSink",
+    "WandbSink",
+    "WindowMetrics",
+    "close_sinks",
+    "collector_sinks",
+    "default_sinks",
+    "emit",
+    "packet_name",
+    "start_sinks",
+    "summary_line",
+]

@@ -1,28 +1,13 @@
-"""Where analyzed windows go: ``windows.jsonl`` and one log line per window by default."""
+"""The sinks that write files under the output folder: ``windows.jsonl`` and evidence packets."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..analysis.window_report import WindowReport
-from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
-from ..render.text import window_line
-
-logger = logging.getLogger("stagefrontier")
-
-
-class Sink(Protocol):
-    """Receives every analyzed window on the analysis thread; must not block for long."""
-
-    def write(self, window: AnalyzedWindow) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class JsonlSink:
@@ -43,26 +28,6 @@ class JsonlSink:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-class LogSink:
-    """One concise line per window on the ``stagefrontier`` logger (on stderr when the
-    application configured no logging, see ``stagefrontier.logs``)."""
-
-    def __init__(self, level: int = logging.INFO) -> None:
-        self.level = level
-
-    def write(self, window: AnalyzedWindow) -> None:
-        show_window_lines()
-        logger.log(self.level, "%s", summary_line(window.record, window.report))
-
-    def close(self) -> None:
-        return None
-
-
-def summary_line(record: dict[str, Any], report: WindowReport) -> str:
-    """``window 3 steps 300-399 | exposed 212.4 ms/step ... | top ... led by rank 2@host ...``"""
-    return window_line(report, record)
 
 
 class PacketSink:
@@ -114,25 +79,3 @@ PACKET_META = (
     "accumulation_factor",
     "contract_violations",
 )
-
-
-def default_sinks(
-    out_dir: str | os.PathLike[str], packets: bool = False, log: bool = True
-) -> list[Sink]:
-    """JSONL and (unless ``log`` is False) the log line; with ``packets``, an evidence packet
-    per window too."""
-    sinks: list[Sink] = [JsonlSink(out_dir)]
-    if log:
-        sinks.append(LogSink())
-    if packets:
-        sinks.append(PacketSink(out_dir))
-    return sinks
-
-
-def emit(sinks: Sequence[Sink], window: AnalyzedWindow) -> None:
-    """Write one analyzed window to every sink; a failing sink does not stop the others."""
-    for sink in sinks:
-        try:
-            sink.write(window)
-        except Exception:
-            logger.exception("stagefrontier: sink %s failed", type(sink).__name__)

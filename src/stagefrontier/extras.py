@@ -1,13 +1,11 @@
-"""Optional dependencies: import them on demand, or fail with the extra that installs them."""
+"""Optional packages: import one on demand, or fail with the extra that installs it."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-from ..errors import MissingExtraError
-
-__all__ = ["MissingExtraError", "require"]
+from .errors import MissingExtraError
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:

@@ -1,0 +1,70 @@
+"""The few numbers per window that dashboards plot (TensorBoard, Prometheus, W&B, CSV).
+
+Built once per analyzed window (``AnalyzedWindow.metrics``) and read by every sink that writes
+metrics, so the sinks cannot disagree on a value:
+
+- the share of exposed step time per broad stage (accumulation substages ``name[i]`` folded into
+  ``name``, so the set of series does not change with the accumulation factor); only when the
+  window's shares are defined (it had exposed time);
+- the exposed step time (frontier step time) in milliseconds per step;
+- the top stage, its share, and its leader rank (:data:`NO_LEADER` where no single rank leads);
+- one 0/1 flag per label of :data:`~stagefrontier.analysis.labels.ALL_LABELS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .labels import ALL_LABELS
+from .schema import semantic_stage
+from .window_report import WindowReport
+
+NO_LEADER = -1
+"""Leader rank written where the top stage has no single leading rank."""
+
+
+@dataclass(frozen=True)
+class WindowMetrics:
+    """The numbers every metrics sink writes for one window."""
+
+    window: int
+    first_step: int
+    last_step: int
+    n_steps: int
+    n_ranks: int
+    exposed_ms_per_step: float
+    stages: tuple[str, ...]
+    """The broad stages of the schema, in order (whether or not shares are defined)."""
+    shares: dict[str, float]
+    """Per broad stage, in schema order; empty when the window's shares are undefined."""
+    top1: str | None
+    top1_share: float | None
+    leader_rank: int
+    labels: tuple[str, ...]
+    label_flags: dict[str, int]
+    gather_ok: bool
+
+    @classmethod
+    def from_report(
+        cls, report: WindowReport, *, window: int, first_step: int, last_step: int, gather_ok: bool
+    ) -> WindowMetrics:
+        """The metrics of ``report``, for the window ``window`` covering the given steps."""
+        defined = report.shares_defined
+        top1 = report.top1
+        lead = report.semantic_localization[top1].leader_rank if top1 is not None else None
+        return cls(
+            window=window,
+            first_step=first_step,
+            last_step=last_step,
+            n_steps=report.n_steps,
+            n_ranks=report.n_ranks,
+            exposed_ms_per_step=report.mean_step_s * 1e3,
+            stages=tuple(dict.fromkeys(semantic_stage(s) for s in report.stages)),
+            shares=dict(report.semantic_shares) if defined else {},
+            top1=top1,
+            top1_share=report.semantic_shares[top1] if defined and top1 is not None else None,
+            leader_rank=NO_LEADER if lead is None else int(lead),
+            labels=tuple(report.labels),
+            label_flags={label: int(label in report.labels) for label in ALL_LABELS},
+            gather_ok=gather_ok,
+        )
