@@ -1,16 +1,28 @@
-"""PNG figures for an output folder: the frontier of the worst step, and shares over time."""
+"""PNG figures for an output folder: the frontier of a typical and of the worst step, and the
+shares and exposed step time per window with the top stage's leading rank."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..analysis.accounting import FloatArray
+from ..analysis.schema import RESIDUAL_STAGE, semantic_stage
 from ..errors import StageFrontierError
+from ..formats.packet import Packet
 from .run_folder import RunWindows
 
-STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9"]
+STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#8C6D1F"]
+"""Colour-blind-safe stage colours (Okabe-Ito, plus a brown); the residual is always grey."""
+RESIDUAL_COLOR = "#9A9A9A"
+FRONTIER_COLOR = "#7A1F5C"
+MIN_LABELED_ADVANCE = 0.02
+"""Frontier advances below this fraction of the step are drawn but not labeled."""
+MIN_ARROW_ADVANCE = 0.08
+"""Frontier advances below this fraction of the step are too short for arrow heads."""
 
 
 def _pyplot() -> Any:
@@ -26,124 +38,245 @@ def _pyplot() -> Any:
     return plt
 
 
-def _color(j: int) -> str:
-    return STAGE_COLORS[j % len(STAGE_COLORS)]
+def _stage_colors(stages: Sequence[str]) -> list[str]:
+    colors, j = [], 0
+    for stage in stages:
+        if stage == RESIDUAL_STAGE:
+            colors.append(RESIDUAL_COLOR)
+        else:
+            colors.append(STAGE_COLORS[j % len(STAGE_COLORS)])
+            j += 1
+    return colors
 
 
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+# ------------------------------------------------------------------------- frontier of a step
 def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
-    """Each rank's prefix curve and the frontier for the step with the largest exposed time."""
+    """Each rank's prefix curve and the frontier of the run's worst step (the largest exposed
+    time), below the typical step of the same window (its median exposed time) for scale."""
+    packet, shown = steps_to_show(run)
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        len(shown),
+        1,
+        figsize=(10, 4.4 * len(shown) + 1.2),
+        dpi=110,
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    stages = list(packet.stages)
+    colors = _stage_colors(stages)
+    ranks = _rank_ids(packet)
+    for ax, (t, what) in zip(axes[:, 0], shown, strict=True):
+        total = _draw_step(ax, packet.d[t] * 1e3, ranks, colors)
+        ax.set_title(f"{what}: step {_step_index(packet, t)}, exposed {total:.1f} ms", fontsize=10)
+        ax.set_ylabel("rank-local prefix time (ms)")
+    bottom = axes[-1, 0]
+    bottom.set_xticks(np.arange(len(stages) + 1), ["start", *stages])
+    for label, color in zip(bottom.get_xticklabels()[1:], colors, strict=True):
+        label.set_color(color)
+    plt.setp(bottom.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor", fontsize=8)
+    bottom.set_xlim(-0.3, len(stages) + 1.7)
+    meta = packet.meta
+    fig.suptitle(
+        f"Max-prefix frontier, window {meta.get('window', '?')} "
+        f"(steps {meta.get('first_step', '?')}-{meta.get('last_step', '?')}); "
+        "arrows: each stage's advance of the frontier and the rank that sets it",
+        fontsize=10,
+    )
+    return _save(plt, fig, path)
+
+
+def steps_to_show(run: RunWindows) -> tuple[Packet, list[tuple[int, str]]]:
+    """The packet holding the run's worst step (largest exposed time), and the steps of it to
+    draw, each with what it is: the window's typical step (its median exposed time), then the
+    worst step (only the worst when they are the same step)."""
     if not run.packets:
         raise StageFrontierError("the frontier figure needs packets/ (the per-rank matrix)")
-    best = max(
-        ((p, t) for p in run.packets for t in range(p.d.shape[0])),
-        key=lambda pt: float(pt[0].d[pt[1]].sum(axis=1).max()),
-    )
-    packet, t = best
-    d = packet.d[t] * 1e3  # [R, S] milliseconds
-    stages = list(packet.stages)
+    exposed = [p.d.sum(axis=2).max(axis=1) for p in run.packets]  # [N] per packet, seconds
+    worst_packet = max(range(len(run.packets)), key=lambda i: float(exposed[i].max()))
+    steps = exposed[worst_packet]
+    worst = int(steps.argmax())
+    typical = int(np.argsort(steps, kind="stable")[len(steps) // 2])
+    shown = [(worst, "worst step of the run")]
+    if typical != worst:
+        shown.insert(0, (typical, "typical step (median exposed time of its window)"))
+    return run.packets[worst_packet], shown
+
+
+def _rank_ids(packet: Packet) -> list[int]:
+    present = packet.meta.get("ranks_present")
+    n_ranks = packet.d.shape[1]
+    if isinstance(present, list) and len(present) == n_ranks:
+        return [int(r) for r in present]
+    return list(range(n_ranks))
+
+
+def _step_index(packet: Packet, t: int) -> int:
+    first = packet.meta.get("first_step")
+    return first + t if isinstance(first, int) else t
+
+
+def _draw_step(ax: Any, d: FloatArray, ranks: list[int], colors: list[str]) -> float:
+    """One step's ``[R, S]`` milliseconds: rank prefixes over the frontier, advance arrows at
+    the right; returns the exposed time."""
     n_ranks, n_stages = d.shape
     prefix = np.concatenate([np.zeros((n_ranks, 1)), np.cumsum(d, axis=1)], axis=1)
     front = prefix.max(axis=0)
-    leaders = prefix[:, 1:].argmax(axis=0)
+    setters = prefix[:, 1:].argmax(axis=0)
     x = np.arange(n_stages + 1)
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    # the frontier is a wide pale band underneath, so the rank line that sets it stays visible
+    ax.plot(x, front, color=FRONTIER_COLOR, lw=9, alpha=0.22, solid_capstyle="round", zorder=1)
     many = n_ranks > 12
     for r in range(n_ranks):
-        ax.plot(
-            x,
-            prefix[r],
-            color="0.7" if many else None,
-            lw=0.8 if many else 1.2,
-            marker=None if many else "o",
-            ms=3,
-            label=None if many else f"rank {r}",
-        )
-    ax.plot(x, front, color="#7A1F5C", lw=3, alpha=0.75, label="frontier $F_{t,s}$")
-    right = n_stages + 0.15
+        # ranks in shades of grey with their own marker and dash: colour means a stage here
+        style = {"color": "0.6", "lw": 0.8} if many else _rank_style(r, n_ranks)
+        ax.plot(x, prefix[r], label=None if many else f"rank {ranks[r]}", zorder=3, **style)
+    ax.plot([], [], color=FRONTIER_COLOR, lw=9, alpha=0.22, label="frontier (max over ranks)")
+    arrow_x = n_stages + 0.3
+    labeled = []
     for j in range(n_stages):
-        advance = front[j + 1] - front[j]
-        if advance <= 0.02 * front[-1]:
-            continue
-        ax.annotate(
-            "",
-            xy=(right, front[j + 1]),
-            xytext=(right, front[j]),
-            arrowprops={"arrowstyle": "<->", "color": _color(j), "lw": 1.5},
-        )
+        low, high = front[j], front[j + 1]
+        if high - low > MIN_ARROW_ADVANCE * front[-1]:
+            ax.annotate(
+                "",
+                xy=(arrow_x, high),
+                xytext=(arrow_x, low),
+                arrowprops={"arrowstyle": "<->", "color": colors[j], "lw": 1.5, "shrinkA": 0},
+            )
+        else:
+            ax.plot([arrow_x, arrow_x], [low, high], color=colors[j], lw=3, solid_capstyle="butt")
+        if high - low > MIN_LABELED_ADVANCE * front[-1]:
+            labeled.append((j, (low + high) / 2, high - low))
+    heights = _spread([y for _, y, _ in labeled], gap=0.07 * max(front[-1], 1e-9))
+    for (j, _, advance), y in zip(labeled, heights, strict=True):
         ax.text(
-            right + 0.08,
-            (front[j] + front[j + 1]) / 2,
-            f"{stages[j]}: {advance:.1f} ms (rank {leaders[j]})",
+            arrow_x + 0.12,
+            y,
+            f"{advance:.1f} ms, rank {ranks[setters[j]]}",
             va="center",
             fontsize=8,
-            color=_color(j),
+            color=colors[j],
         )
-    meta = packet.meta
-    step = meta.get("first_step", 0) + t if isinstance(meta.get("first_step"), int) else t
-    ax.set_title(
-        f"Max-prefix frontier of the worst step (step {step}, window "
-        f"{meta.get('window', '?')}): exposed {front[-1]:.1f} ms"
-    )
-    ax.set_xticks(
-        x, ["start", *[s.split(".")[0] + "\n" + s.split(".", 1)[-1] for s in stages]], fontsize=7
-    )
-    ax.set_xlim(-0.2, n_stages + 2.6)
-    ax.set_ylabel("rank-local prefix time (ms)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
+    ax.legend(loc="upper left", fontsize=8, ncol=2 if n_ranks <= 12 else 1)
+    return float(front[-1])
+
+
+RANK_MARKERS = "osD^vPX*"
+RANK_DASHES = ("-", "--", "-.", ":")
+
+
+def _rank_style(r: int, n_ranks: int) -> dict[str, Any]:
+    shade = 0.1 + 0.5 * r / max(n_ranks - 1, 1)
+    return {
+        "color": str(round(shade, 2)),
+        "lw": 1.3,
+        "marker": RANK_MARKERS[r % len(RANK_MARKERS)],
+        "ms": 4,
+        "ls": RANK_DASHES[(r // len(RANK_MARKERS)) % len(RANK_DASHES)] if r else "-",
+    }
+
+
+def _spread(ys: list[float], gap: float) -> list[float]:
+    """Label heights in ascending order, pushed apart to at least ``gap``."""
+    out: list[float] = []
+    for y in ys:
+        out.append(max(y, out[-1] + gap) if out else y)
     return out
 
 
+# ---------------------------------------------------------------------- shares over windows
 def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
-    """Stacked frontier shares per window, with the exposed step time on a second axis."""
+    """Stacked frontier shares per window, the top stage's leading rank written on its band,
+    and the exposed step time per window in a panel of its own above."""
     reports = [p.report.to_dict() | {"meta": p.meta} for p in run.packets] or run.records
-    stages = run.stages
-    labels = []
+    stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))  # microsteps folded
+    colors = _stage_colors(stages)
+    names = []
     for i, r in enumerate(reports):
         meta = r.get("meta", r)
-        labels.append(f"{meta.get('first_step', i)}-{meta.get('last_step', '')}")
+        names.append(f"{meta.get('first_step', i)}-{meta.get('last_step', '')}")
+    n = len(reports)
+    x = np.arange(n)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
-    bottom = np.zeros(len(reports))
-    x = np.arange(len(reports))
+    fig, (top, ax) = plt.subplots(
+        2,
+        1,
+        figsize=(10, 6.4),
+        dpi=110,
+        sharex=True,
+        gridspec_kw={"height_ratios": [1, 3]},
+        layout="constrained",
+    )
+    ms = np.array([r["exposed_s"] / r["n_steps"] * 1e3 for r in reports])
+    top.plot(x, ms, color="black", marker="o", lw=1.5)
+    top.set_ylim(0, max(float(ms.max()), 1e-9) * 1.25)
+    top.set_ylabel("exposed\nms/step")
+    top.grid(alpha=0.3)
+    top.set_title("Frontier shares per window, and who leads the top stage")
+
+    bottom = np.zeros(n)
+    tops: list[tuple[float, float]] = [(0.0, 0.0)] * n
     for j, stage in enumerate(stages):
-        values = np.array([r["shares"].get(stage, 0.0) for r in reports])
-        ax.bar(x, values, bottom=bottom, color=_color(j), label=stage, width=0.8)
+        values = np.array([_broad_shares(r).get(stage, 0.0) for r in reports])
+        ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
+        for i, r in enumerate(reports):
+            if r.get("top1") == stage:
+                tops[i] = (float(bottom[i]), float(values[i]))
         bottom += values
+    for i, r in enumerate(reports):
+        _label_leader(ax, i, tops[i], r, vertical=n > 10)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("frontier share of exposed step time")
-    ax.set_xticks(x, labels, rotation=45 if len(x) > 8 else 0, fontsize=8)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylabel("share of exposed step time")
+    ax.set_xticks(x, names, rotation=45 if n > 8 else 0, fontsize=8)
     ax.set_xlabel("window (steps)")
-    twin = ax.twinx()
-    twin.plot(
-        x,
-        [r["exposed_s"] / r["n_steps"] * 1e3 for r in reports],
-        color="black",
-        marker="o",
-        lw=1.5,
-        label="exposed ms/step",
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _label_leader(
+    ax: Any, i: int, band: tuple[float, float], report: dict[str, Any], vertical: bool
+) -> None:
+    """``rank 2`` (or ``no single leader``) on the top stage's band of window ``i``."""
+    low, height = band
+    if report.get("top1") is None or height <= 0:
+        return
+    text = leader_text(report)
+    if height < 0.12:  # too thin to write in: above the bar instead
+        y, color = min(low + height + 0.02, 0.97), "black"
+    else:
+        y, color = low + height / 2, "white"
+    ax.text(
+        i,
+        y,
+        text,
+        ha="center",
+        va="center",
+        rotation=90 if vertical else 0,
+        fontsize=7 if vertical else 9,
+        color=color,
+        fontweight="bold",
     )
-    twin.set_ylabel("exposed step time (ms)")
-    twin.set_ylim(bottom=0)
-    handles, names = ax.get_legend_handles_labels()
-    h2, n2 = twin.get_legend_handles_labels()
-    ax.legend(
-        handles + h2,
-        names + n2,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.18),
-        ncol=4,
-        fontsize=8,
-    )
-    ax.set_title("Frontier shares per window")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+
+
+def _broad_shares(report: dict[str, Any]) -> dict[str, float]:
+    shares: dict[str, float] = report.get("semantic_shares") or report["shares"]
+    return shares
+
+
+def leader_text(report: dict[str, Any]) -> str:
+    """``rank 2`` for the (broad) top stage's single leading rank, else ``no single leader``."""
+    top = report.get("top1")
+    where = report.get("semantic_localization", {}).get(top)
+    lead = where["leader_rank"] if where else report.get("leaders", {}).get(top)
+    return "no single leader" if lead is None else f"rank {lead}"
