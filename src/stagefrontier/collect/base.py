@@ -37,8 +37,10 @@ class BackgroundWorker:
     back from a wait with cold caches (``queue.Queue.put_nowait`` is Python code around a
     Condition). The training thread is the only producer, so the check cannot overfill it.
 
-    ``on_stop`` runs on the thread after the last queued item (the owner closes its sinks there),
-    so it runs after the last write even when ``close`` stopped waiting before the work was done.
+    ``after_last`` (the owner closes its sinks there) runs once, after the last queued item:
+    inside ``close`` on the closing thread when the work finished within the bound, else on the
+    worker's thread when it does finish. Either way it follows the last item and is never
+    skipped, and ``close`` stays bounded by the work alone.
     """
 
     def __init__(
@@ -47,12 +49,16 @@ class BackgroundWorker:
         handle: object,
         queue_size: int,
         join_timeout_s: float,
-        on_stop: Callable[[], None] | None = None,
+        after_last: Callable[[], None] = lambda: None,
     ) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._maxsize = max(1, queue_size)
         self._handle = handle
-        self._on_stop = on_stop
+        self._after_last = after_last
+        self._handover = threading.Lock()
+        self._drained = False  # the worker took the stop marker
+        self._abandoned = False  # close stopped waiting first: the worker runs after_last
+        self._after_last_claimed = False
         self._join_timeout_s = join_timeout_s
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -73,8 +79,11 @@ class BackgroundWorker:
         while True:
             item = self._queue.get()
             if item is _STOP:
-                if self._on_stop is not None:
-                    self._on_stop()  # after the last item, on this thread, even past the join
+                with self._handover:
+                    self._drained = True
+                    mine = self._abandoned
+                if mine:
+                    self._run_after_last()
                 return
             try:
                 self._handle(item)  # type: ignore[operator]
@@ -82,16 +91,32 @@ class BackgroundWorker:
                 logger.exception("stagefrontier: background window processing failed")
 
     def close(self) -> None:
-        """Let queued work finish, waiting at most ``join_timeout_s`` in total. Safe twice."""
+        """Let queued work finish, waiting at most ``join_timeout_s`` for it, then run
+        ``after_last`` (left to the worker when the wait ran out). Safe twice."""
         if not self._stopping:
             self._stopping = True
             self._queue.put(_STOP)
         self._thread.join(self._join_timeout_s)
-        if self._thread.is_alive():
+        with self._handover:
+            drained = self._drained
+            self._abandoned = not drained
+        if drained:
+            self._run_after_last()
+        else:
             logger.warning(
                 "stagefrontier: analysis still running after %.1f s at close; leaving it",
                 self._join_timeout_s,
             )
+
+    def _run_after_last(self) -> None:
+        with self._handover:
+            if self._after_last_claimed:
+                return
+            self._after_last_claimed = True
+        try:
+            self._after_last()
+        except Exception:  # the owner's clean-up is telemetry too: logged, never raised
+            logger.exception("stagefrontier: clean-up after the last window failed")
 
 
 def merge_received(

@@ -95,7 +95,7 @@ class GlooCollector:
             self._process,
             queue_size,
             join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
-            on_stop=lambda: close_sinks(self.sinks),
+            after_last=lambda: close_sinks(self.sinks),
         )
 
     @property
@@ -108,8 +108,9 @@ class GlooCollector:
         return self._worker.offer(window)
 
     def close(self) -> None:
-        """Let queued windows finish (bounded). The group is left as it is: destroying it is
-        collective, and ``destroy_process_group()`` of the job removes it with the others."""
+        """Let queued windows finish (bounded), then close the sinks. The group is left as it
+        is: destroying it is collective, and ``destroy_process_group()`` of the job removes it
+        with the others."""
         self._worker.close()
 
     # ------------------------------------------------------------------ background thread

@@ -38,7 +38,7 @@ class LocalCollector:
             self._process,
             queue_size,
             join_timeout_s,
-            on_stop=lambda: close_sinks(self.sinks),
+            after_last=lambda: close_sinks(self.sinks),
         )
 
     def submit(self, window: PendingWindow) -> bool:
@@ -49,6 +49,6 @@ class LocalCollector:
         emit(self.sinks, analyze_merged(merged, self.gates))
 
     def close(self) -> None:
-        """Let queued windows finish (bounded); the analysis thread closes the sinks after the
-        last one."""
+        """Let queued windows finish (bounded), then close the sinks (on the analysis thread
+        instead, once it is done, when the bound ran out)."""
         self._worker.close()

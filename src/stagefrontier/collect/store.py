@@ -141,7 +141,7 @@ class StoreCollector:
             handler,
             queue_size,
             join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
-            on_stop=lambda: close_sinks(self.sinks),
+            after_last=lambda: close_sinks(self.sinks),
         )
 
     # ------------------------------------------------------------------ training thread
@@ -149,8 +149,9 @@ class StoreCollector:
         return self._worker.offer((window, time.monotonic()))
 
     def close(self) -> None:
-        """Let queued windows finish (bounded), then drop the private connection. The job's
-        store and process groups are untouched; safe twice and with the store already gone."""
+        """Let queued windows finish (bounded), close the sinks, then drop the private
+        connection. The job's store and process groups are untouched; safe twice and with the
+        store already gone."""
         self._worker.close()
         self._closed = True
         if self._worker.alive:  # still inside a store call: leave it its connection
