@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stagefrontier
-from stagefrontier.integrations.sinks import CsvSink
+from stagefrontier.sinks import CsvSink
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     sinks: list[Any] = []
     if args.csv:
-        from stagefrontier.integrations.sinks import CsvSink
+        from stagefrontier.sinks import CsvSink
 
         sinks.append(CsvSink(args.csv))
     callbacks = (

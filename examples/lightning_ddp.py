@@ -90,11 +90,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     sinks: list[Any] = []
     if args.csv:
-        from stagefrontier.integrations.sinks import CsvSink
+        from stagefrontier.sinks import CsvSink
 
         sinks.append(CsvSink(args.csv))
     if args.tensorboard:
-        from stagefrontier.integrations.sinks import TensorBoardSink
+        from stagefrontier.sinks import TensorBoardSink
 
         sinks.append(TensorBoardSink(args.tensorboard))
     callbacks = (
