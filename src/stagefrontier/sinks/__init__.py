@@ -16,7 +16,7 @@ from ..analysis.window_metrics import NO_LEADER, WindowMetrics
 from .base import Sink, StartableSink, close_sinks, emit, start_sinks
 from .csv_file import CSV_FIELDS, CsvSink
 from .defaults import collector_sinks, default_sinks
-from .files import JsonlSink, PacketSink, packet_name
+from .files import JsonlSink, PacketSink
 from .log import LogSink, summary_line
 from .prometheus import DEFAULT_PROMETHEUS_PORT, PrometheusSink
 from .tensorboard import TensorBoardSink
@@ -40,7 +40,6 @@ __all__ = [
     "collector_sinks",
     "default_sinks",
     "emit",
-    "packet_name",
     "start_sinks",
     "summary_line",
 ]
