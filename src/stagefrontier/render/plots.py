@@ -68,7 +68,6 @@ def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
         figsize=(10, 4.4 * len(shown) + 1.2),
         dpi=110,
         sharex=True,
-        sharey=True,
         squeeze=False,
         layout="constrained",
     )
@@ -167,7 +166,7 @@ def _draw_step(ax: Any, d: FloatArray, ranks: list[int], colors: list[str]) -> f
             color=colors[j],
         )
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8, ncol=2 if n_ranks <= 12 else 1)
+    ax.legend(loc="best", fontsize=8, ncol=2 if n_ranks <= 12 else 1)
     return float(front[-1])
 
 
