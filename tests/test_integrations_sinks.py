@@ -22,14 +22,17 @@ from typing import Any
 
 import pytest
 
+from recorder_support import StepClock
 from stagefrontier import ALL_LABELS, StageTimer
 from stagefrontier.collect import LocalCollector
 from stagefrontier.integrations import MissingExtraError, make_timer
 from stagefrontier.integrations.sinks import CSV_FIELDS, CsvSink
+from stagefrontier.record import contexts
 from stagefrontier.sinks import JsonlSink, Sink
 
 STEPS = 10
 WINDOW = 4  # windows of 4, 4 and 2 steps (the last one flushed by close)
+MS = 1_000_000
 
 
 def _needs(module: str, extra: str) -> Any:
@@ -45,20 +48,26 @@ def _needs(module: str, extra: str) -> Any:
 def _run(
     out: Path, sinks: Sequence[Sink], before_close: Callable[[], None] | None = None
 ) -> list[dict[str, Any]]:
-    """STEPS steps with a data wait that dominates; returns the JSONL records."""
+    """STEPS steps with a data wait that dominates; returns the JSONL records.
+
+    The timer reads a step clock that the loop advances (a 2 or 4 ms data wait, 1 ms of
+    forward), so the windows are the same on a loaded machine as on an idle one."""
+    clock = StepClock()
     collector = LocalCollector(out_dir=out, sinks=[JsonlSink(out), *sinks])
-    timer = StageTimer(window=WINDOW, out_dir=out, collector=collector)
-    with timer:
-        for i in range(STEPS):
-            with timer.step():
-                with timer.stage("data.next_wait"):
-                    time.sleep(0.004 if i % 2 else 0.002)
-                with timer.stage("model.fwd_loss_cpu_wall"):
-                    time.sleep(0.001)
-                with timer.stage("optim.step_cpu_wall"):
-                    pass
-        if before_close is not None:
-            before_close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contexts, "_now", clock)
+        timer = StageTimer(window=WINDOW, out_dir=out, collector=collector)
+        with timer:
+            for i in range(STEPS):
+                with timer.step():
+                    with timer.stage("data.next_wait"):
+                        clock.ns += (4 if i % 2 else 2) * MS
+                    with timer.stage("model.fwd_loss_cpu_wall"):
+                        clock.ns += 1 * MS
+                    with timer.stage("optim.step_cpu_wall"):
+                        pass
+            if before_close is not None:
+                before_close()
     return _records(out)
 
 

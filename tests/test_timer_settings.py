@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 import stagefrontier as sf
-from recorder_support import BWD, CALLBACKS, DATA, FWD, OPTIM, CaptureCollector, read_records
+from recorder_support import (
+    BWD,
+    CALLBACKS,
+    DATA,
+    FWD,
+    OPTIM,
+    CaptureCollector,
+    StepClock,
+    read_records,
+)
 from stagefrontier import CollectConfig, Gates, StageTimer
 from stagefrontier.record import contexts
 
@@ -48,17 +57,6 @@ def test_a_setting_given_twice_or_out_of_range_is_refused(tmp_path: Path) -> Non
         CollectConfig(gates={"share_dominance": 0.3})  # type: ignore[arg-type]
     with pytest.raises(sf.StageFrontierError, match="sinks and gates to the collector"):
         StageTimer(gates=Gates(), collector=CaptureCollector())
-
-
-class StepClock:
-    """Stands in for ``perf_counter_ns`` in the timer's contexts, so every step lasts exactly
-    what the test advances it by."""
-
-    def __init__(self) -> None:
-        self.ns = 0
-
-    def __call__(self) -> int:
-        return self.ns
 
 
 STAGE_MS = ((DATA, 35), (FWD, 25), (BWD, 20), (CALLBACKS, 20), (OPTIM, 0))
