@@ -61,3 +61,6 @@ class StepClock:
 
     def __call__(self) -> int:
         return self.ns
+
+    def advance_s(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from recorder_support import StepClock
 from stagefrontier import StageTimer
+from stagefrontier.record import contexts
 from stagefrontier.record.window import AnalyzedWindow
 from stagefrontier.reducers import reduce_kineto
 
@@ -20,12 +23,22 @@ torch = pytest.importorskip("torch")
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
 
 
-def _steps(timer: StageTimer, n: int, slow_stage: str) -> None:
-    for _ in range(n):
-        with timer.step():
-            for stage in STAGES:
-                with timer.stage(stage):
-                    time.sleep(0.02 if stage == slow_stage else 0.002)
+def _steps(
+    timer: StageTimer, n: int, slow_stage: str, spend: Callable[[float], None] | None = None
+) -> None:
+    """``n`` steps whose ``slow_stage`` takes 40 ms and the others 10 ms each. ``spend`` passes
+    the time (``time.sleep`` where a profiler must see it); by default a step clock that the
+    timer reads is advanced, so the windows do not depend on a loaded machine's sleeps."""
+    clock = StepClock()
+    with pytest.MonkeyPatch.context() as patch:
+        if spend is None:
+            patch.setattr(contexts, "_now", clock)
+            spend = clock.advance_s
+        for _ in range(n):
+            with timer.step():
+                for stage in STAGES:
+                    with timer.stage(stage):
+                        spend(0.04 if stage == slow_stage else 0.01)
 
 
 def test_annotated_timer_trace_reduces_to_the_same_stages(tmp_path: Path) -> None:
@@ -34,7 +47,7 @@ def test_annotated_timer_trace_reduces_to_the_same_stages(tmp_path: Path) -> Non
         StageTimer(STAGES, window=4, out_dir=tmp_path / "sf", annotate=True) as timer,
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
     ):
-        _steps(timer, 8, slow_stage="model.fwd_loss_cpu_wall")
+        _steps(timer, 8, slow_stage="model.fwd_loss_cpu_wall", spend=time.sleep)
     prof.export_chrome_trace(str(trace))
 
     events = json.loads(trace.read_text())["traceEvents"]
