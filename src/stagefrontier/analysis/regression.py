@@ -74,6 +74,20 @@ class RegressionCheck:
             self._healthy.append(_Healthy(window, d, exposed))
         return found
 
+    def reference(self, stages: Sequence[str], n_ranks: int) -> tuple[FloatArray, list[int]] | None:
+        """Each rank's median stage durations over the healthy windows (``[R, S]`` seconds) and
+        the windows (first, last) they come from, as a no-stall reference for the direct gains;
+        None until the baseline holds ``min_baseline`` windows of this schema and rank count."""
+        healthy = list(self._healthy)
+        if (
+            len(healthy) < self.config.min_baseline
+            or self._stages != tuple(stages)
+            or healthy[0].d.shape[1] != n_ranks
+        ):
+            return None
+        d = np.concatenate([h.d for h in healthy])
+        return np.median(d, axis=0), [healthy[0].window, healthy[-1].window]
+
     def _regression(
         self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
     ) -> dict[str, Any] | None:

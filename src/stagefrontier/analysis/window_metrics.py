@@ -8,12 +8,16 @@ metrics, so the sinks cannot disagree on a value:
   window's shares are defined (it had exposed time);
 - the exposed step time (frontier step time) in milliseconds per step;
 - the top stage, its share, and its leader rank (:data:`NO_LEADER` where no single rank leads);
-- one 0/1 flag per label of :data:`~stagefrontier.analysis.labels.ALL_LABELS`.
+- one 0/1 flag per label of :data:`~stagefrontier.analysis.labels.ALL_LABELS`;
+- when the window regressed against the run's healthy windows, how many ms per step it lost and
+  how much each stage's exposed time grew (0 and empty otherwise).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from .labels import ALL_LABELS
 from .schema import semantic_stage
@@ -43,10 +47,22 @@ class WindowMetrics:
     labels: tuple[str, ...]
     label_flags: dict[str, int]
     gather_ok: bool
+    regression_ms_per_step: float = 0.0
+    """Exposed ms per step above the healthy baseline; 0.0 when the window did not regress."""
+    regression_stage_ms: dict[str, float] = field(default_factory=dict)
+    """Per stage, its exposed ms per step above the baseline (only for a regressed window)."""
+    regression_stage: str | None = None
 
     @classmethod
     def from_report(
-        cls, report: WindowReport, *, window: int, first_step: int, last_step: int, gather_ok: bool
+        cls,
+        report: WindowReport,
+        *,
+        window: int,
+        first_step: int,
+        last_step: int,
+        gather_ok: bool,
+        regression: Mapping[str, Any] | None = None,
     ) -> WindowMetrics:
         """The metrics of ``report``, for the window ``window`` covering the given steps."""
         defined = report.shares_defined
@@ -67,4 +83,9 @@ class WindowMetrics:
             labels=tuple(report.labels),
             label_flags={label: int(label in report.labels) for label in ALL_LABELS},
             gather_ok=gather_ok,
+            regression_ms_per_step=float(regression["delta_exposed_ms_per_step"])
+            if regression
+            else 0.0,
+            regression_stage_ms=dict(regression["delta_advance_ms_per_step"]) if regression else {},
+            regression_stage=regression["top_stage"] if regression else None,
         )

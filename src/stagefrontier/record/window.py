@@ -8,7 +8,7 @@ analyzer. Everything here after the hand-off runs off the training thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -166,11 +166,20 @@ class AnalyzedWindow:
     roles: list[str] | None
     side: SideEvidence
     report: WindowReport
+    regression: dict[str, Any] | None = None
+    """Set on rank 0 when this window is slower than the run's recent healthy windows
+    (``analysis.regression``): how much, and which stage's exposed time grew."""
+    gain_reference: list[int] | None = None
+    """The healthy windows (first, last) whose per-rank medians the direct gains clipped to;
+    None when the gains clip to each rank's median in this window (``Gates.gain_baseline``)."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
         """The JSON object written per window to ``windows.jsonl``."""
-        return window_record(self.merged, self.report)
+        record = window_record(self.merged, self.report)
+        record["regression"] = self.regression
+        record["gain_reference_windows"] = self.gain_reference
+        return record
 
     @cached_property
     def metrics(self) -> WindowMetrics:
@@ -182,11 +191,19 @@ class AnalyzedWindow:
             first_step=ref.first_step,
             last_step=ref.last_step,
             gather_ok=not self.merged.missing_ranks,
+            regression=self.regression,
         )
 
 
-def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> AnalyzedWindow:
-    """Run the analyzer on the merged ranks, with the side evidence the windows carry."""
+def analyze_merged(
+    merged: MergedWindow,
+    gates: Gates | None = None,
+    reference_s: npt.NDArray[np.float64] | None = None,
+) -> AnalyzedWindow:
+    """Run the analyzer on the merged ranks, with the side evidence the windows carry.
+
+    ``reference_s`` (``[R, S]`` seconds, the merged ranks in order) is a no-stall reference: the
+    direct gains then clip each stage to it instead of to this window's own medians."""
     ranks = merged.ranks
     d = np.stack([w.durations_ns for w in ranks], axis=1).astype(np.float64) * NS
     role_list = [w.role or "" for w in ranks]
@@ -211,7 +228,10 @@ def analyze_merged(merged: MergedWindow, gates: Gates | None = None) -> Analyzed
         gather_ok=not merged.missing_ranks,
         contract_violations=sum(w.contract_violations for w in ranks),
         notes=tuple(notes),
+        no_stall_reference_s=reference_s,
     )
+    if reference_s is not None:
+        gates = replace(gates or Gates(), gain_baseline="reference")
     report = analyze(d, merged.reference.stages, gates=gates, roles=roles, side=side)
     return AnalyzedWindow(merged, d, roles, side, report)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
 from .escape import printable, printable_lines
@@ -54,6 +55,8 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
     parts.append("labels " + (",".join(_flags(report.labels)) or "none"))
     if not record.get("gather_ok", True):
         parts.append(f"missing ranks {record.get('missing_ranks')}")
+    if record.get("regression"):
+        parts.append("slower: " + regression_text(record["regression"]))
     parts.append(verdict(report, record))
     return printable(" | ".join(parts))
 

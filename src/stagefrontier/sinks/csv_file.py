@@ -24,6 +24,8 @@ CSV_FIELDS = (
     "top1_share",
     "leader_rank",
     "labels",
+    "regression_ms_per_step",
+    "regression_stage",
 )
 """The fixed leading columns; one ``share:<stage>`` column per stage follows."""
 
@@ -69,6 +71,8 @@ class CsvSink:
             "top1_share": "" if m.top1_share is None else f"{m.top1_share:.6g}",
             "leader_rank": "" if m.leader_rank == NO_LEADER else m.leader_rank,
             "labels": ";".join(m.labels),
+            "regression_ms_per_step": f"{m.regression_ms_per_step:.6g}",
+            "regression_stage": m.regression_stage or "",
         }
         for stage, share in m.shares.items():
             column = f"share:{stage}"

@@ -78,4 +78,6 @@ PACKET_META = (
     "lead",
     "accumulation_factor",
     "contract_violations",
+    "regression",
+    "gain_reference_windows",
 )

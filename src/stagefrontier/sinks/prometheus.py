@@ -124,6 +124,11 @@ class _LatestWindowCollector:
             ("last_step", "Last training step of the latest window", m.last_step),
             ("ranks_present", "Ranks whose data reached the latest window", m.n_ranks),
             ("gather_ok", "1 when every rank's window arrived", 1.0 if m.gather_ok else 0.0),
+            (
+                "regression_seconds_per_step",
+                "Exposed step time above the run's healthy windows (0: no regression)",
+                m.regression_ms_per_step * 1e-3,
+            ),
         )
         for name, doc, value in scalars:
             g = family(name, doc)

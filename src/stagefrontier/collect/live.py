@@ -1,0 +1,46 @@
+"""What rank 0 remembers between windows: the run's recent healthy windows.
+
+They serve twice. A new window is checked against them for a regression (``analysis.regression``:
+how much slower, and which stage's exposed time grew), and their per-rank medians are the
+no-stall reference for the direct gains. Clipping a stage to the rank's own median in a window
+that stalls on every step removes nothing (the stall is the median); clipping it to the value
+the rank had while healthy measures what the stall costs. The reference is used once the
+baseline holds enough windows and only when the gates keep the default ``rank_median``
+baseline, so a user's explicit ``Gates(gain_baseline=...)`` always wins and the paper's
+window-local gains stay reproducible with ``RegressionConfig`` off (``regression=None``).
+
+Only complete windows (every rank present and merged) are checked or join the baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..analysis.gates import Gates
+from ..analysis.regression import RegressionCheck, RegressionConfig
+from ..record.window import AnalyzedWindow, MergedWindow, analyze_merged
+
+
+class LiveAnalysis:
+    """Rank 0's analysis of each merged window, with the run's healthy baseline."""
+
+    def __init__(self, gates: Gates | None, regression: RegressionConfig | None) -> None:
+        self.gates = gates
+        self._check = None if regression is None else RegressionCheck(regression)
+
+    def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
+        check = self._check
+        complete = not merged.missing_ranks and not merged.mismatched_ranks
+        if check is None or not complete:
+            return analyze_merged(merged, self.gates)
+        stages = merged.reference.stages
+        reference = None
+        if (self.gates or Gates()).gain_baseline == "rank_median":
+            reference = check.reference(stages, len(merged.ranks))
+        analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
+        regression = check.check(merged.reference.window, analyzed.d, stages)
+        return replace(
+            analyzed,
+            regression=regression,
+            gain_reference=reference[1] if reference else None,
+        )
