@@ -26,6 +26,7 @@ from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
+from .render.last_resort import last_resort_line
 from .render.text import window_report_text
 
 Handler = Callable[[argparse.Namespace], int]
@@ -226,18 +227,24 @@ def _run_plot(args: argparse.Namespace) -> int:
     from .render.plots import plot_shares_over_time, plot_worst_step
     from .render.run_folder import load_run
 
-    run = load_run(args.dir)
-    frontier = args.output or args.dir / "frontier_worst_step.png"
-    shares = (
-        frontier.with_name(frontier.stem + "_shares.png")
-        if args.output
-        else args.dir / "shares_over_time.png"
-    )
-    if run.packets:
-        print(plot_worst_step(run, frontier))
-    else:
-        _warn("no packets/ in the folder: skipping the frontier figure")
-    print(plot_shares_over_time(run, shares))
+    if args.output and args.output.suffix.lower() != ".png":
+        raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
+    groups = load_run(args.dir).by_schema()
+    for i, run in enumerate(groups):
+        # Windows of another stage list (a schema change mid-run) get figures of their own.
+        tail = f"_stages{i + 1}" if len(groups) > 1 else ""
+        frontier = args.output or args.dir / "frontier_worst_step.png"
+        frontier = frontier.with_name(f"{frontier.stem}{tail}.png")
+        shares = (
+            frontier.with_name(f"{frontier.stem}_shares.png")
+            if args.output
+            else args.dir / f"shares_over_time{tail}.png"
+        )
+        if run.packets:
+            print(plot_worst_step(run, frontier))
+        else:
+            _warn("no packets/ in the folder: skipping the frontier figure")
+        print(plot_shares_over_time(run, shares))
     return EXIT_OK
 
 
@@ -385,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except (StageFrontierError, OSError) as exc:
         print(f"stagefrontier: error: {printable(_describe(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # the last resort: one line and a traceback file, never a dump
+        print(f"stagefrontier: error: {printable(last_resort_line(exc))}", file=sys.stderr)
         return EXIT_ERROR
 
 

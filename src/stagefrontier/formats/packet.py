@@ -43,6 +43,7 @@ from ..analysis.side import SideEvidence
 from ..analysis.values import is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
+from .limits import check_limit, read_capped
 
 logger = logging.getLogger("stagefrontier")
 
@@ -139,6 +140,7 @@ def decode_array(obj: Any, name: str, ndim: int | None = None) -> Any:
     if obj["codec"] != CODEC:
         raise ReportFormatError(f"packet field {name!r} has unknown codec {obj['codec']!r}")
     shape = _checked_shape(obj["shape"], name, ndim)
+    check_limit("cells", math.prod(shape), f"packet field {name!r} declares shape {list(shape)}")
     expected = math.prod(shape) * dtype.itemsize
     compressed = _b64decode(obj["data"], name)
     if expected > _MAX_ZLIB_RATIO * len(compressed) + 64:
@@ -261,8 +263,9 @@ def _side_to_dict(side: SideEvidence) -> dict[str, Any]:
 
 
 def read_packet(path: str | os.PathLike[str]) -> Packet:
-    """Read and validate a packet file; raises ReportFormatError for any corrupt content."""
-    return packet_from_bytes(Path(path).read_bytes())
+    """Read and validate a packet file; raises ReportFormatError for any corrupt content or a
+    file over the packet size limit (``formats.limits``)."""
+    return packet_from_bytes(read_capped(path, "packet_bytes"))
 
 
 def packet_from_bytes(data: bytes) -> Packet:

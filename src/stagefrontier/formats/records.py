@@ -8,6 +8,7 @@ torchelastic restart counted windows from 0 again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -15,6 +16,9 @@ from typing import Any
 
 from ..analysis.window_report import REPORT_FORMAT, WindowReport
 from ..errors import ReportFormatError
+from .limits import RECORD_LINE_BYTES, check_limit, limit, over_limit
+
+logger = logging.getLogger("stagefrontier")
 
 WINDOWS_FILE = "windows.jsonl"
 REPORT_KEYS = frozenset(f.name for f in fields(WindowReport)) | {"format", "version"}
@@ -22,24 +26,63 @@ REPORT_KEYS = frozenset(f.name for f in fields(WindowReport)) | {"format", "vers
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every record of a ``windows.jsonl`` file, in file order (blank lines skipped).
+    """Every record of a ``windows.jsonl`` file, in file order (blank lines skipped), each
+    checked to be a window record holding a valid report. A last line cut short (no newline and
+    not JSON: a writer stopped mid-line) is skipped with a warning.
 
     Raises:
-        ReportFormatError: a line is not a JSON object, naming the file and line.
+        ReportFormatError: the file is over the size limit (``formats.limits``), or a line is
+            not UTF-8, not JSON, or not a valid window record, naming the file and line.
     """
+    source = Path(path)
     records = []
-    with Path(path).open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with source.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        check_limit("records_bytes", size, f"{source} size")
+        total = 0
+        for number, line in enumerate(iter(lambda: handle.readline(RECORD_LINE_BYTES + 1), b""), 1):
+            total += len(line)
+            label = f"{source}:{number}"
+            if total > limit("records_bytes"):
+                raise over_limit("records_bytes", f"{source} grew past {total} bytes")
+            if len(line) > RECORD_LINE_BYTES:
+                raise ReportFormatError(f"{label}: a line over {RECORD_LINE_BYTES} bytes")
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ReportFormatError(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(record, dict):
-                raise ReportFormatError(f"{path}:{number}: not a window record (a JSON object)")
-            records.append(record)
+                record = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+                if not line.endswith(b"\n") and not handle.peek(1):
+                    logger.warning("%s: last line is cut short (%s); skipped", label, exc)
+                    continue
+                raise ReportFormatError(f"{label}: not JSON: {exc}") from None
+            records.append(check_record(record, label))
     return records
+
+
+def check_record(record: Any, label: str) -> dict[str, Any]:
+    """``record`` when it is a window record: a JSON object with a ``window`` index, an optional
+    restart ``attempt`` (ints >= 0) and a valid report of at least one step and rank.
+
+    Raises:
+        ReportFormatError: anything else, prefixed with ``label``.
+    """
+    if not isinstance(record, dict):
+        raise ReportFormatError(f"{label}: not a window record (a JSON object)")
+    for key in ("window", "attempt"):
+        value = record.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ReportFormatError(f"{label}: {key!r} must be an integer >= 0, got {value!r}")
+    if "window" not in record:
+        raise ReportFormatError(f"{label}: not a window record (no 'window' index)")
+    report = record_report(record, label)
+    if not all(isinstance(stage, str) for stage in report.stages):
+        raise ReportFormatError(f"{label}: the report's stages are not all strings")
+    if report.n_steps < 1 or report.n_ranks < 1:
+        raise ReportFormatError(
+            f"{label}: a report of {report.n_steps} step(s) and {report.n_ranks} rank(s)"
+        )
+    return record
 
 
 def looks_like_records(head: bytes) -> bool:

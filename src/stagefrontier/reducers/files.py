@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..formats.limits import limit, over_limit, read_stream
 from .errors import TraceFormatError
 
 PathLike = str | os.PathLike[str]
@@ -60,6 +61,27 @@ def open_maybe_gzip(path: Path) -> io.BufferedIOBase:
     if head == GZIP_MAGIC:
         return gzip.open(path, "rb")
     return path.open("rb")
+
+
+def read_trace_bytes(path: Path) -> bytes:
+    """A trace file's text, inflated when gzip'd, bounded by the trace size limit and, for a
+    gzip file, by the inflate ratio times its compressed size (``formats.limits``): a small
+    archive of whitespace is refused before it fills memory.
+
+    Raises:
+        ReportFormatError: the file or its inflated text is over a limit.
+        OSError, EOFError, zlib.error: the file cannot be read or inflated.
+    """
+    size = path.stat().st_size
+    cap, name = limit("trace_bytes"), "trace_bytes"
+    if size > cap:
+        raise over_limit(name, f"{path} is {size} bytes")
+    with open_maybe_gzip(path) as handle:
+        if isinstance(handle, gzip.GzipFile):
+            ratio_cap = limit("inflate_ratio") * max(size, 1 << 16)
+            if ratio_cap < cap:
+                cap, name = ratio_cap, "inflate_ratio"
+        return read_stream(handle, cap, name, str(path))
 
 
 def mapped_rank(path: Path, ranks: RankMap | None) -> int | None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,16 @@ from .files import KINETO_SUFFIXES, Paths, check_unmapped, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
 from .matrix import build_matrix, timed_stages
 from .options import TraceOptions, trace_options
-from .ranges import RankRanges, Span, Thread, rank_ranges, step_kind_of, wanted_name
+from .ranges import (
+    RankRanges,
+    Span,
+    Thread,
+    rank_ranges,
+    skipped_text,
+    span_times,
+    step_kind_of,
+    wanted_name,
+)
 from .result import ReducedTrace
 
 NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
@@ -159,15 +170,23 @@ def _rank_ranges(
         host = host[(host["cat"] == annotation) | host["name"].isin(steps)]
     rows = host[host["name"].isin(name_ids)]
     rows = rows[rows["dur"] >= 0]  # HTA's microsecond rounding can turn a tiny range negative
-    spans = [
-        Span(symbols[int(n)], round(float(ts) * 1000), round(float(dur) * 1000), (str(p), str(t)))
-        for n, ts, dur, p, t in zip(
-            rows["name"], rows["ts"], rows["dur"], rows["pid"], rows["tid"], strict=True
-        )
-    ]
+    spans: list[Span] = []
+    skipped: Counter[str] = Counter()
+    for n, ts, dur, p, t in zip(
+        rows["name"], rows["ts"], rows["dur"], rows["pid"], rows["tid"], strict=True
+    ):
+        times = span_times(float(ts), float(dur))
+        if isinstance(times, str):
+            skipped[times] += 1
+        else:
+            spans.append(Span(symbols[int(n)], times[0], times[1], (str(p), str(t))))
     others = host[(host["cat"] == annotation) & ~host["name"].isin(name_ids)]
     seen: set[tuple[str, Thread]] = {
         (symbols[int(name)], (str(p), str(t)))
         for name, p, t in others[["name", "pid", "tid"]].drop_duplicates().itertuples(index=False)
     }
-    return rank_ranges(spans, timed, options, rank=rank, label=str(path), seen=seen)
+    ranges = rank_ranges(spans, timed, options, rank=rank, label=str(path), seen=seen)
+    if skipped:
+        note = f"{path}: {skipped_text(skipped)} skipped: malformed ts/dur"
+        ranges = replace(ranges, notes=(*ranges.notes, note))
+    return ranges

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from .errors import TraceFormatError
 from .files import (
@@ -37,16 +38,21 @@ from .files import (
     check_unmapped,
     mapped_rank,
     open_maybe_gzip,
+    read_trace_bytes,
     trace_files,
 )
 from .matrix import build_matrix, timed_stages
 from .options import TraceOptions, trace_options
 from .ranges import (
+    MAX_TIME_NS,
     RankRanges,
     Span,
     Thread,
     merge_rank_ranges,
     rank_ranges,
+    skipped_text,
+    span_times,
+    step_kind_of,
     wanted_name,
 )
 from .result import ReducedTrace
@@ -55,7 +61,7 @@ RANGE_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
 """Categories of host ranges that may be steps or stages (``record_function`` ranges)."""
 
 HEADER_PEEK_BYTES = 1 << 20
-_READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError)
+_READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ class KinetoFile:
     spans: tuple[Span, ...]
     seen: frozenset[tuple[str, Thread]]
     """(name, thread) of the other ``user_annotation`` ranges."""
-    skipped: int
-    """Ranges with a wanted name but a malformed ``ts`` or ``dur``."""
+    skipped: Counter[str]
+    """Ranges with a wanted name but a malformed ``ts`` or ``dur``, by reason."""
 
     @property
     def time_base(self) -> str:
@@ -106,7 +112,7 @@ def reduce_kineto(
     for item in read:
         rank = resolve_rank(item.path, item.header, opts.ranks, single=len(read) == 1, notes=notes)
         if item.skipped:
-            notes.append(f"{item.path}: {item.skipped} range(s) with malformed ts/dur skipped")
+            notes.append(f"{item.path}: {skipped_text(item.skipped)} skipped: malformed ts/dur")
         ranges = rank_ranges(
             item.spans, timed, opts, rank=rank, label=str(item.path), seen=item.seen
         )
@@ -128,15 +134,20 @@ def reduce_kineto(
 
 def read_kineto_file(path: Path, stages: Sequence[str] | None, step_name: str) -> KinetoFile:
     """Parse one trace file and keep its step and stage ranges (absolute integer ns); with no
-    stage list, every ``user_annotation`` range (the candidates to infer the stages from)."""
+    stage list, every ``user_annotation`` range (the candidates to infer the stages from).
+
+    Raises:
+        TraceFormatError: unreadable, or every step range it holds has a malformed ts/dur.
+    """
     header, events = load_trace(path)
     base = _base_ns(header) or 0
     wanted = None if stages is None else frozenset(stages)
     spans: list[Span] = []
     seen: set[tuple[str, Thread]] = set()
-    skipped = 0
+    skipped: Counter[str] = Counter()
+    bad_steps: Counter[str] = Counter()
     for event in events:
-        if not isinstance(event, dict) or event.get("ph") != "X":
+        if event.get("ph") != "X":
             continue
         if event.get("cat") not in RANGE_CATEGORIES:
             continue
@@ -151,39 +162,59 @@ def read_kineto_file(path: Path, stages: Sequence[str] | None, step_name: str) -
             if annotation:
                 seen.add((name, thread))
             continue
-        ts, dur = event.get("ts"), event.get("dur")
-        if not (_is_number(ts) and _is_number(dur)) or dur < 0:
-            skipped += 1
+        times = span_times(event.get("ts"), event.get("dur"))
+        if isinstance(times, str):
+            skipped[times] += 1
+            if step_kind_of(name, step_name) is not None:
+                bad_steps[times] += 1
             continue
-        spans.append(Span(name, base + round(ts * 1000), round(dur * 1000), thread))
+        spans.append(Span(name, base + times[0], times[1], thread))
+    if bad_steps and not any(step_kind_of(s.name, step_name) for s in spans):
+        raise TraceFormatError(
+            f"{path}: no usable step range: every one is malformed, {skipped_text(bad_steps)}"
+        )
     return KinetoFile(path, header, tuple(spans), frozenset(seen), skipped)
-
-
-def _is_number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _base_ns(header: dict[str, Any]) -> int | None:
     base = header.get("baseTimeNanoseconds")
-    return base if isinstance(base, int) and not isinstance(base, bool) else None
+    if isinstance(base, bool) or not isinstance(base, int) or abs(base) > MAX_TIME_NS:
+        return None
+    return base
 
 
 def load_trace(path: Path) -> tuple[dict[str, Any], list[Any]]:
     """The header (every top-level key but ``traceEvents``) and the event list of a trace.
 
     A bare JSON array of events (the Chrome trace array format) has an empty header.
+
+    Raises:
+        TraceFormatError: unreadable, over the trace size limit, not JSON, nested too deeply,
+            not a Chrome trace, or an event that is not a JSON object.
     """
     try:
-        with open_maybe_gzip(path) as handle:
-            data = json.load(handle)
+        data = json.loads(read_trace_bytes(path))
     except _READ_ERRORS as exc:
         raise TraceFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     if isinstance(data, list):
-        return {}, data
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        header, events = {}, data
+    elif isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
+        events = data.pop("traceEvents")
+        header = data
+    else:
         raise TraceFormatError(f"{path}: not a Chrome trace (no traceEvents list)")
-    events = data.pop("traceEvents")
-    return data, events
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise TraceFormatError(
+                f"{path}: not a Chrome trace: event {i} is a JSON {_json_kind(event)}, not an "
+                "event object"
+            )
+    return header, events
+
+
+def _json_kind(value: Any) -> str:
+    names = {list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
+from ..formats.limits import check_limit
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
 from .infer import infer_stages
 from .options import TraceOptions
@@ -121,12 +122,15 @@ def _missing_ranks(
 ) -> list[int]:
     if world_size is None:
         return []
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise TraceFormatError(f"world size {world_size!r} is not a positive integer")
+    check_limit("world_size", world_size, "the world size")
     beyond = [p for p in parts if not 0 <= p.rank < world_size]
     if beyond:
         raise TraceFormatError(
             f"{_files(beyond[0])}: rank {beyond[0].rank} is outside world size {world_size}"
         )
-    missing = [r for r in range(world_size) if r not in ranks]
+    missing = sorted(set(range(world_size)) - set(ranks))
     if missing and mode == "error":
         raise MissingRanksError(
             f"rank(s) {id_text(missing)} of world size {world_size} have no trace among "

@@ -23,10 +23,11 @@ stage list, every NVTX range on the step thread is a candidate to infer the stag
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import TraceFormatError
 from .files import (
@@ -40,6 +41,8 @@ from .files import (
 from .matrix import build_matrix, timed_stages
 from .options import TraceOptions, trace_options
 from .ranges import (
+    MAX_SPAN_NS,
+    MAX_TIME_NS,
     RankRanges,
     Span,
     Thread,
@@ -77,9 +80,8 @@ def reduce_nsys(
     notes: list[str] = []
     parts: list[RankRanges] = []
     for path in files:
-        spans, seen, unfinished = read_nvtx_ranges(path, timed, opts.step_name)
-        if unfinished:
-            notes.append(f"{path}: {unfinished} NVTX range(s) without an end skipped")
+        spans, seen, skipped = read_nvtx_ranges(path, timed, opts.step_name)
+        notes.extend(f"{path}: {n} NVTX range(s) {why} skipped" for why, n in skipped.items())
         parts.extend(_file_ranks(path, spans, seen, timed, opts, len(files), notes))
     if opts.world_size is None:
         notes.append("Nsight exports carry no world size: missing ranks cannot be detected")
@@ -93,9 +95,10 @@ def split_global_tid(global_tid: int) -> Thread:
 
 def read_nvtx_ranges(
     path: Path, stages: Sequence[str] | None, step_name: str
-) -> tuple[list[Span], set[tuple[str, Thread]], int]:
+) -> tuple[list[Span], set[tuple[str, Thread]], Counter[str]]:
     """The NVTX ranges named like a stage or a step (every range with no stage list), the
-    (name, thread) of the other ranges, and how many wanted ranges had no end.
+    (name, thread) of the other ranges, and how many were skipped, by reason (no end, or a
+    start, end or ``globalTid`` that is no integer in range).
 
     Raises:
         TraceFormatError: not an SQLite file, or no NVTX_EVENTS table.
@@ -114,19 +117,28 @@ def read_nvtx_ranges(
     wanted = None if stages is None else frozenset(stages)
     spans: list[Span] = []
     seen: set[tuple[str, Thread]] = set()
-    unfinished = 0
+    skipped: Counter[str] = Counter()
     for start, end, name, global_tid in rows:
-        thread = split_global_tid(int(global_tid or 0))
         if not isinstance(name, str):
             continue
+        if not _is_int(global_tid if global_tid is not None else 0):
+            skipped["with a globalTid that is not an integer"] += 1
+            continue
+        thread = split_global_tid(global_tid or 0)
         if not wanted_name(name, wanted, step_name):
             seen.add((name, thread))
             continue
-        if end is None or start is None or end < start:
-            unfinished += 1
-            continue
-        spans.append(Span(name, int(start), int(end) - int(start), thread))
-    return spans, seen, unfinished
+        if end is None or start is None:
+            skipped["without an end"] += 1
+        elif not (_is_int(start) and _is_int(end)) or not 0 <= end - start <= MAX_SPAN_NS:
+            skipped["with a start or end that is not an integer in range"] += 1
+        else:
+            spans.append(Span(name, start, end - start, thread))
+    return spans, seen, skipped
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_TIME_NS
 
 
 def _query(db: sqlite3.Connection, path: Path) -> list[tuple[int, int | None, str | None, int]]:
@@ -161,7 +173,7 @@ def _range_types(db: sqlite3.Connection, tables: set[str]) -> list[int]:
     """The eventType ids of push/pop and start/end ranges, from the export's enum if present."""
     if "ENUM_NSYS_EVENT_TYPE" in tables:
         found = dict(db.execute("SELECT name, id FROM ENUM_NSYS_EVENT_TYPE"))
-        ids = [int(found[n]) for n in RANGE_TYPE_NAMES if n in found]
+        ids = [found[n] for n in RANGE_TYPE_NAMES if _is_int(found.get(n))]
         if ids:
             return ids
     return list(RANGE_TYPE_NAMES.values())

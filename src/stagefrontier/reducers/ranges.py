@@ -14,6 +14,7 @@ Step ranges are recognized by name:
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,35 @@ MAX_SEEN_NAMES = 20
 
 Thread = tuple[str, str]
 """(process id, thread id) as text: traces spell them as numbers or labels."""
+
+MAX_SPAN_NS = 1 << 50
+"""About 13 days: a longer range is corrupt (and sums of such ranges stay exact in int64)."""
+MAX_TIME_NS = 1 << 62
+"""Start times beyond this (about 146 years from the trace's zero) are corrupt."""
+
+
+def span_times(ts_us: object, dur_us: object) -> tuple[int, int] | str:
+    """A range's start and duration in integer nanoseconds from microsecond ``ts`` and ``dur``
+    (as Chrome traces give them), or why they are unusable: not numbers, not finite, a negative
+    ``dur``, or out of range."""
+    for value in (ts_us, dur_us):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "ts/dur not a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "non-finite ts/dur"
+    assert isinstance(ts_us, int | float) and isinstance(dur_us, int | float)
+    if dur_us < 0:
+        return "negative dur"
+    start, length = ts_us * 1000, dur_us * 1000
+    if abs(start) > MAX_TIME_NS or length > MAX_SPAN_NS:
+        return "ts/dur out of range"
+    return round(start), round(length)
+
+
+def skipped_text(reasons: Counter[str]) -> str:
+    """``3 range(s) (negative dur: 2, non-finite ts/dur: 1)``."""
+    detail = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items()))
+    return f"{sum(reasons.values())} range(s) ({detail})"
 
 
 @dataclass(frozen=True)

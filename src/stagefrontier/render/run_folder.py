@@ -12,7 +12,7 @@ import numpy as np
 
 from ..analysis import baselines
 from ..analysis.accounting import FloatArray
-from ..errors import StageFrontierError
+from ..errors import ReportFormatError, StageFrontierError
 from ..formats.packet import Packet, read_packet
 from ..formats.records import WINDOWS_FILE, read_records
 
@@ -29,24 +29,56 @@ class RunWindows:
     def stages(self) -> list[str]:
         return list(self.packets[0].stages) if self.packets else list(self.records[0]["stages"])
 
+    def by_schema(self) -> list[RunWindows]:
+        """The windows split by stage list, in order of first appearance: a run whose
+        accumulation factor changed mid-run holds windows of different stages, which are
+        reported and plotted apart."""
+        keys = [tuple(p.stages) for p in self.packets] + [tuple(r["stages"]) for r in self.records]
+        return [
+            RunWindows(
+                self.folder,
+                [p for p in self.packets if tuple(p.stages) == key],
+                [r for r in self.records if tuple(r["stages"]) == key],
+            )
+            for key in dict.fromkeys(keys)
+        ]
+
 
 def load_run(folder: str | Path) -> RunWindows:
-    """Read ``windows.jsonl`` and ``packets/`` from a folder; raises StageFrontierError if the
-    folder does not exist or holds neither."""
+    """Read ``windows.jsonl`` and ``packets/`` from a folder.
+
+    Raises:
+        StageFrontierError: the folder does not exist or holds neither.
+        ReportFormatError: a packet or a record is corrupt, naming its file (and line).
+    """
     path = Path(folder)
     if not path.exists():
         raise StageFrontierError(f"{path} does not exist")
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
     packets = sorted(
-        (read_packet(p) for p in (path / "packets").glob("window-*.json")),
-        key=lambda packet: (packet.meta.get("attempt", 0), packet.meta.get("window", 0)),
+        (_read_packet(p) for p in (path / "packets").glob("window-*.json")),
+        key=lambda packet: (_index(packet.meta, "attempt"), _index(packet.meta, "window")),
     )
     jsonl = path / WINDOWS_FILE
     records = read_records(jsonl) if jsonl.exists() else []
     if not packets and not records:
         raise StageFrontierError(f"{path} holds no windows.jsonl and no packets/")
     return RunWindows(path, packets, records)
+
+
+def _read_packet(path: Path) -> Packet:
+    try:
+        return read_packet(path)
+    except ReportFormatError as exc:
+        raise ReportFormatError(f"{path}: {exc}") from None
+
+
+def _index(meta: dict[str, Any], key: str) -> int:
+    """A packet's window or attempt for ordering (a packet's meta is free-form: 0 if not an
+    int)."""
+    value = meta.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def method_shares(packet: Packet) -> dict[str, FloatArray]:

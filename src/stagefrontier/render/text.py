@@ -157,7 +157,22 @@ def _semantic_table(report: WindowReport) -> list[str]:
 
 
 def run_report_text(run: RunWindows) -> str:
-    """The report printed by ``stagefrontier report`` and at the end of the demo."""
+    """The report printed by ``stagefrontier report`` and at the end of the demo; windows of
+    different stage lists (an accumulation factor changed mid-run) get one report each."""
+    groups = run.by_schema()
+    if len(groups) == 1:
+        return _schema_report_text(run)
+    lines = [
+        f"{run.folder} holds windows of {len(groups)} stage lists (the schema changed mid-run, "
+        "e.g. a new accumulation factor); each is reported apart."
+    ]
+    for i, group in enumerate(groups, 1):
+        lines += ["", f"=== Stage list {i} of {len(groups)}: {len(group.stages)} stages ==="]
+        lines.append(_schema_report_text(group))
+    return "\n".join(lines)
+
+
+def _schema_report_text(run: RunWindows) -> str:
     lines = [_title(run), ""]
     if run.packets:
         lines += _comparison(run)

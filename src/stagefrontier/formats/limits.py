@@ -1,0 +1,116 @@
+"""Size limits on what the readers take in, and the one size-capped reader they all use.
+
+A file must never cost more than a small multiple of its size in memory, and a small file must
+never declare its way into a large allocation. Every reader therefore checks a file's size (and
+a compressed file's inflated size) before parsing it, and every declared shape before building
+the array. Each limit has a default and an environment variable that overrides it:
+
+=================================  ==========  =================================================
+variable                           default     bounds
+=================================  ==========  =================================================
+``STAGEFRONTIER_MAX_PACKET_BYTES`` 64 MiB      an evidence packet file
+``STAGEFRONTIER_MAX_RECORDS_BYTES`` 256 MiB    a ``windows.jsonl`` file (16 MiB a line)
+``STAGEFRONTIER_MAX_TRACE_BYTES``  1 GiB       a JSON trace, after decompression
+``STAGEFRONTIER_MAX_INFLATE_RATIO`` 50         inflated / compressed size (``.json.gz``, ``.npz``)
+``STAGEFRONTIER_MAX_CELLS``        2**25       steps x ranks x stages of a packet or ``.npz``
+``STAGEFRONTIER_MAX_WORLD_SIZE``   2**17       a world size stated by a trace or asked for
+=================================  ==========  =================================================
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ReportFormatError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One bound: its environment variable, default and what it bounds (for messages)."""
+
+    env: str
+    default: int
+    what: str
+
+
+LIMITS = {
+    "packet_bytes": Limit("STAGEFRONTIER_MAX_PACKET_BYTES", 64 * MiB, "bytes for a packet"),
+    "records_bytes": Limit(
+        "STAGEFRONTIER_MAX_RECORDS_BYTES", 256 * MiB, "bytes for a windows.jsonl"
+    ),
+    "trace_bytes": Limit("STAGEFRONTIER_MAX_TRACE_BYTES", 1024 * MiB, "bytes for a JSON trace"),
+    "inflate_ratio": Limit(
+        "STAGEFRONTIER_MAX_INFLATE_RATIO", 50, "times the compressed size when inflated"
+    ),
+    "cells": Limit("STAGEFRONTIER_MAX_CELLS", 1 << 25, "steps x ranks x stages in a window"),
+    "world_size": Limit("STAGEFRONTIER_MAX_WORLD_SIZE", 1 << 17, "ranks in a world"),
+}
+RECORD_LINE_BYTES = 16 * MiB
+"""The longest ``windows.jsonl`` line read (a record is a few kB)."""
+_CHUNK = MiB
+
+
+def limit(name: str) -> int:
+    """The current value of limit ``name``: its environment variable when set, else the default.
+
+    Raises:
+        ReportFormatError: the variable is set to anything but a positive integer.
+    """
+    spec = LIMITS[name]
+    text = os.environ.get(spec.env)
+    if text is None or not text.strip():
+        return spec.default
+    value = text.strip().replace("_", "")
+    if not value.isdigit() or int(value) < 1:
+        raise ReportFormatError(f"{spec.env}={text!r}: expected a positive integer")
+    return int(value)
+
+
+def over_limit(name: str, label: str) -> ReportFormatError:
+    """The error for ``label`` (what exceeds limit ``name``), saying how to raise the limit."""
+    spec = LIMITS[name]
+    return ReportFormatError(
+        f"{label}, over the limit of {limit(name)} {spec.what} (set {spec.env} to raise it)"
+    )
+
+
+def check_limit(name: str, amount: int, label: str) -> None:
+    """Refuse ``amount`` (what ``label`` names) when it exceeds limit ``name``."""
+    if amount > limit(name):
+        raise over_limit(name, f"{label}: {amount}")
+
+
+def read_capped(path: str | os.PathLike[str], name: str) -> bytes:
+    """A whole file of at most limit ``name`` bytes; the size is checked before reading, and a
+    file that grows (or a device such as ``/dev/zero``) is cut at the limit and refused.
+
+    Raises:
+        ReportFormatError: the file is larger than the limit.
+        OSError: the file cannot be read.
+    """
+    source = Path(path)
+    with source.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit(name):
+            raise over_limit(name, f"{source} is {size} bytes")
+        return read_stream(handle, limit(name), name, str(source))
+
+
+def read_stream(handle: io.BufferedIOBase, cap: int, name: str, label: str) -> bytes:
+    """At most ``cap`` bytes of an open stream, read in chunks (a decompressing stream is never
+    inflated past the cap); more raises ``over_limit(name)``."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = handle.read(min(_CHUNK, cap + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            raise over_limit(name, f"{label} holds more than {cap} bytes")
