@@ -149,13 +149,13 @@ def read_kineto_file(path: Path, stages: Sequence[str] | None, step_name: str) -
     for event in events:
         if event.get("ph") != "X":
             continue
-        if event.get("cat") not in RANGE_CATEGORIES:
+        category, name = event.get("cat"), event.get("name")
+        if not isinstance(category, str) or category not in RANGE_CATEGORIES:
             continue
-        name = event.get("name")
         if not isinstance(name, str):
             continue
         thread = (str(event.get("pid")), str(event.get("tid")))
-        annotation = event.get("cat") == "user_annotation"
+        annotation = category == "user_annotation"
         # Inferring the stages, only record_function ranges are candidates, not operators.
         candidates = wanted if annotation or wanted is not None else frozenset()
         if not wanted_name(name, candidates, step_name):
