@@ -304,7 +304,7 @@ def packet_from_dict(obj: Any) -> Packet:
         raise ReportFormatError("packet field 'stages' must be a list of stage names")
     stages = _field("stages", check_stage_names, obj["stages"], d.shape[2])
     roles = _decode_roles(obj["roles"], d.shape[1])
-    side = None if obj["side"] is None else _field("side", _side_from_dict, obj["side"])
+    side = None if obj["side"] is None else _field("side", _side_from_dict, obj["side"], d.shape)
     gates = _field("gates", Gates.from_dict, _object(obj["gates"], "gates"))
     meta = _object(obj["meta"], "meta")
     report = _field("report", WindowReport.from_dict, _object(obj["report"], "report"))
@@ -330,12 +330,13 @@ def _decode_roles(roles: Any, n_ranks: int) -> tuple[str, ...] | None:
     return tuple(roles)
 
 
-def _side_from_dict(data: dict[str, Any]) -> SideEvidence:
+def _side_from_dict(data: dict[str, Any], shape: tuple[int, int, int]) -> SideEvidence:
+    """Side evidence decoded and checked against the matrix's shape (as the analyzer will)."""
     values = dict(_object(data, "side"))
     for key in _SIDE_ARRAYS:
         if values.get(key) is not None:
             values[key] = decode_array(values[key], f"side.{key}")
-    return SideEvidence.from_dict(values)
+    return SideEvidence.from_dict(values).checked(*shape)
 
 
 def _object(value: Any, name: str) -> dict[str, Any]:
