@@ -71,18 +71,23 @@ def limit(name: str) -> int:
     return int(value)
 
 
-def over_limit(name: str, label: str) -> ReportFormatError:
-    """The error for ``label`` (what exceeds limit ``name``), saying how to raise the limit."""
+def over_limit(
+    name: str, label: str, error: type[ReportFormatError] = ReportFormatError
+) -> ReportFormatError:
+    """The error (``error``, a ReportFormatError kind) for ``label``, what exceeds limit
+    ``name``, saying how to raise the limit."""
     spec = LIMITS[name]
-    return ReportFormatError(
+    return error(
         f"{label}, over the limit of {limit(name)} {spec.what} (set {spec.env} to raise it)"
     )
 
 
-def check_limit(name: str, amount: int, label: str) -> None:
+def check_limit(
+    name: str, amount: int, label: str, error: type[ReportFormatError] = ReportFormatError
+) -> None:
     """Refuse ``amount`` (what ``label`` names) when it exceeds limit ``name``."""
     if amount > limit(name):
-        raise over_limit(name, f"{label}: {amount}")
+        raise over_limit(name, f"{label}: {amount}", error)
 
 
 def read_capped(path: str | os.PathLike[str], name: str) -> bytes:
@@ -101,16 +106,26 @@ def read_capped(path: str | os.PathLike[str], name: str) -> bytes:
         return read_stream(handle, limit(name), name, str(source))
 
 
-def read_stream(handle: io.BufferedIOBase, cap: int, name: str, label: str) -> bytes:
+def read_stream(
+    handle: io.BufferedIOBase,
+    cap: int,
+    name: str,
+    label: str,
+    *,
+    keep: bool = True,
+    error: type[ReportFormatError] = ReportFormatError,
+) -> bytes:
     """At most ``cap`` bytes of an open stream, read in chunks (a decompressing stream is never
-    inflated past the cap); more raises ``over_limit(name)``."""
+    inflated past the cap); more raises ``over_limit(name)``. With ``keep`` False the stream is
+    only measured (for a reader that parses the file itself) and ``b""`` is returned."""
     chunks: list[bytes] = []
     total = 0
     while True:
         chunk = handle.read(min(_CHUNK, cap + 1 - total))
         if not chunk:
             return b"".join(chunks)
-        chunks.append(chunk)
+        if keep:
+            chunks.append(chunk)
         total += len(chunk)
         if total > cap:
-            raise over_limit(name, f"{label} holds more than {cap} bytes")
+            raise over_limit(name, f"{label} holds more than {cap} bytes", error)

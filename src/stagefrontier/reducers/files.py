@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -63,25 +64,30 @@ def open_maybe_gzip(path: Path) -> io.BufferedIOBase:
     return path.open("rb")
 
 
-def read_trace_bytes(path: Path) -> bytes:
+def read_trace_bytes(path: Path, *, keep: bool = True) -> bytes:
     """A trace file's text, inflated when gzip'd, bounded by the trace size limit and, for a
     gzip file, by the inflate ratio times its compressed size (``formats.limits``): a small
-    archive of whitespace is refused before it fills memory.
+    archive of whitespace is refused before it fills memory. With ``keep`` False the text is
+    only measured against the limits (for HTA, which reads the file itself).
 
     Raises:
         ReportFormatError: the file or its inflated text is over a limit.
-        OSError, EOFError, zlib.error: the file cannot be read or inflated.
+        TraceFormatError: a gzip file that does not inflate.
+        OSError: the file cannot be read.
     """
     size = path.stat().st_size
     cap, name = limit("trace_bytes"), "trace_bytes"
     if size > cap:
-        raise over_limit(name, f"{path} is {size} bytes")
+        raise over_limit(name, f"{path} is {size} bytes", TraceFormatError)
     with open_maybe_gzip(path) as handle:
         if isinstance(handle, gzip.GzipFile):
             ratio_cap = limit("inflate_ratio") * max(size, 1 << 16)
             if ratio_cap < cap:
                 cap, name = ratio_cap, "inflate_ratio"
-        return read_stream(handle, cap, name, str(path))
+        try:
+            return read_stream(handle, cap, name, str(path), keep=keep, error=TraceFormatError)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceFormatError(f"{path}: not a readable JSON trace: {exc}") from None
 
 
 def mapped_rank(path: Path, ranks: RankMap | None) -> int | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MissingDependencyError, TraceFormatError
-from .files import KINETO_SUFFIXES, Paths, check_unmapped, trace_files
+from .files import KINETO_SUFFIXES, Paths, check_unmapped, read_trace_bytes, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
 from .matrix import build_matrix, timed_stages
 from .options import TraceOptions, trace_options
@@ -63,6 +63,8 @@ def reduce_hta(
     timed = None if stages is None else timed_stages(stages)
     files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
     check_unmapped(opts.ranks, files)
+    for path in files:  # HTA parses the files itself: hold them to the trace limits first
+        read_trace_bytes(path, keep=False)
     headers = [(path, read_header(path)) for path in files]
     notes: list[str] = []
     by_rank: dict[int, Path] = {}

@@ -192,8 +192,9 @@ def load_trace(path: Path) -> tuple[dict[str, Any], list[Any]]:
         TraceFormatError: unreadable, over the trace size limit, not JSON, nested too deeply,
             not a Chrome trace, or an event that is not a JSON object.
     """
+    text = read_trace_bytes(path)
     try:
-        data = json.loads(read_trace_bytes(path))
+        data = json.loads(text)
     except _READ_ERRORS as exc:
         raise TraceFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     if isinstance(data, list):

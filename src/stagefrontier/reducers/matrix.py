@@ -124,7 +124,7 @@ def _missing_ranks(
         return []
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise TraceFormatError(f"world size {world_size!r} is not a positive integer")
-    check_limit("world_size", world_size, "the world size")
+    check_limit("world_size", world_size, "the world size", TraceFormatError)
     beyond = [p for p in parts if not 0 <= p.rank < world_size]
     if beyond:
         raise TraceFormatError(
