@@ -36,6 +36,8 @@ from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.formats.load import load_window
 from stagefrontier.formats.packet import packet_from_bytes
 from stagefrontier.formats.records import read_records
+from stagefrontier.render.run_folder import load_run
+from stagefrontier.render.text import run_report_text, window_report_text
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import ENUM, SCHEMA, Report
 from trace_support import load_events, single_process_trace
@@ -188,6 +190,10 @@ def trace_obj(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_packet_json_mutations(packet_text: bytes, data: st.DataObject) -> None:
     obj = mutate_json(data, json.loads(packet_text))
     reads_or_refuses(lambda: packet_from_bytes(json.dumps(obj).encode()).reanalyze())
+    with scratch() as folder:  # what `report` renders: the packet's stored report
+        (folder / "packets").mkdir()
+        (folder / "packets" / "window-000000.json").write_text(json.dumps(obj))
+        reads_or_refuses(lambda: run_report_text(load_run(folder)))
 
 
 @FUZZ
@@ -208,7 +214,8 @@ def test_windows_jsonl_mutations(run_dir: Path, data: st.DataObject) -> None:
     with scratch() as folder:
         (folder / "windows.jsonl").write_bytes(text)
         reads_or_refuses(lambda: read_records(folder / "windows.jsonl"))
-        reads_or_refuses(lambda: load_window(folder / "windows.jsonl", window=0))
+        reads_or_refuses(lambda: window_report_text(load_window(folder, window=0).report))
+        reads_or_refuses(lambda: run_report_text(load_run(folder)))
 
 
 @FUZZ

@@ -44,6 +44,7 @@ from ..analysis.values import is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
 from .limits import check_limit, read_capped
+from .stored_report import check_stored_report
 
 logger = logging.getLogger("stagefrontier")
 
@@ -308,6 +309,7 @@ def packet_from_dict(obj: Any) -> Packet:
     gates = _field("gates", Gates.from_dict, _object(obj["gates"], "gates"))
     meta = _object(obj["meta"], "meta")
     report = _field("report", WindowReport.from_dict, _object(obj["report"], "report"))
+    check_stored_report(report)
     _check_consistent(d, stages, gates, report)
     return Packet(d=d, stages=stages, roles=roles, side=side, gates=gates, meta=meta, report=report)
 

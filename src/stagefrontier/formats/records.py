@@ -17,6 +17,7 @@ from typing import Any
 from ..analysis.window_report import REPORT_FORMAT, WindowReport
 from ..errors import ReportFormatError
 from .limits import RECORD_LINE_BYTES, check_limit, limit, over_limit
+from .stored_report import check_stored_report
 
 logger = logging.getLogger("stagefrontier")
 
@@ -62,7 +63,7 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def check_record(record: Any, label: str) -> dict[str, Any]:
     """``record`` when it is a window record: a JSON object with a ``window`` index, an optional
-    restart ``attempt`` (ints >= 0) and a valid report of at least one step and rank.
+    restart ``attempt`` (ints >= 0) and a valid report (``record_report``).
 
     Raises:
         ReportFormatError: anything else, prefixed with ``label``.
@@ -75,13 +76,7 @@ def check_record(record: Any, label: str) -> dict[str, Any]:
             raise ReportFormatError(f"{label}: {key!r} must be an integer >= 0, got {value!r}")
     if "window" not in record:
         raise ReportFormatError(f"{label}: not a window record (no 'window' index)")
-    report = record_report(record, label)
-    if not all(isinstance(stage, str) for stage in report.stages):
-        raise ReportFormatError(f"{label}: the report's stages are not all strings")
-    if report.n_steps < 1 or report.n_ranks < 1:
-        raise ReportFormatError(
-            f"{label}: a report of {report.n_steps} step(s) and {report.n_ranks} rank(s)"
-        )
+    record_report(record, label)
     return record
 
 
@@ -125,9 +120,10 @@ def window_name(record: dict[str, Any]) -> str:
 
 
 def record_report(record: dict[str, Any], label: str) -> WindowReport:
-    """The report stored in a record."""
+    """The report stored in a record, every value checked (``check_stored_report``)."""
     try:
-        return WindowReport.from_dict({k: v for k, v in record.items() if k in REPORT_KEYS})
+        report = WindowReport.from_dict({k: v for k, v in record.items() if k in REPORT_KEYS})
+        return check_stored_report(report)
     except ReportFormatError as exc:
         raise ReportFormatError(f"{label}: {exc}") from None
 

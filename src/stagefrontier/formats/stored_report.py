@@ -1,0 +1,120 @@
+"""A stored report (a ``windows.jsonl`` record's, a packet's) checked value by value.
+
+``WindowReport.from_dict`` checks each field's container type; the report and plot commands then
+format what is inside (shares as percentages, leaders as ranks, reasons as lines). A stored
+report is input like any other, so every value is checked here before anything renders it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..analysis.evidence import StageLocalization
+from ..analysis.window_report import WindowReport
+from ..errors import ReportFormatError
+
+Check = Callable[[Any], bool]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _list_of(check: Check) -> Check:
+    return lambda value: isinstance(value, list) and all(check(x) for x in value)
+
+
+def _dict_of(check: Check) -> Check:
+    return lambda value: (
+        isinstance(value, dict) and all(isinstance(k, str) and check(v) for k, v in value.items())
+    )
+
+
+_LOCALIZATION: dict[str, Check] = {
+    "leader_rank": _optional(_int),
+    "leader_fraction": _number,
+    "confident_steps": _int,
+    "leader_switches": _int,
+    "tied_ranks": _list_of(_int),
+    "lag_mean_s": _number,
+    "delta_lag_mean_s": _number,
+    "gap_mean_s": _optional(_number),
+    "leading_ranks": _list_of(_int),
+}
+
+
+def _localization(value: Any) -> bool:
+    return isinstance(value, StageLocalization) and all(
+        check(getattr(value, name)) for name, check in _LOCALIZATION.items()
+    )
+
+
+_FIELDS: dict[str, Check] = {
+    "stages": _list_of(_str),
+    "exposed_s": _number,
+    "shares": _dict_of(_number),
+    "advances": _dict_of(_number),
+    "direct_gain": _dict_of(_number),
+    "routing_set": _list_of(_str),
+    "labels": _list_of(_str),
+    "reasons": _dict_of(_list_of(_str)),
+    "co_critical_stages": _list_of(_str),
+    "leaders": _dict_of(_optional(_int)),
+    "localization": _dict_of(_localization),
+    "semantic_shares": _dict_of(_number),
+    "semantic_gain": _dict_of(_number),
+    "semantic_localization": _dict_of(_localization),
+    "residual_share": _number,
+    "overlap_share": _number,
+    "roles": _optional(_list_of(_str)),
+    "role_shares": _optional(_dict_of(_dict_of(_number))),
+    "forward_event": _optional(_dict_of(_number)),
+}
+_PER_STAGE = ("shares", "advances", "direct_gain", "leaders", "localization")
+_PER_SEMANTIC_STAGE = ("semantic_gain", "semantic_localization")
+
+
+def check_stored_report(report: WindowReport) -> WindowReport:
+    """``report`` when every value has its type, it covers at least one step and rank, and its
+    per-stage tables hold one value per stage (the semantic ones one per semantic stage), and its
+    top stages are among its semantic shares.
+
+    Raises:
+        ReportFormatError: the first field that does not, by name.
+    """
+    for name, check in _FIELDS.items():
+        if not check(getattr(report, name)):
+            raise ReportFormatError(
+                f"malformed report: field {name!r} holds a value of a wrong type"
+            )
+    if report.n_steps < 1 or report.n_ranks < 1:
+        raise ReportFormatError(
+            f"a report of {report.n_steps} step(s) and {report.n_ranks} rank(s)"
+        )
+    for names, keys in (
+        (_PER_STAGE, set(report.stages)),
+        (_PER_SEMANTIC_STAGE, set(report.semantic_shares)),
+    ):
+        for name in names:
+            if set(getattr(report, name)) != keys:
+                raise ReportFormatError(
+                    f"malformed report: field {name!r} does not hold one value per stage"
+                )
+    for name in ("top1", "top2"):
+        top = getattr(report, name)
+        if top is not None and top not in report.semantic_shares:
+            raise ReportFormatError(f"malformed report: {name} {top!r} has no share")
+    return report
