@@ -44,7 +44,7 @@ from ..analysis.values import is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
 from .limits import check_limit, read_capped
-from .stored_report import check_stored_report
+from .stored_report import check_stored_report, check_window_meta
 
 logger = logging.getLogger("stagefrontier")
 
@@ -307,7 +307,7 @@ def packet_from_dict(obj: Any) -> Packet:
     roles = _decode_roles(obj["roles"], d.shape[1])
     side = None if obj["side"] is None else _field("side", _side_from_dict, obj["side"], d.shape)
     gates = _field("gates", Gates.from_dict, _object(obj["gates"], "gates"))
-    meta = _object(obj["meta"], "meta")
+    meta = _field("meta", check_window_meta, _object(obj["meta"], "meta"))
     report = _field("report", WindowReport.from_dict, _object(obj["report"], "report"))
     check_stored_report(report)
     _check_consistent(d, stages, gates, report)

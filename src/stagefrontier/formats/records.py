@@ -17,7 +17,7 @@ from typing import Any
 from ..analysis.window_report import REPORT_FORMAT, WindowReport
 from ..errors import ReportFormatError
 from .limits import RECORD_LINE_BYTES, check_limit, limit, over_limit
-from .stored_report import check_stored_report
+from .stored_report import check_stored_report, check_window_meta
 
 logger = logging.getLogger("stagefrontier")
 
@@ -62,20 +62,23 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def check_record(record: Any, label: str) -> dict[str, Any]:
-    """``record`` when it is a window record: a JSON object with a ``window`` index, an optional
-    restart ``attempt`` (ints >= 0) and a valid report (``record_report``).
+    """``record`` when it is a window record: a JSON object with a ``window`` index and its
+    steps, an optional restart ``attempt``, well-formed window facts (``check_window_meta``)
+    and a valid report (``record_report``).
 
     Raises:
         ReportFormatError: anything else, prefixed with ``label``.
     """
     if not isinstance(record, dict):
         raise ReportFormatError(f"{label}: not a window record (a JSON object)")
-    for key in ("window", "attempt"):
-        value = record.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ReportFormatError(f"{label}: {key!r} must be an integer >= 0, got {value!r}")
     if "window" not in record:
         raise ReportFormatError(f"{label}: not a window record (no 'window' index)")
+    if not {"first_step", "last_step"} <= record.keys():
+        raise ReportFormatError(f"{label}: a window record without first_step and last_step")
+    try:
+        check_window_meta(record_meta(record))
+    except ReportFormatError as exc:
+        raise ReportFormatError(f"{label}: {exc}") from None
     record_report(record, label)
     return record
 

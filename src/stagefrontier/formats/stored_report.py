@@ -1,8 +1,10 @@
-"""A stored report (a ``windows.jsonl`` record's, a packet's) checked value by value.
+"""A stored report (a ``windows.jsonl`` record's, a packet's) and the window facts stored
+beside it, checked value by value.
 
 ``WindowReport.from_dict`` checks each field's container type; the report and plot commands then
-format what is inside (shares as percentages, leaders as ranks, reasons as lines). A stored
-report is input like any other, so every value is checked here before anything renders it.
+format what is inside (shares as percentages, leaders as ranks, reasons as lines, the window's
+steps, hosts and lead scope). Stored data is input like any other, so every value a renderer
+reads is checked here first.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ _FIELDS: dict[str, Check] = {
     "residual_share": _number,
     "overlap_share": _number,
     "roles": _optional(_list_of(_str)),
-    "role_shares": _optional(_dict_of(_dict_of(_number))),
+    "role_shares": _optional(_dict_of(lambda v: bool(v) and _dict_of(_number)(v))),
     "forward_event": _optional(_dict_of(_number)),
 }
 _PER_STAGE = ("shares", "advances", "direct_gain", "leaders", "localization")
@@ -118,3 +120,35 @@ def check_stored_report(report: WindowReport) -> WindowReport:
         if top is not None and top not in report.semantic_shares:
             raise ReportFormatError(f"malformed report: {name} {top!r} has no share")
     return report
+
+
+_LEAD: dict[str, Check] = {"scope": _str, "ranks": _list_of(_int), "hosts": _list_of(_str)}
+_META: dict[str, Check] = {
+    "window": lambda v: _int(v) and v >= 0,
+    "attempt": lambda v: _int(v) and v >= 0,
+    "first_step": _int,
+    "last_step": _int,
+    "world_size": _int,
+    "ranks_present": _list_of(_int),
+    "missing_ranks": _list_of(_int),
+    "gather_ok": lambda v: isinstance(v, bool),
+    "hosts": lambda v: _dict_of(_str)(v) or _list_of(_str)(v),
+    "lead": lambda v: (
+        isinstance(v, dict)
+        and all(check(v[k]) for k, check in _LEAD.items() if k in v)
+        and (v.get("scope") != "node" or bool(v.get("hosts") and "ranks" in v))
+    ),
+}
+
+
+def check_window_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` (a record's window facts, a packet's ``meta``) when each fact a renderer reads
+    has its type (other keys are free-form).
+
+    Raises:
+        ReportFormatError: the first fact that does not, by name.
+    """
+    for key, check in _META.items():
+        if key in meta and not check(meta[key]):
+            raise ReportFormatError(f"window fact {key!r} is malformed: {meta[key]!r:.60}")
+    return meta
