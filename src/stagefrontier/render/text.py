@@ -163,8 +163,10 @@ def run_report_text(run: RunWindows) -> str:
     if len(groups) == 1:
         return _schema_report_text(run)
     lines = [
-        f"{run.folder} holds windows of {len(groups)} stage lists (the schema changed mid-run, "
-        "e.g. a new accumulation factor); each is reported apart."
+        printable(
+            f"{run.folder} holds windows of {len(groups)} stage lists (the schema changed "
+            "mid-run, e.g. a new accumulation factor); each is reported apart."
+        )
     ]
     for i, group in enumerate(groups, 1):
         lines += ["", f"=== Stage list {i} of {len(groups)}: {len(group.stages)} stages ==="]
