@@ -19,12 +19,16 @@ from ..errors import ReportFormatError
 Check = Callable[[Any], bool]
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+_INT_BOUND = 1 << 63
+"""JSON integers beyond int64 are corrupt here (and overflow a float when divided)."""
 
 
 def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < _INT_BOUND
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, float) or _int(value)
 
 
 def _str(value: Any) -> bool:
@@ -66,6 +70,8 @@ def _localization(value: Any) -> bool:
 
 _FIELDS: dict[str, Check] = {
     "stages": _list_of(_str),
+    "n_steps": _int,
+    "n_ranks": _int,
     "exposed_s": _number,
     "shares": _dict_of(_number),
     "advances": _dict_of(_number),
