@@ -130,7 +130,7 @@ def test_dev_zero_as_a_packet_is_cut_at_the_limit() -> None:
     code, err = cli_under_memory_cap(
         "analyze", "/dev/zero", "--format", "packet", env={LIMITS["packet_bytes"].env: "1000000"}
     )
-    assert_refused(code, err, "/dev/zero holds more than 1000000 bytes")
+    assert_refused(code, err, "/dev/zero: the file holds more than 1000000 bytes")
     with pytest.raises(sf.ReportFormatError, match="holds more than"):
         read_capped("/dev/zero", "packet_bytes")
 

@@ -92,18 +92,18 @@ def check_limit(
 
 def read_capped(path: str | os.PathLike[str], name: str) -> bytes:
     """A whole file of at most limit ``name`` bytes; the size is checked before reading, and a
-    file that grows (or a device such as ``/dev/zero``) is cut at the limit and refused.
+    file that grows (or a device such as ``/dev/zero``) is cut at the limit and refused. The
+    message says "the file": callers name it, as they do for the other defects they find.
 
     Raises:
         ReportFormatError: the file is larger than the limit.
         OSError: the file cannot be read.
     """
-    source = Path(path)
-    with source.open("rb") as handle:
+    with Path(path).open("rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit(name):
-            raise over_limit(name, f"{source} is {size} bytes")
-        return read_stream(handle, limit(name), name, str(source))
+            raise over_limit(name, f"the file is {size} bytes")
+        return read_stream(handle, limit(name), name, "the file")
 
 
 def read_stream(
