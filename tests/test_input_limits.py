@@ -24,6 +24,7 @@ import pytest
 import stagefrontier as sf
 from stagefrontier.formats.limits import LIMITS, limit, read_capped
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
+from stagefrontier.formats.records import read_records
 from trace_support import load_events, single_process_trace, write_events
 
 ADDRESS_SPACE = 3 << 30
@@ -204,3 +205,24 @@ def test_gzip_trace_of_whitespace_is_refused_while_inflating(tmp_path: Path) -> 
     assert path.stat().st_size < 10 << 20
     code, err = cli_under_memory_cap("analyze", str(path))
     assert_refused(code, err, "STAGEFRONTIER_MAX_INFLATE_RATIO")
+
+
+def test_windows_jsonl_over_the_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"\n" * 5000)
+    assert read_records(path) == []
+    monkeypatch.setenv(LIMITS["records_bytes"].env, "4000")
+    with pytest.raises(sf.ReportFormatError, match="STAGEFRONTIER_MAX_RECORDS_BYTES"):
+        read_records(path)
+
+
+def test_a_record_line_over_the_line_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "windows.jsonl"
+    with path.open("wb") as handle:  # one 20 MB line, never held whole
+        handle.write(b'{"window": 0, "pad": "')
+        handle.write(b"x" * (20 << 20))
+        handle.write(b'"}\n')
+    with pytest.raises(sf.ReportFormatError, match=r"windows.jsonl:1: a line over 16777216 bytes"):
+        read_records(path)
