@@ -34,9 +34,9 @@ import numpy as np
 from ..analysis.gates import Gates
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
-from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, merge_received
+from .base import BackgroundWorker, analyze_received, merge_received
 from .wire import WIRE_VERSION, decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -133,7 +133,9 @@ class GlooCollector:
                 notes.append(self._dead or "")
         if self.rank == 0:
             merged = merge_received(windows, self.world_size, notes)
-            emit(self.sinks, analyze_merged(merged, self.gates))
+            analyzed = analyze_received(merged, self.gates)
+            if analyzed is not None:
+                emit(self.sinks, analyzed)
 
     def _exchange(self, window: RankWindow, arrived: list[RankWindow], notes: list[str]) -> None:
         """The two operations of one window (more while ranks disagree on the window index)."""

@@ -27,9 +27,9 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
-from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, merge_received
+from .base import BackgroundWorker, analyze_received, merge_received
 from .wire import decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -223,7 +223,9 @@ class StoreCollector:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
         merged = merge_received(windows, self.world_size, notes)
-        emit(self.sinks, analyze_merged(merged, self.gates))
+        analyzed = analyze_received(merged, self.gates)
+        if analyzed is not None:
+            emit(self.sinks, analyzed)
         if self._dead is None and self.world_size > 1:
             try:  # after the report: cleanup is off the latency path
                 self._release(own.window, read)
