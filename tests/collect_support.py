@@ -37,8 +37,8 @@ class Job:
     data_delay_s: dict[int, float] = field(default_factory=dict)
     """Extra sleep in the data stage of these ranks."""
     silent_ranks: tuple[int, ...] = ()
-    """Gloo: ranks that create the collection group but whose timer is disabled, so they never
-    join a window operation."""
+    """Ranks whose timer is disabled. Gloo: they create the collection group but never join a
+    window operation; store: their timer announces that it sends nothing."""
     drop_windows: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Per rank, window indices its hand-off drops as if its queue were full."""
     queue_size: dict[int, int] = field(default_factory=dict)

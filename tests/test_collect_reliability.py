@@ -61,3 +61,25 @@ def test_a_rank_whose_window_fails_the_analysis_is_dropped_and_the_rest_analyzed
     for w in (windows[0], windows[2]):
         assert w["gather_ok"] and w["ranks_present"] == [0, 1, 2], reasons(w)
     assert len(list((tmp_path / "packets").glob("*.json"))) == 3
+
+
+def test_a_disabled_rank_is_announced_and_every_window_is_written(tmp_path: Path) -> None:
+    """4 ranks, windows of 20, rank 3's timer built with enabled=False: rank 0 learns it at
+    once, so it never waits for rank 3 and its queue never overflows."""
+    run = launch(
+        Job(
+            out_dir=str(tmp_path),
+            ranks=4,
+            steps=200,
+            window=20,
+            collect="store",
+            silent_ranks=(3,),
+            timeout_s=10.0,
+        )
+    )
+    windows = run.windows
+    assert [w["window"] for w in windows] == list(range(10))
+    for w in windows:
+        assert w["ranks_present"] == [0, 1, 2] and w["missing_ranks"] == [3]
+        assert "rank(s) [3] send no windows: their timers are disabled" in reasons(w)
+        assert not any("dropped" in r or "stopped waiting" in r for r in reasons(w))

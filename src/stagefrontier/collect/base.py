@@ -70,6 +70,9 @@ class BackgroundWorker:
         self._after_last_claimed = False
         self._join_timeout_s = join_timeout_s
         self._stopping = False
+        self.activity = "idle"
+        """What the thread is doing now, kept up to date by the handler (for the warning of a
+        ``close`` that stops waiting for it)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -77,6 +80,11 @@ class BackgroundWorker:
     def alive(self) -> bool:
         """Whether the thread is still running (after ``close``: it overran its bound)."""
         return self._thread.is_alive()
+
+    @property
+    def full(self) -> bool:
+        """Whether the next ``offer`` would be refused: work that waits should stop waiting."""
+        return self._queue.qsize() >= self._maxsize
 
     def offer(self, item: object) -> bool:
         if self._stopping or self._queue.qsize() >= self._maxsize:
@@ -98,10 +106,12 @@ class BackgroundWorker:
                 self._handle(item)  # type: ignore[operator]
             except Exception:  # a telemetry failure is logged, never raised into training
                 logger.exception("stagefrontier: background window processing failed")
+            self.activity = "idle"
 
     def close(self) -> None:
         """Let queued work finish, waiting at most ``join_timeout_s`` for it, then run
-        ``after_last`` (left to the worker when the wait ran out). Safe twice."""
+        ``after_last`` (left to the worker when the wait ran out). Past the wait, say what the
+        (daemon) thread was doing and how many windows it leaves unprocessed. Safe twice."""
         if not self._stopping:
             self._stopping = True
             self._queue.put(_STOP)
@@ -113,8 +123,12 @@ class BackgroundWorker:
             self._run_after_last()
         else:
             logger.warning(
-                "stagefrontier: analysis still running after %.1f s at close; leaving it",
+                "stagefrontier: %s thread still %s after %.1f s at close; leaving it with "
+                "%d more window(s) unprocessed",
+                self._thread.name,
+                self.activity,
                 self._join_timeout_s,
+                max(0, self._queue.qsize() - 1),  # the stop marker is not a window
             )
 
     def _run_after_last(self) -> None:

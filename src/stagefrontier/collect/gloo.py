@@ -126,12 +126,14 @@ class GlooCollector:
         if self._dead:
             notes.append(self._dead)
         elif self.world_size > 1:
+            self._worker.activity = f"exchanging window {window.window} over the gloo group"
             try:
                 self._exchange(window, windows, notes)
             except Exception as exc:
                 self._mark_dead(f"window {window.window} exchange failed: {_describe(exc)}")
                 notes.append(self._dead or "")
         if self.rank == 0:
+            self._worker.activity = f"analyzing window {window.window}"
             merged = merge_received(windows, self.world_size, notes)
             analyzed = analyze_received(merged, self.gates)
             if analyzed is not None:

@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
-from ..collect import Collector, make_collector
+from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
@@ -148,6 +148,7 @@ class StageTimer(TimerState):
         self._closed = False
         if not enabled:
             self._disable()
+            announce_disabled(config)
             return
 
         if collector is not None:
@@ -292,6 +293,13 @@ class StageTimer(TimerState):
                 self._hand_off(self._n)
         except Exception:  # telemetry never fails the caller
             logger.exception("stagefrontier: flushing the last window failed")
+        if self._dropped:  # no later window was queued to carry the count
+            logger.warning(
+                "stagefrontier: rank %d dropped its last %d window(s) (hand-off queue full); "
+                "no window record reports them",
+                self.rank,
+                self._dropped,
+            )
         if self._collector is not None:
             self._collector.close()
 
