@@ -160,7 +160,7 @@ HEADERS = (
 )
 
 
-def render(rows: Sequence[Row], args: argparse.Namespace, end_load: str) -> str:
+def render(rows: Sequence[Row], args: argparse.Namespace, env: list[str], end_load: str) -> str:
     cells = [
         (
             r.window,
@@ -185,7 +185,7 @@ def render(rows: Sequence[Row], args: argparse.Namespace, end_load: str) -> str:
     return "\n".join(
         [
             *result_header("Memory soak: RSS over a long trivial loop", command_line()),
-            *environment(),
+            *env,
             f"- Load average (1, 5, 15 min) at the end: {end_load}",
             "",
             f"Method: {args.ranks} spawned ranks, a Gloo process group over a TCPStore, the "
@@ -236,11 +236,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
+    env = environment()  # read before the runs: it records the load average at the start
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="stagefrontier-soak-") as tmp:
         for window in (int(w) for w in args.windows.split(",")):
             rows.extend(soak(window, args, Path(tmp)))
-    text = render(rows, args, load_average())
+    text = render(rows, args, env, load_average())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(text)
