@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,8 @@ class Job:
     data_delay_s: dict[int, float] = field(default_factory=dict)
     """Extra sleep in the data stage of these ranks."""
     silent_ranks: tuple[int, ...] = ()
-    """Gloo: ranks that create the collection group but whose timer is disabled, so they never
-    join a window operation."""
+    """Ranks whose timer is disabled. Gloo: they create the collection group but never join a
+    window operation; store: their timer announces that it sends nothing."""
     drop_windows: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Per rank, window indices its hand-off drops as if its queue were full."""
     queue_size: dict[int, int] = field(default_factory=dict)
@@ -46,6 +46,10 @@ class Job:
     """Store: rank 0's analysis sleeps this long per window (after writing windows.jsonl)."""
     late_send_s: dict[int, float] = field(default_factory=dict)
     """Store: per rank, a delay on its sender thread before each window is sent (a late rank)."""
+    corrupt_windows: dict[int, dict[int, str]] = field(default_factory=dict)
+    """Per rank, ``{window index: fault}``: that window goes on the wire as a payload that does
+    not decode (``"undecodable"``: a first step of 10**400) or that decodes but fails the
+    analysis (``"unanalyzable"``: CUDA-event states outside the known codes)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,28 @@ def _late_sender(delay_s: float, **kwargs: Any) -> Any:
             super()._send(item)
 
     return LateSender(**kwargs)
+
+
+def _corrupt_payloads(faults: dict[int, str]) -> None:
+    """Make this process's collectors send the named windows corrupted (a fault injected into
+    the payload encoder the store and Gloo collectors call; nothing else changes)."""
+    import numpy as np
+
+    from stagefrontier.collect import gloo, store, wire
+
+    encode = wire.encode_window
+
+    def corrupting(window: Any) -> bytes:
+        fault = faults.get(window.window)
+        if fault == "undecodable":
+            window = replace(window, first_step=10**400)
+        elif fault == "unanalyzable":
+            n = window.n_steps
+            states = np.full(n, 7, dtype=np.int8)
+            window = replace(window, event_ms=np.zeros(n), event_state=states)
+        return encode(window)
+
+    store.encode_window = gloo.encode_window = corrupting  # type: ignore[attr-defined]
 
 
 def _collector(rank: int, job: Job) -> Any:
@@ -149,6 +175,8 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(1000 + rank)
 
+    if rank in job.corrupt_windows:
+        _corrupt_payloads(job.corrupt_windows[rank])
     silent = rank in job.silent_ranks
     collector = None if job.collect == "off" else _collector(rank, job)
     timer = StageTimer(

@@ -34,3 +34,29 @@ def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert any("SimpleProfiler" in label for label in labels)
     assert "Verdicts:" in text
     assert HOTPATH_HEADER in proc.stdout
+
+
+SOAK_HEADER = (
+    "| window | rank | steps | loop s | us/step | RSS at warm-up MB | max rise after kB "
+    "| rise at 40/60/80/100% kB | windows written | flat |"
+)
+
+
+def test_soak_benchmark_few_steps_writes_table(tmp_path: Path) -> None:
+    out = tmp_path / "soak.md"
+    # A few hundred steps are all warm-up: the smoke run checks the script, not the flatness.
+    proc = run_benchmark(
+        "soak", "--steps", "400", "--windows", "10,100", "--limit-mb", "1000", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "python benchmarks/soak.py --steps 400" in text
+    rows = table_rows(text, SOAK_HEADER)
+    assert [(row[0], row[1], row[2]) for row in rows] == [
+        ("10", "0", "400"),
+        ("10", "1", "400"),
+        ("100", "0", "400"),
+        ("100", "1", "400"),
+    ]
+    assert all(row[-1] == "yes" for row in rows)
+    assert int(rows[0][-2]) >= 1  # rank 0 wrote windows.jsonl

@@ -41,6 +41,7 @@ from .errors import (
     SideEvidenceError,
     StageFrontierError,
     StageNamesError,
+    TimerSettingError,
     TraceFormatError,
 )
 from .formats.load import LoadedWindow, load_window
@@ -91,6 +92,7 @@ __all__ = [
     "StageLocalization",
     "StageNamesError",
     "StageTimer",
+    "TimerSettingError",
     "TraceFormatError",
     "TraceOptions",
     "WindowReport",

@@ -71,6 +71,10 @@ class MissingExtraError(MissingDependencyError):
     """An integration's optional package is missing; the message names the extra to install."""
 
 
+class TimerSettingError(StageFrontierError, ValueError):
+    """A StageTimer or CollectConfig argument of the wrong type or out of its range."""
+
+
 class ContractViolation(StageFrontierError):
     """A misuse of the timer's contexts (nesting, order, an unknown stage), raised instead of
     counted when the timer is strict."""

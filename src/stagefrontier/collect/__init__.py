@@ -10,7 +10,7 @@ from .config import COLLECT_MODES, CollectConfig
 from .gloo import GlooCollector
 from .launcher import distributed_initialized, launched_rank, rank_out_dir
 from .local import LocalCollector
-from .store import StoreCollector
+from .store import StoreCollector, announce_silent
 
 __all__ = [
     "COLLECT_MODES",
@@ -19,6 +19,7 @@ __all__ = [
     "GlooCollector",
     "LocalCollector",
     "StoreCollector",
+    "announce_disabled",
     "make_collector",
 ]
 
@@ -64,3 +65,17 @@ def make_collector(config: CollectConfig) -> Collector:
         ),
         gates=config.gates,
     )
+
+
+def announce_disabled(config: CollectConfig) -> None:
+    """What a timer built with ``enabled=False`` does for collection: in a job collected through
+    the store, a rank other than 0 tells rank 0 it will send nothing, so rank 0 reports it absent
+    with that reason instead of waiting for it. (With ``collect="gloo"`` every rank must build an
+    enabled timer: the group's operations need all of them.)"""
+    if config.mode not in ("auto", "store") or not distributed_initialized():
+        return
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank != 0 and dist.get_world_size() > 1:
+        announce_silent(rank, config.timeout_s)

@@ -1,4 +1,5 @@
-"""The collector interface the recorder hands windows to, and the shared analysis worker."""
+"""The collector interface the recorder hands windows to, and the shared analysis worker,
+and what rank 0 does with the windows it received: merge them and analyze them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from ..record.window import MergedWindow, PendingWindow, RankWindow, merge_windows
+from ..analysis.gates import Gates
+from ..record.window import (
+    AnalyzedWindow,
+    MergedWindow,
+    PendingWindow,
+    RankWindow,
+    analyze_merged,
+    merge_windows,
+)
 
 logger = logging.getLogger("stagefrontier")
 
@@ -61,6 +70,9 @@ class BackgroundWorker:
         self._after_last_claimed = False
         self._join_timeout_s = join_timeout_s
         self._stopping = False
+        self.activity = "idle"
+        """What the thread is doing now, kept up to date by the handler (for the warning of a
+        ``close`` that stops waiting for it)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -68,6 +80,11 @@ class BackgroundWorker:
     def alive(self) -> bool:
         """Whether the thread is still running (after ``close``: it overran its bound)."""
         return self._thread.is_alive()
+
+    @property
+    def full(self) -> bool:
+        """Whether the next ``offer`` would be refused: work that waits should stop waiting."""
+        return self._queue.qsize() >= self._maxsize
 
     def offer(self, item: object) -> bool:
         if self._stopping or self._queue.qsize() >= self._maxsize:
@@ -89,10 +106,12 @@ class BackgroundWorker:
                 self._handle(item)  # type: ignore[operator]
             except Exception:  # a telemetry failure is logged, never raised into training
                 logger.exception("stagefrontier: background window processing failed")
+            self.activity = "idle"
 
     def close(self) -> None:
         """Let queued work finish, waiting at most ``join_timeout_s`` for it, then run
-        ``after_last`` (left to the worker when the wait ran out). Safe twice."""
+        ``after_last`` (left to the worker when the wait ran out). Past the wait, say what the
+        (daemon) thread was doing and how many windows it leaves unprocessed. Safe twice."""
         if not self._stopping:
             self._stopping = True
             self._queue.put(_STOP)
@@ -104,8 +123,12 @@ class BackgroundWorker:
             self._run_after_last()
         else:
             logger.warning(
-                "stagefrontier: analysis still running after %.1f s at close; leaving it",
+                "stagefrontier: %s thread still %s after %.1f s at close; leaving it with "
+                "%d more window(s) unprocessed",
+                self._thread.name,
+                self.activity,
                 self._join_timeout_s,
+                max(0, self._queue.qsize() - 1),  # the stop marker is not a window
             )
 
     def _run_after_last(self) -> None:
@@ -146,3 +169,61 @@ def merge_received(
             ),
         ],
     )
+
+
+def analyze_received(merged: MergedWindow, gates: Gates | None = None) -> AnalyzedWindow | None:
+    """``analyze_merged``, never losing the window to one rank's data: when the analysis fails,
+    every merged rank is analyzed alone, the ranks that fail alone are dropped (reported missing,
+    with the error as the reason) and the rest are analyzed together. If no single rank is to
+    blame, the reference rank is analyzed alone, with the reason. None only when not even that
+    works (logged as an error: the window is lost)."""
+    try:
+        return analyze_merged(merged, gates)
+    except Exception as exc:
+        failure = _describe(exc)
+    failed: dict[int, str] = {}
+    for window in merged.ranks:
+        try:
+            analyze_merged(merge_windows([window], merged.world_size), gates)
+        except Exception as exc:
+            failed[window.rank] = _describe(exc)
+    kept = [w for w in merged.ranks if w.rank not in failed]
+    notes = [
+        *merged.notes,
+        *(f"rank {r} window dropped: its analysis failed: {why}" for r, why in failed.items()),
+    ]
+    if not failed and kept:
+        kept = [merged.reference]
+        notes.append(
+            f"the merged ranks could not be analyzed together ({failure}): rank "
+            f"{merged.reference.rank} analyzed alone"
+        )
+    if not kept:
+        logger.error(
+            "stagefrontier: window %d lost: no rank's window could be analyzed: %s",
+            merged.reference.window,
+            failure,
+        )
+        return None
+    dropped = [w.rank for w in merged.ranks if not any(w is k for k in kept)]
+    salvaged = replace(
+        merged,
+        reference=kept[0],
+        ranks=kept,
+        missing_ranks=sorted([*merged.missing_ranks, *dropped]),
+        notes=notes,
+    )
+    try:
+        return analyze_merged(salvaged, gates)
+    except Exception as exc:
+        logger.error(
+            "stagefrontier: window %d lost: analysis failed even without ranks %s: %s",
+            merged.reference.window,
+            sorted(failed),
+            _describe(exc),
+        )
+        return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -8,12 +8,21 @@ both ways is an error, never a silent choice.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..analysis.gates import Gates
-from ..errors import StageFrontierError
+from ..errors import StageFrontierError, TimerSettingError
+from ..record.settings import (
+    MAX_QUEUE_SIZE,
+    MAX_TIMEOUT_S,
+    check_flag,
+    check_has_methods,
+    check_int,
+    check_number,
+    check_path,
+)
 from ..sinks import Sink
 
 COLLECT_MODES = ("auto", "local", "store", "gloo")
@@ -47,16 +56,26 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in COLLECT_MODES:
-            raise StageFrontierError(
+            raise TimerSettingError(
                 f"unknown collect mode {self.mode!r}; choose one of {COLLECT_MODES}"
             )
-        if not self.timeout_s > 0:
-            raise StageFrontierError(f"collect timeout must be > 0 s, got {self.timeout_s}")
-        if self.queue_size < 1:
-            raise StageFrontierError(f"queue_size must be >= 1, got {self.queue_size}")
+        check_path("out_dir", self.out_dir)
+        timeout = check_number(
+            "collect timeout_s", self.timeout_s, 0.0, MAX_TIMEOUT_S, open_low=True
+        )
+        object.__setattr__(self, "timeout_s", timeout)
+        object.__setattr__(
+            self, "queue_size", check_int("queue_size", self.queue_size, 1, MAX_QUEUE_SIZE)
+        )
         if self.gates is not None and not isinstance(self.gates, Gates):
-            raise StageFrontierError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
-        object.__setattr__(self, "sinks", tuple(self.sinks))
+            raise TimerSettingError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
+        check_flag("log", self.log)
+        if isinstance(self.sinks, str) or not isinstance(self.sinks, Iterable):
+            raise TimerSettingError(f"sinks must be a sequence of sinks, got {self.sinks!r:.60}")
+        sinks = tuple(self.sinks)
+        for sink in sinks:
+            check_has_methods("sink", sink, "write", "close")
+        object.__setattr__(self, "sinks", sinks)
 
 
 def collect_config(

@@ -34,9 +34,9 @@ import numpy as np
 from ..analysis.gates import Gates
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
-from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, merge_received
+from .base import BackgroundWorker, analyze_received, merge_received
 from .wire import WIRE_VERSION, decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -126,14 +126,18 @@ class GlooCollector:
         if self._dead:
             notes.append(self._dead)
         elif self.world_size > 1:
+            self._worker.activity = f"exchanging window {window.window} over the gloo group"
             try:
                 self._exchange(window, windows, notes)
             except Exception as exc:
                 self._mark_dead(f"window {window.window} exchange failed: {_describe(exc)}")
                 notes.append(self._dead or "")
         if self.rank == 0:
+            self._worker.activity = f"analyzing window {window.window}"
             merged = merge_received(windows, self.world_size, notes)
-            emit(self.sinks, analyze_merged(merged, self.gates))
+            analyzed = analyze_received(merged, self.gates)
+            if analyzed is not None:
+                emit(self.sinks, analyzed)
 
     def _exchange(self, window: RankWindow, arrived: list[RankWindow], notes: list[str]) -> None:
         """The two operations of one window (more while ranks disagree on the window index)."""

@@ -27,9 +27,9 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
-from ..record.window import PendingWindow, RankWindow, analyze_merged
+from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, merge_received
+from .base import BackgroundWorker, analyze_received, merge_received
 from .wire import decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -47,6 +47,13 @@ of the full deadline), so a dead rank does not stall every window and a rank tha
 is not reported missing for good."""
 DONE_KEY = "done"
 """Rank 0's counter: every window below it has been collected or given up on."""
+SILENT_KEY = "silent"
+"""A counter of the ranks that announced they send no windows; ``silent/<n>`` holds the n-th
+one's rank."""
+SENDER_CLOSE_S = 2.0
+"""How long ``close`` waits for a sender's queued windows, whatever the collect timeout: a sender
+only ever waits on the store, and a store that does not answer for this long (rank 0 hung, with
+the store server in its process) is not worth holding the rank's exit for."""
 MAX_UNCOLLECTED = 64
 """A sender deletes its keys older than this many windows even if rank 0 never moved past them
 (rank 0 stuck or gone), so the store never holds more than this per rank."""
@@ -105,6 +112,27 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
     )
 
 
+def announce_silent(rank: int, timeout_s: float) -> None:
+    """Tell rank 0, through the job's store, that this rank sends no windows (its timer is
+    disabled), so rank 0 never waits for them. Runs once, on the training thread, when the
+    timer is built; a failure is logged and rank 0 then treats the rank as absent."""
+    try:
+        conn = attempt_store(open_connection(timeout_s=timeout_s))
+        number = int(conn.add(SILENT_KEY, 1))
+        conn.set(f"{SILENT_KEY}/{number}", str(rank))
+    except Exception as exc:
+        logger.warning(
+            "stagefrontier: rank %d could not announce its disabled timer: %s", rank, exc
+        )
+
+
+def attempt_store(raw: Any) -> Any:
+    """``raw`` seen through this attempt's key prefix (see ``store_prefix``)."""
+    from torch.distributed import PrefixStore
+
+    return PrefixStore(store_prefix(), raw)
+
+
 class StoreCollector:
     """Sender on every rank but 0, collector on rank 0; both run on one background thread."""
 
@@ -131,16 +159,20 @@ class StoreCollector:
         self._dead: str | None = None
         self._closed = False
         self._absent: set[int] = set()
+        self._silent: set[int] = set()  # rank 0: ranks that announced they send no windows
+        self._silent_read = 0  # rank 0: announcements read so far
         self._done = 0  # rank 0: the value of the done counter it last published
         self._written: deque[tuple[int, int]] = deque()  # sender: (window, chunks) not yet freed
         self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
         start_sinks(self.sinks)
         handler = self._collect if rank == 0 else self._send
+        if join_timeout_s is None:
+            join_timeout_s = timeout_s + 5.0 if rank == 0 else SENDER_CLOSE_S
         self._worker = BackgroundWorker(
             f"stagefrontier-{'collector' if rank == 0 else 'sender'}",
             handler,
             queue_size,
-            join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
+            join_timeout_s,
             after_last=lambda: close_sinks(self.sinks),
         )
 
@@ -167,7 +199,7 @@ class StoreCollector:
             from torch.distributed import PrefixStore
 
             raw = open_connection(self._base_store, self.timeout_s)
-            self._conn = PrefixStore(store_prefix(), raw)
+            self._conn = attempt_store(raw)
             previous = previous_attempt_prefix()
             self._previous = None if previous is None else PrefixStore(previous, raw)
             if self._previous is not None and self.rank == 0:
@@ -183,6 +215,7 @@ class StoreCollector:
         window = item[0].build()
         if self._dead:
             return
+        self._worker.activity = f"sending window {window.window} to the store"
         try:
             conn = self._connection()
             key = window_key(window.window, window.rank)
@@ -202,6 +235,7 @@ class StoreCollector:
 
     def _free_uncollected(self, conn: Any) -> None:
         """Delete this rank's keys of windows rank 0 has moved past without reading them."""
+        self._worker.activity = "reading rank 0's progress from the store"
         done = int(conn.add(DONE_KEY, 0))
         written = self._written
         while written and (written[0][0] < done or len(written) > MAX_UNCOLLECTED):
@@ -222,9 +256,13 @@ class StoreCollector:
             except Exception as exc:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
+        self._worker.activity = f"analyzing window {own.window}"
         merged = merge_received(windows, self.world_size, notes)
-        emit(self.sinks, analyze_merged(merged, self.gates))
+        analyzed = analyze_received(merged, self.gates)
+        if analyzed is not None:
+            emit(self.sinks, analyzed)
         if self._dead is None and self.world_size > 1:
+            self._worker.activity = f"deleting the store keys of window {own.window}"
             try:  # after the report: cleanup is off the latency path
                 self._release(own.window, read)
             except Exception as exc:
@@ -240,10 +278,20 @@ class StoreCollector:
         read: list[str],
     ) -> None:
         """Append the windows of ``index`` that arrive by the deadline to ``arrived`` (kept even
-        if the store fails midway) and the keys read to ``read``."""
+        if the store fails midway) and the keys read to ``read``. The wait ends early when the
+        hand-off queue is full (waiting longer would drop a later window) and never includes
+        the ranks that announced they send nothing."""
         conn = self._connection()
-        pending = {r: window_key(index, r) for r in range(1, self.world_size)}
-        while True:
+        self._read_silent(conn)
+        if self._silent:
+            notes.append(
+                f"rank(s) {sorted(self._silent)} send no windows: their timers are disabled"
+            )
+        pending = {
+            r: window_key(index, r) for r in range(1, self.world_size) if r not in self._silent
+        }
+        while pending:
+            self._worker.activity = f"waiting for window {index} of rank(s) {sorted(pending)}"
             keys = list(pending.values())
             if conn.check(keys):  # all there: one round trip
                 ready = list(pending)
@@ -262,8 +310,25 @@ class StoreCollector:
             # so a dead rank cannot make every later window wait it out.
             if not pending or now >= deadline or (pending.keys() <= self._absent and now >= grace):
                 break
+            if self._worker.full:
+                notes.append(
+                    f"stopped waiting for rank(s) {sorted(pending)}: the hand-off queue filled up"
+                )
+                break
             time.sleep(POLL_S)
         self._absent = set(pending)
+
+    def _read_silent(self, conn: Any) -> None:
+        """Learn the ranks announced (by ``announce_silent``) since the last window."""
+        announced = int(conn.add(SILENT_KEY, 0))
+        while self._silent_read < announced:
+            key = f"{SILENT_KEY}/{self._silent_read + 1}"
+            if not conn.check([key]):  # counted but not written yet: read it next window
+                return
+            self._silent_read += 1
+            value = bytes(conn.get(key))
+            if value.isdigit():
+                self._silent.add(int(value))
 
     def _read(self, conn: Any, key: str, index: int, rank: int, read: list[str]) -> RankWindow:
         data = bytes(conn.get(key))

@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
-from ..collect import Collector, make_collector
+from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
@@ -39,6 +39,15 @@ from .contexts import (
 )
 from .noop import NOOP, NoopContext
 from .probe import Probe
+from .settings import (
+    MAX_WINDOW,
+    check_flag,
+    check_has_methods,
+    check_int,
+    check_number,
+    check_optional_callable,
+    check_optional_text,
+)
 from .timer_state import OUTSIDE, TimerState
 
 logger = logging.getLogger("stagefrontier")
@@ -53,15 +62,15 @@ class StageTimer(TimerState):
     Args:
         stages: ordered stage names; None means the six defaults. The residual
             ``step.other_cpu_wall`` is always last and computed, never timed.
-        window: steps per window.
+        window: steps per window, 1 to 1,000,000 (the buffer is preallocated).
         collect: ``"auto"``, ``"local"`` (this process only), ``"store"``, ``"gloo"``, or a
             :class:`~stagefrontier.CollectConfig` holding every collection setting below.
         out_dir: where rank 0 writes ``windows.jsonl`` (and packets, with collection); default
             ``"stagefrontier"``.
         collect_timeout_s: how long rank 0 waits for other ranks' windows, and the timeout of
-            the collection's store connection; default 10.
+            the collection's store connection; seconds in (0, 86400], default 10.
         queue_size: completed windows that may wait for analysis before new ones are dropped;
-            default 4.
+            1 to 1024, default 4.
         sinks: extra destinations for rank 0's analyzed windows (TensorBoard, Prometheus, W&B,
             CSV, see ``stagefrontier.sinks``), after ``windows.jsonl`` and the log; the collector
             starts them and closes them after its last window.
@@ -79,6 +88,9 @@ class StageTimer(TimerState):
             range (and an NVTX range when CUDA is available) named like the stage, so a trace
             taken while the timer runs carries the stage boundaries. Off by default: it costs a
             few microseconds per context.
+
+    An argument of the wrong type or out of its range raises
+    :class:`~stagefrontier.TimerSettingError` naming it.
 
     Built under a launcher (``WORLD_SIZE`` > 1) before ``init_process_group``, an ``"auto"``
     timer warns once and builds its collector at its first window boundary, when the process
@@ -109,12 +121,14 @@ class StageTimer(TimerState):
         timed = tuple(s for s in names if s != RESIDUAL_STAGE)
         if not timed:
             raise StageFrontierError("at least one timed stage is needed besides the residual")
-        if window < 1:
-            raise StageFrontierError(f"window must be >= 1 step, got {window}")
-        if not 0.0 <= cuda_event_fraction <= 1.0:
-            raise StageFrontierError(
-                f"cuda_event_fraction must be in [0, 1], got {cuda_event_fraction}"
-            )
+        window = check_int("window", window, 1, MAX_WINDOW)
+        cuda_event_fraction = check_number("cuda_event_fraction", cuda_event_fraction, 0.0, 1.0)
+        for name, flag in (("enabled", enabled), ("strict", strict), ("annotate", annotate)):
+            check_flag(name, flag)
+        check_optional_text("role", role)
+        check_optional_callable("event_factory", event_factory)
+        if collector is not None:
+            check_has_methods("collector", collector, "submit", "close")
         config = collect_config(
             collect,
             out_dir=out_dir,
@@ -134,6 +148,7 @@ class StageTimer(TimerState):
         self._closed = False
         if not enabled:
             self._disable()
+            announce_disabled(config)
             return
 
         if collector is not None:
@@ -278,6 +293,13 @@ class StageTimer(TimerState):
                 self._hand_off(self._n)
         except Exception:  # telemetry never fails the caller
             logger.exception("stagefrontier: flushing the last window failed")
+        if self._dropped:  # no later window was queued to carry the count
+            logger.warning(
+                "stagefrontier: rank %d dropped its last %d window(s) (hand-off queue full); "
+                "no window record reports them",
+                self.rank,
+                self._dropped,
+            )
         if self._collector is not None:
             self._collector.close()
 

@@ -1,0 +1,76 @@
+"""Checks of the timer's and the collection's settings, run once at construction.
+
+A wrong type or an out-of-range value fails there with one TimerSettingError naming the argument,
+never later as a numpy error, a MemoryError, an overflow in a timeout or a collector that waits
+forever.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from numbers import Integral, Real
+from typing import Any
+
+from ..errors import TimerSettingError
+
+MAX_WINDOW = 1_000_000
+"""Steps per window: the window buffer is preallocated (8 bytes per step and stage column)."""
+MAX_TIMEOUT_S = 86_400.0
+"""A day: longer waits are a mistake, and much longer ones overflow a ``timedelta``."""
+MAX_QUEUE_SIZE = 1024
+"""Completed windows that may wait for the background thread: each holds a copy of its rows."""
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TimerSettingError(f"{name} must be an integer, got {value!r:.60}")
+    number = int(value)
+    if not low <= number <= high:
+        raise TimerSettingError(f"{name} must be in [{low}, {high}], got {number}")
+    return number
+
+
+def check_number(
+    name: str, value: Any, low: float, high: float, *, open_low: bool = False
+) -> float:
+    """A finite real in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TimerSettingError(f"{name} must be a number, got {value!r:.60}")
+    number = float(value)
+    above = number > low if open_low else number >= low
+    if not (math.isfinite(number) and above and number <= high):
+        bracket = "(" if open_low else "["
+        raise TimerSettingError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value}")
+    return number
+
+
+def check_flag(name: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise TimerSettingError(f"{name} must be True or False, got {value!r:.60}")
+    return value
+
+
+def check_optional_text(name: str, value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise TimerSettingError(f"{name} must be a string or None, got {value!r:.60}")
+    return value
+
+
+def check_optional_callable(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TimerSettingError(f"{name} must be callable or None, got {value!r:.60}")
+    return value
+
+
+def check_path(name: str, value: Any) -> str | os.PathLike[str]:
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise TimerSettingError(f"{name} must be a non-empty path, got {value!r:.60}")
+    return value
+
+
+def check_has_methods(name: str, value: Any, *methods: str) -> Any:
+    missing = [m for m in methods if not callable(getattr(value, m, None))]
+    if missing:
+        raise TimerSettingError(f"{name} {value!r:.60} has no {', '.join(missing)} method")
+    return value
