@@ -158,7 +158,7 @@ def test_cli_bad_inputs_are_one_line_and_exit_code_2(tmp_path: Path, case: str) 
     assert "Traceback" not in proc.stderr
 
 
-def test_compare_on_a_demo_whose_stall_starts_halfway(tmp_path: Path) -> None:
+def test_compare_and_live_regression_on_a_demo_whose_stall_starts_halfway(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     run_cli(
         "demo",
@@ -166,6 +166,13 @@ def test_compare_on_a_demo_whose_stall_starts_halfway(tmp_path: Path) -> None:
         *("--fault", "data@1:120ms,from=24", "--out", str(out)),
         timeout=300,
     )
+    # Live, rank 0 flagged the slowdown in the first window it starts in (3) or the next one,
+    # named the stage and rank 1, and nothing before it.
+    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    flagged = [r["window"] for r in records if r["regression"]]
+    assert flagged and flagged[0] in (3, 4) and all(w >= 3 for w in flagged), flagged
+    first = next(r["regression"] for r in records if r["regression"])
+    assert first["top_stage"] == DATA and first["ranks"] == [1] and not first["all_ranks"]
     data = json.loads(run_cli("compare", f"{out}:0-2", f"{out}:3-", "--json"))
     assert data["top_stage"] == DATA
     assert data["delta_advance_ms_per_step"][DATA] == pytest.approx(120, rel=0.1)

@@ -6,6 +6,7 @@ from .analysis.analyzer import analyze
 from .analysis.evidence import StageLocalization
 from .analysis.gates import Gates
 from .analysis.labels import ALL_LABELS
+from .analysis.regression import RegressionConfig
 from .analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -83,6 +84,7 @@ __all__ = [
     "MissingStagesError",
     "Packet",
     "ReducedTrace",
+    "RegressionConfig",
     "ReportFormatError",
     "RolesError",
     "RunWindows",

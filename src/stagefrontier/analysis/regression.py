@@ -1,13 +1,16 @@
 """Live regression check on rank 0: is this window slower than the run's recent healthy windows,
 and which stage's exposed time grew?
 
-Rule (documented in the README): the baseline is the last ``baseline_windows`` windows that were
-not themselves regressions. Once it holds ``min_baseline`` windows, a new window regresses when
-the median of its per-step exposed times exceeds the baseline's median by more than both
-``min_increase`` of that median and ``noise_factor`` times the baseline's robust step-to-step
-spread (1.4826 x the median absolute deviation). Medians make a few slow steps (a checkpoint, a
-GC pause) harmless; the relative floor keeps a very steady run from alarming on tiny shifts. A
-regression is then split exactly into stage advance changes with ``analysis.compare``.
+Rule (documented in the README): the baseline is the last ``baseline_windows`` healthy windows.
+Once it holds ``min_baseline`` windows, a new window regresses when the median of its per-step
+exposed times exceeds the baseline's median by more than both ``min_increase`` of that median
+and ``noise_factor`` standard errors of the difference of the two medians (each step's spread
+estimated robustly as 1.4826 x the baseline's median absolute deviation; the standard error of
+a median of n steps is about 1.2533 x spread / sqrt(n)). Medians make a few slow steps (a
+checkpoint, a GC pause) harmless; the relative floor keeps a very steady run from alarming on
+small shifts. A window joins the baseline only when its increase stays below half the threshold,
+so a window that a slowdown starts inside does not soften the baseline for the next ones. A
+regression is split exactly into stage advance changes with ``analysis.compare``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from .accounting import FloatArray, frontier
 from .compare import Side, compare
 
 MAD_TO_SIGMA = 1.4826
+MEDIAN_SE = 1.2533
+"""Standard error of a sample median, in units of sigma / sqrt(n), for normal noise."""
 RANKS_NAMED = 3
 
 
@@ -33,7 +38,7 @@ class RegressionConfig:
 
     baseline_windows: int = 5
     min_baseline: int = 2
-    min_increase: float = 0.10
+    min_increase: float = 0.15
     noise_factor: float = 4.0
 
     def __post_init__(self) -> None:
@@ -44,6 +49,10 @@ class RegressionConfig:
             )
         if self.min_increase < 0 or self.noise_factor < 0:
             raise StageFrontierError("RegressionConfig thresholds must be >= 0")
+
+
+DEFAULT_REGRESSION = RegressionConfig()
+"""What collectors use unless told otherwise (``regression=None`` turns the check off)."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,8 @@ class RegressionCheck:
             self._healthy.clear()
             self._stages = names
         exposed = frontier(d)[:, -1]
-        found = self._regression(window, d, names, exposed)
-        if found is None:
+        found, quiet = self._regression(window, d, names, exposed)
+        if quiet:
             self._healthy.append(_Healthy(window, d, exposed))
         return found
 
@@ -90,16 +99,19 @@ class RegressionCheck:
 
     def _regression(
         self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
-    ) -> dict[str, Any] | None:
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """The regression (or None) and whether the window may join the baseline."""
         cfg = self.config
         if len(self._healthy) < cfg.min_baseline:
-            return None
+            return None, True
         base = np.concatenate([h.exposed for h in self._healthy])
         base_median = float(np.median(base))
         spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
+        error = MEDIAN_SE * spread * float(np.sqrt(1.0 / exposed.size + 1.0 / base.size))
+        threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
         increase = float(np.median(exposed)) - base_median
-        if increase <= max(cfg.min_increase * base_median, cfg.noise_factor * spread):
-            return None
+        if increase <= threshold:
+            return None, increase <= threshold / 2
         result = compare(
             Side.from_windows("baseline", [h.d for h in self._healthy], stages),
             Side.from_windows(f"window {window}", [d], stages),
@@ -108,7 +120,7 @@ class RegressionCheck:
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
-        return {
+        found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
             "median_increase_ms_per_step": increase * 1e3,
             "delta_exposed_ms_per_step": result.delta_exposed_ms,
@@ -120,6 +132,7 @@ class RegressionCheck:
             "all_ranks": len(grown) == len(grew) > 1,
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
         }
+        return found, False
 
 
 def regression_text(regression: dict[str, Any]) -> str:

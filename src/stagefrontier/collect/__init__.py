@@ -49,6 +49,7 @@ def make_collector(config: CollectConfig) -> Collector:
             queue_size=config.queue_size,
             sinks=collector_sinks(0, out_dir, distributed=False, extra=config.sinks, log=log),
             gates=config.gates,
+            regression=config.regression,
         )
     import torch.distributed as dist
 
@@ -64,6 +65,7 @@ def make_collector(config: CollectConfig) -> Collector:
             rank, config.out_dir, distributed=True, extra=config.sinks, log=config.log
         ),
         gates=config.gates,
+        regression=config.regression,
     )
 
 

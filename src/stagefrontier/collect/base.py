@@ -10,13 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from ..analysis.gates import Gates
 from ..record.window import (
     AnalyzedWindow,
     MergedWindow,
     PendingWindow,
     RankWindow,
-    analyze_merged,
     merge_windows,
 )
 
@@ -171,20 +169,23 @@ def merge_received(
     )
 
 
-def analyze_received(merged: MergedWindow, gates: Gates | None = None) -> AnalyzedWindow | None:
-    """``analyze_merged``, never losing the window to one rank's data: when the analysis fails,
+def analyze_received(
+    merged: MergedWindow, analyze: Callable[[MergedWindow], AnalyzedWindow]
+) -> AnalyzedWindow | None:
+    """``analyze`` (rank 0's ``LiveAnalysis.analyze``), never losing the window to one rank's
+    data: when the analysis fails,
     every merged rank is analyzed alone, the ranks that fail alone are dropped (reported missing,
     with the error as the reason) and the rest are analyzed together. If no single rank is to
     blame, the reference rank is analyzed alone, with the reason. None only when not even that
     works (logged as an error: the window is lost)."""
     try:
-        return analyze_merged(merged, gates)
+        return analyze(merged)
     except Exception as exc:
         failure = _describe(exc)
     failed: dict[int, str] = {}
     for window in merged.ranks:
         try:
-            analyze_merged(merge_windows([window], merged.world_size), gates)
+            analyze(merge_windows([window], merged.world_size))
         except Exception as exc:
             failed[window.rank] = _describe(exc)
     kept = [w for w in merged.ranks if w.rank not in failed]
@@ -214,7 +215,7 @@ def analyze_received(merged: MergedWindow, gates: Gates | None = None) -> Analyz
         notes=notes,
     )
     try:
-        return analyze_merged(salvaged, gates)
+        return analyze(salvaged)
     except Exception as exc:
         logger.error(
             "stagefrontier: window %d lost: analysis failed even without ranks %s: %s",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import StageFrontierError, TimerSettingError
 from ..record.settings import (
     MAX_QUEUE_SIZE,
@@ -42,6 +43,9 @@ class CollectConfig:
         sinks: extra destinations for rank 0's analyzed windows, after ``windows.jsonl`` and
             the log line.
         gates: the labeler's gates for the live analysis (None: the defaults).
+        regression: when rank 0 calls a window slower than the run's recent healthy windows,
+            and the baseline for the direct gains (``analysis.regression``); None turns both
+            off, leaving the gains relative to each window's own medians.
         log: write rank 0's one-line window summary to the ``stagefrontier`` logger (shown on
             stderr when the application configured no logging); False leaves it out.
     """
@@ -52,6 +56,7 @@ class CollectConfig:
     queue_size: int = 4
     sinks: tuple[Sink, ...] = ()
     gates: Gates | None = None
+    regression: RegressionConfig | None = DEFAULT_REGRESSION
     log: bool = True
 
     def __post_init__(self) -> None:
@@ -67,6 +72,10 @@ class CollectConfig:
         object.__setattr__(
             self, "queue_size", check_int("queue_size", self.queue_size, 1, MAX_QUEUE_SIZE)
         )
+        if self.regression is not None and not isinstance(self.regression, RegressionConfig):
+            raise TimerSettingError(
+                f"regression must be a RegressionConfig or None, got {self.regression!r}"
+            )
         if self.gates is not None and not isinstance(self.gates, Gates):
             raise TimerSettingError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
         check_flag("log", self.log)

@@ -32,11 +32,13 @@ from typing import Any
 import numpy as np
 
 from ..analysis.gates import Gates
+from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker, analyze_received, merge_received
+from .live import LiveAnalysis
 from .wire import WIRE_VERSION, decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -74,11 +76,13 @@ class GlooCollector:
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float | None = None,
         gates: Gates | None = None,
+        regression: RegressionConfig | None = DEFAULT_REGRESSION,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.gates = gates
+        self.live = LiveAnalysis(gates, regression)
         self._dead: str | None = None
         self._group = group
         if group is None and world_size > 1:
@@ -135,7 +139,7 @@ class GlooCollector:
         if self.rank == 0:
             self._worker.activity = f"analyzing window {window.window}"
             merged = merge_received(windows, self.world_size, notes)
-            analyzed = analyze_received(merged, self.gates)
+            analyzed = analyze_received(merged, self.live.analyze)
             if analyzed is not None:
                 emit(self.sinks, analyzed)
 

@@ -6,9 +6,11 @@ import os
 from collections.abc import Sequence
 
 from ..analysis.gates import Gates
-from ..record.window import PendingWindow, analyze_merged, merge_windows
+from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
+from ..record.window import PendingWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker
+from .base import BackgroundWorker, analyze_received, merge_received
+from .live import LiveAnalysis
 
 
 class LocalCollector:
@@ -29,9 +31,11 @@ class LocalCollector:
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float = 10.0,
         gates: Gates | None = None,
+        regression: RegressionConfig | None = DEFAULT_REGRESSION,
     ) -> None:
         self.sinks = collector_sinks(self.rank, out_dir, distributed=False, sinks=sinks)
         self.gates = gates
+        self.live = LiveAnalysis(gates, regression)
         start_sinks(self.sinks)
         self._worker = BackgroundWorker(
             "stagefrontier-analysis",
@@ -45,8 +49,10 @@ class LocalCollector:
         return self._worker.offer(window)
 
     def _process(self, window: PendingWindow) -> None:
-        merged = merge_windows([window.build()], world_size=1)
-        emit(self.sinks, analyze_merged(merged, self.gates))
+        merged = merge_received([window.build()], world_size=1)
+        analyzed = analyze_received(merged, self.live.analyze)
+        if analyzed is not None:
+            emit(self.sinks, analyzed)
 
     def close(self) -> None:
         """Let queued windows finish (bounded), then close the sinks (on the analysis thread

@@ -25,11 +25,13 @@ from datetime import timedelta
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker, analyze_received, merge_received
+from .live import LiveAnalysis
 from .wire import decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
@@ -148,11 +150,13 @@ class StoreCollector:
         sinks: Sequence[Sink] | None = None,
         join_timeout_s: float | None = None,
         gates: Gates | None = None,
+        regression: RegressionConfig | None = DEFAULT_REGRESSION,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.gates = gates
+        self.live = LiveAnalysis(gates, regression)
         self._base_store = store
         self._conn: Any = None
         self._previous: Any = None
@@ -258,7 +262,7 @@ class StoreCollector:
                 notes.append(f"store read failed: {exc}")
         self._worker.activity = f"analyzing window {own.window}"
         merged = merge_received(windows, self.world_size, notes)
-        analyzed = analyze_received(merged, self.gates)
+        analyzed = analyze_received(merged, self.live.analyze)
         if analyzed is not None:
             emit(self.sinks, analyzed)
         if self._dead is None and self.world_size > 1:
