@@ -136,8 +136,11 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
         ),
     )
     result.section(
-        "Method",
+        "Comparison with the paper",
         [
+            "- The paper has no live regression check; this builds on its exact accounting: "
+            "the flagged window's exposed-time change splits exactly into stage advance "
+            "changes (analysis.compare), so the named stage is the one whose exposed time grew.",
             f"- Windows of {WINDOW} steps on 2 ranks; the default RegressionConfig: baseline of "
             "the last 5 healthy windows (2 needed), a window regresses when its median "
             "per-step exposed time exceeds the baseline median by more than 10% and by more "

@@ -24,6 +24,7 @@ SCRIPTS = {
     "overhead": ["| Ranks | Pairs | Steps/run | Mean overhead |", "| 4 | 1 |"],
     "aba": ["| Seed | Fault | Median step A1 -> B -> A2 (ms) |", "callback_sync@"],
     "grad_accum": ["| Fault | Delay | Delay/p50 | Rows | Top-1 |", "| Pair | Ordered steps/s |"],
+    "regression": ["| Run | Windows | Checked | False alarms |", "| Fault | First slowed window |"],
     "label_flips": ["| Ranks | Window steps | Windows | Windows per label | Label flips |"],
     "sharded": ["| Configuration | Fault | Delay/p50 |", "ZeRO-1", "FSDP2"],
 }
