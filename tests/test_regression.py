@@ -57,12 +57,33 @@ def test_a_slowdown_on_every_rank_is_named_as_such() -> None:
     check = RegressionCheck()
     for w in range(3):
         check.check(w, window(rng), STAGES)
-    slower = window(rng)
-    slower[:, :, 0] += 0.030  # every rank's data loading got 30 ms slower
-    found = check.check(3, slower, STAGES)
+
+    def slower() -> np.ndarray:
+        d = window(rng)
+        d[:, :, 0] += 0.030  # every rank's data loading got 30 ms slower (~+30%)
+        return d
+
+    # Between one and two thresholds: the first such window is noise until the next agrees.
+    assert check.check(3, slower(), STAGES) is None
+    found = check.check(4, slower(), STAGES)
     assert found is not None and found["top_stage"] == DATA and found["all_ranks"]
     assert sorted(found["ranks"]) == [0, 1, 2, 3]
+    assert found["baseline_windows"] == [0, 2]
     assert regression_text(found).endswith("all ranks")
+
+
+def test_a_lasting_change_becomes_the_new_baseline() -> None:
+    rng = np.random.default_rng(4)
+    check = RegressionCheck(RegressionConfig(baseline_windows=3, min_baseline=2))
+    for w in range(3):
+        assert check.check(w, window(rng), STAGES) is None
+    flagged = []
+    for w in range(3, 9):
+        d = window(rng)
+        d[:, 1, 0] += 0.200
+        flagged.append(check.check(w, d, STAGES) is not None)
+    # Reported for a baseline's worth of windows, then taken as the run's new normal.
+    assert flagged == [True, True, True, False, False, False]
 
 
 def test_the_baseline_needs_healthy_windows_and_restarts_on_a_new_schema() -> None:

@@ -8,8 +8,12 @@ and ``noise_factor`` standard errors of the difference of the two medians (each 
 estimated robustly as 1.4826 x the baseline's median absolute deviation; the standard error of
 a median of n steps is about 1.2533 x spread / sqrt(n)). Medians make a few slow steps (a
 checkpoint, a GC pause) harmless; the relative floor keeps a very steady run from alarming on
-small shifts. A window joins the baseline only when its increase stays below half the threshold,
-so a window that a slowdown starts inside does not soften the baseline for the next ones. A
+small shifts. An increase above the threshold is flagged at once when it is more than twice the
+threshold, else only when the window before was above the threshold too: one slow window on a
+busy machine is noise, two in a row or a large jump is news. Only windows at or below the
+threshold join the baseline, so a window that a slowdown starts inside does not soften it for
+the next ones; after ``baseline_windows`` windows in a row above it, those windows become the
+baseline (a lasting change is reported for that long, then taken as the new normal). A
 regression is split exactly into stage advance changes with ``analysis.compare``.
 """
 
@@ -69,6 +73,7 @@ class RegressionCheck:
         self.config = config or RegressionConfig()
         self._healthy: deque[_Healthy] = deque(maxlen=self.config.baseline_windows)
         self._stages: tuple[str, ...] | None = None
+        self._above: list[_Healthy] = []  # the windows in a row above the threshold, latest last
 
     def check(self, window: int, d: FloatArray, stages: Sequence[str]) -> dict[str, Any] | None:
         """The ``regression`` object for this window, or None; the window joins the baseline
@@ -77,10 +82,20 @@ class RegressionCheck:
         if self._stages != names or (self._healthy and self._healthy[0].d.shape[1] != d.shape[1]):
             self._healthy.clear()
             self._stages = names
-        exposed = frontier(d)[:, -1]
-        found, quiet = self._regression(window, d, names, exposed)
-        if quiet:
-            self._healthy.append(_Healthy(window, d, exposed))
+            self._above = []
+        entry = _Healthy(window, d, exposed=frontier(d)[:, -1])
+        found, above = self._regression(window, d, names, entry.exposed)
+        if not above:
+            self._healthy.append(entry)
+            self._above = []
+            return found
+        self._above.append(entry)
+        if len(self._above) == self.config.baseline_windows:
+            # A level that held for a whole baseline's worth of windows is the run's new normal:
+            # later windows are compared with it (this window still reports its regression).
+            self._healthy.clear()
+            self._healthy.extend(self._above)
+            self._above = []
         return found
 
     def reference(self, stages: Sequence[str], n_ranks: int) -> tuple[FloatArray, list[int]] | None:
@@ -100,10 +115,10 @@ class RegressionCheck:
     def _regression(
         self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
     ) -> tuple[dict[str, Any] | None, bool]:
-        """The regression (or None) and whether the window may join the baseline."""
+        """The regression (or None) and whether the window is above the threshold."""
         cfg = self.config
         if len(self._healthy) < cfg.min_baseline:
-            return None, True
+            return None, False
         base = np.concatenate([h.exposed for h in self._healthy])
         base_median = float(np.median(base))
         spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
@@ -111,7 +126,9 @@ class RegressionCheck:
         threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
         increase = float(np.median(exposed)) - base_median
         if increase <= threshold:
-            return None, increase <= threshold / 2
+            return None, False
+        if increase <= 2 * threshold and not self._above:
+            return None, True
         result = compare(
             Side.from_windows("baseline", [h.d for h in self._healthy], stages),
             Side.from_windows(f"window {window}", [d], stages),
@@ -132,7 +149,7 @@ class RegressionCheck:
             "all_ranks": len(grown) == len(grew) > 1,
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
         }
-        return found, False
+        return found, True
 
 
 def regression_text(regression: dict[str, Any]) -> str:
