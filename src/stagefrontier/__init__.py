@@ -48,6 +48,7 @@ from .formats.packet import Packet, read_packet, write_packet
 from .record.recorder import StageTimer
 from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
 from .render.run_folder import RunWindows, load_run
+from .route import ProfilerRouter
 
 __version__ = "0.1.0"
 
@@ -81,6 +82,7 @@ __all__ = [
     "MissingRanksError",
     "MissingStagesError",
     "Packet",
+    "ProfilerRouter",
     "ReducedTrace",
     "ReportFormatError",
     "RolesError",
