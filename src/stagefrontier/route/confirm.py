@@ -13,8 +13,18 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
-from ..record.window import AnalyzedWindow
 from ..reducers import reduce_kineto
+
+
+@dataclass(frozen=True)
+class LiveWindow:
+    """One analyzed window's matrix and where it sits: from a live ``AnalyzedWindow`` on rank 0,
+    or from an evidence packet offline."""
+
+    first_step: int
+    ranks: tuple[int, ...]
+    d: npt.NDArray[np.float64]
+    stages: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -28,7 +38,7 @@ class LiveSlice:
 
 
 def live_slice(
-    windows: Sequence[AnalyzedWindow], ranks: Sequence[int], steps: Sequence[int]
+    windows: Sequence[LiveWindow], ranks: Sequence[int], steps: Sequence[int]
 ) -> LiveSlice | None:
     """Rows of the analyzed windows for these global steps and ranks (in the given order);
     None when the windows hold none of them."""
@@ -37,16 +47,15 @@ def live_slice(
     found: list[int] = []
     stages: tuple[str, ...] = ()
     for window in windows:
-        present = [w.rank for w in window.merged.ranks]
-        if any(r not in present for r in ranks):
+        if any(r not in window.ranks for r in ranks):
             continue
-        cols = [present.index(r) for r in ranks]
-        first = window.merged.reference.first_step
+        cols = [window.ranks.index(r) for r in ranks]
+        first = window.first_step
         for i in range(window.d.shape[0]):
             if first + i in wanted and first + i not in found:
                 rows.append(window.d[i, cols, :])
                 found.append(first + i)
-                stages = tuple(window.report.stages)
+                stages = window.stages
     if not rows:
         return None
     order = np.argsort(found)
@@ -95,6 +104,7 @@ def confirm(
         step_source="annotation",
         world_size=None,
         missing_ranks="allow",
+        missing_stages="zero",  # a stage the loop never enters is zero in the live matrix too
     )
     common = [s for s in reduced.step_ids if s in set(live.steps)]
     if not common:

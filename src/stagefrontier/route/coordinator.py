@@ -23,7 +23,7 @@ from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from .capture import incident_dir
-from .confirm import confirm, live_slice
+from .confirm import LiveWindow, confirm, live_slice
 from .decide import Decision, decide, start_margin
 from .incident import new_incident, summary_line, write_incident
 from .opdiff import op_diff, stage_op_times
@@ -142,6 +142,9 @@ class Coordinator:
         except ReportFormatError as exc:
             logger.warning("stagefrontier router: manual request rejected: %s", exc)
             return
+        if self.captures >= self.config.max_captures:
+            self._answer_manual(f"refused: max_captures={self.config.max_captures} reached")
+            return
         last = self.live[-1] if self.live else None
         stage = manual.stage or (last.report.top1 if last is not None else None)
         ranks = list(dict.fromkeys(manual.ranks))
@@ -161,7 +164,7 @@ class Coordinator:
         attempt = current_attempt()[1]
         window = decision.window
         incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
-        incident_id += "-manual" if trigger == "manual" else ""
+        incident_id += f"-manual{self.captures}" if trigger == "manual" else ""
         steps = steps or self.config.steps
         margin = start_margin(self.step_s, self.config.poll_s)
         first = self.current_step() + margin
@@ -278,7 +281,7 @@ class Coordinator:
             )
         self._cost(incident, request)
         if incident["captured"] and len(local) == len(files):
-            analyze_traces(incident, local, list(self.live), self.config.gates)
+            analyze_traces(incident, local, [live_window(w) for w in self.live], self.config.gates)
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
         self._write(incident)
         self._cleanup(request)
@@ -319,16 +322,22 @@ class Coordinator:
     def _cleanup(self, request: CaptureRequest) -> None:
         try:
             self.channel.delete(REQUEST_KEY, *(status_key(request.id, r) for r in request.ranks))
-            if request.id.endswith("-manual"):
-                self.channel.write(MANUAL_ANSWER_KEY, request.id.encode())
         except Exception as exc:
             logger.debug("stagefrontier router: cleaning up request keys failed: %s", exc)
+        if "-manual" in request.id:
+            self._answer_manual(str(incident_dir(self.out_dir, request.id).resolve()))
+
+    def _answer_manual(self, text: str) -> None:
+        try:
+            self.channel.write(MANUAL_ANSWER_KEY, text.encode())
+        except Exception as exc:
+            logger.debug("stagefrontier router: answering a manual request failed: %s", exc)
 
 
 def analyze_traces(
     incident: dict[str, Any],
     files: dict[int, str],
-    live: list[AnalyzedWindow],
+    live: list[LiveWindow],
     gates: Any,
 ) -> None:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
@@ -366,3 +375,12 @@ def analyze_traces(
         except Exception as exc:
             logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
             incident["reasons"].append(f"op diff failed: {exc}")
+
+
+def live_window(window: AnalyzedWindow) -> LiveWindow:
+    return LiveWindow(
+        window.merged.reference.first_step,
+        tuple(w.rank for w in window.merged.ranks),
+        window.d,
+        tuple(window.report.stages),
+    )

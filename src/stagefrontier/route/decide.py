@@ -25,6 +25,10 @@ REQUEST_LATENCY_S = 0.5
 """Allowance for a store round trip and for a busy rank's watcher thread to be scheduled."""
 
 
+UNKNOWN_STEP_S = 0.1
+"""The step time assumed for a manual request before any window was analyzed."""
+
+
 @dataclass(frozen=True)
 class Decision:
     stage: str
@@ -84,5 +88,5 @@ def start_margin(step_s: float, poll_s: float) -> int:
     """Steps between the step a request is written at and its first captured step: enough for
     every named rank's watcher to poll the store (twice over, in case a poll was just missed)
     plus the request latency, plus one step of skew between ranks and the step in progress."""
-    step_s = step_s if np.isfinite(step_s) and step_s > 0 else 1e-3
+    step_s = step_s if np.isfinite(step_s) and step_s > 0 else UNKNOWN_STEP_S
     return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2

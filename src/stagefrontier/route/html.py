@@ -58,7 +58,7 @@ def _figures(out_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
     matplotlib is missing or the run folder has no windows yet."""
     try:
         from ..render.plots import plot_shares_over_time, plot_worst_step
-        from ..render.run_report import load_run
+        from ..render.run_folder import load_run
 
         run = load_run(Path(out_dir))
         out = []

@@ -29,6 +29,12 @@ LIBRARY_FRAME = re.compile(
 )
 """Python frames that are not the user's code (builtins, torch, the standard library's
 wrappers, the timer itself)."""
+INSTRUMENTATION = re.compile(
+    r"^(stagefrontier/record/|stagefrontier/route/|torch/autograd/profiler\.py|torch/profiler/)"
+)
+"""Frames of the measurement itself (the timer's contexts, the profiler's ranges): left out."""
+ADDRESS = re.compile(r" of [^>]*? at 0x[0-9a-f]+>$|  of [^>]*>$| at 0x[0-9a-f]+>$")
+"""``<built-in method randint of type object at 0x7f...>``: the address differs per process."""
 MAX_ENTRIES = 20
 
 
@@ -94,7 +100,8 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
             totals[key] = totals.get(key, 0.0) + max(0.0, (frame[0] - frame[4]) - frame[1]) * 1e-6
             paths.setdefault(key, frame[3])
 
-    for ts, dur, name, _, _ in ops:
+    for ts, dur, raw, _, _ in ops:
+        name = ADDRESS.sub(">", raw)
         end = ts + dur
         while stack and stack[-1][0] <= ts + eps:
             close(stack.pop())
@@ -103,7 +110,7 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
             stack[-1][1] += dur
         frames = [*parent_path, name] if is_user_frame(name) else parent_path
         i = bisect.bisect_right(starts, ts) - 1
-        inside = i >= 0 and ts < stage_ranges[i][1]
+        inside = i >= 0 and ts < stage_ranges[i][1] and not INSTRUMENTATION.match(name)
         key = name if is_user_frame(name) else (f"{frames[-1]} › {name}" if frames else name)
         stack.append([end, 0.0, name, frames, ts, inside, key])
     while stack:
