@@ -55,8 +55,8 @@ def run_demo(
     fault_text = ", ".join(str(f) for f in parsed) or "none"
     print(
         f"StageFrontier demo: {ranks} Gloo DDP ranks (spawned), {steps} steps, window {window}, "
-        f"faults: {fault_text}, profiler router {'on' if router else 'off'}\nTraining a small character-level transformer on CPU; one line "
-        "per window as rank 0 analyzes it:",
+        f"faults: {fault_text}, profiler router {'on' if router else 'off'}\nTraining a small "
+        "character-level transformer on CPU; one line per window as rank 0 analyzes it:",
         flush=True,
     )
     started = time.monotonic()
