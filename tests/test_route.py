@@ -254,3 +254,17 @@ def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) ->
     folder = Path(out.strip())
     assert folder.parent == (tmp_path / "incidents").resolve()
     assert read_incident(folder)["captured"]
+
+
+def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.integrations._timer import make_timer
+
+    router = ProfilerRouter(capture_timeout_s=0.0)
+    timer = make_timer(["x"], router=router, out_dir=tmp_path, collect="local")
+    assert timer._router is not None and timer._router.config is router
+    timer.close()
+    for module in ("lightning", "transformers"):
+        pytest.importorskip(module)
+        callbacks = __import__(f"stagefrontier.integrations.{module}", fromlist=["_"])
+        assert callbacks.StageFrontierCallback(router=router).router is router
