@@ -179,17 +179,27 @@ def summary_line(incident: dict[str, Any]) -> str:
 
 
 def open_commands(incident: dict[str, Any]) -> list[str]:
-    """Shell commands to look at the traces: Perfetto / the trace viewer, HTA, the reducer."""
+    """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
+    diff again, one rank through the analyzer (Kineto or HTA reader), the events in HTA (given
+    as files: the folder also holds ``incident.json``)."""
     files = incident["trace_files"]
     if not files:
         return []
     folder = str(Path(next(iter(files.values()))).parent)
+    suspect = str(incident["leader_rank"])
+    one = files.get(suspect) or next(iter(files.values()))
+    rank = int(suspect) if suspect in files else int(next(iter(files)))
+    ranks = ", ".join(f"{int(r)}: '{p}'" for r, p in sorted(files.items()))
+    hta = (
+        f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir='{folder}'); "
+        f"print(t.t.get_trace({rank}))"
+    )
     return [
         "# open in https://ui.perfetto.dev (or chrome://tracing): drag in "
         + " ".join(Path(p).name for p in files.values()),
-        f"stagefrontier analyze {folder} --format kineto",
-        'python -c "from hta.trace_analysis import TraceAnalysis; '
-        f"TraceAnalysis(trace_dir='{folder}').get_temporal_breakdown()\"",
+        f"stagefrontier incident {folder}",
+        f"stagefrontier analyze {one} --allow-missing-ranks  # or --format hta",
+        f'python -c "from hta.trace_analysis import TraceAnalysis; {hta}"',
     ]
 
 
