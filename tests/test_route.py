@@ -268,3 +268,100 @@ def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
         pytest.importorskip(module)
         callbacks = __import__(f"stagefrontier.integrations.{module}", fromlist=["_"])
         assert callbacks.StageFrontierCallback(router=router).router is router
+
+
+# --- rank 0's budget, with a store stand-in ------------------------------------------------------
+
+
+class _Channel:
+    """The store as a dict (the coordinator's only dependency on it)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def read(self, key: str) -> bytes | None:
+        return self.keys.get(key)
+
+    def write(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def delete(self, *keys: str) -> None:
+        for key in keys:
+            self.keys.pop(key, None)
+
+
+def _indexed(index: int) -> Any:
+    window = _window(_matrix(2, seed=index), [0, 1, 2, 3])
+    window.merged.reference = SimpleNamespace(
+        window=index, first_step=10 * index, last_step=10 * index + 9
+    )
+    return window
+
+
+def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Path) -> None:
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.route.coordinator import Coordinator
+    from stagefrontier.route.requests import REQUEST_KEY, status_key
+
+    config = ProfilerRouter(cooldown_windows=2, max_captures=2, capture_timeout_s=0.0)
+    channel = _Channel()
+    step = [0]
+    coordinator = Coordinator(
+        config, out_dir=str(tmp_path), channel=channel, current_step=lambda: step[0]
+    )  # type: ignore[arg-type]
+    opened: list[tuple[int, str]] = []
+    for index in range(9):
+        step[0] = 10 * index + 10
+        coordinator.write(_indexed(index))
+        coordinator.tick()
+        if REQUEST_KEY in channel.keys:
+            request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
+            opened.append((index, request.id))
+            assert request.ranks == (2, 1) and request.first_step > step[0]
+            if index == 0:  # the first: both ranks skip it; the second: nobody answers
+                for rank in request.ranks:
+                    status = CaptureStatus(request.id, rank, "skipped", "a user profiler")
+                    channel.write(status_key(request.id, rank), status.encode())
+            coordinator.tick()
+            if coordinator.open is not None:  # nobody answered: wait out the deadline
+                time.sleep(max(0.0, coordinator.open.deadline - time.monotonic()) + 0.01)
+                coordinator.tick()
+            assert REQUEST_KEY not in channel.keys  # cleaned up when settled
+    # Window 0 opens one; windows 1-2 are the cooldown; window 3 opens the second; then the
+    # budget of two is spent.
+    assert [index for index, _ in opened] == [0, 3]
+    assert channel.keys == {}
+    first = read_incident(tmp_path / "incidents" / opened[0][1])
+    assert not first["captured"]
+    assert "rank 2 skipped: a user profiler" in first["reasons"]
+    second = read_incident(tmp_path / "incidents" / opened[1][1])
+    assert any("rank 2 never answered" in r for r in second["reasons"])
+
+
+@pytest.mark.parametrize("case", ["user_profiler", "size_limit"])
+def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_limit(
+    tmp_path: Path, store: Any, case: str
+) -> None:
+    import torch
+
+    from stagefrontier import ProfilerRouter, StageTimer
+
+    limit = 1e-4 if case == "size_limit" else 200.0
+    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0, max_trace_mb=limit)
+    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    _train(timer, 5)
+    timer._router.request_capture([0])
+    # Steps take at least the 20 ms sleep, so the start margin is at most
+    # (2 x 50 ms + 0.5 s) / 20 ms + 2 = 32 steps: the capture ends inside these steps.
+    steps = 40
+    if case == "user_profiler":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            _train(timer, steps)
+    else:
+        _train(timer, steps)
+    timer.close()
+    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    assert not incident["captured"]
+    expected = "a profiler the user started" if case == "user_profiler" else "exceeds"
+    assert any(expected in r for r in incident["reasons"]), incident["reasons"]
+    assert list((tmp_path / "incidents").rglob("*.pt.trace.json.gz")) == []

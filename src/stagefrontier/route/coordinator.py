@@ -226,7 +226,9 @@ class Coordinator:
                 logger.debug("stagefrontier router: reading answers failed: %s", exc)
         answered = len(current.answers) == len(current.request.ranks)
         covered = any(w.merged.reference.last_step >= current.request.last_step for w in self.live)
-        if answered and (covered or self.closing):
+        captured = any(a.state == "captured" for a in current.answers.values())
+        # A trace is compared with the live windows of its steps: wait for them (or the end).
+        if answered and (covered or self.closing or not captured):
             self._settle("")
         elif time.monotonic() > current.deadline:
             self._settle(f"timed out after {current.deadline - current.opened:.1f} s")
