@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
@@ -76,6 +77,7 @@ class Coordinator:
         self.step_s = float("nan")
         self.closing = False
         self.incidents: list[dict[str, Any]] = []
+        self._stale_checked = False
 
     # ------------------------------------------------------------------ sink (collector thread)
     def write(self, window: AnalyzedWindow) -> None:
@@ -86,6 +88,9 @@ class Coordinator:
 
     # ------------------------------------------------------------------ router thread
     def tick(self) -> None:
+        if not self._stale_checked:
+            self._stale_checked = True
+            self._delete_previous_attempt()
         while True:
             try:
                 window = self.windows.get_nowait()
@@ -115,6 +120,17 @@ class Coordinator:
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
         """A manual request from Python on rank 0 (scheduled at the next tick)."""
         self.channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), steps, stage).encode())
+
+    def _delete_previous_attempt(self) -> None:
+        """A torchelastic restart: the previous attempt's open request and manual keys."""
+        previous = previous_attempt_prefix()
+        if previous is None:
+            return
+        try:
+            old = RequestChannel(self.channel.base, previous)
+            old.delete(REQUEST_KEY, MANUAL_KEY, MANUAL_ANSWER_KEY)
+        except Exception as exc:
+            logger.debug("stagefrontier router: deleting stale request keys failed: %s", exc)
 
     def _consider(self, window: AnalyzedWindow) -> None:
         index = window.merged.reference.window

@@ -146,7 +146,7 @@ class RequestChannel:
     never on the training thread). Every call may raise; callers downgrade."""
 
     def __init__(self, store: Any = None, prefix: str | None = None) -> None:
-        self._base = store
+        self.base = store
         self._prefix = prefix
         self._conn: Any = None
 
@@ -156,7 +156,7 @@ class RequestChannel:
 
             from ..collect.store import open_connection, store_prefix
 
-            self._conn = PrefixStore(self._prefix or store_prefix(), open_connection(self._base))
+            self._conn = PrefixStore(self._prefix or store_prefix(), open_connection(self.base))
         return self._conn
 
     def read(self, key: str) -> bytes | None:
