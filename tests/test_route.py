@@ -216,7 +216,7 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=5.0)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)  # one window: the step time is measured
-    timer._router.request_capture([0])
+    router.request_capture([0])
     _train(timer, 40)
     timer.close()
     incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
@@ -350,7 +350,7 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     router = ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0, max_trace_mb=limit)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)
-    timer._router.request_capture([0])
+    router.request_capture([0])
     # Steps take at least the 20 ms sleep, so the start margin is at most
     # (2 x 50 ms + 0.5 s) / 20 ms + 2 = 32 steps: the capture ends inside these steps.
     steps = 40

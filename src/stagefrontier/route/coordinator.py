@@ -76,7 +76,6 @@ class Coordinator:
         self.next_window = 0  # the first window index the cooldown allows
         self.step_s = float("nan")
         self.closing = False
-        self.incidents: list[dict[str, Any]] = []
         self._stale_checked = False
 
     # ------------------------------------------------------------------ sink (collector thread)
@@ -335,7 +334,6 @@ class Coordinator:
             write_html(folder, incident, self.out_dir)
         except Exception:
             logger.exception("stagefrontier: writing incident %s failed", incident["id"])
-        self.incidents.append(incident)
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:

@@ -47,6 +47,20 @@ class OpTimes:
     call_paths: dict[str, list[str]]
 
 
+@dataclass
+class _Frame:
+    """An open event while the thread's events are nested by time."""
+
+    start: float
+    end: float
+    user_path: list[str]
+    """The user's Python frames from the outermost to this event (or its caller)."""
+    key: str
+    counted: bool
+    """Whether the event starts inside one of the stage's ranges (and is not instrumentation)."""
+    children: float = 0.0
+
+
 def is_user_frame(name: str) -> bool:
     return "): " in name and not LIBRARY_FRAME.match(name)
 
@@ -91,28 +105,28 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     )
     totals: dict[str, float] = {}
     paths: dict[str, list[str]] = {}
-    stack: list[list[Any]] = []  # [end, child_total, name, user_path, start, counted]
+    stack: list[_Frame] = []  # the enclosing events of the current one, outermost first
     eps = 1e-3  # microseconds: rounding slack when children end at their parent's end
 
-    def close(frame: list[Any]) -> None:
-        if frame[5]:
-            key = frame[6]
-            totals[key] = totals.get(key, 0.0) + max(0.0, (frame[0] - frame[4]) - frame[1]) * 1e-6
-            paths.setdefault(key, frame[3])
+    def close(frame: _Frame) -> None:
+        if frame.counted:
+            self_s = max(0.0, frame.end - frame.start - frame.children) * 1e-6
+            totals[frame.key] = totals.get(frame.key, 0.0) + self_s
+            paths.setdefault(frame.key, frame.user_path)
 
     for ts, dur, raw, _, _ in ops:
         name = ADDRESS.sub(">", raw)
-        end = ts + dur
-        while stack and stack[-1][0] <= ts + eps:
+        while stack and stack[-1].end <= ts + eps:
             close(stack.pop())
-        parent_path: list[str] = stack[-1][3] if stack else []
+        parent_path = stack[-1].user_path if stack else []
         if stack:
-            stack[-1][1] += dur
-        frames = [*parent_path, name] if is_user_frame(name) else parent_path
+            stack[-1].children += dur
+        user = is_user_frame(name)
+        frames = [*parent_path, name] if user else parent_path
+        key = name if user or not frames else f"{frames[-1]} › {name}"
         i = bisect.bisect_right(starts, ts) - 1
         inside = i >= 0 and ts < stage_ranges[i][1] and not INSTRUMENTATION.match(name)
-        key = name if is_user_frame(name) else (f"{frames[-1]} › {name}" if frames else name)
-        stack.append([end, 0.0, name, frames, ts, inside, key])
+        stack.append(_Frame(ts, ts + dur, frames, key, inside))
     while stack:
         close(stack.pop())
     return OpTimes(totals, len(kept_steps), paths)

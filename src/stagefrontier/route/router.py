@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
@@ -23,12 +23,12 @@ from .requests import REQUEST_KEY, CaptureRequest, CaptureStatus, RequestChannel
 logger = logging.getLogger("stagefrontier")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProfilerRouter:
     """Turns an actionable window into a profiler trace of the suspect rank and a reference rank.
 
     Pass it to ``StageTimer(router=ProfilerRouter())`` (or to either framework callback). Off by
-    default. Args:
+    default. On rank 0, ``request_capture`` asks for a capture by hand. Args:
         steps: steps captured per incident.
         cooldown_windows: windows after an incident before the next may open.
         max_captures: incidents per run.
@@ -50,16 +50,30 @@ class ProfilerRouter:
     with_stack: bool = True
     gates: Gates | None = None
     store: Any = None
+    _runtime: RouterRuntime | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.max_captures < 0 or self.cooldown_windows < 0:
-            raise StageFrontierError("router steps must be >= 1, the budgets >= 0")
+            raise StageFrontierError("router steps must be >= 1, max_captures and cooldown >= 0")
         if self.poll_s <= 0 or self.capture_timeout_s < 0 or self.max_trace_mb <= 0:
-            raise StageFrontierError("router poll_s and max_trace_mb must be > 0")
+            raise StageFrontierError(
+                "router poll_s and max_trace_mb must be > 0, capture_timeout_s >= 0"
+            )
 
     def attach(self, timer: Any) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
-        return RouterRuntime(self, timer)
+        self._runtime = RouterRuntime(self, timer)
+        return self._runtime
+
+    def request_capture(
+        self, ranks: list[int], steps: int | None = None, stage: str | None = None
+    ) -> None:
+        """On rank 0: profile ``steps`` steps (default ``self.steps``) on ``ranks`` (suspect
+        first, then a reference) a few steps from now, diffing ``stage`` (default: the last
+        window's top stage); answered with an incident like a decided capture."""
+        if self._runtime is None:
+            raise StageFrontierError("the router is not attached to a StageTimer yet")
+        self._runtime.request_capture(ranks, steps or self.steps, stage)
 
 
 class RouterRuntime:
@@ -100,13 +114,11 @@ class RouterRuntime:
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
 
-    def request_capture(self, ranks: list[int], steps: int = 0, stage: str | None = None) -> None:
-        """Ask for a capture from Python on rank 0 (answered like a decided one)."""
-        if self.coordinator is None:
-            raise StageFrontierError("request captures from rank 0 (or `stagefrontier capture`)")
-        self._jobs.put(
-            lambda: self.coordinator.request_capture(ranks, steps or self.config.steps, stage)  # type: ignore[union-attr]
-        )
+    def request_capture(self, ranks: list[int], steps: int, stage: str | None) -> None:
+        coordinator = self.coordinator
+        if coordinator is None:
+            raise StageFrontierError("request captures on rank 0 (or with `stagefrontier capture`)")
+        self._jobs.put(lambda: coordinator.request_capture(ranks, steps, stage))
 
     def close(self) -> None:
         """On the training thread at the timer's close: stop a running capture, then let the
