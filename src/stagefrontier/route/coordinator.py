@@ -269,18 +269,19 @@ class Coordinator:
             if answer.state != "captured":
                 reasons.append(f"rank {rank} {answer.state}: {answer.reason}")
                 continue
+            if answer.host == host and not Path(answer.path).exists():
+                reasons.append(f"rank {rank}'s trace {answer.path} never appeared on disk")
+                continue
             files[rank] = answer.path
             incident["trace_hosts"][str(rank)] = answer.host
             incident["trace_bytes"][str(rank)] = answer.size
-            if answer.host == host and Path(answer.path).exists():
+            if answer.host == host:
                 local[rank] = answer.path
-            elif answer.host != host:
+            else:
                 reasons.append(
                     f"rank {rank}'s trace is on host {answer.host}: reduce it there with "
                     "`stagefrontier incident`"
                 )
-            else:
-                reasons.append(f"rank {rank}'s trace {answer.path} is not on disk")
             if answer.last_step < request.last_step:
                 incident["steps"] = [request.first_step, answer.last_step]
                 reasons.append(f"rank {rank} captured only up to step {answer.last_step}")
