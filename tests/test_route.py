@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -303,14 +304,15 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
     from stagefrontier.route.coordinator import Coordinator
     from stagefrontier.route.requests import REQUEST_KEY, status_key
 
-    config = ProfilerRouter(cooldown_windows=2, max_captures=2, capture_timeout_s=0.0)
+    config = ProfilerRouter(cooldown_windows=2, max_captures=3, capture_timeout_s=0.0)
     channel = _Channel()
     step = [0]
     coordinator = Coordinator(
         config, out_dir=str(tmp_path), channel=channel, current_step=lambda: step[0]
     )  # type: ignore[arg-type]
     opened: list[tuple[int, str]] = []
-    for index in range(9):
+    host = socket.gethostname()
+    for index in range(11):
         step[0] = 10 * index + 10
         coordinator.write(_indexed(index))
         coordinator.tick()
@@ -318,24 +320,34 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
             request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
             opened.append((index, request.id))
             assert request.ranks == (2, 1) and request.first_step > step[0]
-            if index == 0:  # the first: both ranks skip it; the second: nobody answers
-                for rank in request.ranks:
-                    status = CaptureStatus(request.id, rank, "skipped", "a user profiler")
-                    channel.write(status_key(request.id, rank), status.encode())
+            # The first: both ranks skip it; the second: nobody answers; the third: both say
+            # they captured, but the traces never appear on this host.
+            for rank in request.ranks if len(opened) != 2 else ():
+                status = (
+                    CaptureStatus(request.id, rank, "skipped", "a user profiler")
+                    if len(opened) == 1
+                    else CaptureStatus(
+                        request.id, rank, "captured", path=str(tmp_path / "gone"), host=host
+                    )
+                )
+                channel.write(status_key(request.id, rank), status.encode())
             coordinator.tick()
             if coordinator.open is not None:  # nobody answered: wait out the deadline
                 time.sleep(max(0.0, coordinator.open.deadline - time.monotonic()) + 0.01)
                 coordinator.tick()
             assert REQUEST_KEY not in channel.keys  # cleaned up when settled
-    # Window 0 opens one; windows 1-2 are the cooldown; window 3 opens the second; then the
-    # budget of two is spent.
-    assert [index for index, _ in opened] == [0, 3]
+    # Window 0 opens one; windows 1-2 are the cooldown; windows 3 and 6 open the next two;
+    # then the budget of three is spent.
+    assert [index for index, _ in opened] == [0, 3, 6]
     assert channel.keys == {}
     first = read_incident(tmp_path / "incidents" / opened[0][1])
     assert not first["captured"]
     assert "rank 2 skipped: a user profiler" in first["reasons"]
     second = read_incident(tmp_path / "incidents" / opened[1][1])
     assert any("rank 2 never answered" in r for r in second["reasons"])
+    third = read_incident(tmp_path / "incidents" / opened[2][1])
+    assert not third["captured"] and third["trace_files"] == {}
+    assert any("never appeared on disk" in r for r in third["reasons"])
 
 
 @pytest.mark.parametrize("case", ["user_profiler", "size_limit"])
