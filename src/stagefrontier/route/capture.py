@@ -59,7 +59,11 @@ class RankCapture:
         self._step_scope: Any = None
         self._saved: dict[str, Any] | None = None
         self._host = socket.gethostname()
-        self._rank = int(timer.rank)
+
+    @property
+    def _rank(self) -> int:
+        """The timer's rank (known once its collector exists: it may be built late)."""
+        return int(self._timer.rank)
 
     # ------------------------------------------------------------------ router thread
     def arm(self, request: CaptureRequest) -> None:
@@ -168,15 +172,15 @@ class RankCapture:
 
     def _swap_stages(self) -> None:
         """Annotated stage contexts while capturing (unless the timer annotates already)."""
-        from ..record.recorder import _AnnotatedStage
+        from ..record.contexts import AnnotatedStageContext
 
         table = self._timer._stage_ctx
-        if any(isinstance(ctx, _AnnotatedStage) for ctx in table.values()):
+        if any(isinstance(ctx, AnnotatedStageContext) for ctx in table.values()):
             return
         ranges = ProfilerRanges()
         self._saved = dict(table)
         for name, ctx in self._saved.items():
-            table[name] = _AnnotatedStage(self._timer, ctx._column, name, ranges)
+            table[name] = AnnotatedStageContext(self._timer, ctx._column, name, ranges)
 
     def _restore_stages(self) -> None:
         saved, self._saved = self._saved, None

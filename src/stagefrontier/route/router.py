@@ -81,7 +81,6 @@ class RouterRuntime:
 
     def __init__(self, config: ProfilerRouter, timer: Any) -> None:
         self.config = config
-        self.rank = int(timer.rank)
         self._timer = timer
         self._channel = RequestChannel(config.store)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -96,20 +95,35 @@ class RouterRuntime:
             answer=self._answer,
         )
         self.coordinator: Coordinator | None = None
-        if self.rank == 0:
-            self.coordinator = Coordinator(
-                config,
-                out_dir=timer.out_dir,
-                channel=self._channel,
-                current_step=lambda: int(timer._step_index),
-            )
-            sinks = getattr(timer._collector, "sinks", None)
-            if isinstance(sinks, list):
-                sinks.append(self.coordinator)
-            else:
-                logger.warning("stagefrontier: this collector takes no sinks; router is idle")
+        self._attached = False
+        self._attach_coordinator()
         self._thread = threading.Thread(target=self._run, name="stagefrontier-router", daemon=True)
         self._thread.start()
+
+    @property
+    def rank(self) -> int:
+        return int(self._timer.rank)
+
+    def _attach_coordinator(self) -> None:
+        """On rank 0, add the coordinator to the collector's sinks, once the collector exists (a
+        timer built before ``init_process_group`` builds it at its first window boundary)."""
+        collector = self._timer._collector
+        if self._attached or collector is None:
+            return
+        self._attached = True
+        if self.rank != 0:
+            return
+        self.coordinator = Coordinator(
+            self.config,
+            out_dir=self._timer.out_dir,
+            channel=self._channel,
+            current_step=lambda: int(self._timer._step_index),
+        )
+        sinks = getattr(collector, "sinks", None)
+        if isinstance(sinks, list):
+            sinks.append(self.coordinator)
+        else:
+            logger.warning("stagefrontier: this collector takes no sinks; the router is idle")
 
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
@@ -151,6 +165,7 @@ class RouterRuntime:
             logger.exception("stagefrontier: router thread job failed")
 
     def _tick(self) -> None:
+        self._attach_coordinator()
         self._watch()
         if self.coordinator is not None:
             self.coordinator.tick()
