@@ -8,6 +8,8 @@ fault-free run's losses.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ pytest.importorskip("torch")
 
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.route import list_incidents
+from stagefrontier.route.offline import reduce_offline
 
 RANKS = 4
 STEPS = 30
@@ -92,6 +95,16 @@ def test_a_stall_opens_one_confirmed_incident_on_its_rank(
     assert incident["capture_step_ms"] > 0 and incident["baseline_step_ms"] > 0
     assert (folder / "incident.md").exists() and (folder / "incident.html").exists()
     assert run.losses == healthy.losses
+    # Offline, `stagefrontier incident` reaches the same verdict from the run's packets.
+    offline = tmp_path / "copy"
+    shutil.copytree(run.out_dir, offline)
+    path = offline / "incidents" / incident["id"] / "incident.json"
+    unreduced = {**incident, "confirmed": None, "max_share_diff": None, "op_diff": []}
+    path.write_text(json.dumps(unreduced))
+    again, reduced = reduce_offline(path.parent)
+    assert reduced and again["confirmed"] is True
+    assert again["max_share_diff"] == incident["max_share_diff"]
+    assert again["op_diff"][0]["name"] == top["name"]
 
 
 def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(

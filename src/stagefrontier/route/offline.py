@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.gates import Gates
-from ..errors import StageFrontierError
+from ..errors import ReportFormatError, StageFrontierError
 from ..formats.packet import read_packet
 from .confirm import LiveWindow
 from .coordinator import analyze_traces
@@ -33,10 +33,14 @@ def run_folder(incident_folder: Path) -> Path:
 
 
 def packet_windows(out_dir: Path) -> list[LiveWindow]:
-    """The live windows an output folder's evidence packets hold."""
+    """The live windows an output folder's evidence packets hold (unreadable ones skipped: the
+    confirmation then says no live window covers the steps)."""
     out = []
     for path in sorted((out_dir / "packets").glob("window-*.json")):
-        packet = read_packet(path)
+        try:
+            packet = read_packet(path)
+        except ReportFormatError:
+            continue
         meta = packet.meta
         if "first_step" not in meta or "ranks_present" not in meta:
             continue
