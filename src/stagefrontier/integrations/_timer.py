@@ -33,8 +33,8 @@ def make_timer(
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
     distributed collection); ``sinks`` are added after them, and rank 0's collector starts and
-    closes them. ``router``: the profiler router (off when None). With ``collector=...`` given, ``sinks`` must be empty: pass them to that
-    collector instead.
+    closes them. ``router``: the profiler router (off when None). With ``collector=...`` given,
+    ``sinks`` must be empty: pass them to that collector instead.
     """
     sinks = list(sinks)
     kwargs = dict(timer_kwargs)
