@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-DEMO_ARGS ?= --ranks 4 --steps 120 --window 20 --fault data@2:120ms --out stagefrontier-demo
+DEMO_ARGS ?= --ranks 4 --steps 120 --window 20 --fault data@2:120ms --router --out stagefrontier-demo
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)

@@ -8,6 +8,8 @@ noise, the script times loops of ``n`` uses of
 * an empty ``timer.step()`` and a step holding one ``timer.stage("x")``: their difference is the
   cost of one stage enter+exit;
 * a full step with the five timed default stages;
+* the same full step on a timer with a ``ProfilerRouter`` attached and nothing requested (its
+  thread polls a real local c10d store every 50 ms; the step tests one flag);
 * ``timer.stage("x")`` on a timer built with ``enabled=False``;
 * Lightning's ``SimpleProfiler().profile("x")``, when Lightning is importable (a peer).
 
@@ -87,6 +89,9 @@ class DiscardCollector:
 
     rank = 0
     world_size = 1
+
+    def __init__(self) -> None:
+        self.sinks: list[Any] = []  # where a router on rank 0 attaches its coordinator
 
     def submit(self, window: object) -> bool:
         return True
@@ -210,13 +215,52 @@ def lightning_profiler() -> tuple[Callable[[], Any] | None, str]:
 # ---------------------------------------------------------------------------- measurement
 
 
-def fresh_timer(n: int, stages: Sequence[str] | None, annotate: bool = False) -> StageTimer:
+def fresh_timer(
+    n: int, stages: Sequence[str] | None, annotate: bool = False, router: Any = None
+) -> StageTimer:
     """A timer whose window holds the warm-up and the timed loop: no hand-off while timing."""
-    return StageTimer(stages=stages, window=n + 1, collector=DiscardCollector(), annotate=annotate)
+    return StageTimer(
+        stages=stages,
+        window=n + 1,
+        collector=DiscardCollector(),
+        annotate=annotate,
+        router=router,
+    )
+
+
+def idle_router() -> Any:
+    """A ProfilerRouter on a real local TCPStore (its thread polls it), or None without torch."""
+    try:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+    return stagefrontier.ProfilerRouter(store=store, capture_timeout_s=0.0)
+
+
+def routed_job(capacity: int, router: Any) -> Callable[[int], int]:
+    """The full step on a timer with a router, whose thread runs only around this variant's
+    warm-up and timed loop (so that it does not slow the other variants of the round)."""
+    timers: list[StageTimer] = []
+
+    def job(n: int) -> int:
+        if not timers:  # the warm-up call: start the router's thread
+            timers.append(fresh_timer(capacity, None, router=router))
+            return loop_full_step(n, timers[0])
+        try:
+            return loop_full_step(n, timers[0])
+        finally:
+            timers[0].close()
+
+    return job
 
 
 def measure_round(
-    settings: Settings, profiler_factory: Callable[[], Any] | None, rnd: int
+    settings: Settings, profiler_factory: Callable[[], Any] | None, rnd: int, router: Any
 ) -> dict[str, int]:
     """Time every variant once (in alternating order across rounds); raw ns per loop."""
     n = settings.loops
@@ -238,6 +282,8 @@ def measure_round(
         ("annotated_step", lambda k: loop_full_step(k, annotated)),
         ("disabled", lambda k: loop_disabled(k, disabled)),
     ]
+    if router is not None:
+        jobs.append(("router_step", routed_job(capacity, router)))
     if profiler is not None:
         jobs.append(("lightning", lambda k: loop_profile(k, profiler)))
     if rnd % 2:
@@ -313,6 +359,11 @@ def summarize(rounds: Sequence[dict[str, int]], n: int, peer: str) -> list[Row]:
             "full step with `annotate=True` (no profiler running: ranges skipped, one check each)",
             "annotated_step",
         ),
+        row(
+            "full step with a `ProfilerRouter` attached, nothing requested (its thread polls "
+            "the store every 50 ms)",
+            "router_step" if all("router_step" in r for r in rounds) else None,
+        ),
         row('`timer.stage("x")` with `enabled=False`', "disabled", target=DISABLED_TARGET),
         row("(reference: `with NOOP:`, the shared no-op context, no call)", "noop"),
         row(
@@ -366,7 +417,8 @@ EXPLANATIONS = {
     FULL_STEP_TARGET: (
         "Full step: `step()` plus five stages is six context managers where the floor is one. "
         "The step's enter computes and opens its row (`_row`, `_active`, `_base`) and tests "
-        "one flag (a prefetched data wait to import or CUDA-event pairs to poll); its exit "
+        "two flags (a prefetched data wait to import or CUDA-event pairs to poll; a profiler "
+        "capture the router armed); its exit "
         "stores the wall time, closes the step, tests the accumulation flag and counts the step "
         "toward the window. An empty step costs about 1.4-1.5x the floor and each stage about "
         "1.3-1.4x, so the sum lands around 8x; what remains is the contract itself (one open "
@@ -500,9 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("Lightning SimpleProfiler: not installed", file=sys.stderr)
     gc.collect()
     gc.freeze()  # keep the collections between rounds short (Lightning imports torch)
+    router = idle_router()
     rounds = []
     for rnd in range(settings.repeats):
-        rounds.append(measure_round(settings, factory, rnd))
+        rounds.append(measure_round(settings, factory, rnd, router))
     load_end = load_average()
     rows = summarize(rounds, settings.loops, peer)
     print(markdown_table(rows))

@@ -32,6 +32,7 @@ def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert labels[0].startswith("floor")
     assert any("enabled=False" in label for label in labels)
     assert any("SimpleProfiler" in label for label in labels)
+    assert any("ProfilerRouter" in label for label in labels)
     assert "Verdicts:" in text
     assert HOTPATH_HEADER in proc.stdout
 

@@ -1,5 +1,6 @@
 """The demo as a newcomer runs it: the fault grammar, then ``stagefrontier demo`` end to end (real
-spawned Gloo DDP ranks), and ``report``, ``plot`` and ``analyze`` on the folder it leaves."""
+spawned Gloo DDP ranks, with the profiler router on as ``make demo`` runs it), and ``report``,
+``plot``, ``analyze`` and ``incident`` on the folder it leaves."""
 
 from __future__ import annotations
 
@@ -100,10 +101,10 @@ class DemoFolder:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoFolder:
-    """One real short demo run (2 spawned Gloo ranks, a data stall on rank 1)."""
+    """One real short demo run (2 spawned Gloo ranks, a data stall on rank 1, the router on)."""
     out = tmp_path_factory.mktemp("demo") / "demo"
     args = ["--ranks", "2", "--steps", "24", "--window", "8", "--fault", "data@1:120ms"]
-    return DemoFolder(out, _cli("demo", *args, "--out", str(out), timeout=300))
+    return DemoFolder(out, _cli("demo", *args, "--router", "--out", str(out), timeout=300))
 
 
 def test_demo_then_report_and_plot_on_its_folder(demo: DemoFolder, tmp_path: Path) -> None:
@@ -129,11 +130,25 @@ def test_demo_then_report_and_plot_on_its_folder(demo: DemoFolder, tmp_path: Pat
     assert (tmp_path / "again_shares.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_the_demo_ends_with_the_router_incident(demo: DemoFolder) -> None:
+    """Stage, rank, verdict and the top op-diff line close the demo; the folder's incident reads
+    back through ``report`` and ``incident``, and its page embeds both figures."""
+    assert "Profiler router incident w00000: stage data.next_wait, suspect rank 1" in demo.stdout
+    assert "confirmed" in demo.stdout and "top op diff: inside data.next_wait, `" in demo.stdout
+    assert "delay › <built-in function sleep>` takes" in demo.stdout
+    page = (demo.out / "incidents" / "w00000" / "incident.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<table>" in page
+    report = _cli("report", str(demo.out))
+    assert "Incidents (1;" in report and "incident w00000 | data.next_wait on rank 1" in report
+    incident = _cli("incident", str(demo.out))
+    assert incident.startswith("# Incident w00000") and "ui.perfetto.dev" in incident
+
+
 def test_the_summary_names_every_file_and_packets_share_the_jsonl_mode(demo: DemoFolder) -> None:
     summary = demo.stdout[demo.stdout.index("\nFiles in ") :]
     assert summary.startswith(
         f"\nFiles in {demo.out}: windows.jsonl, packets/ (3), frontier_worst_step.png, "
-        "shares_over_time.png\nThe demo's own per-rank records there: "
+        "shares_over_time.png, incidents/ (1)\nThe demo's own per-rank records there: "
     )
     for entry in demo.out.iterdir():
         name = re.sub(r"\d+", "N", entry.name) + ("/" if entry.is_dir() else "")

@@ -50,6 +50,7 @@ from .formats.packet import Packet, read_packet, write_packet
 from .record.recorder import StageTimer
 from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
 from .render.run_folder import RunWindows, load_run
+from .route import ProfilerRouter
 
 __version__ = "0.1.0"
 
@@ -83,6 +84,7 @@ __all__ = [
     "MissingRanksError",
     "MissingStagesError",
     "Packet",
+    "ProfilerRouter",
     "ReducedTrace",
     "RegressionConfig",
     "ReportFormatError",

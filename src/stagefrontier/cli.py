@@ -328,6 +328,12 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="model, data and fault seed")
     parser.add_argument("--out", default="stagefrontier-demo", metavar="DIR", help="output folder")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="turn the profiler router on: an actionable window captures a trace of the "
+        "suspect rank and a reference rank (out/incidents/)",
+    )
     parser.set_defaults(handler=_run_demo)
 
 
@@ -345,8 +351,81 @@ def _run_demo(args: argparse.Namespace) -> int:
         faults=args.fault,
         seed=args.seed,
         out=args.out,
+        router=args.router,
     )
     return EXIT_OK
+
+
+# --- the profiler router's incidents and manual captures -----------------------------------------
+
+
+def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "incident",
+        help="print the profiler router's incidents (reducing traces not reduced live)",
+        description="Print an incident folder (out_dir/incidents/<id>) or every incident of an "
+        "output folder. A captured incident whose traces were not reduced live (another host, "
+        "or the run ended first) is reduced now against the run's packets, and its files "
+        "rewritten.",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR")
+    parser.set_defaults(handler=_run_incident)
+
+
+def _run_incident(args: argparse.Namespace) -> int:
+    from .route.incident import render_markdown
+    from .route.offline import incident_folders, reduce_offline
+
+    folders = incident_folders(args.dir)
+    if not folders:
+        print(f"no incidents in {args.dir}")
+    for folder in folders:
+        incident, reduced = reduce_offline(folder)
+        if reduced:
+            print(f"(reduced the traces of {incident['id']} now)")
+        print(render_markdown(incident))
+        print(f"Files: {folder}/incident.json, incident.md, incident.html")
+    return EXIT_OK
+
+
+def _add_capture(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "capture",
+        help="ask a running job's profiler router for a capture on some ranks",
+        description="Write a capture request into a running job's c10d store; rank 0's router "
+        "schedules it a few steps ahead on the named ranks and answers with the incident "
+        "folder. Needs torch.",
+    )
+    parser.add_argument("--store", required=True, metavar="HOST:PORT")
+    parser.add_argument("--ranks", required=True, metavar="R[,R]", help="e.g. 2,0")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--stage", default=None, help="the stage to diff (default: live top)")
+    parser.add_argument("--run-id", default=None, help="the job's run id (TORCHELASTIC_RUN_ID)")
+    parser.add_argument("--attempt", type=int, default=0, help="the job's restart count")
+    parser.add_argument("--wait", type=float, default=120.0, metavar="SECONDS")
+    parser.set_defaults(handler=_run_capture)
+
+
+def _run_capture(args: argparse.Namespace) -> int:
+    from .route.manual import request_capture
+
+    host, _, port = args.store.rpartition(":")
+    try:
+        ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    except ValueError:
+        raise StageFrontierError(
+            f"--ranks must be comma-separated integers: {args.ranks}"
+        ) from None
+    if not host or not port.isdigit() or not ranks or args.steps < 1:
+        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N (N >= 1)")
+    answer = request_capture(
+        host, int(port), ranks, args.steps, args.stage, args.run_id, args.attempt, args.wait
+    )
+    if answer is None:
+        print(f"no answer within {args.wait:g} s (is the job running with a ProfilerRouter?)")
+        return EXIT_FAILED
+    print(answer)
+    return EXIT_OK if not answer.startswith("refused") else EXIT_FAILED
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -358,6 +437,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], N
     _add_plot,
     _add_compare,
     _add_demo,
+    _add_incident,
+    _add_capture,
 ]
 """Subcommand registrars, in help order."""
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import DemoSettingsError
 from ..render.plots import plot_shares_over_time, plot_worst_step
 from ..render.run_folder import load_run
 from ..render.text import run_report_text
+from ..route.incident import list_incidents, top_op_line, verdict
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig
@@ -29,8 +31,10 @@ def run_demo(
     faults: list[str],
     seed: int,
     out: str,
+    router: bool = False,
 ) -> list[Path]:
-    """Train, print one line per window as it completes, then the report; returns the files.
+    """Train, print one line per window as it completes, then the report (and, with the
+    profiler router on, its incidents); returns the files.
 
     Raises:
         DemoSettingsError: ``ranks``, ``steps`` or ``window`` out of range.
@@ -40,13 +44,19 @@ def run_demo(
     parsed = tuple(parse_fault(spec) for spec in faults)
     check_faults(parsed, ranks, cuda=cuda_available(), steps=steps)
     config = DemoConfig(
-        ranks=ranks, steps=steps, window=window, faults=parsed, seed=seed, out_dir=out
+        ranks=ranks,
+        steps=steps,
+        window=window,
+        faults=parsed,
+        seed=seed,
+        out_dir=out,
+        router=router,
     )
     fault_text = ", ".join(str(f) for f in parsed) or "none"
     print(
         f"StageFrontier demo: {ranks} Gloo DDP ranks (spawned), {steps} steps, window {window}, "
-        f"faults: {fault_text}\nTraining a small character-level transformer on CPU; one line "
-        "per window as rank 0 analyzes it:",
+        f"faults: {fault_text}, profiler router {'on' if router else 'off'}\nTraining a small "
+        "character-level transformer on CPU; one line per window as rank 0 analyzes it:",
         flush=True,
     )
     started = time.monotonic()
@@ -84,10 +94,18 @@ def write_report(out: str | Path) -> list[Path]:
     print(f"\nFiles in {folder}: {listing(outputs)}")
     if own:
         print(f"The demo's own per-rank records there: {listing(own)}")
+    for incident in list_incidents(folder):
+        print(incident_summary(incident, folder))
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
-OUTPUTS = ("windows.jsonl", "packets", "frontier_worst_step.png", "shares_over_time.png")
+OUTPUTS = (
+    "windows.jsonl",
+    "packets",
+    "frontier_worst_step.png",
+    "shares_over_time.png",
+    "incidents",
+)
 """What StageFrontier and its report write, in the order the summary names them."""
 
 
@@ -104,3 +122,26 @@ def listing(paths: list[Path]) -> str:
     return ", ".join(
         f"{name} ({n})" if n > 1 or name.endswith("/") else name for name, n in counts.items()
     )
+
+
+def incident_summary(incident: dict[str, Any], folder: Path) -> str:
+    """The demo's closing lines for one incident: stage, rank, verdict, the top op-diff line."""
+    lines = [
+        f"\nProfiler router incident {incident['id']}: stage {incident['stage']}, suspect rank "
+        f"{incident['leader_rank']} (reference rank {incident['reference_rank']}), "
+        f"{verdict(incident)}"
+        + (
+            f" (largest share difference {incident['max_share_diff']:.3f})"
+            if incident["max_share_diff"] is not None
+            else ""
+        )
+    ]
+    top = top_op_line(incident)
+    lines.append(f"  top op diff: {top}" if top else "  no op diff")
+    if not incident["captured"]:
+        lines += [f"  {reason}" for reason in incident["reasons"][-2:]]
+    lines.append(
+        f"  open {folder / 'incidents' / incident['id'] / 'incident.html'}, or run "
+        f"`stagefrontier incident {folder}`"
+    )
+    return "\n".join(lines)

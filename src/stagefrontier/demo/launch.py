@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -75,6 +76,7 @@ def launch(
     for pattern in stale_files:
         for stale in out.glob(pattern):
             stale.unlink(missing_ok=True)
+    shutil.rmtree(out / "incidents", ignore_errors=True)  # the profiler router's, of a past run
     marker = out / ".markers" / STEP_MARKER.format(step=kill_store_after_step)
     start = time.monotonic()
     try:

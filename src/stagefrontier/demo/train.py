@@ -31,6 +31,7 @@ from ..analysis.schema import (
 )
 from ..errors import DemoSettingsError
 from ..record.recorder import StageTimer
+from ..route import ProfilerRouter
 from .faults import Fault, FaultInjector
 
 
@@ -69,6 +70,13 @@ class DemoConfig:
     microstep_timing: bool = True
     """With accumulation, time each microstep's stages as indexed substages (``name[i]``) inside
     ``timer.microstep(i)``; False times them as broad stages (repeated entries add up)."""
+    router: bool = False
+    """Turn the profiler router on (``stagefrontier.ProfilerRouter``)."""
+    router_steps: int = 5
+    router_timeout_s: float = 30.0
+    """The router's ``capture_timeout_s``."""
+    router_off_ranks: tuple[int, ...] = ()
+    """Ranks whose timer has no router (they never see a request: a disabled rank)."""
     sharding: str = "ddp"
     """``ddp`` (DistributedDataParallel), ``zero1`` (DDP with ZeroRedundancyOptimizer) or
     ``fsdp2`` (``torch.distributed.fsdp.fully_shard`` on every block and the root)."""
@@ -247,6 +255,11 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
     stages = list(DEFAULT_STAGES)
     if rank in config.extra_stage_ranks:
         stages.insert(-1, "extra.cpu_wall")
+    router = None
+    if config.router and rank not in config.router_off_ranks:
+        router = ProfilerRouter(
+            steps=config.router_steps, capture_timeout_s=config.router_timeout_s
+        )
     return StageTimer(
         stages,
         window=config.window,
@@ -254,4 +267,5 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
         collect_timeout_s=config.collect_timeout_s,
         enabled=enabled,
         log=not config.quiet,
+        router=router,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import StageFrontierError
 from ..record.recorder import StageTimer
+from ..route.router import ProfilerRouter
 from ..sinks import Sink
 
 logger = logging.getLogger("stagefrontier")
@@ -22,21 +23,25 @@ _now = time.perf_counter_ns
 
 
 def make_timer(
-    stages: Sequence[str] | None = None, *, sinks: Sequence[Sink] = (), **timer_kwargs: Any
+    stages: Sequence[str] | None = None,
+    *,
+    sinks: Sequence[Sink] = (),
+    router: ProfilerRouter | None = None,
+    **timer_kwargs: Any,
 ) -> StageTimer:
     """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
     distributed collection); ``sinks`` are added after them, and rank 0's collector starts and
-    closes them. With ``collector=...`` given, ``sinks`` must be empty: pass them to that
-    collector instead.
+    closes them. ``router``: the profiler router (off when None). With ``collector=...`` given,
+    ``sinks`` must be empty: pass them to that collector instead.
     """
     sinks = list(sinks)
     kwargs = dict(timer_kwargs)
     if sinks and kwargs.get("collector") is not None:
         raise StageFrontierError("give sinks to the collector you pass, not to make_timer")
     kwargs["sinks"] = sinks
-    return StageTimer(stages, **kwargs)
+    return StageTimer(stages, router=router, **kwargs)
 
 
 def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:

@@ -73,6 +73,7 @@ from ..analysis.schema import (
 from ..errors import StageFrontierError
 from ..extras import require
 from ..record.recorder import StageTimer
+from ..route.router import ProfilerRouter
 from ..sinks import Sink
 from ._timer import HookClock, make_timer
 
@@ -106,13 +107,20 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
         sinks: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
             addition to ``windows.jsonl``, the log line and the evidence packets.
         split_forward: time forward and backward apart with a forward hook on the model.
+        router: a :class:`stagefrontier.ProfilerRouter`: an actionable window captures a
+            profiler trace of the suspect rank and a reference rank (off when None).
         **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
             ``collect``, ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ...); not
             ``stages``.
     """
 
     def __init__(
-        self, *, sinks: Sequence[Sink] = (), split_forward: bool = True, **timer_kwargs: Any
+        self,
+        *,
+        sinks: Sequence[Sink] = (),
+        split_forward: bool = True,
+        router: ProfilerRouter | None = None,
+        **timer_kwargs: Any,
     ) -> None:
         if "stages" in timer_kwargs:
             raise StageFrontierError(
@@ -120,6 +128,7 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
             )
         self.sinks = list(sinks)
         self.split_forward = split_forward
+        self.router = router
         self.timer_kwargs = timer_kwargs
         self.timer: StageTimer | None = None
         self._clock: HookClock | None = None
@@ -133,7 +142,9 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.timer is None:
             stages = TRAINER_STAGES if self.split_forward else TRAINER_STAGES_LUMPED
-            self.timer = make_timer(stages, sinks=self.sinks, **self.timer_kwargs)
+            self.timer = make_timer(
+                stages, sinks=self.sinks, router=self.router, **self.timer_kwargs
+            )
             self._clock = HookClock(self.timer)
         self._accumulate = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         model = kwargs.get("model")

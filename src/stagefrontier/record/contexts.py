@@ -105,6 +105,8 @@ class StepContext:
             t._violation("step() entered inside another step")  # raises when strict
             self._nested += 1
             return
+        if t._capture:  # the profiler router captures this step (rare)
+            t._router.on_step(t._first_step + t._n)
         row = t._n * t._width
         t._row = row
         t._active = None

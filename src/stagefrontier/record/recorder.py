@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
@@ -49,6 +49,9 @@ from .settings import (
     check_optional_text,
 )
 from .timer_state import OUTSIDE, TimerState
+
+if TYPE_CHECKING:
+    from ..route.router import ProfilerRouter
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
@@ -88,6 +91,8 @@ class StageTimer(TimerState):
             range (and an NVTX range when CUDA is available) named like the stage, so a trace
             taken while the timer runs carries the stage boundaries. Off by default: it costs a
             few microseconds per context.
+        router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
+            rank and a reference rank capture a profiler trace of a few steps (README).
 
     An argument of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
@@ -116,6 +121,7 @@ class StageTimer(TimerState):
         role: str | None = None,
         collector: Collector | None = None,
         annotate: bool = False,
+        router: ProfilerRouter | None = None,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
         timed = tuple(s for s in names if s != RESIDUAL_STAGE)
@@ -186,6 +192,7 @@ class StageTimer(TimerState):
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
+        self._router = None if router is None else router.attach(self)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
@@ -302,6 +309,8 @@ class StageTimer(TimerState):
             )
         if self._collector is not None:
             self._collector.close()
+        if self._router is not None:
+            self._router.close()
 
     def __enter__(self) -> StageTimer:
         return self

@@ -117,6 +117,8 @@ class TimerState:
         self._pending_data_ns = 0
         # Work for the next step's beginning: a data wait to import, or event pairs to poll.
         self._step_hooks = False
+        self._capture = False  # set by the router's thread while a capture is armed or runs
+        self._router: Any = None  # a StageTimer's router runtime (record.recorder)
 
     @property
     def _step_index(self) -> int:

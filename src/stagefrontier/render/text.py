@@ -186,7 +186,23 @@ def _schema_report_text(run: RunWindows) -> str:
     lines += ["", *window_table(windows), "", *_labels(windows)]
     report, meta = windows[-1]
     lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
+    lines += _incidents(run)
     return printable_lines(lines)
+
+
+def _incidents(run: RunWindows) -> list[str]:
+    """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
+    each in full)."""
+    from ..route.incident import list_incidents, summary_line
+
+    incidents = list_incidents(run.folder)
+    if not incidents:
+        return []
+    return [
+        "",
+        f"Incidents ({len(incidents)}; `stagefrontier incident {run.folder}` for details):",
+        *(f"  {summary_line(incident)}" for incident in incidents),
+    ]
 
 
 def _windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:

@@ -1,0 +1,13 @@
+"""The profiler router: an actionable window captures a trace on the suspect rank, by itself.
+
+Rank 0 decides after analyzing a window (``decide``), writes one capture request to the job's
+store (``requests``); the named ranks profile the agreed steps (``capture``); rank 0 confirms
+the traces against the live signal (``confirm``), ranks the operators inside the routed stage
+(``opdiff``) and writes the incident (``incident``, ``html``). ``coordinator`` runs rank 0's
+side, ``router`` holds the public configuration and each rank's thread.
+"""
+
+from .incident import list_incidents, read_incident, summary_line
+from .router import ProfilerRouter, RouterRuntime
+
+__all__ = ["ProfilerRouter", "RouterRuntime", "list_incidents", "read_incident", "summary_line"]

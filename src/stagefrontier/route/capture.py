@@ -1,0 +1,229 @@
+"""A named rank's capture: the profiler around the agreed steps, on the training thread.
+
+The router thread arms a capture (``arm``) by storing the request and setting the timer's
+``_capture`` flag; ``StageTimer.step()`` tests that flag once at each step's start and calls
+``on_step`` only while it is set. On the request's first step this starts
+``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the op diff can
+name the user's function), swaps the timer's stage contexts for annotated ones (the
+``record_function`` ranges of ``StageTimer(annotate=True)``) and opens a
+``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
+profiler; after ``steps`` steps it stops, puts the contexts back and hands the export to the
+router thread. A profiler the user started is never touched: the capture is skipped with that
+reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..record.annotate import ProfilerRanges, step_range_name
+from .requests import CaptureRequest, CaptureStatus
+
+logger = logging.getLogger("stagefrontier")
+
+TRACE_NAME = "rank{rank}.pt.trace.json.gz"
+
+
+def incident_dir(out_dir: str | os.PathLike[str], incident_id: str) -> Path:
+    return Path(out_dir) / "incidents" / incident_id
+
+
+class RankCapture:
+    """One rank's capture state. ``arm`` runs on the router thread, ``on_step`` and ``finish``
+    on the training thread; ``export`` (handed to the router thread) writes the trace."""
+
+    def __init__(
+        self,
+        timer: Any,
+        *,
+        out_dir: str,
+        with_stack: bool,
+        max_trace_bytes: int,
+        submit: Callable[[Callable[[], None]], None],
+        answer: Callable[[CaptureStatus], None],
+    ) -> None:
+        self._timer = timer
+        self._out_dir = out_dir
+        self._with_stack = with_stack
+        self._max_trace_bytes = max_trace_bytes
+        self._submit = submit  # runs a job on the router thread
+        self._answer = answer  # posts a status (on the router thread)
+        self._request: CaptureRequest | None = None
+        self._prof: Any = None
+        self._step_scope: Any = None
+        self._saved: dict[str, Any] | None = None
+        self._host = socket.gethostname()
+
+    @property
+    def _rank(self) -> int:
+        """The timer's rank (known once its collector exists: it may be built late)."""
+        return int(self._timer.rank)
+
+    # ------------------------------------------------------------------ router thread
+    def arm(self, request: CaptureRequest) -> None:
+        if self._request is not None:
+            self._answer(self._status(request, "skipped", "another capture is in progress"))
+            return
+        self._request = request
+        self._timer._capture = True
+
+    # ------------------------------------------------------------------ training thread
+    def on_step(self, step: int) -> None:
+        """Called at the start of every step while a capture is armed or running."""
+        try:
+            self._on_step(step)
+        except Exception as exc:  # telemetry never fails training
+            logger.exception("stagefrontier: profiler capture failed at step %d", step)
+            self._abort(f"capture failed at step {step}: {exc}")
+
+    def _on_step(self, step: int) -> None:
+        request = self._request
+        if request is None:
+            self._timer._capture = False
+            return
+        if self._prof is None:
+            if step < request.first_step:
+                return
+            if step > request.first_step:
+                self._give_up(
+                    f"the request reached rank {self._rank} at step {step}, after its first "
+                    f"step {request.first_step}"
+                )
+                return
+            self._start(request, step)
+            return
+        self._close_step_range()
+        if step > request.last_step:
+            self._stop(request, request.last_step)
+            return
+        self._prof.step()
+        self._open_step_range(step)
+
+    def finish(self, step: int) -> None:
+        """The timer closes: stop a running capture (its trace covers the steps run) or answer
+        an armed one that never started."""
+        request = self._request
+        if request is None:
+            return
+        if self._prof is None:
+            self._give_up(f"training on rank {self._rank} ended before step {request.first_step}")
+            return
+        self._close_step_range()
+        self._stop(request, step - 1)
+
+    def _start(self, request: CaptureRequest, step: int) -> None:
+        import torch
+
+        if torch._C._autograd._profiler_enabled():
+            self._give_up("a profiler the user started is already active on this rank")
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
+        prof.start()
+        self._prof = prof
+        self._swap_stages()
+        self._open_step_range(step)
+
+    def _stop(self, request: CaptureRequest, last: int) -> None:
+        prof, self._prof = self._prof, None
+        self._request = None
+        self._restore_stages()
+        self._timer._capture = False
+        prof.stop()
+        self._submit(lambda: self._export(prof, request, last))
+
+    def _give_up(self, reason: str) -> None:
+        request, self._request = self._request, None
+        self._timer._capture = False
+        if request is not None:
+            self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
+
+    def _abort(self, reason: str) -> None:
+        prof, self._prof = self._prof, None
+        request, self._request = self._request, None
+        self._timer._capture = False
+        try:
+            self._restore_stages()
+            if prof is not None:
+                prof.stop()
+        except Exception:
+            logger.exception("stagefrontier: stopping the profiler after a failure failed")
+        if request is not None:
+            self._submit(lambda: self._answer(self._status(request, "failed", reason)))
+
+    def _open_step_range(self, step: int) -> None:
+        import torch
+
+        self._step_scope = torch.profiler.record_function(step_range_name(step))
+        self._step_scope.__enter__()
+
+    def _close_step_range(self) -> None:
+        scope, self._step_scope = self._step_scope, None
+        if scope is not None:
+            scope.__exit__(None, None, None)
+
+    def _swap_stages(self) -> None:
+        """Annotated stage contexts while capturing (unless the timer annotates already)."""
+        from ..record.contexts import AnnotatedStageContext
+
+        table = self._timer._stage_ctx
+        if any(isinstance(ctx, AnnotatedStageContext) for ctx in table.values()):
+            return
+        ranges = ProfilerRanges()
+        self._saved = dict(table)
+        for name, ctx in self._saved.items():
+            table[name] = AnnotatedStageContext(self._timer, ctx._column, name, ranges)
+
+    def _restore_stages(self) -> None:
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            self._timer._stage_ctx.update(saved)
+
+    # ------------------------------------------------------------------ router thread
+    def _export(self, prof: Any, request: CaptureRequest, last: int) -> None:
+        folder = incident_dir(self._out_dir, request.id)
+        path = folder / TRACE_NAME.format(rank=self._rank)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+            size = path.stat().st_size
+        except Exception as exc:
+            logger.exception("stagefrontier: exporting the trace of %s failed", request.id)
+            self._answer(self._status(request, "failed", f"trace export failed: {exc}"))
+            return
+        if size > self._max_trace_bytes:
+            path.unlink(missing_ok=True)
+            self._answer(
+                self._status(
+                    request,
+                    "failed",
+                    f"trace of {size / 2**20:.1f} MiB exceeds the "
+                    f"{self._max_trace_bytes / 2**20:.1f} MiB limit: deleted",
+                )
+            )
+            return
+        status = self._status(request, "captured", "", str(path.resolve()), size)
+        self._answer(replace(status, last_step=last))  # ``last`` is earlier if the run ended
+
+    def _status(
+        self, request: CaptureRequest, state: str, reason: str, path: str = "", size: int = 0
+    ) -> CaptureStatus:
+        return CaptureStatus(
+            id=request.id,
+            rank=self._rank,
+            state=state,
+            reason=reason,
+            path=path,
+            size=size,
+            host=self._host,
+            first_step=request.first_step,
+            last_step=request.last_step,
+        )

@@ -1,0 +1,131 @@
+"""Does the trace say what the live signal said? The captured ranks' traces, reduced with the
+Kineto reducer and analyzed by the one analyzer, against the live matrix restricted to the same
+ranks and steps and analyzed the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..analysis.analyzer import analyze
+from ..analysis.gates import Gates
+from ..reducers import reduce_kineto
+
+
+@dataclass(frozen=True)
+class LiveWindow:
+    """One analyzed window's matrix and where it sits: from a live ``AnalyzedWindow`` on rank 0,
+    or from an evidence packet offline."""
+
+    first_step: int
+    ranks: tuple[int, ...]
+    d: npt.NDArray[np.float64]
+    stages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LiveSlice:
+    """The live durations of some ranks over some steps: ``d [steps, ranks, stages]``."""
+
+    d: npt.NDArray[np.float64]
+    steps: tuple[int, ...]
+    ranks: tuple[int, ...]
+    stages: tuple[str, ...]
+
+
+def live_slice(
+    windows: Sequence[LiveWindow], ranks: Sequence[int], steps: Sequence[int]
+) -> LiveSlice | None:
+    """Rows of the analyzed windows for these global steps and ranks (in the given order);
+    None when the windows hold none of them."""
+    wanted = set(steps)
+    rows: list[npt.NDArray[np.float64]] = []
+    found: list[int] = []
+    stages: tuple[str, ...] = ()
+    for window in windows:
+        if any(r not in window.ranks for r in ranks):
+            continue
+        cols = [window.ranks.index(r) for r in ranks]
+        first = window.first_step
+        for i in range(window.d.shape[0]):
+            if first + i in wanted and first + i not in found:
+                rows.append(window.d[i, cols, :])
+                found.append(first + i)
+                stages = window.stages
+    if not rows:
+        return None
+    order = np.argsort(found)
+    return LiveSlice(np.stack(rows)[order], tuple(sorted(found)), tuple(ranks), stages)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    confirmed: bool | None
+    max_share_diff: float | None
+    trace_shares: dict[str, float] = field(default_factory=dict)
+    live_shares: dict[str, float] = field(default_factory=dict)
+    trace_top: str | None = None
+    live_top: str | None = None
+    steps: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "confirmed": self.confirmed,
+            "max_share_diff": self.max_share_diff,
+            "trace_shares": self.trace_shares,
+            "live_shares": self.live_shares,
+            "trace_top": self.trace_top,
+            "live_top": self.live_top,
+            "compared_steps": list(self.steps),
+        }
+
+
+def confirm(
+    trace_files: dict[int, str],
+    live: LiveSlice | None,
+    stage: str | None,
+    gates: Gates | None = None,
+) -> Confirmation:
+    """``confirmed`` when the trace's top stage is the live top stage (and the routed one) and
+    every share differs by less than ``Gates.share_tie``; ``disagrees`` (False) otherwise."""
+    g = gates or Gates()
+    if live is None:
+        return Confirmation(None, None, notes=("no live windows cover the captured steps",))
+    paths = [trace_files[r] for r in sorted(trace_files)]
+    reduced = reduce_kineto(
+        paths,
+        live.stages,
+        ranks={trace_files[r]: r for r in trace_files},
+        step_source="annotation",
+        world_size=None,
+        missing_ranks="allow",
+        missing_stages="zero",  # a stage the loop never enters is zero in the live matrix too
+    )
+    common = [s for s in reduced.step_ids if s in set(live.steps)]
+    if not common:
+        return Confirmation(None, None, notes=("the traces and the live windows share no step",))
+    reduced = reduced.select_steps(common)
+    ranks = list(reduced.ranks)
+    cols = [live.ranks.index(r) for r in ranks]
+    rows = [live.steps.index(s) for s in common]
+    live_d = live.d[np.ix_(rows, cols)]
+    trace_report = reduced.analyze(g)
+    live_report = analyze(live_d, live.stages, gates=g)
+    diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
+    max_diff = float(max(diffs))
+    agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
+    return Confirmation(
+        confirmed=bool(agree and max_diff < g.share_tie),
+        max_share_diff=round(max_diff, 6),
+        trace_shares={k: round(v, 6) for k, v in trace_report.shares.items()},
+        live_shares={k: round(v, 6) for k, v in live_report.shares.items()},
+        trace_top=trace_report.top1,
+        live_top=live_report.top1,
+        steps=tuple(common),
+        notes=tuple(reduced.notes),
+    )

@@ -1,0 +1,403 @@
+"""Rank 0's side of the router, on the router thread: decide on each analyzed window, write the
+request, collect the named ranks' answers (or time them out), confirm, diff, write the incident.
+
+Nothing here runs on the training thread; every failure is logged and recorded as a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..collect.store import previous_attempt_prefix
+from ..errors import ReportFormatError
+from ..record.attempt import current_attempt
+from ..record.window import AnalyzedWindow
+from .capture import incident_dir
+from .confirm import LiveWindow, confirm, live_slice
+from .decide import Decision, decide, start_margin
+from .incident import new_incident, summary_line, write_incident
+from .opdiff import op_diff, stage_op_times
+from .requests import (
+    MANUAL_ANSWER_KEY,
+    MANUAL_KEY,
+    REQUEST_KEY,
+    CaptureRequest,
+    CaptureStatus,
+    ManualRequest,
+    RequestChannel,
+    status_key,
+)
+
+logger = logging.getLogger("stagefrontier")
+
+LIVE_WINDOWS = 16
+"""Analyzed windows kept for the live side of a confirmation."""
+
+
+@dataclass
+class _Open:
+    """The incident in flight."""
+
+    request: CaptureRequest
+    incident: dict[str, Any]
+    opened: float
+    deadline: float
+    answers: dict[int, CaptureStatus] = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        config: Any,
+        *,
+        out_dir: str,
+        channel: RequestChannel,
+        current_step: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.out_dir = out_dir
+        self.channel = channel
+        self.current_step = current_step
+        self.windows: queue.SimpleQueue[AnalyzedWindow] = queue.SimpleQueue()
+        self.live: deque[AnalyzedWindow] = deque(maxlen=LIVE_WINDOWS)
+        self.open: _Open | None = None
+        self.captures = 0
+        self.next_window = 0  # the first window index the cooldown allows
+        self.step_s = float("nan")
+        self.closing = False
+        self._stale_checked = False
+
+    # ------------------------------------------------------------------ sink (collector thread)
+    def write(self, window: AnalyzedWindow) -> None:
+        self.windows.put(window)
+
+    def close(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ router thread
+    def tick(self) -> None:
+        if not self._stale_checked:
+            self._stale_checked = True
+            self._delete_previous_attempt()
+        while True:
+            try:
+                window = self.windows.get_nowait()
+            except queue.Empty:
+                break
+            self.live.append(window)
+            if window.report.n_steps:
+                self.step_s = window.report.exposed_s / window.report.n_steps
+            self._consider(window)
+        if self.open is None and not self.closing:
+            self._manual()
+        if self.open is not None:
+            self._advance()
+
+    def finish(self, wait_s: float) -> None:
+        """The run ends: analyze what is queued and settle the open incident (bounded)."""
+        self.closing = True
+        end = time.monotonic() + wait_s
+        while True:
+            self.tick()
+            if self.open is None or time.monotonic() > end:
+                break
+            time.sleep(self.config.poll_s)
+        if self.open is not None:
+            self._settle("the run ended before every named rank answered")
+
+    def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
+        """A manual request from Python on rank 0 (scheduled at the next tick)."""
+        self.channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), steps, stage).encode())
+
+    def _delete_previous_attempt(self) -> None:
+        """A torchelastic restart: the previous attempt's open request and manual keys."""
+        previous = previous_attempt_prefix()
+        if previous is None:
+            return
+        try:
+            old = RequestChannel(self.channel.base, previous)
+            old.delete(REQUEST_KEY, MANUAL_KEY, MANUAL_ANSWER_KEY)
+        except Exception as exc:
+            logger.debug("stagefrontier router: deleting stale request keys failed: %s", exc)
+
+    def _consider(self, window: AnalyzedWindow) -> None:
+        index = window.merged.reference.window
+        if self.open is not None or self.closing:
+            return
+        if self.captures >= self.config.max_captures or index < self.next_window:
+            return
+        decision, why = decide(window, self.config.gates)
+        if decision is None:
+            logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
+            return
+        self._open(decision, "window", [decision.suspect_rank, decision.reference_rank])
+
+    def _manual(self) -> None:
+        try:
+            data = self.channel.read(MANUAL_KEY)
+        except Exception as exc:
+            logger.debug("stagefrontier router: reading manual requests failed: %s", exc)
+            return
+        if data is None:
+            return
+        self.channel.delete(MANUAL_KEY)
+        try:
+            manual = ManualRequest.decode(data)
+        except ReportFormatError as exc:
+            logger.warning("stagefrontier router: manual request rejected: %s", exc)
+            return
+        if self.captures >= self.config.max_captures:
+            self._answer_manual(f"refused: max_captures={self.config.max_captures} reached")
+            return
+        last = self.live[-1] if self.live else None
+        stage = manual.stage or (last.report.top1 if last is not None else None)
+        ranks = list(dict.fromkeys(manual.ranks))
+        decision = Decision(
+            stage=stage or "",
+            suspect_rank=ranks[0],
+            reference_rank=ranks[1] if len(ranks) > 1 else ranks[0],
+            share=float("nan"),
+            window=last.merged.reference.window if last is not None else -1,
+            reasons=(f"manual request for ranks {ranks}, {manual.steps} steps",),
+        )
+        self._open(decision, "manual", ranks, manual.steps)
+
+    def _open(
+        self, decision: Decision, trigger: str, ranks: list[int], steps: int | None = None
+    ) -> None:
+        attempt = current_attempt()[1]
+        window = decision.window
+        incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
+        incident_id += f"-manual{self.captures}" if trigger == "manual" else ""
+        steps = steps or self.config.steps
+        margin = start_margin(self.step_s, self.config.poll_s)
+        first = self.current_step() + margin
+        request = CaptureRequest(incident_id, tuple(ranks), first, steps, decision.stage or None)
+        incident = new_incident(incident_id, trigger)
+        incident.update(
+            window=window if window >= 0 else None,
+            steps=[request.first_step, request.last_step],
+            stage=decision.stage or None,
+            leader_rank=decision.suspect_rank,
+            reference_rank=decision.reference_rank,
+            requested_ranks=list(ranks),
+            reasons=[
+                *decision.reasons,
+                f"start margin {margin} steps at {self.step_s * 1e3:.1f} "
+                f"ms/step and a {self.config.poll_s * 1e3:.0f} ms poll",
+            ],
+        )
+        now = time.monotonic()
+        step_s = self.step_s if math.isfinite(self.step_s) else 1.0
+        deadline = now + (margin + steps + 2) * step_s + self.config.capture_timeout_s
+        try:
+            self.channel.write(REQUEST_KEY, request.encode())
+        except Exception as exc:
+            incident["reasons"].append(f"writing the request failed: {exc}")
+            self._write(incident)
+            self.next_window = max(window, 0) + self.config.cooldown_windows + 1
+            return
+        self.open = _Open(request, incident, now, deadline)
+        self.captures += 1
+        self.next_window = max(window, 0) + self.config.cooldown_windows + 1
+        logger.info(
+            "stagefrontier: incident %s opened: %s led by rank %d (reference rank %d); "
+            "capturing steps %d-%d on ranks %s",
+            incident_id,
+            decision.stage or "no stage",
+            decision.suspect_rank,
+            decision.reference_rank,
+            request.first_step,
+            request.last_step,
+            ",".join(map(str, ranks)),
+        )
+
+    def _advance(self) -> None:
+        current = self.open
+        assert current is not None
+        for rank in current.request.ranks:
+            if rank in current.answers:
+                continue
+            try:
+                data = self.channel.read(status_key(current.request.id, rank))
+                if data is not None:
+                    current.answers[rank] = CaptureStatus.decode(data)
+            except ReportFormatError as exc:
+                current.answers[rank] = CaptureStatus(
+                    current.request.id, rank, "failed", f"unreadable answer: {exc}"
+                )
+            except Exception as exc:
+                logger.debug("stagefrontier router: reading answers failed: %s", exc)
+        answered = len(current.answers) == len(current.request.ranks)
+        covered = any(w.merged.reference.last_step >= current.request.last_step for w in self.live)
+        captured = any(a.state == "captured" for a in current.answers.values())
+        # A trace is compared with the live windows of its steps: wait for them (or the end).
+        if answered and (covered or self.closing or not captured):
+            self._settle("")
+        elif time.monotonic() > current.deadline:
+            self._settle(f"timed out after {current.deadline - current.opened:.1f} s")
+
+    def _settle(self, why: str) -> None:
+        """Close the open incident with what arrived; every gap becomes a reason."""
+        current, self.open = self.open, None
+        assert current is not None
+        incident = current.incident
+        request = current.request
+        reasons: list[str] = incident["reasons"]
+        host = socket.gethostname()
+        files: dict[int, str] = {}
+        local: dict[int, str] = {}
+        for rank in request.ranks:
+            answer = current.answers.get(rank)
+            if answer is None:
+                reasons.append(
+                    f"rank {rank} never answered ({why or 'no answer'}): dead, disabled, or it "
+                    "never saw the request"
+                )
+                continue
+            if answer.state != "captured":
+                reasons.append(f"rank {rank} {answer.state}: {answer.reason}")
+                continue
+            if answer.host == host and not Path(answer.path).exists():
+                reasons.append(f"rank {rank}'s trace {answer.path} never appeared on disk")
+                continue
+            files[rank] = answer.path
+            incident["trace_hosts"][str(rank)] = answer.host
+            incident["trace_bytes"][str(rank)] = answer.size
+            if answer.host == host:
+                local[rank] = answer.path
+            else:
+                reasons.append(
+                    f"rank {rank}'s trace is on host {answer.host}: reduce it there with "
+                    "`stagefrontier incident`"
+                )
+            if answer.last_step < request.last_step:
+                incident["steps"] = [request.first_step, answer.last_step]
+                reasons.append(f"rank {rank} captured only up to step {answer.last_step}")
+        incident["trace_files"] = {str(r): p for r, p in files.items()}
+        incident["ranks"] = sorted(files)
+        incident["captured"] = bool(files) and set(files) == set(request.ranks)
+        if not incident["captured"]:
+            reasons.append(
+                "not captured: "
+                + (
+                    f"only ranks {sorted(files)} of {list(request.ranks)} wrote a trace"
+                    if files
+                    else "no named rank wrote a trace"
+                )
+            )
+        self._cost(incident, request)
+        if incident["captured"] and len(local) == len(files):
+            analyze_traces(incident, local, [live_window(w) for w in self.live], self.config.gates)
+        incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
+        self._write(incident)
+        self._cleanup(request)
+        logger.info("stagefrontier: %s", summary_line(incident))
+
+    def _cost(self, incident: dict[str, Any], request: CaptureRequest) -> None:
+        """Mean step time of the captured ranks during the capture and in the other steps of
+        the live windows kept (the capture's cost)."""
+        ranks = list(request.ranks)
+        during: list[float] = []
+        outside: list[float] = []
+        captured = range(request.first_step, request.last_step + 1)
+        for window in self.live:
+            present = [w.rank for w in window.merged.ranks]
+            cols = [present.index(r) for r in ranks if r in present]
+            if not cols:
+                continue
+            totals = window.d[:, cols, :].sum(axis=2).mean(axis=1)
+            first = window.merged.reference.first_step
+            for i, total in enumerate(totals):
+                (during if first + i in captured else outside).append(float(total))
+        if during:
+            incident["capture_step_ms"] = round(float(np.mean(during)) * 1e3, 3)
+        if outside:
+            incident["baseline_step_ms"] = round(float(np.median(outside)) * 1e3, 3)
+
+    def _write(self, incident: dict[str, Any]) -> None:
+        folder = incident_dir(self.out_dir, incident["id"])
+        try:
+            write_incident(folder, incident)
+            from .html import write_html
+
+            write_html(folder, incident, self.out_dir)
+        except Exception:
+            logger.exception("stagefrontier: writing incident %s failed", incident["id"])
+
+    def _cleanup(self, request: CaptureRequest) -> None:
+        try:
+            self.channel.delete(REQUEST_KEY, *(status_key(request.id, r) for r in request.ranks))
+        except Exception as exc:
+            logger.debug("stagefrontier router: cleaning up request keys failed: %s", exc)
+        if "-manual" in request.id:
+            self._answer_manual(str(incident_dir(self.out_dir, request.id).resolve()))
+
+    def _answer_manual(self, text: str) -> None:
+        try:
+            self.channel.write(MANUAL_ANSWER_KEY, text.encode())
+        except Exception as exc:
+            logger.debug("stagefrontier router: answering a manual request failed: %s", exc)
+
+
+def analyze_traces(
+    incident: dict[str, Any],
+    files: dict[int, str],
+    live: list[LiveWindow],
+    gates: Any,
+) -> None:
+    """Confirm and diff an incident's local traces in place (live windows may be empty, as in
+    ``stagefrontier incident`` offline: then only the op diff is computed)."""
+    first, last = incident["steps"]
+    steps = list(range(first, last + 1))
+    ranks = sorted(files)
+    try:
+        result = confirm(files, live_slice(live, ranks, steps), incident["stage"], gates)
+        incident.update(
+            confirmed=result.confirmed,
+            max_share_diff=result.max_share_diff,
+            trace_shares=result.trace_shares,
+            live_shares=result.live_shares,
+        )
+        incident["reasons"].extend(result.notes)
+        if result.confirmed is False:
+            incident["reasons"].append(
+                f"disagrees: trace top {result.trace_top}, live top {result.live_top}, "
+                f"largest share difference {result.max_share_diff}"
+            )
+    except Exception as exc:
+        logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
+        incident["reasons"].append(f"confirmation failed: {exc}")
+    suspect, reference = incident["leader_rank"], incident["reference_rank"]
+    if incident["stage"] and suspect in files:
+        try:
+            mine = stage_op_times(files[suspect], incident["stage"], steps)
+            theirs = (
+                stage_op_times(files[reference], incident["stage"], steps)
+                if reference in files and reference != suspect
+                else None
+            )
+            incident["op_diff"] = op_diff(mine, theirs)
+        except Exception as exc:
+            logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
+            incident["reasons"].append(f"op diff failed: {exc}")
+
+
+def live_window(window: AnalyzedWindow) -> LiveWindow:
+    return LiveWindow(
+        window.merged.reference.first_step,
+        tuple(w.rank for w in window.merged.ranks),
+        window.d,
+        tuple(window.report.stages),
+    )

@@ -1,0 +1,92 @@
+"""Is an analyzed window worth a heavy trace, on which ranks, and from which step?
+
+A window is actionable when its telemetry is complete (no ``telemetry_limited``), one stage
+stands out (its share reaches ``Gates.share_dominance``, or the routing set has at most two
+stages) and that stage has a confident, stable leader that pulls ahead of the other ranks: it
+leads alone in at least ``min_confident_fraction`` of the steps, switches no more often than
+``max_switch_rate``, and its lag over the median rank grows within the stage by at least
+``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
+nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
+the stage is the median of the other ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..analysis.gates import Gates
+from ..analysis.labels import TELEMETRY_LIMITED
+from ..record.window import AnalyzedWindow
+
+REQUEST_LATENCY_S = 0.5
+"""Allowance for a store round trip and for a busy rank's watcher thread to be scheduled."""
+
+
+UNKNOWN_STEP_S = 0.1
+"""The step time assumed for a manual request before any window was analyzed."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    stage: str
+    suspect_rank: int
+    reference_rank: int
+    share: float
+    window: int
+    reasons: tuple[str, ...]
+
+
+def decide(window: AnalyzedWindow, gates: Gates | None = None) -> tuple[Decision | None, str]:
+    """The capture decision for one analyzed window, or None with the reason it is not one."""
+    report = window.report
+    g = gates or report.gates
+    ranks = [w.rank for w in window.merged.ranks]
+    if len(ranks) < 2:
+        return None, "fewer than two ranks analyzed"
+    if report.has(TELEMETRY_LIMITED):
+        return None, "telemetry_limited"
+    stage = report.top1
+    if stage is None or not report.shares_defined:
+        return None, "no top stage"
+    share = report.shares[stage]
+    if share < g.share_dominance and len(report.routing_set) > 2:
+        return None, (
+            f"{stage} has {share:.0%} < {g.share_dominance:.0%} and the routing set has "
+            f"{len(report.routing_set)} stages"
+        )
+    loc = report.localization[stage]
+    n = report.n_steps
+    if loc.leader_rank is None or loc.confident_steps < g.min_confident_fraction * n:
+        return None, f"no confident leader of {stage} ({loc.confident_steps}/{n} steps)"
+    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
+    if switch_rate > g.max_switch_rate:
+        return None, f"the leader of {stage} switches (rate {switch_rate:.2f})"
+    mean_step = report.exposed_s / n
+    if loc.delta_lag_mean_s < g.share_tie * mean_step:
+        return None, (
+            f"the leader of {stage} pulls ahead by {loc.delta_lag_mean_s * 1e3:.2f} ms/step, "
+            f"under {g.share_tie:.0%} of the step"
+        )
+    suspect = ranks[loc.leader_rank]
+    column = report.stages.index(stage)
+    totals = window.d[:, :, column].sum(axis=0)
+    others = sorted((float(totals[i]), ranks[i]) for i in range(len(ranks)) if i != loc.leader_rank)
+    reference = others[(len(others) - 1) // 2][1]
+    reasons = (
+        f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
+        f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
+        f"the median by {loc.delta_lag_mean_s * 1e3:.1f} ms/step",
+        f"reference rank {reference}: the median total time in {stage} among the other ranks",
+    )
+    return Decision(stage, suspect, reference, share, window.merged.reference.window, reasons), ""
+
+
+def start_margin(step_s: float, poll_s: float) -> int:
+    """Steps between the step a request is written at and its first captured step: enough for
+    every named rank's watcher to poll the store (twice over, in case a poll was just missed)
+    plus the request latency, plus one step of skew between ranks and the step in progress."""
+    step_s = step_s if np.isfinite(step_s) and step_s > 0 else UNKNOWN_STEP_S
+    return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2

@@ -1,0 +1,75 @@
+"""``stagefrontier incident DIR``: read incidents, and reduce the traces that were not reduced
+live (on another host, or rank 0 stopped first), against the run's evidence packets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..analysis.gates import Gates
+from ..errors import ReportFormatError, StageFrontierError
+from ..formats.packet import read_packet
+from .confirm import LiveWindow
+from .coordinator import analyze_traces
+from .html import write_html
+from .incident import INCIDENT_FILE, list_incidents, read_incident, write_incident
+
+
+def incident_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The incident folders of ``path``: itself when it holds ``incident.json``, else those under
+    ``path/incidents``."""
+    p = Path(path)
+    if (p / INCIDENT_FILE).exists():
+        return [p]
+    if not p.is_dir():
+        raise StageFrontierError(f"{p} is neither an incident folder nor an output folder")
+    return [p / "incidents" / i["id"] for i in list_incidents(p)]
+
+
+def run_folder(incident_folder: Path) -> Path:
+    """``out_dir`` of ``out_dir/incidents/<id>``."""
+    return incident_folder.parent.parent
+
+
+def packet_windows(out_dir: Path) -> list[LiveWindow]:
+    """The live windows an output folder's evidence packets hold (unreadable ones skipped: the
+    confirmation then says no live window covers the steps)."""
+    out = []
+    for path in sorted((out_dir / "packets").glob("window-*.json")):
+        try:
+            packet = read_packet(path)
+        except ReportFormatError:
+            continue
+        meta = packet.meta
+        if "first_step" not in meta or "ranks_present" not in meta:
+            continue
+        out.append(
+            LiveWindow(
+                int(meta["first_step"]),
+                tuple(int(r) for r in meta["ranks_present"]),
+                packet.d,
+                tuple(packet.stages),
+            )
+        )
+    return out
+
+
+def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, Any], bool]:
+    """The incident of ``folder``; when it was captured but not reduced and every trace is
+    here, reduce it now and rewrite its files. Returns (incident, whether it was reduced)."""
+    incident = read_incident(folder)
+    if not incident["captured"] or incident["confirmed"] is not None:
+        return incident, False
+    files: dict[int, str] = {}
+    for rank, path in incident["trace_files"].items():
+        local = folder / Path(path).name  # the folder may have been copied from its host
+        if not local.exists():
+            return incident, False
+        files[int(rank)] = str(local)
+    out_dir = run_folder(folder)
+    analyze_traces(incident, files, packet_windows(out_dir), gates)
+    incident["reasons"].append("reduced offline by `stagefrontier incident`")
+    write_incident(folder, incident)
+    write_html(folder, incident, out_dir)
+    return incident, True

@@ -1,0 +1,161 @@
+"""The op diff: inside the routed stage's ranges, which operators and Python functions take the
+time on the suspect rank and not on the reference rank.
+
+Each trace's events on the training thread (the thread holding the ``stagefrontier.step#<n>``
+ranges) are nested by time; an event's self time is its duration minus its direct children's.
+Events that start inside one of the stage's ranges are grouped by what a person would look for:
+a Python function of the user's code by its name, and a builtin, a library frame or an operator
+by the innermost user function that called it (``faults.py(120): delay › <built-in function
+sleep>``), so a bare ``sleep`` never stands alone. Times are per captured step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.schema import STEP_ANNOTATION
+from ..reducers.kineto import load_trace
+
+OP_CATEGORIES = frozenset({"python_function", "cpu_op"})
+LIBRARY_FRAME = re.compile(
+    r"^(<built-in|<frozen|<string>|torch/|multiprocessing/|threading\.py|contextlib\.py|"
+    r"typing\.py|functools\.py|runpy\.py|stagefrontier/record/|stagefrontier/route/|"
+    r".*site-packages/|.*/lib/python3)"
+)
+"""Python frames that are not the user's code (builtins, torch, the standard library's
+wrappers, the timer itself)."""
+INSTRUMENTATION = re.compile(
+    r"^(stagefrontier/record/|stagefrontier/route/|torch/autograd/profiler\.py|torch/profiler/)"
+)
+"""Frames of the measurement itself (the timer's contexts, the profiler's ranges): left out."""
+ADDRESS = re.compile(r" of [^>]*? at 0x[0-9a-f]+>$|  of [^>]*>$| at 0x[0-9a-f]+>$")
+"""``<built-in method randint of type object at 0x7f...>``: the address differs per process."""
+MAX_ENTRIES = 20
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """Self time (seconds, summed) per op key inside a stage's ranges, and the steps covered."""
+
+    self_s: dict[str, float]
+    steps: int
+    call_paths: dict[str, list[str]]
+
+
+@dataclass
+class _Frame:
+    """An open event while the thread's events are nested by time."""
+
+    start: float
+    end: float
+    user_path: list[str]
+    """The user's Python frames from the outermost to this event (or its caller)."""
+    key: str
+    counted: bool
+    """Whether the event starts inside one of the stage's ranges (and is not instrumentation)."""
+    children: float = 0.0
+
+
+def is_user_frame(name: str) -> bool:
+    return "): " in name and not LIBRARY_FRAME.match(name)
+
+
+def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = None) -> OpTimes:
+    """Self time per op key inside ``stage``'s ranges of one trace (optionally only the ranges
+    inside the given step ids)."""
+    _, events = load_trace(Path(path))
+    spans: list[tuple[float, float, str, str, tuple[str, str]]] = []
+    step_ranges: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name, ts, dur = e.get("name"), e.get("ts"), e.get("dur")
+        if not isinstance(name, str) or not isinstance(ts, (int, float)):
+            continue
+        if not isinstance(dur, (int, float)) or dur < 0:
+            continue
+        thread = (str(e.get("pid")), str(e.get("tid")))
+        cat = e.get("cat")
+        if cat == "user_annotation" and name.startswith(STEP_ANNOTATION + "#"):
+            tail = name[len(STEP_ANNOTATION) + 1 :]
+            if tail.isdigit():
+                step_ranges.setdefault(thread, []).append((ts, ts + dur, int(tail)))
+        spans.append((float(ts), float(dur), name, str(cat), thread))
+    if not step_ranges:
+        return OpTimes({}, 0, {})
+    thread = max(step_ranges, key=lambda t: len(step_ranges[t]))
+    wanted = set(steps) if steps is not None else None
+    kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
+    stage_ranges = sorted(
+        (ts, ts + dur)
+        for ts, dur, name, cat, th in spans
+        if th == thread
+        and cat == "user_annotation"
+        and name == stage
+        and _inside_any(ts, kept_steps)
+    )
+    starts = [r[0] for r in stage_ranges]
+    ops = sorted(
+        (s for s in spans if s[4] == thread and s[3] in OP_CATEGORIES), key=lambda s: (s[0], -s[1])
+    )
+    totals: dict[str, float] = {}
+    paths: dict[str, list[str]] = {}
+    stack: list[_Frame] = []  # the enclosing events of the current one, outermost first
+    eps = 1e-3  # microseconds: rounding slack when children end at their parent's end
+
+    def close(frame: _Frame) -> None:
+        if frame.counted:
+            self_s = max(0.0, frame.end - frame.start - frame.children) * 1e-6
+            totals[frame.key] = totals.get(frame.key, 0.0) + self_s
+            paths.setdefault(frame.key, frame.user_path)
+
+    for ts, dur, raw, _, _ in ops:
+        name = ADDRESS.sub(">", raw)
+        while stack and stack[-1].end <= ts + eps:
+            close(stack.pop())
+        parent_path = stack[-1].user_path if stack else []
+        if stack:
+            stack[-1].children += dur
+        user = is_user_frame(name)
+        frames = [*parent_path, name] if user else parent_path
+        key = name if user or not frames else f"{frames[-1]} › {name}"
+        i = bisect.bisect_right(starts, ts) - 1
+        inside = i >= 0 and ts < stage_ranges[i][1] and not INSTRUMENTATION.match(name)
+        stack.append(_Frame(ts, ts + dur, frames, key, inside))
+    while stack:
+        close(stack.pop())
+    return OpTimes(totals, len(kept_steps), paths)
+
+
+def _inside_any(ts: float, ranges: Sequence[tuple[float, float, int]]) -> bool:
+    return any(lo <= ts < hi for lo, hi, _ in ranges)
+
+
+def op_diff(
+    suspect: OpTimes, reference: OpTimes | None, limit: int = MAX_ENTRIES
+) -> list[dict[str, Any]]:
+    """Entries ranked by how much more self time per step the suspect spends, largest first."""
+    ref = reference.self_s if reference is not None else {}
+    n_s = max(suspect.steps, 1)
+    n_r = max(reference.steps, 1) if reference is not None else 1
+    rows: list[dict[str, Any]] = []
+    for key in set(suspect.self_s) | set(ref):
+        s_ms = suspect.self_s.get(key, 0.0) / n_s * 1e3
+        r_ms = ref.get(key, 0.0) / n_r * 1e3
+        rows.append(
+            {
+                "name": key,
+                "suspect_ms_per_step": round(s_ms, 4),
+                "reference_ms_per_step": round(r_ms, 4),
+                "diff_ms_per_step": round(s_ms - r_ms, 4),
+                "call_path": suspect.call_paths.get(key)
+                or (reference.call_paths.get(key, []) if reference is not None else []),
+            }
+        )
+    rows.sort(key=lambda r: (-float(r["diff_ms_per_step"]), str(r["name"])))
+    return rows[:limit]

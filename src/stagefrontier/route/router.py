@@ -1,0 +1,211 @@
+"""``ProfilerRouter``: the configuration, and the per-rank runtime it attaches to a StageTimer.
+
+Every rank gets one router thread with its own store connection. It watches the request key
+and arms this rank's capture when the rank is named; it runs the trace export; on rank 0 it also
+runs the coordinator (decision, request, answers, confirmation, incident).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.gates import Gates
+from ..errors import ReportFormatError, StageFrontierError
+from .capture import RankCapture
+from .coordinator import Coordinator
+from .requests import REQUEST_KEY, CaptureRequest, CaptureStatus, RequestChannel, status_key
+
+logger = logging.getLogger("stagefrontier")
+
+
+@dataclass
+class ProfilerRouter:
+    """Turns an actionable window into a profiler trace of the suspect rank and a reference rank.
+
+    Pass it to ``StageTimer(router=ProfilerRouter())`` (or to either framework callback). Off by
+    default. On rank 0, ``request_capture`` asks for a capture by hand. Args:
+        steps: steps captured per incident.
+        cooldown_windows: windows after an incident before the next may open.
+        max_captures: incidents per run.
+        max_trace_mb: a trace larger than this is deleted and the capture reported failed.
+        poll_s: how often each rank's router thread reads the request key.
+        capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
+            rank's answer before recording the incident as not captured.
+        with_stack: record Python stacks (needed for the op diff to name user functions).
+        gates: the gates of the decision and the confirmation; the window's own by default.
+        store: the store to clone for the router's connections; the job's by default.
+    """
+
+    steps: int = 5
+    cooldown_windows: int = 5
+    max_captures: int = 3
+    max_trace_mb: float = 200.0
+    poll_s: float = 0.05
+    capture_timeout_s: float = 30.0
+    with_stack: bool = True
+    gates: Gates | None = None
+    store: Any = None
+    _runtime: RouterRuntime | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.max_captures < 0 or self.cooldown_windows < 0:
+            raise StageFrontierError("router steps must be >= 1, max_captures and cooldown >= 0")
+        if self.poll_s <= 0 or self.capture_timeout_s < 0 or self.max_trace_mb <= 0:
+            raise StageFrontierError(
+                "router poll_s and max_trace_mb must be > 0, capture_timeout_s >= 0"
+            )
+
+    def attach(self, timer: Any) -> RouterRuntime:
+        """Start this rank's router thread for ``timer`` (called by StageTimer)."""
+        self._runtime = RouterRuntime(self, timer)
+        return self._runtime
+
+    def request_capture(
+        self, ranks: list[int], steps: int | None = None, stage: str | None = None
+    ) -> None:
+        """On rank 0: profile ``steps`` steps (default ``self.steps``) on ``ranks`` (suspect
+        first, then a reference) a few steps from now, diffing ``stage`` (default: the last
+        window's top stage); answered with an incident like a decided capture."""
+        if self._runtime is None:
+            raise StageFrontierError("the router is not attached to a StageTimer yet")
+        self._runtime.request_capture(ranks, steps or self.steps, stage)
+
+
+class RouterRuntime:
+    """One rank's router: the thread, the capture state and, on rank 0, the coordinator."""
+
+    def __init__(self, config: ProfilerRouter, timer: Any) -> None:
+        self.config = config
+        self._timer = timer
+        self._channel = RequestChannel(config.store)
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._seen: set[str] = set()
+        self._dead = False
+        self.capture = RankCapture(
+            timer,
+            out_dir=timer.out_dir,
+            with_stack=config.with_stack,
+            max_trace_bytes=int(config.max_trace_mb * 2**20),
+            submit=self._jobs.put,
+            answer=self._answer,
+        )
+        self.coordinator: Coordinator | None = None
+        self._attached = False
+        self._attach_coordinator()
+        self._thread = threading.Thread(target=self._run, name="stagefrontier-router", daemon=True)
+        self._thread.start()
+
+    @property
+    def rank(self) -> int:
+        return int(self._timer.rank)
+
+    def _attach_coordinator(self) -> None:
+        """On rank 0, add the coordinator to the collector's sinks, once the collector exists (a
+        timer built before ``init_process_group`` builds it at its first window boundary)."""
+        collector = self._timer._collector
+        if self._attached or collector is None:
+            return
+        self._attached = True
+        if self.rank != 0:
+            return
+        self.coordinator = Coordinator(
+            self.config,
+            out_dir=self._timer.out_dir,
+            channel=self._channel,
+            current_step=lambda: int(self._timer._step_index),
+        )
+        sinks = getattr(collector, "sinks", None)
+        if isinstance(sinks, list):
+            sinks.append(self.coordinator)
+        else:
+            logger.warning("stagefrontier: this collector takes no sinks; the router is idle")
+
+    def on_step(self, step: int) -> None:
+        self.capture.on_step(step)
+
+    def request_capture(self, ranks: list[int], steps: int, stage: str | None) -> None:
+        coordinator = self.coordinator
+        if coordinator is None:
+            raise StageFrontierError("request captures on rank 0 (or with `stagefrontier capture`)")
+        self._jobs.put(lambda: coordinator.request_capture(ranks, steps, stage))
+
+    def close(self) -> None:
+        """On the training thread at the timer's close: stop a running capture, then let the
+        thread export, answer and (rank 0) settle the open incident, bounded."""
+        self.capture.finish(int(self._timer._step_index))
+        self._jobs.put(None)
+        self._thread.join(self.config.capture_timeout_s + 60.0)
+
+    # ------------------------------------------------------------------ router thread
+    def _run(self) -> None:
+        poll = self.config.poll_s
+        while True:
+            try:
+                job = self._jobs.get(timeout=poll)
+            except queue.Empty:
+                self._safely(self._tick)
+                continue
+            if job is None:
+                break
+            self._safely(job)
+        self._safely(self._refuse_late)
+        if self.coordinator is not None:
+            self._safely(lambda: self.coordinator.finish(self.config.capture_timeout_s))  # type: ignore[union-attr]
+        self._channel.close()
+
+    def _safely(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except Exception:
+            logger.exception("stagefrontier: router thread job failed")
+
+    def _tick(self) -> None:
+        self._attach_coordinator()
+        self._watch()
+        if self.coordinator is not None:
+            self.coordinator.tick()
+
+    def _watch(self) -> None:
+        if self._dead:
+            return
+        try:
+            data = self._channel.read(REQUEST_KEY)
+        except Exception as exc:
+            logger.warning("stagefrontier: router store unavailable, router off: %s", exc)
+            self._dead = True
+            return
+        if data is None:
+            return
+        try:
+            request = CaptureRequest.decode(data)
+        except ReportFormatError as exc:
+            logger.warning("stagefrontier: capture request rejected: %s", exc)
+            return
+        if request.id in self._seen:
+            return
+        self._seen.add(request.id)
+        if self.rank in request.ranks:
+            self.capture.arm(request)
+
+    def _refuse_late(self) -> None:
+        """A request that names this rank after its training ended is answered, not left to
+        time out."""
+        data = None if self._dead else self._channel.read(REQUEST_KEY)
+        if data is None:
+            return
+        request = CaptureRequest.decode(data)
+        if request.id not in self._seen and self.rank in request.ranks:
+            self._seen.add(request.id)
+            reason = f"training on rank {self.rank} ended before the request arrived"
+            self._answer(CaptureStatus(request.id, self.rank, "skipped", reason))
+
+    def _answer(self, status: CaptureStatus) -> None:
+        try:
+            self._channel.write(status_key(status.id, status.rank), status.encode())
+        except Exception as exc:
+            logger.warning("stagefrontier: answering capture %s failed: %s", status.id, exc)

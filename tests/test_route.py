@@ -1,0 +1,379 @@
+"""The profiler router's parts without a distributed job: the decision, the request and incident
+formats, the op diff on hand-written traces, and one single-process capture end to end (a
+manual request from Python and from ``stagefrontier capture``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stagefrontier import analyze
+from stagefrontier.errors import ReportFormatError
+from stagefrontier.route.decide import decide, start_margin
+from stagefrontier.route.incident import check_incident, new_incident, read_incident, write_incident
+from stagefrontier.route.opdiff import op_diff, stage_op_times
+from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest
+
+STAGES = [
+    "data.next_wait",
+    "model.fwd_loss_cpu_wall",
+    "model.backward_cpu_wall",
+    "optim.step_cpu_wall",
+    "step.other_cpu_wall",
+]
+
+
+# --- decide -------------------------------------------------------------------------------------
+
+
+def _window(d: np.ndarray, ranks: list[int]) -> Any:
+    report = analyze(d, STAGES)
+    ref = SimpleNamespace(window=3, first_step=60)
+    merged = SimpleNamespace(ranks=[SimpleNamespace(rank=r) for r in ranks], reference=ref)
+    return SimpleNamespace(report=report, merged=merged, d=d)
+
+
+def _matrix(stall_rank: int | None, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    d = np.zeros((10, 4, len(STAGES)))
+    d[:, :, 0] = 0.001 + rng.uniform(0, 2e-4, (10, 4))
+    d[:, :, 0] += np.arange(4) * 1e-4  # ranks' data times differ slightly: 0 < 1 < 3
+    d[:, :, 1] = 0.010 + rng.uniform(0, 1e-3, (10, 4))
+    d[:, :, 2] = 0.020
+    d[:, :, 3] = 0.002
+    if stall_rank is not None:
+        d[:, stall_rank, 0] += 0.120
+    return d
+
+
+def test_a_data_stall_is_actionable_with_its_rank_and_the_median_reference() -> None:
+    # Rank ids as collected (rank 1 missing from the axis would shift positions: map them).
+    decision, why = decide(_window(_matrix(2), [0, 1, 2, 3]))
+    assert decision is not None, why
+    assert decision.stage == "data.next_wait"
+    assert decision.suspect_rank == 2
+    # The other ranks' data totals rank 0 < 1 < 3: the median is rank 1.
+    assert decision.reference_rank == 1
+    assert decision.window == 3
+
+
+def test_rank_positions_map_to_rank_ids() -> None:
+    decision, _ = decide(_window(_matrix(2), [0, 4, 5, 7]))
+    assert decision is not None
+    assert decision.suspect_rank == 5 and decision.reference_rank == 4
+
+
+def test_jitter_without_a_stall_is_not_actionable() -> None:
+    decision, why = decide(_window(_matrix(None), [0, 1, 2, 3]))
+    assert decision is None
+    assert why
+
+
+def test_start_margin_covers_two_polls_and_the_latency_in_steps() -> None:
+    # (2 * 0.05 + 0.5) s at 0.1 s/step = 6 steps, plus 2.
+    assert start_margin(0.1, 0.05) == 8
+    assert start_margin(1.0, 0.05) == 3
+    assert start_margin(float("nan"), 0.05) == 8  # unknown: 0.1 s/step assumed
+
+
+# --- formats ------------------------------------------------------------------------------------
+
+
+def test_requests_round_trip_and_reject_bad_values() -> None:
+    request = CaptureRequest("w00001", (2, 0), 40, 5, "data.next_wait")
+    assert CaptureRequest.decode(request.encode()) == request
+    assert request.last_step == 44
+    status = CaptureStatus("w00001", 2, "captured", path="/x", size=3, host="h")
+    assert CaptureStatus.decode(status.encode()) == status
+    manual = ManualRequest((2, 0), 5)
+    assert ManualRequest.decode(manual.encode()) == manual
+    for bad in (b"not json", b"[1]", b'{"id": "x", "ranks": [], "first_step": 1, "steps": 1}'):
+        with pytest.raises(ReportFormatError):
+            CaptureRequest.decode(bad)
+    with pytest.raises(ReportFormatError, match="state"):
+        CaptureStatus.decode(b'{"id": "x", "rank": 0, "state": "maybe"}')
+    with pytest.raises(ReportFormatError, match="exceeds"):
+        ManualRequest.decode(b" " * (1 << 17))
+
+
+def test_incident_is_validated_on_read(tmp_path: Path) -> None:
+    incident = new_incident("w00002", "window")
+    incident.update(steps=[10, 14], stage="data.next_wait", leader_rank=2, reference_rank=0)
+    write_incident(tmp_path / "i", incident)
+    assert read_incident(tmp_path / "i") == incident
+    assert "data.next_wait" in (tmp_path / "i" / "incident.md").read_text()
+    for field, value, match in (
+        ("version", 2, "version"),
+        ("window", True, "window"),
+        ("steps", [1], "steps"),
+        ("op_diff", [{"name": "x"}], "op_diff"),
+    ):
+        with pytest.raises(ReportFormatError, match=match):
+            check_incident({**incident, field: value})
+    broken = dict(incident)
+    del broken["reasons"]
+    with pytest.raises(ReportFormatError, match="reasons"):
+        check_incident(broken)
+
+
+# --- op diff ------------------------------------------------------------------------------------
+
+
+def _trace(path: Path, events: list[tuple[str, str, float, float]]) -> Path:
+    """A Kineto-like trace: (category, name, ts µs, dur µs) on one thread."""
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": c, "name": n, "ts": ts, "dur": dur, "pid": 1, "tid": 7}
+            for c, n, ts, dur in events
+        ]
+    }
+    with gzip.open(path, "wt") as handle:
+        json.dump(trace, handle)
+    return path
+
+
+def _step(t0: float, sleep_us: float) -> list[tuple[str, str, float, float]]:
+    """One 1000 µs step: a 600 µs data stage (a user loader, maybe sleeping inside it, and an
+    aten op) and a forward stage outside it."""
+    return [
+        ("user_annotation", f"stagefrontier.step#{int(t0 // 1000)}", t0, 1000),
+        ("user_annotation", "data.next_wait", t0 + 10, 600),
+        ("python_function", "loader.py(12): slow_collate", t0 + 20, 400),
+        ("python_function", "<built-in function sleep>", t0 + 30, sleep_us),
+        ("cpu_op", "aten::cat", t0 + 300, 50),
+        ("python_function", "stagefrontier/record/recorder.py(80): __exit__", t0 + 605, 4),
+        ("user_annotation", "model.fwd_loss_cpu_wall", t0 + 620, 300),
+        ("python_function", "<built-in method mm of type object at 0x7f00>", t0 + 630, 250),
+    ]
+
+
+def test_op_diff_ranks_self_time_inside_the_stage_by_user_function(tmp_path: Path) -> None:
+    suspect = _trace(tmp_path / "s.json.gz", _step(0, 250) + _step(1000, 250))
+    reference = _trace(tmp_path / "r.json.gz", _step(0, 0) + _step(1000, 0))
+    mine = stage_op_times(suspect, "data.next_wait")
+    assert mine.steps == 2
+    # sleep: 250 µs self per step; slow_collate: 400 - 250 (sleep) - 50 (aten::cat) = 100 µs.
+    assert mine.self_s["loader.py(12): slow_collate › <built-in function sleep>"] == pytest.approx(
+        500e-6
+    )
+    assert mine.self_s["loader.py(12): slow_collate"] == pytest.approx(200e-6)
+    assert mine.self_s["loader.py(12): slow_collate › aten::cat"] == pytest.approx(100e-6)
+    assert not any("recorder.py" in k or "mm" in k for k in mine.self_s)  # timer; other stage
+    rows = op_diff(mine, stage_op_times(reference, "data.next_wait"))
+    assert rows[0]["name"] == "loader.py(12): slow_collate › <built-in function sleep>"
+    assert rows[0]["suspect_ms_per_step"] == pytest.approx(0.25)
+    assert rows[0]["reference_ms_per_step"] == 0.0
+    assert rows[0]["call_path"] == ["loader.py(12): slow_collate"]
+    # Only step 1: the same per-step figures.
+    one = stage_op_times(suspect, "data.next_wait", steps=[1])
+    assert one.steps == 1
+    forward = stage_op_times(suspect, "model.fwd_loss_cpu_wall")
+    assert forward.self_s == {"<built-in method mm>": pytest.approx(500e-6)}
+
+
+# --- one process, end to end --------------------------------------------------------------------
+
+
+def _train(timer: Any, steps: int, done: Any = None) -> int:
+    import torch
+
+    model = torch.nn.Linear(8, 8)
+    for step in range(steps):
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                time.sleep(0.02)
+            with timer.stage("model.fwd_loss_cpu_wall"):
+                model(torch.randn(4, 8)).sum().backward()
+        if done is not None and done():
+            return step
+    return steps
+
+
+@pytest.fixture
+def store() -> Any:
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    return dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+
+
+def test_a_manual_request_from_python_captures_and_writes_an_incident(
+    tmp_path: Path, store: Any
+) -> None:
+    from stagefrontier import ProfilerRouter, StageTimer
+
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=5.0)
+    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    _train(timer, 5)  # one window: the step time is measured
+    router.request_capture([0])
+    _train(timer, 40)
+    timer.close()
+    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
+    assert incident["ranks"] == [0] and incident["steps"][1] - incident["steps"][0] == 2
+    assert Path(incident["trace_files"]["0"]).exists()
+    assert incident["confirmed"] is not None
+    assert incident["stage"] == "data.next_wait"
+    assert "sleep" in incident["op_diff"][0]["name"] and "_train" in incident["op_diff"][0]["name"]
+    assert (tmp_path / "incidents" / "w00000-manual0" / "incident.html").exists()
+
+
+def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
+    from stagefrontier import ProfilerRouter, StageTimer
+
+    timer = StageTimer(
+        window=5,
+        out_dir=tmp_path,
+        collect="local",
+        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0),
+    )
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
+         f"127.0.0.1:{store.port}", "--ranks", "0", "--steps", "2", "--wait", "60"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        ran = _train(timer, 600, done=lambda: cli.poll() is not None)
+    finally:
+        timer.close()
+        out, _ = cli.communicate(timeout=60)
+    assert cli.returncode == 0, out
+    assert ran < 600
+    folder = Path(out.strip())
+    assert folder.parent == (tmp_path / "incidents").resolve()
+    assert read_incident(folder)["captured"]
+
+
+def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.integrations._timer import make_timer
+
+    router = ProfilerRouter(capture_timeout_s=0.0)
+    timer = make_timer(["x"], router=router, out_dir=tmp_path, collect="local")
+    assert timer._router is not None and timer._router.config is router
+    timer.close()
+    for module in ("lightning", "transformers"):
+        pytest.importorskip(module)
+        callbacks = __import__(f"stagefrontier.integrations.{module}", fromlist=["_"])
+        assert callbacks.StageFrontierCallback(router=router).router is router
+
+
+# --- rank 0's budget, with a store stand-in ------------------------------------------------------
+
+
+class _Channel:
+    """The store as a dict (the coordinator's only dependency on it)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def read(self, key: str) -> bytes | None:
+        return self.keys.get(key)
+
+    def write(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def delete(self, *keys: str) -> None:
+        for key in keys:
+            self.keys.pop(key, None)
+
+
+def _indexed(index: int) -> Any:
+    window = _window(_matrix(2, seed=index), [0, 1, 2, 3])
+    window.merged.reference = SimpleNamespace(
+        window=index, first_step=10 * index, last_step=10 * index + 9
+    )
+    return window
+
+
+def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Path) -> None:
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.route.coordinator import Coordinator
+    from stagefrontier.route.requests import REQUEST_KEY, status_key
+
+    config = ProfilerRouter(cooldown_windows=2, max_captures=3, capture_timeout_s=0.0)
+    channel = _Channel()
+    step = [0]
+    coordinator = Coordinator(
+        config, out_dir=str(tmp_path), channel=channel, current_step=lambda: step[0]
+    )  # type: ignore[arg-type]
+    opened: list[tuple[int, str]] = []
+    host = socket.gethostname()
+    for index in range(11):
+        step[0] = 10 * index + 10
+        coordinator.write(_indexed(index))
+        coordinator.tick()
+        if REQUEST_KEY in channel.keys:
+            request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
+            opened.append((index, request.id))
+            assert request.ranks == (2, 1) and request.first_step > step[0]
+            # The first: both ranks skip it; the second: nobody answers; the third: both say
+            # they captured, but the traces never appear on this host.
+            for rank in request.ranks if len(opened) != 2 else ():
+                status = (
+                    CaptureStatus(request.id, rank, "skipped", "a user profiler")
+                    if len(opened) == 1
+                    else CaptureStatus(
+                        request.id, rank, "captured", path=str(tmp_path / "gone"), host=host
+                    )
+                )
+                channel.write(status_key(request.id, rank), status.encode())
+            coordinator.tick()
+            if coordinator.open is not None:  # nobody answered: wait out the deadline
+                time.sleep(max(0.0, coordinator.open.deadline - time.monotonic()) + 0.01)
+                coordinator.tick()
+            assert REQUEST_KEY not in channel.keys  # cleaned up when settled
+    # Window 0 opens one; windows 1-2 are the cooldown; windows 3 and 6 open the next two;
+    # then the budget of three is spent.
+    assert [index for index, _ in opened] == [0, 3, 6]
+    assert channel.keys == {}
+    first = read_incident(tmp_path / "incidents" / opened[0][1])
+    assert not first["captured"]
+    assert "rank 2 skipped: a user profiler" in first["reasons"]
+    second = read_incident(tmp_path / "incidents" / opened[1][1])
+    assert any("rank 2 never answered" in r for r in second["reasons"])
+    third = read_incident(tmp_path / "incidents" / opened[2][1])
+    assert not third["captured"] and third["trace_files"] == {}
+    assert any("never appeared on disk" in r for r in third["reasons"])
+
+
+@pytest.mark.parametrize("case", ["user_profiler", "size_limit"])
+def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_limit(
+    tmp_path: Path, store: Any, case: str
+) -> None:
+    import torch
+
+    from stagefrontier import ProfilerRouter, StageTimer
+
+    limit = 1e-4 if case == "size_limit" else 200.0
+    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0, max_trace_mb=limit)
+    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    _train(timer, 5)
+    router.request_capture([0])
+    # Steps take at least the 20 ms sleep, so the start margin is at most
+    # (2 x 50 ms + 0.5 s) / 20 ms + 2 = 32 steps: the capture ends inside these steps.
+    steps = 40
+    if case == "user_profiler":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            _train(timer, steps)
+    else:
+        _train(timer, steps)
+    timer.close()
+    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    assert not incident["captured"]
+    expected = "a profiler the user started" if case == "user_profiler" else "exceeds"
+    assert any(expected in r for r in incident["reasons"]), incident["reasons"]
+    assert list((tmp_path / "incidents").rglob("*.pt.trace.json.gz")) == []

@@ -1,0 +1,125 @@
+"""The profiler router in real 4-rank Gloo DDP runs (spawned around an ephemeral-port store).
+
+Each run is 30 steps in windows of 10: the stall starts at step 0, rank 0 decides after window 0
+and the capture (5 steps, from a start margin derived from the measured step time and the
+router's poll interval) ends well inside the run. Faults only sleep, so every run reproduces the
+fault-free run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stagefrontier.demo import DemoConfig, launch, parse_fault
+from stagefrontier.route import list_incidents
+from stagefrontier.route.offline import reduce_offline
+
+RANKS = 4
+STEPS = 30
+WINDOW = 10
+DEADLINE_S = 240.0
+
+
+def _run(tmp_path: Path, name: str, faults: tuple[str, ...] = (), **kwargs: Any) -> Any:
+    config = DemoConfig(
+        ranks=RANKS,
+        steps=STEPS,
+        window=WINDOW,
+        faults=tuple(parse_fault(f) for f in faults),
+        out_dir=str(tmp_path / name),
+        collect_timeout_s=5.0,
+        quiet=True,
+        router=True,
+        router_timeout_s=kwargs.pop("router_timeout_s", 10.0),
+        **kwargs,
+    )
+    return launch(config, deadline_s=DEADLINE_S)
+
+
+def _traces(out: Path) -> list[Path]:
+    return sorted(out.rglob("*.pt.trace.json*"))
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _run(tmp_path_factory.mktemp("healthy"), "healthy")
+
+
+def test_a_run_without_a_fault_opens_no_incident(healthy: Any) -> None:
+    assert len(healthy.windows) == STEPS // WINDOW
+    assert list_incidents(healthy.out_dir) == []
+    assert _traces(healthy.out_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "stage", "suspect"),
+    [
+        ("data@2:120ms", "data.next_wait", 2),
+        ("forward@3:120ms", "model.fwd_loss_cpu_wall", 3),
+    ],
+)
+def test_a_stall_opens_one_confirmed_incident_on_its_rank(
+    tmp_path: Path, healthy: Any, fault: str, stage: str, suspect: int
+) -> None:
+    run = _run(tmp_path, "stall", (fault,))
+    incidents = list_incidents(run.out_dir)
+    assert len(incidents) == 1, incidents
+    incident = incidents[0]
+    assert incident["window"] is not None and incident["window"] < 3  # the stall starts at 0
+    assert incident["stage"] == stage
+    assert incident["leader_rank"] == suspect
+    reference = incident["reference_rank"]
+    assert reference != suspect
+    assert incident["ranks"] == sorted([suspect, reference])
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
+    assert incident["max_share_diff"] < 0.05
+    first, last = incident["steps"]
+    assert last - first + 1 == 5
+    # Only the two named ranks wrote a trace.
+    folder = run.out_dir / "incidents" / incident["id"]
+    assert _traces(run.out_dir) == sorted(
+        folder / f"rank{r}.pt.trace.json.gz" for r in (suspect, reference)
+    )
+    # The op diff's first entry is the user's function that sleeps, not a bare builtin.
+    top = incident["op_diff"][0]
+    assert "faults.py" in top["name"] and "delay" in top["name"], top
+    assert "sleep" in top["name"]
+    assert top["suspect_ms_per_step"] > 100 > 1 > top["reference_ms_per_step"]
+    assert incident["capture_step_ms"] > 0 and incident["baseline_step_ms"] > 0
+    assert (folder / "incident.md").exists() and (folder / "incident.html").exists()
+    assert run.losses == healthy.losses
+    # Offline, `stagefrontier incident` reaches the same verdict from the run's packets.
+    offline = tmp_path / "copy"
+    shutil.copytree(run.out_dir, offline)
+    path = offline / "incidents" / incident["id"] / "incident.json"
+    unreduced = {**incident, "confirmed": None, "max_share_diff": None, "op_diff": []}
+    path.write_text(json.dumps(unreduced))
+    again, reduced = reduce_offline(path.parent)
+    assert reduced and again["confirmed"] is True
+    assert again["max_share_diff"] == incident["max_share_diff"]
+    assert again["op_diff"][0]["name"] == top["name"]
+
+
+def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(
+    tmp_path: Path, healthy: Any
+) -> None:
+    """Rank 2 runs without a router (disabled): it never answers. Rank 0 records the incident
+    as not captured with the reason, after the timeout; every rank trains as without it."""
+    run = _run(tmp_path, "disabled", ("data@2:120ms",), router_off_ranks=(2,), router_timeout_s=2.0)
+    incidents = list_incidents(run.out_dir)
+    assert len(incidents) == 1
+    incident = incidents[0]
+    assert incident["leader_rank"] == 2
+    assert not incident["captured"] and incident["confirmed"] is None
+    assert 2 not in incident["ranks"]
+    assert any("rank 2 never answered" in r for r in incident["reasons"]), incident["reasons"]
+    assert any(r.startswith("not captured") for r in incident["reasons"])
+    assert len(run.windows) == STEPS // WINDOW
+    assert run.losses == healthy.losses
