@@ -7,23 +7,17 @@ end here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
-from ..errors import RolesError, SideEvidenceError
-from .accounting import FloatArray, advances_from_frontier, as_window
+from ..errors import SideEvidenceError
+from .accounting import FloatArray, as_window
 from .evidence import compute_evidence
 from .gates import Gates
 from .labels import LabelInputs, label_window
+from .roles import check_roles, group_side, renumbered, role_groups, wall_fractions
 from .routing import rank_order, routing_set
-from .schema import (
-    RESIDUAL_STAGE,
-    SCHEMA_VERSION,
-    check_stage_names,
-    semantic_stage,
-    stage_order_hash,
-)
+from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
 from .semantic import semantic_view
 from .side import SideEvidence
 from .window_report import WindowReport
@@ -47,10 +41,12 @@ def analyze(
         stages: the ``S`` ordered stage names (a list, tuple or other ordered iterable;
             a set is refused).
         gates: labeler thresholds; ``Gates()`` by default.
-        roles: optional role per rank (e.g. pipeline stage). Mixed roles give
-            ``role_aware_needed`` and per-role shares instead of a global attribution:
-            ``top1``, ``top2`` and ``routing_set`` stay empty.
-        side: optional side evidence (CUDA-event samples, accumulation, telemetry errors).
+        roles: optional role per rank (e.g. pipeline stage; ``None`` or ``""`` where unknown).
+            Mixed roles give ``role_aware_needed`` and no global attribution (``top1``, ``top2``
+            and ``routing_set`` stay empty); instead ``role_reports`` holds one full report per
+            role, each this same analysis on that role's ranks, with ranks numbered as in ``d``.
+        side: optional side evidence (CUDA-event samples, accumulation, telemetry errors, the
+            job's full role set).
 
     Raises:
         StageFrontierError subclasses for malformed input, each naming the problem.
@@ -58,13 +54,27 @@ def analyze(
     names = check_stage_names(stages)  # once: a generator is read a single time
     arr = as_window(d, names)
     n, r, s = arr.shape
-    gates = gates or DEFAULT_GATES
-    role_list = _check_roles(roles, r)
     side = (side or NO_SIDE_EVIDENCE).checked(n, r, s)
+    role_list = check_roles(roles, r, side.expected_roles)
+    return _analyze(arr, names, gates or DEFAULT_GATES, role_list, side, list(range(r)))
+
+
+def _analyze(
+    arr: FloatArray,
+    names: tuple[str, ...],
+    gates: Gates,
+    role_list: list[str] | None,
+    side: SideEvidence,
+    ranks: list[int],
+) -> WindowReport:
+    """``analyze`` on a checked window whose rank positions stand for ``ranks`` of a larger
+    window (the identity, except for a role's report)."""
+    n, r, _ = arr.shape
     if gates.gain_baseline == "reference" and side.no_stall_reference_s is None:
         raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
 
     ev, prefix = compute_evidence(arr, gates, side)
+    ev = replace(ev, localization=[renumbered(loc, ranks) for loc in ev.localization])
     view = semantic_view(arr, prefix, ev, names, gates, side)
     residual = ev.shares[names.index(RESIDUAL_STAGE)] if RESIDUAL_STAGE in names else 0.0
     wall = float(prefix[:, -1, :].sum()) - side.overlap_error_s
@@ -89,6 +99,7 @@ def analyze(
     scores = broad.shares if broad.shares_defined else broad.advance_totals
     # Only a stage that advanced the frontier can be a top stage: none when nothing is exposed.
     order = [i for i in rank_order(scores) if scores[i] > 0] if ranked else []
+    role_reports = _role_reports(arr, names, gates, role_list, side, ranks)
     stage_dict, broad_dict = _per_stage(names), _per_stage(view.stages)
     return WindowReport(
         stages=list(names),
@@ -117,7 +128,10 @@ def analyze(
         residual_share=float(residual),
         overlap_share=overlap,
         roles=role_list,
-        role_shares=_role_shares(prefix, names, role_list, gates),
+        role_shares=None
+        if role_reports is None
+        else {role: rep.semantic_shares for role, rep in role_reports.items()},
+        role_reports=role_reports,
         forward_event=labeling.forward_event,
         gates=gates,
     )
@@ -130,35 +144,27 @@ def _per_stage(names: Sequence[str]) -> Any:
     return to_dict
 
 
-def _check_roles(roles: Sequence[str] | None, n_ranks: int) -> list[str] | None:
-    if roles is None:
+def _role_reports(
+    arr: FloatArray,
+    names: tuple[str, ...],
+    gates: Gates,
+    role_list: list[str] | None,
+    side: SideEvidence,
+    ranks: list[int],
+) -> dict[str, WindowReport] | None:
+    """One report per role of a mixed window: the same analysis on the role's ranks alone."""
+    groups = role_groups(role_list)
+    if not groups:
         return None
-    if isinstance(roles, str):
-        raise RolesError("roles must be a sequence with one role per rank, not a single string")
-    role_list = [str(x) for x in roles]
-    if len(role_list) != n_ranks:
-        raise RolesError(f"{len(role_list)} roles given for {n_ranks} ranks: need one per rank")
-    return role_list
-
-
-def _role_shares(
-    prefix: FloatArray, names: Sequence[str], roles: list[str] | None, gates: Gates
-) -> dict[str, dict[str, float]] | None:
-    """Frontier shares computed within each role group, by broad stage: the role-aware view."""
-    if roles is None or len(set(roles)) < 2:
-        return None
-    out = {}
-    role_arr = np.array(roles)
-    for role in sorted(set(roles)):
-        group = prefix[:, :, role_arr == role]
-        step_adv = advances_from_frontier(group.max(axis=2))
-        exposed = float(step_adv.sum())
-        shares = (
-            step_adv.sum(axis=0) / exposed if exposed > gates.min_exposed_s else 0 * step_adv[0]
+    walls = wall_fractions(arr, groups)
+    return {
+        role: _analyze(
+            arr[:, cols, :],
+            names,
+            gates,
+            None,
+            group_side(side, cols, walls[role]),
+            [ranks[c] for c in cols],
         )
-        folded: dict[str, float] = {}
-        for name, value in zip(names, shares, strict=True):
-            stage = semantic_stage(name)
-            folded[stage] = folded.get(stage, 0.0) + float(value)
-        out[role] = folded
-    return out
+        for role, cols in groups.items()
+    }

@@ -15,6 +15,7 @@ import numpy as np
 from .accounting import FloatArray
 from .evidence import StageLocalization, WindowEvidence, critical_path_stages
 from .gates import Gates
+from .roles import UNKNOWN_ROLE
 from .routing import rank_order
 from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 
@@ -340,17 +341,33 @@ def _telemetry(x: LabelInputs, out: Labeling) -> list[str]:
 
 
 def _roles(x: LabelInputs, out: Labeling) -> list[str]:
-    if x.roles is None:
-        return []
-    distinct = sorted(set(x.roles))
-    if len(distinct) < 2:
-        return []
+    """``role_aware_needed`` when ranks play several roles; ``telemetry_limited`` when a role
+    of the job has no rank in the window, so its report is missing."""
+    present = set(x.roles or ())
+    absent = [role for role in x.side.expected_roles if role not in present]
+    if absent:
+        out.emit(
+            TELEMETRY_LIMITED,
+            f"role(s) {', '.join(absent)} of the job have no rank in this window: "
+            "no report for them",
+        )
+    blockers = [TELEMETRY_LIMITED] if absent else []
+    if x.roles is None or len(present) < 2:
+        return blockers
+    unknown = [i for i, role in enumerate(x.roles) if role == UNKNOWN_ROLE]
+    if unknown:
+        out.emit(
+            ROLE_AWARE_NEEDED,
+            f"ranks {unknown} carry no role while others do: they are left out of the "
+            "per-role reports",
+        )
+    known = sorted(present - {UNKNOWN_ROLE})
     out.emit(
         ROLE_AWARE_NEEDED,
-        f"ranks play {len(distinct)} roles ({', '.join(distinct)}): a global frontier mixes "
-        "boundaries that do not wait on each other; read role_shares per role instead",
+        f"ranks play {len(known)} roles ({', '.join(known)}): a global frontier mixes "
+        "boundaries that do not wait on each other; read role_reports, one per role, instead",
     )
-    return [ROLE_AWARE_NEEDED]
+    return [*blockers, ROLE_AWARE_NEEDED]
 
 
 def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[int]) -> list[str]:

@@ -45,6 +45,8 @@ class SideEvidence:
         no_stall_reference_s: a caller-given per-stage (``[S]``) or per-rank-stage (``[R, S]``)
             reference duration, used as the direct-gain baseline when the gates ask for it.
         notes: extra telemetry-quality reasons from the collector, reported verbatim.
+        expected_roles: the job's full role set, when known (e.g. from a device mesh): a role
+            with no rank in the window is then reported, and a role outside it is an error.
     """
 
     event_ms: npt.NDArray[np.float64] | None = None
@@ -60,6 +62,7 @@ class SideEvidence:
     contract_violations: int = 0
     no_stall_reference_s: npt.NDArray[np.float64] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    expected_roles: tuple[str, ...] = ()
 
     def checked(self, n_steps: int, n_ranks: int, n_stages: int) -> SideEvidence:
         """Validate against a window's shape; raises SideEvidenceError naming the bad field."""
@@ -124,6 +127,7 @@ class SideEvidence:
             "contract_violations": self.contract_violations,
             "no_stall_reference_s": arr(self.no_stall_reference_s),
             "notes": list(self.notes),
+            "expected_roles": list(self.expected_roles),
         }
 
     @classmethod
@@ -147,7 +151,7 @@ class SideEvidence:
                     values[key] = np.array(values[key], dtype=dtype)
         except (TypeError, ValueError, OverflowError) as exc:
             raise SideEvidenceError(f"malformed side evidence: {exc}") from None
-        for key in ("missing_ranks", "mismatched_ranks", "notes"):
+        for key in ("missing_ranks", "mismatched_ranks", "notes", "expected_roles"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -183,5 +187,6 @@ _KEY_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "contract_violations": (is_int, "an integer"),
     "no_stall_reference_s": (_optional_array, "null or an array"),
     "notes": (_sequence_of(lambda n: isinstance(n, str)), "a list of strings"),
+    "expected_roles": (_sequence_of(_is_name), "a list of role names"),
 }
 """Every side-evidence key ``to_dict`` writes, with the JSON type ``from_dict`` accepts."""

@@ -12,7 +12,8 @@ from .gates import Gates
 from .values import is_version
 
 REPORT_FORMAT = "stagefrontier.window_report"
-REPORT_VERSION = 2
+REPORT_VERSION = 3
+"""Version 3 added ``role_reports``."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,12 @@ class WindowReport:
     overlap_share: float
     roles: list[str] | None
     role_shares: dict[str, dict[str, float]] | None
+    """Per role, its report's ``semantic_shares`` (None unless ranks play several roles)."""
     forward_event: dict[str, float] | None
     gates: Gates
+    role_reports: dict[str, WindowReport] | None = None
+    """Per role, the full report of that role's ranks analyzed alone, ranks numbered as in the
+    whole window (None unless ranks play several roles)."""
 
     def has(self, label: str) -> bool:
         return label in self.labels
@@ -81,6 +86,8 @@ class WindowReport:
                 value = {k: _loc_to_dict(v) for k, v in value.items()}
             elif f.name == "gates":
                 value = value.to_dict()
+            elif f.name == "role_reports" and value is not None:
+                value = {role: rep.to_dict() for role, rep in value.items()}
             out[f.name] = value
         return out
 
@@ -114,6 +121,10 @@ class WindowReport:
             values["gates"] = Gates.from_dict(values["gates"])
         except (TypeError, AttributeError, StageFrontierError) as exc:
             raise ReportFormatError(f"malformed report: {exc}") from None
+        if values["role_reports"] is not None:
+            values["role_reports"] = {
+                str(role): cls.from_dict(rep) for role, rep in values["role_reports"].items()
+            }
         return cls(**values)
 
     @classmethod
@@ -154,6 +165,7 @@ _FIELD_KINDS: dict[str, type | tuple[type, ...]] = {
     "role_shares": (dict, type(None)),
     "forward_event": (dict, type(None)),
     "gates": dict,
+    "role_reports": (dict, type(None)),
 }
 """The JSON type of every serialized field, checked before a report is rebuilt."""
 
