@@ -22,7 +22,8 @@ class StageNamesError(StageFrontierError, ValueError):
 
 
 class RolesError(StageFrontierError, ValueError):
-    """The role list does not give exactly one role per rank."""
+    """The roles are malformed: not one role per rank, a role outside the job's role set, or a
+    device mesh that cannot give this rank a role."""
 
 
 class SideEvidenceError(StageFrontierError, ValueError):

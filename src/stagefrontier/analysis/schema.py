@@ -16,6 +16,9 @@ BACKWARD_STAGE = "model.backward_cpu_wall"
 CALLBACKS_STAGE = "callbacks.cpu_wall"
 OPTIMIZER_STAGE = "optim.step_cpu_wall"
 RESIDUAL_STAGE = "step.other_cpu_wall"
+PIPELINE_PREFIX = "pp."
+"""Stages named ``pp.*`` hold pipeline communication (``pp.schedule``, ``pp.recv_wait``): time
+in them may be a wait for another pipeline stage, i.e. another role."""
 """Step wall time not covered by any timed stage; computed, never timed by the user."""
 
 STEP_ANNOTATION = "stagefrontier.step"

@@ -26,7 +26,7 @@ from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
-from ..errors import StageFrontierError
+from ..errors import RolesError, StageFrontierError
 from ..sinks import Sink
 from .annotate import ProfilerRanges
 from .contexts import (
@@ -37,6 +37,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
 from .settings import (
@@ -86,6 +87,10 @@ class StageTimer(TimerState):
         event_factory: callable returning a CUDA-event-like object (``record``, ``query``,
             ``elapsed_time``); defaults to ``torch.cuda.Event(enable_timing=True)``.
         role: this rank's role (e.g. pipeline stage) for role-aware analysis.
+        mesh: a ``DeviceMesh``; with ``role_dims``, this rank's role is its coordinate on those
+            dimensions (``mesh=mesh, role_dims=("pp",)`` gives ``pp0``, ``pp1``, ...), and the
+            analysis knows every role of the job. Give ``role`` or ``mesh``, not both.
+        role_dims: the mesh dimensions that define a role; ``("pp",)`` by default.
         collector: a ready collector, replacing ``collect`` (for tests and custom transports).
         annotate: also emit every step and ordered stage as a ``torch.profiler.record_function``
             range (and an NVTX range when CUDA is available) named like the stage, so a trace
@@ -119,6 +124,8 @@ class StageTimer(TimerState):
         strict: bool = False,
         event_factory: Callable[[], Any] | None = None,
         role: str | None = None,
+        mesh: Any = None,
+        role_dims: Sequence[str] = ("pp",),
         collector: Collector | None = None,
         annotate: bool = False,
         router: ProfilerRouter | None = None,
@@ -172,6 +179,10 @@ class StageTimer(TimerState):
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role = role
+        if mesh is not None:
+            if role is not None:
+                raise RolesError("give StageTimer a role or a mesh to read it from, not both")
+            self._role, self._role_set = mesh_roles(mesh, role_dims)
         ranges = ProfilerRanges() if annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(

@@ -81,6 +81,7 @@ class TimerState:
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self._pid = os.getpid()
         self._role: str | None = None
+        self._role_set: tuple[str, ...] = ()
         self._probes: dict[str, Probe] = {}
         self._events = EventSampler(
             cuda_event_fraction, event_factory, window, self._poll_at_next_step
@@ -254,6 +255,7 @@ class TimerState:
             "local_rank": self._local_rank,
             "pid": self._pid,
             "role": self._role,
+            "role_set": self._role_set,
         }
         raw = self._buf_view[: n * self._width].reshape(n, self._width).copy()
         return WindowSnapshot(raw, self.stages, fields)

@@ -70,6 +70,8 @@ class RankWindow:
     local_rank: int = field(default=0, metadata=_meta("count", record="local_ranks"))
     pid: int = field(default=0, metadata=_meta("count", record="pids"))
     role: str | None = field(default=None, metadata=_meta("optional_text"))
+    role_set: tuple[str, ...] = field(default=(), metadata=_meta("names"))
+    """The job's full role set when the rank knows it (roles from a device mesh)."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
@@ -229,6 +231,7 @@ def analyze_merged(
         contract_violations=sum(w.contract_violations for w in ranks),
         notes=tuple(notes),
         no_stall_reference_s=reference_s,
+        expected_roles=tuple(sorted({role for w in ranks for role in w.role_set})),
     )
     if reference_s is not None:
         gates = replace(gates or Gates(), gain_baseline="reference")

@@ -46,12 +46,8 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
         parts.append("route " + "+".join(report.routing_set))
     elif not report.shares_defined:
         parts.append("no exposed time: raw advances only")
-    elif report.role_shares:
-        tops = ", ".join(
-            f"{role} {max(shares, key=shares.__getitem__)} {max(shares.values()):.0%}"
-            for role, shares in report.role_shares.items()
-        )
-        parts.append(f"roles differ, top per role: {tops}")
+    elif report.role_reports:
+        parts.append("per role: " + "; ".join(role_tops(report, record)))
     parts.append("labels " + (",".join(_flags(report.labels)) or "none"))
     if not record.get("gather_ok", True):
         parts.append(f"missing ranks {record.get('missing_ranks')}")
@@ -59,6 +55,21 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
         parts.append("slower: " + regression_text(record["regression"]))
     parts.append(verdict(report, record))
     return printable(" | ".join(parts))
+
+
+def role_tops(report: WindowReport, record: Mapping[str, Any] | None = None) -> list[str]:
+    """Per role: ``pp1 top pp.schedule 85% led by rank 3 route pp.schedule``."""
+    out = []
+    for role, rep in (report.role_reports or {}).items():
+        if rep.top1 is None or not rep.shares_defined:
+            out.append(f"{role} no exposed time")
+            continue
+        top = rep.top1
+        out.append(
+            f"{role} top {top} {rep.semantic_shares[top]:.0%} {lead_text(rep, record)} "
+            f"route {'+'.join(rep.routing_set)}"
+        )
+    return out
 
 
 def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
@@ -104,11 +115,11 @@ def window_report_text(
     lines += _label_block("labels", report.labels, report.reasons)
     withheld = [label for label in report.reasons if label not in report.labels]
     lines += _label_block("withheld", withheld, report.reasons)
-    if report.role_shares:
-        lines += ["", "shares by role:"]
-        for role, shares in report.role_shares.items():
-            top = max(shares, key=lambda s: shares[s])
-            lines.append(f"  {role}: top {top} {shares[top]:.1%}")
+    for role, rep in (report.role_reports or {}).items():
+        ranks = ",".join(str(i) for i, x in enumerate(report.roles or ()) if x == role)
+        lines += ["", f"role {role} (ranks {ranks}), analyzed on its own:", *_stage_table(rep)]
+        lines.append(f"  top-1: {rep.top1}    routing set: {', '.join(rep.routing_set) or '-'}")
+        lines.append(f"  labels: {', '.join(_flags(rep.labels)) or '-'}")
     if notes:
         lines += ["", "trace notes:", *(f"  - {note}" for note in notes)]
     lines += ["", "verdict: " + verdict(report, meta)]
@@ -253,10 +264,13 @@ def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str
         top = report.top1
         share = f"{report.semantic_shares[top]:.0%}" if top and report.shares_defined else "n/a"
         who = lead_text(report, meta) if top else "-"
+        cell = f"{top} ({share}, {who})"
+        if top is None and report.role_reports:  # roles side by side
+            cell = "per role: " + "; ".join(role_tops(report, meta))
         flags = ",".join(_flags(report.labels)) or "-"
         span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"
         ms = report.mean_step_s * 1e3
-        lines.append(f"  {_index(meta):>6}  {span:<9} {ms:>8.1f}  {top} ({share}, {who})  {flags}")
+        lines.append(f"  {_index(meta):>6}  {span:<9} {ms:>8.1f}  {cell}  {flags}")
     return lines
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.across_roles import bounding_role
 from ..analysis.labels import (
     CO_CRITICAL,
     DIRECT_EXPOSURE,
@@ -105,22 +106,30 @@ def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> st
     if not report.shares_defined:
         text = "no exposed step time in this window: nothing to attribute."
     elif report.top1 is None:
-        text = _roles_verdict(report)
+        text = _roles_verdict(report, record or {})
     else:
         text = _caveats(report) + _main_verdict(report, record or {})
     return printable(text[0].upper() + text[1:])
 
 
-def _roles_verdict(report: WindowReport) -> str:
+def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
+    """Each role's top stage and leader, then which role bounds the step, or why that is open."""
     tops = []
-    for role, shares in (report.role_shares or {}).items():
-        top = max(shares, key=shares.__getitem__)
-        tops.append(f"{role}: {plain(top)} {shares[top]:.0%}")
-    return (
-        "ranks play different roles, so no global verdict: read the top stage per role ("
-        + "; ".join(tops)
-        + ") and profile it within that role."
-    )
+    for role, rep in (report.role_reports or {}).items():
+        top = rep.top1
+        if top is None or not rep.shares_defined:
+            tops.append(f"{role}: no exposed time")
+            continue
+        leader = single_leader(rep, top)
+        who = "no single leader" if leader is None else f"led by {rank_name(leader, record)}"
+        tops.append(f"{role}: {plain(top)} {rep.semantic_shares[top]:.0%}, {who}")
+    text = "ranks play different roles, so no global verdict: per role, " + "; ".join(tops) + "."
+    bound = bounding_role(report)
+    if bound is None:
+        return text
+    if bound.role is None:
+        return f"{text} Which role the others wait for is open: {bound.reason}."
+    return f"{text} {bound.role} bounds the step: {bound.reason}; profile it within {bound.role}."
 
 
 def _caveats(report: WindowReport) -> str:
