@@ -16,9 +16,10 @@ BACKWARD_STAGE = "model.backward_cpu_wall"
 CALLBACKS_STAGE = "callbacks.cpu_wall"
 OPTIMIZER_STAGE = "optim.step_cpu_wall"
 RESIDUAL_STAGE = "step.other_cpu_wall"
-PIPELINE_PREFIX = "pp."
-"""Stages named ``pp.*`` hold pipeline communication (``pp.schedule``, ``pp.recv_wait``): time
-in them may be a wait for another pipeline stage, i.e. another role."""
+COMMUNICATION_PREFIXES = ("pp.", "dp.", "tp.", "ep.", "cp.")
+"""A stage named after a parallelism dimension holds that dimension's communication, so time in
+it may be a wait for other ranks: ``pp.schedule`` or ``pp.recv_wait`` for the other pipeline
+stages (other roles), ``dp.grad_sync`` for the data-parallel replicas."""
 """Step wall time not covered by any timed stage; computed, never timed by the user."""
 
 STEP_ANNOTATION = "stagefrontier.step"

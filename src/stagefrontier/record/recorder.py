@@ -131,6 +131,11 @@ class StageTimer(TimerState):
         router: ProfilerRouter | None = None,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
+        role_set: tuple[str, ...] = ()
+        if mesh is not None:
+            if role is not None:
+                raise RolesError("give StageTimer a role or a mesh to read it from, not both")
+            role, role_set = mesh_roles(mesh, role_dims)
         timed = tuple(s for s in names if s != RESIDUAL_STAGE)
         if not timed:
             raise StageFrontierError("at least one timed stage is needed besides the residual")
@@ -178,11 +183,7 @@ class StageTimer(TimerState):
             self._collector = make_collector(config)
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
-        self._role = role
-        if mesh is not None:
-            if role is not None:
-                raise RolesError("give StageTimer a role or a mesh to read it from, not both")
-            self._role, self._role_set = mesh_roles(mesh, role_dims)
+        self._role, self._role_set = role, role_set
         ranges = ProfilerRanges() if annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(

@@ -1,0 +1,50 @@
+"""A real pipeline-parallel job (``torch.distributed.pipelining``, GPipe, 2 stages x 2 replicas
+on Gloo, roles from a ``DeviceMesh``): a stall in one replica of pipeline stage 1 is routed
+inside role pp1 to that rank, then the same stall on both replicas of stage 0 moves the bound.
+
+One run, two phases (the fault grammar's from/to), one window each; the first window of a run
+holds start-up, so each phase has a window to itself after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.demo.faults import parse_fault
+from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
+
+W = 6  # steps per window
+FAULTS = (
+    f"data@3:120ms,from={W},to={2 * W}",  # window 1: one replica of pipeline stage 1
+    f"data@0:120ms,from={2 * W}",  # window 2: both replicas of pipeline stage 0
+    f"data@1:120ms,from={2 * W}",
+)
+
+
+def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
+    config = PipelineConfig(
+        steps=3 * W,
+        window=W,
+        faults=tuple(parse_fault(f) for f in FAULTS),
+        out_dir=str(tmp_path),
+        quiet=True,
+    )
+    windows = run_pipeline(config, deadline_s=240)
+    assert [w["window"] for w in windows] == [0, 1, 2]
+    assert all(w["roles"] == ["pp0", "pp0", "pp1", "pp1"] for w in windows)
+    losses = (tmp_path / "losses-dp0.json").read_text()
+    assert losses.startswith("[") and len(losses) > 2
+
+    one = WindowReport.from_dict(windows[1])
+    assert one.has("role_aware_needed") and one.role_reports is not None
+    pp1 = one.role_reports["pp1"]
+    assert pp1.top1 == "data.next_wait" and pp1.routing_set[0] == "data.next_wait"
+    assert pp1.semantic_localization["data.next_wait"].leading_ranks == [3]
+    assert "pp1 top data.next_wait" in one.summary() and "led by rank 3" in one.summary()
+    assert "pp1 bounds the step" in one.summary()
+
+    both = WindowReport.from_dict(windows[2])
+    assert both.role_reports is not None
+    assert both.role_reports["pp0"].top1 == "data.next_wait"
+    assert both.role_reports["pp1"].top1 == "pp.schedule"
+    assert "pp0 bounds the step" in both.summary()
