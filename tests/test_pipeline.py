@@ -12,6 +12,9 @@ from pathlib import Path
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
+from stagefrontier.render.plots import plot_shares_over_time
+from stagefrontier.render.run_folder import load_run
+from stagefrontier.render.text import run_report_text
 
 W = 6  # steps per window
 FAULTS = (
@@ -48,3 +51,8 @@ def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     assert both.role_reports["pp0"].top1 == "data.next_wait"
     assert both.role_reports["pp1"].top1 == "pp.schedule"
     assert "pp0 bounds the step" in both.summary()
+
+    run = load_run(tmp_path)
+    table = run_report_text(run)
+    assert "per role: pp0 top data.next_wait" in table and "pp1 top " in table
+    assert plot_shares_over_time(run, tmp_path / "shares.png").read_bytes().startswith(b"\x89PNG")

@@ -204,6 +204,8 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     for i, r in enumerate(reports):
         meta = r.get("meta", r)
         names.append(f"{meta.get('first_step', i)}-{meta.get('last_step', '')}")
+    if any(r.get("role_reports") for r in reports):
+        return _plot_role_shares(reports, stages, names, path)
     n = len(reports)
     x = np.arange(n)
     plt = _pyplot()
@@ -279,3 +281,40 @@ def leader_text(report: dict[str, Any]) -> str:
     where = report.get("semantic_localization", {}).get(top)
     lead = where["leader_rank"] if where else report.get("leaders", {}).get(top)
     return "no single leader" if lead is None else f"rank {lead}"
+
+
+def _plot_role_shares(
+    reports: list[dict[str, Any]], stages: list[str], names: list[str], path: str | Path
+) -> Path:
+    """Ranks in different roles: one panel per role, side by side, of that role's own shares
+    per window (a global share would mix roles), its top stage's leader written on its band."""
+    roles = sorted({role for r in reports for role in r.get("role_reports") or {}})
+    colors = _stage_colors(stages)
+    x = np.arange(len(reports))
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        1, len(roles), figsize=(5 * len(roles), 5.2), dpi=110, sharey=True, layout="constrained"
+    )
+    for ax, role in zip(np.atleast_1d(axes), roles, strict=True):
+        own = [(r.get("role_reports") or {}).get(role) or {} for r in reports]
+        bottom = np.zeros(len(reports))
+        tops: list[tuple[float, float]] = [(0.0, 0.0)] * len(reports)
+        for j, stage in enumerate(stages):
+            values = np.array([_broad_shares(o).get(stage, 0.0) if o else 0.0 for o in own])
+            ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
+            for i, o in enumerate(own):
+                if o.get("top1") == stage:
+                    tops[i] = (float(bottom[i]), float(values[i]))
+            bottom += values
+        for i, o in enumerate(own):
+            if o:
+                _label_leader(ax, i, tops[i], o, vertical=len(reports) > 6)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"role {role}")
+        ax.set_xticks(x, names, rotation=45 if len(x) > 6 else 0, fontsize=8)
+        ax.set_xlabel("window (steps)")
+    first = np.atleast_1d(axes)[0]
+    first.set_ylabel("share of the role's exposed step time")
+    first.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)
+    fig.suptitle("Frontier shares per window, each role analyzed on its own")
+    return _save(plt, fig, path)

@@ -58,16 +58,18 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
 
 
 def role_tops(report: WindowReport, record: Mapping[str, Any] | None = None) -> list[str]:
-    """Per role: ``pp1 top pp.schedule 85% led by rank 3 route pp.schedule``."""
+    """Per role: ``pp1 top pp.schedule 85% led by rank 3 route pp.schedule (co_critical)``,
+    the labels of the role's own report in brackets."""
     out = []
     for role, rep in (report.role_reports or {}).items():
         if rep.top1 is None or not rep.shares_defined:
             out.append(f"{role} no exposed time")
             continue
         top = rep.top1
+        flags = ",".join(_flags(rep.labels))
         out.append(
             f"{role} top {top} {rep.semantic_shares[top]:.0%} {lead_text(rep, record)} "
-            f"route {'+'.join(rep.routing_set)}"
+            f"route {'+'.join(rep.routing_set)}" + (f" ({flags})" if flags else "")
         )
     return out
 
