@@ -154,3 +154,23 @@ def test_role_dims_must_name_mesh_dimensions() -> None:
         mesh_roles(object(), ("pp",))
     with pytest.raises(RolesError, match="a role or a mesh to read it from, not both"):
         sf.StageTimer(["a"], collect="local", role="pp0", mesh=object(), log=False)
+
+
+def test_a_merged_window_missing_a_whole_role_names_it() -> None:
+    from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+
+    durations = (two_roles()[:, 0, :] * 1e9).astype(np.int64)
+
+    def window(rank: int) -> RankWindow:
+        return RankWindow(
+            window=0, first_step=0, last_step=2, rank=rank, stages=tuple(STAGES),
+            durations_ns=durations, wall_ns=durations.sum(axis=1),
+            role=f"pp{rank // 2}", role_set=("pp0", "pp1"),
+        )  # fmt: skip
+
+    analyzed = analyze_merged(merge_windows([window(0), window(1)], world_size=4))
+    report = analyzed.report
+    assert analyzed.side.expected_roles == ("pp0", "pp1")
+    assert any("pp1 of the job have no rank" in r for r in report.reasons["telemetry_limited"])
+    full = analyze_merged(merge_windows([window(r) for r in range(4)], world_size=4)).report
+    assert full.role_reports is not None and list(full.role_reports) == ["pp0", "pp1"]

@@ -39,7 +39,8 @@ def make_window(**overrides: Any) -> RankWindow:
         hostname="node-b",
         local_rank=2,
         pid=4242,
-        role="dp",
+        role="pp1",
+        role_set=("pp0", "pp1"),
     )
     values.update(overrides)
     return RankWindow(**values)
@@ -67,7 +68,7 @@ def test_every_declared_field_round_trips() -> None:
             assert ours == theirs, f.name
     # Every scalar field travels in the JSON block: a new field needs no codec edit.
     sent = {f.name for f in wire_fields()}
-    assert {"hostname", "pid", "role", "accumulation_factor", "first_step"} <= sent
+    assert {"hostname", "pid", "role", "role_set", "accumulation_factor", "first_step"} <= sent
 
 
 def test_the_jsonl_record_keeps_the_declared_per_rank_fields() -> None:
