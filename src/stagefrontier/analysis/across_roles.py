@@ -2,11 +2,11 @@
 
 Roles do not share stage boundaries, so no frontier runs across them, and every role of a
 synchronous pipeline spends the same wall time per step: exposed time cannot rank roles (on the
-pipeline runs of ``benchmarks/pipeline.py`` the roles' exposed times differ by under 4%, fault
-or not). What separates the role the others wait for is *where* its time goes. A role whose top
-stage is its own work (data, optimizer: any stage not named after a parallelism dimension, see
-``COMMUNICATION_PREFIXES``) holds the step; a role whose top stage is communication may be
-waiting there for another role. So:
+pipeline runs of ``benchmarks/pipeline.py`` the roles' exposed times differ by a few percent at
+most, fault or not, and not in the slowed role's favour). What separates the role the others
+wait for is *where* its time goes. A role whose top stage is its own work (data, optimizer: any
+stage not named after a parallelism dimension, see ``COMMUNICATION_PREFIXES``) holds the step;
+a role whose top stage is communication may be waiting there for another role. So:
 
 - exactly one role's top stage is its own work: that role bounds the step;
 - every role's top stage is communication: open. A ``pp.*`` stage times a role's own compute

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import DATA_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE
+from ..errors import DemoError
 from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 from .launch import read_windows, run_ranks
@@ -62,8 +63,6 @@ def run_pipeline(config: PipelineConfig, deadline_s: float = 300.0) -> list[dict
     codes = run_ranks(_rank, PP * DP, config, deadline_s=deadline_s)
     failed = {rank: code for rank, code in codes.items() if code != 0}
     if failed:
-        from ..errors import DemoError
-
         raise DemoError(f"pipeline rank(s) failed with exit codes {failed}")
     return read_windows(out)
 
@@ -78,7 +77,9 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     if rank == 0 and not config.quiet:
         logging.basicConfig(stream=sys.stdout, format="  %(message)s")
         logging.getLogger("stagefrontier").setLevel(logging.INFO)
-    store = dist.TCPStore("127.0.0.1", port, PP * DP, is_master=False)
+    store = dist.TCPStore(
+        "127.0.0.1", port, PP * DP, is_master=False, timeout=timedelta(seconds=60)
+    )
     dist.init_process_group(
         "gloo",
         store=store,
@@ -89,7 +90,11 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
     pp, dp = (int(c) for c in mesh.get_coordinate() or (0, 0))
     timer = StageTimer(
-        PIPELINE_STAGES, window=config.window, out_dir=config.out_dir, mesh=mesh, log=True
+        PIPELINE_STAGES,
+        window=config.window,
+        out_dir=config.out_dir,
+        mesh=mesh,
+        log=not config.quiet,
     )
     faults = FaultInjector(config.faults, rank)
     _train(config, mesh, pp, dp, timer, faults)
