@@ -278,7 +278,7 @@ def test_role_aware_needed_when_roles_differ() -> None:
     assert rep.role_shares is not None and set(rep.role_shares) == {"pp0", "pp1"}
     # No global attribution across roles: no ranking, no routing set, per-role tops instead.
     assert rep.top1 is None and rep.top2 is None and rep.routing_set == []
-    assert "roles differ, top per role: pp0 " in rep.summary() and ", pp1 " in rep.summary()
+    assert "per role: pp0 top " in rep.summary() and "; pp1 top " in rep.summary()
     assert sf.WindowReport.from_dict(rep.to_dict()) == rep
     assert "direct_exposure" not in rep.labels
     assert any("role_aware_needed" in r for r in rep.reasons["direct_exposure"])
