@@ -12,6 +12,7 @@ import pytest
 
 import stagefrontier as sf
 from stagefrontier.analysis.side import _KEY_KINDS
+from stagefrontier.analysis.window_report import REPORT_VERSION
 from stagefrontier.formats.packet import Packet, packet_dict, packet_from_bytes, packet_from_dict
 from stagefrontier.render.text import window_report_text
 
@@ -90,7 +91,9 @@ def test_packet_version_must_be_the_integer(version: Any) -> None:
         packet_from_bytes(json.dumps(obj).encode())
 
 
-@pytest.mark.parametrize(("field", "value"), [("version", 2.0), ("schema_version", True)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("version", float(REPORT_VERSION)), ("schema_version", True)]
+)
 def test_report_versions_must_be_integers(field: str, value: Any) -> None:
     data = sf.analyze(window(), ST3).to_dict()
     assert data[field] == value
