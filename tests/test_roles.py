@@ -98,6 +98,7 @@ def test_an_older_report_version_is_refused_clearly() -> None:
         (["pp0", "pp1"], "2 roles given for 4 ranks"),
         (["pp0"] * 5, "5 roles given for 4 ranks"),
         ("pp0pp", "not a single string"),
+        ({"pp0", "pp1"}, "not an unordered set"),
     ],
 )
 def test_role_lists_of_the_wrong_shape(roles: Any, match: str) -> None:

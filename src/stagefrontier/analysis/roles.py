@@ -28,12 +28,14 @@ def check_roles(
 ) -> list[str] | None:
     """One role name per rank (``None`` or ``""`` for a rank whose role is unknown).
 
-    Raises RolesError for a single string, a list of the wrong length, or a role that is not
-    among ``expected`` (the job's full role set, when known)."""
+    Raises RolesError for a single string, a set, a list of the wrong length, or a role that is
+    not among ``expected`` (the job's full role set, when known)."""
     if roles is None:
         return None
     if isinstance(roles, str):
         raise RolesError("roles must be a sequence with one role per rank, not a single string")
+    if isinstance(roles, (set, frozenset, dict)):
+        raise RolesError("roles must be in rank order (a list or tuple), not an unordered set")
     role_list = [UNKNOWN_ROLE if x is None else str(x) for x in roles]
     if len(role_list) != n_ranks:
         raise RolesError(f"{len(role_list)} roles given for {n_ranks} ranks: need one per rank")
