@@ -1,9 +1,12 @@
 """A real pipeline-parallel job (``torch.distributed.pipelining``, GPipe, 2 stages x 2 replicas
 on Gloo, roles from a ``DeviceMesh``): a stall in one replica of pipeline stage 1 is routed
-inside role pp1 to that rank, then the same stall on both replicas of stage 0 moves the bound.
+inside role pp1 to that rank, a stall on both replicas of stage 0 moves the bound, and a
+compute stall inside the schedule leaves the bound open.
 
-One run, two phases (the fault grammar's from/to), one window each; the first window of a run
-holds start-up, so each phase has a window to itself after it."""
+One run, three phases (the fault grammar's from/to), one window each; the first window of a run
+holds start-up, so each phase has a window to itself after it. The stalls are longer than the
+benchmark's 120 ms so that a slow shared machine cannot make the pipeline's own compute rival
+them."""
 
 from __future__ import annotations
 
@@ -18,22 +21,23 @@ from stagefrontier.render.text import run_report_text
 
 W = 6  # steps per window
 FAULTS = (
-    f"data@3:120ms,from={W},to={2 * W}",  # window 1: one replica of pipeline stage 1
-    f"data@0:120ms,from={2 * W}",  # window 2: both replicas of pipeline stage 0
-    f"data@1:120ms,from={2 * W}",
+    f"data@3:300ms,from={W},to={2 * W}",  # window 1: one replica of pipeline stage 1
+    f"data@0:300ms,from={2 * W},to={3 * W}",  # window 2: both replicas of pipeline stage 0
+    f"data@1:300ms,from={2 * W},to={3 * W}",
+    f"forward@3:300ms,from={3 * W}",  # window 3: compute inside the schedule, on rank 3
 )
 
 
 def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     config = PipelineConfig(
-        steps=3 * W,
+        steps=4 * W,
         window=W,
         faults=tuple(parse_fault(f) for f in FAULTS),
         out_dir=str(tmp_path),
         quiet=True,
     )
     windows = run_pipeline(config, deadline_s=240)
-    assert [w["window"] for w in windows] == [0, 1, 2]
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
     assert all(w["roles"] == ["pp0", "pp0", "pp1", "pp1"] for w in windows)
     losses = (tmp_path / "losses-dp0.json").read_text()
     assert losses.startswith("[") and len(losses) > 2
@@ -51,6 +55,14 @@ def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     assert both.role_reports["pp0"].top1 == "data.next_wait"
     assert both.role_reports["pp1"].top1 == "pp.schedule"
     assert "pp0 bounds the step" in both.summary()
+
+    # A compute stall inside the schedule: still routed within pp1 to rank 3, but its pipeline
+    # partner waits for it inside pp.schedule too, so which role bounds the step stays open.
+    compute = WindowReport.from_dict(windows[3])
+    assert compute.role_reports is not None
+    pp1 = compute.role_reports["pp1"]
+    assert pp1.top1 == "pp.schedule" and pp1.leaders["pp.schedule"] == 3
+    assert "cannot tell which role the others wait for" in compute.summary()
 
     run = load_run(tmp_path)
     table = run_report_text(run)

@@ -106,7 +106,7 @@ def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> st
     if not report.shares_defined:
         text = "no exposed step time in this window: nothing to attribute."
     elif report.top1 is None:
-        text = _roles_verdict(report, record or {})
+        text = _caveats(report) + _roles_verdict(report, record or {})
     else:
         text = _caveats(report) + _main_verdict(report, record or {})
     return printable(text[0].upper() + text[1:])
