@@ -175,3 +175,15 @@ def test_a_merged_window_missing_a_whole_role_names_it() -> None:
     assert any("pp1 of the job have no rank" in r for r in report.reasons["telemetry_limited"])
     full = analyze_merged(merge_windows([window(r) for r in range(4)], world_size=4)).report
     assert full.role_reports is not None and list(full.role_reports) == ["pp0", "pp1"]
+
+
+def test_a_packet_keeps_the_roles_and_the_role_set() -> None:
+    from stagefrontier.formats.packet import Packet, packet_bytes, packet_from_bytes
+
+    d = two_roles()
+    side = SideEvidence(expected_roles=("pp0", "pp1"))
+    report = sf.analyze(d, STAGES, roles=ROLES, side=side)
+    packet = packet_from_bytes(packet_bytes(Packet.of_window(d, report, roles=ROLES, side=side)))
+    assert packet.roles == tuple(ROLES) and packet.side.expected_roles == ("pp0", "pp1")
+    assert packet.report.to_dict() == report.to_dict()
+    assert packet.reanalyze().to_dict() == report.to_dict()
