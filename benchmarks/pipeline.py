@@ -15,7 +15,10 @@ of every run (the first window holds start-up):
 - ``grew``: per role, the growth of its own-work stage advances (stages not named after a
   parallelism dimension) over the no-fault run, in ms/step: the exact regression split of a
   role's exposed time, which needs a healthy reference;
-- ``last``: the role whose exposed time per step is largest (the last boundary's leader).
+- ``last``: the role whose exposed time per step is largest (the last boundary's leader);
+- ``compute``: per role, the growth over the no-fault run of its slowest rank's forward compute
+  per step, from the probe ``pp.forward_compute`` the demo puts around the stage module's
+  forward (outside the frontier; needs that probe and a reference run).
 
 Usage::
 
@@ -37,7 +40,7 @@ from result_header import result_header
 from stagefrontier.analysis.across_roles import bounding_role, is_communication
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
-from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
+from stagefrontier.demo.pipeline import COMPUTE_PROBE, PipelineConfig, run_pipeline
 from stagefrontier.render.text import window_line
 
 STALL = "120ms"
@@ -100,8 +103,9 @@ def _signals(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = [
         "## Across-roles signals (last window of each run)",
         "",
-        "| scenario | bound | grew (own-work ms/step per role) | last (ms/step per role) |",
-        "|---|---|---|---|",
+        "| scenario | bound | grew (own-work ms/step per role) | last (ms/step per role) "
+        "| compute (ms/step per role) |",
+        "|---|---|---|---|---|",
     ]
     for name, windows in runs.items():
         report = _report(windows[-1])
@@ -117,14 +121,31 @@ def _signals(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             if (base_rep := (base.role_reports or {}).get(role)) is not None
         }
         last = {role: rep.mean_step_s * 1e3 for role, rep in roles.items()}
+        compute = {
+            role: _compute_ms(windows[-1], role) - _compute_ms(runs["none"][-1], role)
+            for role in roles
+        }
         lines.append(
             f"| {name} | {bound.role if bound else '-'} | "
             + ", ".join(f"{r} {v:+.1f}" for r, v in grew.items())
             + " | "
             + ", ".join(f"{r} {v:.1f}" for r, v in last.items())
+            + " | "
+            + ", ".join(f"{r} {v:+.1f}" for r, v in compute.items())
             + " |"
         )
     return lines
+
+
+def _compute_ms(record: dict[str, Any], role: str) -> float:
+    """The role's slowest rank's probed forward compute, in ms per step."""
+    present = record["ranks_present"]
+    totals = [
+        record["probes"].get(str(present[i]), {}).get(COMPUTE_PROBE, {}).get("total_s", 0.0)
+        for i, x in enumerate(record["roles"])
+        if x == role
+    ]
+    return max(totals) / record["n_steps"] * 1e3
 
 
 _REPORT_KEYS = {"format", "version", *WindowReport.__dataclass_fields__}

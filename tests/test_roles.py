@@ -13,6 +13,7 @@ from stagefrontier.analysis.across_roles import bounding_role
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import RolesError
 from stagefrontier.record.mesh_roles import mesh_roles
+from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.text import window_line, window_report_text
 from stagefrontier.render.verdict import verdict
 
@@ -157,24 +158,26 @@ def test_role_dims_must_name_mesh_dimensions() -> None:
         sf.StageTimer(["a"], collect="local", role="pp0", mesh=object(), log=False)
 
 
+def rank_window(rank: int, role: str, role_set: tuple[str, ...] = ("pp0", "pp1")) -> RankWindow:
+    """Rank ``rank``'s window of ``two_roles()`` as the recorder would hand it over."""
+    durations = (two_roles()[:, rank, :] * 1e9).astype(np.int64)
+    return RankWindow(
+        window=0, first_step=0, last_step=2, rank=rank, stages=tuple(STAGES),
+        durations_ns=durations, wall_ns=durations.sum(axis=1), role=role, role_set=role_set,
+    )  # fmt: skip
+
+
 def test_a_merged_window_missing_a_whole_role_names_it() -> None:
-    from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-
-    durations = (two_roles()[:, 0, :] * 1e9).astype(np.int64)
-
-    def window(rank: int) -> RankWindow:
-        return RankWindow(
-            window=0, first_step=0, last_step=2, rank=rank, stages=tuple(STAGES),
-            durations_ns=durations, wall_ns=durations.sum(axis=1),
-            role=f"pp{rank // 2}", role_set=("pp0", "pp1"),
-        )  # fmt: skip
-
-    analyzed = analyze_merged(merge_windows([window(0), window(1)], world_size=4))
+    analyzed = analyze_merged(merge_windows([rank_window(0, "pp0"), rank_window(1, "pp0")], 4))
     report = analyzed.report
     assert analyzed.side.expected_roles == ("pp0", "pp1")
     assert any("pp1 of the job have no rank" in r for r in report.reasons["telemetry_limited"])
-    full = analyze_merged(merge_windows([window(r) for r in range(4)], world_size=4)).report
+    full = analyze_merged(merge_windows([rank_window(r, ROLES[r]) for r in range(4)], 4)).report
     assert full.role_reports is not None and list(full.role_reports) == ["pp0", "pp1"]
+    assert (
+        full.role_reports["pp1"].advances
+        == sf.analyze(two_roles(), STAGES, roles=ROLES).role_reports["pp1"].advances
+    )
 
 
 def test_a_packet_keeps_the_roles_and_the_role_set() -> None:
@@ -187,3 +190,12 @@ def test_a_packet_keeps_the_roles_and_the_role_set() -> None:
     assert packet.roles == tuple(ROLES) and packet.side.expected_roles == ("pp0", "pp1")
     assert packet.report.to_dict() == report.to_dict()
     assert packet.reanalyze().to_dict() == report.to_dict()
+
+
+def test_a_live_rank_outside_the_role_set_is_a_reasoned_downgrade() -> None:
+    windows = [rank_window(r, role) for r, role in enumerate(["pp0", "pp0", "pp1"])]
+    windows.append(rank_window(3, "pp9", role_set=()))  # a rank built with another mesh
+    report = analyze_merged(merge_windows(windows, world_size=4)).report
+    reasons = report.reasons["telemetry_limited"]
+    assert any("rank 3's role pp9 is outside the job's role set" in r for r in reasons)
+    assert report.role_reports is not None and set(report.role_reports) == {"pp0", "pp1", "pp9"}

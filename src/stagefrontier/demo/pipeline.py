@@ -14,7 +14,9 @@ times the stages the README suggests for a pipeline schedule, with its role read
 
 Faults use the demo grammar (``KIND@RANK:DELAYms``, ranks numbered globally: rank
 ``pp * 2 + dp``): ``data`` sleeps in the data stage, ``forward`` in the stage module's first
-forward of the step (inside the schedule).
+forward of the step (inside the schedule). The stage module's forward also runs inside the probe
+``pp.forward_compute`` (reported per rank and window, outside the frontier), which measures the
+rank's own compute inside the schedule apart from its waits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .launch import read_windows, run_ranks
 
 PIPELINE_STAGES = (DATA_STAGE, "pp.schedule", "dp.grad_sync", OPTIMIZER_STAGE, RESIDUAL_STAGE)
 PP, DP = 2, 2
+COMPUTE_PROBE = "pp.forward_compute"
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def _train(
 
     torch.manual_seed(config.seed)  # the same initial weights on every replica of a stage
     data = CharData(load_corpus(), config.seq_len, config.batch_size, seed=config.seed * 997 + dp)
-    module = _stage_module(pp, data.vocab_size, config, faults)
+    module = _stage_module(pp, data.vocab_size, config, faults, timer.probe(COMPUTE_PROBE))
     stage = PipelineStage(module, pp, PP, torch.device("cpu"), group=mesh.get_group("pp"))
 
     def loss_fn(logits: Any, targets: Any) -> Any:
@@ -151,8 +154,11 @@ def _train(
         Path(config.out_dir, f"losses-dp{dp}.json").write_text(json.dumps(losses))
 
 
-def _stage_module(pp: int, vocab: int, config: PipelineConfig, faults: FaultInjector) -> Any:
-    """One half of the transformer; a ``forward`` fault sleeps in its first forward per step."""
+def _stage_module(
+    pp: int, vocab: int, config: PipelineConfig, faults: FaultInjector, probe: Any
+) -> Any:
+    """One half of the transformer, its forward inside ``probe``; a ``forward`` fault sleeps in
+    its first forward per step."""
     import torch
     from torch import nn
 
@@ -171,12 +177,13 @@ def _stage_module(pp: int, vocab: int, config: PipelineConfig, faults: FaultInje
             self.register_buffer("mask", mask, persistent=False)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if self.stall_pending:
-                self.stall_pending = False
-                faults.delay("forward")
-            if self.embed is not None:
-                x = self.embed(x)
-            x = self.block(x, src_mask=self.mask, is_causal=True)
-            return x if self.head is None else self.head(x)
+            with probe:
+                if self.stall_pending:
+                    self.stall_pending = False
+                    faults.delay("forward")
+                if self.embed is not None:
+                    x = self.embed(x)
+                x = self.block(x, src_mask=self.mask, is_causal=True)
+                return x if self.head is None else self.head(x)
 
     return Half()

@@ -212,12 +212,16 @@ def analyze_merged(
     roles = role_list if any(role_list) else None
     event_ms, event_state, forward_stage = _events(ranks)
     notes = list(merged.notes)
+    role_set = {role for w in ranks for role in w.role_set}
     for w in ranks:
         notes.extend(f"rank {w.rank}: {reason}" for reason in w.violation_reasons)
         if w.dropped_windows:
             notes.append(
                 f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off queue full"
             )
+        if role_set and w.role and w.role not in role_set:  # ranks disagree on the mesh
+            notes.append(f"rank {w.rank}'s role {w.role} is outside the job's role set")
+            role_set.add(w.role)
     side = SideEvidence(
         event_ms=event_ms,
         event_state=event_state,
@@ -231,7 +235,7 @@ def analyze_merged(
         contract_violations=sum(w.contract_violations for w in ranks),
         notes=tuple(notes),
         no_stall_reference_s=reference_s,
-        expected_roles=tuple(sorted({role for w in ranks for role in w.role_set})),
+        expected_roles=tuple(sorted(role_set)),
     )
     if reference_s is not None:
         gates = replace(gates or Gates(), gain_baseline="reference")
