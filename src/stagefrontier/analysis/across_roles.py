@@ -13,6 +13,10 @@ a role whose top stage is communication may be waiting there for another role. S
   inside the schedule together with its wait for the other roles, so a slower stage and the
   stages waiting for it look the same;
 - several roles' top stages are their own work: open, each holds its own share.
+
+What separates a compute stall is each rank's own compute inside the schedule compared with a
+healthy run: ``benchmarks/pipeline.py`` measures it with a probe around the stage module's
+forward. Probes stay outside the analyzer's input, so that reading is not made here.
 """
 
 from __future__ import annotations
