@@ -199,3 +199,14 @@ def test_a_live_rank_outside_the_role_set_is_a_reasoned_downgrade() -> None:
     reasons = report.reasons["telemetry_limited"]
     assert any("rank 3's role pp9 is outside the job's role set" in r for r in reasons)
     assert report.role_reports is not None and set(report.role_reports) == {"pp0", "pp1", "pp9"}
+
+
+def test_a_stored_report_checks_each_roles_report() -> None:
+    from stagefrontier.formats.stored_report import check_stored_report, check_window_meta
+
+    data = sf.analyze(two_roles(), STAGES, roles=ROLES).to_dict()
+    assert check_stored_report(sf.WindowReport.from_dict(data)).role_reports is not None
+    data["role_reports"]["pp1"]["leaders"]["pp.schedule"] = "rank 3"
+    with pytest.raises(sf.ReportFormatError, match="role pp1's report: malformed report"):
+        check_stored_report(sf.WindowReport.from_dict(data))
+    assert check_window_meta({"lead": None}) == {"lead": None}  # a window with no top stage

@@ -125,6 +125,11 @@ def check_stored_report(report: WindowReport) -> WindowReport:
         top = getattr(report, name)
         if top is not None and top not in report.semantic_shares:
             raise ReportFormatError(f"malformed report: {name} {top!r} has no share")
+    for role, own in (report.role_reports or {}).items():
+        try:
+            check_stored_report(own)
+        except ReportFormatError as exc:
+            raise ReportFormatError(f"role {role}'s report: {exc}") from None
     return report
 
 
@@ -140,9 +145,12 @@ _META: dict[str, Check] = {
     "gather_ok": lambda v: isinstance(v, bool),
     "hosts": lambda v: _dict_of(_str)(v) or _list_of(_str)(v),
     "lead": lambda v: (
-        isinstance(v, dict)
-        and all(check(v[k]) for k, check in _LEAD.items() if k in v)
-        and (v.get("scope") != "node" or bool(v.get("hosts") and "ranks" in v))
+        v is None  # no top stage: mixed roles, or no exposed time
+        or (
+            isinstance(v, dict)
+            and all(check(v[k]) for k, check in _LEAD.items() if k in v)
+            and (v.get("scope") != "node" or bool(v.get("hosts") and "ranks" in v))
+        )
     ),
 }
 
