@@ -8,6 +8,11 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
 nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
 the stage is the median of the other ranks.
+
+When ranks play different roles the decision is taken inside one role, on that role's own
+report: the role named by ``role=``, or else the one the window says bounds the step
+(``analysis.across_roles``). Its leader is the suspect and the reference is a rank of the same
+role; a window whose bounding role is open asks for no capture.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis.across_roles import bounding_role
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..record.window import AnalyzedWindow
@@ -37,15 +43,29 @@ class Decision:
     share: float
     window: int
     reasons: tuple[str, ...]
+    role: str | None = None
 
 
-def decide(window: AnalyzedWindow, gates: Gates | None = None) -> tuple[Decision | None, str]:
-    """The capture decision for one analyzed window, or None with the reason it is not one."""
+def decide(
+    window: AnalyzedWindow, gates: Gates | None = None, role: str | None = None
+) -> tuple[Decision | None, str]:
+    """The capture decision for one analyzed window, or None with the reason it is not one.
+    With several roles it is taken inside ``role`` (default: the role that bounds the step)."""
     report = window.report
     g = gates or report.gates
     ranks = [w.rank for w in window.merged.ranks]
-    if len(ranks) < 2:
-        return None, "fewer than two ranks analyzed"
+    positions = list(range(len(ranks)))
+    if report.role_reports:
+        bound = bounding_role(report)
+        role = role or (bound.role if bound is not None else None)
+        if role is None:
+            return None, "ranks play different roles, and which bounds the step is open"
+        if role not in report.role_reports:
+            return None, f"no rank of role {role} in this window"
+        positions = [i for i, x in enumerate(report.roles or ()) if x == role]
+        report = report.role_reports[role]
+    if len(positions) < 2:
+        return None, "fewer than two ranks analyzed" + (f" in role {role}" if role else "")
     if report.has(TELEMETRY_LIMITED):
         return None, "telemetry_limited"
     stage = report.top1
@@ -73,15 +93,18 @@ def decide(window: AnalyzedWindow, gates: Gates | None = None) -> tuple[Decision
     suspect = ranks[loc.leader_rank]
     column = report.stages.index(stage)
     totals = window.d[:, :, column].sum(axis=0)
-    others = sorted((float(totals[i]), ranks[i]) for i in range(len(ranks)) if i != loc.leader_rank)
+    others = sorted((float(totals[i]), ranks[i]) for i in positions if i != loc.leader_rank)
     reference = others[(len(others) - 1) // 2][1]
-    reasons = (
+    reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
         f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
         f"the median by {loc.delta_lag_mean_s * 1e3:.1f} ms/step",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
-    return Decision(stage, suspect, reference, share, window.merged.reference.window, reasons), ""
+    if role is not None:
+        reasons = (f"inside role {role}, on its own report", *reasons)
+    index = window.merged.reference.window
+    return Decision(stage, suspect, reference, share, index, reasons, role), ""
 
 
 def start_margin(step_s: float, poll_s: float) -> int:
