@@ -8,6 +8,7 @@ import pytest
 import reference as ref
 import stagefrontier as sf
 from stagefrontier.analysis.accounting import stage_sum_bounds, window_shares
+from window_support import random_window
 
 # Paper figure 1: r0 has a slow data stage, r1 and r2 wait for it inside backward.
 FIG1 = np.array([[[6.0, 1.0, 1.2], [1.0, 1.0, 6.2], [1.1, 1.0, 6.0]]])
@@ -17,16 +18,6 @@ FIG2 = np.array([[[4.0, 1.0, 3.0], [1.0, 5.0, 2.0], [1.0, 2.0, 5.5]]])
 NON_IDENTIFIABLE = np.array([[[10.0, 0.0], [0.0, 10.0]]])
 
 SHAPES = [(1, 1, 1), (4, 1, 3), (1, 5, 4), (6, 3, 1), (7, 4, 6), (8, 5, 3), (9, 2, 5), (10, 6, 2)]
-
-
-def random_window(seed: int, shape: tuple[int, int, int]) -> np.ndarray:
-    """Lognormal stage times with zeros and rare per-rank stalls, so the frontier moves around."""
-    rng = np.random.default_rng(seed)
-    d = rng.lognormal(mean=-3.0, sigma=0.7, size=shape)
-    d[rng.random(shape) < 0.1] = 0.0
-    stalls = rng.random(shape) < 0.08
-    d[stalls] += rng.exponential(0.5, size=int(stalls.sum()))
-    return d
 
 
 # --- the paper's worked examples ----------------------------------------------------------------

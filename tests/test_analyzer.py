@@ -12,6 +12,7 @@ import reference as ref
 import stagefrontier as sf
 from stagefrontier import Gates, SideEvidence, WindowReport
 from stagefrontier.analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
+from window_support import random_window
 
 ST3 = ["data", "fwd", "bwd"]
 FWD_STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
@@ -37,16 +38,6 @@ SHAPES = [
 
 def stage_names(s: int) -> list[str]:
     return [f"stage{i}" for i in range(s)]
-
-
-def random_window(seed: int, shape: tuple[int, int, int]) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    d = rng.lognormal(mean=-3.0, sigma=0.7, size=shape)
-    d[rng.random(shape) < 0.1] = 0.0
-    stalls = rng.random(shape) < 0.08
-    d[stalls] += rng.exponential(0.5, size=int(stalls.sum()))
-    d[0, 0, 0] += 0.01  # never an all-zero window
-    return d
 
 
 def integer_window(seed: int, shape: tuple[int, int, int]) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
+from cli_support import console_script
 from stagefrontier.cli import main
 from stagefrontier.formats.packet import Packet, write_packet
 
@@ -26,11 +27,6 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     code = main(argv)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def console_script() -> list[str]:
-    script = Path(sys.executable).with_name("stagefrontier")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "stagefrontier.cli"]
 
 
 def small_window(seed: int = 0) -> np.ndarray:

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import stagefrontier as sf
+from cli_support import console_script
 from stagefrontier import DEFAULT_STAGES
 from stagefrontier.analysis.compare import OTHER_STAGES, CompareError, Side, compare
 from stagefrontier.formats.packet import Packet, write_packet
 from stagefrontier.formats.sides import load_side, parse_side
-from test_cli import console_script
 
 STAGES = tuple(DEFAULT_STAGES)
 DATA = DEFAULT_STAGES[0]

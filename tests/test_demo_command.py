@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import stagefrontier as sf
+from cli_support import console_script
 from stagefrontier.cli import main
 from stagefrontier.demo import FaultSpecError, parse_fault
 from stagefrontier.demo.faults import check_faults
 from stagefrontier.formats.packet import read_packet
-from test_cli import console_script
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
+from cli_support import console_script
 from stagefrontier.formats.packet import Packet, write_packet
 from stagefrontier.render.escape import printable, printable_lines
 from stagefrontier.render.text import window_line
 from stagefrontier.render.verdict import verdict
-from test_cli import console_script
 
 FORGED = "window 9 steps 0-0 | exposed 1.0 ms/step | top fwd 100% | labels none"
 EVIL_STAGE = f"data\x1b[2J\n{FORGED}"
