@@ -34,6 +34,10 @@ def incident_dir(out_dir: str | os.PathLike[str], incident_id: str) -> Path:
     return Path(out_dir) / "incidents" / incident_id
 
 
+QUIET_KINETO_LOG_LEVEL = "6"
+"""Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
+
+
 class RankCapture:
     """One rank's capture state. ``arm`` runs on the router thread, ``on_step`` and ``finish``
     on the training thread; ``export`` (handed to the router thread) writes the trace."""
@@ -123,6 +127,9 @@ class RankCapture:
         if torch._C._autograd._profiler_enabled():
             self._give_up("a profiler the user started is already active on this rank")
             return
+        # Kineto prints a start and a stop line on stderr at its default log level; a capture the
+        # job did not ask for should not write into its log. A level the user set is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
