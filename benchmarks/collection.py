@@ -12,7 +12,7 @@ the store collector (the default) and the opt-in Gloo collector, and measures:
 (c) size: the wire payload one rank sends per window, and the evidence packet per window.
 
     python benchmarks/collection.py                 # 2, 4, 8 ranks, store and gloo
-    python benchmarks/collection.py --quick --out /tmp/collection.md
+    python benchmarks/collection.py --quick --out collection.md
 
 The first window of every run is a warm-up and is not measured. Times are wall clock on a shared
 machine: run it when the load is low and read the load average recorded with the table.

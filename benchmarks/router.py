@@ -11,7 +11,7 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
 * the size of an evidence packet (what the always-on path writes per window) beside them.
 
     python benchmarks/router.py
-    python benchmarks/router.py --out /tmp/router.md
+    python benchmarks/router.py --out router.md
 
 Wall-clock figures on a shared machine: read them with the load average recorded beside them.
 """

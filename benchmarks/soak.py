@@ -8,7 +8,7 @@ its resident set size (``/proc/self/statm``) at evenly spaced steps. After the w
 the highest later sample within ``--limit-mb`` on every rank.
 
     python benchmarks/soak.py                          # 10**6 steps, windows 10 and 100, 2 ranks
-    python benchmarks/soak.py --steps 2000 --out /tmp/soak.md
+    python benchmarks/soak.py --steps 2000 --out soak.md
 
 The loop runs far faster than rank 0 can analyze windows of 10 steps, so most windows are
 dropped from full hand-off queues (counted and reported, as designed): the soak covers the
