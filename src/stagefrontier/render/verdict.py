@@ -99,6 +99,11 @@ def node_lead(record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
     return None
 
 
+def ms(value: float) -> str:
+    """Milliseconds as a verdict says them: whole above 10 ms, one decimal below."""
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
 def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
     """The plain verdict (a sentence or three) that ends every window line and report.
     ``record`` is the window's ``windows.jsonl`` object or packet metadata, for hosts and the
@@ -146,7 +151,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
     top = str(report.top1)
     step_ms = report.mean_step_s * 1e3
     share = report.semantic_shares[top]
-    cost = f"~{share * step_ms:.0f} ms of the {step_ms:.0f} ms step ({share:.0%})"
+    cost = f"~{ms(share * step_ms)} ms of the {ms(step_ms)} ms step ({share:.0%})"
     cost += _microstep_note(report, top)
     lead = _lead(report, record, top)
     named = plain(top) if plain(top) == top else f"{plain(top)} ({top})"
@@ -164,7 +169,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
         what = f"{lead.who}'s {plain(top)}" if lead.who else f"the {plain(top)} stage"
         return (
             f"{what} costs {cost}; clipping it to its usual duration would save "
-            f"~{gain:.0f} ms/step. Next: {target}."
+            f"~{ms(gain)} ms/step. Next: {target}."
         )
     if report.has(CO_CRITICAL):
         return _co_critical_verdict(report, top, cost, lead, target)
@@ -172,7 +177,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
         return f"{plain(top)} takes {cost}. Next: {target}."
     stages = ", ".join(f"{plain(s)} {report.semantic_shares[s]:.0%}" for s in report.routing_set)
     return (
-        f"no stage dominates the {step_ms:.0f} ms step ({stages}). "
+        f"no stage dominates the {ms(step_ms)} ms step ({stages}). "
         f"Next: profile {listing(report.routing_set)}."
     )
 
@@ -212,7 +217,7 @@ def _co_critical_verdict(
             f"takes {cost}"
             + (f", with {listing(others)} close behind" if others else "")
             + (
-                f"; ranks end their steps within ~{spread:.0f} ms of the median rank, so no "
+                f"; ranks end their steps within ~{ms(spread)} ms of the median rank, so no "
                 "rank holds the others back"
                 if quiet
                 else ""
@@ -225,7 +230,7 @@ def _co_critical_verdict(
         opening = (
             "a single rank, so no rank can hold others back: "
             if report.n_ranks == 1
-            else f"nothing stalls (ranks end their steps within ~{spread:.0f} ms of the median "
+            else f"nothing stalls (ranks end their steps within ~{ms(spread)} ms of the median "
             "rank): "
         )
         return (
@@ -282,7 +287,7 @@ def _microstep_note(report: WindowReport, stage: str) -> str:
 
 def _behind(report: WindowReport, stage: str) -> str:
     lag = report.semantic_localization[stage].delta_lag_mean_s
-    return f"~{lag * 1e3:.0f} ms/step behind the median rank"
+    return f"~{ms(lag * 1e3)} ms/step behind the median rank"
 
 
 def _wait_stages(report: WindowReport, top: str) -> str:
