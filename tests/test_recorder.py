@@ -470,16 +470,21 @@ def _check_alignment(w: Any, consumed: list[int]) -> None:
     assert w.contract_violations == 0
 
 
+def consume_in_a_step(timer: StageTimer, batch: object, consumed: list[object]) -> None:
+    """One step that uses ``batch`` in its forward (1 ms) and has an empty optimizer stage."""
+    with timer.step():
+        with timer.stage(FWD):
+            consumed.append(batch)
+            time.sleep(1 * MS)
+        with timer.stage(OPTIM):
+            pass
+
+
 def test_iter_charges_data_wait_to_the_consuming_step_plain_loop() -> None:
     timer, collector = capture(window=6)
     consumed = []
     for batch in timer.iter(slow_loader(6)):
-        with timer.step():
-            with timer.stage(FWD):
-                consumed.append(batch)
-                time.sleep(1 * MS)
-            with timer.stage(OPTIM):
-                pass
+        consume_in_a_step(timer, batch, consumed)
     timer.close()
     (w,) = collector.windows
     _check_alignment(w, consumed)
@@ -514,12 +519,7 @@ def test_fetch_charges_a_function_call_to_the_consuming_step() -> None:
     consumed = []
     for k in range(6):
         split, batch = timer.fetch(get_batch, k, split="train")
-        with timer.step():
-            with timer.stage(FWD):
-                consumed.append(batch)
-                time.sleep(1 * MS)
-            with timer.stage(OPTIM):
-                pass
+        consume_in_a_step(timer, batch, consumed)
     timer.close()
     assert split == "train"
     (w,) = collector.windows
