@@ -25,7 +25,7 @@ import harness_common as hc
 from stagefrontier.demo import parse_fault
 
 WINDOW = 20
-FULL = {"healthy_runs": 5, "healthy_steps": 840, "ranks": 2, "fault_steps": 200, "start": 110}
+FULL = {"healthy_runs": 5, "healthy_steps": 840, "ranks": 4, "fault_steps": 200, "start": 110}
 QUICK = {"healthy_runs": 1, "healthy_steps": 40, "ranks": 2, "fault_steps": 40, "start": 20}
 FAULTS = (
     ("data on rank 1, 120 ms", "data@1:120ms,from={start}", "data.next_wait", False),
@@ -64,6 +64,7 @@ def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": name,
+                "ranks": plan["ranks"],
                 "stage": stage,
                 "every_rank": every,
                 "first_slow_window": None if spec is None else plan["start"] // WINDOW,
@@ -109,10 +110,16 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
         f"{alarms} false alarm(s) in {checked} checked no-fault windows ({rate:.2%}) from "
         f"{len(healthy)} run(s); slowed runs below. The stages the no-fault alarms named: "
         + (", ".join(f"{stage} {n}" for stage, n in named.most_common()) or "none")
-        + ". On this shared 2-core machine other jobs' load slows the compute stages of a "
-        "no-fault run for a few windows at a time: those alarms report a real slowdown of "
-        "the run, not one that was injected."
+        + "."
+        + (
+            " On this shared 2-core machine other jobs' load slows the compute stages of a "
+            "no-fault run for a few windows at a time: those alarms report a real slowdown of "
+            "the run, not one that was injected."
+            if alarms
+            else ""
+        )
     ]
+    ranks = sorted({row.get("ranks", 2) for row in rows})
     result.section(
         "No-fault runs",
         hc.table(
@@ -149,11 +156,11 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
             "- The paper has no live regression check; this builds on its exact accounting: "
             "the flagged window's exposed-time change splits exactly into stage advance "
             "changes (analysis.compare), so the named stage is the one whose exposed time grew.",
-            f"- Windows of {WINDOW} steps on 2 ranks; the default RegressionConfig: a baseline of "
-            "the last 5 healthy windows (2 needed); a window regresses when its median "
-            "per-step exposed time exceeds the baseline median by more than 15% and by more "
-            "than 4 standard errors of the difference of the medians (step spread from the "
-            "baseline's median absolute deviation).",
+            f"- Windows of {WINDOW} steps on {'/'.join(map(str, ranks))} ranks; the default "
+            "RegressionConfig: a baseline of the last 5 healthy windows (2 needed); a window "
+            "regresses when its median per-step exposed time exceeds the baseline median by "
+            "more than 15% and by more than 4 standard errors of the difference of the "
+            "medians (step spread from the baseline's median absolute deviation).",
             "- Rank scope: a one-rank stall should name that rank, an every-rank slowdown 'all "
             "ranks'. A backward stall on one rank of synchronous DDP makes every rank's own "
             "backward longer (they all wait in the gradient all-reduce), so it reads 'all "

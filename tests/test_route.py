@@ -377,3 +377,86 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     expected = "a profiler the user started" if case == "user_profiler" else "exceeds"
     assert any(expected in r for r in incident["reasons"]), incident["reasons"]
     assert list((tmp_path / "incidents").rglob("*.pt.trace.json.gz")) == []
+
+
+def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace(
+    tmp_path: Path,
+) -> None:
+    """Every rank's data stage grows by 50 ms from window 5: no rank leads, the live regression
+    check flags it and rank 0 captures the rank that grew, preferring rank 1, which a manual
+    capture traced in the baseline windows; that earlier trace is the op diff's reference."""
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.analysis.regression import RegressionCheck
+    from stagefrontier.route.coordinator import Coordinator
+    from stagefrontier.route.incident import summary_line
+    from stagefrontier.route.requests import REQUEST_KEY, status_key
+
+    config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=5.0)
+    channel = _Channel()
+    step = [0]
+    coordinator = Coordinator(
+        config, out_dir=str(tmp_path), channel=channel, current_step=lambda: step[0]
+    )  # type: ignore[arg-type]
+    check = RegressionCheck()
+    host = socket.gethostname()
+
+    def feed(index: int, slower_s: float) -> None:
+        d = _matrix(None, seed=index)
+        d[:, :, 0] += slower_s
+        window = _window(d, [0, 1, 2, 3])
+        window.merged.reference = SimpleNamespace(
+            window=index, first_step=10 * index, last_step=10 * index + 9
+        )
+        window.regression = check.check(index, d, STAGES)
+        step[0] = 10 * index + 10
+        coordinator.write(window)
+        coordinator.tick()
+
+    def answer(sleep_us: float) -> CaptureRequest:
+        request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
+        events = [
+            e
+            for s in range(request.first_step, request.last_step + 1)
+            for e in _step(1000 * s, sleep_us)
+        ]
+        path = _trace(tmp_path / f"{request.id}.json.gz", events)
+        for rank in request.ranks:
+            status = CaptureStatus(
+                request.id,
+                rank,
+                "captured",
+                path=str(path),
+                host=host,
+                first_step=request.first_step,
+                last_step=request.last_step,
+            )
+            channel.write(status_key(request.id, rank), status.encode())
+        return request
+
+    feed(0, 0.0)
+    coordinator.request_capture([1], 2)
+    coordinator.tick()
+    manual = answer(sleep_us=0)
+    for index in range(1, 5):
+        feed(index, 0.0)
+    assert coordinator.open is None and REQUEST_KEY not in channel.keys
+    assert 10 <= manual.first_step <= 49  # inside the baseline windows 0-4
+
+    feed(5, 0.050)
+    request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
+    assert request.ranks == (1,)  # every rank grew: the one with a baseline trace
+    answer(sleep_us=250)
+    feed(6, 0.050)
+    feed(7, 0.050)
+    assert coordinator.open is None
+    incident = read_incident(tmp_path / "incidents" / request.id)
+    assert incident["trigger"] == "regression" and incident["window"] == 5
+    assert incident["regression"]["all_ranks"] and incident["stage"] == "data.next_wait"
+    earlier = incident["reference_capture"]
+    assert earlier["rank"] == 1 and earlier["from_baseline"]
+    assert earlier["steps"] == [manual.first_step, manual.last_step]
+    top = incident["op_diff"][0]
+    assert "sleep" in top["name"]
+    assert top["suspect_ms_per_step"] == pytest.approx(0.25) and top["reference_ms_per_step"] == 0
+    line = summary_line(incident)
+    assert "(regression)" in line and f"its steps {manual.first_step}-" in line, line

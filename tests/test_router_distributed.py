@@ -30,7 +30,7 @@ DEADLINE_S = 240.0
 def _run(tmp_path: Path, name: str, faults: tuple[str, ...] = (), **kwargs: Any) -> Any:
     config = DemoConfig(
         ranks=RANKS,
-        steps=STEPS,
+        steps=kwargs.pop("steps", STEPS),
         window=WINDOW,
         faults=tuple(parse_fault(f) for f in faults),
         out_dir=str(tmp_path / name),
@@ -123,3 +123,33 @@ def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(
     assert any(r.startswith("not captured") for r in incident["reasons"])
     assert len(run.windows) == STEPS // WINDOW
     assert run.losses == healthy.losses
+
+
+def test_a_slowdown_of_every_rank_opens_a_regression_capture(tmp_path: Path) -> None:
+    """Every rank's data loading slows by 100 ms from step 40: no rank leads, so no window is
+    actionable by itself, but the live regression check flags the first slowed window and the
+    router captures the rank whose data time grew most. With no earlier trace to compare with,
+    the op list is that rank's own time per operator, and the delay is its top entry."""
+    run = _run(tmp_path, "every", ("data@all:100ms,from=40",), steps=70)
+    records = [
+        json.loads(line) for line in (run.out_dir / "windows.jsonl").read_text().split("\n") if line
+    ]
+    flagged = [r["window"] for r in records if r.get("regression")]
+    assert flagged and flagged[0] in (4, 5), flagged
+    incidents = list_incidents(run.out_dir)
+    assert len(incidents) == 1, [i["reasons"] for i in incidents]
+    incident = incidents[0]
+    assert incident["trigger"] == "regression"
+    assert incident["window"] == flagged[0]
+    assert incident["stage"] == "data.next_wait"
+    assert incident["regression"]["all_ranks"] and incident["regression"]["top_stage"] == (
+        "data.next_wait"
+    )
+    suspect = incident["leader_rank"]
+    assert incident["requested_ranks"] == [suspect] and incident["ranks"] == [suspect]
+    assert incident["reference_capture"] is None
+    assert any("no earlier trace of rank" in r for r in incident["reasons"])
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
+    top = incident["op_diff"][0]
+    assert "faults.py" in top["name"] and "delay" in top["name"], top
+    assert top["suspect_ms_per_step"] > 90 and top["reference_ms_per_step"] == 0

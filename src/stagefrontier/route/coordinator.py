@@ -13,7 +13,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,9 @@ from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from .capture import incident_dir
-from .confirm import LiveWindow, confirm, live_slice
-from .decide import Decision, decide, start_margin
+from .decide import Decision, decide, regression_decision, start_margin
 from .incident import new_incident, summary_line, write_incident
-from .opdiff import op_diff, stage_op_times
+from .reduction import analyze_traces, live_window
 from .requests import (
     MANUAL_ANSWER_KEY,
     MANUAL_KEY,
@@ -43,6 +42,28 @@ logger = logging.getLogger("stagefrontier")
 
 LIVE_WINDOWS = 16
 """Analyzed windows kept for the live side of a confirmation."""
+WINDOW_STEPS_KEPT = 256
+"""Step ranges of recent windows kept to tell whether an earlier trace fell in a baseline."""
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """A trace captured earlier in this run, kept as a possible reference for a regression."""
+
+    rank: int
+    path: str
+    first_step: int
+    last_step: int
+    incident: str
+
+    def as_reference(self, baseline: bool) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "path": self.path,
+            "steps": [self.first_step, self.last_step],
+            "incident": self.incident,
+            "from_baseline": baseline,
+        }
 
 
 @dataclass
@@ -77,6 +98,8 @@ class Coordinator:
         self.step_s = float("nan")
         self.closing = False
         self._stale_checked = False
+        self.traces: dict[int, list[_Trace]] = {}  # rank -> its earlier local traces, oldest first
+        self.window_steps: dict[int, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ sink (collector thread)
     def write(self, window: AnalyzedWindow) -> None:
@@ -96,6 +119,7 @@ class Coordinator:
             except queue.Empty:
                 break
             self.live.append(window)
+            self._remember_steps(window)
             if window.report.n_steps:
                 self.step_s = window.report.exposed_s / window.report.n_steps
             self._consider(window)
@@ -138,10 +162,64 @@ class Coordinator:
         if self.captures >= self.config.max_captures or index < self.next_window:
             return
         decision, why = decide(window, self.config.gates)
-        if decision is None:
+        if decision is not None:
+            self._open(decision, "window", [decision.suspect_rank, decision.reference_rank])
+            return
+        regressed = regression_decision(window, traced=self.traces)
+        if regressed is None:
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
             return
-        self._open(decision, "window", [decision.suspect_rank, decision.reference_rank])
+        self._open_regression(regressed, window.regression or {})
+
+    def _open_regression(self, decision: Decision, regression: dict[str, Any]) -> None:
+        """A regression's capture: the suspect alone when it has a trace from the baseline
+        windows (the reference), else the suspect and a rank that did not grow, else (every
+        rank grew) the suspect alone against its latest earlier trace, if it has one."""
+        suspect = decision.suspect_rank
+        first, last = regression["baseline_windows"]
+        earlier = self.traces.get(suspect, [])
+        lo = self.window_steps.get(first, (None, None))[0]
+        hi = self.window_steps.get(last, (None, None))[1]
+        in_baseline = [
+            t for t in earlier if lo is not None and hi is not None and lo <= t.first_step <= hi
+        ]
+        reasons = list(decision.reasons)
+        reference: dict[str, Any] | None = None
+        ranks = [suspect]
+        if in_baseline:
+            reference = in_baseline[-1].as_reference(baseline=True)
+            reasons.append(
+                f"reference: rank {suspect}'s own trace of steps {reference['steps'][0]}-"
+                f"{reference['steps'][1]} (incident {reference['incident']}), taken in the "
+                "baseline windows"
+            )
+        elif decision.reference_rank != suspect:
+            ranks.append(decision.reference_rank)
+        elif earlier:
+            reference = earlier[-1].as_reference(baseline=False)
+            reasons.append(
+                f"reference: rank {suspect}'s latest earlier trace, steps "
+                f"{reference['steps'][0]}-{reference['steps'][1]} (incident "
+                f"{reference['incident']}); none was taken in the baseline windows"
+            )
+        else:
+            reasons.append(
+                f"no earlier trace of rank {suspect} to compare with: the op list shows its own "
+                "time per operator, and this capture is the reference for its next one"
+            )
+        decision = replace(decision, reasons=tuple(reasons))
+        self._open(
+            decision,
+            "regression",
+            ranks,
+            extra={"regression": regression, "reference_capture": reference},
+        )
+
+    def _remember_steps(self, window: AnalyzedWindow) -> None:
+        ref = window.merged.reference
+        self.window_steps[ref.window] = (ref.first_step, ref.last_step)
+        while len(self.window_steps) > WINDOW_STEPS_KEPT:
+            del self.window_steps[next(iter(self.window_steps))]
 
     def _manual(self) -> None:
         try:
@@ -174,7 +252,12 @@ class Coordinator:
         self._open(decision, "manual", ranks, manual.steps)
 
     def _open(
-        self, decision: Decision, trigger: str, ranks: list[int], steps: int | None = None
+        self,
+        decision: Decision,
+        trigger: str,
+        ranks: list[int],
+        steps: int | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         attempt = current_attempt()[1]
         window = decision.window
@@ -197,6 +280,7 @@ class Coordinator:
                 f"start margin {margin} steps at {self.step_s * 1e3:.1f} "
                 f"ms/step and a {self.config.poll_s * 1e3:.0f} ms poll",
             ],
+            **(extra or {}),
         )
         now = time.monotonic()
         step_s = self.step_s if math.isfinite(self.step_s) else 1.0
@@ -273,6 +357,10 @@ class Coordinator:
                 reasons.append(f"rank {rank}'s trace {answer.path} never appeared on disk")
                 continue
             files[rank] = answer.path
+            if answer.host == host:
+                self.traces.setdefault(rank, []).append(
+                    _Trace(rank, answer.path, request.first_step, answer.last_step, request.id)
+                )
             incident["trace_hosts"][str(rank)] = answer.host
             incident["trace_bytes"][str(rank)] = answer.size
             if answer.host == host:
@@ -349,55 +437,3 @@ class Coordinator:
             self.channel.write(MANUAL_ANSWER_KEY, text.encode())
         except Exception as exc:
             logger.debug("stagefrontier router: answering a manual request failed: %s", exc)
-
-
-def analyze_traces(
-    incident: dict[str, Any],
-    files: dict[int, str],
-    live: list[LiveWindow],
-    gates: Any,
-) -> None:
-    """Confirm and diff an incident's local traces in place (live windows may be empty, as in
-    ``stagefrontier incident`` offline: then only the op diff is computed)."""
-    first, last = incident["steps"]
-    steps = list(range(first, last + 1))
-    ranks = sorted(files)
-    try:
-        result = confirm(files, live_slice(live, ranks, steps), incident["stage"], gates)
-        incident.update(
-            confirmed=result.confirmed,
-            max_share_diff=result.max_share_diff,
-            trace_shares=result.trace_shares,
-            live_shares=result.live_shares,
-        )
-        incident["reasons"].extend(result.notes)
-        if result.confirmed is False:
-            incident["reasons"].append(
-                f"disagrees: trace top {result.trace_top}, live top {result.live_top}, "
-                f"largest share difference {result.max_share_diff}"
-            )
-    except Exception as exc:
-        logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
-        incident["reasons"].append(f"confirmation failed: {exc}")
-    suspect, reference = incident["leader_rank"], incident["reference_rank"]
-    if incident["stage"] and suspect in files:
-        try:
-            mine = stage_op_times(files[suspect], incident["stage"], steps)
-            theirs = (
-                stage_op_times(files[reference], incident["stage"], steps)
-                if reference in files and reference != suspect
-                else None
-            )
-            incident["op_diff"] = op_diff(mine, theirs)
-        except Exception as exc:
-            logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
-            incident["reasons"].append(f"op diff failed: {exc}")
-
-
-def live_window(window: AnalyzedWindow) -> LiveWindow:
-    return LiveWindow(
-        window.merged.reference.first_step,
-        tuple(w.rank for w in window.merged.ranks),
-        window.d,
-        tuple(window.report.stages),
-    )

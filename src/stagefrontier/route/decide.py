@@ -9,6 +9,10 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
 the stage is the median of the other ranks.
 
+A window the live regression check flags (``analysis.regression``) asks for a capture even when
+no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
+most, and a reference (a rank that did not grow, or the suspect's own earlier capture).
+
 When ranks play different roles the decision is taken inside one role, on that role's own
 report: the role named by ``role=``, or else the one the window says bounds the step
 (``analysis.across_roles``). Its leader is the suspect and the reference is a rank of the same
@@ -18,6 +22,7 @@ role; a window whose bounding role is open asks for no capture.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,3 +118,41 @@ def start_margin(step_s: float, poll_s: float) -> int:
     plus the request latency, plus one step of skew between ranks and the step in progress."""
     step_s = step_s if np.isfinite(step_s) and step_s > 0 else UNKNOWN_STEP_S
     return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2
+
+
+def regression_decision(window: AnalyzedWindow, traced: Collection[int] = ()) -> Decision | None:
+    """The capture for a window that regressed against the run's healthy baseline (None when
+    it did not): the ranks whose own time in the grown stage grew most. The suspect is the rank
+    that grew most; where the slowdown hit every rank alike, one that already has a trace in
+    ``traced`` is preferred, so its earlier capture can serve as the reference. The reference
+    rank is the rank that grew least, when the slowdown is not on every rank (a healthy rank of
+    the same window), else the suspect itself (compared with its own earlier capture)."""
+    regression = window.regression
+    if not regression:
+        return None
+    stage = regression["top_stage"]
+    deltas = {int(rank): float(ms) for rank, ms in regression["rank_delta_ms_per_step"].items()}
+    grown = [int(rank) for rank in regression["ranks"]]
+    if not grown:
+        return None
+    suspect = grown[0]
+    if regression["all_ranks"]:
+        suspect = next((rank for rank in grown if rank in traced), suspect)
+    healthy = [rank for rank in sorted(deltas, key=lambda r: deltas[r]) if rank not in grown]
+    reference = suspect if regression["all_ranks"] or not healthy else healthy[0]
+    first, last = regression["baseline_windows"]
+    reasons = (
+        f"window slower than windows {first}-{last} by "
+        f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, most of it in {stage} "
+        f"({regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step)",
+        f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, float('nan')):.1f} ms/step"
+        + (" (every rank grew alike)" if regression["all_ranks"] else ""),
+        f"reference rank {reference}: "
+        + (
+            "its own earlier capture, taken while the run was healthy, if one exists"
+            if reference == suspect
+            else f"the rank whose {stage} grew least in this window"
+        ),
+    )
+    share = window.report.shares.get(stage, float("nan"))
+    return Decision(stage, suspect, reference, share, window.merged.reference.window, reasons)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .incident import open_commands, render_markdown, summary_line, verdict
+from .incident import open_commands, reference_text, render_markdown, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
 
@@ -28,8 +28,8 @@ def write_html(
     )
     table = (
         "<h2>Op diff inside " + esc(str(incident["stage"])) + "</h2><table><tr><th>op / function"
-        f"</th><th>rank {incident['leader_rank']} ms/step</th><th>rank "
-        f"{incident['reference_rank']} ms/step</th></tr>{rows}</table>"
+        f"</th><th>rank {incident['leader_rank']} ms/step</th><th>"
+        f"{esc(reference_text(incident))} ms/step</th></tr>{rows}</table>"
         if rows
         else ""
     )

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..analysis.regression import regression_text
 from ..errors import ReportFormatError
 
 INCIDENT_FORMAT = "stagefrontier.incident"
@@ -40,6 +41,12 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "reasons": list,
 }
 """Every field of an incident and its JSON type, checked on read."""
+_OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "regression": (dict, type(None)),
+    "reference_capture": (dict, type(None)),
+}
+"""Fields a regression's incident adds (the regression object; the earlier trace diffed
+against), type-checked when present: incidents written before them still read."""
 
 
 def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
@@ -68,6 +75,8 @@ def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
         "baseline_step_ms": None,
         "time_to_confirmation_s": None,
         "reasons": [],
+        "regression": None,
+        "reference_capture": None,
     }
 
 
@@ -90,6 +99,20 @@ def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
             raise ReportFormatError(
                 f"{source}: incident field {name!r} has type {type(value).__name__}"
             )
+    for name, kinds in _OPTIONAL_FIELDS.items():
+        if not isinstance(data.get(name), kinds):
+            raise ReportFormatError(
+                f"{source}: incident field {name!r} has type {type(data[name]).__name__}"
+            )
+    earlier = data.get("reference_capture")
+    if earlier is not None and not (
+        isinstance(earlier.get("path"), str)
+        and isinstance(earlier.get("rank"), int)
+        and isinstance(earlier.get("steps"), list)
+        and len(earlier["steps"]) == 2
+        and all(isinstance(x, int) for x in earlier["steps"])
+    ):
+        raise ReportFormatError(f"{source}: malformed reference_capture {earlier!r:.80}")
     if len(data["steps"]) not in (0, 2):
         raise ReportFormatError(f"{source}: incident field 'steps' must be [first, last]")
     for row in data["op_diff"]:
@@ -156,17 +179,35 @@ def top_op_line(incident: dict[str, Any]) -> str:
     return (
         f"inside {incident['stage']}, `{top['name']}` takes {top['suspect_ms_per_step']:.1f} "
         f"ms/step on rank {incident['leader_rank']} and {top['reference_ms_per_step']:.1f} ms "
-        f"on rank {incident['reference_rank']}"
+        f"{reference_text(incident)}"
     )
+
+
+def reference_text(incident: dict[str, Any]) -> str:
+    """What the suspect was compared with: ``on rank 0``, ``in its own steps 20-24`` (an
+    earlier capture of the same rank), or ``with nothing to compare``."""
+    earlier = incident.get("reference_capture")
+    if earlier:
+        first, last = earlier["steps"]
+        return f"in rank {earlier['rank']}'s own steps {first}-{last}"
+    if incident["reference_rank"] is None or incident["reference_rank"] == incident["leader_rank"]:
+        return "with nothing to compare (no earlier trace)"
+    return f"on rank {incident['reference_rank']}"
 
 
 def summary_line(incident: dict[str, Any]) -> str:
     """One line: id, stage, suspect rank, verdict, the top op-diff line."""
     steps = incident["steps"]
+    earlier = incident.get("reference_capture")
+    reference = (
+        f"reference: its steps {earlier['steps'][0]}-{earlier['steps'][1]}"
+        if earlier
+        else f"reference rank {incident['reference_rank']}"
+    )
     parts = [
-        f"incident {incident['id']}",
-        f"{incident['stage'] or 'no stage'} on rank {incident['leader_rank']}"
-        f" (reference rank {incident['reference_rank']})",
+        f"incident {incident['id']}"
+        + (" (regression)" if incident["trigger"] == "regression" else ""),
+        f"{incident['stage'] or 'no stage'} on rank {incident['leader_rank']} ({reference})",
         f"steps {steps[0]}-{steps[1]}" if steps else "no steps",
         verdict(incident),
     ]
@@ -208,6 +249,11 @@ def render_markdown(incident: dict[str, Any]) -> str:
     steps = incident["steps"]
     lines += [
         f"- trigger: {incident['trigger']}, window {incident['window']}",
+        *(
+            [f"- slower than the baseline: {regression_text(incident['regression'])}"]
+            if incident.get("regression")
+            else []
+        ),
         f"- stage: {incident['stage']}; suspect rank {incident['leader_rank']}, reference rank "
         f"{incident['reference_rank']}",
         f"- captured steps: {steps[0]}-{steps[1]}" if steps else "- captured steps: none",
@@ -226,7 +272,7 @@ def render_markdown(incident: dict[str, Any]) -> str:
     if incident["op_diff"]:
         lines += [
             f"Op diff inside {incident['stage']} (self time per step, suspect rank "
-            f"{incident['leader_rank']} vs reference rank {incident['reference_rank']}):",
+            f"{incident['leader_rank']} vs the reference: {reference_text(incident)}):",
             "",
             "| op / function | suspect ms/step | reference ms/step |",
             "|---|---:|---:|",

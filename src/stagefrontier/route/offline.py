@@ -11,9 +11,9 @@ from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.packet import read_packet
 from .confirm import LiveWindow
-from .coordinator import analyze_traces
 from .html import write_html
 from .incident import INCIDENT_FILE, list_incidents, read_incident, write_incident
+from .reduction import analyze_traces
 
 
 def incident_folders(path: str | os.PathLike[str]) -> list[Path]:
