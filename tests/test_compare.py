@@ -162,21 +162,21 @@ def test_compare_and_live_regression_on_a_demo_whose_stall_starts_halfway(tmp_pa
     out = tmp_path / "demo"
     run_cli(
         "demo",
-        *("--ranks", "2", "--steps", "48", "--window", "8"),
-        *("--fault", "data@1:120ms,from=24", "--out", str(out)),
+        *("--ranks", "4", "--steps", "48", "--window", "8"),
+        *("--fault", "data@2:120ms,from=24", "--out", str(out)),
         timeout=300,
     )
     # Live, rank 0 flagged the slowdown in the first window it starts in (3) or the next one,
-    # named the stage and rank 1, and nothing before it.
+    # named the stage and rank 2, and nothing before it.
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
     flagged = [r["window"] for r in records if r["regression"]]
     assert flagged and flagged[0] in (3, 4) and all(w >= 3 for w in flagged), flagged
     first = next(r["regression"] for r in records if r["regression"])
-    assert first["top_stage"] == DATA and first["ranks"] == [1] and not first["all_ranks"]
+    assert first["top_stage"] == DATA and first["ranks"] == [2] and not first["all_ranks"]
     data = json.loads(run_cli("compare", f"{out}:0-2", f"{out}:3-", "--json"))
     assert data["top_stage"] == DATA
     assert data["delta_advance_ms_per_step"][DATA] == pytest.approx(120, rel=0.1)
-    assert data["top_stage_rank_deltas"][0]["rank"] == 1
+    assert data["top_stage_rank_deltas"][0]["rank"] == 2
     assert data["top_stage_rank_deltas"][0]["delta_ms"] == pytest.approx(120, rel=0.1)
     total = sum(data["delta_advance_ms_per_step"].values())
     assert total == pytest.approx(data["delta_exposed_ms_per_step"], abs=1e-9)
