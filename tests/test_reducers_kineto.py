@@ -141,7 +141,10 @@ def test_single_file_without_distributed_info_is_rank_zero(single: Path) -> None
     ref = reference_matrix(single)
     assert reduced.ranks == (0,) and reduced.world_size is None
     np.testing.assert_array_equal(reduced.d[:, 0, :], np.stack([ref[i] for i in sorted(ref)]) * NS)
-    assert any("taken as rank 0" in note for note in reduced.notes)
+    # A fact about the input, not a telemetry problem: not a telemetry_limited reason.
+    assert reduced.meta["rank"].startswith("0 (the only file") and not reduced.notes
+    limited = reduced.analyze().reasons.get("telemetry_limited", [])
+    assert not any("rank" in reason for reason in limited), limited
 
 
 def test_explicit_rank_mapping(single: Path, tmp_path: Path) -> None:

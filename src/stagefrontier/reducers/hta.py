@@ -67,9 +67,12 @@ def reduce_hta(
         read_trace_bytes(path, keep=False)
     headers = [(path, read_header(path)) for path in files]
     notes: list[str] = []
+    facts: dict[str, Any] = {}
     by_rank: dict[int, Path] = {}
     for path, header in headers:
-        rank = resolve_rank(path, header, opts.ranks, single=len(files) == 1, notes=notes)
+        rank = resolve_rank(
+            path, header, opts.ranks, single=len(files) == 1, notes=notes, facts=facts
+        )
         if rank in by_rank:
             raise TraceFormatError(
                 f"{by_rank[rank]} and {path} are both rank {rank}; HTA holds one trace per rank "
@@ -90,7 +93,7 @@ def reduce_hta(
         opts,
         source="hta",
         world_size=world_size,
-        meta={"hta_ns_rounding": opts.ns_rounding},
+        meta={"hta_ns_rounding": opts.ns_rounding, **facts},
         notes=notes,
     )
 

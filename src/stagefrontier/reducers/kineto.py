@@ -108,9 +108,12 @@ def reduce_kineto(
     check_unmapped(opts.ranks, files)
     read = [read_kineto_file(path, timed, opts.step_name) for path in files]
     notes: list[str] = []
+    facts: dict[str, Any] = {}
     parts: dict[int, list[RankRanges]] = {}
     for item in read:
-        rank = resolve_rank(item.path, item.header, opts.ranks, single=len(read) == 1, notes=notes)
+        rank = resolve_rank(
+            item.path, item.header, opts.ranks, single=len(read) == 1, notes=notes, facts=facts
+        )
         if item.skipped:
             notes.append(f"{item.path}: {skipped_text(item.skipped)} skipped: malformed ts/dur")
         ranges = rank_ranges(
@@ -127,7 +130,7 @@ def reduce_kineto(
         opts,
         source="kineto",
         world_size=world_size,
-        meta={"time_base": bases[0] if len(bases) == 1 else "mixed"},
+        meta={"time_base": bases[0] if len(bases) == 1 else "mixed", **facts},
         notes=notes,
     )
 
@@ -248,9 +251,11 @@ def resolve_rank(
     *,
     single: bool,
     notes: list[str],
+    facts: dict[str, Any],
 ) -> int:
     """A file's rank: the explicit mapping, else ``distributedInfo.rank``, else 0 when it is the
-    only file.
+    only file (said in ``facts["rank"]``: a fact about the input, not a telemetry problem, so it
+    does not make the window ``telemetry_limited`` the way ``notes`` do).
 
     Raises:
         TraceFormatError: several files and no way to tell this one's rank.
@@ -269,7 +274,7 @@ def resolve_rank(
     if embedded is not None:
         return embedded
     if single:
-        notes.append(f"{path}: no distributedInfo.rank; taken as rank 0 (the only file)")
+        facts["rank"] = "0 (the only file, without distributedInfo.rank)"
         return 0
     raise TraceFormatError(
         f"{path}: cannot tell its rank: the trace has no distributedInfo.rank (torch.distributed "
