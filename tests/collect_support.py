@@ -50,6 +50,9 @@ class Job:
     """Per rank, ``{window index: fault}``: that window goes on the wire as a payload that does
     not decode (``"undecodable"``: a first step of 10**400) or that decodes but fails the
     analysis (``"unanalyzable"``: CUDA-event states outside the known codes)."""
+    paused_steps: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Per rank, the steps its timer runs paused (``timer.pause()`` before them, ``resume()``
+    before the next step that is not listed)."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,13 @@ def run_rank(rank: int, job: Job, port: int) -> None:
         collector=None if silent else collector,
     )
     delay = job.step_sleep_s + job.data_delay_s.get(rank, 0.0)
+    paused = job.paused_steps.get(rank, ())
     losses: list[float] = []
-    for _ in range(job.steps):
+    for step in range(job.steps):
+        if step in paused:
+            timer.pause()
+        else:
+            timer.resume()
         with timer.step():
             with timer.stage(DATA):
                 x = torch.randn(8, 16, generator=gen)

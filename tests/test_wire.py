@@ -18,18 +18,19 @@ STAGES = (*DEFAULT_STAGES, RESIDUAL_STAGE)
 
 
 def make_window(**overrides: Any) -> RankWindow:
-    n = 4
+    n = 3
     durations = np.arange(n * len(STAGES), dtype=np.int64).reshape(n, len(STAGES)) * 1000
     values: dict[str, Any] = dict(
         window=3,
         first_step=60,
         last_step=63,
+        paused_ranges=((61, 61),),
         rank=2,
         stages=STAGES,
         durations_ns=durations,
         wall_ns=durations.sum(axis=1),
-        event_ms=np.array([1.5, np.nan, 2.0, np.nan]),
-        event_state=np.array([2, 0, 2, 0], dtype=np.int8),
+        event_ms=np.array([1.5, np.nan, 2.0]),
+        event_state=np.array([2, 0, 2], dtype=np.int8),
         forward_stage=DEFAULT_STAGES[1],
         accumulation_factor=1,
         contract_violations=2,
@@ -41,6 +42,10 @@ def make_window(**overrides: Any) -> RankWindow:
         pid=4242,
         role="pp1",
         role_set=("pp0", "pp1"),
+        contexts_entered=18,
+        context_cost_ns=350,
+        handoff_ns=41_000,
+        thread_cpu_ns=1_200_000,
     )
     values.update(overrides)
     return RankWindow(**values)
@@ -77,6 +82,7 @@ def test_the_jsonl_record_keeps_the_declared_per_rank_fields() -> None:
         "hosts": {"0": "a", "1": "node-b"},
         "local_ranks": {"0": 2, "1": 2},
         "pids": {"0": 4242, "1": 4242},
+        "paused_ranges": {"0": ((61, 61),), "1": ((61, 61),)},
     }
 
 
@@ -91,7 +97,12 @@ def test_the_jsonl_record_keeps_the_declared_per_rank_fields() -> None:
         ({"accumulation_mixed": "yes"}, "accumulation_mixed must be true or false"),
         ({"stages": "data"}, "stages must be a list"),
         ({"probes": {"p": {"count": "x"}}}, "must be a finite number"),
-        ({"last_step": 70}, "covers steps 60-70 but holds 4 rows"),
+        ({"last_step": 70}, "covers steps 60-70 but holds 3 rows and 1 paused step"),
+        ({"paused_ranges": []}, "covers steps 60-63 but holds 3 rows"),
+        ({"paused_ranges": [[62, 61]]}, "holds the empty range [62, 61]"),
+        ({"paused_ranges": [[70, 70]]}, "paused ranges fall outside"),
+        ({"paused_ranges": [61, 61]}, "must hold [first, last] pairs"),
+        ({"thread_cpu_ns": -1}, "thread_cpu_ns must be an integer"),
         ({"first_step": None}, "first_step must be an integer"),
     ],
 )

@@ -10,7 +10,9 @@ metrics, so the sinks cannot disagree on a value:
 - the top stage, its share, and its leader rank (:data:`NO_LEADER` where no single rank leads);
 - one 0/1 flag per label of :data:`~stagefrontier.analysis.labels.ALL_LABELS`;
 - when the window regressed against the run's healthy windows, how many ms per step it lost and
-  how much each stage's exposed time grew (0 and empty otherwise).
+  how much each stage's exposed time grew (0 and empty otherwise);
+- what StageFrontier itself cost, as the largest fraction of a rank's step time (the record's
+  ``self_cost``; 0 for a window analyzed offline).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class WindowMetrics:
     regression_stage_ms: dict[str, float] = field(default_factory=dict)
     """Per stage, its exposed ms per step above the baseline (only for a regressed window)."""
     regression_stage: str | None = None
+    self_cost_fraction: float = 0.0
+    """StageFrontier's own cost over the step time, the largest over ranks (record.self_cost)."""
 
     @classmethod
     def from_report(
@@ -63,6 +67,7 @@ class WindowMetrics:
         last_step: int,
         gather_ok: bool,
         regression: Mapping[str, Any] | None = None,
+        self_cost_fraction: float = 0.0,
     ) -> WindowMetrics:
         """The metrics of ``report``, for the window ``window`` covering the given steps."""
         defined = report.shares_defined
@@ -88,4 +93,5 @@ class WindowMetrics:
             else 0.0,
             regression_stage_ms=dict(regression["delta_advance_ms_per_step"]) if regression else {},
             regression_stage=regression["top_stage"] if regression else None,
+            self_cost_fraction=self_cost_fraction,
         )

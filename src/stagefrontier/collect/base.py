@@ -145,19 +145,28 @@ def merge_received(
 ) -> MergedWindow:
     """``merge_windows`` plus a step-range check: a rank whose window of the same index covers
     other steps than the reference's (its window counter drifted, e.g. a timer built later or
-    an extra flush on that rank) is reported as mismatched instead of merged step by step with
-    steps it never ran alongside."""
+    an extra flush on that rank), or paused other steps of them (``StageTimer.pause``), is
+    reported as mismatched instead of merged step by step with steps it never ran alongside."""
     merged = merge_windows(windows, world_size, notes)
     ref = merged.reference
     span = (ref.first_step, ref.last_step)
     drifted = [w for w in merged.ranks if (w.first_step, w.last_step) != span]
-    if not drifted:
+    paused_apart = [
+        w
+        for w in windows
+        if (w.first_step, w.last_step) == span
+        and w.paused_ranges != ref.paused_ranges
+        and w.schema_hash == ref.schema_hash
+    ]
+    if not drifted and not paused_apart:
         return merged
-    gone = {id(w) for w in drifted}
+    gone = {id(w) for w in (*drifted, *paused_apart)}
     return replace(
         merged,
         ranks=[w for w in merged.ranks if id(w) not in gone],
-        mismatched_ranks=sorted([*merged.mismatched_ranks, *(w.rank for w in drifted)]),
+        mismatched_ranks=sorted(
+            {*merged.mismatched_ranks, *(w.rank for w in (*drifted, *paused_apart))}
+        ),
         notes=[
             *merged.notes,
             *(
@@ -165,8 +174,21 @@ def merge_received(
                 f"rank {ref.rank}'s covers {span[0]}-{span[1]}: not merged"
                 for w in drifted
             ),
+            *(
+                f"rank {w.rank} paused {_ranges_text(w.paused_ranges)} of steps "
+                f"{span[0]}-{span[1]}, rank {ref.rank} paused "
+                f"{_ranges_text(ref.paused_ranges)}: not merged"
+                for w in paused_apart
+            ),
         ],
     )
+
+
+def _ranges_text(ranges: Sequence[tuple[int, int]]) -> str:
+    """``steps 3-7,12`` or ``no steps``."""
+    if not ranges:
+        return "no steps"
+    return "steps " + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def analyze_received(

@@ -131,11 +131,15 @@ def decode_window(data: bytes) -> RankWindow:
         event_state=event_state,
         **values,
     )
-    if result.first_step > result.last_step or result.last_step - result.first_step + 1 != n:
+    span = result.last_step - result.first_step + 1
+    if result.first_step > result.last_step or span != n + result.paused_steps:
+        paused = f" and {result.paused_steps} paused step(s)" if result.paused_steps else ""
         raise ReportFormatError(
             f"rank {rank} window covers steps {result.first_step}-{result.last_step} "
-            f"but holds {n} rows"
+            f"but holds {n} rows{paused}"
         )
+    if any(not result.first_step <= a <= b <= result.last_step for a, b in result.paused_ranges):
+        raise ReportFormatError(f"rank {rank} paused ranges fall outside its window's steps")
     if len(result.stages) != k:
         raise ReportFormatError(f"rank {rank} sent {len(result.stages)} stage names for K={k}")
     if result.schema_hash != schema:

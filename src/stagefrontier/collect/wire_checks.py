@@ -62,6 +62,21 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(_text(v, where) for v in value)
 
 
+def _ranges(value: Any, where: str) -> tuple[tuple[int, int], ...]:
+    """Inclusive ``[first, last]`` step ranges, ``first <= last``."""
+    if type(value) is not list:
+        raise ReportFormatError(f"{where} must be a list of [first, last] pairs, got {value!r:.40}")
+    out = []
+    for pair in value:
+        if type(pair) is not list or len(pair) != 2:
+            raise ReportFormatError(f"{where} must hold [first, last] pairs, got {pair!r:.40}")
+        first, last = _count(pair[0], where), _count(pair[1], where)
+        if first > last:
+            raise ReportFormatError(f"{where} holds the empty range [{first}, {last}]")
+        out.append((first, last))
+    return tuple(out)
+
+
 def _probes(value: Any, where: str) -> dict[str, dict[str, float]]:
     if type(value) is not dict:
         raise ReportFormatError(f"{where} must be an object, got {value!r:.40}")
@@ -85,4 +100,5 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "optional_text": _optional_text,
     "names": _names,
     "probes": _probes,
+    "ranges": _ranges,
 }

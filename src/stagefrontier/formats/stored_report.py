@@ -143,6 +143,8 @@ _META: dict[str, Check] = {
     "ranks_present": _list_of(_int),
     "missing_ranks": _list_of(_int),
     "gather_ok": lambda v: isinstance(v, bool),
+    "paused_steps": lambda v: _int(v) and v >= 0,
+    "self_cost": lambda v: isinstance(v, dict),
     "hosts": lambda v: _dict_of(_str)(v) or _list_of(_str)(v),
     "lead": lambda v: (
         v is None  # no top stage: mixed roles, or no exposed time

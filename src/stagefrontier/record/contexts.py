@@ -12,7 +12,7 @@ from typing import Any
 
 from .annotate import ProfilerRanges, step_range_name
 from .noop import NOOP, NoopContext
-from .timer_state import OUTSIDE, OpenSpan, TimerState
+from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, OpenSpan, TimerState
 
 _now = time.perf_counter_ns
 
@@ -63,6 +63,8 @@ class StageContext(OpenSpan):
         if active is OUTSIDE:
             t._violation(f"stage {self._name!r} entered outside step()")
             return
+        if active is PAUSED or active is PAUSED_STEP:  # paused: nothing is recorded or checked
+            return
         t._violation(f"stage {self._name!r} nested inside ordered stage {active._name!r}")
         if active is self or active is self._reentry:
             # The same stage again (a recursive hook): its exits come first and must not end
@@ -102,11 +104,14 @@ class StepContext:
     def __enter__(self) -> None:
         t = self._timer
         if t._active is not OUTSIDE:
-            t._violation("step() entered inside another step")  # raises when strict
+            if t._active is PAUSED:
+                t._begin_paused_step()
+            elif t._active is not PAUSED_STEP:
+                t._violation("step() entered inside another step")  # raises when strict
             self._nested += 1
             return
         if t._capture:  # the profiler router captures this step (rare)
-            t._router.on_step(t._first_step + t._n)
+            t._router.on_step(t._step_index)
         row = t._n * t._width
         t._row = row
         t._active = None
@@ -117,8 +122,10 @@ class StepContext:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
-        if self._nested:
+        if self._nested:  # a nested step's exit, or a paused step's
             self._nested -= 1
+            if not self._nested and self._timer._active is PAUSED_STEP:
+                self._timer._end_paused_step()
             return
         t = self._timer
         if t._active is not None:
@@ -130,7 +137,7 @@ class StepContext:
             t._end_accumulation_step(row)
         n = t._n + 1
         t._n = n
-        if n == t.window:
+        if n == t._window_end:
             t._hand_off(n)
 
     def _close_left_open(self) -> None:
@@ -194,8 +201,9 @@ class MicrostepContext:
     def __enter__(self) -> None:
         t = self._timer
         index = self._index
-        if t._active is OUTSIDE:
-            t._violation(f"microstep({index}) entered outside step()")
+        if t._active in NOT_RECORDING:
+            if t._active is OUTSIDE:
+                t._violation(f"microstep({index}) entered outside step()")
             return
         if index != t._last_micro + 1 or (t._last_micro >= 0 and t._last != t._micro_exit_last):
             t._step_mixed = True  # skipped or repeated index, or a stage between microsteps

@@ -40,6 +40,7 @@ from .contexts import (
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
+from .self_cost import CostMeter
 from .settings import (
     MAX_WINDOW,
     check_flag,
@@ -49,7 +50,7 @@ from .settings import (
     check_optional_callable,
     check_optional_text,
 )
-from .timer_state import OUTSIDE, TimerState
+from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
 if TYPE_CHECKING:
     from ..route.router import ProfilerRouter
@@ -184,6 +185,7 @@ class StageTimer(TimerState):
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role, self._role_set = role, role_set
+        self._cost = CostMeter(annotated=annotate)
         ranges = ProfilerRanges() if annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(
@@ -242,7 +244,7 @@ class StageTimer(TimerState):
         steps. Readiness is polled at later step boundaries, never synchronized; the value is
         side evidence and never enters the prefix vector."""
         active = self._active
-        if active is OUTSIDE:
+        if active in NOT_RECORDING:
             return NOOP
         return self._events.context(
             self._n, self._step_index, None if active is None else active._name
@@ -299,6 +301,45 @@ class StageTimer(TimerState):
             return
         self._pending_data_ns += int(wait_ns)
         self._step_hooks = True
+
+    def pause(self) -> None:
+        """Stop recording from the next step on, until ``resume()``: steps that begin while
+        paused run untimed (their contexts do nothing and check nothing), count in the step
+        index and in their window's span, and the window reports them as ``paused_ranges``
+        (``paused_steps`` in rank 0's record). Windows end at the same step boundaries as if
+        nothing was paused, so ranks that pause different steps stay aligned window by window
+        (a window whose paused steps differ between ranks merges only the ranks that paused
+        what rank 0 paused; see the README); a window paused through is not handed off.
+
+        Call it between steps. Inside a step it is a contract violation (counted with the
+        window, raised as ContractViolation when ``strict``) and is ignored. Pausing a paused
+        timer does nothing. Use it for an A/B measurement of the timer's cost in one run, or to
+        leave out an evaluation loop that uses ``timer.step()``."""
+        if not self.enabled:
+            return
+        active = self._active
+        if active is PAUSED or active is PAUSED_STEP:
+            return
+        if active is not OUTSIDE:
+            self._violation("pause() inside a step: ignored (pause between steps)")
+            return
+        self._active = PAUSED
+
+    def resume(self) -> None:
+        """Record again from the next step on (see ``pause``). Call it between steps; inside a
+        paused step it is a contract violation and is ignored. Resuming a timer that is not
+        paused does nothing."""
+        if not self.enabled:
+            return
+        if self._active is PAUSED_STEP:
+            self._violation("resume() inside a paused step: ignored (resume between steps)")
+        elif self._active is PAUSED:
+            self._active = OUTSIDE
+
+    @property
+    def paused(self) -> bool:
+        """Whether the timer is paused."""
+        return self.enabled and (self._active is PAUSED or self._active is PAUSED_STEP)
 
     def close(self) -> None:
         """Flush the last partial window and stop background work. Safe to call twice."""

@@ -16,6 +16,7 @@ import difflib
 import logging
 import os
 import socket
+import time
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from ..collect.launcher import (
 from ..errors import ContractViolation
 from .cuda_events import EventSampler
 from .probe import Probe
+from .self_cost import CostMeter
 from .window import WindowSnapshot
 
 logger = logging.getLogger("stagefrontier")
@@ -55,6 +57,14 @@ class OpenSpan:
 
 OUTSIDE = OpenSpan("<outside step>")
 """``_active`` between steps: a stage entered now is rejected by the same test as nesting."""
+PAUSED = OpenSpan("<paused>")
+"""``_active`` between steps while the timer is paused: the next step is not recorded."""
+PAUSED_STEP = OpenSpan("<paused step>")
+"""``_active`` inside a step that runs while the timer is paused."""
+NOT_RECORDING = (OUTSIDE, PAUSED, PAUSED_STEP)
+"""The markers under which no step is being recorded."""
+
+_now = time.perf_counter_ns
 
 
 class TimerState:
@@ -91,6 +101,12 @@ class TimerState:
         self._alloc(self._capacity)
         self._first_step = 0  # global index of the open window's first step
         self._n = 0  # completed steps in the open window
+        # Paused steps count in the step index and the window's span, never in its rows: a
+        # window ends when recorded plus paused steps reach ``window``, i.e. when ``_n`` reaches
+        # ``_window_end``, so ranks that pause different steps keep the same window boundaries.
+        self._paused = 0
+        self._paused_ranges: list[list[int]] = []
+        self._window_end = window
         self._window_index = 0
         self._row = 0  # buffer offset of the open (or the last) step
         # The open ordered stage: None when none is, OUTSIDE when no step is open.
@@ -120,11 +136,12 @@ class TimerState:
         self._step_hooks = False
         self._capture = False  # set by the router's thread while a capture is armed or runs
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
+        self._cost = CostMeter(annotated=False)  # StageTimer sets its own
 
     @property
     def _step_index(self) -> int:
-        """Global index of the open step (of the next one between steps)."""
-        return self._first_step + self._n
+        """Global index of the open step (of the next one between steps), paused ones counted."""
+        return self._first_step + self._n + self._paused
 
     # ------------------------------------------------------------------ the buffer
     def _alloc(self, capacity: int) -> None:
@@ -183,6 +200,27 @@ class TimerState:
         self._step_factor = 1
         self._step_mixed = False
 
+    # ------------------------------------------------------------------ pause
+    def _begin_paused_step(self) -> None:
+        """A step begins while paused: nothing of it is recorded, and the data wait charged to
+        it (a batch fetched for it) is dropped with it."""
+        self._active = PAUSED_STEP
+        self._pending_data_ns = 0
+
+    def _end_paused_step(self) -> None:
+        """A paused step ended: it counts in the window's span (and may end the window)."""
+        self._active = PAUSED
+        step = self._step_index
+        ranges = self._paused_ranges
+        if ranges and ranges[-1][1] == step - 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+        self._paused += 1
+        self._window_end -= 1
+        if self._n == self._window_end:
+            self._hand_off(self._n)
+
     # ------------------------------------------------------------------ hand-off
     def _open_collector(self) -> Collector:
         """Build the collector deferred by a timer made before ``init_process_group``: at the
@@ -204,35 +242,49 @@ class TimerState:
 
         ``carry_row``: the row of a completed step that starts the next window (a change of
         accumulation factor); its CUDA-event sample moves with it.
+
+        A window whose steps were all paused (``n == 0``) is not handed off; its index is
+        skipped, so that the next window keeps the index of the other ranks' next window.
         """
+        start = _now()
         first = self._first_step
         collector = self._collector
-        try:
-            if collector is None:
-                collector = self._open_collector()
-            rank_window = self._snapshot(n, first, carry_row)
-        except Exception:  # never let a telemetry bug reach the training loop
-            logger.exception("stagefrontier: building window %d failed", self._window_index)
-            rank_window = None
-        self._first_step = first + n
+        rank_window = None
+        if n:
+            try:
+                if collector is None:
+                    collector = self._open_collector()
+                rank_window = self._snapshot(n, first, carry_row)
+            except Exception:  # never let a telemetry bug reach the training loop
+                logger.exception("stagefrontier: building window %d failed", self._window_index)
+        self._first_step = first + n + self._paused
         self._buf_view.fill(0)
         self._last = 0
         self._window_index += 1
         self._n = 0
+        self._paused = 0
+        self._paused_ranges = []
+        self._window_end = self.window
         self._window_mixed = False
         self._violations = 0
         self._reasons = []
-        try:
-            queued = (
-                rank_window is not None and collector is not None and collector.submit(rank_window)
-            )
-        except Exception:
-            logger.exception("stagefrontier: handing off window %d failed", self._window_index - 1)
-            queued = False
-        if queued:
-            self._dropped = 0
-        else:
-            self._dropped += 1
+        if n:
+            try:
+                queued = (
+                    rank_window is not None
+                    and collector is not None
+                    and collector.submit(rank_window)
+                )
+            except Exception:
+                logger.exception(
+                    "stagefrontier: handing off window %d failed", self._window_index - 1
+                )
+                queued = False
+            if queued:
+                self._dropped = 0
+            else:
+                self._dropped += 1
+        self._cost.handoff_ns = _now() - start
 
     def _snapshot(self, n: int, first: int, carry_row: int | None) -> WindowSnapshot:
         """Copy the window's rows and bookkeeping; the collector builds the RankWindow."""
@@ -240,7 +292,9 @@ class TimerState:
         fields = {
             "window": self._window_index,
             "first_step": first,
-            "last_step": first + n - 1,
+            "last_step": first + n + self._paused - 1,
+            "paused_ranges": tuple((a, b) for a, b in self._paused_ranges),
+            "handoff_ns": self._cost.handoff_ns,
             "rank": self.rank,
             "event_ms": event_ms,
             "event_state": event_state,
@@ -258,7 +312,7 @@ class TimerState:
             "role_set": self._role_set,
         }
         raw = self._buf_view[: n * self._width].reshape(n, self._width).copy()
-        return WindowSnapshot(raw, self.stages, fields)
+        return WindowSnapshot(raw, self.stages, fields, self._cost)
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:

@@ -28,6 +28,7 @@ from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from .attempt import current_attempt
+from .self_cost import CostMeter, self_cost_summary
 
 NS = 1e-9
 
@@ -72,11 +73,29 @@ class RankWindow:
     role: str | None = field(default=None, metadata=_meta("optional_text"))
     role_set: tuple[str, ...] = field(default=(), metadata=_meta("names"))
     """The job's full role set when the rank knows it (roles from a device mesh)."""
+    paused_ranges: tuple[tuple[int, int], ...] = field(
+        default=(), metadata=_meta("ranges", record="paused_ranges")
+    )
+    """Steps in ``[first_step, last_step]`` that ran while the timer was paused (not recorded),
+    as inclusive ``(first, last)`` ranges."""
+    contexts_entered: int = field(default=0, metadata=_meta("count"))
+    """Step and stage contexts the window's recorded steps entered (``record.self_cost``)."""
+    context_cost_ns: int = field(default=0, metadata=_meta("count"))
+    """The calibrated cost of one context on this rank's machine."""
+    handoff_ns: int = field(default=0, metadata=_meta("count"))
+    """The training thread's time in the window boundary before this window's first step."""
+    thread_cpu_ns: int = field(default=0, metadata=_meta("count"))
+    """CPU time of the library's background threads since the previous window was built."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
     def n_steps(self) -> int:
         return int(self.durations_ns.shape[0])
+
+    @property
+    def paused_steps(self) -> int:
+        """Steps of the window's span that were paused, not recorded."""
+        return sum(last - first + 1 for first, last in self.paused_ranges)
 
     def build(self) -> RankWindow:
         """Already built (see WindowSnapshot.build)."""
@@ -104,6 +123,8 @@ class WindowSnapshot:
     timed_stages: tuple[str, ...]
     fields: dict[str, Any]
     """Every other RankWindow field, as recorded."""
+    cost: CostMeter | None = None
+    """The timer's self-cost meter; ``build()`` adds the window's cost fields from it."""
 
     @property
     def window(self) -> int:
@@ -118,8 +139,13 @@ class WindowSnapshot:
         durations[:, :k] = self.raw[:, 1 : 1 + k]
         durations[:, k] = np.maximum(wall - durations[:, :k].sum(axis=1), 0)
         timed = self.timed_stages if factor == 1 else expand_microsteps(self.timed_stages, factor)
+        cost: dict[str, Any] = {} if self.cost is None else self.cost.window_fields(self.raw)
         return RankWindow(
-            stages=(*timed, RESIDUAL_STAGE), durations_ns=durations, wall_ns=wall, **self.fields
+            stages=(*timed, RESIDUAL_STAGE),
+            durations_ns=durations,
+            wall_ns=wall,
+            **self.fields,
+            **cost,
         )
 
 
@@ -194,6 +220,7 @@ class AnalyzedWindow:
             last_step=ref.last_step,
             gather_ok=not self.merged.missing_ranks,
             regression=self.regression,
+            self_cost_fraction=self.record["self_cost"]["fraction"]["max"],
         )
 
 
@@ -279,6 +306,8 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "step_wall_s": wall,
         "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
         "contract_violations": sum(w.contract_violations for w in merged.ranks),
+        "paused_steps": ref.paused_steps,
+        "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         **per_rank_fields(merged.ranks),
         "lead": lead_scope(report, {w.rank: w.hostname for w in merged.ranks}),

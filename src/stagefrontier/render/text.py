@@ -26,6 +26,11 @@ METHOD_TITLES = {
 }
 
 
+SELF_COST_LINE_FRACTION = 0.01
+"""The window line shows StageFrontier's own cost when some rank's exceeds this fraction of its
+step time (the record's ``self_cost.fraction.max``); below it the line leaves it out."""
+
+
 # --- one window -----------------------------------------------------------------------------------
 
 
@@ -53,8 +58,30 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
         parts.append(f"missing ranks {record.get('missing_ranks')}")
     if record.get("regression"):
         parts.append("slower: " + regression_text(record["regression"]))
+    cost = self_cost_text(record)
+    if cost:
+        parts.append(cost)
     parts.append(verdict(report, record))
     return printable(" | ".join(parts))
+
+
+def self_cost_text(record: Mapping[str, Any]) -> str:
+    """``stagefrontier cost 1.4% of step time (rank max; hot path 0.9%, ...)`` when the record's
+    ``self_cost`` fraction exceeds :data:`SELF_COST_LINE_FRACTION`, else empty."""
+    cost = record.get("self_cost")
+    if not isinstance(cost, Mapping):
+        return ""
+    fraction = cost.get("fraction", {}).get("max", 0.0)
+    if not fraction > SELF_COST_LINE_FRACTION:
+        return ""
+    parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "threads": "threads_cpu_s"}
+    total = cost.get("total_s", {}).get("max", 0.0)
+    split = ", ".join(
+        f"{name} {cost.get(key, {}).get('max', 0.0) * 1e3:.1f} ms" for name, key in parts.items()
+    )
+    return (
+        f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
+    )
 
 
 def role_tops(report: WindowReport, record: Mapping[str, Any] | None = None) -> list[str]:

@@ -26,6 +26,7 @@ CSV_FIELDS = (
     "labels",
     "regression_ms_per_step",
     "regression_stage",
+    "self_cost_fraction",
 )
 """The fixed leading columns; one ``share:<stage>`` column per stage follows."""
 
@@ -73,6 +74,7 @@ class CsvSink:
             "labels": ";".join(m.labels),
             "regression_ms_per_step": f"{m.regression_ms_per_step:.6g}",
             "regression_stage": m.regression_stage or "",
+            "self_cost_fraction": f"{m.self_cost_fraction:.6g}",
         }
         for stage, share in m.shares.items():
             column = f"share:{stage}"

@@ -80,4 +80,6 @@ PACKET_META = (
     "contract_violations",
     "regression",
     "gain_reference_windows",
+    "paused_steps",
+    "self_cost",
 )

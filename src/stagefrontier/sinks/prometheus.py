@@ -129,6 +129,11 @@ class _LatestWindowCollector:
                 "Exposed step time above the run's healthy windows (0: no regression)",
                 m.regression_ms_per_step * 1e-3,
             ),
+            (
+                "self_cost_fraction",
+                "StageFrontier's own cost over the step time, largest over ranks",
+                m.self_cost_fraction,
+            ),
         )
         for name, doc, value in scalars:
             g = family(name, doc)

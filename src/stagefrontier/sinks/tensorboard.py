@@ -71,6 +71,7 @@ class TensorBoardSink:
         for label, flag in m.label_flags.items():
             w.add_scalar(f"{p}/label/{label}", flag, global_step=step)
         w.add_scalar(f"{p}/regression_ms_per_step", m.regression_ms_per_step, global_step=step)
+        w.add_scalar(f"{p}/self_cost_fraction", m.self_cost_fraction, global_step=step)
         for stage, delta in m.regression_stage_ms.items():
             w.add_scalar(f"{p}/regression/{stage}", delta, global_step=step)
         w.flush()

@@ -76,6 +76,7 @@ class WandbSink:
         data.update({f"{p}/share/{stage}": share for stage, share in m.shares.items()})
         data.update({f"{p}/label/{label}": flag for label, flag in m.label_flags.items()})
         data[f"{p}/regression_ms_per_step"] = m.regression_ms_per_step
+        data[f"{p}/self_cost_fraction"] = m.self_cost_fraction
         data.update({f"{p}/regression/{s}": delta for s, delta in m.regression_stage_ms.items()})
         self._ensure_run().log(data)
 

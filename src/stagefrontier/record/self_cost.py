@@ -1,0 +1,183 @@
+"""What StageFrontier itself costs a rank, per window, and rank 0's summary of it.
+
+Three parts, each measured where it is cheap to measure:
+
+- hot path: the contexts a window entered (its steps plus the stage columns they recorded,
+  counted off the training thread from the copied rows) times the cost of one context,
+  calibrated once per process on the thread that first builds a window (a collector thread): a
+  short loop over a private timer, timed in that thread's CPU time so that waiting for the GIL
+  does not count;
+- hand-off: the training thread's time in the window boundary, measured directly (the boundary
+  that opened a window is reported with it: the one that closes it is still running when the
+  window is copied);
+- background threads: the CPU time (``CLOCK_THREAD_CPUTIME_ID`` of every live thread named
+  ``stagefrontier-*`` in the process, the collector, sender and router threads) since the
+  previous window was built. Where a thread's clock cannot be read, the building thread's own
+  ``time.thread_time_ns`` stands in for it.
+
+Rank 0 reports, per component, the maximum and the median over the merged ranks, and the
+fraction of each rank's summed step wall time that the three parts add up to.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from .window import RankWindow
+
+THREAD_PREFIX = "stagefrontier"
+"""Every background thread the library starts is named ``stagefrontier-<job>``."""
+CALIBRATION_STEPS = 200
+"""Steps (one stage each: two contexts) per calibration loop; a loop takes ~0.2 ms."""
+CALIBRATION_LOOPS = 5
+"""Loops per calibration; the fastest one counts (the others met interruptions)."""
+
+_calibrated: dict[bool, int] = {}
+
+
+def context_cost_ns(annotated: bool = False) -> int:
+    """The CPU nanoseconds one step or stage context costs on this machine (enter and exit),
+    measured once per process and kind (``annotate=True`` timers cost more)."""
+    cost = _calibrated.get(annotated)
+    if cost is None:
+        cost = _calibrated[annotated] = _calibrate(annotated)
+    return cost
+
+
+class _Discard:
+    """The calibration timer's collector: it never receives a window (the loop stays inside
+    one window), and closing it does nothing."""
+
+    rank = 0
+    world_size = 1
+
+    def submit(self, window: object) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+def _calibrate(annotated: bool) -> int:
+    from .recorder import StageTimer  # the recorder imports this module's users
+
+    clock = time.thread_time_ns
+    timer = StageTimer(
+        ["calibration"],
+        window=CALIBRATION_STEPS * CALIBRATION_LOOPS + 1,
+        collector=_Discard(),
+        annotate=annotated,
+    )
+    step, stage = timer.step, timer.stage
+    best = None
+    for _ in range(CALIBRATION_LOOPS):
+        start = clock()
+        for _ in range(CALIBRATION_STEPS):
+            with step(), stage("calibration"):
+                pass
+        spent = clock() - start
+        best = spent if best is None else min(best, spent)
+    timer.close()
+    return max(1, round((best or 0) / (2 * CALIBRATION_STEPS)))
+
+
+def contexts_entered(raw: npt.NDArray[np.int64]) -> int:
+    """Step contexts plus the stage columns they recorded, from a window's raw rows (column 0
+    the step wall time). A stage entered twice in one step (a contract violation) counts once."""
+    return int(raw.shape[0] + np.count_nonzero(raw[:, 1:]))
+
+
+class ThreadClock:
+    """The summed CPU time of the library's background threads, read as deltas per window."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+
+    def delta_ns(self) -> int:
+        """CPU nanoseconds the library's threads spent since the previous call."""
+        spent = 0
+        seen: dict[int, int] = {}
+        for thread in threading.enumerate():
+            if not thread.name.startswith(THREAD_PREFIX) or thread.ident is None:
+                continue
+            now = _thread_cpu_ns(thread)
+            if now is None:
+                continue
+            seen[thread.ident] = now
+            spent += max(0, now - self._last.get(thread.ident, 0))
+        self._last = seen
+        return spent
+
+
+def _thread_cpu_ns(thread: threading.Thread) -> int | None:
+    """The thread's CPU clock; the calling thread's own where other threads' are unreadable."""
+    if thread is threading.current_thread():
+        return time.thread_time_ns()
+    try:
+        clock = time.pthread_getcpuclockid(thread.ident)  # type: ignore[arg-type]
+        return time.clock_gettime_ns(clock)
+    except (AttributeError, OSError, ValueError):  # no such clock here, or the thread ended
+        return None
+
+
+class CostMeter:
+    """One timer's self-cost bookkeeping. The training thread writes ``handoff_ns`` at each
+    boundary; ``window_fields`` runs on the thread that builds the window."""
+
+    def __init__(self, annotated: bool) -> None:
+        self.annotated = annotated
+        self.handoff_ns = 0
+        """The training thread's time in the last completed hand-off."""
+        self._threads = ThreadClock()
+
+    def window_fields(self, raw: npt.NDArray[np.int64]) -> dict[str, int]:
+        return {
+            "contexts_entered": contexts_entered(raw),
+            "context_cost_ns": context_cost_ns(self.annotated),
+            "thread_cpu_ns": self._threads.delta_ns(),
+        }
+
+
+COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "total_s")
+
+
+def rank_cost_s(w: RankWindow) -> dict[str, float]:
+    """One rank's three parts and their total, in seconds."""
+    hot = w.contexts_entered * w.context_cost_ns * 1e-9
+    handoff = w.handoff_ns * 1e-9
+    threads = w.thread_cpu_ns * 1e-9
+    return {
+        "hot_path_s": hot,
+        "handoff_s": handoff,
+        "threads_cpu_s": threads,
+        "total_s": hot + handoff + threads,
+    }
+
+
+def self_cost_summary(ranks: Sequence[RankWindow]) -> dict[str, Any]:
+    """The ``self_cost`` object of a window record: per component the max and median over
+    ``ranks`` (seconds), the calibrated context cost, and the fraction of step time (each rank's
+    total over its own summed step wall time)."""
+    costs = [rank_cost_s(w) for w in ranks]
+    walls = [float(w.wall_ns.sum()) * 1e-9 for w in ranks]
+    fractions = [
+        c["total_s"] / wall if wall > 0 else 0.0 for c, wall in zip(costs, walls, strict=True)
+    ]
+    out: dict[str, Any] = {name: _spread([c[name] for c in costs]) for name in COMPONENTS}
+    out["context_cost_ns"] = _spread([float(w.context_cost_ns) for w in ranks])
+    out["fraction"] = _spread(fractions)
+    return out
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"max": 0.0, "median": 0.0}
+    return {"max": float(max(values)), "median": float(statistics.median(values))}

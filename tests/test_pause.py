@@ -1,0 +1,194 @@
+"""``timer.pause()`` / ``timer.resume()``: paused steps are not recorded, keep the contract, and
+leave the window boundaries where they would be, on one rank and across real Gloo ranks (whose
+windows also carry every rank's self-reported cost to rank 0)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from recorder_support import DATA, FWD, CaptureCollector, StepClock
+
+from stagefrontier import ContractViolation, StageTimer
+from stagefrontier.record import contexts, recorder
+
+
+def capture(**kwargs: object) -> tuple[StageTimer, CaptureCollector]:
+    collector = CaptureCollector()
+    return StageTimer([DATA, FWD], collector=collector, **kwargs), collector  # type: ignore[arg-type]
+
+
+def run(timer: StageTimer, steps: range, paused: set[int]) -> None:
+    """Steps with both stages, a microstep and a probe; the listed ones run paused."""
+    for step in steps:
+        if step in paused:
+            timer.pause()
+        else:
+            timer.resume()
+        with timer.step():
+            with timer.stage(DATA):
+                pass
+            with timer.microstep(0), timer.stage(FWD), timer.probe("p"):
+                pass
+
+
+def test_paused_steps_are_not_recorded_and_windows_keep_their_boundaries() -> None:
+    timer, collector = capture(window=10)
+    run(timer, range(35), paused={*range(5, 13), 34})
+    timer.close()
+    spans = [(w.window, w.first_step, w.last_step, w.n_steps) for w in collector.windows]
+    assert spans == [(0, 0, 9, 5), (1, 10, 19, 7), (2, 20, 29, 10), (3, 30, 34, 4)]
+    paused = [w.paused_ranges for w in collector.windows]
+    assert paused == [((5, 9),), ((10, 12),), (), ((34, 34),)]
+    assert [w.paused_steps for w in collector.windows] == [5, 3, 0, 1]
+    assert all(w.contract_violations == 0 for w in collector.windows)
+    assert all((w.durations_ns[:, :2] > 0).all() for w in collector.windows)
+
+
+def test_a_window_paused_through_is_skipped_and_the_next_keeps_its_index() -> None:
+    timer, collector = capture(window=5)
+    run(timer, range(20), paused=set(range(3, 12)))
+    timer.close()
+    spans = [(w.window, w.first_step, w.last_step, w.n_steps) for w in collector.windows]
+    assert spans == [(0, 0, 4, 3), (2, 10, 14, 3), (3, 15, 19, 5)]
+    assert not timer.paused
+
+
+def test_a_batch_fetched_for_a_paused_step_is_dropped_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = StepClock()
+    monkeypatch.setattr(contexts, "_now", clock)
+    monkeypatch.setattr(recorder, "_now", clock)
+    timer, collector = capture(window=4)
+    for step in range(4):
+        (timer.pause if step < 2 else timer.resume)()
+        timer.fetch(clock.advance_s, 0.007 if step < 2 else 0.001)  # a paused step's batch: 7 ms
+        with timer.step():
+            with timer.stage(FWD):
+                clock.advance_s(0.002)
+    timer.close()
+    (window,) = collector.windows
+    assert window.n_steps == 2 and window.paused_ranges == ((0, 1),)
+    assert window.durations_ns[:, 0].tolist() == [1_000_000, 1_000_000]
+    assert window.wall_ns.tolist() == [3_000_000, 3_000_000]
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("pause in step", "pause() inside a step: ignored"),
+        ("resume in paused step", "resume() inside a paused step: ignored"),
+    ],
+)
+def test_pause_or_resume_inside_a_step_is_a_counted_violation_and_ignored(
+    where: str, reason: str
+) -> None:
+    timer, collector = capture(window=2)
+    if where == "pause in step":
+        with timer.step():
+            timer.pause()
+        assert not timer.paused
+    else:
+        timer.pause()
+        with timer.step():
+            timer.resume()
+        assert timer.paused
+        timer.resume()
+    with timer.step():
+        pass
+    timer.close()
+    (window,) = collector.windows
+    assert window.contract_violations == 1
+    assert [r.split(" (")[0] for r in window.violation_reasons] == [reason]
+
+
+def test_strict_timer_raises_on_pause_inside_a_step() -> None:
+    timer, _ = capture(window=2, strict=True)
+    with pytest.raises(ContractViolation, match=re.escape("pause() inside a step")):
+        with timer.step():
+            timer.pause()
+
+
+def test_pause_and_resume_twice_and_on_a_disabled_timer_do_nothing() -> None:
+    timer, collector = capture(window=2)
+    timer.resume()
+    timer.pause()
+    timer.pause()
+    assert timer.paused
+    timer.resume()
+    timer.resume()
+    run(timer, range(2), paused=set())
+    timer.close()
+    assert [w.n_steps for w in collector.windows] == [2]
+    assert collector.windows[0].contract_violations == 0
+    disabled = StageTimer(enabled=False)
+    disabled.pause()
+    assert not disabled.paused
+    disabled.resume()
+    disabled.close()
+
+
+# ------------------------------------------------------------------ real ranks
+
+
+def test_ranks_pausing_the_same_steps_stay_merged_window_by_window(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from collect_support import Job, launch, reasons
+
+    paused = (*range(4, 8), 12)
+    run_ = launch(
+        Job(
+            out_dir=str(tmp_path),
+            steps=30,
+            window=10,
+            collect="store",
+            paused_steps={0: paused, 1: paused},
+        )
+    )
+    windows = run_.windows
+    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == [
+        (0, 0, 9),
+        (1, 10, 19),
+        (2, 20, 29),
+    ]
+    assert [w["paused_steps"] for w in windows] == [4, 1, 0]
+    assert [w["n_steps"] for w in windows] == [6, 9, 10]
+    for w in windows:
+        assert w["gather_ok"] and w["ranks_present"] == [0, 1], reasons(w)
+        assert w["contract_violations"] == 0
+        cost = w["self_cost"]  # every rank's cost reached rank 0
+        assert all(v >= 0 for spread in cost.values() for v in spread.values()), cost
+        assert cost["context_cost_ns"]["median"] >= 1
+    assert windows[0]["paused_ranges"] == {"0": [[4, 7]], "1": [[4, 7]]}
+
+
+def test_ranks_pausing_different_steps_are_not_merged_for_that_window_only(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    from collect_support import Job, launch, reasons
+
+    run_ = launch(
+        Job(
+            out_dir=str(tmp_path),
+            steps=30,
+            window=10,
+            collect="gloo",
+            paused_steps={1: (13, 14)},
+        )
+    )
+    windows = run_.windows
+    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == [
+        (0, 0, 9),
+        (1, 10, 19),
+        (2, 20, 29),
+    ]
+    apart = windows[1]
+    assert apart["ranks_present"] == [0] and apart["mismatched_ranks"] == [1]
+    note = "rank 1 paused steps 13-14 of steps 10-19, rank 0 paused no steps: not merged"
+    assert note in reasons(apart)
+    for w in (windows[0], windows[2]):
+        assert w["ranks_present"] == [0, 1] and not w["mismatched_ranks"], reasons(w)
+    assert all(w["contract_violations"] == 0 for w in windows)
