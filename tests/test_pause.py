@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from recorder_support import DATA, FWD, CaptureCollector, StepClock
 
+from recorder_support import DATA, FWD, CaptureCollector, StepClock
 from stagefrontier import ContractViolation, StageTimer
 from stagefrontier.record import contexts, recorder
 
@@ -65,9 +65,8 @@ def test_a_batch_fetched_for_a_paused_step_is_dropped_with_it(
     for step in range(4):
         (timer.pause if step < 2 else timer.resume)()
         timer.fetch(clock.advance_s, 0.007 if step < 2 else 0.001)  # a paused step's batch: 7 ms
-        with timer.step():
-            with timer.stage(FWD):
-                clock.advance_s(0.002)
+        with timer.step(), timer.stage(FWD):
+            clock.advance_s(0.002)
     timer.close()
     (window,) = collector.windows
     assert window.n_steps == 2 and window.paused_ranges == ((0, 1),)
@@ -106,9 +105,11 @@ def test_pause_or_resume_inside_a_step_is_a_counted_violation_and_ignored(
 
 def test_strict_timer_raises_on_pause_inside_a_step() -> None:
     timer, _ = capture(window=2, strict=True)
-    with pytest.raises(ContractViolation, match=re.escape("pause() inside a step")):
-        with timer.step():
-            timer.pause()
+    with (
+        pytest.raises(ContractViolation, match=re.escape("pause() inside a step")),
+        timer.step(),
+    ):
+        timer.pause()
 
 
 def test_pause_and_resume_twice_and_on_a_disabled_timer_do_nothing() -> None:

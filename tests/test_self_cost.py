@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from recorder_support import DATA, FWD, CaptureCollector, read_records
 
+from recorder_support import DATA, FWD, CaptureCollector, read_records
 from stagefrontier import RESIDUAL_STAGE, StageTimer, load_window
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.record.self_cost import COMPONENTS, context_cost_ns, self_cost_summary
