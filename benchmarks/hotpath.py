@@ -11,13 +11,17 @@ noise, the script times loops of ``n`` uses of
 * the same full step on a timer with a ``ProfilerRouter`` attached and nothing requested (its
   thread polls a real local c10d store every 50 ms; the step tests one flag);
 * ``timer.stage("x")`` on a timer built with ``enabled=False``;
-* Lightning's ``SimpleProfiler().profile("x")``, when Lightning is importable (a peer).
+* Lightning's ``SimpleProfiler().profile("x")``, when Lightning is importable (a peer);
+
+and, apart from the rounds, the window hand-off: the training-thread time of the step exit that
+completes a window (a timer with a real ``LocalCollector``, whose thread analyzes each window
+while the next steps run), as that exit minus the median exit of the window's other steps.
 
 Each figure is nanoseconds per use with the empty loop's cost removed; the reported value is
 the median over repeats of the per-repeat figure, and the ratio divides it by the floor's median.
 
-Targets (issue #3, "Hot path"): stage <= 1.5x the floor, full step <= 8x the floor, disabled
-stage <= 0.3x the floor.
+Targets (issue #17, "Hot path"): stage <= 1.2x the floor, full step <= 6.5x the floor, disabled
+stage <= 0.45x the floor, hand-off <= 50 us median.
 
 Usage::
 
@@ -52,9 +56,15 @@ _now = time.perf_counter_ns
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "hotpath.md"
 COMMAND = "python benchmarks/hotpath.py"
 
-STAGE_TARGET = 1.5
-FULL_STEP_TARGET = 8.0
-DISABLED_TARGET = 0.3
+STAGE_TARGET = 1.2
+FULL_STEP_TARGET = 6.5
+DISABLED_TARGET = 0.45
+HANDOFF_TARGET_US = 50.0
+HANDOFF_WINDOW = 10
+"""Steps per window in the hand-off measurement."""
+HANDOFF_WORK = 20_000
+"""``sum(range(HANDOFF_WORK))`` in the forward stage of each step of the hand-off measurement
+(a few hundred microseconds: the steps are not empty, the analysis thread gets the GIL)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +75,12 @@ class Settings:
     """Uses per timed loop."""
     warmup: int
     """Uses run before every timed loop (steps also recorded in the timer's window)."""
+    handoff_windows: int
+    """Windows handed off (the first one not measured) in the hand-off measurement."""
 
 
-FULL = Settings(repeats=101, loops=5_000, warmup=500)
-QUICK = Settings(repeats=3, loops=1_000, warmup=100)
+FULL = Settings(repeats=101, loops=5_000, warmup=500, handoff_windows=201)
+QUICK = Settings(repeats=3, loops=1_000, warmup=100, handoff_windows=6)
 
 
 class Bare:
@@ -213,6 +225,35 @@ def lightning_profiler() -> tuple[Callable[[], Any] | None, str]:
 
 
 # ---------------------------------------------------------------------------- measurement
+
+
+def measure_handoff(windows: int) -> list[float]:
+    """Microseconds per measured window: the exit of the step that completes it minus the
+    median exit of its other steps (the part of that exit that is the hand-off)."""
+    from stagefrontier.collect.local import LocalCollector
+
+    timer = StageTimer(
+        window=HANDOFF_WINDOW, collector=LocalCollector(out_dir=".", sinks=[], queue_size=64)
+    )
+    step, stage = timer.step, timer.stage
+    s0, s1, s2, s3, s4 = (s for s in DEFAULT_STAGES if s != RESIDUAL_STAGE)
+    exits: list[int] = []
+    for _ in range(windows * HANDOFF_WINDOW):
+        ctx = step()
+        ctx.__enter__()
+        for name in (s0, s1, s2, s3, s4):
+            with stage(name):
+                if name == s1:
+                    sum(range(HANDOFF_WORK))
+        start = _now()
+        ctx.__exit__(None, None, None)
+        exits.append(_now() - start)
+    timer.close()
+    out = []
+    for w in range(1, windows):  # the first window warms up
+        rows = exits[w * HANDOFF_WINDOW : (w + 1) * HANDOFF_WINDOW]
+        out.append((rows[-1] - statistics.median(rows[:-1])) / 1e3)
+    return out
 
 
 def fresh_timer(
@@ -487,8 +528,19 @@ def environment(peer: str, load_start: str, load_end: str) -> list[str]:
     ]
 
 
+def handoff_lines(handoff_us: Sequence[float]) -> list[str]:
+    median = statistics.median(handoff_us)
+    p90 = float(np.percentile(handoff_us, 90))
+    met = "MET" if median <= HANDOFF_TARGET_US else "MISSED"
+    return [
+        f"- window hand-off on the training thread: median {median:.1f} us (p90 {p90:.1f} us, "
+        f"{len(handoff_us)} windows), target <= {HANDOFF_TARGET_US:g} us: {met}."
+    ]
+
+
 def render(
     rows: Sequence[Row],
+    handoff_us: Sequence[float],
     settings: Settings,
     quick: bool,
     peer: str,
@@ -516,11 +568,19 @@ def render(
         "collector that "
         "discards windows (analysis runs off the training thread and is not measured here).",
         "",
+        f"Hand-off: after the rounds, {settings.handoff_windows} windows of {HANDOFF_WINDOW} "
+        "steps (a step and the five default stages, `sum(range("
+        f"{HANDOFF_WORK}))` in the forward) on a timer with a real `LocalCollector` (no sinks), "
+        "whose thread analyzes each window while the next steps run; per window after the "
+        "first, the exit of the step that completes it minus the median exit of its other "
+        "steps, each exit timed with `time.perf_counter_ns`.",
+        "",
         markdown_table(rows),
         "",
         "Verdicts:",
         "",
         *verdicts(rows),
+        *handoff_lines(handoff_us),
         "",
     ]
     why = explanations(rows)
@@ -556,14 +616,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = []
     for rnd in range(settings.repeats):
         rounds.append(measure_round(settings, factory, rnd, router))
+    handoff_us = measure_handoff(settings.handoff_windows)
     load_end = load_average()
     rows = summarize(rounds, settings.loops, peer)
     print(markdown_table(rows))
     print()
-    print("\n".join(verdicts(rows)))
+    print("\n".join([*verdicts(rows), *handoff_lines(handoff_us)]))
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(rows, settings, args.quick, peer, load_start, load_end), encoding="utf-8")
+    out.write_text(
+        render(rows, handoff_us, settings, args.quick, peer, load_start, load_end),
+        encoding="utf-8",
+    )
     print(f"\nwrote {out}", file=sys.stderr)
     return 0
 

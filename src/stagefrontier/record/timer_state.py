@@ -6,8 +6,9 @@ write these fields directly (an attribute access is the cheapest thing the hot p
 call the slow-path methods here only for the rare cases.
 
 Buffer layout per step: column 0 is the step wall time, then one column per timed stage and
-accumulation microstep (column ``1 + i * K + k``), for up to ``_capacity`` microsteps. Rows are
-zero when a window starts; each step writes only its own row.
+accumulation microstep (column ``1 + i * K + k``), for up to ``_capacity`` microsteps, in one
+flat list of ints. Rows are zero when a window starts (the hand-off gives the filled list to the
+snapshot and starts a fresh one); each step writes only its own row.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ import logging
 import os
 import socket
 import time
-from array import array
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from ..analysis.schema import RESIDUAL_STAGE
 from ..collect import Collector, make_collector
@@ -146,8 +144,7 @@ class TimerState:
     # ------------------------------------------------------------------ the buffer
     def _alloc(self, capacity: int) -> None:
         self._width = 1 + self._n_timed * capacity
-        self._buf = array("q", bytes(8 * self._width * self.window))
-        self._buf_view = np.frombuffer(self._buf, dtype=np.int64)  # for zeroing and snapshots
+        self._buf = [0] * (self._width * self.window)
 
     def _grow(self, capacity: int) -> None:
         """Widen the buffer for more microsteps (rare: the first step with a larger factor)."""
@@ -258,7 +255,7 @@ class TimerState:
             except Exception:  # never let a telemetry bug reach the training loop
                 logger.exception("stagefrontier: building window %d failed", self._window_index)
         self._first_step = first + n + self._paused
-        self._buf_view.fill(0)
+        self._buf = [0] * len(self._buf)  # the snapshot took the old one
         self._last = 0
         self._window_index += 1
         self._n = 0
@@ -311,8 +308,7 @@ class TimerState:
             "role": self._role,
             "role_set": self._role_set,
         }
-        raw = self._buf_view[: n * self._width].reshape(n, self._width).copy()
-        return WindowSnapshot(raw, self.stages, fields, self._cost)
+        return WindowSnapshot(self._buf, n, self._width, self.stages, fields, self._cost)
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:

@@ -114,12 +114,16 @@ class RankWindow:
 
 @dataclass(frozen=True)
 class WindowSnapshot:
-    """What the training thread copies at a window boundary: the raw buffer rows and the
-    window's bookkeeping. Collectors call ``build()`` on their own thread, so the residual,
-    the stage names and the RankWindow are computed off the training thread."""
+    """What the training thread hands over at a window boundary: the window's buffer itself (the
+    timer starts the next window in a fresh one) and its bookkeeping. Collectors call
+    ``build()`` on their own thread, so the array, the residual, the stage names and the
+    RankWindow are all made off the training thread."""
 
-    raw: npt.NDArray[np.int64]
-    """``[N, width]``: column 0 the step wall time, then ``K * factor`` stage columns."""
+    buffer: list[int]
+    """Row-major ``[rows, width]`` nanoseconds: column 0 the step wall time, then ``K *
+    factor`` stage columns; the first ``n`` rows are the window's."""
+    n: int
+    width: int
     timed_stages: tuple[str, ...]
     fields: dict[str, Any]
     """Every other RankWindow field, as recorded."""
@@ -131,15 +135,16 @@ class WindowSnapshot:
         return int(self.fields["window"])
 
     def build(self) -> RankWindow:
+        n, width = self.n, self.width
+        raw = np.array(self.buffer[: n * width], dtype=np.int64).reshape(n, width)
         factor = int(self.fields["accumulation_factor"])
         k = len(self.timed_stages) * factor
-        n = self.raw.shape[0]
-        wall = self.raw[:, 0].copy()
+        wall = raw[:, 0].copy()
         durations = np.empty((n, k + 1), dtype=np.int64)
-        durations[:, :k] = self.raw[:, 1 : 1 + k]
+        durations[:, :k] = raw[:, 1 : 1 + k]
         durations[:, k] = np.maximum(wall - durations[:, :k].sum(axis=1), 0)
         timed = self.timed_stages if factor == 1 else expand_microsteps(self.timed_stages, factor)
-        cost: dict[str, Any] = {} if self.cost is None else self.cost.window_fields(self.raw)
+        cost: dict[str, Any] = {} if self.cost is None else self.cost.window_fields(raw)
         return RankWindow(
             stages=(*timed, RESIDUAL_STAGE),
             durations_ns=durations,
