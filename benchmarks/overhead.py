@@ -1,22 +1,32 @@
-"""E1: throughput overhead of the always-on timer, paired logger-off / logger-on runs.
+"""E1: throughput overhead of the always-on timer, measured as an A/B inside one run.
 
-Paper table 5 (E1). Each pair is two runs of the same job (same seed, same rank count, same
-process layout): one with the timer disabled on every rank (``DemoConfig(timed=False)``, the
-logger-off arm) and one with it on (the StageTimer with store collection, packets and the
-analyzer on rank 0). The order alternates within pairs (off,on / on,off / off,on, ...) so slow
-drifts of the shared machine hit both arms alike. Throughput is measured from each rank's own
-step wall times (``time.perf_counter`` around every step, no timer involved) over the steps
-after a warm-up; the job's time is the median over ranks. A pair's overhead is
-``1 - throughput_on / throughput_off``; the paired bootstrap resamples whole pairs.
+Two runs of different jobs on this machine differ by 10-20% in throughput, far more than the
+effect to measure, so both arms run inside the same processes: each job alternates blocks of
+steps with the timer on and blocks with it paused (``timer.pause()`` / ``timer.resume()`` on
+every rank at the same steps, ``DemoConfig.paused_steps``). Adjacent blocks form a pair, the
+order within each pair drawn at random (one seed, the same on every rank). A block's time is the
+median over ranks of the summed step wall times (``time.perf_counter`` around each step, no timer
+involved); a pair's overhead is ``1 - throughput_on / throughput_off = 1 - t_off / t_on``. The
+interval is a block bootstrap: whole pairs resampled with replacement, 95% percentile interval.
+
+The window is one block long and the blocks are aligned with the windows, so every on block is
+one window (its hand-off at its end, its analysis on rank 0's thread overlapping the next block)
+and every off block is a window paused through. Beside the interval, the self-reported cost of
+the on blocks' windows (``self_cost`` in windows.jsonl: the hot path, the hand-off and the
+background threads' CPU, as a fraction of step time), median and max over ranks.
+
+Two workloads at 4 ranks: the demo workload (``DemoConfig`` defaults) and a small one whose
+steps take about 10 ms here.
 
 Usage::
 
     python benchmarks/overhead.py            # full run, writes benchmarks/results/overhead.md
-    python benchmarks/overhead.py --quick    # one pair, 4 ranks, a few steps: a smoke run
+    python benchmarks/overhead.py --quick    # 4 blocks of 5 steps per workload: a smoke run
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,219 +35,244 @@ from typing import Any
 
 import harness_common as hc
 
-TARGET = 0.002
-"""The paper's bound (0.181%, rounded up): the 95% CI upper bound must not exceed 0.2%."""
-AIM = 0.001
+TARGET = 0.005
+"""The issue's bound on this machine: the 95% interval's upper bound <= 0.5% at 4 ranks."""
+SEED = 20260517
+"""The order of the arms within each pair."""
+RANKS = 4
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "10ms": {"batch_size": 2, "seq_len": 16, "d_model": 16, "n_layers": 1},
+}
+"""DemoConfig settings per workload: the demo as it ships, and a model small enough that a step
+takes about 10 ms at 4 ranks on this machine."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    ranks: tuple[int, ...]
-    pairs: int
-    warmup: int
-    measured: int
-    window: int
+    blocks: int
+    block_steps: int
+    warmup_blocks: int
+    """Blocks run with the timer on before the first pair (not measured)."""
 
 
-FULL = Plan(ranks=(4, 8), pairs=5, warmup=20, measured=200, window=100)
-QUICK = Plan(ranks=(4,), pairs=1, warmup=4, measured=12, window=8)
+FULL = Plan(blocks=40, block_steps=25, warmup_blocks=1)
+QUICK = Plan(blocks=4, block_steps=5, warmup_blocks=1)
+
+
+def schedule(plan: Plan) -> list[bool]:
+    """Per measured block, whether the timer is on: each pair is (on, off) or (off, on)."""
+    rng = random.Random(SEED)
+    order: list[bool] = []
+    for _ in range(plan.blocks // 2):
+        order.extend((True, False) if rng.random() < 0.5 else (False, True))
+    return order
 
 
 def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
     plan = QUICK if quick else FULL
-    progress = hc.Progress(2 * plan.pairs * len(plan.ranks))
-    rows = []
-    for ranks in plan.ranks:
-        hc.warm_up(ranks, work)
-        for pair in range(plan.pairs):
-            order = (False, True) if pair % 2 == 0 else (True, False)
-            for timed in order:
-                rows.append(run_arm(ranks, pair, timed, plan, work, progress))
-    return rows
+    progress = hc.Progress(len(WORKLOADS))
+    hc.warm_up(RANKS, work)
+    return [run_workload(name, plan, work, progress) for name in WORKLOADS]
 
 
-def run_arm(
-    ranks: int, pair: int, timed: bool, plan: Plan, work: Path, progress: hc.Progress
-) -> dict[str, Any]:
-    arm = "on" if timed else "off"
+def run_workload(name: str, plan: Plan, work: Path, progress: hc.Progress) -> dict[str, Any]:
+    arms = schedule(plan)
+    first = plan.warmup_blocks * plan.block_steps
+    paused = [
+        first + b * plan.block_steps + i
+        for b, on in enumerate(arms)
+        if not on
+        for i in range(plan.block_steps)
+    ]
     config = hc.demo_config(
-        ranks=ranks,
-        steps=plan.warmup + plan.measured,
-        window=plan.window,
+        ranks=RANKS,
+        steps=first + len(arms) * plan.block_steps,
+        window=plan.block_steps,
         seed=0,
-        timed=timed,
-        out_dir=str(work / f"r{ranks}-p{pair}-{arm}"),
+        paused_steps=tuple(paused),
+        out_dir=str(work / name),
+        **WORKLOADS[name],
     )
     run = hc.launch_run(config)
-    per_rank = [sum(times[plan.warmup :]) for times in run.step_s.values()]
-    job_s = statistics.median(per_rank)
-    throughput = plan.measured / job_s
-    windows = run.windows
-    progress.line(
-        f"{ranks} ranks pair {pair} logger-{arm}",
-        f"{throughput:.3f} steps/s over {plan.measured} steps, {len(windows)} window(s)",
-        run.wall_s,
-    )
-    return {
-        "ranks": ranks,
-        "pair": pair,
-        "timed": timed,
-        "measured_steps": plan.measured,
-        "warmup_steps": plan.warmup,
-        "window": plan.window,
-        "job_s": job_s,
-        "rank_s": per_rank,
-        "throughput": throughput,
-        "windows": len(windows),
-        "windows_complete": sum(bool(w["gather_ok"]) for w in windows),
+    blocks = []
+    for b, on in enumerate(arms):
+        lo = first + b * plan.block_steps
+        per_rank = [sum(times[lo : lo + plan.block_steps]) for times in run.step_s.values()]
+        blocks.append({"on": on, "time_s": statistics.median(per_rank), "rank_s": per_rank})
+    windows = [
+        {
+            "first_step": w["first_step"],
+            "paused_steps": w.get("paused_steps", 0),
+            "gather_ok": w["gather_ok"],
+            "step_wall_s": w["step_wall_s"],
+            "self_cost": w.get("self_cost"),
+        }
+        for w in run.windows
+    ]
+    row = {
+        "workload": name,
+        "ranks": RANKS,
+        "block_steps": plan.block_steps,
+        "warmup_blocks": plan.warmup_blocks,
+        "settings": WORKLOADS[name],
+        "blocks": blocks,
+        "windows": windows,
         "wall_s": run.wall_s,
     }
+    mean, low, high = interval(row)
+    step_ms = 1e3 * statistics.median(b["time_s"] for b in blocks) / plan.block_steps
+    progress.line(
+        f"{name} at {RANKS} ranks",
+        f"{step_ms:.1f} ms/step, overhead {hc.pct(mean, 2)} [{hc.pct(low, 2)}, "
+        f"{hc.pct(high, 2)}], {len(windows)} window(s)",
+        run.wall_s,
+    )
+    return row
 
 
-def pairs(rows: Sequence[dict[str, Any]], ranks: int) -> list[tuple[dict[str, Any], ...]]:
-    """(off, on, first arm) per pair, in run order."""
+def pair_overheads(row: dict[str, Any]) -> list[float]:
+    """``1 - t_off / t_on`` per pair of adjacent blocks."""
+    blocks = row["blocks"]
     out = []
-    for pair in sorted({r["pair"] for r in rows if r["ranks"] == ranks}):
-        arms = [r for r in rows if r["ranks"] == ranks and r["pair"] == pair]
-        off = next(r for r in arms if not r["timed"])
-        on = next(r for r in arms if r["timed"])
-        out.append((off, on, arms[0]))
+    for a, b in zip(blocks[0::2], blocks[1::2], strict=True):
+        on, off = (a, b) if a["on"] else (b, a)
+        out.append(1.0 - off["time_s"] / on["time_s"])
     return out
 
 
-def overhead(off: dict[str, Any], on: dict[str, Any]) -> float:
-    return 1.0 - on["throughput"] / off["throughput"]
+def interval(row: dict[str, Any]) -> tuple[float, float, float]:
+    return hc.paired_bootstrap(pair_overheads(row))
+
+
+def self_reported(row: dict[str, Any], key: str) -> float:
+    """The on blocks' self-reported cost over their step time: the windows' ``self_cost``
+    totals (``key``: ``median`` or ``max`` over ranks) summed, over their summed mean step wall
+    per rank. Windows before the first pair (warm-up) are left out."""
+    first = row["warmup_blocks"] * row["block_steps"]
+    windows = [w for w in row["windows"] if w["first_step"] >= first and w["self_cost"]]
+    if not windows:
+        return float("nan")
+    cost = sum(w["self_cost"]["total_s"][key] for w in windows)
+    wall = sum(w["step_wall_s"] for w in windows) / row["ranks"]  # step_wall_s sums the ranks
+    return cost / wall
+
+
+def component(row: dict[str, Any], name: str) -> float:
+    """One self-cost component (median over ranks), summed over the measured windows, per
+    second of step time."""
+    first = row["warmup_blocks"] * row["block_steps"]
+    windows = [w for w in row["windows"] if w["first_step"] >= first and w["self_cost"]]
+    wall = sum(w["step_wall_s"] for w in windows) / row["ranks"]
+    return sum(w["self_cost"][name]["median"] for w in windows) / wall if wall else float("nan")
 
 
 def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
-    ranks_list = sorted({r["ranks"] for r in rows})
-    summary_rows, bounds = [], {}
-    detail = []
-    for ranks in ranks_list:
-        ps = pairs(rows, ranks)
-        values = [overhead(off, on) for off, on, _ in ps]
+    summary_rows, detail = [], []
+    bounds = {}
+    for row in rows:
+        values = pair_overheads(row)
         mean, low, high = hc.paired_bootstrap(values)
-        bounds[ranks] = high
-        verdict = "yes" if high <= TARGET else "no"
+        bounds[row["workload"]] = high
+        step_ms = 1e3 * statistics.median(b["time_s"] for b in row["blocks"]) / row["block_steps"]
         summary_rows.append(
             [
-                ranks,
-                len(ps),
-                ps[0][0]["measured_steps"],
-                hc.pct(mean, 3),
-                f"[{hc.pct(low, 3)}, {hc.pct(high, 3)}]",
-                hc.pct(high, 3) if high > 0 else "<= 0",
-                verdict,
+                row["workload"],
+                row["ranks"],
+                f"{step_ms:.1f}",
+                f"{len(values)} x 2 x {row['block_steps']}",
+                hc.pct(mean, 2),
+                f"[{hc.pct(low, 2)}, {hc.pct(high, 2)}]",
+                "yes" if high <= TARGET else "no",
+                hc.pct(self_reported(row, "median"), 3),
+                hc.pct(self_reported(row, "max"), 3),
+                "yes" if low <= self_reported(row, "median") <= high else "no",
                 hc.pct(statistics.pstdev(values), 2) if len(values) > 1 else "-",
             ]
         )
-        for off, on, first in ps:
-            detail.append(
-                [
-                    ranks,
-                    off["pair"],
-                    "off, on" if first is off else "on, off",
-                    f"{off['throughput']:.3f}",
-                    f"{on['throughput']:.3f}",
-                    hc.pct(overhead(off, on), 2),
-                    f"{on['windows_complete']}/{on['windows']}",
-                ]
-            )
-    measured = rows[0]["measured_steps"]
-    result.title = "E1 overhead: paired logger-off / logger-on throughput (paper table 5)"
+        detail.append(
+            [
+                row["workload"],
+                hc.pct(component(row, "hot_path_s"), 3),
+                hc.pct(component(row, "handoff_s"), 3),
+                hc.pct(component(row, "threads_cpu_s"), 3),
+                f"{sum(w['gather_ok'] for w in row['windows'])}/{len(row['windows'])}",
+            ]
+        )
+    result.title = "E1 overhead: in-run A/B of the timer, on and paused blocks in one run"
     result.summary = [
-        f"{rows[0]['warmup_steps']} warm-up + {measured} measured steps per run, pairs of"
-        " logger-off/logger-on runs in alternating order. 95% CI upper bound of the throughput"
+        "Pairs of adjacent blocks (timer on / timer paused, order random within each pair) in one"
+        " run of each workload at 4 ranks. 95% block-bootstrap upper bound of the throughput"
         " overhead: "
-        + ", ".join(f"{r} ranks {hc.pct(b, 3)}" for r, b in bounds.items())
-        + f" (target <= {hc.pct(TARGET)}, aim <= {hc.pct(AIM)}; paper <= 0.181% through 128"
-        " ranks).",
+        + ", ".join(f"{w} {hc.pct(b, 2)}" for w, b in bounds.items())
+        + f" (target <= {hc.pct(TARGET)}; paper <= 0.181%).",
     ]
     result.section(
-        "Table 5 layout: 95% CI upper bound of throughput overhead (Gloo, CPU-wall)",
-        hc.table(
-            [
-                "Ranks",
-                "Pairs",
-                "Steps/run",
-                "Mean overhead",
-                "95% CI (paired bootstrap)",
-                "Upper bound",
-                f"<= {hc.pct(TARGET)}",
-                "Pair sd",
-            ],
-            summary_rows,
-        ),
-    )
-    result.section(
-        "Every pair",
+        "Throughput overhead (in-run A/B) and the self-reported cost beside it",
         [
-            "Throughput in optimizer steps per second of the whole job (median over ranks of"
-            " each rank's summed step wall time). Windows: windows the logger-on run analyzed"
-            " with every rank present / windows it analyzed.",
-            "",
             *hc.table(
                 [
+                    "Workload",
                     "Ranks",
-                    "Pair",
-                    "Order",
-                    "Off steps/s",
-                    "On steps/s",
-                    "Overhead",
-                    "On windows",
+                    "Step ms",
+                    "Pairs x blocks x steps",
+                    "Mean overhead",
+                    "95% CI (block bootstrap)",
+                    f"Upper <= {hc.pct(TARGET)}",
+                    "Self-reported (median rank)",
+                    "Self-reported (max rank)",
+                    "Self-reported in CI",
+                    "Pair sd",
                 ],
-                detail,
+                summary_rows,
             ),
+            "",
+            "Self-reported: the on blocks' windows' `self_cost.total_s` (hot path + hand-off +"
+            " background-thread CPU), median or max over ranks, over their step time.",
         ],
     )
-    result.section("Comparison with the paper", notes(rows, bounds, quick))
+    result.section(
+        "Self-reported cost by part (median over ranks, fraction of step time)",
+        hc.table(
+            ["Workload", "Hot path", "Hand-off", "Background threads", "Windows complete"], detail
+        ),
+    )
+    result.section("Reading it", notes(rows, bounds, quick))
 
 
-def notes(rows: Sequence[dict[str, Any]], bounds: dict[int, float], quick: bool) -> list[str]:
+def notes(rows: Sequence[dict[str, Any]], bounds: dict[str, float], quick: bool) -> list[str]:
     lines = []
     if quick:
+        lines.append("- --quick: two pairs of five-step blocks; a smoke run, not a result.")
+    lines.append(
+        "- Both arms run in the same processes, interleaved block by block, so the drifts that"
+        " make separate runs differ by 10-20% here hit both arms of a pair alike; what is left"
+        " is the block-to-block noise of a shared 2-core machine running 4 ranks."
+    )
+    for row in rows:
+        values = pair_overheads(row)
+        mean, low, high = hc.paired_bootstrap(values)
+        reported = self_reported(row, "median")
+        agree = "inside" if low <= reported <= high else "outside"
         lines.append(
-            "- --quick: one pair, so the bootstrap interval is a single point; not a result."
+            f"- {row['workload']}: mean {hc.pct(mean, 2)}, interval [{hc.pct(low, 2)},"
+            f" {hc.pct(high, 2)}]; the self-reported cost ({hc.pct(reported, 3)}, median rank)"
+            f" is {agree} it."
+            + (
+                f" The upper bound meets the {hc.pct(TARGET)} target."
+                if high <= TARGET
+                else f" The upper bound misses the {hc.pct(TARGET)} target: the pair-to-pair"
+                f" spread (sd {hc.pct(statistics.pstdev(values), 2)}) is what limits it here."
+            )
         )
     lines.append(
-        "- Paper: five paired submitted runs with 400-step windows per cell on GPU nodes;"
-        " every 95% upper bound <= 0.181% (8 ranks Gloo CPU-wall: 0.019%). Here: pairs of"
-        " short runs on 2 shared CPU cores with 4 and 8 ranks each, Gloo for training too,"
-        " and the logger-on arm includes everything the product runs: the stage contexts,"
-        " the sender threads, rank 0's collector, analyzer and packet writer."
+        "- What the A/B includes: the off blocks skip the stage contexts' work (a paused"
+        " context returns at its first test), the hand-off and the window's analysis; the"
+        " background threads still run during off blocks when rank 0 is finishing the previous"
+        " on block's window, which counts against the off arm and makes the A/B a slight"
+        " underestimate of the threads' share."
     )
-    sds = {}
-    for ranks in bounds:
-        values = [overhead(off, on) for off, on, _ in pairs(rows, ranks)]
-        sds[ranks] = statistics.pstdev(values) if len(values) > 1 else 0.0
-        mean, low, high = hc.paired_bootstrap(values)
-        if len(values) > 1 and low <= 0 <= high:
-            lines.append(
-                f"- {ranks} ranks: mean {hc.pct(mean, 2)}, but the 95% interval"
-                f" [{hc.pct(low, 2)}, {hc.pct(high, 2)}] includes zero, and single pairs range"
-                f" from {hc.pct(min(values), 1)} to {hc.pct(max(values), 1)}: no overhead is"
-                " detectable at this noise level, in either direction."
-            )
-    met = [r for r, b in bounds.items() if b <= TARGET]
-    lines += [
-        "- What limits the bound here is run-to-run noise: the standard deviation of the paired"
-        " differences is "
-        + ", ".join(
-            f"{hc.pct(sd, 2)} at {r} ranks ({sd / AIM:.0f}x the 0.1% aim)" for r, sd in sds.items()
-        )
-        + ". Every rank of the job and other users' processes share two cores (load averages"
-        " well above the core count during these runs), so a few pairs of short runs cannot"
-        " resolve a 0.1% effect; the interval says so rather than hiding it.",
-        "- "
-        + (
-            f"The upper bound meets the 0.2% target at {', '.join(map(str, met))} ranks."
-            if met
-            else "The upper bound does not demonstrate the 0.2% target on this machine."
-        )
-        + " The timer's own cost per stage context, measured without this noise, is in"
-        " benchmarks/results/hotpath.md (benchmarks/hotpath.py); a GPU node or an idle"
-        " machine with a core per rank is needed to reproduce the end-to-end bound.",
-    ]
     return lines
 
 

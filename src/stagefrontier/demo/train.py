@@ -77,6 +77,9 @@ class DemoConfig:
     """The router's ``capture_timeout_s``."""
     router_off_ranks: tuple[int, ...] = ()
     """Ranks whose timer has no router (they never see a request: a disabled rank)."""
+    paused_steps: tuple[int, ...] = ()
+    """Steps every rank runs with its timer paused (``timer.pause()`` before them, ``resume()``
+    before the others): the off blocks of an in-run A/B of the timer's cost."""
     sharding: str = "ddp"
     """``ddp`` (DistributedDataParallel), ``zero1`` (DDP with ZeroRedundancyOptimizer) or
     ``fsdp2`` (``torch.distributed.fsdp.fully_shard`` on every block and the root)."""
@@ -161,8 +164,13 @@ def _train(rank: int, config: DemoConfig, port: int) -> None:
 
     markers = Path(config.out_dir) / ".markers"
     losses, step_times = [], []
+    paused = frozenset(config.paused_steps)
     for step in range(config.steps):
         faults.step = step
+        if step in paused:
+            timer.pause()
+        else:
+            timer.resume()
         started = time.perf_counter()
         with timer.step():
             for micro in range(accumulation):

@@ -202,6 +202,11 @@ class StageTimer(TimerState):
             for i, name in enumerate(self.stages)
         )
         self.stage = self._stage_ctx.__getitem__  # type: ignore[method-assign,assignment]
+        self._recording_stage = self.stage
+        # While paused, ``timer.stage`` answers the no-op through a C-level lookup, so a paused
+        # step costs about what a disabled timer's does (a stage obtained before ``pause()``
+        # still sees the pause, through its context's first test).
+        self._paused_stage = _noop_table().__getitem__
         self._step_ctx = (
             StepContext(self, self._stage_ctx)
             if ranges is None
@@ -328,6 +333,7 @@ class StageTimer(TimerState):
             self._violation("pause() inside a step: ignored (pause between steps)")
             return
         self._active = PAUSED
+        self.stage = self._paused_stage  # type: ignore[method-assign,assignment]
 
     def resume(self) -> None:
         """Record again from the next step on (see ``pause``). Call it between steps; inside a
@@ -339,6 +345,7 @@ class StageTimer(TimerState):
             self._violation("resume() inside a paused step: ignored (resume between steps)")
         elif self._active is PAUSED:
             self._active = OUTSIDE
+            self.stage = self._recording_stage  # type: ignore[method-assign]
 
     @property
     def paused(self) -> bool:
@@ -384,14 +391,15 @@ class StageTimer(TimerState):
         """Every context call answers the shared no-op through C-level callables only (a
         ``repeat(NOOP).__next__``, a ``defaultdict`` lookup): no Python frame besides the
         no-op's own enter and exit."""
-        always_noop = itertools.repeat(NOOP).__next__
-        tables: list[collections.defaultdict[Any, NoopContext]] = [
-            collections.defaultdict(always_noop) for _ in range(3)
-        ]
-        self.step = always_noop  # type: ignore[method-assign]
-        self.stage = tables[0].__getitem__  # type: ignore[method-assign,assignment]
-        self.probe = tables[1].__getitem__  # type: ignore[method-assign,assignment]
-        self.microstep = tables[2].__getitem__  # type: ignore[method-assign,assignment]
+        self.step = itertools.repeat(NOOP).__next__  # type: ignore[method-assign]
+        self.stage = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+        self.probe = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+        self.microstep = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+
+
+def _noop_table() -> collections.defaultdict[Any, NoopContext]:
+    """Any key -> the shared no-op, looked up in C (the key is stored on first use)."""
+    return collections.defaultdict(itertools.repeat(NOOP).__next__)
 
 
 def _null_event_sample(name: str = "") -> NoopContext:
