@@ -267,11 +267,13 @@ def notes(rows: Sequence[dict[str, Any]], bounds: dict[str, float], quick: bool)
             )
         )
     lines.append(
-        "- What the A/B includes: the off blocks skip the stage contexts' work (a paused"
-        " context returns at its first test), the hand-off and the window's analysis; the"
-        " background threads still run during off blocks when rank 0 is finishing the previous"
-        " on block's window, which counts against the off arm and makes the A/B a slight"
-        " underestimate of the threads' share."
+        "- What the A/B compares: in the off blocks `timer.stage` answers the shared no-op"
+        " through a C-level lookup, as on a disabled timer (the `with` statements remain, in"
+        " both arms, as they do in any instrumented loop), and the step context takes its paused"
+        " branch (one call to count the step); there is no hand-off and no window to analyze."
+        " The background threads may still finish the previous on block's window during an off"
+        " block, which counts against the off arm: the A/B slightly underestimates their share,"
+        " and the self-reported cost counts it in full."
     )
     return lines
 
