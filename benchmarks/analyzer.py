@@ -13,16 +13,23 @@ the input array's size.
 Targets (issue #2, "Speed"): analyze <= 3x the bare frontier at R=128 and R=4096, and peak memory
 <= 3x the input array.
 
+Every row records the 1-minute load average measured right after it, and the header records the
+BLAS numpy runs (the library and, for OpenBLAS, the kernel it picked at run time) and the BLAS
+thread settings in the environment. ``--unset-blas-env`` runs the script again with those
+settings removed from its environment (that command only), so OpenBLAS uses its defaults.
+
 Usage::
 
     python benchmarks/analyzer.py            # full run, writes benchmarks/results/analyzer.md
     python benchmarks/analyzer.py --quick    # fewer repeats, for a smoke check
     python benchmarks/analyzer.py --out PATH # write the markdown somewhere else
+    python benchmarks/analyzer.py --unset-blas-env   # without OPENBLAS_*/OMP_NUM_THREADS
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import statistics
@@ -79,6 +86,8 @@ class Row:
     analyze_min_s: float
     peak_bytes: int
     input_bytes: int
+    load_1min: float | None = None
+    """The 1-minute load average right after the row was measured."""
 
     @property
     def ratio(self) -> float:
@@ -203,6 +212,7 @@ def run_shape(ranks: int, steps: int, stages: int, settings: Settings) -> Row:
         analyze_min_s=min(full_samples),
         peak_bytes=peak_allocation(full),
         input_bytes=d.nbytes,
+        load_1min=load_average(),
     )
 
 
@@ -218,8 +228,8 @@ def _verdict(row: Row) -> str:
 
 def markdown_table(rows: Sequence[Row]) -> str:
     lines = [
-        "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
         lines.append(
@@ -227,7 +237,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
             f"| {_ms(row.bare_median_s, row.bare_min_s)} "
             f"| {_ms(row.analyze_median_s, row.analyze_min_s)} "
             f"| {row.ratio:.2f} (min {row.ratio_min:.2f}) "
-            f"| {row.peak_bytes / 1e6:.2f} | {row.peak_ratio:.2f} | {_verdict(row)} |"
+            f"| {row.peak_bytes / 1e6:.2f} | {row.peak_ratio:.2f} | {_verdict(row)} "
+            f"| {'n/a' if row.load_1min is None else f'{row.load_1min:.2f}'} |"
         )
     return "\n".join(lines)
 
@@ -268,8 +279,48 @@ def environment(loads: Sequence[float | None]) -> list[str]:
         f"- stagefrontier: {stagefrontier.__version__}",
         f"- CPU count: {os.cpu_count()}",
         f"- Platform: {platform.platform()} ({platform.machine()})",
-        f"- Load average (1 min) at start, end: {load_text}",
+        f"- Load average (1 min) at start, end: {load_text} (and after each row, in the table)",
+        f"- BLAS: {blas_kernel()}",
+        f"- BLAS thread settings in the environment: {blas_env_text()}",
     ]
+
+
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "GOTO_NUM_THREADS")
+"""The environment variables that change how OpenBLAS runs (threads, forced kernel)."""
+
+
+def blas_env_text() -> str:
+    found = [f"{k}={os.environ[k]}" for k in BLAS_ENV if k in os.environ]
+    return ", ".join(found) if found else "none (library defaults)"
+
+
+def blas_kernel() -> str:
+    """numpy's BLAS library, and for OpenBLAS the kernel it chose on this CPU (read from the
+    loaded library: its ``get_corename``), when that can be found."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[index]
+        name = f"{blas['name']} {blas.get('version', '')}".strip()
+    except (KeyError, TypeError):
+        return "unknown"
+    np.dot(np.ones((2, 2)), np.ones((2, 2)))  # make sure the library is loaded
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = sorted({ln.split()[-1] for ln in maps if "openblas" in ln.lower()})
+    except OSError:
+        return name
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        for symbol in (
+            "scipy_openblas_get_corename64_",
+            "scipy_openblas_get_corename",
+            "openblas_get_corename64_",
+            "openblas_get_corename",
+        ):
+            corename = getattr(lib, symbol, None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                return f"{name}, kernel {corename().decode()}"
+    return name
 
 
 def load_average() -> float | None:
@@ -317,11 +368,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_OUT,
         help="markdown results file (default: benchmarks/results/analyzer.md)",
     )
+    parser.add_argument(
+        "--unset-blas-env",
+        action="store_true",
+        help=f"run with {', '.join(BLAS_ENV)} removed from the environment (this command only)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.unset_blas_env and any(k in os.environ for k in BLAS_ENV):
+        # numpy read them when it was imported: start again without them.
+        env = {k: v for k, v in os.environ.items() if k not in BLAS_ENV}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     settings = QUICK if args.quick else FULL
     loads = [load_average()]
     rows = []
