@@ -475,6 +475,11 @@ def harness_main(name: str, description: str, collect: Collect, render: Render) 
         }
         with work_dir(args.work) as work:
             rows = collect(args.quick, work)
+        if hasattr(os, "getloadavg"):
+            one, five, _ = os.getloadavg()
+            meta["env"].append(
+                f"- Load average when the runs ended: {one:.2f} (1 min), {five:.2f} (5 min)"
+            )
         meta["wall_s"] = time.monotonic() - started
         meta["runs"] = LAUNCHES[0]
         meta["retries"] = RETRIES
