@@ -465,8 +465,9 @@ EXPLANATIONS = {
         "the wall time, tests the accumulation flag and counts the step against the window's "
         "end) and each stage about 1.2x, so on undisturbed rounds the sum lands near 7.5x "
         "(7.9x with an `array('q')` buffer). 6.5x would need every stage at the floor's own "
-        "cost, i.e. no contract checks at all (one open stage, schema order, nested steps): the checks are kept, and "
-        "only a C extension would remove the interpreter overhead around them."
+        "cost, i.e. no contract checks at all (one open stage, schema order, nested steps): "
+        "the checks are kept, and only a C extension would remove the interpreter overhead "
+        "around them."
     ),
     DISABLED_TARGET: (
         "Disabled: a disabled `timer.stage(name)` is now a C-level `defaultdict` lookup "
