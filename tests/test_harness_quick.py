@@ -21,7 +21,12 @@ SCRIPTS = {
         "| StageFrontier | yes |",
         "Detectability",
     ],
-    "overhead": ["| Ranks | Pairs | Steps/run | Mean overhead |", "| 4 | 1 |"],
+    "overhead": [
+        "| Workload | Ranks | Step ms | Pairs x blocks x steps | Mean overhead |",
+        "| demo | 4 |",
+        "| 10ms | 4 |",
+        "Self-reported (median rank)",
+    ],
     "aba": ["| Seed | Fault | Median step A1 -> B -> A2 (ms) |", "callback_sync@"],
     "grad_accum": ["| Fault | Delay | Delay/p50 | Rows | Top-1 |", "| Pair | Ordered steps/s |"],
     "regression": ["| Run | Windows | Checked | False alarms |", "| Fault | First slowed window |"],
