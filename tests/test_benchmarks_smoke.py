@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench_support import run_benchmark, table_rows
 
-HEADER = "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met |"
+HEADER = "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met | load |"
 HOTPATH_HEADER = "| variant | ns/op | x floor | x floor, quartiles | target |"
 
 
@@ -20,6 +20,7 @@ def test_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert [row[0] for row in rows] == ["8", "128", "4096"]
     assert all(row[1] == "100" for row in rows)
     assert "python benchmarks/analyzer.py" in text
+    assert "- BLAS: " in text and "BLAS thread settings in the environment" in text
 
 
 def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
