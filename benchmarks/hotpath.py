@@ -463,7 +463,7 @@ EXPLANATIONS = {
         "The empty step costs about 1.35x the floor (its enter opens the row: `_row`, `_active`, "
         "`_base`, and tests the router's capture flag and the rare-work flag; its exit stores "
         "the wall time, tests the accumulation flag and counts the step against the window's "
-        "end) and each stage about 1.2x, so on undisturbed rounds the sum lands near 7.5x "
+        "end) and each stage about 1.2-1.3x, so on undisturbed rounds the sum lands near 7.5x "
         "(7.9x with an `array('q')` buffer). 6.5x would need every stage at the floor's own "
         "cost, i.e. no contract checks at all (one open stage, schema order, nested steps): "
         "the checks are kept, and only a C extension would remove the interpreter overhead "
