@@ -38,6 +38,12 @@ class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
 
 
+class SummaryError(StageFrontierError, ValueError):
+    """A window summary that cannot be built, combined or analyzed as asked: summaries of
+    different stages, step counts or settings, overlapping rank groups, or gates whose gain
+    baseline the summary was not built for."""
+
+
 class CompareError(StageFrontierError):
     """Two sides that cannot be compared (no windows, different schemas or world sizes)."""
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from ..errors import SideEvidenceError
 from .accounting import FloatArray, as_window
-from .evidence import compute_evidence
+from .evidence import FrontierInputs, compute_evidence, window_inputs
 from .gates import Gates
 from .labels import LabelInputs, label_window
 from .roles import check_roles, group_side, renumbered, role_groups, wall_fractions
 from .routing import rank_order, routing_set
 from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
-from .semantic import semantic_view
+from .semantic import semantic_view, substage_groups
 from .side import SideEvidence
 from .window_report import WindowReport
 
@@ -69,25 +69,49 @@ def _analyze(
 ) -> WindowReport:
     """``analyze`` on a checked window whose rank positions stand for ``ranks`` of a larger
     window (the identity, except for a role's report)."""
-    n, r, _ = arr.shape
+    n = arr.shape[0]
     if gates.gain_baseline == "reference" and side.no_stall_reference_s is None:
         raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
 
-    ev, prefix = compute_evidence(arr, gates, side)
-    ev = replace(ev, localization=[renumbered(loc, ranks) for loc in ev.localization])
-    view = semantic_view(arr, prefix, ev, names, gates, side)
+    inputs = window_inputs(arr, gates, side, substage_groups(names))
+    role_reports = _role_reports(arr, names, gates, role_list, side, ranks)
+    return report_from_inputs(
+        inputs, names, n, gates, side, ranks, d=arr, roles=role_list, role_reports=role_reports
+    )
+
+
+def report_from_inputs(
+    inputs: FrontierInputs,
+    names: tuple[str, ...],
+    n: int,
+    gates: Gates,
+    side: SideEvidence,
+    ranks: Sequence[int] | None,
+    *,
+    d: FloatArray | None = None,
+    roles: list[str] | None = None,
+    role_reports: dict[str, WindowReport] | None = None,
+) -> WindowReport:
+    """The report of one window from its reduced inputs: the one path after the reduction,
+    for a whole window (``d`` given, ``ranks`` mapping its positions) and for a summary (rank
+    numbers already global, ``ranks`` None)."""
+    ev = compute_evidence(inputs, gates, names)
+    if ranks is not None:
+        ev = replace(ev, localization=[renumbered(loc, ranks) for loc in ev.localization])
+    view = semantic_view(ev, names, d)
     residual = ev.shares[names.index(RESIDUAL_STAGE)] if RESIDUAL_STAGE in names else 0.0
-    wall = float(prefix[:, -1, :].sum()) - side.overlap_error_s
+    wall = inputs.rank_total_sum_s - side.overlap_error_s
     overlap = side.overlap_error_s / wall if wall > 0 else 0.0
     labeling = label_window(
         LabelInputs(
             stages=view.stages,
+            n_steps=n,
+            n_ranks=inputs.n_ranks,
             d=view.d,
-            prefix=prefix,  # over the substages: the labeler reads only its rank totals
             evidence=view.evidence,
             gates=gates,
             side=side,
-            roles=role_list,
+            roles=roles,
             residual_share=float(residual),
             overlap_share=overlap,
         )
@@ -99,12 +123,11 @@ def _analyze(
     scores = broad.shares if broad.shares_defined else broad.advance_totals
     # Only a stage that advanced the frontier can be a top stage: none when nothing is exposed.
     order = [i for i in rank_order(scores) if scores[i] > 0] if ranked else []
-    role_reports = _role_reports(arr, names, gates, role_list, side, ranks)
     stage_dict, broad_dict = _per_stage(names), _per_stage(view.stages)
     return WindowReport(
         stages=list(names),
         n_steps=n,
-        n_ranks=r,
+        n_ranks=inputs.n_ranks,
         schema_version=SCHEMA_VERSION,
         stage_order_hash=stage_order_hash(names),
         exposed_s=ev.exposed_s,
@@ -127,7 +150,7 @@ def _analyze(
         semantic_localization=dict(zip(view.stages, broad.localization, strict=True)),
         residual_share=float(residual),
         overlap_share=overlap,
-        roles=role_list,
+        roles=roles,
         role_shares=None
         if role_reports is None
         else {role: rep.semantic_shares for role, rep in role_reports.items()},

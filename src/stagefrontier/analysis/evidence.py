@@ -1,8 +1,11 @@
-"""Vectorized window evidence: frontier, localization (leaders, ties, lag) and direct-exposure gain.
+"""Window evidence: frontier, localization (leaders, ties, lag) and direct-exposure gain.
 
-Everything here is numeric and label-free; ``labels.py`` turns it into claims. The whole window is
-computed with a handful of passes over two ``[N, S, R]`` buffers (the prefixes and one scratch
-buffer that is reused for every sort), so memory stays within a small multiple of the input.
+Everything here is numeric and label-free; ``labels.py`` turns it into claims. The evidence is
+computed from ``FrontierInputs``, the few per-step quantities that rank groups combine by max or
+sum (the largest prefixes with their ranks, the clipped step times of the gain, rank totals),
+plus the median prefix, which is exact for a whole window and bounded for a merged summary.
+A whole window is reduced to these inputs first (``window_inputs``); a merged node summary
+(``summary.WindowSummary``) yields the same inputs, so both run the one ``compute_evidence``.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from .accounting import FloatArray, advances_from_frontier, rank_last_prefixes
+from .gain import clipped_step_times, direct_gain, sorted_median
 from .gates import Gates
 from .side import SideEvidence
+
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,89 @@ class StageLocalization:
     """Ranks that led this boundary alone for at least ``gates.leading_rank_fraction`` of its
     uniquely led advance, or shared the lead in at least that fraction of steps; strongest
     first."""
+    lag_error_bound_s: float = 0.0
+    """Bound on the error of ``lag_mean_s`` and ``delta_lag_mean_s``: zero for a whole window,
+    the median sketch's bound for a merged summary."""
+    tie_truncated_steps: int = 0
+    """Steps where a merged summary kept only its top-k prefixes and the k-th was still within
+    the tie tolerance: the tie set (``tied_ranks``, ``leading_ranks``) may miss ranks there."""
+
+
+@dataclass(frozen=True)
+class FrontierInputs:
+    """The reduced window the evidence is computed from; ``K`` lane entries per step and boundary.
+
+    A whole window keeps every rank in rank order (``K = R``); a summary keeps each lane's ``K``
+    largest prefixes, largest first, equal values in rank order. Either way the first largest
+    entry of a lane is its leader.
+    """
+
+    n_ranks: int
+    ranks: IntArray
+    """The rank numbers covered, ascending."""
+    lanes: FloatArray
+    """``[N, S, K]`` rank-last prefixes ``P[t, s, r]``."""
+    lane_ranks: IntArray
+    """``[N, S, K]`` the rank of each lane entry."""
+    second: FloatArray
+    """``[N, S]`` the second largest prefix (any value with one rank)."""
+    median: FloatArray
+    """``[N, S]`` the median prefix over ranks."""
+    median_bound_s: FloatArray
+    """``[N, S]`` bound on the error of ``median``; zeros when it is exact."""
+    dominant: IntArray
+    """``[N, K]`` the largest broad stage of each rank in ``lanes[:, -1, :]``."""
+    clipped: FloatArray
+    """``[N, S]`` the step time with one stage clipped to its baseline (see ``gain``)."""
+    group_clipped: FloatArray | None
+    """``[N, G]`` the same with all substages of a broad stage clipped; None without substages."""
+    rank_total_sum_s: float
+    """Sum over steps and ranks of the rank step totals ``P[t, r, S]``."""
+
+    @property
+    def complete(self) -> bool:
+        """Every rank's prefix is in the lanes."""
+        return bool(self.lanes.shape[2] >= self.n_ranks)
+
+
+def window_inputs(
+    d: FloatArray,
+    gates: Gates,
+    side: SideEvidence | None,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> FrontierInputs:
+    """A validated window ``d [N, R, S]`` reduced to the evidence inputs, with every rank kept.
+
+    ``groups`` lists the substages of each broad stage when the schema has accumulation
+    substages. Two ``[N, S, R]`` buffers are used: the prefixes and one scratch buffer.
+    """
+    n, r, s = d.shape
+    prefix = rank_last_prefixes(d)
+    scratch = np.empty((n, s, r), dtype=np.float64)
+    np.copyto(scratch, prefix)
+    scratch.sort(axis=2)
+    median = sorted_median(scratch).copy()  # the scratch buffer is reused below
+    second = scratch[:, :, -2].copy() if r > 1 else np.zeros((n, s))
+    ref = None if side is None else side.no_stall_reference_s
+    totals = prefix[:, -1, :]
+    clipped, group_clipped = clipped_step_times(
+        d, totals, gates.gain_baseline, ref, groups, scratch
+    )
+    broad = d if groups is None else np.stack([d[:, :, m].sum(axis=2) for m in groups], axis=2)
+    all_ranks = np.arange(r, dtype=np.int64)
+    return FrontierInputs(
+        n_ranks=r,
+        ranks=all_ranks,
+        lanes=prefix,
+        lane_ranks=np.broadcast_to(all_ranks, (n, s, r)),
+        second=second,
+        median=median,
+        median_bound_s=np.zeros((n, s)),
+        dominant=broad.argmax(axis=2),
+        clipped=clipped,
+        group_clipped=group_clipped,
+        rank_total_sum_s=float(totals.sum()),
+    )
 
 
 @dataclass(frozen=True)
@@ -53,29 +143,28 @@ class WindowEvidence:
     exposed_s: float
     gain: FloatArray  # [S] G_s
     localization: list[StageLocalization]
+    broad_gain: FloatArray  # [G] the gain of each broad stage, its substages clipped at once
+    critical_path: FloatArray  # [G] exposed time carried along the ranks that end steps last
+    notes: tuple[str, ...] = ()
+    """What is approximate in this evidence (merged summaries only), one sentence each."""
 
 
-def compute_evidence(
-    d: FloatArray, gates: Gates, side: SideEvidence | None
-) -> tuple[WindowEvidence, FloatArray]:
-    """All numeric evidence for one validated window ``d [N, R, S]``.
-
-    Returns the evidence and the rank-last prefixes (kept for the critical-path fallback).
-    """
-    n, r, s = d.shape
-    prefix = rank_last_prefixes(d)
-    front = prefix.max(axis=2)
+def compute_evidence(inputs: FrontierInputs, gates: Gates, stages: Sequence[str]) -> WindowEvidence:
+    """All numeric evidence of one window from its reduced inputs."""
+    front = inputs.lanes.max(axis=2)
     step_exposed = front[:, -1]
     step_adv = advances_from_frontier(front)
     totals = step_adv.sum(axis=0)
     exposed = float(step_exposed.sum())
     defined = exposed > gates.min_exposed_s
+    s = front.shape[1]
     shares = totals / exposed if defined else np.zeros(s)
-
-    scratch = np.empty((n, s, r), dtype=np.float64)
-    localization = _localize(prefix, front, step_adv, gates, scratch)
-    gain = _direct_gain(d, prefix[:, -1, :], step_exposed, exposed, defined, gates, side, scratch)
-    evidence = WindowEvidence(
+    localization, truncated = _localize(inputs, front, step_adv, gates)
+    gain = direct_gain(step_exposed, inputs.clipped, exposed) if defined else np.zeros(s)
+    broad = inputs.clipped if inputs.group_clipped is None else inputs.group_clipped
+    n_broad = broad.shape[1]
+    broad_gain = direct_gain(step_exposed, broad, exposed) if defined else np.zeros(n_broad)
+    return WindowEvidence(
         step_exposed_s=step_exposed,
         step_advances=step_adv,
         advance_totals=totals,
@@ -84,40 +173,59 @@ def compute_evidence(
         exposed_s=exposed,
         gain=gain,
         localization=localization,
+        broad_gain=broad_gain,
+        critical_path=_critical_path(inputs, step_exposed, gates, n_broad),
+        notes=_approximation_notes(inputs, localization, truncated, stages),
     )
-    return evidence, prefix
 
 
 def _localize(
-    prefix: FloatArray, front: FloatArray, step_adv: FloatArray, gates: Gates, scratch: FloatArray
-) -> list[StageLocalization]:
-    n, s, r = prefix.shape
-    leader = prefix.argmax(axis=2)
+    x: FrontierInputs, front: FloatArray, step_adv: FloatArray, gates: Gates
+) -> tuple[list[StageLocalization], FloatArray]:
+    n, s, _ = x.lanes.shape
+    r = x.n_ranks
+    first = x.lanes.argmax(axis=2)[:, :, None]
+    leader = np.take_along_axis(x.lane_ranks, first, axis=2)[:, :, 0]  # [N, S] rank numbers
     threshold = front - (gates.leader_tie * front[:, -1])[:, None]  # [N, S]: the tie cut-off
 
-    np.copyto(scratch, prefix)
-    scratch.sort(axis=2)
-    lag = front - _sorted_median(scratch)
+    lag = front - x.median
     delta_lag = np.diff(lag, axis=1, prepend=0.0)
+    bound = x.median_bound_s.mean(axis=0)
+    lag_bounds = (bound + np.concatenate([[0.0], bound[:-1]])).tolist()
     if r > 1:
-        second = scratch[:, :, -2]
-        unique = second < threshold  # only the leader is within the tolerance
-        gap_means: list[float | None] = (front - second).mean(axis=0).tolist()
-        shared = prefix >= threshold[:, :, None]
+        unique = x.second < threshold  # only the leader is within the tolerance
+        gap_means: list[float | None] = (front - x.second).mean(axis=0).tolist()
+        shared = x.lanes >= threshold[:, :, None]
         shared &= ~unique[:, :, None]
-        tie_counts = np.count_nonzero(shared, axis=0)  # [S, R]: steps each rank shared the lead
     else:
         unique = np.ones((n, s), dtype=bool)
         gap_means = [None] * s
-        tie_counts = np.zeros((s, r), dtype=np.intp)
+        shared = np.zeros(x.lanes.shape, dtype=bool)
+    # A kept lane whose smallest entry is still tied may have lost tied ranks to truncation.
+    truncated = np.zeros((n, s), dtype=bool)
+    if not x.complete:
+        truncated = (x.lanes.min(axis=2) >= threshold) & ~unique
     lag_means = lag.mean(axis=0).tolist()
     delta_means = delta_lag.mean(axis=0).tolist()
     stage_totals = step_adv.sum(axis=0).tolist()
 
-    # Per stage and rank: how much of the stage's advance, and how many steps, it led alone.
-    cells = (np.arange(s) * r + leader)[unique]
-    weights = np.bincount(cells, weights=step_adv[unique], minlength=s * r).reshape(s, r)
-    counts = np.bincount(cells, minlength=s * r).reshape(s, r)
+    # Ranks are counted over a compact universe: those that ever lead alone or share a lead
+    # (every covered rank when a zero fraction makes every rank a leading rank).
+    stage_of = np.broadcast_to(np.arange(s), (n, s))
+    tie_stage = np.broadcast_to(np.arange(s)[None, :, None], x.lanes.shape)[shared]
+    tie_rank = x.lane_ranks[shared]
+    if gates.leading_rank_fraction <= 0:
+        universe = x.ranks
+    else:
+        universe = np.unique(np.concatenate([leader[unique], tie_rank]))
+    if universe.size == 0:
+        universe = x.ranks[:1]
+    u = universe.size
+    cells = (stage_of * u + np.searchsorted(universe, leader))[unique]
+    weights = np.bincount(cells, weights=step_adv[unique], minlength=s * u).reshape(s, u)
+    counts = np.bincount(cells, minlength=s * u).reshape(s, u)
+    tie_cells = tie_stage * u + np.searchsorted(universe, tie_rank)
+    tie_counts = np.bincount(tie_cells, minlength=s * u).reshape(s, u)
     leads = np.where(weights.any(axis=1), weights.argmax(axis=1), counts.argmax(axis=1)).tolist()
     led = weights[np.arange(s), leads].tolist()
     confident_steps = counts.sum(axis=1).tolist()
@@ -129,6 +237,7 @@ def _localize(
         tie_score >= gates.leading_rank_fraction
     )
     strength_order = np.argsort(-(lead_score + tie_score), axis=1, kind="stable")
+    truncated_steps = truncated.sum(axis=0).tolist()
 
     out = []
     for j in range(s):
@@ -137,114 +246,62 @@ def _localize(
         strongest = strength_order[j]
         out.append(
             StageLocalization(
-                leader_rank=leads[j] if confident_steps[j] else None,
+                leader_rank=int(universe[leads[j]]) if confident_steps[j] else None,
                 leader_fraction=led[j] / stage_totals[j] if stage_totals[j] > 0 else 0.0,
                 confident_steps=confident_steps[j],
                 leader_switches=int(np.count_nonzero(sequence[1:] != sequence[:-1])),
-                tied_ranks=order[tie_counts[j][order] > 0].tolist(),
+                tied_ranks=universe[order[tie_counts[j][order] > 0]].tolist(),
                 lag_mean_s=lag_means[j],
                 delta_lag_mean_s=delta_means[j],
                 gap_mean_s=gap_means[j],
-                leading_ranks=strongest[leading[j][strongest]].tolist(),
+                leading_ranks=universe[strongest[leading[j][strongest]]].tolist(),
+                lag_error_bound_s=lag_bounds[j],
+                tie_truncated_steps=int(truncated_steps[j]),
             )
         )
-    return out
+    return out, truncated
 
 
-def _direct_gain(
-    d: FloatArray,
-    rank_totals: FloatArray,
-    step_exposed: FloatArray,
-    exposed: float,
-    defined: bool,
-    gates: Gates,
-    side: SideEvidence | None,
-    scratch: FloatArray,
-    groups: Sequence[Sequence[int]] | None = None,
+def _critical_path(
+    x: FrontierInputs, step_exposed: FloatArray, gates: Gates, n_broad: int
 ) -> FloatArray:
-    """``G_s``: the exposed time removed when stage ``s`` is clipped to its baseline.
-
-    With the clipped baseline ``b = min(d, b~)`` the recomputed step time is
-    ``max_r (P[t, r, S] - max(d[t, r, s] - b~, 0))``, one reduction over ranks per stage.
-    With ``groups`` (lists of stage indices), one gain per group: all its stages are clipped at
-    once, as when a stage repeated in every accumulation microstep is fixed.
-    """
-    n, r, s = d.shape
-    if not defined:
-        return np.zeros(s if groups is None else len(groups))
-    by_rank = d.transpose(0, 2, 1)  # [N, S, R] view
-    if gates.gain_baseline == "rank_median":
-        per_rank = scratch.reshape(r, s, n)
-        np.copyto(per_rank, d.transpose(1, 2, 0))
-        per_rank.sort(axis=2)
-        baseline = _sorted_median(per_rank).T[None, :, :]  # [1, S, R]
-    elif gates.gain_baseline == "cohort_median":
-        np.copyto(scratch, by_rank)
-        scratch.sort(axis=2)
-        baseline = _sorted_median(scratch)[:, :, None]  # [N, S, 1]
-    else:
-        if side is None or side.no_stall_reference_s is None:
-            # The analyzer checks this before computing; kept as a guard for direct callers.
-            raise ValueError("gain_baseline='reference' needs side.no_stall_reference_s")
-        ref = np.asarray(side.no_stall_reference_s, dtype=np.float64)
-        baseline = (ref[:, None] if ref.ndim == 1 else ref.T)[None, :, :]
-    np.subtract(by_rank, baseline, out=scratch)
-    np.maximum(scratch, 0.0, out=scratch)  # [N, S, R]: the time clipping removes per stage
-    if groups is not None:  # clip every member of a group together
-        excess = np.stack([scratch[:, members, :].sum(axis=1) for members in groups], axis=1)
-        counterfactual = (rank_totals[:, None, :] - excess).max(axis=2)
-    else:
-        np.subtract(rank_totals[:, None, :], scratch, out=scratch)
-        counterfactual = scratch.max(axis=2)  # [N, S]
-    return np.asarray((step_exposed[:, None] - counterfactual).sum(axis=0) / exposed)
-
-
-def group_gain(
-    d: FloatArray,
-    prefix: FloatArray,
-    evidence: WindowEvidence,
-    gates: Gates,
-    side: SideEvidence | None,
-    groups: Sequence[Sequence[int]],
-) -> FloatArray:
-    """Direct gain of each group of stages, every member clipped to its baseline at once."""
-    n, r, s = d.shape
-    scratch = np.empty((n, s, r), dtype=np.float64)
-    return _direct_gain(
-        d,
-        prefix[:, -1, :],
-        evidence.step_exposed_s,
-        evidence.exposed_s,
-        evidence.shares_defined,
-        gates,
-        side,
-        scratch,
-        groups,
-    )
-
-
-def _sorted_median(sorted_lanes: FloatArray) -> FloatArray:
-    k = sorted_lanes.shape[-1]
-    if k % 2:
-        return np.asarray(sorted_lanes[..., k // 2])
-    return np.asarray(0.5 * (sorted_lanes[..., k // 2 - 1] + sorted_lanes[..., k // 2]))
-
-
-def critical_path_stages(
-    d: FloatArray, prefix: FloatArray, step_exposed: FloatArray, gates: Gates
-) -> FloatArray:
-    """Fraction of exposed time carried by each stage along the ranks that end a step last.
+    """Fraction of exposed time carried by each broad stage along the ranks that end a step last.
 
     A rank whose total is within the tie tolerance of ``F[t, S]`` is critical in step ``t``; its
     largest stage is the path it reached the frontier by. Each step's exposed time is split evenly
     among its critical ranks. Used when the gains cannot separate co-critical paths.
     """
-    n, r, s = d.shape
-    totals = prefix[:, -1, :]  # [N, R]
+    totals = x.lanes[:, -1, :]  # [N, K]
     critical = totals >= (step_exposed - gates.leader_tie * step_exposed)[:, None]
     per_rank_weight = step_exposed / np.maximum(critical.sum(axis=1), 1)
-    dominant = d.argmax(axis=2)  # [N, R]
-    weights = np.broadcast_to(per_rank_weight[:, None], (n, r))[critical]
-    carried = np.bincount(dominant[critical], weights=weights, minlength=s)
+    weights = np.broadcast_to(per_rank_weight[:, None], totals.shape)[critical]
+    carried = np.bincount(x.dominant[critical], weights=weights, minlength=n_broad)
     total = float(step_exposed.sum())
-    return carried / total if total > 0 else np.zeros(s)
+    return carried / total if total > 0 else np.zeros(n_broad)
+
+
+def _approximation_notes(
+    x: FrontierInputs,
+    localization: list[StageLocalization],
+    truncated: FloatArray,
+    stages: Sequence[str],
+) -> tuple[str, ...]:
+    notes = []
+    if x.median_bound_s.any():
+        worst = max(loc.lag_error_bound_s for loc in localization)
+        notes.append(
+            "lag and lag growth come from a mergeable histogram of the ranks' prefixes: each "
+            f"stage's lag is within its lag_error_bound_s (at most {worst * 1e3:.3g} ms here)"
+        )
+    if truncated.any():
+        cut = [
+            f"{name} ({loc.tie_truncated_steps})"
+            for name, loc in zip(stages, localization, strict=True)
+            if loc.tie_truncated_steps
+        ]
+        notes.append(
+            f"tie sets may be incomplete: more than {x.lanes.shape[2]} ranks were within the tie "
+            f"tolerance of the frontier in some steps of {', '.join(cut)}; the summary keeps "
+            "that many prefixes per boundary, so tied and leading ranks may miss some"
+        )
+    return tuple(notes)

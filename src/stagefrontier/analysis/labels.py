@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .evidence import StageLocalization, WindowEvidence, critical_path_stages
+from .evidence import StageLocalization, WindowEvidence
 from .gates import Gates
 from .roles import UNKNOWN_ROLE
 from .routing import rank_order
@@ -72,8 +72,11 @@ class Labeling:
 @dataclass(frozen=True)
 class LabelInputs:
     stages: Sequence[str]
-    d: FloatArray
-    prefix: FloatArray
+    n_steps: int
+    n_ranks: int
+    d: FloatArray | None
+    """The broad stages' durations ``[N, R, G]`` for the forward-event checks; None for a
+    summary, which carries no per-rank durations (nor event samples)."""
     evidence: WindowEvidence
     gates: Gates
     side: SideEvidence
@@ -86,7 +89,7 @@ def label_window(x: LabelInputs) -> Labeling:
     """Apply the gates to one window's evidence."""
     out = Labeling()
     ev, g = x.evidence, x.gates
-    n, n_ranks, _ = x.d.shape
+    n, n_ranks = x.n_steps, x.n_ranks
     order = rank_order(ev.shares)
     s1 = order[0]
     a1 = float(ev.shares[s1])
@@ -103,6 +106,8 @@ def label_window(x: LabelInputs) -> Labeling:
             f"exposed time {ev.exposed_s:.3g} s is at or below the {g.min_exposed_s:g} s floor: "
             "shares are undefined, raw advances are reported",
         )
+    for note in ev.notes:
+        out.emit(FRONTIER_ACCOUNTING, note)
 
     blockers = _telemetry(x, out) + _roles(x, out)
     if x.side.accumulation_collapsed:
@@ -219,7 +224,7 @@ def _ambiguities(
     close to the threshold to separate direct exposure from wait), or a larger gain elsewhere.
     """
     ev, g = x.evidence, x.gates
-    n_ranks = x.d.shape[1]
+    n_ranks = x.n_ranks
     s1 = order[0]
     name1, a1, g1 = x.stages[s1], float(ev.shares[s1]), float(ev.gain[s1])
     gmax = float(ev.gain.max())
@@ -243,7 +248,7 @@ def _ambiguities(
             )
         )
     loc = ev.localization[s1]
-    if n_ranks > 1 and lead_switches(loc, x.d.shape[0], g):
+    if n_ranks > 1 and lead_switches(loc, x.n_steps, g):
         switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
         out.append(
             (
@@ -290,7 +295,7 @@ def _ambiguities(
 def _low_gain_cause(x: LabelInputs, stage: int) -> str:
     """Why clipping a stage to its baseline removes little exposed time."""
     g, loc = x.gates, x.evidence.localization[stage]
-    n = x.d.shape[0]
+    n = x.n_steps
     mean_step = x.evidence.exposed_s / n
     steady = (
         loc.leader_rank is not None
@@ -382,14 +387,14 @@ def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[in
     if strong_gains:
         members |= {j for j in strong_gains if ev.gain[j] >= gmax - g.gain_tie}
     else:
-        carried = critical_path_stages(x.d, x.prefix, ev.step_exposed_s, g)
+        carried = ev.critical_path
         members |= {j for j in range(len(x.stages)) if carried[j] >= g.critical_path_fraction}
     return [x.stages[j] for j in sorted(members)]
 
 
 def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
     side, g = x.side, x.gates
-    if side.event_state is None or side.event_ms is None:
+    if side.event_state is None or side.event_ms is None or x.d is None:
         return
     state = np.asarray(side.event_state)
     sampled = int((state != EVENT_NOT_SAMPLED).sum())

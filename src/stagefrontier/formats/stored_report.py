@@ -59,6 +59,8 @@ _LOCALIZATION: dict[str, Check] = {
     "delta_lag_mean_s": _number,
     "gap_mean_s": _optional(_number),
     "leading_ranks": _list_of(_int),
+    "lag_error_bound_s": _number,
+    "tie_truncated_steps": _int,
 }
 
 
