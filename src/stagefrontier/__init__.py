@@ -2,7 +2,7 @@
 
 from .analysis import baselines
 from .analysis.accounting import advances, frontier, prefixes, slack
-from .analysis.analyzer import analyze
+from .analysis.analyzer import analyze, analyze_summary
 from .analysis.evidence import StageLocalization
 from .analysis.gates import Gates
 from .analysis.labels import ALL_LABELS
@@ -18,6 +18,7 @@ from .analysis.schema import (
     STEP_ANNOTATION,
 )
 from .analysis.side import SideEvidence
+from .analysis.summary import WindowSummary, combine, summarize
 from .analysis.window_report import WindowReport
 from .collect.config import CollectConfig
 from .errors import (
@@ -42,11 +43,13 @@ from .errors import (
     SideEvidenceError,
     StageFrontierError,
     StageNamesError,
+    SummaryError,
     TimerSettingError,
     TraceFormatError,
 )
 from .formats.load import LoadedWindow, load_window
 from .formats.packet import Packet, read_packet, write_packet
+from .formats.summary_codec import decode_summary, encode_summary
 from .record.recorder import StageTimer
 from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
 from .render.run_folder import RunWindows, load_run
@@ -96,14 +99,20 @@ __all__ = [
     "StageLocalization",
     "StageNamesError",
     "StageTimer",
+    "SummaryError",
     "TimerSettingError",
     "TraceFormatError",
     "TraceOptions",
     "WindowReport",
+    "WindowSummary",
     "__version__",
     "advances",
     "analyze",
+    "analyze_summary",
     "baselines",
+    "combine",
+    "decode_summary",
+    "encode_summary",
     "frontier",
     "load_run",
     "load_window",
@@ -113,5 +122,6 @@ __all__ = [
     "reduce_kineto",
     "reduce_nsys",
     "slack",
+    "summarize",
     "write_packet",
 ]

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import SideEvidenceError
+from ..errors import SideEvidenceError, SummaryError
 from .accounting import FloatArray, as_window
 from .evidence import FrontierInputs, compute_evidence, window_inputs
 from .gates import Gates
@@ -20,6 +20,7 @@ from .routing import rank_order, routing_set
 from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
 from .semantic import semantic_view, substage_groups
 from .side import SideEvidence
+from .summary import WindowSummary
 from .window_report import WindowReport
 
 DEFAULT_GATES = Gates()
@@ -78,6 +79,51 @@ def _analyze(
     return report_from_inputs(
         inputs, names, n, gates, side, ranks, d=arr, roles=role_list, role_reports=role_reports
     )
+
+
+def analyze_summary(
+    summary: WindowSummary,
+    *,
+    gates: Gates | None = None,
+    side: SideEvidence | None = None,
+) -> WindowReport:
+    """The report of a (combined) window summary: the same fields as ``analyze``, from the same
+    evidence core, with ranks numbered as the summary numbers them.
+
+    What a summary knows only approximately is said in the report: each stage's
+    ``lag_error_bound_s`` and ``tie_truncated_steps``, a ``frontier_accounting`` reason for
+    each, and ``telemetry_limited`` when cohort-median gains of several groups were merged.
+    ``side`` may carry collection facts (missing ranks, notes, overlap error), not per-rank
+    arrays: a summary has no event samples, and its reference is applied when it is built.
+
+    Raises:
+        SummaryError: the gates ask for another gain baseline than the summary was built with.
+        SideEvidenceError: side evidence with per-rank arrays or a reference.
+    """
+    gates = gates or DEFAULT_GATES
+    if gates.gain_baseline != summary.gain_baseline:
+        raise SummaryError(
+            f"the summary's direct gains were computed against {summary.gain_baseline!r}; "
+            f"the gates ask for {gates.gain_baseline!r}: summarize with that baseline"
+        )
+    side = side or NO_SIDE_EVIDENCE
+    if side.event_ms is not None or side.no_stall_reference_s is not None:
+        raise SideEvidenceError(
+            "a summary carries no per-rank arrays: event samples and a reference belong to "
+            "the rank windows it was built from"
+        )
+    side = side.checked(summary.n_steps, summary.n_ranks, len(summary.stages))
+    if not summary.gain_exact:
+        side = replace(
+            side,
+            notes=(
+                *side.notes,
+                "direct gains are approximate: cohort medians of several rank groups were "
+                "merged, each group clipped to its own median",
+            ),
+        )
+    inputs = summary.frontier_inputs()
+    return report_from_inputs(inputs, summary.stages, summary.n_steps, gates, side, None)
 
 
 def report_from_inputs(

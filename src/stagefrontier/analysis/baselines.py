@@ -7,11 +7,14 @@ the scoring rule differs. A window whose score total is zero gets all-zero share
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .accounting import FloatArray, as_window
+
+if TYPE_CHECKING:
+    from .summary import WindowSummary
 
 
 def _normalized(per_stage: FloatArray) -> FloatArray:
@@ -55,3 +58,14 @@ BASELINES = {
     "rank0_total": rank0_total,
 }
 """Every baseline by name, in the order reports list them."""
+
+
+def summary_baselines(summary: WindowSummary) -> dict[str, FloatArray]:
+    """The baselines a merged summary holds exactly (per-stage maxima, means, the slowest rank's
+    breakdown). ``rank_spread`` needs the median rank and ``rank0_total`` rank 0's column,
+    which a summary does not keep."""
+    return {
+        "per_stage_max": _normalized(summary.stage_max.sum(axis=0)),
+        "per_stage_mean": _normalized((summary.stage_sum / summary.n_ranks).sum(axis=0)),
+        "slowest_rank": _normalized(summary.slowest.sum(axis=0)),
+    }

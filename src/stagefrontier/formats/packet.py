@@ -113,14 +113,24 @@ class Packet:
 def encode_array(values: Any, dtype: str) -> dict[str, Any]:
     """Encode an array exactly as little-endian, byte-shuffled, zlib-compressed base64."""
     arr = np.ascontiguousarray(values, dtype=_DTYPES[dtype])
-    raw = arr.tobytes()
-    shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(-1, arr.itemsize).T.tobytes()
     return {
         "dtype": dtype,
         "shape": list(arr.shape),
         "codec": CODEC,
-        "data": base64.b64encode(zlib.compress(shuffled, 9)).decode("ascii"),
+        "data": base64.b64encode(zlib.compress(shuffle_bytes(arr), 9)).decode("ascii"),
     }
+
+
+def shuffle_bytes(arr: Any) -> bytes:
+    """The bytes of ``arr`` byte-shuffled: byte ``i`` of every value stored together."""
+    raw = np.ascontiguousarray(arr).tobytes()
+    return np.frombuffer(raw, dtype=np.uint8).reshape(-1, arr.itemsize).T.tobytes()
+
+
+def unshuffle_bytes(raw: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    """The array ``shuffle_bytes`` wrote; ``raw`` must hold exactly its bytes."""
+    shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(dtype.itemsize, -1)
+    return np.frombuffer(shuffled.T.tobytes(), dtype=dtype).reshape(shape)
 
 
 def decode_array(obj: Any, name: str, ndim: int | None = None) -> Any:
@@ -149,9 +159,8 @@ def decode_array(obj: Any, name: str, ndim: int | None = None) -> Any:
             f"packet field {name!r}: shape/byte mismatch: declared shape {list(shape)} needs "
             f"{expected} bytes, more than {len(compressed)} compressed bytes can hold"
         )
-    raw = _inflate(compressed, expected, name)
-    shuffled = np.frombuffer(raw, dtype=np.uint8).reshape(dtype.itemsize, -1)
-    return np.frombuffer(shuffled.T.tobytes(), dtype=dtype).reshape(shape)
+    raw = inflate_exact(compressed, expected, f"packet field {name!r}")
+    return unshuffle_bytes(raw, dtype, shape)
 
 
 def _checked_shape(shape: Any, name: str, ndim: int | None) -> tuple[int, ...]:
@@ -176,14 +185,15 @@ def _b64decode(text: Any, name: str) -> bytes:
         raise ReportFormatError(f"packet field {name!r}: data is not valid base64: {exc}") from None
 
 
-def _inflate(compressed: bytes, expected: int, name: str) -> bytes:
-    """Decompress at most ``expected + 1`` bytes; anything but exactly ``expected`` is an error."""
+def inflate_exact(compressed: bytes, expected: int, what: str) -> bytes:
+    """Decompress at most ``expected + 1`` bytes; anything but exactly ``expected`` is an error
+    (a ReportFormatError starting with ``what``)."""
     inflater = zlib.decompressobj()
     try:
         raw = inflater.decompress(compressed, expected + 1)
         complete = inflater.eof and not inflater.unconsumed_tail and not inflater.unused_data
     except zlib.error as exc:
-        raise ReportFormatError(f"packet field {name!r}: data is not valid zlib: {exc}") from None
+        raise ReportFormatError(f"{what}: data is not valid zlib: {exc}") from None
     if len(raw) != expected or not complete:
         if len(raw) > expected:
             got = f"more than {expected}"
@@ -192,7 +202,7 @@ def _inflate(compressed: bytes, expected: int, name: str) -> bytes:
         else:
             got = f"{expected} in a truncated stream or one followed by trailing data"
         raise ReportFormatError(
-            f"packet field {name!r}: shape/byte mismatch: declared {expected} bytes, decoded {got}"
+            f"{what}: shape/byte mismatch: declared {expected} bytes, decoded {got}"
         )
     return raw
 
