@@ -79,7 +79,8 @@ class FrontierInputs:
     median_bound_s: FloatArray
     """``[N, S]`` bound on the error of ``median``; zeros when it is exact."""
     dominant: IntArray
-    """``[N, K]`` the largest broad stage of each rank in ``lanes[:, -1, :]``."""
+    """``[N, K]`` the largest broad stage of each rank in ``lanes[:, -1, :]`` (read only where
+    ``critical_ranks`` holds; a whole window fills in just those)."""
     clipped: FloatArray
     """``[N, S]`` the step time with one stage clipped to its baseline (see ``gain``)."""
     group_clipped: FloatArray | None
@@ -111,12 +112,14 @@ def window_inputs(
     scratch.sort(axis=2)
     median = sorted_median(scratch).copy()  # the scratch buffer is reused below
     second = scratch[:, :, -2].copy() if r > 1 else np.zeros((n, s))
-    ref = None if side is None else side.no_stall_reference_s
     totals = prefix[:, -1, :]
+    critical = critical_ranks(totals, scratch[:, -1, -1], gates)
+    dominant = np.zeros((n, r), dtype=np.int64)
+    dominant[critical] = dominant_stages(d[critical], groups)
+    ref = None if side is None else side.no_stall_reference_s
     clipped, group_clipped = clipped_step_times(
         d, totals, gates.gain_baseline, ref, groups, scratch
     )
-    broad = d if groups is None else np.stack([d[:, :, m].sum(axis=2) for m in groups], axis=2)
     all_ranks = np.arange(r, dtype=np.int64)
     return FrontierInputs(
         n_ranks=r,
@@ -126,11 +129,23 @@ def window_inputs(
         second=second,
         median=median,
         median_bound_s=np.zeros((n, s)),
-        dominant=broad.argmax(axis=2),
+        dominant=dominant,
         clipped=clipped,
         group_clipped=group_clipped,
         rank_total_sum_s=float(totals.sum()),
     )
+
+
+def critical_ranks(totals: FloatArray, step_exposed: FloatArray, gates: Gates) -> FloatArray:
+    """``[N, K]``: whether each rank total is within the tie tolerance of its step's exposed
+    time (the rank ends the step on the frontier)."""
+    return np.asarray(totals >= (step_exposed - gates.leader_tie * step_exposed)[:, None])
+
+
+def dominant_stages(d: FloatArray, groups: Sequence[Sequence[int]] | None) -> IntArray:
+    """The largest broad stage of each row of durations ``d [..., S]``."""
+    broad = d if groups is None else np.stack([d[..., m].sum(axis=-1) for m in groups], axis=-1)
+    return np.asarray(broad.argmax(axis=-1), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -209,22 +224,23 @@ def _localize(
     delta_means = delta_lag.mean(axis=0).tolist()
     stage_totals = step_adv.sum(axis=0).tolist()
 
-    # Ranks are counted over a compact universe: those that ever lead alone or share a lead
-    # (every covered rank when a zero fraction makes every rank a leading rank).
+    # Ranks are counted over a universe of rank numbers: every covered rank when the lanes
+    # hold them all (or a zero fraction makes every rank a leading rank), else only those
+    # that ever lead alone or share a lead, so a merged summary costs nothing per rank.
     stage_of = np.broadcast_to(np.arange(s), (n, s))
     tie_stage = np.broadcast_to(np.arange(s)[None, :, None], x.lanes.shape)[shared]
     tie_rank = x.lane_ranks[shared]
-    if gates.leading_rank_fraction <= 0:
+    if x.complete or gates.leading_rank_fraction <= 0:
         universe = x.ranks
     else:
         universe = np.unique(np.concatenate([leader[unique], tie_rank]))
     if universe.size == 0:
         universe = x.ranks[:1]
     u = universe.size
-    cells = (stage_of * u + np.searchsorted(universe, leader))[unique]
+    cells = (stage_of * u + _positions(universe, leader))[unique]
     weights = np.bincount(cells, weights=step_adv[unique], minlength=s * u).reshape(s, u)
     counts = np.bincount(cells, minlength=s * u).reshape(s, u)
-    tie_cells = tie_stage * u + np.searchsorted(universe, tie_rank)
+    tie_cells = tie_stage * u + _positions(universe, tie_rank)
     tie_counts = np.bincount(tie_cells, minlength=s * u).reshape(s, u)
     leads = np.where(weights.any(axis=1), weights.argmax(axis=1), counts.argmax(axis=1)).tolist()
     led = weights[np.arange(s), leads].tolist()
@@ -262,6 +278,14 @@ def _localize(
     return out, truncated
 
 
+def _positions(universe: IntArray, ranks: IntArray) -> IntArray:
+    """Where ``ranks`` sit in the ascending ``universe`` (the ranks themselves when the
+    universe is ``0..u-1``, as for a whole window)."""
+    if universe[0] == 0 and universe[-1] == universe.size - 1:
+        return ranks
+    return np.asarray(np.searchsorted(universe, ranks), dtype=np.int64)
+
+
 def _critical_path(
     x: FrontierInputs, step_exposed: FloatArray, gates: Gates, n_broad: int
 ) -> FloatArray:
@@ -272,7 +296,7 @@ def _critical_path(
     among its critical ranks. Used when the gains cannot separate co-critical paths.
     """
     totals = x.lanes[:, -1, :]  # [N, K]
-    critical = totals >= (step_exposed - gates.leader_tie * step_exposed)[:, None]
+    critical = critical_ranks(totals, step_exposed, gates)
     per_rank_weight = step_exposed / np.maximum(critical.sum(axis=1), 1)
     weights = np.broadcast_to(per_rank_weight[:, None], totals.shape)[critical]
     carried = np.bincount(x.dominant[critical], weights=weights, minlength=n_broad)

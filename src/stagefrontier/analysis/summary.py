@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import SummaryError
 from .accounting import FloatArray, as_window, rank_last_prefixes
-from .evidence import FrontierInputs, IntArray
+from .evidence import FrontierInputs, IntArray, dominant_stages
 from .gain import clipped_step_times, sorted_median
 from .gates import GAIN_BASELINES
 from .prefix_sketch import (
@@ -163,7 +163,6 @@ def summarize(
     k = min(top_k, r)
     top = np.argsort(-prefix, axis=2, kind="stable")[:, :, :k]
     groups = substage_groups(names)
-    broad = arr if groups is None else np.stack([arr[:, :, m].sum(axis=2) for m in groups], 2)
     totals = prefix[:, -1, :]
     scratch = np.empty((n, s, r), dtype=np.float64)
     clipped, group_clipped = clipped_step_times(arr, totals, gain_baseline, ref, groups, scratch)
@@ -173,7 +172,7 @@ def summarize(
         top_k=top_k,
         top_prefix=np.take_along_axis(prefix, top, axis=2),
         top_rank=rank_ids[top],
-        top_dominant=np.take_along_axis(broad.argmax(axis=2), top[:, -1, :], axis=1),
+        top_dominant=dominant_stages(arr[np.arange(n)[:, None], top[:, -1, :]], groups),
         clipped=clipped,
         group_clipped=np.zeros((n, 0)) if group_clipped is None else group_clipped,
         stage_max=arr.max(axis=1),
