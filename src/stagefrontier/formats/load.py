@@ -19,9 +19,11 @@ from ..reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trac
 from ..reducers.options import TraceOptions
 from ..reducers.ranges import id_text
 from ..sinks.files import packet_name
+from .limits import read_capped
 from .npz import load_npz
-from .packet import read_packet
+from .packet import packet_from_dict, packet_json
 from .records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
+from .summary_packet import is_summary_packet, summary_packet_from_dict
 
 PACKETS_FOLDER = "packets"
 PACKET_GLOB = "window-*.json"
@@ -98,8 +100,10 @@ def load_window(
 
 
 def _load_packet(path: Path) -> LoadedWindow:
+    """An evidence packet, or the summary packet of a window collected as node summaries."""
     try:
-        packet = read_packet(path)
+        obj = packet_json(read_capped(path, "packet_bytes"))
+        packet = summary_packet_from_dict(obj) if is_summary_packet(obj) else packet_from_dict(obj)
     except ReportFormatError as exc:
         raise ReportFormatError(f"{path}: {exc}") from None
     return LoadedWindow(report=packet.reanalyze(), meta=packet.meta, stored_report=packet.report)

@@ -243,8 +243,13 @@ def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:
     """Write a packet atomically (temporary file in the same folder, then ``os.replace``), so a
     reader never sees a partial packet. The file gets the mode any new file of this process gets
     (``0o666`` less the umask), like ``windows.jsonl`` beside it. Returns the path written."""
+    return write_bytes_atomically(path, packet_bytes(packet))
+
+
+def write_bytes_atomically(path: str | os.PathLike[str], payload: bytes) -> Path:
+    """Write ``payload`` through a temporary file in the same folder and ``os.replace``, so a
+    reader never sees a partial file. Returns the path written."""
     target = Path(path)
-    payload = packet_bytes(packet)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -281,11 +286,15 @@ def read_packet(path: str | os.PathLike[str]) -> Packet:
 
 def packet_from_bytes(data: bytes) -> Packet:
     """Decode packet bytes; every defect raises ReportFormatError with a specific message."""
+    return packet_from_dict(packet_json(data))
+
+
+def packet_json(data: bytes) -> Any:
+    """Packet bytes parsed as strict JSON; raises ReportFormatError when they are not."""
     try:
-        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
         raise ReportFormatError(f"packet is not JSON: {exc}") from None
-    return packet_from_dict(obj)
 
 
 def _reject_constant(name: str) -> Any:
@@ -313,12 +322,12 @@ def packet_from_dict(obj: Any) -> Packet:
     d = _decode_matrix(obj["d"])
     if not isinstance(obj["stages"], list):
         raise ReportFormatError("packet field 'stages' must be a list of stage names")
-    stages = _field("stages", check_stage_names, obj["stages"], d.shape[2])
+    stages = run_field("stages", check_stage_names, obj["stages"], d.shape[2])
     roles = _decode_roles(obj["roles"], d.shape[1])
-    side = None if obj["side"] is None else _field("side", _side_from_dict, obj["side"], d.shape)
-    gates = _field("gates", Gates.from_dict, _object(obj["gates"], "gates"))
-    meta = _field("meta", check_window_meta, _object(obj["meta"], "meta"))
-    report = _field("report", WindowReport.from_dict, _object(obj["report"], "report"))
+    side = None if obj["side"] is None else run_field("side", _side_from_dict, obj["side"], d.shape)
+    gates = run_field("gates", Gates.from_dict, object_field(obj["gates"], "gates"))
+    meta = run_field("meta", check_window_meta, object_field(obj["meta"], "meta"))
+    report = run_field("report", WindowReport.from_dict, object_field(obj["report"], "report"))
     check_stored_report(report)
     _check_consistent(d, stages, gates, report)
     return Packet(d=d, stages=stages, roles=roles, side=side, gates=gates, meta=meta, report=report)
@@ -328,7 +337,7 @@ def _decode_matrix(obj: Any) -> FloatArray:
     arr = decode_array(obj, "d", ndim=3)
     if arr.dtype != np.dtype("<f8"):
         raise ReportFormatError(f"packet field 'd' must be float64 ('<f8'), got {arr.dtype.str}")
-    matrix: FloatArray = _field("d", as_window, arr.astype(np.float64))
+    matrix: FloatArray = run_field("d", as_window, arr.astype(np.float64))
     return matrix
 
 
@@ -344,20 +353,20 @@ def _decode_roles(roles: Any, n_ranks: int) -> tuple[str, ...] | None:
 
 def _side_from_dict(data: dict[str, Any], shape: tuple[int, int, int]) -> SideEvidence:
     """Side evidence decoded and checked against the matrix's shape (as the analyzer will)."""
-    values = dict(_object(data, "side"))
+    values = dict(object_field(data, "side"))
     for key in _SIDE_ARRAYS:
         if values.get(key) is not None:
             values[key] = decode_array(values[key], f"side.{key}")
     return SideEvidence.from_dict(values).checked(*shape)
 
 
-def _object(value: Any, name: str) -> dict[str, Any]:
+def object_field(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ReportFormatError(f"packet field {name!r} must be a JSON object")
     return value
 
 
-def _field(name: str, decode: Any, *args: Any) -> Any:
+def run_field(name: str, decode: Any, *args: Any) -> Any:
     """Run a field decoder, turning its validation errors into ReportFormatError."""
     try:
         return decode(*args)

@@ -12,6 +12,8 @@ from .nsys import SQLITE_MAGIC
 from .options import TraceOptions
 from .result import ReducedTrace
 
+_PACKETS = ("packet", "summary_packet")
+"""Format names of the packets ``stagefrontier analyze`` reads."""
 FORMATS = ("auto", "packet", "windows", "npz", "kineto", "hta", "nsys")
 TRACE_FORMATS = ("kineto", "hta", "nsys")
 ZIP_MAGIC = b"PK\x03\x04"
@@ -50,7 +52,7 @@ def detect_format(path: Path) -> str:
         )
     text = _peek_text(path)
     if text.startswith(b"{"):
-        if b'"stagefrontier.formats.packet"' in text[:4096]:
+        if any(f'"stagefrontier.formats.{k}"'.encode() in text[:4096] for k in _PACKETS):
             return "packet"
         if looks_like_records(text):
             return "windows"
