@@ -5,7 +5,8 @@ names, settings, counts, scalars), then the arrays of ``_ARRAYS`` in that order,
 little-endian and byte-shuffled, compressed together with zlib. Sizes follow from the JSON
 counts and are checked before anything is inflated; every decoded value is checked against what
 a summary can hold, and any defect is one ReportFormatError naming it. The size is
-``O(N * S * (top_k + max_buckets))`` plus the rank list, whatever the number of ranks.
+``O(N * S * (top_k + max_buckets))`` plus the runs of consecutive rank numbers covered (one
+per node for whole nodes), whatever the number of ranks.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ SUMMARY_VERSION = 1
 _HEADER = struct.Struct("<4sHII")
 _MAX_META_BYTES = 1 << 20
 
-# name, dtype, shape from the counts (n steps, s stages, k kept, m ranks, e buckets, g groups)
+# name, dtype, shape from the counts (n steps, s stages, k kept, m ranks, e buckets, g groups,
+# u runs of consecutive ranks)
 _ARRAYS: tuple[tuple[str, str, Callable[[dict[str, int]], tuple[int, ...]]], ...] = (
-    ("ranks", "<i4", lambda c: (c["m"],)),
+    ("rank_runs", "<i4", lambda c: (c["u"], 2)),
     ("top_prefix", "<f8", lambda c: (c["n"], c["s"], c["k"])),
     ("top_rank", "<i4", lambda c: (c["n"], c["s"], c["k"])),
     ("top_dominant", "<i4", lambda c: (c["n"], c["k"])),
@@ -58,6 +60,7 @@ def encode_summary(summary: WindowSummary) -> bytes:
     """The summary as bytes (see the module docstring)."""
     sketch = summary.sketch
     n, s, k = summary.top_prefix.shape
+    values = _array_values(summary)
     meta = {
         "stages": list(summary.stages),
         "top_k": summary.top_k,
@@ -73,10 +76,10 @@ def encode_summary(summary: WindowSummary) -> bytes:
             "m": summary.n_ranks,
             "e": int(sketch.index.size),
             "g": int(summary.group_clipped.shape[1]),
+            "u": int(values["rank_runs"].shape[0]),
         },
     }
     meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
-    values = _array_values(summary)
     body = b"".join(
         shuffle_bytes(np.ascontiguousarray(values[name], dtype=dtype)) for name, dtype, _ in _ARRAYS
     )
@@ -122,6 +125,7 @@ def decode_summary(data: bytes) -> WindowSummary:
 def _array_values(summary: WindowSummary) -> dict[str, Any]:
     sketch = summary.sketch
     values = {name: getattr(summary, name, None) for name, _, _ in _ARRAYS}
+    values["rank_runs"] = rank_runs(summary.ranks)
     for name in ("lane_min", "sizes", "index", "count", "fold_low", "fold_high"):
         values[name] = getattr(sketch, name)
     return values
@@ -138,10 +142,10 @@ _META_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "counts": (
         lambda v: (
             isinstance(v, dict)
-            and sorted(v) == ["e", "g", "k", "m", "n", "s"]
+            and sorted(v) == ["e", "g", "k", "m", "n", "s", "u"]
             and all(is_int(x) and 0 <= x < 1 << 31 for x in v.values())
         ),
-        "an object of six counts",
+        "an object of seven counts",
     ),
 }
 
@@ -178,7 +182,11 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
     stages, counts = meta["stages"], meta["counts"]
     groups = substage_groups(stages)
     n_broad = len(stage_groups(stages)[0])
-    ranks, sizes = a["ranks"], a["sizes"]
+    runs, sizes = a["rank_runs"], a["sizes"]
+    if (runs[:, 1] < 1).any() or runs[:, 1].sum() != counts["m"] or (runs[:, 0] < 0).any():
+        raise ReportFormatError("summary is corrupt: its rank runs do not add up to its ranks")
+    ranks = np.repeat(runs[:, 0] - np.cumsum(runs[:, 1]) + runs[:, 1], runs[:, 1])
+    ranks += np.arange(ranks.size)
 
     def lanes() -> Any:
         return np.repeat(np.arange(sizes.size), sizes)
@@ -238,6 +246,17 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
         gain_baseline=meta["gain_baseline"],
         gain_exact=meta["gain_exact"],
     )
+
+
+def rank_runs(ranks: Any) -> Any:
+    """Ascending rank numbers as ``[U, 2]`` runs of (first rank, length): a node's ranks or a
+    merge of whole nodes are a few runs, whatever their count."""
+    if ranks.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(ranks) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    lengths = np.diff(np.concatenate([starts, [ranks.size]]))
+    return np.stack([ranks[starts], lengths], axis=1)
 
 
 def _durations(a: dict[str, Any], *names: str) -> bool:
