@@ -254,11 +254,11 @@ def verdicts(rows: Sequence[Row], loads: Sequence[float | None] = ()) -> list[st
         f"{'MET' if time_ok else 'MISSED'} ({time_detail}).",
         f"- Memory (peak traced allocation of one analyze <= {MEMORY_TARGET:g}x input): "
         f"{'MET' if mem_ok else 'MISSED'} ({mem_detail}).",
-        *_busy_caveat(loads),
+        *busy_caveat(loads),
     ]
 
 
-def _busy_caveat(loads: Sequence[float | None]) -> list[str]:
+def busy_caveat(loads: Sequence[float | None]) -> list[str]:
     """A warning line when the machine was busy: wall-clock ratios are then noisy."""
     known = [x for x in loads if x is not None]
     cpus = os.cpu_count() or 1

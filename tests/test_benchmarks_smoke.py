@@ -62,3 +62,25 @@ def test_soak_benchmark_few_steps_writes_table(tmp_path: Path) -> None:
     ]
     assert all(row[-1] == "yes" for row in rows)
     assert int(rows[0][-2]) >= 1  # rank 0 wrote windows.jsonl
+
+
+SCALE_HEADER_START = "| scenario | R | nodes | levels |"
+
+
+def test_scale_benchmark_quick_agrees_and_writes_table(tmp_path: Path) -> None:
+    out = tmp_path / "scale.md"
+    proc = run_benchmark("scale", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "python benchmarks/scale.py --quick" in text and "Load average" in text
+    header = next(line for line in text.splitlines() if line.startswith(SCALE_HEADER_START))
+    rows = table_rows(text, header)
+    assert [(row[0], row[1]) for row in rows] == [
+        (scenario, ranks) for ranks in ("8", "64", "512") for scenario in ("rank", "node")
+    ]
+    # Every agreement column (advances, shares, top stage, leader, lag in bound) holds.
+    assert all(row[-1] == "yes, yes, yes, yes, yes" for row in rows)
+    # Rank 0 reads at most FAN_IN node summaries, never the rank windows.
+    flat_kb = {row[1]: float(row[4].replace(",", "")) for row in rows}
+    hier_kb = {row[1]: float(row[8].replace(",", "")) for row in rows}
+    assert hier_kb["512"] < flat_kb["512"] / 5

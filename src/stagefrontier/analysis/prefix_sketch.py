@@ -30,8 +30,10 @@ IntArray = npt.NDArray[np.int64]
 
 DEFAULT_GROWTH = 1.02
 """Neighbouring bucket edges differ by 2%: a median is known to within about 1% of itself."""
-DEFAULT_MAX_BUCKETS = 64
-"""Buckets per lane: at 2% apart they span a factor of 3.5 around the median."""
+DEFAULT_MAX_BUCKETS = 16
+"""Buckets per lane: at 2% apart they span -15% to +17% around the median bucket (prefixes
+beyond are counted in the edge buckets); a lane of many ranks fills them all, so a merged
+summary's size stops growing with its ranks."""
 FLOOR_S = 1e-9
 """Prefixes at or below this share the lowest bucket."""
 _SLACK = 1e-12
