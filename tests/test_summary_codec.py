@@ -36,7 +36,7 @@ def node_summaries(ranks: int, per_node: int = 8, seed: int = 4) -> list[WindowS
 def test_round_trip_is_exact() -> None:
     merged = combine(node_summaries(64))
     back = decode_summary(encode_summary(merged))
-    for name in ("ranks", "top_prefix", "top_rank", "top_dominant", "clipped", "group_clipped",
+    for name in ("rank_runs", "top_prefix", "top_rank", "top_dominant", "clipped", "group_clipped",
                  "stage_max", "stage_sum", "slowest"):  # fmt: skip
         np.testing.assert_array_equal(getattr(back, name), getattr(merged, name), err_msg=name)
     for name in ("lane_min", "sizes", "index", "count", "fold_low", "fold_high"):
@@ -116,7 +116,7 @@ def test_corrupt_values_are_named() -> None:
         "a rank twice": with_field(top_rank=rank_twice),
         "not largest first": with_field(top_prefix=unordered),
         "dominant stage": with_field(top_dominant=dominant),
-        "distinct, ascending": with_field(ranks=summary.ranks[::-1].copy()),
+        "not ascending, apart": with_field(rank_runs=np.array([[8, 4], [0, 4]])),
         "not finite": with_field(clipped=np.full(summary.clipped.shape, np.inf)),
     }
     for expected, data in cases.items():

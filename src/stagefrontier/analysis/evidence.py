@@ -66,8 +66,8 @@ class FrontierInputs:
     """
 
     n_ranks: int
-    ranks: IntArray
-    """The rank numbers covered, ascending."""
+    rank_runs: IntArray
+    """``[U, 2]`` the rank numbers covered, as ascending runs of (first rank, length)."""
     lanes: FloatArray
     """``[N, S, K]`` rank-last prefixes ``P[t, s, r]``."""
     lane_ranks: IntArray
@@ -87,6 +87,12 @@ class FrontierInputs:
     """``[N, G]`` the same with all substages of a broad stage clipped; None without substages."""
     rank_total_sum_s: float
     """Sum over steps and ranks of the rank step totals ``P[t, r, S]``."""
+
+    @property
+    def ranks(self) -> IntArray:
+        """Every rank number covered, ascending (``O(R)``: only for whole windows and the
+        rare gates that list every rank)."""
+        return expand_runs(self.rank_runs)
 
     @property
     def complete(self) -> bool:
@@ -123,7 +129,7 @@ def window_inputs(
     all_ranks = np.arange(r, dtype=np.int64)
     return FrontierInputs(
         n_ranks=r,
-        ranks=all_ranks,
+        rank_runs=np.array([[0, r]], dtype=np.int64),
         lanes=prefix,
         lane_ranks=np.broadcast_to(all_ranks, (n, s, r)),
         second=second,
@@ -134,6 +140,23 @@ def window_inputs(
         group_clipped=group_clipped,
         rank_total_sum_s=float(totals.sum()),
     )
+
+
+def rank_runs(ranks: IntArray) -> IntArray:
+    """Ascending rank numbers as ``[U, 2]`` runs of (first rank, length): a node's ranks, or a
+    merge of whole nodes, are a few runs whatever their count."""
+    if ranks.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ranks) != 1) + 1])
+    lengths = np.diff(np.concatenate([starts, [ranks.size]]))
+    return np.stack([ranks[starts], lengths], axis=1).astype(np.int64)
+
+
+def expand_runs(runs: IntArray) -> IntArray:
+    """The rank numbers of ``[U, 2]`` runs, ascending."""
+    lengths = runs[:, 1]
+    offsets = np.repeat(runs[:, 0] - np.cumsum(lengths) + lengths, lengths)
+    return np.asarray(offsets + np.arange(offsets.size), dtype=np.int64)
 
 
 def critical_ranks(totals: FloatArray, step_exposed: FloatArray, gates: Gates) -> FloatArray:
@@ -235,7 +258,7 @@ def _localize(
     else:
         universe = np.unique(np.concatenate([leader[unique], tie_rank]))
     if universe.size == 0:
-        universe = x.ranks[:1]
+        universe = x.rank_runs[:1, 0]
     u = universe.size
     cells = (stage_of * u + _positions(universe, leader))[unique]
     weights = np.bincount(cells, weights=step_adv[unique], minlength=s * u).reshape(s, u)

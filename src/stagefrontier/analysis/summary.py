@@ -15,9 +15,10 @@ send what its ranks contribute to every maximum instead of its ranks' windows:
   over all ranks (a merged summary uses each group's own median and says so).
 
 A summary's size is ``O(N * S * top_k)`` plus the sketch's ``O(N * S * max_buckets)`` and the
-rank list, whatever the number of ranks. ``summarize`` builds one from a group's ``[N, R, S]``
-window, ``combine`` merges disjoint groups, and ``analyzer.analyze_summary`` reports on it
-through the same evidence core as ``analyze``.
+runs of consecutive ranks covered, whatever the number of ranks; so is the cost of combining and
+analyzing it. ``summarize`` builds one from a group's ``[N, R, S]`` window, ``combine`` merges
+disjoint groups, and ``analyzer.analyze_summary`` reports on it through the same evidence core
+as ``analyze``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..errors import SummaryError
 from .accounting import FloatArray, as_window, rank_last_prefixes
-from .evidence import FrontierInputs, IntArray, dominant_stages
+from .evidence import FrontierInputs, IntArray, dominant_stages, expand_runs, rank_runs
 from .gain import clipped_step_times, sorted_median
 from .gates import GAIN_BASELINES
 from .prefix_sketch import (
@@ -53,12 +54,13 @@ DEFAULT_TOP_K = 4
 class WindowSummary:
     """What a group of ranks contributes to one window's analysis (see the module docstring).
 
-    Arrays are ``N`` steps by ``S`` stages; ``K = min(top_k, len(ranks))`` entries per lane.
+    Arrays are ``N`` steps by ``S`` stages; ``K = min(top_k, n_ranks)`` entries per lane.
     """
 
     stages: tuple[str, ...]
-    ranks: IntArray
-    """The global rank numbers covered, ascending."""
+    rank_runs: IntArray
+    """``[U, 2]`` the global rank numbers covered, as ascending runs of (first rank, length)
+    that do not touch (see ``evidence.rank_runs``)."""
     top_k: int
     top_prefix: FloatArray
     """``[N, S, K]`` the largest prefixes per step and boundary, largest first (equal values
@@ -93,7 +95,12 @@ class WindowSummary:
 
     @property
     def n_ranks(self) -> int:
-        return int(self.ranks.size)
+        return int(self.rank_runs[:, 1].sum())
+
+    @property
+    def ranks(self) -> IntArray:
+        """Every rank number covered, ascending (``O(R)``; the analysis does not need it)."""
+        return expand_runs(self.rank_runs)
 
     def frontier_inputs(self) -> FrontierInputs:
         """The evidence core's inputs: the kept lanes, and the median exactly when the lanes
@@ -107,7 +114,7 @@ class WindowSummary:
         second = self.top_prefix[:, :, 1] if self.n_ranks > 1 else np.zeros(front.shape)
         return FrontierInputs(
             n_ranks=self.n_ranks,
-            ranks=self.ranks,
+            rank_runs=self.rank_runs,
             lanes=self.top_prefix,
             lane_ranks=self.top_rank,
             second=second,
@@ -168,7 +175,7 @@ def summarize(
     clipped, group_clipped = clipped_step_times(arr, totals, gain_baseline, ref, groups, scratch)
     return WindowSummary(
         stages=names,
-        ranks=rank_ids,
+        rank_runs=rank_runs(rank_ids),
         top_k=top_k,
         top_prefix=np.take_along_axis(prefix, top, axis=2),
         top_rank=rank_ids[top],
@@ -198,14 +205,11 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
     _check_compatible(parts)
     if len(parts) == 1:
         return first
-    ranks = np.concatenate([p.ranks for p in parts])
-    if np.unique(ranks).size != ranks.size:
-        values, counts = np.unique(ranks, return_counts=True)
-        twice = values[counts > 1][:8].tolist()
-        raise SummaryError(f"rank groups overlap: rank(s) {twice} are in more than one summary")
+    runs = _merged_runs(np.concatenate([p.rank_runs for p in parts]))
+    n_ranks = int(runs[:, 1].sum())
     values = np.concatenate([p.top_prefix for p in parts], axis=2)
     owners = np.concatenate([p.top_rank for p in parts], axis=2)
-    k = min(first.top_k, ranks.size)
+    k = min(first.top_k, n_ranks)
     order = np.lexsort((owners, -values), axis=2)[:, :, :k]
     dominant = np.concatenate([p.top_dominant for p in parts], axis=1)
     # The part holding each step's slowest rank: the largest total, then the lowest rank.
@@ -215,7 +219,7 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
     slowest = np.stack([p.slowest for p in parts])[slowest_part, np.arange(first.n_steps)]
     return WindowSummary(
         stages=first.stages,
-        ranks=np.sort(ranks),
+        rank_runs=runs,
         top_k=first.top_k,
         top_prefix=np.take_along_axis(values, order, axis=2),
         top_rank=np.take_along_axis(owners, order, axis=2),
@@ -226,10 +230,23 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
         stage_sum=np.add.reduce([p.stage_sum for p in parts]),
         slowest=slowest,
         rank_total_sum_s=float(sum(p.rank_total_sum_s for p in parts)),
-        sketch=merge_sketches([p.sketch for p in parts], int(ranks.size)),
+        sketch=merge_sketches([p.sketch for p in parts], n_ranks),
         gain_baseline=first.gain_baseline,
         gain_exact=all(p.gain_exact for p in parts) and first.gain_baseline != "cohort_median",
     )
+
+
+def _merged_runs(runs: IntArray) -> IntArray:
+    """Runs of disjoint groups as one sorted list of runs, touching runs joined; raises
+    SummaryError when two groups share a rank."""
+    runs = runs[np.argsort(runs[:, 0], kind="stable")]
+    ends = runs[:, 0] + runs[:, 1]
+    clash = np.flatnonzero(runs[1:, 0] < ends[:-1])
+    if clash.size:
+        rank = int(runs[clash[0] + 1, 0])
+        raise SummaryError(f"rank groups overlap: rank(s) [{rank}] are in more than one summary")
+    heads = np.concatenate([[0], np.flatnonzero(runs[1:, 0] != ends[:-1]) + 1])
+    return np.stack([runs[heads, 0], np.add.reduceat(runs[:, 1], heads)], axis=1)
 
 
 def _checked_ranks(ranks: Sequence[int], width: int) -> IntArray:

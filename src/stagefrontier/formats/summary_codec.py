@@ -125,7 +125,6 @@ def decode_summary(data: bytes) -> WindowSummary:
 def _array_values(summary: WindowSummary) -> dict[str, Any]:
     sketch = summary.sketch
     values = {name: getattr(summary, name, None) for name, _, _ in _ARRAYS}
-    values["rank_runs"] = rank_runs(summary.ranks)
     for name in ("lane_min", "sizes", "index", "count", "fold_low", "fold_high"):
         values[name] = getattr(sketch, name)
     return values
@@ -185,15 +184,16 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
     runs, sizes = a["rank_runs"], a["sizes"]
     if (runs[:, 1] < 1).any() or runs[:, 1].sum() != counts["m"] or (runs[:, 0] < 0).any():
         raise ReportFormatError("summary is corrupt: its rank runs do not add up to its ranks")
-    ranks = np.repeat(runs[:, 0] - np.cumsum(runs[:, 1]) + runs[:, 1], runs[:, 1])
-    ranks += np.arange(ranks.size)
+    runs = runs.astype(np.int64)
+    starts, ends = runs[:, 0], runs[:, 0] + runs[:, 1]
+    owner = np.searchsorted(starts, a["top_rank"], side="right") - 1
 
     def lanes() -> Any:
         return np.repeat(np.arange(sizes.size), sizes)
 
     checks: tuple[tuple[Callable[[], Any], str], ...] = (
-        (lambda: ranks.min() < 0 or (np.diff(ranks) <= 0).any(),
-         "ranks are not distinct, ascending and >= 0"),
+        (lambda: (starts[1:] <= ends[:-1]).any(),
+         "its rank runs are not ascending, apart and >= 0"),
         (lambda: counts["g"] != (0 if groups is None else n_broad),
          "its group gains do not fit its stages"),
         (lambda: not _durations(a, "top_prefix", "stage_max", "stage_sum", "slowest", "lane_min"),
@@ -202,7 +202,7 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
          "clipped step times are not finite"),
         (lambda: (np.diff(a["top_prefix"], axis=2) > 0).any(),
          "kept prefixes are not largest first"),
-        (lambda: not np.isin(a["top_rank"], ranks).all()
+        (lambda: (owner < 0).any() or (a["top_rank"] >= ends[np.maximum(owner, 0)]).any()
          or (np.diff(np.sort(a["top_rank"], axis=2), axis=2) == 0).any(),
          "kept prefixes name ranks it does not cover, or a rank twice in a lane"),
         (lambda: (a["top_dominant"] < 0).any() or (a["top_dominant"] >= n_broad).any(),
@@ -222,7 +222,7 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
             raise ReportFormatError(f"summary is corrupt: {what}")
     return WindowSummary(
         stages=stages,
-        ranks=ranks.astype(np.int64),
+        rank_runs=runs,
         top_k=meta["top_k"],
         top_prefix=a["top_prefix"],
         top_rank=a["top_rank"].astype(np.int64),
@@ -246,17 +246,6 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
         gain_baseline=meta["gain_baseline"],
         gain_exact=meta["gain_exact"],
     )
-
-
-def rank_runs(ranks: Any) -> Any:
-    """Ascending rank numbers as ``[U, 2]`` runs of (first rank, length): a node's ranks or a
-    merge of whole nodes are a few runs, whatever their count."""
-    if ranks.size == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    breaks = np.flatnonzero(np.diff(ranks) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    lengths = np.diff(np.concatenate([starts, [ranks.size]]))
-    return np.stack([ranks[starts], lengths], axis=1)
 
 
 def _durations(a: dict[str, Any], *names: str) -> bool:
