@@ -96,6 +96,8 @@ class Row:
     hier_peak_mb: float
     agreement: dict[str, bool]
     max_lag_bound_ms: float
+    load_1min: float | None
+    """The 1-minute load average right after the row was measured."""
 
     @property
     def agrees(self) -> bool:
@@ -235,6 +237,7 @@ def run_row(ranks: int, scenario: str, flat_max: int) -> Row:
         hier_peak_mb=peak_mb(lambda: hierarchical_root(top)),
         agreement=agree,
         max_lag_bound_ms=bound_ms,
+        load_1min=load_average(),
     )
 
 
@@ -254,6 +257,7 @@ HEADERS = (
     "hier: peak MB",
     "lag bound ms",
     "advances, shares, top, leader, lag",
+    "load",
 )
 
 
@@ -278,6 +282,7 @@ def cells(row: Row) -> list[str]:
         f"{row.hier_peak_mb:.1f}",
         f"{row.max_lag_bound_ms:.2f}",
         agree,
+        opt(row.load_1min, ".2f"),
     ]
 
 
