@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..collect.node_store import loopback_store as loopback_store  # importable here too
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
 from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
@@ -168,36 +167,6 @@ def run_ranks(
     if store_teardown is not None and store is not None:
         store_teardown(store)
     return {rank: p.exitcode for rank, p in enumerate(procs)}
-
-
-LOOPBACK = "127.0.0.1"
-
-
-def loopback_store(world_size: int, timeout_s: float = 60.0) -> Any:
-    """A TCPStore server on an ephemeral port that only this machine can reach.
-
-    Whatever host it is given, torch's store server binds the wildcard address, every interface
-    of the machine (both the libuv and the older backend, in torch 2.13): the host only tells
-    clients where to connect. So the listening socket is made here, bound to loopback, and
-    handed to the store with ``master_listen_fd``; the store owns it from then on and closes it
-    when it shuts down.
-    """
-    import torch.distributed as dist
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        sock.listen(socket.SOMAXCONN)
-        store = dist.TCPStore(
-            LOOPBACK,
-            sock.getsockname()[1],
-            world_size,
-            is_master=True,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-            master_listen_fd=sock.fileno(),
-        )
-        sock.detach()  # the store closes it; the ``with`` must not
-    return store
 
 
 def _request_stacks(procs: list[Any]) -> None:
