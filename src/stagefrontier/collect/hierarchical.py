@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
 from .base import analyze_received
-from .node import NodeIdentity, node_layout
+from .launcher import warn_once
+from .node import NodeIdentity, node_layout, node_of
 from .node_payload import NodeContents, combine_parts, node_contents, node_record
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_wire import NodePart, decode_node_part, encode_node_part
@@ -76,7 +76,9 @@ class NodeLeader(StoreCollector):
         self.node = node
         self._job_store = store
         self._job_conn: Any = None
+        self._job_previous: Any = None
         self._keep = keep_node_windows
+        self._out_dir = os.fspath(kwargs["out_dir"])
         self._up_failed: str | None = None
         server, problem = self._serve(kwargs.get("timeout_s", 10.0))
         self._server = server
@@ -106,9 +108,15 @@ class NodeLeader(StoreCollector):
         return super()._open_raw()
 
     def _job(self) -> Any:
-        """This leader's own connection to the job's store, under the attempt prefix."""
+        """This leader's own connection to the job's store, under the attempt prefix (and the
+        previous attempt's prefix, for the root's cleanup)."""
         if self._job_conn is None:
-            self._job_conn = attempt_store(open_connection(self._job_store, self.timeout_s))
+            from torch.distributed import PrefixStore
+
+            raw = open_connection(self._job_store, self.timeout_s)
+            previous = previous_attempt_prefix()
+            self._job_previous = None if previous is None else PrefixStore(previous, raw)
+            self._job_conn = attempt_store(raw)
         return self._job_conn
 
     def _read_silent(self, conn: Any) -> None:
@@ -180,10 +188,6 @@ class NodeLeader(StoreCollector):
         except OSError as exc:
             logger.warning("stagefrontier: could not keep the node's windows: %s", exc)
 
-    @property
-    def _out_dir(self) -> str:
-        return os.fspath(self.out_dir)
-
     def close(self) -> None:
         super().close()
         if not self._worker.alive:
@@ -234,8 +238,7 @@ class NodeRoot(NodeLeader):
             part = decode_node_part(get_payload(conn, key, read))
             if part.window != index or part.node != node:
                 raise ReportFormatError(
-                    f"key for window {index} node {node} held window {part.window} "
-                    f"node {part.node}"
+                    f"key for window {index} node {node} held window {part.window} node {part.node}"
                 )
             parts[node] = part
 
@@ -260,13 +263,9 @@ class NodeRoot(NodeLeader):
             conn = self._job()
             for key in read:
                 conn.delete_key(key)
-            previous = previous_attempt_prefix()
-            if previous is not None:
-                from torch.distributed import PrefixStore
-
-                old = PrefixStore(previous, open_connection(self._job_store, self.timeout_s))
+            if self._job_previous is not None:
                 for node in self.layout:
-                    delete_payload(old, node_key(index, node))
+                    delete_payload(self._job_previous, node_key(index, node))
             if index + 1 > self._up_done:
                 conn.add(DONE_KEY, index + 1 - self._up_done)
                 self._up_done = index + 1
@@ -274,5 +273,25 @@ class NodeRoot(NodeLeader):
             logger.warning("stagefrontier: cleanup of node summaries failed: %s", exc)
 
 
-def _now() -> float:
-    return time.monotonic()
+def hierarchical_collector(
+    settings: dict[str, Any], *, keep_node_windows: bool
+) -> StoreCollector | None:
+    """The member, leader or root collector of this rank, from the launcher's node layout;
+    None (collect flat instead, said once in the log) when the environment does not say which
+    ranks share a node."""
+    rank, world_size = settings["rank"], settings["world_size"]
+    try:
+        node = node_of(rank, world_size)
+    except ValueError as exc:
+        warn_once(
+            "hierarchical-fallback",
+            "stagefrontier: hierarchical collection needs the node layout (%s): collecting "
+            "flat through the job's store",
+            exc,
+        )
+        return None
+    if rank == 0:
+        return NodeRoot(node=node, keep_node_windows=keep_node_windows, **settings)
+    if rank == node.first_rank:
+        return NodeLeader(node=node, keep_node_windows=keep_node_windows, **settings)
+    return NodeMember(node=node, **settings)

@@ -86,7 +86,9 @@ def decode_node_part(data: bytes) -> NodePart:
             items = meta[name]
             if not isinstance(items, list):
                 raise ReportFormatError(f"node payload {name} is not a list")
-            values[name] = tuple(check_meta_value("count", v, f"node payload {name}") for v in items)
+            values[name] = tuple(
+                check_meta_value("count", v, f"node payload {name}") for v in items
+            )
         else:
             values[name] = check_meta_value(kind, meta[name], f"node payload {name}")
     return NodePart(body=bytes(data[start + meta_len :]), **values)

@@ -205,6 +205,9 @@ class AnalyzedWindow:
     gain_reference: list[int] | None = None
     """The healthy windows (first, last) whose per-rank medians the direct gains clipped to;
     None when the gains clip to each rank's median in this window (``Gates.gain_baseline``)."""
+    nodes: dict[str, Any] | None = None
+    """Under hierarchical collection: the node size, the nodes present, the nodes missing (with
+    the reason) and the nodes some of whose ranks are missing (``collect.node_payload``)."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -212,6 +215,8 @@ class AnalyzedWindow:
         record = window_record(self.merged, self.report)
         record["regression"] = self.regression
         record["gain_reference_windows"] = self.gain_reference
+        if self.nodes is not None:
+            record["nodes"] = self.nodes
         return record
 
     @cached_property
@@ -315,7 +320,7 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         **per_rank_fields(merged.ranks),
-        "lead": lead_scope(report, {w.rank: w.hostname for w in merged.ranks}),
+        "lead": lead_scope(report, node_names(merged.ranks)),
     }
     record.update(report.to_dict())
     return record
@@ -335,11 +340,30 @@ def per_rank_fields(ranks: Sequence[RankWindow]) -> dict[str, dict[str, Any]]:
     }
 
 
+def node_names(ranks: Sequence[RankWindow]) -> dict[int, str]:
+    """The node each rank runs on: its host name, or ``node<k>@<host>`` where one host runs
+    several launcher agents (as a test of several torchrun nodes on one machine does). A node is
+    told by its first rank, ``rank - local_rank``, and ``k`` is that over the node size, as
+    torchrun's ``GROUP_RANK`` is for nodes of equal size."""
+    first = {w.rank: w.rank - w.local_rank for w in ranks}
+    agents: dict[str, set[int]] = {}
+    for w in ranks:
+        agents.setdefault(w.hostname, set()).add(first[w.rank])
+    known = {w.hostname for w in ranks if w.local_rank > 0}  # else local ranks were not set
+    shared = {host for host in known if len(agents[host]) > 1}
+    size = 1 + max((w.local_rank for w in ranks), default=0)
+    return {
+        w.rank: f"node{first[w.rank] // size}@{w.hostname}" if w.hostname in shared else w.hostname
+        for w in ranks
+    }
+
+
 def lead_scope(report: WindowReport, hosts: dict[int, str]) -> dict[str, Any] | None:
-    """Where the top stage's leading ranks run: ``scope`` is ``rank`` (one leading rank),
-    ``node`` (several, all on one host of a job that spans several: suspect the node, not a
-    rank), ``hosts`` (several, on several hosts) or ``one_host_job`` (several, but the whole job
-    runs on one host, so node and rank cannot be told apart). None without a top stage."""
+    """Where the top stage's leading ranks run (``hosts``: each rank's node name, see
+    ``node_names``): ``scope`` is ``rank`` (one leading rank), ``node`` (several, all on one
+    node of a job that spans several: suspect the node, not a rank), ``hosts`` (several, on
+    several nodes) or ``one_host_job`` (several, but the whole job runs on one node, so node
+    and rank cannot be told apart). None without a top stage."""
     top = report.top1
     if top is None or top not in report.semantic_localization:
         return None

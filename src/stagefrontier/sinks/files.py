@@ -82,4 +82,5 @@ PACKET_META = (
     "gain_reference_windows",
     "paused_steps",
     "self_cost",
+    "nodes",
 )
