@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,7 @@ def run_ranks(
     store_setup: Callable[[Any], None] | None = None,
     store_teardown: Callable[[Any], None] | None = None,
     kill_store: Callable[[], bool] | None = None,
+    may_die: Collection[int] = (),
 ) -> dict[int, int | None]:
     """Start ``target(rank, payload, store_port)`` in ``ranks`` processes around a fresh
     ephemeral-port TCPStore (on loopback only, see ``loopback_store``) and wait for them; returns
@@ -132,7 +133,9 @@ def run_ranks(
     A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
     live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
     stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
-    run: when it returns True the store server is shut down (a store that dies mid-run).
+    run: when it returns True the store server is shut down (a store that dies mid-run). The
+    ranks in ``may_die`` are expected to end early (a killed process): their exit does not stop
+    the wait.
     """
     import torch.multiprocessing as mp
 
@@ -154,7 +157,7 @@ def run_ranks(
             if time.monotonic() - start > deadline_s:
                 _request_stacks(procs)
                 raise DeadlineExceeded(f"run exceeded its {deadline_s:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
+            if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in may_die):
                 break
             if kill_store is not None and store is not None and kill_store():
                 store = None  # the only reference: the server shuts down

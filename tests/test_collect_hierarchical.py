@@ -1,0 +1,106 @@
+"""Hierarchical collection with real spawned ranks, a real job TCPStore and real node stores:
+every failure of the flat collector, at each level (a rank inside a node, a whole node, a late
+node, a killed node leader), downgrades to a report that says what is missing and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from node_support import NodeJob, launch, limited
+from stagefrontier.collect.node import node_layout, node_of
+
+
+def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
+    windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    for w in windows:
+        assert w["ranks_present"] == [0, 1, 2, 3] and w["gather_ok"], limited(w)
+        assert w["nodes"] == {"node_size": 2, "present": [0, 1], "missing": {}, "partial": {}}
+        assert "telemetry_limited" not in w["labels"]
+        assert w["top1"] == "data.next_wait" and w["lead"]["ranks"] == [3]
+    # The node store keeps the windows on the node: nothing of a rank's window is left in the
+    # job's store for rank 0 to read (the root found only node parts there).
+    assert not (tmp_path / "node-windows").exists()  # kept only when asked
+
+
+def test_a_rank_missing_inside_a_node_is_named_by_its_node(tmp_path: Path) -> None:
+    windows = launch(NodeJob(out_dir=str(tmp_path), die_at_step={3: 15}))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    assert windows[0]["gather_ok"] and not limited(windows[0])
+    for w in windows[1:]:
+        assert w["missing_ranks"] == [3] and w["ranks_present"] == [0, 1, 2]
+        assert w["nodes"]["partial"] == {"1": [3]} and w["nodes"]["missing"] == {}
+        why = limited(w)
+        assert any("missing ranks [3]" in r for r in why), why
+        assert any("node 1" in r and "rank(s) [3] sent no window" in r for r in why), why
+
+
+def test_a_killed_node_leader_costs_its_node_and_the_other_nodes_keep_arriving(
+    tmp_path: Path,
+) -> None:
+    windows = launch(NodeJob(out_dir=str(tmp_path), nodes=3, die_at_step={2: 15}))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    assert windows[0]["gather_ok"] and windows[0]["nodes"]["present"] == [0, 1, 2]
+    for w in windows[1:]:
+        assert w["ranks_present"] == [0, 1, 4, 5] and w["missing_ranks"] == [2, 3]
+        assert w["nodes"]["present"] == [0, 2]
+        assert list(w["nodes"]["missing"]) == ["1"]
+        assert "sent no summary" in w["nodes"]["missing"]["1"]
+        assert "telemetry_limited" in w["labels"]
+        assert any("node 1 sent no summary" in r for r in limited(w)), limited(w)
+    # Rank 3, the dead leader's member, lost its node store: it downgraded and exited cleanly
+    # (launch asserts every surviving rank's exit code).
+    assert (tmp_path / "done-rank3").exists()
+
+
+def test_a_late_node_is_missing_from_that_window_only_until_it_catches_up(
+    tmp_path: Path,
+) -> None:
+    # Windows of 0.5 s; node 1's leader holds window 1's part 2 s, twice the root's 1 s wait
+    # (and short of the four windows its hand-off queue holds meanwhile).
+    job = NodeJob(
+        out_dir=str(tmp_path), steps=100, step_s=0.05, timeout_s=0.5, late_part_s={1: {1: 2.0}}
+    )
+    windows = launch(job)
+    assert [w["window"] for w in windows] == list(range(10))
+    late = windows[1]
+    assert late["missing_ranks"] == [2, 3] and list(late["nodes"]["missing"]) == ["1"]
+    assert "sent no summary within 1 s" in late["nodes"]["missing"]["1"]
+    assert windows[-1]["gather_ok"], [limited(w) for w in windows]
+
+
+def test_a_disabled_rank_inside_a_node_is_missing_with_that_reason(tmp_path: Path) -> None:
+    windows = launch(NodeJob(out_dir=str(tmp_path), silent_ranks=(3,)))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    for w in windows:
+        assert w["missing_ranks"] == [3]
+        assert any("[3] send no windows: their timers are disabled" in r for r in limited(w))
+        assert not any("sent no window to the node leader" in r for r in limited(w))
+
+
+def test_without_the_node_layout_it_collects_flat(tmp_path: Path) -> None:
+    windows = launch(NodeJob(out_dir=str(tmp_path), layout_env=False))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    for w in windows:
+        assert w["gather_ok"] and w["ranks_present"] == [0, 1, 2, 3]
+        assert "nodes" not in w
+
+
+def test_node_identity_follows_torchrun_and_rejects_what_cannot_hold() -> None:
+    env = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2"}
+    node = node_of(9, 16, env)
+    assert (node.node, node.first_rank, list(node.ranks)) == (2, 8, [8, 9, 10, 11])
+    assert node.label().startswith("node 2 (ranks 8-11")
+    assert node_layout(8, 4) == {0: range(0, 4), 1: range(4, 8)}
+    with pytest.raises(ValueError, match="LOCAL_RANK and LOCAL_WORLD_SIZE are not set"):
+        node_of(1, 4, {})
+    with pytest.raises(ValueError, match="not whole nodes"):
+        node_of(1, 6, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    with pytest.raises(ValueError, match="GROUP_RANK=1 but rank 9"):
+        node_of(9, 16, {**env, "GROUP_RANK": "1"})
+    with pytest.raises(ValueError, match="does not fit"):
+        node_of(9, 16, {**env, "LOCAL_RANK": "4"})
