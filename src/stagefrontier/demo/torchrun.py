@@ -21,9 +21,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from ..collect.node_store import LOOPBACK
 from ..errors import DeadlineExceeded, DemoError
 from .faults import parse_fault
-from ..collect.node_store import LOOPBACK
 from .launch import read_windows
 from .train import DemoConfig, run_rank
 
