@@ -33,6 +33,7 @@ class NodeJob:
     timeout_s: float = 2.0
     mode: str = "hierarchical"
     keep_node_windows: bool = False
+    fan_in: int = 64
     layout_env: bool = True
     """Set the launcher's node variables (False: a launcher that does not say)."""
     slow_s: dict[int, float] = field(default_factory=dict)
@@ -53,13 +54,13 @@ class NodeJob:
 def _late_parts(delays: dict[int, float]) -> None:
     from stagefrontier.collect.hierarchical import NodeLeader
 
-    send = NodeLeader._forward
+    send = NodeLeader._send_up
 
-    def late(self: Any, part: Any, ended: float) -> None:
+    def late(self: Any, part: Any) -> None:
         time.sleep(delays.get(part.window, 0.0))
-        send(self, part, ended)
+        send(self, part)
 
-    NodeLeader._forward = late  # type: ignore[method-assign]
+    NodeLeader._send_up = late  # type: ignore[method-assign]
 
 
 def run_rank(rank: int, job: NodeJob, port: int) -> None:
@@ -92,6 +93,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             out_dir=job.out_dir,
             timeout_s=job.timeout_s,
             keep_node_windows=job.keep_node_windows,
+            fan_in=job.fan_in,
             regression=None,
         ),
     )

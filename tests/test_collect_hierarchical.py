@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 
 from node_support import NodeJob, launch, limited
 from stagefrontier.collect.node import node_layout, node_of
+from stagefrontier.collect.node_tree import headed_levels, top_level
 
 
 def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
@@ -19,7 +20,13 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     for w in windows:
         assert w["ranks_present"] == [0, 1, 2, 3] and w["gather_ok"], limited(w)
-        assert w["nodes"] == {"node_size": 2, "present": [0, 1], "missing": {}, "partial": {}}
+        assert w["nodes"] == {
+            "node_size": 2,
+            "nodes": 2,
+            "present": 2,
+            "missing": {},
+            "partial": {},
+        }
         assert "telemetry_limited" not in w["labels"]
         assert w["top1"] == "data.next_wait" and w["lead"]["ranks"] == [3]
     # The node store keeps the windows on the node: nothing of a rank's window is left in the
@@ -44,12 +51,12 @@ def test_a_killed_node_leader_costs_its_node_and_the_other_nodes_keep_arriving(
 ) -> None:
     windows = launch(NodeJob(out_dir=str(tmp_path), nodes=3, die_at_step={2: 15}))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
-    assert windows[0]["gather_ok"] and windows[0]["nodes"]["present"] == [0, 1, 2]
+    assert windows[0]["gather_ok"] and windows[0]["nodes"]["present"] == 3
     for w in windows[1:]:
         assert w["ranks_present"] == [0, 1, 4, 5] and w["missing_ranks"] == [2, 3]
-        assert w["nodes"]["present"] == [0, 2]
+        assert w["nodes"]["present"] == 2
         assert list(w["nodes"]["missing"]) == ["1"]
-        assert "sent no summary" in w["nodes"]["missing"]["1"]
+        assert "node 1 sent no summary within 4 s" in w["nodes"]["missing"]["1"]
         assert "telemetry_limited" in w["labels"]
         assert any("node 1 sent no summary" in r for r in limited(w)), limited(w)
     # Rank 3, the dead leader's member, lost its node store: it downgraded and exited cleanly
@@ -69,8 +76,20 @@ def test_a_late_node_is_missing_from_that_window_only_until_it_catches_up(
     assert [w["window"] for w in windows] == list(range(10))
     late = windows[1]
     assert late["missing_ranks"] == [2, 3] and list(late["nodes"]["missing"]) == ["1"]
-    assert "sent no summary within 1 s" in late["nodes"]["missing"]["1"]
+    assert "node 1 sent no summary within 1 s" in late["nodes"]["missing"]["1"]
     assert windows[-1]["gather_ok"], [limited(w) for w in windows]
+
+
+def test_a_dead_head_of_a_group_costs_its_group_in_a_tree_of_fan_in_2(tmp_path: Path) -> None:
+    # 4 nodes of 2 ranks, fan-in 2: node 2's leader (rank 4) heads nodes 2-3, node 0 the rest.
+    job = NodeJob(out_dir=str(tmp_path), nodes=4, fan_in=2, die_at_step={4: 15}, timeout_s=1.5)
+    windows = launch(job)
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    assert windows[0]["gather_ok"] and windows[0]["ranks_present"] == list(range(8))
+    for w in windows[1:]:
+        assert w["ranks_present"] == [0, 1, 2, 3] and w["missing_ranks"] == [4, 5, 6, 7]
+        missing = w["nodes"]["missing"]
+        assert sorted(missing) == ["2", "3"] and "nodes 2-3 sent no summary" in missing["3"]
 
 
 def test_a_disabled_rank_inside_a_node_is_missing_with_that_reason(tmp_path: Path) -> None:
@@ -104,3 +123,20 @@ def test_node_identity_follows_torchrun_and_rejects_what_cannot_hold() -> None:
         node_of(9, 16, {**env, "GROUP_RANK": "1"})
     with pytest.raises(ValueError, match="does not fit"):
         node_of(9, 16, {**env, "LOCAL_RANK": "4"})
+
+
+def test_the_tree_bounds_every_leaders_reads_by_the_fan_in() -> None:
+    assert headed_levels(1, 1, 4) == [] and top_level(0, 1, 4) == 0
+    levels = headed_levels(0, 10, 3)  # levels of 1, 3 and 9 nodes below node 0
+    assert [(lv.level, lv.children, lv.node_count) for lv in levels] == [
+        (1, (1, 2), 3),
+        (2, (3, 6), 9),
+        (3, (9,), 10),
+    ]
+    assert [lv.children for lv in headed_levels(3, 10, 3)] == [(4, 5)]
+    assert top_level(3, 10, 3) == 1 and top_level(9, 10, 3) == 0  # node 9 heads no one
+    nodes, fan_in = 12_500, 64  # 100,000 ranks of 8
+    reads = [sum(len(lv.children) for lv in headed_levels(n, nodes, fan_in)) for n in range(nodes)]
+    assert max(reads) <= 3 * (fan_in - 1) and sum(reads) == nodes - 1
+    with pytest.raises(ValueError, match="fan-in"):
+        headed_levels(0, 4, 1)

@@ -45,7 +45,8 @@ def test_flat_and_hierarchical_name_the_same_stage_and_lead(runs: Path) -> None:
         assert f["gather_ok"] and h["gather_ok"]
         assert h["nodes"] == {
             "node_size": PER_NODE,
-            "present": [0, 1, 2, 3],
+            "nodes": NODES,
+            "present": NODES,
             "missing": {},
             "partial": {},
         }

@@ -70,7 +70,9 @@ def make_collector(config: CollectConfig) -> Collector:
         "regression": config.regression,
     }
     if mode == "hierarchical" or (mode == "auto" and world_size > AUTO_HIERARCHICAL_ABOVE):
-        collector = hierarchical_collector(settings, keep_node_windows=config.keep_node_windows)
+        collector = hierarchical_collector(
+            settings, keep_node_windows=config.keep_node_windows, fan_in=config.fan_in
+        )
         if collector is not None:
             return collector
     cls = GlooCollector if mode == "gloo" else StoreCollector

@@ -25,6 +25,9 @@ from ..record.settings import (
     check_path,
 )
 from ..sinks import Sink
+from .node_tree import DEFAULT_FAN_IN
+
+MAX_FAN_IN = 1 << 16
 
 COLLECT_MODES = ("auto", "local", "store", "gloo", "hierarchical")
 
@@ -60,6 +63,8 @@ class CollectConfig:
             exact windows its node's part was built from under ``out_dir/node-windows/`` (for
             checking the combined analysis against the flat one on the same data); off by
             default.
+        fan_in: under hierarchical collection, the most node parts one leader reads per
+            window (the tree's fan-in, see ``collect.node_tree``).
     """
 
     mode: str = "auto"
@@ -71,6 +76,7 @@ class CollectConfig:
     regression: RegressionConfig | None = DEFAULT_REGRESSION
     log: bool = True
     keep_node_windows: bool = False
+    fan_in: int = DEFAULT_FAN_IN
 
     def __post_init__(self) -> None:
         if self.mode not in COLLECT_MODES:
@@ -93,6 +99,7 @@ class CollectConfig:
             raise TimerSettingError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
         check_flag("log", self.log)
         check_flag("keep_node_windows", self.keep_node_windows)
+        object.__setattr__(self, "fan_in", check_int("fan_in", self.fan_in, 2, MAX_FAN_IN))
         if isinstance(self.sinks, str) or not isinstance(self.sinks, Iterable):
             raise TimerSettingError(f"sinks must be a sequence of sinks, got {self.sinks!r:.60}")
         sinks = tuple(self.sinks)

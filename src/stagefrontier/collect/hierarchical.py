@@ -1,21 +1,22 @@
-"""Hierarchical collection: a rank's window stays on its node; only node summaries cross the job.
+"""Hierarchical collection: a rank's window stays on its node; only node parts cross the job.
 
-Three roles, all ``StoreCollector``s on one background thread each, so every rule of the flat
+Two roles, both ``StoreCollector``s on one background thread each, so every rule of the flat
 collector (deadline, short grace for an absent peer, key lifetime, chunking, attempt prefixes,
 downgrade on any store failure) holds at each level:
 
 - a *member* (local rank > 0) sends its window to the node's store, which its leader serves on
   loopback (``collect.node_store``); its address is read once from the job's store;
-- a *leader* (local rank 0) gathers its node's windows there, condenses them into one
-  ``NodePart`` (``collect.node_payload``) and writes it to the job's store, keyed per node;
-- the *root* (rank 0, leader of node 0) does what a leader does for its own node, then gathers
-  the other nodes' parts from the job's store, combines them and analyzes the window.
+- a *leader* (local rank 0) gathers its node's windows there and condenses them into one
+  ``NodePart`` (``collect.node_payload``). If it heads groups of nodes in the tree
+  (``collect.node_tree``: fan-in bounded, rank 0's node at the top), it reads its children's
+  parts from the job's store and combines them, level by level; then it sends its part up,
+  keyed per level and node, or, on rank 0, analyzes it.
 
-What the root cannot get is reported, never waited on forever: a rank missing inside a node is
-named in its node's part (with the leader's reason), a node whose part does not arrive by the
-root's deadline is reported missing with all its ranks, and a node that missed the previous
-window gets only a short grace. A dead leader is such a node; its members' sends fail against the
-vanished node store and downgrade there.
+What rank 0 cannot get is reported, never waited on forever: a rank missing inside a node is
+named in its node's part (with the leader's reason); a group whose part does not reach its head
+by the head's deadline (one collect timeout more per level) is reported missing with its nodes,
+and a group that missed the previous window gets only a short grace. A dead leader is such a
+group; its members' sends fail against the vanished node store and downgrade there.
 """
 
 from __future__ import annotations
@@ -28,25 +29,21 @@ from typing import Any
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
-from .base import analyze_received
 from .launcher import warn_once
-from .node import NodeIdentity, node_layout, node_of
-from .node_payload import NodeContents, combine_parts, node_contents, node_record
+from .node import NodeIdentity, node_of
+from .node_payload import analyze_part, combine_parts, node_part
 from .node_store import connect_node_store, loopback_store, publish_address
+from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
 from .node_wire import NodePart, decode_node_part, encode_node_part
 from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
 logger = logging.getLogger("stagefrontier")
 
-ROOT_WAIT_FACTOR = 2.0
-"""The root waits this many collect timeouts for a node's part: a leader may itself wait one
-timeout for a late rank of its node before it sends, and that node is then still reported with
-its late rank missing, not as a missing node."""
 
-
-def node_key(window: int, node: int) -> str:
-    return f"w{window}/n{node}"
+def part_key(window: int, level: int, node: int) -> str:
+    """The job-store key of the level-``level`` part that ``node``'s leader sends up."""
+    return f"w{window}/l{level}/n{node}"
 
 
 class NodeMember(StoreCollector):
@@ -62,8 +59,9 @@ class NodeMember(StoreCollector):
 
 
 class NodeLeader(StoreCollector):
-    """Local rank 0 of a node other than rank 0's: serves the node's store, gathers the node's
-    windows there and sends one part per window up to the job's store."""
+    """Local rank 0 of a node: serves the node's store, gathers the node's windows there, heads
+    the tree levels ``node_tree`` gives it, and sends its part up; on node 0 (rank 0) it
+    analyzes the top part instead."""
 
     def __init__(
         self,
@@ -71,6 +69,7 @@ class NodeLeader(StoreCollector):
         node: NodeIdentity,
         store: Any = None,
         keep_node_windows: bool = False,
+        fan_in: int = DEFAULT_FAN_IN,
         **kwargs: Any,
     ) -> None:
         self.node = node
@@ -80,13 +79,19 @@ class NodeLeader(StoreCollector):
         self._keep = keep_node_windows
         self._out_dir = os.fspath(kwargs["out_dir"])
         self._up_failed: str | None = None
+        self.nodes = int(kwargs["world_size"]) // node.size
+        self.fan_in = fan_in
+        self.levels = headed_levels(node.node, self.nodes, fan_in)
+        self._waits = {level.level: PeerWait("node", "summary") for level in self.levels}
+        top = top_level(node.node, self.nodes, fan_in)
+        self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
+        self._done_up = 0  # rank 0: the job store's done counter it last published
         server, problem = self._serve(kwargs.get("timeout_s", 10.0))
         self._server = server
         super().__init__(store=server, collects=True, **kwargs)
         self.peers = node.ranks[1:]
         if problem is not None:
             self._dead = problem
-        self._sent_up = SentKeys(lambda index: node_key(index, node.node))
 
     def _serve(self, timeout_s: float) -> tuple[Any, str | None]:
         """Start the node's store and publish its address (on the training thread, once, like
@@ -109,7 +114,7 @@ class NodeLeader(StoreCollector):
 
     def _job(self) -> Any:
         """This leader's own connection to the job's store, under the attempt prefix (and the
-        previous attempt's prefix, for the root's cleanup)."""
+        previous attempt's, whose leftovers of its children it deletes)."""
         if self._job_conn is None:
             from torch.distributed import PrefixStore
 
@@ -125,43 +130,90 @@ class NodeLeader(StoreCollector):
 
     def _collect(self, item: tuple[PendingWindow, float]) -> None:
         own, windows, notes, read = self._gather_window(item)
+        ended = item[1]
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
-        contents = node_contents(self.node, windows)
         if self._keep:
             self._keep_windows(own.window, windows)
-        part = self._part(own, contents, windows, notes)
-        self._forward(part, item[1])
+        present = {w.rank for w in windows}
+        late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
+        part = node_part(self.node, own, windows, notes, late)
         self._release_window(own.window, read)
+        read_up: list[str] = []
+        for level in self.levels:
+            part = self._combine_level(level, part, ended, read_up)
+        if self.rank == 0:
+            self._worker.activity = f"analyzing window {own.window}"
+            analyzed = analyze_part(part, self.world_size, self.node.size, self.live.analyze)
+            if analyzed is not None:
+                emit(self.sinks, analyzed)
+        else:
+            self._send_up(part)
+        if self.levels:
+            self._release_parts(own.window, read_up)
 
-    def _part(
-        self,
-        own: RankWindow,
-        contents: NodeContents,
-        windows: list[RankWindow],
-        notes: list[str],
+    def _combine_level(
+        self, level: Level, own: NodePart, ended: float, read: list[str]
     ) -> NodePart:
-        present = sorted(w.rank for w in windows)
-        missing = [r for r in self.node.ranks if r not in present]
-        why = list(notes)
-        late = [r for r in missing if r not in self._silent]
-        if late and not self._dead:
-            why.append(
-                f"{self.node.label()}: rank(s) {late} sent no window to the node leader within "
-                f"{self.timeout_s:g} s"
-            )
-        return NodePart(
-            window=own.window,
-            node=self.node.node,
-            first_step=own.first_step,
-            last_step=own.last_step,
-            host=own.hostname,
-            ranks_present=tuple(present),
-            missing_ranks=tuple(missing),
-            notes=tuple(why),
-            body=contents.encode(),
-        )
+        """Read this level's children's parts (until ``ended`` plus one collect timeout per
+        level: each level below may have waited its own) and combine them with ``own``."""
+        index = own.window
+        parts: dict[int, NodePart] = {}
+        notes: list[str] = []
+        keys = {
+            c: part_key(index, top_level(c, self.nodes, self.fan_in), c) for c in level.children
+        }
+        wait_s = self.timeout_s * (level.level + 1)
+        left = set(keys)
+        try:
+            conn = self._job()
 
-    def _forward(self, part: NodePart, ended: float) -> None:
+            def take(child: int, key: str) -> None:
+                part = decode_node_part(get_payload(conn, key, read))
+                if part.window != index or part.first_node != child:
+                    raise ReportFormatError(
+                        f"key for window {index} node {child} held window {part.window} "
+                        f"node {part.first_node}"
+                    )
+                parts[child] = part
+
+            left = set(
+                self._waits[level.level].wait(
+                    conn,
+                    keys,
+                    deadline=ended + wait_s,
+                    grace=ended + min(wait_s, ABSENT_GRACE_S * (level.level + 1)),
+                    take=take,
+                    notes=notes,
+                    give_up=lambda: self._worker.full,
+                    activity=lambda text: setattr(
+                        self._worker, "activity", f"window {index}: {text}"
+                    ),
+                )
+            )
+        except Exception as exc:
+            notes.append(f"job store read failed: {exc}")
+        rejected = {c for c in level.children if c not in parts} - left
+        missing = {
+            self._span(c, level): self._why(c, level, wait_s, c in rejected)
+            for c in level.children
+            if c not in parts
+        }
+        return combine_parts(own, level.node_count, parts, missing, notes)
+
+    def _child_key(self, index: int, child: int) -> str:
+        return part_key(index, top_level(child, self.nodes, self.fan_in), child)
+
+    def _span(self, child: int, level: Level) -> range:
+        return group_span(child, level.level - 1, self.nodes, self.fan_in)
+
+    def _why(self, child: int, level: Level, wait_s: float, rejected: bool) -> str:
+        span = self._span(child, level)
+        who = f"node {child}" if len(span) == 1 else f"nodes {span[0]}-{span[-1]}"
+        if rejected:
+            return f"{who}: summary rejected (see the notes)"
+        return f"{who} sent no summary within {wait_s:g} s of the window end"
+
+    def _send_up(self, part: NodePart) -> None:
         if self._up_failed:
             return
         self._worker.activity = f"sending window {part.window} of {self.node.label()} up"
@@ -174,6 +226,23 @@ class NodeLeader(StoreCollector):
                 self.node.label(),
                 exc,
             )
+
+    def _release_parts(self, index: int, read: list[str]) -> None:
+        """Delete the children's parts read and this window's parts of a previous attempt;
+        rank 0 then advances the job store's done counter (senders free what it moved past)."""
+        try:
+            conn = self._job()
+            for key in read:
+                conn.delete_key(key)
+            if self._job_previous is not None:
+                for level in self.levels:
+                    for child in level.children:
+                        delete_payload(self._job_previous, self._child_key(index, child))
+            if self.rank == 0 and index + 1 > self._done_up:
+                conn.add(DONE_KEY, index + 1 - self._done_up)
+                self._done_up = index + 1
+        except Exception as exc:
+            logger.warning("stagefrontier: cleanup of node summaries failed: %s", exc)
 
     def _keep_windows(self, index: int, windows: list[RankWindow]) -> None:
         """The node's exact windows, for checking the combined result against the flat
@@ -195,86 +264,8 @@ class NodeLeader(StoreCollector):
             self._server = None  # the last reference: the node store shuts down
 
 
-class NodeRoot(NodeLeader):
-    """Rank 0: leader of node 0, and the one that combines every node's part and analyzes."""
-
-    def __init__(self, *, node: NodeIdentity, world_size: int, **kwargs: Any) -> None:
-        super().__init__(node=node, world_size=world_size, **kwargs)
-        self.layout = node_layout(world_size, node.size)
-        self._node_wait = PeerWait("node", "summary")
-        self._up_done = 0  # the value of the job store's done counter it last published
-
-    def _forward(self, part: NodePart, ended: float) -> None:
-        parts = {part.node: part}
-        notes: list[str] = []
-        read: list[str] = []
-        others = [n for n in self.layout if n != self.node.node]
-        if others:
-            try:
-                self._gather_nodes(part.window, ended, others, parts, notes, read)
-            except Exception as exc:
-                notes.append(f"job store read failed: {exc}")
-        self._worker.activity = f"analyzing window {part.window}"
-        combined = combine_parts(parts, self.layout, self.world_size, notes)
-        analyzed = analyze_received(combined.merged, self.live.analyze)
-        if analyzed is not None:
-            analyzed = node_record(analyzed, combined)
-            emit(self.sinks, analyzed)
-        if others:
-            self._release_nodes(part.window, read)
-
-    def _gather_nodes(
-        self,
-        index: int,
-        ended: float,
-        others: list[int],
-        parts: dict[int, NodePart],
-        notes: list[str],
-        read: list[str],
-    ) -> None:
-        conn = self._job()
-
-        def take(node: int, key: str) -> None:
-            part = decode_node_part(get_payload(conn, key, read))
-            if part.window != index or part.node != node:
-                raise ReportFormatError(
-                    f"key for window {index} node {node} held window {part.window} node {part.node}"
-                )
-            parts[node] = part
-
-        wait_s = self.timeout_s * ROOT_WAIT_FACTOR
-        left = self._node_wait.wait(
-            conn,
-            {n: node_key(index, n) for n in others},
-            deadline=ended + wait_s,
-            grace=ended + min(wait_s, 2 * ABSENT_GRACE_S),
-            take=take,
-            notes=notes,
-            give_up=lambda: self._worker.full,
-            activity=lambda text: setattr(self._worker, "activity", f"window {index}: {text}"),
-        )
-        for node in sorted(left):
-            notes.append(f"node {node} sent no summary within {wait_s:g} s of rank 0's window end")
-
-    def _release_nodes(self, index: int, read: list[str]) -> None:
-        """Delete the parts read, this window's parts of a previous attempt, then advance the
-        job store's done counter (the leaders free what the root moved past)."""
-        try:
-            conn = self._job()
-            for key in read:
-                conn.delete_key(key)
-            if self._job_previous is not None:
-                for node in self.layout:
-                    delete_payload(self._job_previous, node_key(index, node))
-            if index + 1 > self._up_done:
-                conn.add(DONE_KEY, index + 1 - self._up_done)
-                self._up_done = index + 1
-        except Exception as exc:
-            logger.warning("stagefrontier: cleanup of node summaries failed: %s", exc)
-
-
 def hierarchical_collector(
-    settings: dict[str, Any], *, keep_node_windows: bool
+    settings: dict[str, Any], *, keep_node_windows: bool, fan_in: int
 ) -> StoreCollector | None:
     """The member, leader or root collector of this rank, from the launcher's node layout;
     None (collect flat instead, said once in the log) when the environment does not say which
@@ -290,8 +281,6 @@ def hierarchical_collector(
             exc,
         )
         return None
-    if rank == 0:
-        return NodeRoot(node=node, keep_node_windows=keep_node_windows, **settings)
     if rank == node.first_rank:
-        return NodeLeader(node=node, keep_node_windows=keep_node_windows, **settings)
+        return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)
     return NodeMember(node=node, **settings)
