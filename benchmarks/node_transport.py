@@ -8,11 +8,11 @@ either store. Meanwhile ``--load`` processes play the rest of the job: each writ
 deletes window-sized values on the job's store as fast as it can, as the other nodes' ranks would
 under the first option (and the job's own rendezvous and barriers under either). Measured: the
 leader's gather time per round on each transport (rounds alternate between the two, so both see
-the same load), as a ratio within one run; and the bytes per
-window that reach the job's store server under each option, counted from the payloads.
+the same load), as a ratio within one run; and the bytes per window that reach the job's store
+server under each option, counted from the payloads.
 
     python benchmarks/node_transport.py                 # L = 8, 2 load processes, 200 rounds
-    python benchmarks/node_transport.py --rounds 50 --out /tmp/node_transport.md
+    python benchmarks/node_transport.py --rounds 50 --out node_transport-quick.md
 """
 
 from __future__ import annotations
