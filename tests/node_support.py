@@ -56,9 +56,9 @@ def _late_parts(delays: dict[int, float]) -> None:
 
     send = NodeLeader._send_up
 
-    def late(self: Any, part: Any) -> None:
-        time.sleep(delays.get(part.window, 0.0))
-        send(self, part)
+    def late(self: Any, group: Any) -> None:
+        time.sleep(delays.get(group.part.window, 0.0))
+        send(self, group)
 
     NodeLeader._send_up = late  # type: ignore[method-assign]
 

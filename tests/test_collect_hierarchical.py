@@ -13,13 +13,17 @@ pytest.importorskip("torch")
 from node_support import NodeJob, launch, limited
 from stagefrontier.collect.node import node_layout, node_of
 from stagefrontier.collect.node_tree import headed_levels, top_level
+from stagefrontier.formats.summary_packet import read_summary_packet
 
 
 def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
     windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     for w in windows:
-        assert w["ranks_present"] == [0, 1, 2, 3] and w["gather_ok"], limited(w)
+        assert w["n_ranks_present"] == 4 and w["gather_ok"], limited(w)
+        assert w["missing_ranks"] == [] and "ranks_present" not in w  # no per-rank tables
+        hosts = w["nodes"].pop("hosts")  # of the nodes the summary's top prefixes name
+        assert "1" in hosts and set(hosts) <= {"0", "1"}
         assert w["nodes"] == {
             "node_size": 2,
             "nodes": 2,
@@ -29,9 +33,14 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
         }
         assert "telemetry_limited" not in w["labels"]
         assert w["top1"] == "data.next_wait" and w["lead"]["ranks"] == [3]
-    # The node store keeps the windows on the node: nothing of a rank's window is left in the
-    # job's store for rank 0 to read (the root found only node parts there).
     assert not (tmp_path / "node-windows").exists()  # kept only when asked
+    # The packets hold the combined summary, not rank columns, and read back to the report.
+    packets = sorted((tmp_path / "packets").glob("*.json"))
+    assert [p.name for p in packets] == [f"summary-00000{i}.json" for i in range(4)]
+    for path, record in zip(packets, windows, strict=True):
+        packet = read_summary_packet(path)
+        assert packet.summary.n_ranks == 4 and packet.report.top1 == record["top1"]
+        assert packet.meta["nodes"]["present"] == 2
 
 
 def test_a_rank_missing_inside_a_node_is_named_by_its_node(tmp_path: Path) -> None:
@@ -39,7 +48,7 @@ def test_a_rank_missing_inside_a_node_is_named_by_its_node(tmp_path: Path) -> No
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     assert windows[0]["gather_ok"] and not limited(windows[0])
     for w in windows[1:]:
-        assert w["missing_ranks"] == [3] and w["ranks_present"] == [0, 1, 2]
+        assert w["missing_ranks"] == [3] and w["n_ranks_present"] == 3
         assert w["nodes"]["partial"] == {"1": [3]} and w["nodes"]["missing"] == {}
         why = limited(w)
         assert any("missing ranks [3]" in r for r in why), why
@@ -53,7 +62,7 @@ def test_a_killed_node_leader_costs_its_node_and_the_other_nodes_keep_arriving(
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     assert windows[0]["gather_ok"] and windows[0]["nodes"]["present"] == 3
     for w in windows[1:]:
-        assert w["ranks_present"] == [0, 1, 4, 5] and w["missing_ranks"] == [2, 3]
+        assert w["n_ranks_present"] == 4 and w["missing_ranks"] == [2, 3]
         assert w["nodes"]["present"] == 2
         assert list(w["nodes"]["missing"]) == ["1"]
         assert "node 1 sent no summary within 4 s" in w["nodes"]["missing"]["1"]
@@ -85,9 +94,9 @@ def test_a_dead_head_of_a_group_costs_its_group_in_a_tree_of_fan_in_2(tmp_path: 
     job = NodeJob(out_dir=str(tmp_path), nodes=4, fan_in=2, die_at_step={4: 15}, timeout_s=1.5)
     windows = launch(job)
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
-    assert windows[0]["gather_ok"] and windows[0]["ranks_present"] == list(range(8))
+    assert windows[0]["gather_ok"] and windows[0]["n_ranks_present"] == 8
     for w in windows[1:]:
-        assert w["ranks_present"] == [0, 1, 2, 3] and w["missing_ranks"] == [4, 5, 6, 7]
+        assert w["n_ranks_present"] == 4 and w["missing_ranks"] == [4, 5, 6, 7]
         missing = w["nodes"]["missing"]
         assert sorted(missing) == ["2", "3"] and "nodes 2-3 sent no summary" in missing["3"]
 
@@ -105,7 +114,7 @@ def test_without_the_node_layout_it_collects_flat(tmp_path: Path) -> None:
     windows = launch(NodeJob(out_dir=str(tmp_path), layout_env=False))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     for w in windows:
-        assert w["gather_ok"] and w["ranks_present"] == [0, 1, 2, 3]
+        assert w["gather_ok"] and w["ranks_present"] == [0, 1, 2, 3]  # a flat record
         assert "nodes" not in w
 
 

@@ -43,6 +43,7 @@ def test_flat_and_hierarchical_name_the_same_stage_and_lead(runs: Path) -> None:
     assert [r["window"] for r in flat] == [r["window"] for r in hier] == [0, 1, 2, 3]
     for f, h in zip(flat, hier, strict=True):
         assert f["gather_ok"] and h["gather_ok"]
+        assert "1" in h["nodes"].pop("hosts")  # node 1 holds the leaders
         assert h["nodes"] == {
             "node_size": PER_NODE,
             "nodes": NODES,

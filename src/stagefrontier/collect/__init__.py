@@ -9,8 +9,14 @@ from .base import Collector
 from .config import AUTO_HIERARCHICAL_ABOVE, COLLECT_MODES, CollectConfig
 from .gloo import GlooCollector
 from .hierarchical import hierarchical_collector
-from .launcher import distributed_initialized, launched_rank, rank_out_dir
+from .launcher import (
+    distributed_initialized,
+    launched_rank,
+    launched_world_size,
+    rank_out_dir,
+)
 from .local import LocalCollector
+from .node import node_of
 from .store import StoreCollector, announce_silent
 
 __all__ = [
@@ -21,6 +27,7 @@ __all__ = [
     "LocalCollector",
     "StoreCollector",
     "announce_disabled",
+    "collects_hierarchically",
     "make_collector",
 ]
 
@@ -69,7 +76,7 @@ def make_collector(config: CollectConfig) -> Collector:
         "gates": config.gates,
         "regression": config.regression,
     }
-    if mode == "hierarchical" or (mode == "auto" and world_size > AUTO_HIERARCHICAL_ABOVE):
+    if mode == "hierarchical" or collects_hierarchically(config):
         collector = hierarchical_collector(
             settings, keep_node_windows=config.keep_node_windows, fan_in=config.fan_in
         )
@@ -77,6 +84,23 @@ def make_collector(config: CollectConfig) -> Collector:
             return collector
     cls = GlooCollector if mode == "gloo" else StoreCollector
     return cls(**settings)
+
+
+def collects_hierarchically(config: CollectConfig) -> bool:
+    """Whether a timer with ``config`` collects hierarchically: asked for by name, or ``auto``
+    in a job of more than ``AUTO_HIERARCHICAL_ABOVE`` ranks (either way, when the launcher says
+    which ranks share a node; else collection stays flat, see ``hierarchical_collector``)."""
+    world_size = launched_world_size()
+    wanted = config.mode == "hierarchical" or (
+        config.mode == "auto" and world_size > AUTO_HIERARCHICAL_ABOVE
+    )
+    if not wanted or world_size < 2:
+        return False
+    try:
+        node_of(launched_rank(), world_size)
+    except ValueError:
+        return False
+    return True
 
 
 def announce_disabled(config: CollectConfig) -> None:

@@ -31,10 +31,9 @@ from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
 from .launcher import warn_once
 from .node import NodeIdentity, node_of
-from .node_payload import analyze_part, combine_parts, node_part
+from .node_payload import Group, analyze_group, combine_groups, decode_group, node_group
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
-from .node_wire import NodePart, decode_node_part, encode_node_part
 from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
@@ -136,28 +135,26 @@ class NodeLeader(StoreCollector):
             self._keep_windows(own.window, windows)
         present = {w.rank for w in windows}
         late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
-        part = node_part(self.node, own, windows, notes, late)
+        group = node_group(self.node, own, windows, notes, late, self.gates)
         self._release_window(own.window, read)
         read_up: list[str] = []
         for level in self.levels:
-            part = self._combine_level(level, part, ended, read_up)
+            group = self._combine_level(level, group, ended, read_up)
         if self.rank == 0:
             self._worker.activity = f"analyzing window {own.window}"
-            analyzed = analyze_part(part, self.world_size, self.node.size, self.live.analyze)
+            analyzed = analyze_group(group, own, self.world_size, self.node.size, self.gates)
             if analyzed is not None:
                 emit(self.sinks, analyzed)
         else:
-            self._send_up(part)
+            self._send_up(group)
         if self.levels:
             self._release_parts(own.window, read_up)
 
-    def _combine_level(
-        self, level: Level, own: NodePart, ended: float, read: list[str]
-    ) -> NodePart:
+    def _combine_level(self, level: Level, own: Group, ended: float, read: list[str]) -> Group:
         """Read this level's children's parts (until ``ended`` plus one collect timeout per
         level: each level below may have waited its own) and combine them with ``own``."""
-        index = own.window
-        parts: dict[int, NodePart] = {}
+        index = own.part.window
+        parts: dict[int, Group] = {}
         notes: list[str] = []
         keys = {
             c: part_key(index, top_level(c, self.nodes, self.fan_in), c) for c in level.children
@@ -168,13 +165,13 @@ class NodeLeader(StoreCollector):
             conn = self._job()
 
             def take(child: int, key: str) -> None:
-                part = decode_node_part(get_payload(conn, key, read))
-                if part.window != index or part.first_node != child:
+                group = decode_group(get_payload(conn, key, read))
+                if group.part.window != index or group.part.first_node != child:
                     raise ReportFormatError(
-                        f"key for window {index} node {child} held window {part.window} "
-                        f"node {part.first_node}"
+                        f"key for window {index} node {child} held window {group.part.window} "
+                        f"node {group.part.first_node}"
                     )
-                parts[child] = part
+                parts[child] = group
 
             left = set(
                 self._waits[level.level].wait(
@@ -198,7 +195,7 @@ class NodeLeader(StoreCollector):
             for c in level.children
             if c not in parts
         }
-        return combine_parts(own, level.node_count, parts, missing, notes)
+        return combine_groups(own, level.node_count, parts, missing, notes, self.node.size)
 
     def _child_key(self, index: int, child: int) -> str:
         return part_key(index, top_level(child, self.nodes, self.fan_in), child)
@@ -213,12 +210,13 @@ class NodeLeader(StoreCollector):
             return f"{who}: summary rejected (see the notes)"
         return f"{who} sent no summary within {wait_s:g} s of the window end"
 
-    def _send_up(self, part: NodePart) -> None:
+    def _send_up(self, group: Group) -> None:
         if self._up_failed:
             return
-        self._worker.activity = f"sending window {part.window} of {self.node.label()} up"
+        index = group.part.window
+        self._worker.activity = f"sending window {index} of {self.node.label()} up"
         try:
-            self._sent_up.send(self._job(), part.window, encode_node_part(part))
+            self._sent_up.send(self._job(), index, group.encode())
         except Exception as exc:
             self._up_failed = f"job store unavailable since a failed send: {exc}"
             logger.warning(
@@ -281,6 +279,12 @@ def hierarchical_collector(
             exc,
         )
         return None
+    if rank == 0 and settings.get("regression") is not None:
+        logger.info(
+            "stagefrontier: the live regression check compares every rank's columns with the "
+            "run's healthy windows; under hierarchical collection they stay on their nodes, so "
+            "it is off (the report's direct gains use each rank's own median)"
+        )
     if rank == node.first_rank:
         return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)
     return NodeMember(node=node, **settings)

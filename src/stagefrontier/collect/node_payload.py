@@ -1,68 +1,79 @@
 """What a node leader condenses its node's windows into, how a group's head combines its
 children's parts, and how rank 0 analyzes the top part.
 
-A part's body is the group's windows in the wire format, one after another, each behind its
-length. (The node summary replaces this body once its codec exists; the envelope around it,
-``collect.node_wire``, stays.)
+A part's body is its group's ``WindowSummary`` (``analysis.summary``, written by
+``formats.summary_codec``): a leader summarizes its node's ``[N, L, S]`` window, a head combines
+its children's summaries exactly, and rank 0 runs the one analyzer on the top one
+(``analyze_summary``). A group whose summary cannot join (it does not decode, or its stages,
+steps or settings differ) is reported missing or mismatched with the reason; nothing raises.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ReportFormatError
-from ..record.window import AnalyzedWindow, MergedWindow, RankWindow
-from .base import analyze_received, merge_received
+import numpy as np
+
+from ..analysis.analyzer import analyze_summary
+from ..analysis.gates import Gates
+from ..analysis.side import SideEvidence
+from ..analysis.summary import WindowSummary, combine, summarize
+from ..errors import StageFrontierError
+from ..formats.summary_codec import decode_summary, encode_summary
+from ..record.window import NS, AnalyzedWindow, MergedWindow, RankWindow
+from .base import merge_received
 from .node import NodeIdentity
-from .node_wire import NodePart, capped_notes
-from .wire import decode_window, encode_window
+from .node_wire import NodePart, capped_notes, decode_node_part, encode_node_part
 
-_LENGTH = struct.Struct("<Q")
-
-
-def encode_windows(windows: Sequence[RankWindow]) -> bytes:
-    out = []
-    for window in windows:
-        data = encode_window(window)
-        out += [_LENGTH.pack(len(data)), data]
-    return b"".join(out)
+logger = logging.getLogger("stagefrontier")
 
 
-def decode_windows(body: bytes) -> list[RankWindow]:
-    """Parse a part's body; raises ReportFormatError."""
-    windows, offset = [], 0
-    while offset < len(body):
-        if offset + _LENGTH.size > len(body):
-            raise ReportFormatError("node body ends inside a length")
-        (size,) = _LENGTH.unpack_from(body, offset)
-        offset += _LENGTH.size
-        if offset + size > len(body):
-            raise ReportFormatError("node body ends inside a window")
-        windows.append(decode_window(body[offset : offset + size]))
-        offset += size
-    return windows
+@dataclass(frozen=True)
+class Group:
+    """A part and its summary, decoded once: what a head holds while it combines."""
+
+    part: NodePart
+    summary: WindowSummary
+
+    def encode(self) -> bytes:
+        return encode_node_part(replace(self.part, body=encode_summary(self.summary)))
 
 
-def node_part(
+def decode_group(data: bytes) -> Group:
+    """Parse a part and its summary; raises ReportFormatError."""
+    part = decode_node_part(data)
+    return Group(replace(part, body=b""), decode_summary(part.body))
+
+
+def node_group(
     node: NodeIdentity,
     own: RankWindow,
     windows: Sequence[RankWindow],
     notes: Sequence[str],
     late: Sequence[int],
-) -> NodePart:
-    """The leader's part for its node: the windows that arrived (``own`` first), the ranks
-    that did not, and ``late``: those of them that said nothing (not announced silent), each
-    named in a note with the node."""
+    gates: Gates | None,
+) -> Group:
+    """The leader's part for its node: the summary of the windows that arrived and match its
+    own (``own`` first), the ranks that did not, and ``late``: those of them that said nothing
+    (not announced silent), named in a note with the node."""
     merged = merge_received(list(windows), node.first_rank + node.size, notes)
     kept = merged.ranks
     present = {w.rank for w in windows}
     notes = list(merged.notes)
     if late:
         notes.append(f"{node.label()}: rank(s) {list(late)} sent no window to the node leader")
-    return NodePart(
+    for w in kept:
+        notes.extend(f"rank {w.rank}: {reason}" for reason in w.violation_reasons)
+        if w.dropped_windows:
+            notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off full")
+    d = np.stack([w.durations_ns for w in kept], axis=1).astype(np.float64) * NS
+    summary = summarize(
+        d, [w.rank for w in kept], own.stages, gain_baseline=(gates or Gates()).gain_baseline
+    )
+    part = NodePart(
         window=own.window,
         first_step=own.first_step,
         last_step=own.last_step,
@@ -74,53 +85,69 @@ def node_part(
         hosts={node.node: own.hostname},
         contract_violations=sum(w.contract_violations for w in kept),
         overlap_ns=sum(w.overlap_ns for w in kept),
-        wall_ns=sum(int(w.wall_ns.sum()) for w in kept),
-        body=encode_windows(kept),
     )
+    return Group(part, summary)
 
 
-def combine_parts(
-    own: NodePart,
+def combine_groups(
+    own: Group,
     node_count: int,
-    children: Mapping[int, NodePart],
+    children: Mapping[int, Group],
     missing: Mapping[range, str],
     notes: Sequence[str],
-) -> NodePart:
-    """The part of the group ``own`` heads (``node_count`` nodes from ``own.first_node``):
-    ``own`` and the children that arrived combined, the ``missing`` children's nodes (a node
-    span each, with the reason) and the wait's ``notes`` added. A child whose body does not
-    decode is reported missing with the error."""
-    parts = [own]
+    node_size: int,
+) -> Group:
+    """The group ``own`` heads (``node_count`` nodes from its first): ``own`` and the children
+    that arrived, combined exactly; the ``missing`` children's nodes (a node span each, with
+    the reason) and the wait's ``notes`` added. A child whose summary cannot join ``own``'s
+    (other stages, steps or settings) is reported mismatched with its ranks."""
+    joined = [own, *children.values()]
+    notes = list(notes)
+    try:
+        summary = combine([g.summary for g in joined])
+    except StageFrontierError:
+        joined = [own]
+        for child in children.values():
+            try:
+                combine([own.summary, child.summary])
+            except StageFrontierError as exc:
+                notes.append(f"nodes {_span(child.part)} not combined: {exc}")
+                continue
+            joined.append(child)
+        summary = combine([g.summary for g in joined])
+    parts = [g.part for g in joined]
+    dropped = [c for c in children.values() if not any(c is g for g in joined)]
     gone: dict[int, str] = {}
     for span, why in missing.items():
         gone.update(dict.fromkeys(span, why))
-    bodies = [own.body]
-    for child in children.values():
-        try:
-            decode_windows(child.body)
-        except ReportFormatError as exc:
-            gone.update(
-                dict.fromkeys(child.nodes, f"summary of nodes {_span(child)} rejected: {exc}")
-            )
-            continue
-        parts.append(child)
-        bodies.append(child.body)
-    return NodePart(
-        window=own.window,
-        first_step=own.first_step,
-        last_step=own.last_step,
-        first_node=own.first_node,
+    mismatched = sorted(
+        [
+            *(r for p in parts for r in p.mismatched_ranks),
+            *(int(r) for c in dropped for r in (*c.summary.ranks, *c.part.mismatched_ranks)),
+        ]
+    )
+    part = NodePart(
+        window=own.part.window,
+        first_step=own.part.first_step,
+        last_step=own.part.last_step,
+        first_node=own.part.first_node,
         node_count=node_count,
         missing_nodes={**{k: v for p in parts for k, v in p.missing_nodes.items()}, **gone},
         missing_ranks=tuple(sorted(r for p in parts for r in p.missing_ranks)),
-        mismatched_ranks=tuple(sorted(r for p in parts for r in p.mismatched_ranks)),
+        mismatched_ranks=tuple(mismatched),
         notes=capped_notes([*notes, *(n for p in parts for n in p.notes)]),
-        hosts={k: v for p in parts for k, v in p.hosts.items()},
+        hosts=_named_hosts(summary, {k: v for p in parts for k, v in p.hosts.items()}, node_size),
         contract_violations=sum(p.contract_violations for p in parts),
         overlap_ns=sum(p.overlap_ns for p in parts),
-        wall_ns=sum(p.wall_ns for p in parts),
-        body=b"".join(bodies),
     )
+    return Group(part, summary)
+
+
+def _named_hosts(summary: WindowSummary, hosts: dict[int, str], node_size: int) -> dict[int, str]:
+    """The hosts of the nodes whose ranks the summary's top prefixes name: all a report can
+    name, bounded by the summary's size whatever the number of nodes."""
+    named = {int(r) // node_size for r in np.unique(summary.top_rank)}
+    return {n: h for n, h in hosts.items() if n in named}
 
 
 def _span(part: NodePart) -> str:
@@ -128,25 +155,41 @@ def _span(part: NodePart) -> str:
     return str(part.first_node) if last == part.first_node else f"{part.first_node}-{last}"
 
 
-def analyze_part(
-    part: NodePart,
-    world_size: int,
-    node_size: int,
-    analyze: Callable[[MergedWindow], AnalyzedWindow],
+def analyze_group(
+    top: Group, own: RankWindow, world_size: int, node_size: int, gates: Gates | None
 ) -> AnalyzedWindow | None:
-    """Rank 0's analysis of the top part; None when the window is lost (logged)."""
-    windows = decode_windows(part.body)
+    """Rank 0's analysis of the top group, or None when it fails (logged: the window is lost,
+    and said so)."""
+    part, summary = top.part, top.summary
     gone = sorted(part.missing_nodes)
-    notes = [*part.notes, *(part.missing_nodes[n] for n in gone)]
-    merged = merge_received(windows, world_size, _dedupe(notes))
-    analyzed = analyze_received(merged, analyze)
-    if analyzed is None:
+    missing = sorted(
+        {*part.missing_ranks, *(r for n in gone for r in range(n * node_size, (n + 1) * node_size))}
+    )
+    notes = list(dict.fromkeys([*part.notes, *(part.missing_nodes[n] for n in gone)]))
+    side = SideEvidence(
+        accumulation_factor=own.accumulation_factor,
+        overlap_error_s=part.overlap_ns * NS,
+        missing_ranks=tuple(missing),
+        mismatched_ranks=part.mismatched_ranks,
+        gather_ok=not missing,
+        contract_violations=part.contract_violations,
+        notes=tuple(notes),
+    )
+    try:
+        report = analyze_summary(summary, gates=gates, side=side)
+    except Exception as exc:
+        logger.error("stagefrontier: window %d lost: its summary failed: %s", part.window, exc)
         return None
-    return replace(analyzed, nodes=nodes_entry(part, node_size))
+    merged = MergedWindow(own, [own], world_size, missing, list(part.mismatched_ranks), notes)
+    d = np.zeros((summary.n_steps, 0, len(summary.stages)))
+    return AnalyzedWindow(
+        merged, d, None, side, report, summary=summary, nodes=nodes_entry(part, node_size)
+    )
 
 
 def nodes_entry(part: NodePart, node_size: int) -> dict[str, Any]:
-    """The record's ``nodes``: how many, which are missing and why, which lack some ranks."""
+    """The record's ``nodes``: how many, which are missing and why, which lack some ranks, and
+    the hosts of the nodes the report can name."""
     partial: dict[str, list[int]] = {}
     for rank in part.missing_ranks:
         partial.setdefault(str(rank // node_size), []).append(rank)
@@ -156,8 +199,5 @@ def nodes_entry(part: NodePart, node_size: int) -> dict[str, Any]:
         "present": part.node_count - len(part.missing_nodes),
         "missing": {str(n): why for n, why in sorted(part.missing_nodes.items())},
         "partial": partial,
+        "hosts": {str(n): h for n, h in sorted(part.hosts.items())},
     }
-
-
-def _dedupe(notes: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(notes))
