@@ -17,8 +17,10 @@ from stagefrontier.formats.summary_packet import read_summary_packet
 
 
 def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
-    windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}))
+    windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}, router=True))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    # The router reads rank columns rank 0 no longer has: off on every rank, said once.
+    assert {(tmp_path / f"router-rank{r}").read_text() for r in range(4)} == {"False"}
     for w in windows:
         assert w["n_ranks_present"] == 4 and w["gather_ok"], limited(w)
         assert w["missing_ranks"] == [] and "ranks_present" not in w  # no per-rank tables
