@@ -135,8 +135,10 @@ class NodeLeader(StoreCollector):
             self._keep_windows(own.window, windows)
         present = {w.rank for w in windows}
         late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
-        group = node_group(self.node, own, windows, notes, late, self.gates)
+        group = self._node_group(own, windows, notes, late)
         self._release_window(own.window, read)
+        if group is None:
+            return
         read_up: list[str] = []
         for level in self.levels:
             group = self._combine_level(level, group, ended, read_up)
@@ -149,6 +151,27 @@ class NodeLeader(StoreCollector):
             self._send_up(group)
         if self.levels:
             self._release_parts(own.window, read_up)
+
+    def _node_group(
+        self, own: RankWindow, windows: list[RankWindow], notes: list[str], late: list[int]
+    ) -> Group | None:
+        """The node's part; if the node's windows cannot be summarized together, the leader's
+        own alone (the others reported missing, with the error); None when not even that can
+        (logged: the node is then missing at rank 0 for this window)."""
+        try:
+            return node_group(self.node, own, windows, notes, late, self.gates)
+        except Exception as exc:
+            why = f"{self.node.label()}: its windows could not be summarized together: {exc}"
+        try:
+            return node_group(self.node, own, [own], [*notes, why], late, self.gates)
+        except Exception as exc:
+            logger.error(
+                "stagefrontier: %s sends no part for window %d: %s",
+                self.node.label(),
+                own.window,
+                exc,
+            )
+            return None
 
     def _combine_level(self, level: Level, own: Group, ended: float, read: list[str]) -> Group:
         """Read this level's children's parts (until ``ended`` plus one collect timeout per
