@@ -71,6 +71,7 @@ def test_a_part_round_trips_and_a_damaged_one_is_refused() -> None:
         hosts={4: "host-e"},
         contract_violations=2,
         overlap_ns=10,
+        self_cost_max={"total_s": 0.002, "fraction": 0.01},
         body=b"xyz",
     )
     data = encode_node_part(part)
@@ -111,6 +112,8 @@ def test_combined_node_groups_give_the_flat_analysis_of_the_same_windows() -> No
         "scope": "rank",
     }
     assert record["hosts"]["5"] == "host-b" and record["nodes"]["present"] == 2
+    assert set(record["self_cost"]["fraction"]) == {"max"}  # maxima merge, medians do not
+    assert analyzed.metrics.window == 0  # the metrics sinks read the same record
 
 
 def test_a_child_that_cannot_join_is_reported_mismatched_with_its_ranks() -> None:

@@ -23,6 +23,7 @@ from ..analysis.side import SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
 from ..errors import StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
+from ..record.self_cost import self_cost_summary
 from ..record.window import NS, AnalyzedWindow, MergedWindow, RankWindow
 from .base import merge_received
 from .node import NodeIdentity
@@ -85,6 +86,7 @@ def node_group(
         hosts={node.node: own.hostname},
         contract_violations=sum(w.contract_violations for w in kept),
         overlap_ns=sum(w.overlap_ns for w in kept),
+        self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
     )
     return Group(part, summary)
 
@@ -139,8 +141,17 @@ def combine_groups(
         hosts=_named_hosts(summary, {k: v for p in parts for k, v in p.hosts.items()}, node_size),
         contract_violations=sum(p.contract_violations for p in parts),
         overlap_ns=sum(p.overlap_ns for p in parts),
+        self_cost_max=_largest([p.self_cost_max for p in parts]),
     )
     return Group(part, summary)
+
+
+def _largest(costs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for cost in costs:
+        for name, value in cost.items():
+            out[name] = max(out.get(name, 0.0), value)
+    return out
 
 
 def _named_hosts(summary: WindowSummary, hosts: dict[int, str], node_size: int) -> dict[int, str]:
@@ -182,9 +193,10 @@ def analyze_group(
         return None
     merged = MergedWindow(own, [own], world_size, missing, list(part.mismatched_ranks), notes)
     d = np.zeros((summary.n_steps, 0, len(summary.stages)))
-    return AnalyzedWindow(
-        merged, d, None, side, report, summary=summary, nodes=nodes_entry(part, node_size)
-    )
+    nodes = nodes_entry(part, node_size)
+    costs = {"fraction": 0.0, **part.self_cost_max}
+    nodes["self_cost"] = {name: {"max": v} for name, v in costs.items()}
+    return AnalyzedWindow(merged, d, None, side, report, summary=summary, nodes=nodes)
 
 
 def nodes_entry(part: NodePart, node_size: int) -> dict[str, Any]:

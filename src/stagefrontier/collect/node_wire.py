@@ -10,6 +10,7 @@ ReportFormatError (its parent then reports the group missing, with the error as 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +47,9 @@ class NodePart:
     """The host of each node the group's top prefixes name (bounded by the summary's size)."""
     contract_violations: int = 0
     overlap_ns: int = 0
-    wall_ns: int = 0
-    """Sum of the body's ranks' step walls."""
+    self_cost_max: dict[str, float] = field(default_factory=dict)
+    """StageFrontier's own cost, the largest over the group's ranks: per component (seconds)
+    and as a fraction of step time (``record.self_cost``; maxima merge exactly, medians not)."""
     body: bytes = b""
 
     @property
@@ -63,7 +65,6 @@ _COUNT_FIELDS = (
     "node_count",
     "contract_violations",
     "overlap_ns",
-    "wall_ns",
 )
 
 
@@ -75,6 +76,7 @@ def encode_node_part(part: NodePart) -> bytes:
         mismatched_ranks=list(part.mismatched_ranks),
         notes=list(part.notes),
         hosts={str(k): v for k, v in part.hosts.items()},
+        self_cost_max=dict(part.self_cost_max),
     )
     meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
     header = _HEADER.pack(MAGIC, NODE_WIRE_VERSION, len(meta_bytes), len(part.body))
@@ -101,7 +103,7 @@ def decode_node_part(data: bytes) -> NodePart:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ReportFormatError(f"node payload metadata is not JSON: {exc}") from None
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
-    expected |= {"notes", "hosts"}
+    expected |= {"notes", "hosts", "self_cost_max"}
     if not isinstance(meta, dict) or set(meta) != expected:
         raise ReportFormatError(f"node payload metadata must hold exactly {sorted(expected)}")
     values: dict[str, Any] = {
@@ -113,6 +115,7 @@ def decode_node_part(data: bytes) -> NodePart:
     values["notes"] = check_meta_value("names", meta["notes"], "node payload notes")
     values["missing_nodes"] = _by_node(meta, "missing_nodes")
     values["hosts"] = _by_node(meta, "hosts")
+    values["self_cost_max"] = _reals(meta["self_cost_max"])
     part = NodePart(body=bytes(data[start + meta_len :]), **values)
     if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
         raise ReportFormatError("node payload names nodes outside the group it covers")
@@ -131,6 +134,14 @@ def _by_node(meta: dict[str, Any], name: str) -> dict[int, str]:
     if not isinstance(items, dict) or not all(k.isdigit() for k in items):
         raise ReportFormatError(f"node payload {name} is not an object keyed by node")
     return {int(k): check_meta_value("text", v, f"node payload {name}") for k, v in items.items()}
+
+
+def _reals(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict) or not all(
+        type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in value.values()
+    ):
+        raise ReportFormatError("node payload self_cost_max must map names to numbers >= 0")
+    return {str(k): float(v) for k, v in value.items()}
 
 
 def capped_notes(notes: list[str]) -> tuple[str, ...]:

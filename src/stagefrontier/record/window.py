@@ -226,8 +226,10 @@ class AnalyzedWindow:
         record["regression"] = self.regression
         record["gain_reference_windows"] = self.gain_reference
         if self.nodes is not None:
-            record["nodes"] = self.nodes
+            record["nodes"] = {k: v for k, v in self.nodes.items() if k != "self_cost"}
             if self.summary is not None:
+                # maxima over ranks only: medians would need every rank's cost at rank 0
+                record["self_cost"] = self.nodes.get("self_cost", {})
                 hosts = {int(n): h for n, h in self.nodes["hosts"].items()}
                 size = self.nodes["node_size"]
                 names = summary_node_names(self.report, hosts, size)
