@@ -214,9 +214,10 @@ def render(ranks: int, rounds: int, load: int, times: dict[str, list[float]]) ->
         "",
         *table(["what travels", "bytes", "note"], level_rows),
         "",
-        "Reading: the gather itself costs about the same on either store here (ratio "
-        f"{statistics.median(times['job store']) / base:.2f}; two load processes on two shared "
-        "cores barely load a store server). What decides is the job store's traffic: keyed per "
+        "Reading: the gather time ratio, job store over node store, is "
+        f"{statistics.median(times['job store']) / base:.2f} here (two load processes on two "
+        "shared cores load a store server only lightly, so this is the small end of the "
+        "difference). What decides is the job store's traffic: keyed per "
         f"node on the job's store, every window of every rank ({window_b} B, one set, one check, "
         "one get and one delete each) passes through the one server the job's rendezvous and "
         "barriers use; with a node-local store only one part per node does "

@@ -164,3 +164,38 @@ def test_hierarchical_collection_is_chosen_by_name_or_above_the_auto_threshold(
     monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: flat
     assert not collects_hierarchically(CollectConfig(mode="auto"))
     assert not collects_hierarchically(CollectConfig(mode="hierarchical"))
+
+
+def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goes_on() -> None:
+    import time
+
+    pytest.importorskip("torch")
+    from stagefrontier.collect.node_store import loopback_store
+    from stagefrontier.collect.store_keys import PeerWait, get_payload
+
+    store = loopback_store()
+    good = _group(1, {})
+    store.set("w0/l0/n1", good.encode())
+    store.set("w0/l0/n2", b"not a node part at all")
+    read: list[str] = []
+    parts = {}
+    notes: list[str] = []
+
+    def take(node: int, key: str) -> None:
+        parts[node] = decode_group(get_payload(store, key, read))
+
+    wait = PeerWait("node", "summary")
+    left = wait.wait(
+        store,
+        {1: "w0/l0/n1", 2: "w0/l0/n2", 3: "w0/l0/n3"},
+        deadline=time.monotonic() + 0.2,
+        grace=time.monotonic(),
+        take=take,
+        notes=notes,
+    )
+    assert list(parts) == [1] and parts[1].summary.n_ranks == 4
+    assert left == {3: "w0/l0/n3"} and wait.absent == {3}
+    assert len(notes) == 1 and notes[0].startswith(
+        "node 2 summary rejected: bad node payload magic"
+    )
+    assert sorted(read) == ["w0/l0/n1", "w0/l0/n2"]  # both read, so both deleted after
