@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -239,7 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     times = measure(args.ranks, args.rounds, args.load)
     body = render(args.ranks, args.rounds, args.load, times)
     print("\n".join(body))
-    command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
+    settings = (
+        ("--ranks", args.ranks, 8),
+        ("--rounds", args.rounds, 200),
+        ("--load", args.load, 2),
+    )
+    command = " ".join([COMMAND, *(f"{flag} {v}" for flag, v, default in settings if v != default)])
     lines = [*result_header("Node transport: job store or node-local store", command)]
     lines += [*environment(), "", *body, ""]
     args.out.write_text("\n".join(lines))
