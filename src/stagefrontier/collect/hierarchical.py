@@ -133,6 +133,7 @@ class NodeLeader(StoreCollector):
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
         if self._keep:
             self._keep_windows(own.window, windows)
+        _say_what_stays_behind(windows)
         present = {w.rank for w in windows}
         late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
         group = self._node_group(own, windows, notes, late)
@@ -283,6 +284,22 @@ class NodeLeader(StoreCollector):
         if not self._worker.alive:
             self._job_conn = None
             self._server = None  # the last reference: the node store shuts down
+
+
+def _say_what_stays_behind(windows: list[RankWindow]) -> None:
+    """Once per process: the window fields a node summary does not carry up."""
+    if any(w.role for w in windows):
+        warn_once(
+            "hierarchical-roles",
+            "stagefrontier: ranks have roles, but node summaries carry none: the report is "
+            "role-blind under hierarchical collection (collect flat for role reports)",
+        )
+    if any(w.event_state is not None for w in windows):
+        warn_once(
+            "hierarchical-events",
+            "stagefrontier: CUDA-event samples stay on their nodes under hierarchical "
+            "collection: the report has no forward-event evidence",
+        )
 
 
 def hierarchical_collector(
