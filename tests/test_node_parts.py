@@ -113,6 +113,9 @@ def test_combined_node_groups_give_the_flat_analysis_of_the_same_windows() -> No
     }
     assert record["hosts"]["5"] == "host-b" and record["nodes"]["present"] == 2
     assert set(record["self_cost"]["fraction"]) == {"max"}  # maxima merge, medians do not
+    assert record["paused_steps"] == 0 and record["step_wall_s"] == pytest.approx(
+        sum(float(w.wall_ns.sum()) for w in (_window(r, slow.get(r, 0)) for r in range(8))) * 1e-9
+    )
     assert analyzed.metrics.window == 0  # the metrics sinks read the same record
 
 

@@ -363,6 +363,7 @@ def summary_record(
         "missing_ranks": list(side.missing_ranks),
         "mismatched_ranks": list(side.mismatched_ranks),
         "accumulation_factor": side.accumulation_factor,
+        "paused_steps": ref.paused_steps,
         "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
         "overlap_error_s": side.overlap_error_s,
         "contract_violations": side.contract_violations,
