@@ -84,3 +84,20 @@ def test_scale_benchmark_quick_agrees_and_writes_table(tmp_path: Path) -> None:
     flat_kb = {row[1]: float(row[4].replace(",", "")) for row in rows}
     hier_kb = {row[1]: float(row[8].replace(",", "")) for row in rows}
     assert hier_kb["512"] < flat_kb["512"] / 5
+
+
+def test_node_transport_benchmark_writes_both_transports_and_the_bytes_per_level(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "node_transport.md"
+    proc = run_benchmark("node_transport", "--rounds", "5", "--load", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "python benchmarks/node_transport.py --rounds 5 --load 1" in text
+    assert "Load average" in text and str(tmp_path) not in text
+    rows = table_rows(
+        text, "| transport | gather ms median | gather ms p90 | ratio to node store |"
+    )
+    assert [row[0] for row in rows] == ["job store", "node store"] and rows[1][-1] == "1.00"
+    levels = table_rows(text, "| what travels | bytes | note |")
+    assert len(levels) == 5 and levels[0][0] == "a rank to its leader (node store)"

@@ -6,10 +6,17 @@ from __future__ import annotations
 from ..errors import StageFrontierError
 from ..sinks import collector_sinks
 from .base import Collector
-from .config import COLLECT_MODES, CollectConfig
+from .config import AUTO_HIERARCHICAL_ABOVE, COLLECT_MODES, CollectConfig
 from .gloo import GlooCollector
-from .launcher import distributed_initialized, launched_rank, rank_out_dir
+from .hierarchical import hierarchical_collector
+from .launcher import (
+    distributed_initialized,
+    launched_rank,
+    launched_world_size,
+    rank_out_dir,
+)
 from .local import LocalCollector
+from .node import node_of
 from .store import StoreCollector, announce_silent
 
 __all__ = [
@@ -20,6 +27,7 @@ __all__ = [
     "LocalCollector",
     "StoreCollector",
     "announce_disabled",
+    "collects_hierarchically",
     "make_collector",
 ]
 
@@ -28,8 +36,9 @@ def make_collector(config: CollectConfig) -> Collector:
     """The collector for ``StageTimer(collect=config)``.
 
     ``auto`` uses the store when torch.distributed is initialized (checked without importing
-    torch) and stays in-process otherwise: in a process a launcher started among several, it
-    then writes under ``out_dir/rank-<r>/``. ``gloo`` creates a dedicated Gloo group here, on
+    torch), hierarchically above ``AUTO_HIERARCHICAL_ABOVE`` ranks, and stays in-process
+    otherwise: in a process a launcher started among several, it then writes under
+    ``out_dir/rank-<r>/``. ``gloo`` creates a dedicated Gloo group here, on
     the calling (training) thread: every rank must build its timer at the same point. Rank 0
     writes to the default sinks (``windows.jsonl``, the log line unless ``config.log`` is False,
     and packets when distributed), followed by ``config.sinks``; the collector starts them and
@@ -37,7 +46,7 @@ def make_collector(config: CollectConfig) -> Collector:
     """
     mode = config.mode
     distributed = distributed_initialized()
-    if mode in ("store", "gloo") and not distributed:
+    if mode in ("store", "gloo", "hierarchical") and not distributed:
         raise StageFrontierError(
             f"collect={mode!r} needs torch.distributed to be initialized first"
         )
@@ -54,19 +63,44 @@ def make_collector(config: CollectConfig) -> Collector:
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    cls = GlooCollector if mode == "gloo" else StoreCollector
-    return cls(
-        rank=rank,
-        world_size=dist.get_world_size(),
-        out_dir=config.out_dir,
-        timeout_s=config.timeout_s,
-        queue_size=config.queue_size,
-        sinks=collector_sinks(
+    world_size = dist.get_world_size()
+    settings = {
+        "rank": rank,
+        "world_size": world_size,
+        "out_dir": config.out_dir,
+        "timeout_s": config.timeout_s,
+        "queue_size": config.queue_size,
+        "sinks": collector_sinks(
             rank, config.out_dir, distributed=True, extra=config.sinks, log=config.log
         ),
-        gates=config.gates,
-        regression=config.regression,
+        "gates": config.gates,
+        "regression": config.regression,
+    }
+    if mode == "hierarchical" or collects_hierarchically(config):
+        collector = hierarchical_collector(
+            settings, keep_node_windows=config.keep_node_windows, fan_in=config.fan_in
+        )
+        if collector is not None:
+            return collector
+    cls = GlooCollector if mode == "gloo" else StoreCollector
+    return cls(**settings)
+
+
+def collects_hierarchically(config: CollectConfig) -> bool:
+    """Whether a timer with ``config`` collects hierarchically: asked for by name, or ``auto``
+    in a job of more than ``AUTO_HIERARCHICAL_ABOVE`` ranks (either way, when the launcher says
+    which ranks share a node; else collection stays flat, see ``hierarchical_collector``)."""
+    world_size = launched_world_size()
+    wanted = config.mode == "hierarchical" or (
+        config.mode == "auto" and world_size > AUTO_HIERARCHICAL_ABOVE
     )
+    if not wanted or world_size < 2:
+        return False
+    try:
+        node_of(launched_rank(), world_size)
+    except ValueError:
+        return False
+    return True
 
 
 def announce_disabled(config: CollectConfig) -> None:
@@ -74,7 +108,7 @@ def announce_disabled(config: CollectConfig) -> None:
     the store, a rank other than 0 tells rank 0 it will send nothing, so rank 0 reports it absent
     with that reason instead of waiting for it. (With ``collect="gloo"`` every rank must build an
     enabled timer: the group's operations need all of them.)"""
-    if config.mode not in ("auto", "store") or not distributed_initialized():
+    if config.mode not in ("auto", "store", "hierarchical") or not distributed_initialized():
         return
     import torch.distributed as dist
 

@@ -25,8 +25,16 @@ from ..record.settings import (
     check_path,
 )
 from ..sinks import Sink
+from .node_tree import DEFAULT_FAN_IN
 
-COLLECT_MODES = ("auto", "local", "store", "gloo")
+MAX_FAN_IN = 1 << 16
+
+COLLECT_MODES = ("auto", "local", "store", "gloo", "hierarchical")
+
+AUTO_HIERARCHICAL_ABOVE = 256
+"""``auto`` collects hierarchically in a job of more ranks than this (when the launcher says
+which ranks share a node): rank 0's flat read of one key per rank per window grows with the job,
+the hierarchical path's with its number of nodes only."""
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,11 @@ class CollectConfig:
     """How a timer's windows reach rank 0's analysis, and where the results go.
 
     Attributes:
-        mode: ``"auto"`` (the job's store once torch.distributed is initialized, this process
-            alone otherwise), ``"local"`` (this process only), ``"store"`` or ``"gloo"``.
+        mode: ``"auto"`` (the job's store once torch.distributed is initialized, hierarchically
+            above ``AUTO_HIERARCHICAL_ABOVE`` ranks, this process alone otherwise), ``"local"``
+            (this process only), ``"store"``, ``"gloo"`` or ``"hierarchical"`` (each node's
+            windows gathered on the node, one summary per node through the job's store; see
+            ``collect.hierarchical``).
         out_dir: where rank 0 writes ``windows.jsonl`` (and packets, with collection).
         timeout_s: how long rank 0 waits for the other ranks' windows; also the timeout of the
             collection's own store connection (or Gloo group).
@@ -48,6 +59,12 @@ class CollectConfig:
             off, leaving the gains relative to each window's own medians.
         log: write rank 0's one-line window summary to the ``stagefrontier`` logger (shown on
             stderr when the application configured no logging); False leaves it out.
+        keep_node_windows: under hierarchical collection, each node leader also writes the
+            exact windows its node's part was built from under ``out_dir/node-windows/`` (for
+            checking the combined analysis against the flat one on the same data); off by
+            default.
+        fan_in: under hierarchical collection, the most node parts one leader reads per
+            window (the tree's fan-in, see ``collect.node_tree``).
     """
 
     mode: str = "auto"
@@ -58,6 +75,8 @@ class CollectConfig:
     gates: Gates | None = None
     regression: RegressionConfig | None = DEFAULT_REGRESSION
     log: bool = True
+    keep_node_windows: bool = False
+    fan_in: int = DEFAULT_FAN_IN
 
     def __post_init__(self) -> None:
         if self.mode not in COLLECT_MODES:
@@ -79,6 +98,8 @@ class CollectConfig:
         if self.gates is not None and not isinstance(self.gates, Gates):
             raise TimerSettingError(f"gates must be a stagefrontier.Gates, got {self.gates!r}")
         check_flag("log", self.log)
+        check_flag("keep_node_windows", self.keep_node_windows)
+        object.__setattr__(self, "fan_in", check_int("fan_in", self.fan_in, 2, MAX_FAN_IN))
         if isinstance(self.sinks, str) or not isinstance(self.sinks, Iterable):
             raise TimerSettingError(f"sinks must be a sequence of sinks, got {self.sinks!r:.60}")
         sinks = tuple(self.sinks)

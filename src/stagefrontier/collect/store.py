@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
-from collections import deque
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -32,23 +30,11 @@ from ..record.window import PendingWindow, RankWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
 from .base import BackgroundWorker, analyze_received, merge_received
 from .live import LiveAnalysis
+from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 from .wire import decode_window, encode_window
 
 logger = logging.getLogger("stagefrontier")
 
-CHUNK_BYTES = 4 << 20
-"""Payloads above this size are split over several keys (the store server caps a value)."""
-_CHUNKED = struct.Struct("<4sIQ")
-_CHUNK_MAGIC = b"SFC1"
-MAX_CHUNKS = 1024
-"""A chunk index naming more chunks than this (4 GiB) is rejected as corrupt."""
-POLL_S = 0.005
-ABSENT_GRACE_S = 0.25
-"""How long after its window end rank 0 waits for a rank that missed the previous window (instead
-of the full deadline), so a dead rank does not stall every window and a rank that was late once
-is not reported missing for good."""
-DONE_KEY = "done"
-"""Rank 0's counter: every window below it has been collected or given up on."""
 SILENT_KEY = "silent"
 """A counter of the ranks that announced they send no windows; ``silent/<n>`` holds the n-th
 one's rank."""
@@ -56,9 +42,6 @@ SENDER_CLOSE_S = 2.0
 """How long ``close`` waits for a sender's queued windows, whatever the collect timeout: a sender
 only ever waits on the store, and a store that does not answer for this long (rank 0 hung, with
 the store server in its process) is not worth holding the rank's exit for."""
-MAX_UNCOLLECTED = 64
-"""A sender deletes its keys older than this many windows even if rank 0 never moved past them
-(rank 0 stuck or gone), so the store never holds more than this per rank."""
 
 
 def store_prefix() -> str:
@@ -151,7 +134,10 @@ class StoreCollector:
         join_timeout_s: float | None = None,
         gates: Gates | None = None,
         regression: RegressionConfig | None = DEFAULT_REGRESSION,
+        collects: bool | None = None,
     ) -> None:
+        """``collects``: whether this rank reads the others' windows (None: rank 0 does)."""
+        collects = rank == 0 if collects is None else collects
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -162,18 +148,20 @@ class StoreCollector:
         self._previous: Any = None
         self._dead: str | None = None
         self._closed = False
-        self._absent: set[int] = set()
+        self._wait = PeerWait("rank", "window")
+        self.peers: Sequence[int] = range(1, world_size)
+        """The ranks whose windows this collector reads (rank 0's: every other rank)."""
         self._silent: set[int] = set()  # rank 0: ranks that announced they send no windows
         self._silent_read = 0  # rank 0: announcements read so far
         self._done = 0  # rank 0: the value of the done counter it last published
-        self._written: deque[tuple[int, int]] = deque()  # sender: (window, chunks) not yet freed
+        self._sent = SentKeys(lambda index: window_key(index, rank))  # sender's keys
         self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
         start_sinks(self.sinks)
-        handler = self._collect if rank == 0 else self._send
+        handler = self._collect if collects else self._send
         if join_timeout_s is None:
-            join_timeout_s = timeout_s + 5.0 if rank == 0 else SENDER_CLOSE_S
+            join_timeout_s = timeout_s + 5.0 if collects else SENDER_CLOSE_S
         self._worker = BackgroundWorker(
-            f"stagefrontier-{'collector' if rank == 0 else 'sender'}",
+            f"stagefrontier-{'collector' if collects else 'sender'}",
             handler,
             queue_size,
             join_timeout_s,
@@ -202,13 +190,17 @@ class StoreCollector:
                 raise RuntimeError("the collector is closed")
             from torch.distributed import PrefixStore
 
-            raw = open_connection(self._base_store, self.timeout_s)
+            raw = self._open_raw()
             self._conn = attempt_store(raw)
             previous = previous_attempt_prefix()
             self._previous = None if previous is None else PrefixStore(previous, raw)
             if self._previous is not None and self.rank == 0:
                 self._previous.delete_key(DONE_KEY)
         return self._conn
+
+    def _open_raw(self) -> Any:
+        """The store this collector's keys live in (the job's, unless a subclass says)."""
+        return open_connection(self._base_store, self.timeout_s)
 
     def _fail(self, what: str, exc: BaseException) -> None:
         if self._dead is None:
@@ -221,54 +213,45 @@ class StoreCollector:
             return
         self._worker.activity = f"sending window {window.window} to the store"
         try:
-            conn = self._connection()
-            key = window_key(window.window, window.rank)
-            data = encode_window(window)
-            chunks = 0
-            if len(data) > CHUNK_BYTES:
-                parts = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
-                for i, part in enumerate(parts):
-                    conn.set(f"{key}/c{i}", part)
-                chunks = len(parts)
-                data = _CHUNKED.pack(_CHUNK_MAGIC, chunks, sum(map(len, parts)))
-            conn.set(key, data)  # set last: its presence means the window is complete
-            self._written.append((window.window, chunks))
-            self._free_uncollected(conn)
+            self._sent.send(self._connection(), window.window, encode_window(window))
         except Exception as exc:
             self._fail("send", exc)
 
-    def _free_uncollected(self, conn: Any) -> None:
-        """Delete this rank's keys of windows rank 0 has moved past without reading them."""
-        self._worker.activity = "reading rank 0's progress from the store"
-        done = int(conn.add(DONE_KEY, 0))
-        written = self._written
-        while written and (written[0][0] < done or len(written) > MAX_UNCOLLECTED):
-            index, chunks = written.popleft()
-            _delete_window(conn, window_key(index, self.rank), chunks)
-
     def _collect(self, item: tuple[PendingWindow, float]) -> None:
+        own, windows, notes, read = self._gather_window(item)
+        self._worker.activity = f"analyzing window {own.window}"
+        merged = merge_received(windows, self.world_size, notes)
+        analyzed = analyze_received(merged, self.live.analyze)
+        if analyzed is not None:
+            emit(self.sinks, analyzed)
+        self._release_window(own.window, read)
+
+    def _gather_window(
+        self, item: tuple[PendingWindow, float]
+    ) -> tuple[RankWindow, list[RankWindow], list[str], list[str]]:
+        """This collector's own window, the peers' windows of the same index that arrived by
+        the deadline (kept even if the store fails midway), the notes, and the keys read."""
         own, ended = item[0].build(), item[1]
         windows = [own]
         notes: list[str] = []
         read: list[str] = []
         if self._dead:
             notes.append(self._dead)
-        elif self.world_size > 1:
+        elif self.peers:
             grace = ended + min(self.timeout_s, ABSENT_GRACE_S)
             try:
                 self._gather(own.window, ended + self.timeout_s, grace, windows, notes, read)
             except Exception as exc:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
-        self._worker.activity = f"analyzing window {own.window}"
-        merged = merge_received(windows, self.world_size, notes)
-        analyzed = analyze_received(merged, self.live.analyze)
-        if analyzed is not None:
-            emit(self.sinks, analyzed)
-        if self._dead is None and self.world_size > 1:
-            self._worker.activity = f"deleting the store keys of window {own.window}"
-            try:  # after the report: cleanup is off the latency path
-                self._release(own.window, read)
+        return own, windows, notes, read
+
+    def _release_window(self, index: int, read: list[str]) -> None:
+        """After the report (cleanup is off the latency path): delete what was read."""
+        if self._dead is None and self.peers:
+            self._worker.activity = f"deleting the store keys of window {index}"
+            try:
+                self._release(index, read)
             except Exception as exc:
                 self._fail("cleanup", exc)
 
@@ -281,46 +264,35 @@ class StoreCollector:
         notes: list[str],
         read: list[str],
     ) -> None:
-        """Append the windows of ``index`` that arrive by the deadline to ``arrived`` (kept even
-        if the store fails midway) and the keys read to ``read``. The wait ends early when the
-        hand-off queue is full (waiting longer would drop a later window) and never includes
-        the ranks that announced they send nothing."""
+        """Append the windows of ``index`` that arrive by the deadline to ``arrived`` and the
+        keys read to ``read``. The wait ends early when the hand-off queue is full (waiting
+        longer would drop a later window) and never includes the ranks that announced they
+        send nothing."""
         conn = self._connection()
         self._read_silent(conn)
-        if self._silent:
-            notes.append(
-                f"rank(s) {sorted(self._silent)} send no windows: their timers are disabled"
-            )
-        pending = {
-            r: window_key(index, r) for r in range(1, self.world_size) if r not in self._silent
-        }
-        while pending:
-            self._worker.activity = f"waiting for window {index} of rank(s) {sorted(pending)}"
-            keys = list(pending.values())
-            if conn.check(keys):  # all there: one round trip
-                ready = list(pending)
-            elif len(keys) == 1:
-                ready = []
-            else:
-                ready = [rank for rank, key in pending.items() if conn.check([key])]
-            for rank in ready:
-                key = pending.pop(rank)
-                try:
-                    arrived.append(self._read(conn, key, index, rank, read))
-                except ReportFormatError as exc:
-                    notes.append(f"rank {rank} window rejected: {exc}")
-            now = time.monotonic()
-            # Ranks that missed the previous window get a short grace, not the whole deadline,
-            # so a dead rank cannot make every later window wait it out.
-            if not pending or now >= deadline or (pending.keys() <= self._absent and now >= grace):
-                break
-            if self._worker.full:
-                notes.append(
-                    f"stopped waiting for rank(s) {sorted(pending)}: the hand-off queue filled up"
+        silent = sorted(self._silent.intersection(self.peers))
+        if silent:
+            notes.append(f"rank(s) {silent} send no windows: their timers are disabled")
+
+        def take(rank: int, key: str) -> None:
+            window = decode_window(get_payload(conn, key, read))
+            if window.window != index or window.rank != rank:
+                raise ReportFormatError(
+                    f"key for window {index} rank {rank} held window {window.window} "
+                    f"rank {window.rank}"
                 )
-                break
-            time.sleep(POLL_S)
-        self._absent = set(pending)
+            arrived.append(window)
+
+        self._wait.wait(
+            conn,
+            {r: window_key(index, r) for r in self.peers if r not in self._silent},
+            deadline=deadline,
+            grace=grace,
+            take=take,
+            notes=notes,
+            give_up=lambda: self._worker.full,
+            activity=lambda text: setattr(self._worker, "activity", f"window {index}: {text}"),
+        )
 
     def _read_silent(self, conn: Any) -> None:
         """Learn the ranks announced (by ``announce_silent``) since the last window."""
@@ -334,25 +306,6 @@ class StoreCollector:
             if value.isdigit():
                 self._silent.add(int(value))
 
-    def _read(self, conn: Any, key: str, index: int, rank: int, read: list[str]) -> RankWindow:
-        data = bytes(conn.get(key))
-        read.append(key)
-        if data[:4] == _CHUNK_MAGIC:
-            count, total = _chunk_index(data)
-            keys = [f"{key}/c{i}" for i in range(count)]
-            read.extend(keys)
-            if not conn.check(keys):  # never block in get() on a key that is not there
-                raise ReportFormatError(f"chunks of {key} are missing")
-            data = b"".join(bytes(conn.get(k)) for k in keys)
-            if len(data) != total:
-                raise ReportFormatError(f"chunked window has {len(data)} bytes, expected {total}")
-        window = decode_window(data)
-        if window.window != index or window.rank != rank:
-            raise ReportFormatError(
-                f"key for window {index} rank {rank} held window {window.window} rank {window.rank}"
-            )
-        return window
-
     def _release(self, index: int, read: list[str]) -> None:
         """Delete what was read, and this window's keys of the previous restart attempt, then
         tell the senders that every window up to ``index`` is done."""
@@ -360,35 +313,8 @@ class StoreCollector:
         for key in read:
             conn.delete_key(key)
         if self._previous is not None:
-            for rank in range(1, self.world_size):
-                _delete_window(self._previous, window_key(index, rank))
+            for rank in self.peers:
+                delete_payload(self._previous, window_key(index, rank))
         if index + 1 > self._done:
             conn.add(DONE_KEY, index + 1 - self._done)
             self._done = index + 1
-
-
-def _chunk_index(data: bytes) -> tuple[int, int]:
-    """(chunk count, total bytes) of a chunk index, validated before anything is fetched."""
-    if len(data) != _CHUNKED.size:
-        raise ReportFormatError("bad chunk index")
-    _, count, total = _CHUNKED.unpack(data)
-    if not 1 < count <= MAX_CHUNKS or count != -(-total // CHUNK_BYTES):
-        raise ReportFormatError(f"chunk index names {count} chunks for {total} bytes")
-    return count, total
-
-
-def _delete_window(store: Any, key: str, chunks: int | None = None) -> None:
-    """Delete a window key and its chunks; ``chunks=None``: read the count from the key itself."""
-    if chunks is None:
-        if not store.check([key]):
-            return
-        data = bytes(store.get(key))
-        chunks = 0
-        if data[:4] == _CHUNK_MAGIC:
-            try:
-                chunks = _chunk_index(data)[0]
-            except ReportFormatError:
-                chunks = 0
-    for i in range(chunks):
-        store.delete_key(f"{key}/c{i}")
-    store.delete_key(key)

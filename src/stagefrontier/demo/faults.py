@@ -2,7 +2,9 @@
 
 Spec grammar: ``KIND@RANK:DELAYms[,every=K][,from=S,to=E]``, e.g. ``data@2:120ms``,
 ``callback_sync@0:120ms,every=10``, ``comm@1:180ms,from=40,to=80``. RANK may be ``all``: the
-delay then hits every rank, e.g. ``data@all:30ms,from=60`` (a slower mount from step 60 on).
+delay then hits every rank, e.g. ``data@all:30ms,from=60`` (a slower mount from step 60 on); or
+``node<i>``: every rank of node ``i`` in a job launched as nodes (torchrun's ``GROUP_RANK``),
+e.g. ``data@node1:120ms`` (a whole node's slower storage).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ HOST_KINDS = tuple(k for k in FAULT_KINDS if k != "forward_device")
 """The kinds the CPU demo runs (the ones a user is offered)."""
 
 _SPEC = re.compile(
-    r"^(?P<kind>[a-z_]+)@(?P<rank>\d+|all):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$"
+    r"^(?P<kind>[a-z_]+)@(?P<rank>\d+|all|node\d+):(?P<ms>\d+(?:\.\d+)?)ms(?P<opts>(?:,.*)?)$"
 )
 
 
@@ -39,16 +41,19 @@ _SPEC = re.compile(
 class Fault:
     kind: str
     rank: int | None
-    """The rank it hits; None for every rank."""
+    """The rank it hits; None for every rank (of ``node`` when it is set)."""
     delay_s: float
     every: int = 1
     start: int = 0
     stop: int | None = None
+    node: int | None = None
+    """The node whose every rank it hits; None: not a node fault."""
 
-    def active(self, rank: int, step: int) -> bool:
-        """Whether this fault fires on ``rank`` at ``step``."""
+    def active(self, rank: int, step: int, node: int | None = None) -> bool:
+        """Whether this fault fires on ``rank`` (on ``node``) at ``step``."""
         return (
             (self.rank is None or rank == self.rank)
+            and (self.node is None or node == self.node)
             and step >= self.start
             and (self.stop is None or step < self.stop)
             and (step - self.start) % self.every == 0
@@ -56,6 +61,8 @@ class Fault:
 
     def __str__(self) -> str:
         where = "all" if self.rank is None else self.rank
+        if self.node is not None:
+            where = f"node{self.node}"
         text = f"{self.kind}@{where}:{self.delay_s * 1e3:g}ms"
         if self.every != 1:
             text += f",every={self.every}"
@@ -70,7 +77,7 @@ def parse_fault(spec: str) -> Fault:
     if not match:
         raise FaultSpecError(
             f"bad fault {spec!r}: expected KIND@RANK:DELAYms[,every=K][,from=S,to=E] "
-            "(RANK a number or all), e.g. data@2:120ms"
+            "(RANK a number, all or node<i>), e.g. data@2:120ms"
         )
     kind = match["kind"]
     if kind not in FAULT_KINDS:
@@ -90,9 +97,11 @@ def parse_fault(spec: str) -> Fault:
             f"fault {spec!r} never fires: to={options['to']} must be after "
             f"from={options.get('from', 0)} (the steps from S up to, not including, E)"
         )
+    target = match["rank"]
     return Fault(
         kind=kind,
-        rank=None if match["rank"] == "all" else int(match["rank"]),
+        rank=int(target) if target.isdigit() else None,
+        node=int(target[4:]) if target.startswith("node") else None,
         delay_s=float(match["ms"]) / 1e3,
         every=options.get("every", 1),
         start=options.get("from", 0),
@@ -101,11 +110,21 @@ def parse_fault(spec: str) -> Fault:
 
 
 def check_faults(
-    faults: tuple[Fault, ...], ranks: int, cuda: bool, steps: int | None = None
+    faults: tuple[Fault, ...],
+    ranks: int,
+    cuda: bool,
+    steps: int | None = None,
+    nodes: int | None = None,
 ) -> None:
-    """Reject faults that cannot run in this configuration (a rank the job lacks, a start after
-    its last step, device work the demo has none of), with the reason."""
+    """Reject faults that cannot run in this configuration (a rank or node the job lacks, a
+    node in a job not launched as nodes, a start after its last step, device work the demo has
+    none of), with the reason."""
     for fault in faults:
+        if fault.node is not None and (nodes is None or fault.node >= nodes):
+            raise FaultSpecError(
+                f"fault {fault} targets node {fault.node} but the job "
+                + ("is not launched as nodes" if nodes is None else f"has {nodes} node(s)")
+            )
         if fault.rank is not None and fault.rank >= ranks:
             raise FaultSpecError(f"fault {fault} targets rank {fault.rank} but --ranks is {ranks}")
         if steps is not None and fault.start >= steps:
@@ -130,21 +149,22 @@ class FaultInjector:
     callbacks stage, and registers ``comm_hook`` as a DDP communication hook for comm faults.
     """
 
-    def __init__(self, faults: tuple[Fault, ...], rank: int) -> None:
+    def __init__(self, faults: tuple[Fault, ...], rank: int, node: int | None = None) -> None:
         self.faults = faults
         self.rank = rank
+        self.node = node
         self.step = 0
 
     def delay(self, kind: str) -> None:
         for fault in self.faults:
-            if fault.kind == kind and fault.active(self.rank, self.step):
+            if fault.kind == kind and fault.active(self.rank, self.step, self.node):
                 time.sleep(fault.delay_s)
 
     def barrier_now(self) -> bool:
         """callback_sync faults put a barrier on every rank at the faulty rank's steps."""
         return any(
             f.kind == "callback_sync"
-            and f.active(self.rank if f.rank is None else f.rank, self.step)
+            and f.active(self.rank if f.rank is None else f.rank, self.step, f.node)
             for f in self.faults
         )
 

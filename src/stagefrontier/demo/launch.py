@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..collect.node_store import loopback_store as loopback_store  # importable here too
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
 from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
@@ -125,6 +124,7 @@ def run_ranks(
     store_setup: Callable[[Any], None] | None = None,
     store_teardown: Callable[[Any], None] | None = None,
     kill_store: Callable[[], bool] | None = None,
+    may_die: Collection[int] = (),
 ) -> dict[int, int | None]:
     """Start ``target(rank, payload, store_port)`` in ``ranks`` processes around a fresh
     ephemeral-port TCPStore (on loopback only, see ``loopback_store``) and wait for them; returns
@@ -133,7 +133,9 @@ def run_ranks(
     A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
     live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
     stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
-    run: when it returns True the store server is shut down (a store that dies mid-run).
+    run: when it returns True the store server is shut down (a store that dies mid-run). The
+    ranks in ``may_die`` are expected to end early (a killed process): their exit does not stop
+    the wait.
     """
     import torch.multiprocessing as mp
 
@@ -155,7 +157,7 @@ def run_ranks(
             if time.monotonic() - start > deadline_s:
                 _request_stacks(procs)
                 raise DeadlineExceeded(f"run exceeded its {deadline_s:.0f} s deadline")
-            if any(p.exitcode not in (None, 0) for p in procs):
+            if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in may_die):
                 break
             if kill_store is not None and store is not None and kill_store():
                 store = None  # the only reference: the server shuts down
@@ -168,36 +170,6 @@ def run_ranks(
     if store_teardown is not None and store is not None:
         store_teardown(store)
     return {rank: p.exitcode for rank, p in enumerate(procs)}
-
-
-LOOPBACK = "127.0.0.1"
-
-
-def loopback_store(world_size: int, timeout_s: float = 60.0) -> Any:
-    """A TCPStore server on an ephemeral port that only this machine can reach.
-
-    Whatever host it is given, torch's store server binds the wildcard address, every interface
-    of the machine (both the libuv and the older backend, in torch 2.13): the host only tells
-    clients where to connect. So the listening socket is made here, bound to loopback, and
-    handed to the store with ``master_listen_fd``; the store owns it from then on and closes it
-    when it shuts down.
-    """
-    import torch.distributed as dist
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        sock.listen(socket.SOMAXCONN)
-        store = dist.TCPStore(
-            LOOPBACK,
-            sock.getsockname()[1],
-            world_size,
-            is_master=True,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-            master_listen_fd=sock.fileno(),
-        )
-        sock.detach()  # the store closes it; the ``with`` must not
-    return store
 
 
 def _request_stacks(procs: list[Any]) -> None:

@@ -29,6 +29,8 @@ from ..analysis.schema import (
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
+from ..collect.config import CollectConfig
+from ..collect.node import node_of
 from ..errors import DemoSettingsError
 from ..record.recorder import StageTimer
 from ..route import ProfilerRouter
@@ -83,6 +85,10 @@ class DemoConfig:
     sharding: str = "ddp"
     """``ddp`` (DistributedDataParallel), ``zero1`` (DDP with ZeroRedundancyOptimizer) or
     ``fsdp2`` (``torch.distributed.fsdp.fully_shard`` on every block and the root)."""
+    collect: str = "auto"
+    """The timer's collect mode (``hierarchical`` for a job launched as nodes)."""
+    keep_node_windows: bool = False
+    """Under hierarchical collection, keep each node's exact windows (``CollectConfig``)."""
 
     def __post_init__(self) -> None:
         if self.accumulation < 1:
@@ -107,10 +113,12 @@ STEP_TIMES = "step-times-rank{rank}.json"
 whole step independently of the timer, so logger-off and logger-on runs compare equally."""
 
 
-def run_rank(rank: int, config: DemoConfig, port: int) -> None:
-    """Entry point of one spawned rank. A failure's traceback is also written to
-    ``out_dir/error-rank{rank}.txt``, so the launcher can say what went wrong; SIGUSR1 writes
-    every thread's stack to ``out_dir/stacks-rank{rank}.txt`` (kept only if written)."""
+def run_rank(rank: int, config: DemoConfig, port: int | None) -> None:
+    """Entry point of one rank: spawned around the launcher's store on ``port``, or started by
+    torchrun (``port`` None: the process group comes from torchrun's environment). A failure's
+    traceback is also written to ``out_dir/error-rank{rank}.txt``, so the launcher can say what
+    went wrong; SIGUSR1 writes every thread's stack to ``out_dir/stacks-rank{rank}.txt`` (kept
+    only if written)."""
     stacks_path = Path(config.out_dir, STACKS_FILE.format(rank=rank))
     with open(stacks_path, "w") as stacks:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -125,7 +133,7 @@ def run_rank(rank: int, config: DemoConfig, port: int) -> None:
                 stacks_path.unlink()
 
 
-def _train(rank: int, config: DemoConfig, port: int) -> None:
+def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     """One rank's job: join the Gloo group, build the model and train it, timed by StageTimer."""
     os.environ.update(config.env)
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -139,23 +147,23 @@ def _train(rank: int, config: DemoConfig, port: int) -> None:
     if rank == 0 and not config.quiet:
         logging.basicConfig(stream=sys.stdout, format="  %(message)s")
         logging.getLogger("stagefrontier").setLevel(logging.INFO)
-    store = dist.TCPStore(
-        "127.0.0.1", port, config.ranks, is_master=False, timeout=timedelta(seconds=60)
-    )
-    dist.init_process_group(
-        "gloo",
-        store=store,
-        rank=rank,
-        world_size=config.ranks,
-        timeout=timedelta(seconds=config.collective_timeout_s),
-    )
+    timeout = timedelta(seconds=config.collective_timeout_s)
+    if port is None:
+        dist.init_process_group("gloo", timeout=timeout)
+    else:
+        store = dist.TCPStore(
+            "127.0.0.1", port, config.ranks, is_master=False, timeout=timedelta(seconds=60)
+        )
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=config.ranks, timeout=timeout
+        )
 
     torch.manual_seed(config.seed)
     data = CharData(load_corpus(), config.seq_len, config.batch_size, seed=config.seed * 997 + rank)
     model, optimizer = _wrap(
         TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers), config
     )
-    faults = FaultInjector(config.faults, rank)
+    faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks))
     if any(f.kind == "comm" for f in config.faults):
         # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
         model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
@@ -271,9 +279,21 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
     return StageTimer(
         stages,
         window=config.window,
-        out_dir=config.out_dir,
-        collect_timeout_s=config.collect_timeout_s,
+        collect=CollectConfig(
+            mode=config.collect,
+            out_dir=config.out_dir,
+            timeout_s=config.collect_timeout_s,
+            log=not config.quiet,
+            keep_node_windows=config.keep_node_windows,
+        ),
         enabled=enabled,
-        log=not config.quiet,
         router=router,
     )
+
+
+def launched_node(rank: int, world_size: int) -> int | None:
+    """This rank's node when a launcher started the job as nodes, else None."""
+    try:
+        return node_of(rank, world_size).node
+    except ValueError:
+        return None

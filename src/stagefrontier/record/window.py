@@ -25,6 +25,7 @@ from ..analysis.schema import (
     stage_order_hash,
 )
 from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
+from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from .attempt import current_attempt
@@ -205,13 +206,35 @@ class AnalyzedWindow:
     gain_reference: list[int] | None = None
     """The healthy windows (first, last) whose per-rank medians the direct gains clipped to;
     None when the gains clip to each rank's median in this window (``Gates.gain_baseline``)."""
+    summary: WindowSummary | None = None
+    """Under hierarchical collection, the combined node summaries the report was computed from.
+    Rank 0 then never sees the ranks' columns: ``d`` is empty (``[N, 0, S]``), ``merged`` holds
+    rank 0's own window only (its index and steps are the window's), and consumers that need
+    per-rank columns (the regression check, the profiler router) are off."""
+    nodes: dict[str, Any] | None = None
+    """Under hierarchical collection: the node size and count, the nodes present, the nodes
+    missing (with the reason), the nodes some of whose ranks are missing, and the hosts of the
+    nodes the report can name (``collect.node_payload.nodes_entry``)."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
         """The JSON object written per window to ``windows.jsonl``."""
-        record = window_record(self.merged, self.report)
+        if self.summary is not None:
+            record = summary_record(self.merged, self.report, self.side, self.summary)
+        else:
+            record = window_record(self.merged, self.report)
         record["regression"] = self.regression
         record["gain_reference_windows"] = self.gain_reference
+        if self.nodes is not None:
+            record["nodes"] = {k: v for k, v in self.nodes.items() if k != "self_cost"}
+            if self.summary is not None:
+                # maxima over ranks only: medians would need every rank's cost at rank 0
+                record["self_cost"] = self.nodes.get("self_cost", {})
+                hosts = {int(n): h for n, h in self.nodes["hosts"].items()}
+                size = self.nodes["node_size"]
+                names = summary_node_names(self.report, hosts, size)
+                record["hosts"] = {str(r): hosts.get(r // size, "") for r in sorted(names)}
+                record["lead"] = lead_scope(self.report, names)
         return record
 
     @cached_property
@@ -315,10 +338,50 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         **per_rank_fields(merged.ranks),
-        "lead": lead_scope(report, {w.rank: w.hostname for w in merged.ranks}),
+        "lead": lead_scope(report, node_names(merged.ranks)),
     }
     record.update(report.to_dict())
     return record
+
+
+def summary_record(
+    merged: MergedWindow, report: WindowReport, side: SideEvidence, summary: WindowSummary
+) -> dict[str, Any]:
+    """The ``windows.jsonl`` object of a window analyzed from node summaries: the window facts
+    ``window_record`` gives, without the per-rank tables (rank 0 never saw the ranks)."""
+    ref = merged.reference
+    run_id, attempt = current_attempt()
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "attempt": attempt,
+        "window": ref.window,
+        "first_step": ref.first_step,
+        "last_step": ref.last_step,
+        "world_size": merged.world_size,
+        "n_ranks_present": summary.n_ranks,
+        "gather_ok": side.gather_ok,
+        "missing_ranks": list(side.missing_ranks),
+        "mismatched_ranks": list(side.mismatched_ranks),
+        "accumulation_factor": side.accumulation_factor,
+        "paused_steps": ref.paused_steps,
+        "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
+        "overlap_error_s": side.overlap_error_s,
+        "contract_violations": side.contract_violations,
+    }
+    record.update(report.to_dict())
+    return record
+
+
+def summary_node_names(
+    report: WindowReport, hosts: dict[int, str], node_size: int
+) -> dict[int, str]:
+    """``node_names`` for the ranks the report names (its leaders and leading ranks), from the
+    hosts of their nodes: always ``node<k>@<host>`` (rank 0 cannot tell whether a host runs
+    other nodes, so the node index is always given)."""
+    ranks = {r for r in report.leaders.values() if r is not None}
+    for loc in report.semantic_localization.values():
+        ranks.update(loc.leading_ranks)
+    return {r: f"node{r // node_size}@{hosts.get(r // node_size, '')}" for r in ranks}
 
 
 def wire_fields() -> list[Field[Any]]:
@@ -335,11 +398,30 @@ def per_rank_fields(ranks: Sequence[RankWindow]) -> dict[str, dict[str, Any]]:
     }
 
 
+def node_names(ranks: Sequence[RankWindow]) -> dict[int, str]:
+    """The node each rank runs on: its host name, or ``node<k>@<host>`` where one host runs
+    several launcher agents (as a test of several torchrun nodes on one machine does). A node is
+    told by its first rank, ``rank - local_rank``, and ``k`` is that over the node size, as
+    torchrun's ``GROUP_RANK`` is for nodes of equal size."""
+    first = {w.rank: w.rank - w.local_rank for w in ranks}
+    agents: dict[str, set[int]] = {}
+    for w in ranks:
+        agents.setdefault(w.hostname, set()).add(first[w.rank])
+    known = {w.hostname for w in ranks if w.local_rank > 0}  # else local ranks were not set
+    shared = {host for host in known if len(agents[host]) > 1}
+    size = 1 + max((w.local_rank for w in ranks), default=0)
+    return {
+        w.rank: f"node{first[w.rank] // size}@{w.hostname}" if w.hostname in shared else w.hostname
+        for w in ranks
+    }
+
+
 def lead_scope(report: WindowReport, hosts: dict[int, str]) -> dict[str, Any] | None:
-    """Where the top stage's leading ranks run: ``scope`` is ``rank`` (one leading rank),
-    ``node`` (several, all on one host of a job that spans several: suspect the node, not a
-    rank), ``hosts`` (several, on several hosts) or ``one_host_job`` (several, but the whole job
-    runs on one host, so node and rank cannot be told apart). None without a top stage."""
+    """Where the top stage's leading ranks run (``hosts``: each rank's node name, see
+    ``node_names``): ``scope`` is ``rank`` (one leading rank), ``node`` (several, all on one
+    node of a job that spans several: suspect the node, not a rank), ``hosts`` (several, on
+    several nodes) or ``one_host_job`` (several, but the whole job runs on one node, so node
+    and rank cannot be told apart). None without a top stage."""
     top = report.top1
     if top is None or top not in report.semantic_localization:
         return None

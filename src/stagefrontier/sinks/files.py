@@ -31,7 +31,9 @@ class JsonlSink:
 
 
 class PacketSink:
-    """Writes one evidence packet per window to ``out_dir/packets/``."""
+    """Writes one evidence packet per window to ``out_dir/packets/``: ``window-<i>.json``
+    (``formats.packet``), or ``summary-<i>.json`` (``formats.summary_packet``) for a window
+    analyzed from node summaries."""
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.folder = Path(out_dir) / "packets"
@@ -40,14 +42,24 @@ class PacketSink:
         from ..formats.packet import Packet, write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        packet = Packet.of_window(
+        meta = {k: v for k, v in window.record.items() if k in PACKET_META}
+        if window.summary is not None:  # hierarchical: the node summaries, not rank columns
+            from ..formats.summary_packet import SummaryPacket, write_summary_packet
+
+            name = "summary-" + packet_name(window.record).removeprefix("window-")
+            packet = SummaryPacket.of_summary(
+                window.summary, window.report, side=window.side, meta=meta
+            )
+            write_summary_packet(self.folder / name, packet)
+            return
+        full = Packet.of_window(
             window.d,
             window.report,
             roles=window.roles,
             side=window.side,
-            meta={k: v for k, v in window.record.items() if k in PACKET_META},
+            meta=meta,
         )
-        write_packet(self.folder / packet_name(window.record), packet)
+        write_packet(self.folder / packet_name(window.record), full)
 
     def close(self) -> None:
         return None
@@ -82,4 +94,6 @@ PACKET_META = (
     "gain_reference_windows",
     "paused_steps",
     "self_cost",
+    "nodes",
+    "n_ranks_present",
 )

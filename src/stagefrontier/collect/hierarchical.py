@@ -1,0 +1,330 @@
+"""Hierarchical collection: a rank's window stays on its node; only node parts cross the job.
+
+Two roles, both ``StoreCollector``s on one background thread each, so every rule of the flat
+collector (deadline, short grace for an absent peer, key lifetime, chunking, attempt prefixes,
+downgrade on any store failure) holds at each level:
+
+- a *member* (local rank > 0) sends its window to the node's store, which its leader serves on
+  loopback (``collect.node_store``); its address is read once from the job's store;
+- a *leader* (local rank 0) gathers its node's windows there and condenses them into one
+  ``NodePart`` (``collect.node_payload``). If it heads groups of nodes in the tree
+  (``collect.node_tree``: fan-in bounded, rank 0's node at the top), it reads its children's
+  parts from the job's store and combines them, level by level; then it sends its part up,
+  keyed per level and node, or, on rank 0, analyzes it.
+
+What rank 0 cannot get is reported, never waited on forever: a rank missing inside a node is
+named in its node's part (with the leader's reason); a group whose part does not reach its head
+by the head's deadline (one collect timeout more per level) is reported missing with its nodes,
+and a group that missed the previous window gets only a short grace. A dead leader is such a
+group; its members' sends fail against the vanished node store and downgrade there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ReportFormatError
+from ..record.window import PendingWindow, RankWindow
+from ..sinks import emit
+from .launcher import warn_once
+from .node import NodeIdentity, node_of
+from .node_payload import Group, analyze_group, combine_groups, decode_group, node_group
+from .node_store import connect_node_store, loopback_store, publish_address
+from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
+from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
+from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
+
+logger = logging.getLogger("stagefrontier")
+
+
+def part_key(window: int, level: int, node: int) -> str:
+    """The job-store key of the level-``level`` part that ``node``'s leader sends up."""
+    return f"w{window}/l{level}/n{node}"
+
+
+class NodeMember(StoreCollector):
+    """A rank that is not its node's leader: its windows go to the node's store."""
+
+    def __init__(self, *, node: NodeIdentity, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.node = node
+
+    def _open_raw(self) -> Any:
+        job = attempt_store(open_connection(self._base_store, self.timeout_s))
+        return connect_node_store(job, self.node.node, self.timeout_s)
+
+
+class NodeLeader(StoreCollector):
+    """Local rank 0 of a node: serves the node's store, gathers the node's windows there, heads
+    the tree levels ``node_tree`` gives it, and sends its part up; on node 0 (rank 0) it
+    analyzes the top part instead."""
+
+    def __init__(
+        self,
+        *,
+        node: NodeIdentity,
+        store: Any = None,
+        keep_node_windows: bool = False,
+        fan_in: int = DEFAULT_FAN_IN,
+        **kwargs: Any,
+    ) -> None:
+        self.node = node
+        self._job_store = store
+        self._job_conn: Any = None
+        self._job_previous: Any = None
+        self._keep = keep_node_windows
+        self._out_dir = os.fspath(kwargs["out_dir"])
+        self._up_failed: str | None = None
+        self.nodes = int(kwargs["world_size"]) // node.size
+        self.fan_in = fan_in
+        self.levels = headed_levels(node.node, self.nodes, fan_in)
+        self._waits = {level.level: PeerWait("node", "summary") for level in self.levels}
+        top = top_level(node.node, self.nodes, fan_in)
+        self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
+        self._done_up = 0  # rank 0: the job store's done counter it last published
+        server, problem = self._serve(kwargs.get("timeout_s", 10.0))
+        self._server = server
+        super().__init__(store=server, collects=True, **kwargs)
+        self.peers = node.ranks[1:]
+        if problem is not None:
+            self._dead = problem
+
+    def _serve(self, timeout_s: float) -> tuple[Any, str | None]:
+        """Start the node's store and publish its address (on the training thread, once, like
+        ``announce_silent``); a failure is the reason every member of the node is missing."""
+        try:
+            server = loopback_store(self.node.size, timeout_s)
+            job = attempt_store(open_connection(self._job_store, timeout_s))
+            publish_address(job, self.node.node, server.port)
+        except Exception as exc:
+            logger.warning(
+                "stagefrontier: %s could not serve its node store: %s", self.node.label(), exc
+            )
+            return None, f"{self.node.label()} has no node store: {exc}"
+        return server, None
+
+    def _open_raw(self) -> Any:
+        if self._server is None:
+            raise RuntimeError("no node store")
+        return super()._open_raw()
+
+    def _job(self) -> Any:
+        """This leader's own connection to the job's store, under the attempt prefix (and the
+        previous attempt's, whose leftovers of its children it deletes)."""
+        if self._job_conn is None:
+            from torch.distributed import PrefixStore
+
+            raw = open_connection(self._job_store, self.timeout_s)
+            previous = previous_attempt_prefix()
+            self._job_previous = None if previous is None else PrefixStore(previous, raw)
+            self._job_conn = attempt_store(raw)
+        return self._job_conn
+
+    def _read_silent(self, conn: Any) -> None:
+        """Disabled ranks announce themselves in the job's store, whatever the mode."""
+        super()._read_silent(self._job())
+
+    def _collect(self, item: tuple[PendingWindow, float]) -> None:
+        own, windows, notes, read = self._gather_window(item)
+        ended = item[1]
+        self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
+        if self._keep:
+            self._keep_windows(own.window, windows)
+        _say_what_stays_behind(windows)
+        present = {w.rank for w in windows}
+        late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
+        group = self._node_group(own, windows, notes, late)
+        self._release_window(own.window, read)
+        if group is None:
+            return
+        read_up: list[str] = []
+        for level in self.levels:
+            group = self._combine_level(level, group, ended, read_up)
+        if self.rank == 0:
+            self._worker.activity = f"analyzing window {own.window}"
+            analyzed = analyze_group(group, own, self.world_size, self.node.size, self.gates)
+            if analyzed is not None:
+                emit(self.sinks, analyzed)
+        else:
+            self._send_up(group)
+        if self.levels:
+            self._release_parts(own.window, read_up)
+
+    def _node_group(
+        self, own: RankWindow, windows: list[RankWindow], notes: list[str], late: list[int]
+    ) -> Group | None:
+        """The node's part; if the node's windows cannot be summarized together, the leader's
+        own alone (the others reported missing, with the error); None when not even that can
+        (logged: the node is then missing at rank 0 for this window)."""
+        try:
+            return node_group(self.node, own, windows, notes, late, self.gates)
+        except Exception as exc:
+            why = f"{self.node.label()}: its windows could not be summarized together: {exc}"
+        try:
+            return node_group(self.node, own, [own], [*notes, why], late, self.gates)
+        except Exception as exc:
+            logger.error(
+                "stagefrontier: %s sends no part for window %d: %s",
+                self.node.label(),
+                own.window,
+                exc,
+            )
+            return None
+
+    def _combine_level(self, level: Level, own: Group, ended: float, read: list[str]) -> Group:
+        """Read this level's children's parts (until ``ended`` plus one collect timeout per
+        level: each level below may have waited its own) and combine them with ``own``."""
+        index = own.part.window
+        parts: dict[int, Group] = {}
+        notes: list[str] = []
+        keys = {
+            c: part_key(index, top_level(c, self.nodes, self.fan_in), c) for c in level.children
+        }
+        wait_s = self.timeout_s * (level.level + 1)
+        left = set(keys)
+        try:
+            conn = self._job()
+
+            def take(child: int, key: str) -> None:
+                group = decode_group(get_payload(conn, key, read))
+                if group.part.window != index or group.part.first_node != child:
+                    raise ReportFormatError(
+                        f"key for window {index} node {child} held window {group.part.window} "
+                        f"node {group.part.first_node}"
+                    )
+                parts[child] = group
+
+            left = set(
+                self._waits[level.level].wait(
+                    conn,
+                    keys,
+                    deadline=ended + wait_s,
+                    grace=ended + min(wait_s, ABSENT_GRACE_S * (level.level + 1)),
+                    take=take,
+                    notes=notes,
+                    give_up=lambda: self._worker.full,
+                    activity=lambda text: setattr(
+                        self._worker, "activity", f"window {index}: {text}"
+                    ),
+                )
+            )
+        except Exception as exc:
+            notes.append(f"job store read failed: {exc}")
+        rejected = {c for c in level.children if c not in parts} - left
+        missing = {
+            self._span(c, level): self._why(c, level, wait_s, c in rejected)
+            for c in level.children
+            if c not in parts
+        }
+        return combine_groups(own, level.node_count, parts, missing, notes, self.node.size)
+
+    def _child_key(self, index: int, child: int) -> str:
+        return part_key(index, top_level(child, self.nodes, self.fan_in), child)
+
+    def _span(self, child: int, level: Level) -> range:
+        return group_span(child, level.level - 1, self.nodes, self.fan_in)
+
+    def _why(self, child: int, level: Level, wait_s: float, rejected: bool) -> str:
+        span = self._span(child, level)
+        who = f"node {child}" if len(span) == 1 else f"nodes {span[0]}-{span[-1]}"
+        if rejected:
+            return f"{who}: summary rejected (see the notes)"
+        return f"{who} sent no summary within {wait_s:g} s of the window end"
+
+    def _send_up(self, group: Group) -> None:
+        if self._up_failed:
+            return
+        index = group.part.window
+        self._worker.activity = f"sending window {index} of {self.node.label()} up"
+        try:
+            self._sent_up.send(self._job(), index, group.encode())
+        except Exception as exc:
+            self._up_failed = f"job store unavailable since a failed send: {exc}"
+            logger.warning(
+                "stagefrontier: %s cannot send to the job's store, its windows stop here: %s",
+                self.node.label(),
+                exc,
+            )
+
+    def _release_parts(self, index: int, read: list[str]) -> None:
+        """Delete the children's parts read and this window's parts of a previous attempt;
+        rank 0 then advances the job store's done counter (senders free what it moved past)."""
+        try:
+            conn = self._job()
+            for key in read:
+                conn.delete_key(key)
+            if self._job_previous is not None:
+                for level in self.levels:
+                    for child in level.children:
+                        delete_payload(self._job_previous, self._child_key(index, child))
+            if self.rank == 0 and index + 1 > self._done_up:
+                conn.add(DONE_KEY, index + 1 - self._done_up)
+                self._done_up = index + 1
+        except Exception as exc:
+            logger.warning("stagefrontier: cleanup of node summaries failed: %s", exc)
+
+    def _keep_windows(self, index: int, windows: list[RankWindow]) -> None:
+        """The node's exact windows, for checking the combined result against the flat
+        analysis of the same data (``CollectConfig.keep_node_windows``; off by default)."""
+        from .wire import encode_window
+
+        folder = Path(self._out_dir) / "node-windows" / f"node-{self.node.node}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for w in windows:
+                (folder / f"window-{index:06d}-rank-{w.rank}.bin").write_bytes(encode_window(w))
+        except OSError as exc:
+            logger.warning("stagefrontier: could not keep the node's windows: %s", exc)
+
+    def close(self) -> None:
+        super().close()
+        if not self._worker.alive:
+            self._job_conn = None
+            self._server = None  # the last reference: the node store shuts down
+
+
+def _say_what_stays_behind(windows: list[RankWindow]) -> None:
+    """Once per process: the window fields a node summary does not carry up."""
+    if any(w.role for w in windows):
+        warn_once(
+            "hierarchical-roles",
+            "stagefrontier: ranks have roles, but node summaries carry none: the report is "
+            "role-blind under hierarchical collection (collect flat for role reports)",
+        )
+    if any(w.event_state is not None for w in windows):
+        warn_once(
+            "hierarchical-events",
+            "stagefrontier: CUDA-event samples stay on their nodes under hierarchical "
+            "collection: the report has no forward-event evidence",
+        )
+
+
+def hierarchical_collector(
+    settings: dict[str, Any], *, keep_node_windows: bool, fan_in: int
+) -> StoreCollector | None:
+    """The member, leader or root collector of this rank, from the launcher's node layout;
+    None (collect flat instead, said once in the log) when the environment does not say which
+    ranks share a node."""
+    rank, world_size = settings["rank"], settings["world_size"]
+    try:
+        node = node_of(rank, world_size)
+    except ValueError as exc:
+        warn_once(
+            "hierarchical-fallback",
+            "stagefrontier: hierarchical collection needs the node layout (%s): collecting "
+            "flat through the job's store",
+            exc,
+        )
+        return None
+    if rank == 0 and settings.get("regression") is not None:
+        logger.info(
+            "stagefrontier: the live regression check compares every rank's columns with the "
+            "run's healthy windows; under hierarchical collection they stay on their nodes, so "
+            "it is off (the report's direct gains use each rank's own median)"
+        )
+    if rank == node.first_rank:
+        return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)
+    return NodeMember(node=node, **settings)

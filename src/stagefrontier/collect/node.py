@@ -1,0 +1,75 @@
+"""Which node this rank runs on, and which ranks share it, as the launcher says.
+
+torchrun starts one agent per node and gives each worker ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
+and ``GROUP_RANK`` (the agent's index). An agent's workers hold consecutive global ranks
+(``RANK - LOCAL_RANK`` is the node's first rank, ``GROUP_RANK * LOCAL_WORLD_SIZE``), so every
+rank knows its node's ranks without asking anyone, and rank 0 knows every node's. The node's
+leader is its local rank 0. ``GROUP_RANK`` is checked when set (a launcher that numbers its nodes
+otherwise cannot be followed); the host name labels the node in reports. Without
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` the rank cannot know its node and hierarchical collection
+falls back to flat collection (see ``collect.hierarchical``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """One rank's node: its index, its first rank (the leader) and its number of ranks."""
+
+    node: int
+    first_rank: int
+    size: int
+    host: str
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.size)
+
+    def label(self) -> str:
+        """``node 2 (ranks 8-11 on host-a)``: how reports name the node."""
+        last = self.first_rank + self.size - 1
+        span = f"rank {last}" if self.size == 1 else f"ranks {self.first_rank}-{last}"
+        return f"node {self.node} ({span}{f' on {self.host}' if self.host else ''})"
+
+
+def node_of(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> NodeIdentity:
+    """This rank's node, from the launcher's environment.
+
+    Raises:
+        ValueError: the environment does not say (no ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), or
+            what it says cannot hold (a local rank outside the node, nodes of unequal size).
+    """
+    env = os.environ if env is None else env
+    try:
+        local_rank = int(env["LOCAL_RANK"])
+        size = int(env["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise ValueError(
+            "LOCAL_RANK and LOCAL_WORLD_SIZE are not set (torchrun sets them)"
+        ) from None
+    if not 0 <= local_rank < size or local_rank > rank:
+        raise ValueError(f"LOCAL_RANK={local_rank} does not fit LOCAL_WORLD_SIZE={size}")
+    if world_size % size:
+        raise ValueError(
+            f"a world of {world_size} ranks is not whole nodes of LOCAL_WORLD_SIZE={size}"
+        )
+    first = rank - local_rank
+    node = first // size
+    group = env.get("GROUP_RANK", "")
+    if group and group != str(node):
+        raise ValueError(
+            f"GROUP_RANK={group} but rank {rank} (local rank {local_rank}) is on node {node} of "
+            f"{size} ranks each"
+        )
+    return NodeIdentity(node=node, first_rank=first, size=size, host=socket.gethostname())
+
+
+def node_layout(world_size: int, size: int) -> dict[int, range]:
+    """Every node's ranks, by node index, in a job of whole nodes of ``size`` ranks."""
+    return {node: range(node * size, (node + 1) * size) for node in range(world_size // size)}

@@ -1,0 +1,215 @@
+"""What a node leader condenses its node's windows into, how a group's head combines its
+children's parts, and how rank 0 analyzes the top part.
+
+A part's body is its group's ``WindowSummary`` (``analysis.summary``, written by
+``formats.summary_codec``): a leader summarizes its node's ``[N, L, S]`` window, a head combines
+its children's summaries exactly, and rank 0 runs the one analyzer on the top one
+(``analyze_summary``). A group whose summary cannot join (it does not decode, or its stages,
+steps or settings differ) is reported missing or mismatched with the reason; nothing raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..analysis.analyzer import analyze_summary
+from ..analysis.gates import Gates
+from ..analysis.side import SideEvidence
+from ..analysis.summary import WindowSummary, combine, summarize
+from ..errors import StageFrontierError
+from ..formats.summary_codec import decode_summary, encode_summary
+from ..record.self_cost import self_cost_summary
+from ..record.window import NS, AnalyzedWindow, MergedWindow, RankWindow
+from .base import merge_received
+from .node import NodeIdentity
+from .node_wire import NodePart, capped_notes, decode_node_part, encode_node_part
+
+logger = logging.getLogger("stagefrontier")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A part and its summary, decoded once: what a head holds while it combines."""
+
+    part: NodePart
+    summary: WindowSummary
+
+    def encode(self) -> bytes:
+        return encode_node_part(replace(self.part, body=encode_summary(self.summary)))
+
+
+def decode_group(data: bytes) -> Group:
+    """Parse a part and its summary; raises ReportFormatError."""
+    part = decode_node_part(data)
+    return Group(replace(part, body=b""), decode_summary(part.body))
+
+
+def node_group(
+    node: NodeIdentity,
+    own: RankWindow,
+    windows: Sequence[RankWindow],
+    notes: Sequence[str],
+    late: Sequence[int],
+    gates: Gates | None,
+) -> Group:
+    """The leader's part for its node: the summary of the windows that arrived and match its
+    own (``own`` first), the ranks that did not, and ``late``: those of them that said nothing
+    (not announced silent), named in a note with the node."""
+    merged = merge_received(list(windows), node.first_rank + node.size, notes)
+    kept = merged.ranks
+    present = {w.rank for w in windows}
+    notes = list(merged.notes)
+    if late:
+        notes.append(f"{node.label()}: rank(s) {list(late)} sent no window to the node leader")
+    for w in kept:
+        notes.extend(f"rank {w.rank}: {reason}" for reason in w.violation_reasons)
+        if w.dropped_windows:
+            notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off full")
+    d = np.stack([w.durations_ns for w in kept], axis=1).astype(np.float64) * NS
+    summary = summarize(
+        d, [w.rank for w in kept], own.stages, gain_baseline=(gates or Gates()).gain_baseline
+    )
+    part = NodePart(
+        window=own.window,
+        first_step=own.first_step,
+        last_step=own.last_step,
+        first_node=node.node,
+        node_count=1,
+        missing_ranks=tuple(r for r in node.ranks if r not in present),
+        mismatched_ranks=tuple(merged.mismatched_ranks),
+        notes=capped_notes(notes),
+        hosts={node.node: own.hostname},
+        contract_violations=sum(w.contract_violations for w in kept),
+        overlap_ns=sum(w.overlap_ns for w in kept),
+        self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
+    )
+    return Group(part, summary)
+
+
+def combine_groups(
+    own: Group,
+    node_count: int,
+    children: Mapping[int, Group],
+    missing: Mapping[range, str],
+    notes: Sequence[str],
+    node_size: int,
+) -> Group:
+    """The group ``own`` heads (``node_count`` nodes from its first): ``own`` and the children
+    that arrived, combined exactly; the ``missing`` children's nodes (a node span each, with
+    the reason) and the wait's ``notes`` added. A child whose summary cannot join ``own``'s
+    (other stages, steps or settings) is reported mismatched with its ranks."""
+    joined = [own, *children.values()]
+    notes = list(notes)
+    try:
+        summary = combine([g.summary for g in joined])
+    except StageFrontierError:
+        joined = [own]
+        for child in children.values():
+            try:
+                combine([own.summary, child.summary])
+            except StageFrontierError as exc:
+                notes.append(f"nodes {_span(child.part)} not combined: {exc}")
+                continue
+            joined.append(child)
+        summary = combine([g.summary for g in joined])
+    parts = [g.part for g in joined]
+    dropped = [c for c in children.values() if not any(c is g for g in joined)]
+    gone: dict[int, str] = {}
+    for span, why in missing.items():
+        gone.update(dict.fromkeys(span, why))
+    mismatched = sorted(
+        [
+            *(r for p in parts for r in p.mismatched_ranks),
+            *(int(r) for c in dropped for r in (*c.summary.ranks, *c.part.mismatched_ranks)),
+        ]
+    )
+    part = NodePart(
+        window=own.part.window,
+        first_step=own.part.first_step,
+        last_step=own.part.last_step,
+        first_node=own.part.first_node,
+        node_count=node_count,
+        missing_nodes={**{k: v for p in parts for k, v in p.missing_nodes.items()}, **gone},
+        missing_ranks=tuple(sorted(r for p in parts for r in p.missing_ranks)),
+        mismatched_ranks=tuple(mismatched),
+        notes=capped_notes([*notes, *(n for p in parts for n in p.notes)]),
+        hosts=_named_hosts(summary, {k: v for p in parts for k, v in p.hosts.items()}, node_size),
+        contract_violations=sum(p.contract_violations for p in parts),
+        overlap_ns=sum(p.overlap_ns for p in parts),
+        self_cost_max=_largest([p.self_cost_max for p in parts]),
+    )
+    return Group(part, summary)
+
+
+def _largest(costs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for cost in costs:
+        for name, value in cost.items():
+            out[name] = max(out.get(name, 0.0), value)
+    return out
+
+
+def _named_hosts(summary: WindowSummary, hosts: dict[int, str], node_size: int) -> dict[int, str]:
+    """The hosts of the nodes whose ranks the summary's top prefixes name: all a report can
+    name, bounded by the summary's size whatever the number of nodes."""
+    named = {int(r) // node_size for r in np.unique(summary.top_rank)}
+    return {n: h for n, h in hosts.items() if n in named}
+
+
+def _span(part: NodePart) -> str:
+    last = part.first_node + part.node_count - 1
+    return str(part.first_node) if last == part.first_node else f"{part.first_node}-{last}"
+
+
+def analyze_group(
+    top: Group, own: RankWindow, world_size: int, node_size: int, gates: Gates | None
+) -> AnalyzedWindow | None:
+    """Rank 0's analysis of the top group, or None when it fails (logged: the window is lost,
+    and said so)."""
+    part, summary = top.part, top.summary
+    gone = sorted(part.missing_nodes)
+    missing = sorted(
+        {*part.missing_ranks, *(r for n in gone for r in range(n * node_size, (n + 1) * node_size))}
+    )
+    notes = list(dict.fromkeys([*part.notes, *(part.missing_nodes[n] for n in gone)]))
+    side = SideEvidence(
+        accumulation_factor=own.accumulation_factor,
+        overlap_error_s=part.overlap_ns * NS,
+        missing_ranks=tuple(missing),
+        mismatched_ranks=part.mismatched_ranks,
+        gather_ok=not missing,
+        contract_violations=part.contract_violations,
+        notes=tuple(notes),
+    )
+    try:
+        report = analyze_summary(summary, gates=gates, side=side)
+    except Exception as exc:
+        logger.error("stagefrontier: window %d lost: its summary failed: %s", part.window, exc)
+        return None
+    merged = MergedWindow(own, [own], world_size, missing, list(part.mismatched_ranks), notes)
+    d = np.zeros((summary.n_steps, 0, len(summary.stages)))
+    nodes = nodes_entry(part, node_size)
+    costs = {"fraction": 0.0, **part.self_cost_max}
+    nodes["self_cost"] = {name: {"max": v} for name, v in costs.items()}
+    return AnalyzedWindow(merged, d, None, side, report, summary=summary, nodes=nodes)
+
+
+def nodes_entry(part: NodePart, node_size: int) -> dict[str, Any]:
+    """The record's ``nodes``: how many, which are missing and why, which lack some ranks, and
+    the hosts of the nodes the report can name."""
+    partial: dict[str, list[int]] = {}
+    for rank in part.missing_ranks:
+        partial.setdefault(str(rank // node_size), []).append(rank)
+    return {
+        "node_size": node_size,
+        "nodes": part.node_count,
+        "present": part.node_count - len(part.missing_nodes),
+        "missing": {str(n): why for n, why in sorted(part.missing_nodes.items())},
+        "partial": partial,
+        "hosts": {str(n): h for n, h in sorted(part.hosts.items())},
+    }

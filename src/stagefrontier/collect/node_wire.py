@@ -1,0 +1,151 @@
+"""The binary form of what a node leader sends up the tree: one envelope per group and window.
+
+Layout: a fixed header (magic, version, metadata length, body length), a UTF-8 JSON metadata
+block (the window, the nodes the group covers, what is missing from it and why, the collection
+facts the analysis reports), then the body: the group's summary as its own codec writes it.
+Nothing is unpickled; every size and field is checked before use, and a bad envelope raises
+ReportFormatError (its parent then reports the group missing, with the error as the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ReportFormatError
+from .wire_checks import check_meta_value
+
+MAGIC = b"SFN1"
+NODE_WIRE_VERSION = 1
+_HEADER = struct.Struct("<4sHIQ")
+MAX_META_BYTES = 16 << 20
+MAX_NOTES = 32
+"""Notes a part carries; past this, one more says how many were left out (a part's size must not
+grow with the number of ranks that have something to say)."""
+
+
+@dataclass(frozen=True)
+class NodePart:
+    """A group of consecutive nodes' share of one window (one node, at the bottom of the tree)."""
+
+    window: int
+    first_step: int
+    last_step: int
+    first_node: int
+    node_count: int
+    missing_nodes: dict[int, str] = field(default_factory=dict)
+    """Nodes of the group with nothing in the body, and why."""
+    missing_ranks: tuple[int, ...] = ()
+    """Ranks of the present nodes whose window did not reach their leader (or was rejected)."""
+    mismatched_ranks: tuple[int, ...] = ()
+    """Ranks whose window did not match the group's schema or steps: not in the body."""
+    notes: tuple[str, ...] = ()
+    hosts: dict[int, str] = field(default_factory=dict)
+    """The host of each node the group's top prefixes name (bounded by the summary's size)."""
+    contract_violations: int = 0
+    overlap_ns: int = 0
+    self_cost_max: dict[str, float] = field(default_factory=dict)
+    """StageFrontier's own cost, the largest over the group's ranks: per component (seconds)
+    and as a fraction of step time (``record.self_cost``; maxima merge exactly, medians not)."""
+    body: bytes = b""
+
+    @property
+    def nodes(self) -> range:
+        return range(self.first_node, self.first_node + self.node_count)
+
+
+_COUNT_FIELDS = (
+    "window",
+    "first_step",
+    "last_step",
+    "first_node",
+    "node_count",
+    "contract_violations",
+    "overlap_ns",
+)
+
+
+def encode_node_part(part: NodePart) -> bytes:
+    meta = {name: getattr(part, name) for name in _COUNT_FIELDS}
+    meta.update(
+        missing_nodes={str(k): v for k, v in part.missing_nodes.items()},
+        missing_ranks=list(part.missing_ranks),
+        mismatched_ranks=list(part.mismatched_ranks),
+        notes=list(part.notes),
+        hosts={str(k): v for k, v in part.hosts.items()},
+        self_cost_max=dict(part.self_cost_max),
+    )
+    meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
+    header = _HEADER.pack(MAGIC, NODE_WIRE_VERSION, len(meta_bytes), len(part.body))
+    return b"".join((header, meta_bytes, part.body))
+
+
+def decode_node_part(data: bytes) -> NodePart:
+    """Parse and validate one envelope; raises ReportFormatError."""
+    if len(data) < _HEADER.size:
+        raise ReportFormatError(f"node payload too short for a header ({len(data)} bytes)")
+    magic, version, meta_len, body_len = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ReportFormatError(f"bad node payload magic {magic!r}")
+    if version != NODE_WIRE_VERSION:
+        raise ReportFormatError(f"node payload version {version} is not {NODE_WIRE_VERSION}")
+    if meta_len > MAX_META_BYTES or len(data) != _HEADER.size + meta_len + body_len:
+        raise ReportFormatError(
+            f"node payload has {len(data)} bytes, its header declares "
+            f"{_HEADER.size + meta_len + body_len}"
+        )
+    start = _HEADER.size
+    try:
+        meta = json.loads(data[start : start + meta_len].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ReportFormatError(f"node payload metadata is not JSON: {exc}") from None
+    expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
+    expected |= {"notes", "hosts", "self_cost_max"}
+    if not isinstance(meta, dict) or set(meta) != expected:
+        raise ReportFormatError(f"node payload metadata must hold exactly {sorted(expected)}")
+    values: dict[str, Any] = {
+        name: check_meta_value("count", meta[name], f"node payload {name}")
+        for name in _COUNT_FIELDS
+    }
+    values["missing_ranks"] = _counts(meta, "missing_ranks")
+    values["mismatched_ranks"] = _counts(meta, "mismatched_ranks")
+    values["notes"] = check_meta_value("names", meta["notes"], "node payload notes")
+    values["missing_nodes"] = _by_node(meta, "missing_nodes")
+    values["hosts"] = _by_node(meta, "hosts")
+    values["self_cost_max"] = _reals(meta["self_cost_max"])
+    part = NodePart(body=bytes(data[start + meta_len :]), **values)
+    if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
+        raise ReportFormatError("node payload names nodes outside the group it covers")
+    return part
+
+
+def _counts(meta: dict[str, Any], name: str) -> tuple[int, ...]:
+    items = meta[name]
+    if not isinstance(items, list):
+        raise ReportFormatError(f"node payload {name} is not a list")
+    return tuple(check_meta_value("count", v, f"node payload {name}") for v in items)
+
+
+def _by_node(meta: dict[str, Any], name: str) -> dict[int, str]:
+    items = meta[name]
+    if not isinstance(items, dict) or not all(k.isdigit() for k in items):
+        raise ReportFormatError(f"node payload {name} is not an object keyed by node")
+    return {int(k): check_meta_value("text", v, f"node payload {name}") for k, v in items.items()}
+
+
+def _reals(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict) or not all(
+        type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in value.values()
+    ):
+        raise ReportFormatError("node payload self_cost_max must map names to numbers >= 0")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def capped_notes(notes: list[str]) -> tuple[str, ...]:
+    """At most ``MAX_NOTES`` notes, the last saying how many more there were."""
+    if len(notes) <= MAX_NOTES:
+        return tuple(notes)
+    return (*notes[: MAX_NOTES - 1], f"... and {len(notes) - MAX_NOTES + 1} more note(s)")

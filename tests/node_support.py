@@ -1,0 +1,134 @@
+"""Spawned ranks laid out in nodes as torchrun lays them out (``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` set per rank), timed by a StageTimer that collects
+hierarchically, around an ephemeral-port TCPStore of the parent.
+
+The ranks join a Gloo process group but run no collective in their loop (each step sleeps in the
+data stage), so a rank killed mid-run leaves the others training, as the failure tests need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from stagefrontier.demo.launch import run_ranks
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "optim.step_cpu_wall")
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    out_dir: str
+    nodes: int = 2
+    per_node: int = 2
+    steps: int = 40
+    window: int = 10
+    step_s: float = 0.03
+    timeout_s: float = 2.0
+    mode: str = "hierarchical"
+    keep_node_windows: bool = False
+    fan_in: int = 64
+    layout_env: bool = True
+    """Set the launcher's node variables (False: a launcher that does not say)."""
+    slow_s: dict[int, float] = field(default_factory=dict)
+    """Extra data-stage sleep per step on these ranks."""
+    die_at_step: dict[int, int] = field(default_factory=dict)
+    """These ranks SIGKILL themselves at the start of that step."""
+    late_part_s: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Per node, ``{window: seconds}``: its leader sleeps that long before sending that
+    window's part up (a late node)."""
+    silent_ranks: tuple[int, ...] = ()
+    """Ranks whose timer is disabled."""
+    router: bool = False
+    """Give every timer a profiler router (hierarchical collection turns it off)."""
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+
+def _late_parts(delays: dict[int, float]) -> None:
+    from stagefrontier.collect.hierarchical import NodeLeader
+
+    send = NodeLeader._send_up
+
+    def late(self: Any, group: Any) -> None:
+        time.sleep(delays.get(group.part.window, 0.0))
+        send(self, group)
+
+    NodeLeader._send_up = late  # type: ignore[method-assign]
+
+
+def run_rank(rank: int, job: NodeJob, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if job.layout_env:
+        os.environ.update(
+            LOCAL_RANK=str(rank % job.per_node),
+            LOCAL_WORLD_SIZE=str(job.per_node),
+            GROUP_RANK=str(rank // job.per_node),
+        )
+    import torch
+    import torch.distributed as dist
+
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=60)
+    )
+    node = rank // job.per_node
+    if rank % job.per_node == 0 and node in job.late_part_s:
+        _late_parts(job.late_part_s[node])
+    timer = StageTimer(
+        list(STAGES),
+        window=job.window,
+        enabled=rank not in job.silent_ranks,
+        collect=CollectConfig(
+            mode=job.mode,
+            out_dir=job.out_dir,
+            timeout_s=job.timeout_s,
+            keep_node_windows=job.keep_node_windows,
+            fan_in=job.fan_in,
+            regression=None,
+        ),
+        router=ProfilerRouter() if job.router else None,
+    )
+    if job.router:
+        attached = timer._router is not None
+        Path(job.out_dir, f"router-rank{rank}").write_text(str(attached))
+    x = torch.randn(64, 64)
+    for step in range(job.steps):
+        if job.die_at_step.get(rank) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with timer.step():
+            with timer.stage(STAGES[0]):
+                time.sleep(job.step_s + job.slow_s.get(rank, 0.0))
+            with timer.stage(STAGES[1]):
+                (x @ x).sum().item()
+            with timer.stage(STAGES[2]):
+                pass
+    timer.close()
+    Path(job.out_dir, f"done-rank{rank}").write_text("ok")
+
+
+def launch(job: NodeJob, deadline_s: float = 180.0) -> list[dict[str, Any]]:
+    """Run the job; every rank not meant to die must exit cleanly. Rank 0's records, in order."""
+    out = Path(job.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    codes = run_ranks(run_rank, job.ranks, job, deadline_s=deadline_s, may_die=job.die_at_step)
+    bad = {r: c for r, c in codes.items() if c != 0 and r not in job.die_at_step}
+    assert not bad, f"rank exit codes {codes}"
+    records = out / "windows.jsonl"
+    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+
+
+def limited(record: dict[str, Any]) -> list[str]:
+    """The telemetry_limited reasons of one window record (empty: not limited)."""
+    return list(record.get("reasons", {}).get("telemetry_limited", []))

@@ -1,0 +1,204 @@
+"""Node parts without processes: the envelope's round trip and its rejections, a leader's part,
+a head's combination (a child that cannot join is reported, not raised), and the node names the
+hierarchical record uses."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from stagefrontier.collect.node import NodeIdentity
+from stagefrontier.collect.node_payload import (
+    Group,
+    analyze_group,
+    combine_groups,
+    decode_group,
+    node_group,
+)
+from stagefrontier.collect.node_wire import (
+    MAX_NOTES,
+    NodePart,
+    capped_notes,
+    decode_node_part,
+    encode_node_part,
+)
+from stagefrontier.errors import ReportFormatError
+from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "step.other_cpu_wall")
+MS = 1_000_000
+
+
+def _window(rank: int, slow_ms: int = 0, stages: tuple[str, ...] = STAGES) -> RankWindow:
+    rng = np.random.default_rng(rank)
+    durations = rng.integers(9 * MS, 11 * MS, size=(10, len(stages)))
+    durations[:, 0] += slow_ms * MS
+    durations[:, -1] = 0
+    return RankWindow(
+        0,
+        0,
+        9,
+        rank,
+        stages,
+        durations,
+        durations.sum(axis=1),
+        hostname="host-a" if rank < 4 else "host-b",
+        local_rank=rank % 4,
+    )
+
+
+def _node(index: int) -> NodeIdentity:
+    return NodeIdentity(node=index, first_rank=4 * index, size=4, host=f"host-{index}")
+
+
+def _group(index: int, slow: dict[int, int]) -> Group:
+    windows = [_window(r, slow.get(r, 0)) for r in _node(index).ranks]
+    return node_group(_node(index), windows[0], windows, [], [], None)
+
+
+def test_a_part_round_trips_and_a_damaged_one_is_refused() -> None:
+    part = NodePart(
+        window=3,
+        first_step=60,
+        last_step=79,
+        first_node=4,
+        node_count=4,
+        missing_nodes={5: "node 5 sent no summary"},
+        missing_ranks=(17,),
+        notes=("a note",),
+        hosts={4: "host-e"},
+        contract_violations=2,
+        overlap_ns=10,
+        self_cost_max={"total_s": 0.002, "fraction": 0.01},
+        body=b"xyz",
+    )
+    data = encode_node_part(part)
+    assert decode_node_part(data) == part
+    for bad, why in (
+        (data[:10], "too short"),
+        (b"XXXX" + data[4:], "magic"),
+        (data + b"!", "header declares"),
+        (encode_node_part(replace(part, first_node=-1)), "first_node"),
+        (encode_node_part(replace(part, missing_nodes={9: "?"})), "outside the group"),
+        (encode_node_part(replace(part, notes=("ok", 3))), "notes"),
+    ):
+        with pytest.raises(ReportFormatError, match=why):
+            decode_node_part(bad)
+
+
+def test_notes_are_capped_and_say_how_many_were_left_out() -> None:
+    notes = capped_notes([f"note {i}" for i in range(100)])
+    assert len(notes) == MAX_NOTES and notes[-1] == f"... and {100 - MAX_NOTES + 1} more note(s)"
+
+
+def test_combined_node_groups_give_the_flat_analysis_of_the_same_windows() -> None:
+    slow = {5: 30}
+    groups = [_group(i, slow) for i in range(2)]
+    top = combine_groups(groups[0], 2, {1: decode_group(groups[1].encode())}, {}, [], 4)
+    analyzed = analyze_group(top, _window(0), 8, 4, None)
+    assert analyzed is not None and analyzed.summary is not None
+    flat = analyze_merged(merge_windows([_window(r, slow.get(r, 0)) for r in range(8)], 8)).report
+    assert analyzed.report.top1 == flat.top1 == "data.next_wait"
+    assert analyzed.report.leaders == flat.leaders
+    for stage in STAGES:
+        assert analyzed.report.advances[stage] == pytest.approx(flat.advances[stage], abs=1e-12)
+    record = analyzed.record
+    assert record["lead"] == {
+        "stage": "data.next_wait",
+        "ranks": [5],
+        "hosts": ["node1@host-b"],
+        "scope": "rank",
+    }
+    assert record["hosts"]["5"] == "host-b" and record["nodes"]["present"] == 2
+    assert set(record["self_cost"]["fraction"]) == {"max"}  # maxima merge, medians do not
+    assert record["paused_steps"] == 0 and record["step_wall_s"] == pytest.approx(
+        sum(float(w.wall_ns.sum()) for w in (_window(r, slow.get(r, 0)) for r in range(8))) * 1e-9
+    )
+    assert analyzed.metrics.window == 0  # the metrics sinks read the same record
+
+
+def test_a_child_that_cannot_join_is_reported_mismatched_with_its_ranks() -> None:
+    own = _group(0, {})
+    windows = [_window(r, stages=(*STAGES[:-1], "extra", STAGES[-1])) for r in range(4, 8)]
+    other = node_group(_node(1), windows[0], windows, [], [], None)
+    top = combine_groups(own, 2, {1: other}, {}, [], 4)
+    assert top.part.mismatched_ranks == (4, 5, 6, 7) and top.summary.n_ranks == 4
+    assert any(n.startswith("nodes 1 not combined") for n in top.part.notes)
+
+
+def test_missing_children_and_ranks_reach_the_report_with_their_reasons() -> None:
+    own = _group(0, {})
+    top = combine_groups(
+        replace(own, part=replace(own.part, missing_ranks=(3,))),
+        3,
+        {},
+        {range(1, 3): "nodes 1-2 sent no summary within 4 s of the window end"},
+        [],
+        4,
+    )
+    analyzed = analyze_group(top, _window(0), 12, 4, None)
+    assert analyzed is not None
+    record = analyzed.record
+    assert record["missing_ranks"] == [3, *range(4, 12)] and not record["gather_ok"]
+    assert record["nodes"]["missing"] == {
+        "1": "nodes 1-2 sent no summary within 4 s of the window end",
+        "2": "nodes 1-2 sent no summary within 4 s of the window end",
+    }
+    assert record["nodes"]["partial"] == {"0": [3]}
+    assert "telemetry_limited" in record["labels"]
+
+
+def test_hierarchical_collection_is_chosen_by_name_or_above_the_auto_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stagefrontier.collect import collects_hierarchically
+    from stagefrontier.collect.config import AUTO_HIERARCHICAL_ABOVE, CollectConfig
+
+    layout = {"RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    for name, value in {**layout, "WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(name, value)
+    assert collects_hierarchically(CollectConfig(mode="hierarchical"))
+    assert not collects_hierarchically(CollectConfig(mode="auto"))
+    assert not collects_hierarchically(CollectConfig(mode="store"))
+    monkeypatch.setenv("WORLD_SIZE", str(4 * (AUTO_HIERARCHICAL_ABOVE // 4 + 1)))
+    assert collects_hierarchically(CollectConfig(mode="auto"))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: flat
+    assert not collects_hierarchically(CollectConfig(mode="auto"))
+    assert not collects_hierarchically(CollectConfig(mode="hierarchical"))
+
+
+def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goes_on() -> None:
+    import time
+
+    pytest.importorskip("torch")
+    from stagefrontier.collect.node_store import loopback_store
+    from stagefrontier.collect.store_keys import PeerWait, get_payload
+
+    store = loopback_store()
+    good = _group(1, {})
+    store.set("w0/l0/n1", good.encode())
+    store.set("w0/l0/n2", b"not a node part at all")
+    read: list[str] = []
+    parts = {}
+    notes: list[str] = []
+
+    def take(node: int, key: str) -> None:
+        parts[node] = decode_group(get_payload(store, key, read))
+
+    wait = PeerWait("node", "summary")
+    left = wait.wait(
+        store,
+        {1: "w0/l0/n1", 2: "w0/l0/n2", 3: "w0/l0/n3"},
+        deadline=time.monotonic() + 0.2,
+        grace=time.monotonic(),
+        take=take,
+        notes=notes,
+    )
+    assert list(parts) == [1] and parts[1].summary.n_ranks == 4
+    assert left == {3: "w0/l0/n3"} and wait.absent == {3}
+    assert len(notes) == 1 and notes[0].startswith(
+        "node 2 summary rejected: bad node payload magic"
+    )
+    assert sorted(read) == ["w0/l0/n1", "w0/l0/n2"]  # both read, so both deleted after

@@ -1,0 +1,106 @@
+"""The real 16-rank job: 4 torchrun agents of 4 ranks each on this machine, joined by a c10d
+rendezvous, training the demo model with Gloo DDP. Run once collected flat and once
+hierarchically, same seed, a 120 ms data stall on rank 5 for the first two windows and on every
+rank of node 1 for the last two.
+
+Across the runs, per window, the top stage and its lead (a rank, then a node) must agree. Within
+the hierarchical run, the flat analysis of the exact windows its node leaders kept must give rank
+0's advances, shares, top stage and leaders to float roundoff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stagefrontier.demo.faults import parse_fault
+from stagefrontier.demo.scale_check import lead_of, node_windows, recheck, run_both, small_config
+
+NODES, PER_NODE = 4, 4
+FAULTS = ("data@5:120ms,to=20", "data@node1:120ms,from=20")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("scale")
+    config = small_config(
+        NODES * PER_NODE, 40, 10, tuple(parse_fault(f) for f in FAULTS), seed=3, out=str(out)
+    )
+    run_both(config, nodes=NODES, per_node=PER_NODE)
+    return out
+
+
+def _records(folder: Path) -> list[dict[str, object]]:
+    from stagefrontier.demo.launch import read_windows
+
+    return read_windows(folder)
+
+
+def test_flat_and_hierarchical_name_the_same_stage_and_lead(runs: Path) -> None:
+    flat, hier = _records(runs / "flat"), _records(runs / "hierarchical")
+    assert [r["window"] for r in flat] == [r["window"] for r in hier] == [0, 1, 2, 3]
+    for f, h in zip(flat, hier, strict=True):
+        assert f["gather_ok"] and h["gather_ok"]
+        assert "1" in h["nodes"].pop("hosts")  # node 1 holds the leaders
+        assert h["nodes"] == {
+            "node_size": PER_NODE,
+            "nodes": NODES,
+            "present": NODES,
+            "missing": {},
+            "partial": {},
+        }
+        assert f["top1"] == h["top1"] == "data.next_wait"
+        assert lead_of(f) == lead_of(h)
+    assert [lead_of(h) for h in hier[:2]] == ["rank 5", "rank 5"]
+    for h in hier[2:]:  # the whole node is slow: the report names the node, not a rank
+        assert h["lead"]["scope"] == "node" and sorted(h["lead"]["ranks"]) == [4, 5, 6, 7]
+        assert lead_of(h).startswith("node node1@")
+
+
+def test_hierarchical_equals_the_flat_analysis_of_its_own_windows(runs: Path) -> None:
+    hier = _records(runs / "hierarchical")
+    kept = node_windows(runs / "hierarchical")
+    assert sorted(kept) == [0, 1, 2, 3]
+    for record in hier:
+        windows = kept[int(record["window"])]  # type: ignore[call-overload]
+        assert sorted(w.rank for w in windows) == list(range(NODES * PER_NODE))
+        check = recheck(record, windows)
+        assert check.same_top and check.same_leaders, check
+        assert check.max_advance_diff_s <= 1e-9 and check.max_share_diff <= 1e-9, check
+
+
+def test_a_node_fault_hits_every_rank_of_its_node_and_needs_a_job_of_nodes() -> None:
+    from stagefrontier.demo.faults import check_faults
+    from stagefrontier.errors import FaultSpecError
+
+    fault = parse_fault("data@node1:120ms,from=20")
+    assert str(fault) == "data@node1:120ms,from=20"
+    assert fault.active(4, 20, node=1) and fault.active(7, 39, node=1)
+    assert not fault.active(4, 19, node=1) and not fault.active(3, 25, node=0)
+    check_faults((fault,), 16, cuda=False, steps=40, nodes=4)
+    with pytest.raises(FaultSpecError, match="not launched as nodes"):
+        check_faults((fault,), 16, cuda=False, steps=40)
+    with pytest.raises(FaultSpecError, match="has 1 node"):
+        check_faults((fault,), 4, cuda=False, steps=40, nodes=1)
+
+
+def test_the_torchrun_workers_read_back_the_config_they_were_given(tmp_path: Path) -> None:
+    from stagefrontier.demo.torchrun import read_config, write_config
+
+    config = small_config(8, 20, 5, (parse_fault(FAULTS[1]),), seed=7, out=str(tmp_path))
+    write_config(config, tmp_path / "config.json")
+    assert read_config(tmp_path / "config.json") == config
+
+
+def test_the_comparison_command_rejects_bad_settings_with_exit_code_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stagefrontier.demo.scale_check import main
+
+    for argv in (["--nodes", "0"], ["--fault", "data@node9:1ms"], ["--fault", "nonsense"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert "error:" in capsys.readouterr().err
