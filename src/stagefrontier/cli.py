@@ -243,7 +243,7 @@ def _run_plot(args: argparse.Namespace) -> int:
         if run.packets:
             print(plot_worst_step(run, frontier))
         else:
-            _warn("no packets/ in the folder: skipping the frontier figure")
+            _warn("no per-rank packets in the folder: skipping the frontier figure")
         print(plot_shares_over_time(run, shares))
     return EXIT_OK
 

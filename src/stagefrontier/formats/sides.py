@@ -22,7 +22,10 @@ def load_side(spec: str) -> Side:
 
         packets = load_run(path).packets
         if not packets:
-            raise CompareError(f"{path} has no packets/: comparing needs the per-rank matrices")
+            raise CompareError(
+                f"{path} has no per-rank packets (packets/window-*.json): comparing needs the "
+                "per-rank matrices, which a run collected hierarchically keeps on its nodes"
+            )
     else:
         raise CompareError(f"{path} does not exist")
     chosen = [p for p in packets if _in_range(p, first, last)]

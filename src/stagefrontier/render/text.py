@@ -220,7 +220,8 @@ def _schema_report_text(run: RunWindows) -> str:
         lines += _comparison(run)
     else:
         lines.append(
-            "(no packets/: baselines need the per-rank matrix; showing windows.jsonl only)"
+            "(no per-rank packets: the baselines need the [steps, ranks, stages] matrix, which a "
+            "run collected hierarchically keeps on its nodes; showing windows.jsonl only)"
         )
     windows = _windows(run)
     lines += ["", *window_table(windows), "", *_labels(windows)]
