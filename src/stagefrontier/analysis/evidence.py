@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .accounting import FloatArray, advances_from_frontier, rank_last_prefixes
-from .gain import clipped_step_times, direct_gain, order_medians, sorted_median
+from .gain import clipped_step_times, direct_gain, sorted_median
 from .gates import Gates
 from .side import SideEvidence
 
@@ -115,7 +115,7 @@ def window_inputs(
     prefix = rank_last_prefixes(d)
     scratch = np.empty((n, s, r), dtype=np.float64)
     np.copyto(scratch, prefix)
-    order_medians(scratch, -2, -1)  # the median, the runner-up and the frontier in place
+    scratch.sort(axis=2)
     median = sorted_median(scratch).copy()  # the scratch buffer is reused below
     second = scratch[:, :, -2].copy() if r > 1 else np.zeros((n, s))
     totals = prefix[:, -1, :]

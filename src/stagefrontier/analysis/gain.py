@@ -23,17 +23,6 @@ def sorted_median(sorted_lanes: FloatArray) -> FloatArray:
     return np.asarray(0.5 * (sorted_lanes[..., k // 2 - 1] + sorted_lanes[..., k // 2]))
 
 
-def order_medians(lanes: FloatArray, *extra: int) -> None:
-    """Partially sort each lane along the last axis, in place, so that the positions
-    ``sorted_median`` reads (and the ``extra`` positions, negative from the end) hold the
-    values a full sort would put there: a selection, cheaper than sorting."""
-    k = lanes.shape[-1]
-    if k == 0:
-        return
-    wanted = {k // 2, (k - 1) // 2, *(i % k for i in extra if -k <= i < k)}
-    lanes.partition(sorted(wanted), axis=-1)
-
-
 def clipped_step_times(
     d: FloatArray,
     rank_totals: FloatArray,
@@ -54,11 +43,11 @@ def clipped_step_times(
     if baseline == "rank_median":
         per_rank = scratch.reshape(r, s, n)
         np.copyto(per_rank, d.transpose(1, 2, 0))
-        order_medians(per_rank)
+        per_rank.sort(axis=2)
         base = sorted_median(per_rank).T[None, :, :]  # [1, S, R]
     elif baseline == "cohort_median":
         np.copyto(scratch, by_rank)
-        order_medians(scratch)
+        scratch.sort(axis=2)
         base = sorted_median(scratch)[:, :, None]  # [N, S, 1]
     else:
         if reference is None:
