@@ -20,7 +20,13 @@ from stagefrontier.record.window import RankWindow
 from stagefrontier.render.text import SELF_COST_LINE_FRACTION, self_cost_text
 from stagefrontier.sinks import CsvSink, PacketSink
 
-COST_FIELDS = ("contexts_entered", "context_cost_ns", "handoff_ns", "thread_cpu_ns")
+COST_FIELDS = (
+    "contexts_entered",
+    "context_cost_ns",
+    "handoff_ns",
+    "thread_cpu_ns",
+    "router_cpu_ns",
+)
 
 
 def steps(timer: StageTimer, n: int) -> None:
@@ -59,7 +65,7 @@ def test_rank_zero_record_and_packet_hold_the_self_cost_object(tmp_path: Path) -
         for name, spread in cost.items():
             assert set(spread) == {"max", "median"}, name
             assert spread["max"] >= spread["median"] >= 0, name
-        parts = sum(cost[name]["max"] for name in ("hot_path_s", "handoff_s", "threads_cpu_s"))
+        parts = sum(cost[name]["max"] for name in COMPONENTS if name != "total_s")
         assert cost["total_s"]["max"] == pytest.approx(parts)  # one rank: max is that rank
         assert cost["fraction"]["max"] == pytest.approx(
             cost["total_s"]["max"] / record["step_wall_s"]
@@ -70,7 +76,9 @@ def test_rank_zero_record_and_packet_hold_the_self_cost_object(tmp_path: Path) -
 
 
 def test_the_summary_takes_max_and_median_over_ranks() -> None:
-    def window(rank: int, contexts: int, handoff_ns: int, thread_ns: int) -> RankWindow:
+    def window(
+        rank: int, contexts: int, handoff_ns: int, thread_ns: int, router_ns: int = 0
+    ) -> RankWindow:
         durations = np.full((2, 2), 500_000_000, dtype=np.int64)  # 1 s per step
         return RankWindow(
             window=0,
@@ -84,26 +92,34 @@ def test_the_summary_takes_max_and_median_over_ranks() -> None:
             context_cost_ns=1000,
             handoff_ns=handoff_ns,
             thread_cpu_ns=thread_ns,
+            router_cpu_ns=router_ns,
         )
 
-    ranks = [window(0, 4, 0, 20_000_000), window(1, 4, 2_000_000, 0), window(2, 6000, 0, 0)]
+    ranks = [
+        window(0, 4, 0, 20_000_000, router_ns=1_000_000_000),
+        window(1, 4, 2_000_000, 0),
+        window(2, 6000, 0, 0),
+    ]
     cost = self_cost_summary(ranks)
     assert cost["hot_path_s"] == {"max": pytest.approx(6e-3), "median": pytest.approx(4e-6)}
     assert cost["handoff_s"] == {"max": pytest.approx(2e-3), "median": 0.0}
     assert cost["threads_cpu_s"] == {"max": pytest.approx(0.02), "median": 0.0}
-    assert cost["total_s"]["max"] == pytest.approx(0.020004)
-    assert cost["fraction"] == {"max": pytest.approx(0.010002), "median": pytest.approx(0.003)}
+    # The router's capture and trace reduction are their own part (rank 0's second here).
+    assert cost["router_cpu_s"] == {"max": pytest.approx(1.0), "median": 0.0}
+    assert cost["total_s"]["max"] == pytest.approx(1.020004)
+    assert cost["fraction"] == {"max": pytest.approx(0.510002), "median": pytest.approx(0.003)}
     assert cost["context_cost_ns"] == {"max": 1000.0, "median": 1000.0}
 
 
 def test_the_log_line_shows_the_cost_only_above_its_threshold() -> None:
-    def record(fraction: float) -> dict[str, object]:
+    def record(fraction: float, router_s: float = 0.0) -> dict[str, object]:
         spread = {"max": 0.004, "median": 0.001}
         return {
             "self_cost": {
                 "hot_path_s": spread,
                 "handoff_s": spread,
                 "threads_cpu_s": spread,
+                "router_cpu_s": {"max": router_s, "median": 0.0},
                 "total_s": {"max": 0.012, "median": 0.003},
                 "fraction": {"max": fraction, "median": fraction / 2},
             }
@@ -113,7 +129,10 @@ def test_the_log_line_shows_the_cost_only_above_its_threshold() -> None:
     assert self_cost_text({}) == ""  # a record from before self_cost
     text = self_cost_text(record(0.023))
     assert text.startswith("stagefrontier cost 2.3% of step time (rank max 12.0 ms")
-    assert "hot path 4.0 ms" in text and "threads 4.0 ms" in text
+    assert "hot path 4.0 ms" in text and "collection 4.0 ms" in text
+    assert "router" not in text  # no router work: not mentioned
+    text = self_cost_text(record(0.4, router_s=1.5))
+    assert "profiler router 1500.0 ms (capture export, trace reduction)" in text
 
 
 def test_sinks_export_it_and_old_records_without_it_still_load(

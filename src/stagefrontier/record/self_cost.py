@@ -11,9 +11,11 @@ Three parts, each measured where it is cheap to measure:
   that opened a window is reported with it: the one that closes it is still running when the
   window is copied);
 - background threads: the CPU time (``CLOCK_THREAD_CPUTIME_ID`` of every live thread named
-  ``stagefrontier-*`` in the process, the collector, sender and router threads) since the
-  previous window was built. Where a thread's clock cannot be read, the building thread's own
-  ``time.thread_time_ns`` stands in for it.
+  ``stagefrontier-*`` in the process) since the previous window was built, in two parts: the
+  collection threads (collector, sender), which run every window, and the profiler router's
+  thread, which is nearly idle until it exports a capture or reduces traces for an incident
+  (then it can take seconds, and the line says where they went). Where a thread's clock cannot
+  be read, the building thread's own ``time.thread_time_ns`` stands in for it.
 
 Rank 0 reports, per component, the maximum and the median over the merged ranks, and the
 fraction of each rank's summed step wall time that the three parts add up to.
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 THREAD_PREFIX = "stagefrontier"
 """Every background thread the library starts is named ``stagefrontier-<job>``."""
+ROUTER_THREAD = "stagefrontier-router"
+"""The profiler router's thread, counted apart (``router_cpu_ns``)."""
 CALIBRATION_STEPS = 200
 """Steps (one stage each: two contexts) per calibration loop; a loop takes ~0.2 ms."""
 CALIBRATION_LOOPS = 5
@@ -101,9 +105,10 @@ class ThreadClock:
     def __init__(self) -> None:
         self._last: dict[int, int] = {}
 
-    def delta_ns(self) -> int:
-        """CPU nanoseconds the library's threads spent since the previous call."""
-        spent = 0
+    def delta_ns(self) -> tuple[int, int]:
+        """CPU nanoseconds the library's collection threads and its router thread spent since
+        the previous call."""
+        spent = [0, 0]
         seen: dict[int, int] = {}
         for thread in threading.enumerate():
             if not thread.name.startswith(THREAD_PREFIX) or thread.ident is None:
@@ -112,9 +117,9 @@ class ThreadClock:
             if now is None:
                 continue
             seen[thread.ident] = now
-            spent += max(0, now - self._last.get(thread.ident, 0))
+            spent[thread.name == ROUTER_THREAD] += max(0, now - self._last.get(thread.ident, 0))
         self._last = seen
-        return spent
+        return spent[0], spent[1]
 
 
 def _thread_cpu_ns(thread: threading.Thread) -> int | None:
@@ -139,26 +144,30 @@ class CostMeter:
         self._threads = ThreadClock()
 
     def window_fields(self, raw: npt.NDArray[np.int64]) -> dict[str, int]:
+        collection, router = self._threads.delta_ns()
         return {
             "contexts_entered": contexts_entered(raw),
             "context_cost_ns": context_cost_ns(self.annotated),
-            "thread_cpu_ns": self._threads.delta_ns(),
+            "thread_cpu_ns": collection,
+            "router_cpu_ns": router,
         }
 
 
-COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "total_s")
+COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "total_s")
 
 
 def rank_cost_s(w: RankWindow) -> dict[str, float]:
-    """One rank's three parts and their total, in seconds."""
+    """One rank's parts and their total, in seconds."""
     hot = w.contexts_entered * w.context_cost_ns * 1e-9
     handoff = w.handoff_ns * 1e-9
     threads = w.thread_cpu_ns * 1e-9
+    router = w.router_cpu_ns * 1e-9
     return {
         "hot_path_s": hot,
         "handoff_s": handoff,
         "threads_cpu_s": threads,
-        "total_s": hot + handoff + threads,
+        "router_cpu_s": router,
+        "total_s": hot + handoff + threads + router,
     }
 
 

@@ -86,7 +86,9 @@ class RankWindow:
     handoff_ns: int = field(default=0, metadata=_meta("count"))
     """The training thread's time in the window boundary before this window's first step."""
     thread_cpu_ns: int = field(default=0, metadata=_meta("count"))
-    """CPU time of the library's background threads since the previous window was built."""
+    """CPU time of the library's collection threads since the previous window was built."""
+    router_cpu_ns: int = field(default=0, metadata=_meta("count"))
+    """CPU time of the profiler router's thread since the previous window was built."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
