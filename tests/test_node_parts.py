@@ -199,6 +199,6 @@ def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goe
     assert list(parts) == [1] and parts[1].summary.n_ranks == 4
     assert left == {3: "w0/l0/n3"} and wait.absent == {3}
     assert len(notes) == 1 and notes[0].startswith(
-        "node 2 summary rejected: bad node payload magic"
+        "node 2 summary rejected: node payload: bad magic"
     )
     assert sorted(read) == ["w0/l0/n1", "w0/l0/n2"]  # both read, so both deleted after

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReportFormatError
+from ..formats.envelope import open_envelope
 from .wire_checks import check_meta_value
 
 MAGIC = b"SFN1"
@@ -85,23 +86,9 @@ def encode_node_part(part: NodePart) -> bytes:
 
 def decode_node_part(data: bytes) -> NodePart:
     """Parse and validate one envelope; raises ReportFormatError."""
-    if len(data) < _HEADER.size:
-        raise ReportFormatError(f"node payload too short for a header ({len(data)} bytes)")
-    magic, version, meta_len, body_len = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise ReportFormatError(f"bad node payload magic {magic!r}")
-    if version != NODE_WIRE_VERSION:
-        raise ReportFormatError(f"node payload version {version} is not {NODE_WIRE_VERSION}")
-    if meta_len > MAX_META_BYTES or len(data) != _HEADER.size + meta_len + body_len:
-        raise ReportFormatError(
-            f"node payload has {len(data)} bytes, its header declares "
-            f"{_HEADER.size + meta_len + body_len}"
-        )
-    start = _HEADER.size
-    try:
-        meta = json.loads(data[start : start + meta_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ReportFormatError(f"node payload metadata is not JSON: {exc}") from None
+    meta, body = open_envelope(
+        data, _HEADER, MAGIC, NODE_WIRE_VERSION, MAX_META_BYTES, "node payload"
+    )
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
     expected |= {"notes", "hosts", "self_cost_max"}
     if not isinstance(meta, dict) or set(meta) != expected:
@@ -116,7 +103,7 @@ def decode_node_part(data: bytes) -> NodePart:
     values["missing_nodes"] = _by_node(meta, "missing_nodes")
     values["hosts"] = _by_node(meta, "hosts")
     values["self_cost_max"] = _reals(meta["self_cost_max"])
-    part = NodePart(body=bytes(data[start + meta_len :]), **values)
+    part = NodePart(body=bytes(body), **values)
     if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
         raise ReportFormatError("node payload names nodes outside the group it covers")
     return part

@@ -27,6 +27,7 @@ from ..analysis.semantic import stage_groups, substage_groups
 from ..analysis.summary import WindowSummary
 from ..analysis.values import is_int, is_real
 from ..errors import ReportFormatError, StageFrontierError
+from .envelope import open_envelope
 from .limits import check_limit
 from .packet import inflate_exact, shuffle_bytes, unshuffle_bytes
 
@@ -89,28 +90,16 @@ def encode_summary(summary: WindowSummary) -> bytes:
 
 def decode_summary(data: bytes) -> WindowSummary:
     """Parse and check summary bytes; any defect raises ReportFormatError with one line."""
-    if len(data) < _HEADER.size:
-        raise ReportFormatError(f"summary payload too short for a header ({len(data)} bytes)")
-    magic, version, meta_len, body_len = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise ReportFormatError(f"not a window summary: bad magic {magic!r}")
-    if version != SUMMARY_VERSION:
-        raise ReportFormatError(
-            f"summary version {version} is not supported (this stagefrontier reads "
-            f"{SUMMARY_VERSION})"
-        )
-    if meta_len > _MAX_META_BYTES or _HEADER.size + meta_len + body_len != len(data):
-        raise ReportFormatError(
-            f"summary payload has {len(data)} bytes, its header declares "
-            f"{_HEADER.size + meta_len + body_len}"
-        )
-    meta = _meta(data[_HEADER.size : _HEADER.size + meta_len])
+    block, body = open_envelope(
+        data, _HEADER, MAGIC, SUMMARY_VERSION, _MAX_META_BYTES, "summary payload"
+    )
+    meta = _meta(block)
     counts = meta["counts"]
     shapes = [(name, np.dtype(dtype), shape(counts)) for name, dtype, shape in _ARRAYS]
     cells = sum(math.prod(shape) for _, _, shape in shapes)
     check_limit("cells", cells, "summary declares its arrays' values")
     expected = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in shapes)
-    raw = inflate_exact(data[_HEADER.size + meta_len :], expected, "summary body")
+    raw = inflate_exact(body, expected, "summary body")
     arrays: dict[str, Any] = {}
     offset = 0
     for name, dtype, shape in shapes:
@@ -149,11 +138,7 @@ _META_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _meta(block: bytes) -> dict[str, Any]:
-    try:
-        meta = json.loads(block.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ReportFormatError(f"summary metadata is not JSON: {exc}") from None
+def _meta(meta: Any) -> dict[str, Any]:
     if not isinstance(meta, dict) or sorted(meta) != sorted(_META_KINDS):
         raise ReportFormatError(f"summary metadata must hold exactly {sorted(_META_KINDS)}")
     for key, (check, kind) in _META_KINDS.items():

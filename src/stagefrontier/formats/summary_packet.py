@@ -28,11 +28,16 @@ from ..analysis.analyzer import analyze_summary
 from ..analysis.gates import Gates
 from ..analysis.side import SideEvidence
 from ..analysis.summary import WindowSummary
-from ..analysis.values import is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError
 from .limits import read_capped
-from .packet import object_field, packet_json, run_field, write_bytes_atomically
+from .packet import (
+    check_document,
+    object_field,
+    packet_json,
+    run_field,
+    write_bytes_atomically,
+)
 from .stored_report import check_stored_report, check_window_meta
 from .summary_codec import decode_summary, encode_summary
 
@@ -114,16 +119,9 @@ def is_summary_packet(obj: Any) -> bool:
 
 def summary_packet_from_dict(obj: Any) -> SummaryPacket:
     """Check a parsed summary packet object and decode it."""
-    if not is_summary_packet(obj):
-        raise ReportFormatError(f"not a stagefrontier summary packet: {_format_of(obj)!r}")
-    if not is_version(obj.get("version"), SUMMARY_PACKET_VERSION):
-        raise ReportFormatError(
-            f"unknown summary packet version {obj.get('version')!r}: this stagefrontier reads "
-            f"version {SUMMARY_PACKET_VERSION}"
-        )
-    missing = [k for k in _FIELDS if k not in obj]
-    if missing:
-        raise ReportFormatError(f"summary packet is missing field(s) {missing}")
+    obj = check_document(
+        obj, SUMMARY_PACKET_FORMAT, SUMMARY_PACKET_VERSION, _FIELDS, "summary packet"
+    )
     summary = decode_summary(_summary_bytes(object_field(obj["summary"], "summary")))
     side = None
     if obj["side"] is not None:
@@ -135,10 +133,6 @@ def summary_packet_from_dict(obj: Any) -> SummaryPacket:
     packet = SummaryPacket(summary, gates, side, meta, report)
     _check_consistent(packet)
     return packet
-
-
-def _format_of(obj: Any) -> Any:
-    return obj.get("format") if isinstance(obj, dict) else type(obj).__name__
 
 
 def _summary_bytes(field: dict[str, Any]) -> bytes:

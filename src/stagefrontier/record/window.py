@@ -320,14 +320,8 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
     """The JSON object written per window to ``windows.jsonl``."""
     ref = merged.reference
     wall = sum(float(w.wall_ns.sum()) for w in merged.ranks) * NS
-    run_id, attempt = current_attempt()
     record: dict[str, Any] = {
-        "run_id": run_id,
-        "attempt": attempt,
-        "window": ref.window,
-        "first_step": ref.first_step,
-        "last_step": ref.last_step,
-        "world_size": merged.world_size,
+        **_record_head(merged),
         "ranks_present": [w.rank for w in merged.ranks],
         "gather_ok": not merged.missing_ranks,
         "missing_ranks": merged.missing_ranks,
@@ -346,26 +340,33 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
     return record
 
 
-def summary_record(
-    merged: MergedWindow, report: WindowReport, side: SideEvidence, summary: WindowSummary
-) -> dict[str, Any]:
-    """The ``windows.jsonl`` object of a window analyzed from node summaries: the window facts
-    ``window_record`` gives, without the per-rank tables (rank 0 never saw the ranks)."""
+def _record_head(merged: MergedWindow) -> dict[str, Any]:
+    """The fields every window record starts with: which run, attempt, window and steps."""
     ref = merged.reference
     run_id, attempt = current_attempt()
-    record: dict[str, Any] = {
+    return {
         "run_id": run_id,
         "attempt": attempt,
         "window": ref.window,
         "first_step": ref.first_step,
         "last_step": ref.last_step,
         "world_size": merged.world_size,
+    }
+
+
+def summary_record(
+    merged: MergedWindow, report: WindowReport, side: SideEvidence, summary: WindowSummary
+) -> dict[str, Any]:
+    """The ``windows.jsonl`` object of a window analyzed from node summaries: the window facts
+    ``window_record`` gives, without the per-rank tables (rank 0 never saw the ranks)."""
+    record: dict[str, Any] = {
+        **_record_head(merged),
         "n_ranks_present": summary.n_ranks,
         "gather_ok": side.gather_ok,
         "missing_ranks": list(side.missing_ranks),
         "mismatched_ranks": list(side.mismatched_ranks),
         "accumulation_factor": side.accumulation_factor,
-        "paused_steps": ref.paused_steps,
+        "paused_steps": merged.reference.paused_steps,
         "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
         "overlap_error_s": side.overlap_error_s,
         "contract_violations": side.contract_violations,
