@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stagefrontier.demo.launch import run_ranks
+from stagefrontier.demo.train import leave_process_group
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
@@ -215,8 +216,8 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     if silent and collector is not None:
         collector.close()
     Path(job.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, optimizer
+    leave_process_group()
 
 
 def launch(job: Job, deadline_s: float = 180.0) -> JobRun:

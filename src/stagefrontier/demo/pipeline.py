@@ -35,6 +35,7 @@ from ..errors import DemoError
 from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 from .launch import read_windows, run_ranks
+from .train import leave_process_group
 
 PIPELINE_STAGES = (DATA_STAGE, "pp.schedule", "dp.grad_sync", OPTIMIZER_STAGE, RESIDUAL_STAGE)
 PP, DP = 2, 2
@@ -102,8 +103,7 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     faults = FaultInjector(config.faults, rank)
     _train(config, mesh, pp, dp, timer, faults)
     timer.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def _train(

@@ -211,6 +211,20 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     timer.close()
     Path(config.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
     Path(config.out_dir, STEP_TIMES.format(rank=rank)).write_text(json.dumps(step_times))
+    del model, optimizer
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """End a rank's part in the job, after it dropped its model: collect garbage first, then
+    wait for every rank and destroy the group. A DDP module and its reducer sit in reference
+    cycles, so otherwise they are freed only at interpreter exit, where destroying the reducer's
+    last Gloo work can abort the process ("terminate called without an active exception")."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
