@@ -133,6 +133,10 @@ class TimerState:
         # Work for the next step's beginning: a data wait to import, or event pairs to poll.
         self._step_hooks = False
         self._capture = False  # set by the router's thread while a capture is armed or runs
+        # What ``timer.iter`` fetches through, and the hook clocks' wait ranges: swapped for
+        # ``annotate.WaitRanges`` while the router captures (the builtin ``next`` otherwise).
+        self._next_item: Callable[[Any], Any] = next
+        self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
         self._cost = CostMeter(annotated=False)  # StageTimer sets its own
 

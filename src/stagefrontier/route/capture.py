@@ -5,8 +5,9 @@ The router thread arms a capture (``arm``) by storing the request and setting th
 ``on_step`` only while it is set. On the request's first step this starts
 ``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the op diff can
 name the user's function), swaps the timer's stage contexts for annotated ones (the
-``record_function`` ranges of ``StageTimer(annotate=True)``) and opens a
-``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
+``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
+of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
+(``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
 profiler; after ``steps`` steps it stops, puts the contexts back and hands the export to the
 router thread. A profiler the user started is never touched: the capture is skipped with that
 reason.
@@ -22,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..record.annotate import ProfilerRanges, step_range_name
+from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
 from .requests import CaptureRequest, CaptureStatus
 
 logger = logging.getLogger("stagefrontier")
@@ -34,6 +35,9 @@ def incident_dir(out_dir: str | os.PathLike[str], incident_id: str) -> Path:
     return Path(out_dir) / "incidents" / incident_id
 
 
+LEAD_IN_STEPS = 1
+"""The profiler starts this many steps before the first captured step, so the data wait that
+step consumes (fetched before it begins, or prefetched in the step before) is in the trace."""
 QUIET_KINETO_LOG_LEVEL = "6"
 """Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
 
@@ -92,7 +96,7 @@ class RankCapture:
             self._timer._capture = False
             return
         if self._prof is None:
-            if step < request.first_step:
+            if step < request.first_step - LEAD_IN_STEPS:
                 return
             if step > request.first_step:
                 self._give_up(
@@ -115,10 +119,14 @@ class RankCapture:
         request = self._request
         if request is None:
             return
+        ended = f"training on rank {self._rank} ended before step {request.first_step}"
         if self._prof is None:
-            self._give_up(f"training on rank {self._rank} ended before step {request.first_step}")
+            self._give_up(ended)
             return
         self._close_step_range()
+        if step <= request.first_step:  # only the lead-in ran: nothing of the request was traced
+            self._abort(ended, state="skipped")
+            return
         self._stop(request, step - 1)
 
     def _start(self, request: CaptureRequest, step: int) -> None:
@@ -153,7 +161,7 @@ class RankCapture:
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, state: str = "failed") -> None:
         prof, self._prof = self._prof, None
         request, self._request = self._request, None
         self._timer._capture = False
@@ -164,7 +172,7 @@ class RankCapture:
         except Exception:
             logger.exception("stagefrontier: stopping the profiler after a failure failed")
         if request is not None:
-            self._submit(lambda: self._answer(self._status(request, "failed", reason)))
+            self._submit(lambda: self._answer(self._status(request, state, reason)))
 
     def _open_step_range(self, step: int) -> None:
         import torch
@@ -178,21 +186,33 @@ class RankCapture:
             scope.__exit__(None, None, None)
 
     def _swap_stages(self) -> None:
-        """Annotated stage contexts while capturing (unless the timer annotates already)."""
+        """Annotated stage contexts while capturing (unless the timer annotates already), and
+        the between-step waits as ranges."""
         from ..record.contexts import AnnotatedStageContext
 
-        table = self._timer._stage_ctx
+        timer = self._timer
+        ranges = ProfilerRanges()
+        waits = WaitRanges(timer, ranges)
+        timer._wait_ranges = waits
+        timer._next_item = waits.next_item
+        timer.fetch = waits.fetch
+        table = timer._stage_ctx
         if any(isinstance(ctx, AnnotatedStageContext) for ctx in table.values()):
             return
-        ranges = ProfilerRanges()
         self._saved = dict(table)
         for name, ctx in self._saved.items():
-            table[name] = AnnotatedStageContext(self._timer, ctx._column, name, ranges)
+            table[name] = AnnotatedStageContext(timer, ctx._column, name, ranges)
 
     def _restore_stages(self) -> None:
+        timer = self._timer
+        waits, timer._wait_ranges = timer._wait_ranges, None
+        if waits is not None:
+            waits.close_gap()
+        timer._next_item = next
+        vars(timer).pop("fetch", None)
         saved, self._saved = self._saved, None
         if saved is not None:
-            self._timer._stage_ctx.update(saved)
+            timer._stage_ctx.update(saved)
 
     # ------------------------------------------------------------------ router thread
     def _export(self, prof: Any, request: CaptureRequest, last: int) -> None:

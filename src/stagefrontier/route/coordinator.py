@@ -377,14 +377,7 @@ class Coordinator:
         incident["ranks"] = sorted(files)
         incident["captured"] = bool(files) and set(files) == set(request.ranks)
         if not incident["captured"]:
-            reasons.append(
-                "not captured: "
-                + (
-                    f"only ranks {sorted(files)} of {list(request.ranks)} wrote a trace"
-                    if files
-                    else "no named rank wrote a trace"
-                )
-            )
+            reasons.append("not captured: " + self._why_not_captured(request, files))
         self._cost(incident, request)
         if incident["captured"] and len(local) == len(files):
             analyze_traces(incident, local, [live_window(w) for w in self.live], self.config.gates)
@@ -392,6 +385,13 @@ class Coordinator:
         self._write(incident)
         self._cleanup(request)
         logger.info("stagefrontier: %s", summary_line(incident))
+
+    def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:
+        if files:
+            return f"only ranks {sorted(files)} of {list(request.ranks)} wrote a trace"
+        if self.closing and self.current_step() <= request.first_step:
+            return f"training ended before step {request.first_step}"
+        return "no named rank wrote a trace"
 
     def _cost(self, incident: dict[str, Any], request: CaptureRequest) -> None:
         """Mean step time of the captured ranks during the capture and in the other steps of

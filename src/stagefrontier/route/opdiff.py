@@ -3,7 +3,9 @@ time on the suspect rank and not on the reference rank.
 
 Each trace's events on the training thread (the thread holding the ``stagefrontier.step#<n>``
 ranges) are nested by time; an event's self time is its duration minus its direct children's.
-Events that start inside one of the stage's ranges are grouped by what a person would look for:
+The stage's ranges are its ranges inside the captured steps and its between-step waits charged
+to those steps (``<stage>@step#<n>``, ``analysis.wait_rule``). Events that start inside one of
+them are grouped by what a person would look for:
 a Python function of the user's code by its name, and a builtin, a library frame or an operator
 by the innermost user function that called it (``faults.py(120): delay › <built-in function
 sleep>``), so a bare ``sleep`` never stands alone. Times are per captured step.
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import STEP_ANNOTATION
+from ..analysis.wait_rule import parse_wait_range
 from ..reducers.kineto import load_trace
 
 OP_CATEGORIES = frozenset({"python_function", "cpu_op"})
@@ -91,13 +94,16 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     thread = max(step_ranges, key=lambda t: len(step_ranges[t]))
     wanted = set(steps) if steps is not None else None
     kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
+    kept_ids = {r[2] for r in kept_steps}
     stage_ranges = sorted(
         (ts, ts + dur)
         for ts, dur, name, cat, th in spans
         if th == thread
         and cat == "user_annotation"
-        and name == stage
-        and _inside_any(ts, kept_steps)
+        and (
+            (name == stage and _inside_any(ts, kept_steps))
+            or _wait_of(name, stage) in kept_ids
+        )
     )
     starts = [r[0] for r in stage_ranges]
     ops = sorted(
@@ -130,6 +136,12 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     while stack:
         close(stack.pop())
     return OpTimes(totals, len(kept_steps), paths)
+
+
+def _wait_of(name: str, stage: str) -> int | None:
+    """The step a between-step wait range of ``stage`` is charged to; None for other names."""
+    wait = parse_wait_range(name)
+    return wait[1] if wait is not None and wait[0] == stage else None
 
 
 def _inside_any(ts: float, ranges: Sequence[tuple[float, float, int]]) -> bool:
