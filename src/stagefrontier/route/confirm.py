@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
+from ..analysis.semantic import stage_groups
 from ..reducers import reduce_kineto
 
 
@@ -85,6 +86,16 @@ class Confirmation:
         }
 
 
+def broad_stages(live: LiveSlice) -> LiveSlice:
+    """The slice with accumulation substages ``name[i]`` summed into their stage: a trace's
+    ranges carry the stage's name in every microstep."""
+    names, groups = stage_groups(live.stages)
+    if len(names) == len(live.stages):
+        return live
+    d = np.stack([live.d[:, :, members].sum(axis=2) for members in groups], axis=2)
+    return LiveSlice(d, live.steps, live.ranks, names)
+
+
 def confirm(
     trace_files: dict[int, str],
     live: LiveSlice | None,
@@ -97,6 +108,7 @@ def confirm(
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
     paths = [trace_files[r] for r in sorted(trace_files)]
+    live = broad_stages(live)
     reduced = reduce_kineto(
         paths,
         live.stages,

@@ -17,9 +17,14 @@ logger = logging.getLogger("stagefrontier")
 
 
 def write_html(
-    folder: str | os.PathLike[str], incident: dict[str, Any], out_dir: str | os.PathLike[str]
+    folder: str | os.PathLike[str],
+    incident: dict[str, Any],
+    out_dir: str | os.PathLike[str],
+    figures: bool = True,
 ) -> Path:
-    figures = _figures(out_dir)
+    """Write ``incident.html``; ``figures=False`` leaves the figures out (the live router draws
+    them when the run ends: drawing takes seconds of CPU a running job should keep)."""
+    drawn = _figures(out_dir) if figures else []
     esc = html.escape
     rows = "".join(
         f"<tr><td><code>{esc(r['name'])}</code></td><td>{r['suspect_ms_per_step']:.2f}</td>"
@@ -35,8 +40,10 @@ def write_html(
     )
     images = "".join(
         f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
-        for title, data in figures
+        for title, data in drawn
     )
+    if not figures:
+        images = "<p>The figures are added when the run ends.</p>"
     commands = "\n".join(open_commands(incident))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>StageFrontier incident "

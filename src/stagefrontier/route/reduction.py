@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +16,50 @@ from .opdiff import op_diff, stage_op_times
 logger = logging.getLogger("stagefrontier")
 
 
+MIN_BUDGET_S = 1.0
+"""The least CPU the reduction may take before it leaves parts out (a few steps of a fast job
+would otherwise leave no room for the op diff at all)."""
+
+
 def analyze_traces(
     incident: dict[str, Any],
     files: dict[int, str],
     live: list[LiveWindow],
     gates: Any,
-) -> None:
+    budget_s: float | None = None,
+) -> float:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
-    ``stagefrontier incident`` offline: then only the op diff is computed)."""
+    ``stagefrontier incident`` offline: then only the op diff is computed). Returns the CPU
+    seconds it took.
+
+    ``budget_s``: the CPU the reduction may take (live: the captured steps' own wall time, at
+    least ``MIN_BUDGET_S``). The confirmation always runs; the suspect's op diff runs while the
+    budget is not spent, and the reference's after it; a part left out is said in a reason
+    (the op diff then lists the suspect's own times)."""
+    start = time.thread_time()
+    budget = None if budget_s is None else max(budget_s, MIN_BUDGET_S)
+
+    def over(part: str) -> bool:
+        spent = time.thread_time() - start
+        if budget is None or spent <= budget:
+            return False
+        incident["reasons"].append(
+            f"{part} left out: the reduction had taken {spent:.2f} s of CPU, over its budget of "
+            f"{budget:.2f} s (the captured steps' wall time)"
+        )
+        return True
+
+    _analyze(incident, files, live, gates, over)
+    return time.thread_time() - start
+
+
+def _analyze(
+    incident: dict[str, Any],
+    files: dict[int, str],
+    live: list[LiveWindow],
+    gates: Any,
+    over: Callable[[str], bool],
+) -> None:
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
@@ -43,11 +81,14 @@ def analyze_traces(
         logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
         incident["reasons"].append(f"confirmation failed: {exc}")
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
-    if incident["stage"] and suspect in files:
+    if incident["stage"] and suspect in files and not over("the op diff"):
         try:
             mine = stage_op_times(files[suspect], incident["stage"], steps)
             earlier = incident.get("reference_capture")
-            if earlier and Path(earlier["path"]).exists():
+            has_reference = bool(earlier) or (reference in files and reference != suspect)
+            if has_reference and over("the reference's side of the op diff"):
+                theirs = None
+            elif earlier and Path(earlier["path"]).exists():
                 first_ref, last_ref = earlier["steps"]
                 theirs = stage_op_times(
                     earlier["path"], incident["stage"], range(first_ref, last_ref + 1)
