@@ -2,15 +2,15 @@
 
 The router thread arms a capture (``arm``) by storing the request and setting the timer's
 ``_capture`` flag; ``StageTimer.step()`` tests that flag once at each step's start and calls
-``on_step`` only while it is set. On the request's first step this starts
-``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the op diff can
-name the user's function), swaps the timer's stage contexts for annotated ones (the
+``on_step`` only while it is set. One step before the request's first step (``LEAD_IN_STEPS``)
+this starts ``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the
+op diff can name the user's function), swaps the timer's stage contexts for annotated ones (the
 ``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
 of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
-(``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
-profiler; after ``steps`` steps it stops, puts the contexts back and hands the export to the
-router thread. A profiler the user started is never touched: the capture is skipped with that
-reason.
+(``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step
+closes the previous step's range and steps the profiler; after the last step it stops, puts the
+contexts back and hands the export to the router thread. A profiler the user started is never
+touched: the capture is skipped with that reason.
 """
 
 from __future__ import annotations

@@ -447,7 +447,7 @@ class Coordinator:
         try:
             write_html(incident_dir(self.out_dir, incident["id"]), incident, self.out_dir, figures)
         except Exception:
-            logger.exception("stagefrontier: writing the page of incident %s failed", incident["id"])
+            logger.exception("stagefrontier: writing incident %s's page failed", incident["id"])
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:

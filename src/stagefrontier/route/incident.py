@@ -230,7 +230,9 @@ def router_cost_text(incident: dict[str, Any]) -> str:
     cost = incident.get("router_cpu_s")
     if not isinstance(cost, dict):
         return ""
-    export = cost.get("export") if isinstance(cost.get("export"), dict) else {}
+    export = cost.get("export")
+    if not isinstance(export, dict):
+        export = {}
     reduction = cost.get("reduction")
     numbers = [v for v in export.values() if isinstance(v, (int, float))]
     if isinstance(reduction, (int, float)):

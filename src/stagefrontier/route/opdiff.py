@@ -100,10 +100,7 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
         for ts, dur, name, cat, th in spans
         if th == thread
         and cat == "user_annotation"
-        and (
-            (name == stage and _inside_any(ts, kept_steps))
-            or _wait_of(name, stage) in kept_ids
-        )
+        and ((name == stage and _inside_any(ts, kept_steps)) or _wait_of(name, stage) in kept_ids)
     )
     starts = [r[0] for r in stage_ranges]
     ops = sorted(
