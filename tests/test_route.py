@@ -214,7 +214,7 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
 ) -> None:
     from stagefrontier import ProfilerRouter, StageTimer
 
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=5.0)
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)  # one window: the step time is measured
     router.request_capture([0])
@@ -237,7 +237,7 @@ def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) ->
         window=5,
         out_dir=tmp_path,
         collect="local",
-        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0),
+        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
     )
     cli = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
@@ -312,7 +312,7 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
     )  # type: ignore[arg-type]
     opened: list[tuple[int, str]] = []
     host = socket.gethostname()
-    for index in range(11):
+    for index in range(12):
         step[0] = 10 * index + 10
         coordinator.write(_indexed(index))
         coordinator.tick()
@@ -336,9 +336,9 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
                 time.sleep(max(0.0, coordinator.open.deadline - time.monotonic()) + 0.01)
                 coordinator.tick()
             assert REQUEST_KEY not in channel.keys  # cleaned up when settled
-    # Window 0 opens one; windows 1-2 are the cooldown; windows 3 and 6 open the next two;
-    # then the budget of three is spent.
-    assert [index for index, _ in opened] == [0, 3, 6]
+    # Window 0 holds the start-up and opens nothing; window 1 opens one; windows 2-3 are the
+    # cooldown; windows 4 and 7 open the next two; then the budget of three is spent.
+    assert [index for index, _ in opened] == [1, 4, 7]
     assert channel.keys == {}
     first = read_incident(tmp_path / "incidents" / opened[0][1])
     assert not first["captured"]
@@ -359,7 +359,7 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     from stagefrontier import ProfilerRouter, StageTimer
 
     limit = 1e-4 if case == "size_limit" else 200.0
-    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0, max_trace_mb=limit)
+    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0, max_trace_mb=limit)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)
     router.request_capture([0])
@@ -391,7 +391,7 @@ def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace
     from stagefrontier.route.incident import summary_line
     from stagefrontier.route.requests import REQUEST_KEY, status_key
 
-    config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=5.0)
+    config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=30.0)
     channel = _Channel()
     step = [0]
     coordinator = Coordinator(
