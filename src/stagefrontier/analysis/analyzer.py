@@ -50,7 +50,7 @@ def analyze(
             job's full role set).
 
     Raises:
-        StageFrontierError subclasses for malformed input, each naming the problem.
+        StageFrontierError: malformed input (a specific subclass, naming the problem).
     """
     names = check_stage_names(stages)  # once: a generator is read a single time
     arr = as_window(d, names)
