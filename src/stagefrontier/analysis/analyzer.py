@@ -61,7 +61,7 @@ def analyze(
             leaders, tie sets and reasons name these numbers. Default ``0 .. R-1``.
 
     Raises:
-        StageFrontierError subclasses for malformed input, each naming the problem.
+        StageFrontierError: malformed input (a specific subclass, naming the problem).
     """
     names = check_stage_names(stages)  # once: a generator is read a single time
     arr = as_window(d, names)

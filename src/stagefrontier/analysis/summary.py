@@ -149,8 +149,9 @@ def summarize(
         gain_baseline: the ``Gates.gain_baseline`` the analysis will use.
         reference: with ``gain_baseline="reference"``, the no-stall durations ``[S]`` or the
             group's ``[R, S]``.
-        growth, max_buckets: the median sketch's bucket spacing and size (see
-            ``prefix_sketch``); every summary to be combined must use the same.
+        growth: the median sketch's bucket spacing (see ``prefix_sketch``); every summary to be
+            combined must use the same.
+        max_buckets: the median sketch's size; every summary to be combined must use the same.
 
     Raises:
         DurationsError, StageNamesError: a malformed window or stage list.
