@@ -193,7 +193,7 @@ class WorkerProfiler:
             name = PROFILE_NAME.format(capture=self._capture, worker=self._row - 1)
             path = os.path.join(self._scratch, name)
             with open(path + ".tmp", "wb") as f:
-                marshal.dump(profile.stats, f)  # type: ignore[attr-defined]
+                marshal.dump(profile.stats, f)
             os.replace(path + ".tmp", path)
             self._rows[self._row, PROFILED] += 1
         except OSError:

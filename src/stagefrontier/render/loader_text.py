@@ -9,6 +9,10 @@ from typing import Any
 
 from ..analysis.schema import DATA_STAGE
 
+BUSY_SHOWN = 0.5
+"""Saturated workers' busy fraction is said when at least this (lower, the window mostly holds
+their start-up)."""
+
 
 def loader_sentence(figures: Mapping[str, Any], rank: int, slow_function: str = "") -> str:
     """One sentence on one rank's workers (empty when the figures hold no batch time).
@@ -22,10 +26,12 @@ def loader_sentence(figures: Mapping[str, Any], rank: int, slow_function: str = 
     who = f"rank {rank}'s {workers} DataLoader worker{'s' if workers != 1 else ''}"
     if figures.get("saturated"):
         fix = f"speed up `{slow_function}`" if slow_function else "make the dataset faster"
+        # A window in which workers started (a new epoch) holds their start-up, not work.
+        busy_text = f" and are busy {busy:.0%} of the time" if busy >= BUSY_SHOWN else ""
         return (
-            f"{who} each take ~{_ms(per_batch)} ms per batch and are busy {busy:.0%} of the "
-            f"time; the step needs a batch every ~{_ms(need)} ms: {fix} or raise num_workers "
-            f"(at least {figures['workers_needed']})."
+            f"{who} each take ~{_ms(per_batch)} ms per batch{busy_text}; the step needs a "
+            f"batch every ~{_ms(need)} ms: {fix} or raise num_workers (at least "
+            f"{figures['workers_needed']})."
         )
     return (
         f"{who} are idle {1 - busy:.0%} of the time (~{_ms(per_batch)} ms per batch, one "
