@@ -4,7 +4,7 @@ A small character transformer is split in two (embedding and the first block on 
 0, the second block and the output head on stage 1) and trained with
 ``torch.distributed.pipelining`` (``PipelineStage`` and ``ScheduleGPipe``) over a ``("pp", "dp")``
 device mesh; each stage's gradients are all-reduced over its data-parallel replicas. Every rank
-times the stages the README suggests for a pipeline schedule, with its role read from the mesh:
+times the stages the docs suggest for a pipeline schedule, with its role read from the mesh:
 
     data.next_wait   the next batch (stage 0 its inputs, stage 1 its targets)
     pp.schedule      schedule.step(): every microbatch's forward and backward with the

@@ -68,13 +68,16 @@ def load_window(
         stages: traces only: the ordered stage names the ranges carry; None infers them.
         trace: traces only: how to reduce them (ranks, world size, step source, ...).
         steps: traces only: keep step ids ``first..last`` (inclusive).
-        window, attempt: output folders and ``windows.jsonl``: which window (and restart attempt,
-            needed only when a restart repeats the index). A folder's packet is re-analyzed; a
-            ``windows.jsonl`` record holds the report only, which is returned as stored.
+        window: output folders and ``windows.jsonl``: which window. A folder's packet is
+            re-analyzed; a ``windows.jsonl`` record holds the report only, which is returned as
+            stored.
+        attempt: with ``window``: the restart attempt, needed only when a restart repeats the
+            index.
 
     Raises:
-        ReportFormatError (and the reducers' TraceFormatError): an unreadable or unknown input,
-        naming it; an output folder without ``window``, pointing to ``stagefrontier report``.
+        ReportFormatError: an unreadable or unknown input, naming it; an output folder without
+            ``window``, pointing to ``stagefrontier report``.
+        TraceFormatError: a trace the reducers refuse.
         OSError: the path cannot be read.
     """
     if fmt not in FORMATS:

@@ -103,7 +103,7 @@ class StageTimer(TimerState):
             taken while the timer runs carries the stage boundaries. Off by default: it costs a
             few microseconds per context.
         router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
-            rank and a reference rank capture a profiler trace of a few steps (README).
+            rank and a reference rank capture a profiler trace of a few steps (docs/router.md).
 
     An argument of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
@@ -337,7 +337,7 @@ class StageTimer(TimerState):
         (``paused_steps`` in rank 0's record). Windows end at the same step boundaries as if
         nothing was paused, so ranks that pause different steps stay aligned window by window
         (a window whose paused steps differ between ranks merges only the ranks that paused
-        what rank 0 paused; see the README); a window paused through is not handed off.
+        what rank 0 paused; see docs/integrations.md); a window paused through is not handed off.
 
         Call it between steps. Inside a step it is a contract violation (counted with the
         window, raised as ContractViolation when ``strict``) and is ignored. Pausing a paused

@@ -300,7 +300,14 @@ def analyze_merged(
     )
     if reference_s is not None:
         gates = replace(gates or Gates(), gain_baseline="reference")
-    report = analyze(d, merged.reference.stages, gates=gates, roles=roles, side=side)
+    report = analyze(
+        d,
+        merged.reference.stages,
+        gates=gates,
+        roles=roles,
+        side=side,
+        rank_ids=[w.rank for w in ranks],
+    )
     return AnalyzedWindow(merged, d, roles, side, report)
 
 

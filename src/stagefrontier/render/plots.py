@@ -73,7 +73,7 @@ def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
     )
     stages = list(packet.stages)
     colors = _stage_colors(stages)
-    ranks = _rank_ids(packet)
+    ranks = packet.rank_ids
     for ax, (t, what) in zip(axes[:, 0], shown, strict=True):
         total = _draw_step(ax, packet.d[t] * 1e3, ranks, colors)
         ax.set_title(f"{what}: step {_step_index(packet, t)}, exposed {total:.1f} ms", fontsize=10)
@@ -109,14 +109,6 @@ def steps_to_show(run: RunWindows) -> tuple[Packet, list[tuple[int, str]]]:
     if typical != worst:
         shown.insert(0, (typical, "typical step (median exposed time of its window)"))
     return run.packets[worst_packet], shown
-
-
-def _rank_ids(packet: Packet) -> list[int]:
-    present = packet.meta.get("ranks_present")
-    n_ranks = packet.d.shape[1]
-    if isinstance(present, list) and len(present) == n_ranks:
-        return [int(r) for r in present]
-    return list(range(n_ranks))
 
 
 def _step_index(packet: Packet, t: int) -> int:
