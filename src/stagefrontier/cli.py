@@ -251,6 +251,8 @@ def _run_plot(args: argparse.Namespace) -> int:
 
     if args.output and args.output.suffix.lower() != ".png":
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
     groups = load_run(args.dir).by_schema()
     for i, run in enumerate(groups):
         # Windows of another stage list (a schema change mid-run) get figures of their own.
@@ -322,7 +324,7 @@ class _DefaultsAndExamples(
 
 
 DEMO_EXAMPLES = """examples:
-  stagefrontier demo --fault data@2:120ms             # what `make demo` runs
+  stagefrontier demo --fault data@2:120ms --router    # what `make demo` runs
   stagefrontier demo --fault comm@1:80ms,from=40,to=80
   stagefrontier demo --ranks 2 --steps 40 --window 10 --fault callback_sync@0:60ms,every=5
   stagefrontier report stagefrontier-demo             # the report again, from the folder"""
