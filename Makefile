@@ -46,8 +46,8 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks docs/hooks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

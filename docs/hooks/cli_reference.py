@@ -17,7 +17,7 @@ MARKER = "<!-- cli-reference -->"
 _SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
     # a bracket would read as a cross-reference to mkdocstrings' autorefs
     cleaned = " ".join(text.split()).replace("|", "\\|")
     return cleaned.replace("[", "\\[").replace("]", "\\]")
@@ -33,9 +33,11 @@ def _option_row(action: argparse.Action) -> str:
     else:
         names = f"`{action.metavar or action.dest}`"
     help_text = (action.help or "") % {"default": action.default, "prog": ""}
+    if not help_text and action.default not in (None, False, argparse.SUPPRESS):
+        help_text = f"default: {action.default}"
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
         help_text += " (one of: " + ", ".join(f"`{c}`" for c in action.choices) + ")"
-    return f"| {names} | {_cell(help_text)} |"
+    return f"| {names} | {cell(help_text)} |"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -45,13 +47,22 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def _command_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {a.dest: a.help or "" for a in action._choices_actions}
+    return {}
+
+
 def cli_reference_markdown(parser: argparse.ArgumentParser) -> str:
     """The command reference of ``parser``: a section per subcommand, in registration order."""
     lines: list[str] = []
+    helps = _command_helps(parser)
     for name, sub in _subparsers(parser).items():
         lines += [f"### stagefrontier {name}", ""]
-        if sub.description:
-            lines += [_cell(sub.description), ""]
+        about = sub.description or helps.get(name)
+        if about:
+            lines += [cell(about), ""]
         usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
         lines += ["```", usage, "```", ""]
         rows = [

@@ -179,7 +179,10 @@ def _is_output_folder(path: Path) -> bool:
 def _load_from_folder(folder: Path, window: int | None, attempt: int | None) -> LoadedWindow:
     """One window of an output folder: its packet when there is one, else its record."""
     packets = folder / PACKETS_FOLDER if (folder / PACKETS_FOLDER).is_dir() else folder
-    run_folder = folder if packets is not folder else folder.parent
+    # a folder given as its packets/ has its windows.jsonl one level up; a single-process run's
+    # output folder holds windows.jsonl and no packets/
+    beside = packets is not folder or (folder / WINDOWS_FILE).is_file()
+    run_folder = folder if beside else folder.parent
     if window is None:
         held = sorted(p.name for p in packets.glob(PACKET_GLOB))
         count = f"{len(held)} packet(s)" if held else "window records"
