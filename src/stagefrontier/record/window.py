@@ -89,6 +89,8 @@ class RankWindow:
     """CPU time of the library's collection threads since the previous window was built."""
     router_cpu_ns: int = field(default=0, metadata=_meta("count"))
     """CPU time of the profiler router's thread since the previous window was built."""
+    capture_ns: int = field(default=0, metadata=_meta("count"))
+    """The training thread's time in profiler captures since the previous window was built."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property

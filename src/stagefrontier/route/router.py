@@ -16,6 +16,7 @@ from typing import Any
 
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
+from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
 from .requests import REQUEST_KEY, CaptureRequest, CaptureStatus, RequestChannel, status_key
@@ -96,9 +97,14 @@ class RouterRuntime:
         )
         self.coordinator: Coordinator | None = None
         self._attached = False
+        self.warm = threading.Event()
+        """Set once the profiler is warmed up (off the training thread, beside the router's)."""
         self._attach_coordinator()
         self._thread = threading.Thread(target=self._run, name="stagefrontier-router", daemon=True)
         self._thread.start()
+        threading.Thread(
+            target=self._warm_up, name="stagefrontier-router-warmup", daemon=True
+        ).start()
 
     @property
     def rank(self) -> int:
@@ -128,6 +134,9 @@ class RouterRuntime:
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
 
+    def on_pause(self, step: int) -> None:
+        self.capture.on_pause(step)
+
     def request_capture(self, ranks: list[int], steps: int, stage: str | None) -> None:
         coordinator = self.coordinator
         if coordinator is None:
@@ -142,6 +151,10 @@ class RouterRuntime:
         self._thread.join(self.config.capture_timeout_s + 60.0)
 
     # ------------------------------------------------------------------ router thread
+    def _warm_up(self) -> None:
+        self._safely(profiler_session.warm_up)
+        self.warm.set()
+
     def _run(self) -> None:
         poll = self.config.poll_s
         while True:
