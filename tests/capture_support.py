@@ -152,13 +152,11 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         router=router,
     )
     phases = _Phases(rank, job, timer)
-    runtime = timer._router
     requested = 0
-    all_warm = False
     for step in range(job.max_steps):
         phases.before(step)
         finished = False
-        if rank == 0 and all_warm:
+        if rank == 0:
             requested = _request_next(router, requested, job)
             coordinator = router._runtime.coordinator  # type: ignore[union-attr]
             finished = (
@@ -168,13 +166,10 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
                 and coordinator.captures == requested
             )
         # Stop together: rank 0's incidents are written and no rank is pausing or profiling.
-        # Rank 0 asks for the first capture once every rank's router is warm.
-        cold = not runtime.warm.is_set() if hasattr(runtime, "warm") else False
-        flags = torch.tensor([float(finished), float(phases.busy), float(cold)])
+        flags = torch.tensor([float(finished), float(phases.busy)])
         dist.all_reduce(flags)
         if flags[0] > 0 and flags[1] == 0:
             break
-        all_warm = all_warm or flags[2] == 0
         with timer.step():
             with timer.stage("data.next_wait"):
                 x = torch.randn(8, 16, generator=gen)

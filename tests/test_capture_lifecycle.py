@@ -86,8 +86,8 @@ def test_the_profiler_is_warm_before_the_first_capture_and_its_cost_is_counted(
     job: CaptureJob,
 ) -> None:
     """Before: the first capture's profiler start imported torch._inductor on the training
-    thread (about 1.3 s, in no step and no self_cost). Now the router thread imports it when
-    the router starts, and what a capture still costs the training thread is in self_cost."""
+    thread (about 1.3 s, in no step and no self_cost). Now StageTimer imports it where the
+    router is attached, and what a capture still costs the training thread is in self_cost."""
     for rank in range(RANKS):
         warm = json.loads(Path(job.out_dir, WARM_FILE.format(rank=rank)).read_text())
         assert warm["inductor_imported_before"] is True, warm

@@ -50,10 +50,17 @@ def watch() -> bool:
 
 
 def warm_up() -> None:
-    """Import what a first profiler start imports when nothing did yet (``torch._inductor``:
-    a second or more), so that the first capture does not stall the training thread; run on a
-    thread of its own when the router starts."""
-    import torch._inductor.config  # noqa: F401
+    """Import what a first profiler start imports when nothing did yet (``torch._inductor``,
+    which a ``torch.optim`` optimizer or DDP imports anyway: a second or more without them),
+    and what the router thread imports, and start counting sessions. Run where the router is
+    attached (StageTimer's construction), so that the first capture does not stall a step.
+
+    Not on a background thread: importing torch's packages on two threads at once can leave
+    one half-initialized (``torch.distributed`` then aborts the process when imported again)."""
+    import torch._inductor.config
+    import torch.distributed  # noqa: F401
+
+    watch()
 
 
 def started() -> int:
