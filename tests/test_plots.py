@@ -10,6 +10,7 @@ import pytest
 
 from stagefrontier import analyze
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
+from stagefrontier.formats.run_folder import RunWindows
 from stagefrontier.render.plots import (
     _spread,
     leader_text,
@@ -17,7 +18,6 @@ from stagefrontier.render.plots import (
     plot_worst_step,
     steps_to_show,
 )
-from stagefrontier.render.run_folder import RunWindows
 
 pytest.importorskip("matplotlib")
 

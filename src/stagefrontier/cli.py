@@ -199,10 +199,11 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .render.run_folder import load_run
+    from .formats.run_folder import load_run
     from .render.text import run_report_text
+    from .route.incident import summary_lines
 
-    print(run_report_text(load_run(args.dir)))
+    print(run_report_text(load_run(args.dir), summary_lines(args.dir)))
     return EXIT_OK
 
 
@@ -224,8 +225,8 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from .formats.run_folder import load_run
     from .render.plots import plot_shares_over_time, plot_worst_step
-    from .render.run_folder import load_run
 
     if args.output and args.output.suffix.lower() != ".png":
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")

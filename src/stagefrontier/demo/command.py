@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DemoSettingsError
+from ..formats.run_folder import load_run
 from ..render.plots import plot_shares_over_time, plot_worst_step
-from ..render.run_folder import load_run
 from ..render.text import run_report_text
-from ..route.incident import list_incidents, top_op_line, verdict
+from ..route.incident import list_incidents, summary_lines, top_op_line, verdict
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig
@@ -84,7 +84,7 @@ def check_settings(*, ranks: int, steps: int, window: int) -> None:
 def write_report(out: str | Path) -> list[Path]:
     """Print the folder's report and write its two figures; returns every file in the folder."""
     run = load_run(out)
-    print(run_report_text(run))
+    print(run_report_text(run, summary_lines(out)))
     folder = Path(out)
     if run.packets:
         plot_worst_step(run, folder / "frontier_worst_step.png")

@@ -13,7 +13,7 @@ from ..analysis.accounting import FloatArray
 from ..analysis.schema import RESIDUAL_STAGE, semantic_stage
 from ..errors import StageFrontierError
 from ..formats.packet import Packet
-from .run_folder import RunWindows
+from ..formats.run_folder import RunWindows
 
 STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#8C6D1F"]
 """Colour-blind-safe stage colours (Okabe-Ito, plus a brown); the residual is always grey."""

@@ -12,8 +12,8 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from ..formats.run_folder import RunWindows, method_shares
 from .escape import printable, printable_lines
-from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
 METHOD_TITLES = {
@@ -199,12 +199,14 @@ def _semantic_table(report: WindowReport) -> list[str]:
 # --- a run folder ---------------------------------------------------------------------------------
 
 
-def run_report_text(run: RunWindows) -> str:
+def run_report_text(run: RunWindows, incidents: Sequence[str] = ()) -> str:
     """The report printed by ``stagefrontier report`` and at the end of the demo; windows of
-    different stage lists (an accumulation factor changed mid-run) get one report each."""
+    different stage lists (an accumulation factor changed mid-run) get one report each.
+    ``incidents``: one summary line per profiler-router incident in the folder (the caller
+    reads them: ``route.incident.summary_lines``), listed at the end."""
     groups = run.by_schema()
     if len(groups) == 1:
-        return _schema_report_text(run)
+        return _schema_report_text(run, incidents)
     lines = [
         printable(
             f"{run.folder} holds windows of {len(groups)} stage lists (the schema changed "
@@ -213,11 +215,11 @@ def run_report_text(run: RunWindows) -> str:
     ]
     for i, group in enumerate(groups, 1):
         lines += ["", f"=== Stage list {i} of {len(groups)}: {len(group.stages)} stages ==="]
-        lines.append(_schema_report_text(group))
+        lines.append(_schema_report_text(group, incidents))
     return "\n".join(lines)
 
 
-def _schema_report_text(run: RunWindows) -> str:
+def _schema_report_text(run: RunWindows, incidents: Sequence[str]) -> str:
     lines = [_title(run), ""]
     if run.packets:
         lines += _comparison(run)
@@ -230,22 +232,19 @@ def _schema_report_text(run: RunWindows) -> str:
     lines += ["", *window_table(windows), "", *_labels(windows)]
     report, meta = windows[-1]
     lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
-    lines += _incidents(run)
+    lines += _incidents(run, incidents)
     return printable_lines(lines)
 
 
-def _incidents(run: RunWindows) -> list[str]:
+def _incidents(run: RunWindows, incidents: Sequence[str]) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from ..route.incident import list_incidents, summary_line
-
-    incidents = list_incidents(run.folder)
     if not incidents:
         return []
     return [
         "",
         f"Incidents ({len(incidents)}; `stagefrontier incident {run.folder}` for details):",
-        *(f"  {summary_line(incident)}" for incident in incidents),
+        *(f"  {line}" for line in incidents),
     ]
 
 

@@ -219,6 +219,12 @@ def summary_line(incident: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def summary_lines(out_dir: str | os.PathLike[str]) -> list[str]:
+    """One ``summary_line`` per readable incident under ``out_dir/incidents``, oldest first
+    (what the run report lists)."""
+    return [summary_line(incident) for incident in list_incidents(out_dir)]
+
+
 def open_commands(incident: dict[str, Any]) -> list[str]:
     """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
     diff again, one rank through the analyzer (Kineto or HTA reader), the events in HTA (given
