@@ -3,6 +3,7 @@ per-window table and a run folder's report. Each ends with the verdict sentence.
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows, method_shares
+from .command import cli_command
 from .escape import printable, printable_lines
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
@@ -25,6 +27,19 @@ METHOD_TITLES = {
     "rank0_total": "rank0",
 }
 
+METHOD_LEGEND = (
+    "What each column is (every column adds up to 100% over the stages):",
+    "  frontier    how far each stage moves the frontier, the time by which every rank has "
+    "finished that stage: the step time the stage holds all ranks back by",
+    "  stage-max   the stage's time on its slowest rank",
+    "  stage-mean  the stage's mean time over the ranks",
+    "  spread      how far the stage's slowest rank is above the median rank",
+    "  slowest     the stage times of each step's slowest rank (largest step total)",
+    "  rank0       the first rank's own stage times, what a timer on rank 0 alone sees",
+    "The five baselines read each rank's own times; only the frontier follows the ranks "
+    "waiting for each other.",
+)
+"""Printed under the report's comparison table."""
 
 SELF_COST_LINE_FRACTION = 0.01
 """The window line shows StageFrontier's own cost when some rank's exceeds this fraction of its
@@ -199,14 +214,12 @@ def _semantic_table(report: WindowReport) -> list[str]:
 # --- a run folder ---------------------------------------------------------------------------------
 
 
-def run_report_text(run: RunWindows, incidents: Sequence[str] = ()) -> str:
+def run_report_text(run: RunWindows) -> str:
     """The report printed by ``stagefrontier report`` and at the end of the demo; windows of
-    different stage lists (an accumulation factor changed mid-run) get one report each.
-    ``incidents``: one summary line per profiler-router incident in the folder (the caller
-    reads them: ``route.incident.summary_lines``), listed at the end."""
+    different stage lists (an accumulation factor changed mid-run) get one report each."""
     groups = run.by_schema()
     if len(groups) == 1:
-        return _schema_report_text(run, incidents)
+        return _schema_report_text(run)
     lines = [
         printable(
             f"{run.folder} holds windows of {len(groups)} stage lists (the schema changed "
@@ -215,11 +228,11 @@ def run_report_text(run: RunWindows, incidents: Sequence[str] = ()) -> str:
     ]
     for i, group in enumerate(groups, 1):
         lines += ["", f"=== Stage list {i} of {len(groups)}: {len(group.stages)} stages ==="]
-        lines.append(_schema_report_text(group, incidents))
+        lines.append(_schema_report_text(group))
     return "\n".join(lines)
 
 
-def _schema_report_text(run: RunWindows, incidents: Sequence[str]) -> str:
+def _schema_report_text(run: RunWindows) -> str:
     lines = [_title(run), ""]
     if run.packets:
         lines += _comparison(run)
@@ -232,19 +245,23 @@ def _schema_report_text(run: RunWindows, incidents: Sequence[str]) -> str:
     lines += ["", *window_table(windows), "", *_labels(windows)]
     report, meta = windows[-1]
     lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
-    lines += _incidents(run, incidents)
+    lines += _incidents(run)
     return printable_lines(lines)
 
 
-def _incidents(run: RunWindows, incidents: Sequence[str]) -> list[str]:
+def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
+    from .incident import list_incidents, summary_line
+
+    incidents = list_incidents(run.folder)
     if not incidents:
         return []
     return [
         "",
-        f"Incidents ({len(incidents)}; `stagefrontier incident {run.folder}` for details):",
-        *(f"  {line}" for line in incidents),
+        f"Incidents ({len(incidents)}; `{cli_command()} incident {shlex.quote(str(run.folder))}`"
+        " for details):",
+        *(f"  {summary_line(incident)}" for incident in incidents),
     ]
 
 
@@ -280,7 +297,7 @@ def _comparison(run: RunWindows) -> list[str]:
     ]
     for j, stage in enumerate(stages):
         lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
-    lines.append("")
+    lines += ["", *METHOD_LEGEND, ""]
     lines.append("top-1 stage per method (windows where it was top-1):")
     for m in methods:
         tops = Counter(stages[rank_order(w[m])[0]] for w in per_window)

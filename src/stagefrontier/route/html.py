@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .incident import open_commands, reference_text, render_markdown, summary_line, verdict
+from ..render.incident import open_commands, reference_text, render_markdown, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
 
