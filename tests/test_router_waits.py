@@ -24,7 +24,7 @@ from stagefrontier.analysis.wait_rule import (
     wait_range_name,
 )
 from stagefrontier.reducers import reduce_kineto
-from stagefrontier.route.incident import read_incident, summary_line
+from stagefrontier.render.incident import read_incident, summary_line
 from stagefrontier.route.opdiff import stage_op_times
 
 DATA = "data.next_wait"

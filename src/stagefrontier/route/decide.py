@@ -96,10 +96,10 @@ def decide(
             f"the leader of {stage} pulls ahead by {loc.delta_lag_mean_s * 1e3:.2f} ms/step, "
             f"under {g.share_tie:.0%} of the step"
         )
-    suspect = ranks[loc.leader_rank]
+    suspect = loc.leader_rank  # the report names ranks by number, not by column
     columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
     totals = window.d[:, :, columns].sum(axis=(0, 2))
-    others = sorted((float(totals[i]), ranks[i]) for i in positions if i != loc.leader_rank)
+    others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
     reference = others[(len(others) - 1) // 2][1]
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
