@@ -109,7 +109,7 @@ def store() -> Any:
 
 
 def slow_sample() -> None:
-    time.sleep(0.01)
+    time.sleep(0.03)
 
 
 class Samples:
@@ -164,7 +164,7 @@ def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
 ) -> None:
     from stagefrontier import ProfilerRouter, StageTimer
 
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
+    router = ProfilerRouter(steps=5, store=store, capture_timeout_s=30.0)
     timer = StageTimer((DATA, FWD, "step.other_cpu_wall"), window=5, out_dir=tmp_path,
                        collect="local", router=router)  # fmt: skip
     _loop(timer, path, 5)  # one window: the step time is measured

@@ -124,6 +124,17 @@ class RankCapture:
             self._abort(f"capture failed at step {step}: {exc}")
         self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
+    def on_step_end(self) -> None:
+        """Called as a captured step ends (``record.contexts.CapturedStepContext``): its range
+        closes there, so what runs between steps stays out of it, as out of the live record."""
+        start = time.perf_counter_ns()
+        try:
+            self._close_step_range()
+        except Exception as exc:  # telemetry never fails training
+            logger.exception("stagefrontier: closing the step's profiler range failed")
+            self._abort(f"closing the step's range failed: {exc}")
+        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+
     def on_pause(self, step: int) -> None:
         """Called at the start of every paused step while a capture is armed or running: a
         running capture ends with the steps before the pause; one whose first step is paused
@@ -228,7 +239,10 @@ class RankCapture:
         self._rss_start = resident_bytes()
         self._prof = prof
         self._swap_stages()
-        self._open_step_range(step)
+        if step < request.first_step or request.steps == 1:
+            self._open_step_range(step)
+        else:  # the request came too late for the lead-in: this step's data wait is untraced
+            self._note = f"step {step} left out: the profiler started after its data wait"
 
     def _stop(self, request: CaptureRequest, last: int) -> None:
         foreign = profiler_session.foreign(self._session)
@@ -277,9 +291,11 @@ class RankCapture:
     def _swap_stages(self) -> None:
         """Annotated stage contexts while capturing (unless the timer annotates already), and
         the between-step waits as ranges."""
-        from ..record.contexts import AnnotatedStageContext
+        from ..record.contexts import AnnotatedStageContext, CapturedStepContext, StepContext
 
         timer = self._timer
+        if type(timer._step_ctx) is StepContext:  # same slots: the step in flight keeps its exit
+            timer._step_ctx.__class__ = CapturedStepContext
         ranges = ProfilerRanges()
         waits = WaitRanges(timer, ranges)
         timer._wait_ranges = waits
@@ -293,7 +309,11 @@ class RankCapture:
             table[name] = AnnotatedStageContext(timer, ctx._column, name, ranges)
 
     def _restore_stages(self) -> None:
+        from ..record.contexts import CapturedStepContext, StepContext
+
         timer = self._timer
+        if type(timer._step_ctx) is CapturedStepContext:
+            timer._step_ctx.__class__ = StepContext
         waits, timer._wait_ranges = timer._wait_ranges, None
         if waits is not None:
             waits.close_gap()
