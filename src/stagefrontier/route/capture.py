@@ -312,8 +312,9 @@ class RankCapture:
         from ..record.contexts import CapturedStepContext, StepContext
 
         timer = self._timer
-        if type(timer._step_ctx) is CapturedStepContext:
-            timer._step_ctx.__class__ = StepContext
+        step_ctx: Any = timer._step_ctx
+        if type(step_ctx) is CapturedStepContext:
+            step_ctx.__class__ = StepContext
         waits, timer._wait_ranges = timer._wait_ranges, None
         if waits is not None:
             waits.close_gap()
