@@ -312,9 +312,8 @@ class RankCapture:
         from ..record.contexts import CapturedStepContext, StepContext
 
         timer = self._timer
-        step_ctx: Any = timer._step_ctx
-        if type(step_ctx) is CapturedStepContext:
-            step_ctx.__class__ = StepContext
+        if type(timer._step_ctx) is CapturedStepContext:
+            timer._step_ctx.__class__ = StepContext  # type: ignore[assignment]
         waits, timer._wait_ranges = timer._wait_ranges, None
         if waits is not None:
             waits.close_gap()
