@@ -4,8 +4,9 @@ ranks and steps and analyzed the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,7 @@ def confirm(
     live: LiveSlice | None,
     stage: str | None,
     gates: Gates | None = None,
+    loaded: Mapping[Path, tuple[dict[str, Any], list[Any]]] | None = None,
 ) -> Confirmation:
     """``confirmed`` when the trace's top stage is the live top stage (and the routed one) and
     every share differs by less than ``Gates.share_tie``; ``disagrees`` (False) otherwise."""
@@ -117,6 +119,7 @@ def confirm(
         world_size=None,
         missing_ranks="allow",
         missing_stages="zero",  # a stage the loop never enters is zero in the live matrix too
+        loaded=loaded,
     )
     common = [s for s in reduced.step_ids if s in set(live.steps)]
     if not common:

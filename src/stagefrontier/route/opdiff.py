@@ -68,10 +68,17 @@ def is_user_frame(name: str) -> bool:
     return "): " in name and not LIBRARY_FRAME.match(name)
 
 
-def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = None) -> OpTimes:
+def stage_op_times(
+    path: str | Path,
+    stage: str,
+    steps: Sequence[int] | None = None,
+    events: list[Any] | None = None,
+) -> OpTimes:
     """Self time per op key inside ``stage``'s ranges of one trace (optionally only the ranges
-    inside the given step ids)."""
-    _, events = load_trace(Path(path))
+    inside the given step ids). ``events``: the trace's events when already loaded. Only the
+    events that overlap one of the ranges (those inside and their callers) are nested."""
+    if events is None:
+        _, events = load_trace(Path(path))
     spans: list[tuple[float, float, str, str, tuple[str, str]]] = []
     step_ranges: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for e in events:
@@ -82,8 +89,10 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
             continue
         if not isinstance(dur, (int, float)) or dur < 0:
             continue
-        thread = (str(e.get("pid")), str(e.get("tid")))
         cat = e.get("cat")
+        if cat != "user_annotation" and cat not in OP_CATEGORIES:
+            continue
+        thread = (str(e.get("pid")), str(e.get("tid")))
         if cat == "user_annotation" and name.startswith(STEP_ANNOTATION + "#"):
             tail = name[len(STEP_ANNOTATION) + 1 :]
             if tail.isdigit():
@@ -104,7 +113,14 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     )
     starts = [r[0] for r in stage_ranges]
     ops = sorted(
-        (s for s in spans if s[4] == thread and s[3] in OP_CATEGORIES), key=lambda s: (s[0], -s[1])
+        (
+            s
+            for s in spans
+            if s[4] == thread
+            and s[3] in OP_CATEGORIES
+            and _overlaps(s[0], s[0] + s[1], starts, stage_ranges)
+        ),
+        key=lambda s: (s[0], -s[1]),
     )
     totals: dict[str, float] = {}
     paths: dict[str, list[str]] = {}
@@ -133,6 +149,14 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     while stack:
         close(stack.pop())
     return OpTimes(totals, len(kept_steps), paths)
+
+
+def _overlaps(lo: float, hi: float, starts: list[float], ranges: list[tuple[float, float]]) -> bool:
+    """Whether ``[lo, hi]`` meets one of the sorted ``ranges`` (``starts``: their starts)."""
+    i = bisect.bisect_right(starts, lo) - 1
+    if i >= 0 and ranges[i][1] >= lo:
+        return True
+    return i + 1 < len(ranges) and ranges[i + 1][0] <= hi
 
 
 def _wait_of(name: str, stage: str) -> int | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.window import AnalyzedWindow
+from ..reducers.kineto import load_trace
 from .confirm import LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
 
@@ -63,8 +64,15 @@ def _analyze(
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
+    loaded = {}  # each trace is parsed once, for the confirmation and the op diff
+    for path in files.values():
+        try:
+            loaded[Path(path)] = load_trace(Path(path))
+        except Exception:  # the reducer below says what is wrong with it
+            logger.debug("stagefrontier: loading %s failed", path, exc_info=True)
     try:
-        result = confirm(files, live_slice(live, ranks, steps), incident["stage"], gates)
+        window = live_slice(live, ranks, steps)
+        result = confirm(files, window, incident["stage"], gates, loaded)
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
@@ -83,7 +91,9 @@ def _analyze(
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
     if incident["stage"] and suspect in files and not over("the op diff"):
         try:
-            mine = stage_op_times(files[suspect], incident["stage"], steps)
+            mine = stage_op_times(
+                files[suspect], incident["stage"], steps, _events(loaded, files[suspect])
+            )
             earlier = incident.get("reference_capture")
             has_reference = bool(earlier) or (reference in files and reference != suspect)
             if has_reference and over("the reference's side of the op diff"):
@@ -94,7 +104,9 @@ def _analyze(
                     earlier["path"], incident["stage"], range(first_ref, last_ref + 1)
                 )
             elif reference in files and reference != suspect:
-                theirs = stage_op_times(files[reference], incident["stage"], steps)
+                theirs = stage_op_times(
+                    files[reference], incident["stage"], steps, _events(loaded, files[reference])
+                )
             else:
                 theirs = None
                 if earlier:
@@ -105,6 +117,11 @@ def _analyze(
         except Exception as exc:
             logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
             incident["reasons"].append(f"op diff failed: {exc}")
+
+
+def _events(loaded: dict[Path, tuple[dict[str, Any], list[Any]]], path: str) -> list[Any] | None:
+    item = loaded.get(Path(path))
+    return None if item is None else item[1]
 
 
 def live_window(window: AnalyzedWindow) -> LiveWindow:
