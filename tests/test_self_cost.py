@@ -26,6 +26,7 @@ COST_FIELDS = (
     "handoff_ns",
     "thread_cpu_ns",
     "router_cpu_ns",
+    "capture_ns",
 )
 
 

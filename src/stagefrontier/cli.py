@@ -454,6 +454,7 @@ def _add_capture(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _run_capture(args: argparse.Namespace) -> int:
     from .route.manual import request_capture
+    from .route.requests import MAX_CAPTURE_STEPS
 
     host, _, port = args.store.rpartition(":")
     try:
@@ -462,8 +463,10 @@ def _run_capture(args: argparse.Namespace) -> int:
         raise StageFrontierError(
             f"--ranks must be comma-separated integers: {args.ranks}"
         ) from None
-    if not host or not port.isdigit() or not ranks or args.steps < 1:
-        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N (N >= 1)")
+    if not host or not port.isdigit() or not ranks:
+        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N")
+    if not 1 <= args.steps <= MAX_CAPTURE_STEPS:
+        raise StageFrontierError(f"--steps must be in [1, {MAX_CAPTURE_STEPS}], got {args.steps}")
     answer = request_capture(
         host, int(port), ranks, args.steps, args.stage, args.run_id, args.attempt, args.wait
     )

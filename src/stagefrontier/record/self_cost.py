@@ -10,6 +10,8 @@ Three parts, each measured where it is cheap to measure:
 - hand-off: the training thread's time in the window boundary, measured directly (the boundary
   that opened a window is reported with it: the one that closes it is still running when the
   window is copied);
+- profiler capture: the training thread's time in the profiler router's capture (starting and
+  stepping the profiler, the step ranges), measured directly, only while a capture runs;
 - background threads: the CPU time (``CLOCK_THREAD_CPUTIME_ID`` of every live thread named
   ``stagefrontier-*`` in the process) since the previous window was built, in two parts: the
   collection threads (collector, sender), which run every window, and the profiler router's
@@ -18,7 +20,7 @@ Three parts, each measured where it is cheap to measure:
   be read, the building thread's own ``time.thread_time_ns`` stands in for it.
 
 Rank 0 reports, per component, the maximum and the median over the merged ranks, and the
-fraction of each rank's summed step wall time that the three parts add up to.
+fraction of each rank's summed step wall time that the parts add up to.
 """
 
 from __future__ import annotations
@@ -141,19 +143,25 @@ class CostMeter:
         self.annotated = annotated
         self.handoff_ns = 0
         """The training thread's time in the last completed hand-off."""
+        self.capture_ns = 0
+        """The training thread's time in profiler captures so far (it only grows)."""
+        self._capture_seen = 0
         self._threads = ThreadClock()
 
     def window_fields(self, raw: npt.NDArray[np.int64]) -> dict[str, int]:
         collection, router = self._threads.delta_ns()
+        capture = self.capture_ns - self._capture_seen
+        self._capture_seen += capture
         return {
             "contexts_entered": contexts_entered(raw),
             "context_cost_ns": context_cost_ns(self.annotated),
             "thread_cpu_ns": collection,
             "router_cpu_ns": router,
+            "capture_ns": capture,
         }
 
 
-COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "total_s")
+COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "capture_s", "total_s")
 
 
 def rank_cost_s(w: RankWindow) -> dict[str, float]:
@@ -162,12 +170,14 @@ def rank_cost_s(w: RankWindow) -> dict[str, float]:
     handoff = w.handoff_ns * 1e-9
     threads = w.thread_cpu_ns * 1e-9
     router = w.router_cpu_ns * 1e-9
+    capture = w.capture_ns * 1e-9
     return {
         "hot_path_s": hot,
         "handoff_s": handoff,
         "threads_cpu_s": threads,
         "router_cpu_s": router,
-        "total_s": hot + handoff + threads + router,
+        "capture_s": capture,
+        "total_s": hot + handoff + threads + router + capture,
     }
 
 

@@ -207,6 +207,8 @@ class TimerState:
         it (a batch fetched for it) is dropped with it."""
         self._active = PAUSED_STEP
         self._pending_data_ns = 0
+        if self._capture:  # a capture armed or running ends at a pause
+            self._router.on_pause(self._step_index)
 
     def _end_paused_step(self) -> None:
         """A paused step ended: it counts in the window's span (and may end the window)."""

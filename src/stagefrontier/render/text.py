@@ -105,6 +105,9 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     router = cost.get("router_cpu_s", {}).get("max", 0.0)
     if router > 0:
         split += f", profiler router {router * 1e3:.1f} ms (capture export, trace reduction)"
+    capture = cost.get("capture_s", {}).get("max", 0.0)
+    if capture > 0:
+        split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
         f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
     )
