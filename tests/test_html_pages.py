@@ -16,8 +16,8 @@ import pytest
 from stagefrontier.cli import main
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render import html_page
+from stagefrontier.render.incident import new_incident, write_incident
 from stagefrontier.route.html import write_html
-from stagefrontier.route.incident import new_incident, write_incident
 from stagefrontier.sinks import PacketSink
 from stagefrontier.sinks.files import JsonlSink
 

@@ -27,9 +27,9 @@ from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
+from .render.incident import INCIDENT_FILE
 from .render.last_resort import last_resort_line
 from .render.text import window_report_text
-from .route.incident import INCIDENT_FILE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -231,7 +231,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .render.run_folder import load_run
+    from .formats.run_folder import load_run
     from .render.text import run_report_text
 
     run = load_run(args.dir)
@@ -265,8 +265,8 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from .formats.run_folder import load_run
     from .render.plots import plot_shares_over_time, plot_worst_step
-    from .render.run_folder import load_run
 
     if args.output and args.output.suffix.lower() != ".png":
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
@@ -416,8 +416,8 @@ def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run_incident(args: argparse.Namespace) -> int:
+    from .render.incident import render_markdown
     from .route.html import write_html
-    from .route.incident import render_markdown
     from .route.offline import incident_folders, reduce_offline, run_folder
 
     folders = incident_folders(args.dir)

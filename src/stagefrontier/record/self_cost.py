@@ -28,14 +28,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from .window import RankWindow
 
 THREAD_PREFIX = "stagefrontier"
 """Every background thread the library starts is named ``stagefrontier-<job>``."""
@@ -48,13 +45,18 @@ CALIBRATION_LOOPS = 5
 
 _calibrated: dict[bool, int] = {}
 
+TimerType = Callable[..., Any]
+"""``StageTimer`` itself, passed in by the recorder: this module sits below it (the window and
+the collectors use it), so it times the recorder's contexts without importing it."""
 
-def context_cost_ns(annotated: bool = False) -> int:
-    """The CPU nanoseconds one step or stage context costs on this machine (enter and exit),
-    measured once per process and kind (``annotate=True`` timers cost more)."""
+
+def context_cost_ns(annotated: bool, timer_type: TimerType) -> int:
+    """The CPU nanoseconds one step or stage context of ``timer_type`` costs on this machine
+    (enter and exit), measured once per process and kind (``annotate=True`` timers cost
+    more)."""
     cost = _calibrated.get(annotated)
     if cost is None:
-        cost = _calibrated[annotated] = _calibrate(annotated)
+        cost = _calibrated[annotated] = _calibrate(annotated, timer_type)
     return cost
 
 
@@ -72,11 +74,9 @@ class _Discard:
         return None
 
 
-def _calibrate(annotated: bool) -> int:
-    from .recorder import StageTimer  # the recorder imports this module's users
-
+def _calibrate(annotated: bool, timer_type: TimerType) -> int:
     clock = time.thread_time_ns
-    timer = StageTimer(
+    timer = timer_type(
         ["calibration"],
         window=CALIBRATION_STEPS * CALIBRATION_LOOPS + 1,
         collector=_Discard(),
@@ -139,8 +139,9 @@ class CostMeter:
     """One timer's self-cost bookkeeping. The training thread writes ``handoff_ns`` at each
     boundary; ``window_fields`` runs on the thread that builds the window."""
 
-    def __init__(self, annotated: bool) -> None:
+    def __init__(self, annotated: bool, timer_type: TimerType) -> None:
         self.annotated = annotated
+        self._timer_type = timer_type
         self.handoff_ns = 0
         """The training thread's time in the last completed hand-off."""
         self.capture_ns = 0
@@ -154,7 +155,7 @@ class CostMeter:
         self._capture_seen += capture
         return {
             "contexts_entered": contexts_entered(raw),
-            "context_cost_ns": context_cost_ns(self.annotated),
+            "context_cost_ns": context_cost_ns(self.annotated, self._timer_type),
             "thread_cpu_ns": collection,
             "router_cpu_ns": router,
             "capture_ns": capture,
@@ -164,7 +165,26 @@ class CostMeter:
 COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "capture_s", "total_s")
 
 
-def rank_cost_s(w: RankWindow) -> dict[str, float]:
+class RankCost(Protocol):
+    """The fields of a rank's window (``record.window.RankWindow``) its cost is made of."""
+
+    @property
+    def contexts_entered(self) -> int: ...
+    @property
+    def context_cost_ns(self) -> int: ...
+    @property
+    def handoff_ns(self) -> int: ...
+    @property
+    def thread_cpu_ns(self) -> int: ...
+    @property
+    def router_cpu_ns(self) -> int: ...
+    @property
+    def capture_ns(self) -> int: ...
+    @property
+    def wall_ns(self) -> npt.NDArray[np.int64]: ...
+
+
+def rank_cost_s(w: RankCost) -> dict[str, float]:
     """One rank's parts and their total, in seconds."""
     hot = w.contexts_entered * w.context_cost_ns * 1e-9
     handoff = w.handoff_ns * 1e-9
@@ -181,7 +201,7 @@ def rank_cost_s(w: RankWindow) -> dict[str, float]:
     }
 
 
-def self_cost_summary(ranks: Sequence[RankWindow]) -> dict[str, Any]:
+def self_cost_summary(ranks: Sequence[RankCost]) -> dict[str, Any]:
     """The ``self_cost`` object of a window record: per component the max and median over
     ``ranks`` (seconds), the calibrated context cost, and the fraction of step time (each rank's
     total over its own summed step wall time)."""

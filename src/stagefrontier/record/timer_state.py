@@ -138,7 +138,7 @@ class TimerState:
         self._loader_note = ""
         self._capture = False  # set by the router's thread while a capture is armed or runs
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
-        self._cost = CostMeter(annotated=False)  # StageTimer sets its own
+        self._cost = CostMeter(False, type(self))  # StageTimer sets its own
 
     @property
     def _step_index(self) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .incident import reference_text
+
 logger = logging.getLogger("stagefrontier")
 
 STYLE = """
@@ -130,4 +132,28 @@ def swatch_key(colors: Sequence[tuple[str, str]]) -> str:
             f"<span style='background:{esc(color)}'></span>{esc(name)}" for name, color in colors
         )
         + "</p>"
+    )
+
+
+def op_diff_table(incident: dict[str, Any], limit: int | None = None) -> str:
+    """The op diff inside the incident's stage as a table (its first ``limit`` rows); empty
+    without one."""
+    rows = incident["op_diff"][:limit]
+    if not rows:
+        return ""
+    cells = [
+        [
+            f"<code>{esc(r['name'])}</code>",
+            f"{r['suspect_ms_per_step']:.2f}",
+            f"{r['reference_ms_per_step']:.2f}",
+        ]
+        for r in rows
+    ]
+    header = [
+        "op / function",
+        f"rank {esc(incident['leader_rank'])} ms/step",
+        f"{esc(reference_text(incident))} ms/step",
+    ]
+    return f"<h2>Op diff inside {esc(incident['stage'])}</h2>" + table(
+        header, cells, numeric=(1, 2)
     )

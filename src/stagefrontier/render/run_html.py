@@ -9,19 +9,19 @@ pages are.
 
 from __future__ import annotations
 
+import importlib.metadata
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
+from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
-from .html_page import drawn_figures, esc, facts, note, page, swatch_key, table
+from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
 from .plots import RESIDUAL_COLOR, stage_colors
-from .run_folder import RunWindows, method_shares
 from .text import (
     METHOD_INTRO,
     METHOD_NOTES,
@@ -124,8 +124,15 @@ def _run_facts(
     missing = sorted({r for _, m in windows for r in (m.get("missing_ranks") or [])})
     if missing:
         items.append(("ranks missing from some window", ranks_text(missing)))
-    items.append(("written by", f"stagefrontier {__version__}"))
+    items.append(("written by", f"stagefrontier {_version()}"))
     return items
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("stagefrontier")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown: not installed)"
 
 
 # --- the share timeline ---------------------------------------------------------------------------
@@ -314,8 +321,7 @@ def _comparison(run: RunWindows) -> str:
 
 
 def _incidents(run: RunWindows, page_path: Path) -> str:
-    from ..route.html import op_diff_table
-    from ..route.incident import list_incidents, summary_line
+    from .incident import list_incidents, summary_line
 
     incidents = list_incidents(run.folder)
     if not incidents:

@@ -13,9 +13,9 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .escape import printable, printable_lines
-from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_phrase, single_leader, verdict
 
 METHOD_TITLES = {
@@ -269,7 +269,7 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from ..route.incident import list_incidents, summary_line
+    from .incident import list_incidents, summary_line
 
     incidents = list_incidents(run.folder)
     if not incidents:

@@ -23,9 +23,9 @@ from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
+from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
 from .decide import Decision, decide, regression_decision, start_margin
-from .incident import new_incident, summary_line, write_incident
 from .reduction import analyze_traces, live_window
 from .requests import (
     MANUAL_ANSWER_KEY,

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..render.command import cli_command
-from ..render.html_page import drawn_figures, esc, facts, note, page, pre, table
-from .incident import detail_facts, open_commands, reference_text, summary_line, verdict
+from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
+from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 
 def write_html(
@@ -54,35 +54,11 @@ def write_html(
     return path
 
 
-def op_diff_table(incident: dict[str, Any], limit: int | None = None) -> str:
-    """The op diff inside the incident's stage as a table (its first ``limit`` rows); empty
-    without one."""
-    rows = incident["op_diff"][:limit]
-    if not rows:
-        return ""
-    cells = [
-        [
-            f"<code>{esc(r['name'])}</code>",
-            f"{r['suspect_ms_per_step']:.2f}",
-            f"{r['reference_ms_per_step']:.2f}",
-        ]
-        for r in rows
-    ]
-    header = [
-        "op / function",
-        f"rank {esc(incident['leader_rank'])} ms/step",
-        f"{esc(reference_text(incident))} ms/step",
-    ]
-    return f"<h2>Op diff inside {esc(incident['stage'])}</h2>" + table(
-        header, cells, numeric=(1, 2)
-    )
-
-
 def _figures(folder: Path, out_dir: Path) -> str:
     """The frontier figure of the worst step and the share timeline, or a note saying why
     they are missing."""
+    from ..formats.run_folder import load_run
     from ..render.plots import plot_shares_over_time, plot_worst_step
-    from ..render.run_folder import load_run
 
     try:
         run = load_run(out_dir)
