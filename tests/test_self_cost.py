@@ -139,7 +139,7 @@ def test_the_log_line_shows_the_cost_only_above_its_threshold() -> None:
     # in a 1.2 s step budget) is said in the incident line, not as an alarm in the window's.
     assert self_cost_text(record(1.5 / 1.2, router_s=1.5)) == ""
     text = self_cost_text(record(0.04 * 1.512 / 0.012, router_s=1.5))
-    assert text.startswith("stagefrontier cost 4.0% of step time (rank max 12.0 ms")
+    assert text.startswith("stagefrontier cost 4.0% of step time (up to 12.0 ms in this window")
     assert "router" not in text
 
 
