@@ -319,7 +319,7 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
     )  # type: ignore[arg-type]
     opened: list[tuple[int, str]] = []
     host = socket.gethostname()
-    for index in range(12):
+    for index in range(11):
         step[0] = 10 * index + 10
         coordinator.write(_indexed(index))
         coordinator.tick()
@@ -343,9 +343,9 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
                 time.sleep(max(0.0, coordinator.open.deadline - time.monotonic()) + 0.01)
                 coordinator.tick()
             assert REQUEST_KEY not in channel.keys  # cleaned up when settled
-    # Window 0 holds the start-up and opens nothing; window 1 opens one; windows 2-3 are the
-    # cooldown; windows 4 and 7 open the next two; then the budget of three is spent.
-    assert [index for index, _ in opened] == [1, 4, 7]
+    # Window 0 opens one; windows 1-2 are the cooldown; windows 3 and 6 open the next two;
+    # then the budget of three is spent.
+    assert [index for index, _ in opened] == [0, 3, 6]
     assert channel.keys == {}
     first = read_incident(tmp_path / "incidents" / opened[0][1])
     assert not first["captured"]

@@ -43,10 +43,6 @@ logger = logging.getLogger("stagefrontier")
 
 LIVE_WINDOWS = 16
 """Analyzed windows kept for the live side of a confirmation."""
-START_UP_WINDOWS = 1
-"""Windows that open no incident by themselves: the first holds the job's one-off start-up
-(framework setup, the first collectives and allocations), which can single out a rank for a
-whole window without any stall (a manual request is still served)."""
 WINDOW_STEPS_KEPT = 256
 """Step ranges of recent windows kept to tell whether an earlier trace fell in a baseline."""
 
@@ -169,9 +165,6 @@ class Coordinator:
         if self.open is not None or self.closing:
             return
         if self.captures >= self.config.max_captures or index < self.next_window:
-            return
-        if index < START_UP_WINDOWS:
-            logger.debug("stagefrontier router: window %d holds the job's start-up", index)
             return
         decision, why = decide(window, self.config.gates)
         if decision is not None:
