@@ -24,6 +24,7 @@ from typing import Any
 
 from ..record.annotate import ProfilerRanges, step_range_name
 from .requests import CaptureRequest, CaptureStatus
+from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
 
@@ -63,6 +64,7 @@ class RankCapture:
         self._step_scope: Any = None
         self._saved: dict[str, Any] | None = None
         self._host = socket.gethostname()
+        self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
 
     @property
     def _rank(self) -> int:
@@ -136,6 +138,7 @@ class RankCapture:
         prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
         prof.start()
         self._prof = prof
+        self._workers.started()
         self._swap_stages()
         self._open_step_range(step)
 
@@ -144,6 +147,7 @@ class RankCapture:
         self._request = None
         self._restore_stages()
         self._timer._capture = False
+        self._workers.stopped()
         prof.stop()
         self._submit(lambda: self._export(prof, request, last))
 
@@ -158,6 +162,7 @@ class RankCapture:
         request, self._request = self._request, None
         self._timer._capture = False
         try:
+            self._workers.stopped()
             self._restore_stages()
             if prof is not None:
                 prof.stop()
@@ -217,6 +222,7 @@ class RankCapture:
                 )
             )
             return
+        self._workers.exported(folder, self._rank)
         status = self._status(request, "captured", "", str(path.resolve()), size)
         self._answer(replace(status, last_step=last))  # ``last`` is earlier if the run ended
 
