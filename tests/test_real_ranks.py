@@ -188,3 +188,76 @@ def test_the_single_trace_an_incident_suggests_names_its_rank(
     out = capsys.readouterr().out
     leader_column = [line.split()[-1] for line in out.splitlines() if line.startswith(DATA)]
     assert leader_column == ["2"]
+
+
+# --- an incident folder and several paths --------------------------------------------------------
+
+
+def _incident_folder(traces: dict[str, Path], folder: Path) -> Path:
+    """An incident folder as the router writes it: its traces (named for another host's folder,
+    as after a copy) and ``incident.json`` giving each its rank."""
+    from stagefrontier.route.incident import new_incident, write_incident
+    from trace_support import load_events, write_events
+
+    incident = new_incident("w00003", "actionable")
+    folder.mkdir(parents=True)
+    for which, rank in (("slow", 2), ("fast", 0)):
+        header, events = load_events(traces[which])  # no distributedInfo: only the incident says
+        write_events(folder / f"rank{rank}.pt.trace.json", header, events)
+        incident["trace_files"][str(rank)] = f"/elsewhere/incidents/w00003/rank{rank}.pt.trace.json"
+    incident.update(captured=True, ranks=[0, 2], stage="data.next_wait", leader_rank=2)
+    write_incident(folder, incident)
+    return folder
+
+
+@needs_torch
+def test_analyze_reads_an_incident_folder_with_its_ranks(
+    traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _incident_folder(traces, tmp_path / "incidents" / "w00003")
+    assert main(["analyze", str(folder), "--json"]) == 0
+    report = sf.WindowReport.from_json(capsys.readouterr().out)
+    assert report.top1 == "data.next_wait" and report.leaders["data.next_wait"] == 2
+    assert main(["analyze", str(folder)]) == 0
+    assert "on rank 2." in capsys.readouterr().out
+
+
+def test_an_incident_without_traces_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stagefrontier.route.incident import new_incident, write_incident
+
+    write_incident(tmp_path, new_incident("w00001", "actionable"))
+    assert main(["analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "incident w00001 has no trace: nothing was captured" in err and "\n" not in err[:-1]
+
+
+@needs_torch
+def test_analyze_takes_one_path_per_rank(
+    traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _as_ranks(traces, tmp_path / "job", slow=2, fast=0, world_size=3)
+    files = [str(folder / "rank2.pt.trace.json"), str(folder / "rank0.pt.trace.json")]
+    assert main(["analyze", *files]) == 2
+    err = capsys.readouterr().err
+    assert "rank(s) 1 of world size 3 have no trace" in err and "--allow-missing-ranks" in err
+    assert main(["analyze", *files, "--allow-missing-ranks", "--json"]) == 0
+    report = sf.WindowReport.from_json(capsys.readouterr().out)
+    assert report.n_ranks == 2 and report.leaders["data.next_wait"] == 2
+    assert main(["analyze", files[0], str(tmp_path / "nothing.npz")]) == 2
+    assert "nothing.npz: No such file" in capsys.readouterr().err
+
+
+def test_several_paths_must_all_be_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _nsys_ranks(tmp_path / "job", (0, 1), slow=1)
+    npz = tmp_path / "w.npz"
+    np.savez(npz, d=_slow_window(0, 2), stages=np.array(STAGES))
+    assert main(["analyze", str(tmp_path / "job" / "report_rank0.sqlite"), str(npz)]) == 2
+    err = capsys.readouterr().err
+    assert "only as the traces of one window" in err and f"not a trace: {npz} (npz)" in err
+    sqlite = [str(tmp_path / "job" / f"report_rank{r}.sqlite") for r in (0, 1)]
+    assert main(["analyze", *sqlite]) == 0
+    assert "on rank 1." in capsys.readouterr().out

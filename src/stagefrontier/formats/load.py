@@ -46,7 +46,7 @@ class LoadedWindow:
 
 
 def load_window(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fmt: str = "auto",
     *,
     stages: Sequence[str] | None = None,
@@ -62,7 +62,8 @@ def load_window(
             an evidence packet (re-analyzed with its stored gates, roles and side evidence); a
             ``windows.jsonl`` or an output folder (holding ``windows.jsonl`` and ``packets/``),
             or its ``packets/`` folder, with ``window`` naming the window; PyTorch Profiler traces
-            (a file, or a folder of one file per rank), or Nsight Systems SQLite exports.
+            (a file, or a folder of one file per rank), or Nsight Systems SQLite exports. A list
+            of paths is read as traces of one window, one file (or folder) per rank.
         fmt: ``auto`` (told by content, then by name) or one of ``packet``, ``npz``, ``kineto``,
             ``hta``, ``nsys``.
         stages: traces only: the ordered stage names the ranges carry; None infers them.
@@ -82,6 +83,8 @@ def load_window(
     """
     if fmt not in FORMATS:
         raise ReportFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if not isinstance(path, str | os.PathLike):
+        return _load_traces([Path(p) for p in path], fmt, stages, trace, steps, window)
     source = Path(path)
     if fmt == "auto" and _is_output_folder(source):
         return _load_from_folder(source, window, attempt)
@@ -102,6 +105,34 @@ def load_window(
     return _load_packet(source)
 
 
+def _load_traces(
+    paths: list[Path],
+    fmt: str,
+    stages: Sequence[str] | None,
+    options: TraceOptions | None,
+    steps: tuple[int, int] | None,
+    window: int | None,
+) -> LoadedWindow:
+    """Several paths: the traces of one window, read together (each rank's file or folder)."""
+    if len(paths) == 1:
+        return load_window(paths[0], fmt, stages=stages, trace=options, steps=steps, window=window)
+    if not paths:
+        raise ReportFormatError("no path given")
+    kinds = {p: detect_format(p) if fmt == "auto" else fmt for p in paths}
+    others = [f"{p} ({kind})" for p, kind in kinds.items() if kind not in TRACE_FORMATS]
+    if others or window is not None:
+        raise ReportFormatError(
+            "several paths are read together only as the traces of one window, one per rank; "
+            + (f"not a trace: {', '.join(others)}" if others else "a window index does not apply")
+        )
+    found = sorted(set(kinds.values()))
+    if len(found) > 1:
+        raise ReportFormatError(
+            f"the paths hold traces of different kinds ({', '.join(found)}); give one kind"
+        )
+    return _load_trace(paths, found[0], stages, options, steps)
+
+
 def _load_packet(path: Path) -> LoadedWindow:
     """An evidence packet, or the summary packet of a window collected as node summaries."""
     try:
@@ -113,7 +144,7 @@ def _load_packet(path: Path) -> LoadedWindow:
 
 
 def _load_trace(
-    path: Path,
+    path: Path | list[Path],
     kind: str,
     stages: Sequence[str] | None,
     options: TraceOptions | None,
