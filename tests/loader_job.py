@@ -4,8 +4,8 @@ under torchrun (``python -m torch.distributed.run --nproc-per-node 4 loader_job.
 ``MODE`` places a 120 ms stall per step on rank 2: ``workers`` in the dataset (``slow_sample``:
 30 ms per sample, 8 samples per batch, 240 ms per batch in each of the 2 workers), ``transfer``
 in the main process as each batch is received from a worker (a batch that takes 120 ms to
-unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. The model's own step takes about 25 ms (a sleep in the
-forward), so the workers must supply a batch every ~25 ms.
+unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. The model's own step takes
+about 25 ms (a sleep in the forward), so the workers must supply a batch every ~25 ms.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import logging
 import marshal
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +219,9 @@ def worker_op_diff(
     return rows
 
 
-def worker_findings(incident: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Add the workers' op diff and the loader's advice to a captured data-wait incident, in
-    place (nothing when the suspect rank's workers were not profiled)."""
+def worker_findings(incident: dict[str, Any], live: Sequence[Any]) -> None:
+    """Add the workers' op diff and the loader's advice (from the live windows' records) to a
+    captured incident, in place; nothing when the suspect rank's workers were not profiled."""
     files = incident["trace_files"]
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
     if str(suspect) not in files:
@@ -232,7 +233,7 @@ def worker_findings(incident: dict[str, Any], records: list[dict[str, Any]]) -> 
     theirs = read_workers(folder, reference) if reference != suspect else None
     rows = worker_op_diff(mine, theirs)
     incident["worker_op_diff"] = rows
-    figures = _figures(records, incident["window"], suspect)
+    figures = _figures([w.record for w in live], incident["window"], suspect)
     incident["loader"] = figures or None
     slow = _function_of(rows[0]["name"]) if rows else ""
     advice = loader_sentence(figures, suspect, slow) if figures else ""
