@@ -32,14 +32,6 @@ logger = logging.getLogger("stagefrontier")
 WORKERS_FILE = "rank{rank}.workers.json"
 PROFILE_FILE = "rank{rank}.worker{worker}.prof"
 MAX_ROWS = 20
-WORKER_ROW_NUMBERS = (
-    "suspect_ms_per_batch",
-    "reference_ms_per_batch",
-    "suspect_ms_per_call",
-    "reference_ms_per_call",
-    "calls_per_batch",
-)
-"""The numbers of a worker op diff row (checked when an incident is read)."""
 _NOT_USER = ("/site-packages/", "/lib/python3", "/stagefrontier/record/", "/stagefrontier/route/")
 _MAX_DEPTH = 32
 
@@ -257,21 +249,3 @@ def _function_of(name: str) -> str:
     """``slow_sample`` from ``loader_support.py(17): slow_sample › <built-in ...>``."""
     head = name.split(" › ")[0]
     return head.split("): ", 1)[1] if "): " in head else head
-
-
-def worker_line(incident: dict[str, Any]) -> str:
-    """``in its DataLoader workers, `...slow_sample › ...` takes 15 ms per call, 120 ms per
-    batch on rank 2; 0.1 ms on rank 1``; empty without a worker op diff or when the suspect's
-    workers were not saturated."""
-    rows = incident.get("worker_op_diff") or []
-    if not rows or not (incident.get("loader") or {}).get("saturated"):
-        return ""  # idle workers: their functions are not where the time goes
-    top = rows[0]
-    per_call = (
-        f"{top['suspect_ms_per_call']:.1f} ms per call, " if top["calls_per_batch"] > 1 else ""
-    )
-    return (
-        f"in its DataLoader workers, `{top['name']}` takes {per_call}"
-        f"{top['suspect_ms_per_batch']:.1f} ms per batch on rank {incident['leader_rank']}; "
-        f"{top['reference_ms_per_batch']:.1f} ms on rank {incident['reference_rank']}"
-    )

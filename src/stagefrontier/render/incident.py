@@ -11,8 +11,8 @@ from typing import Any
 
 from ..analysis.regression import regression_text
 from ..errors import ReportFormatError
-from ..render.command import cli_command
-from .worker_profile import WORKER_ROW_NUMBERS, worker_line
+from .command import cli_command
+from .loader_text import WORKER_ROW_NUMBERS, worker_line
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
