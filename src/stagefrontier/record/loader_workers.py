@@ -85,7 +85,9 @@ class WorkerCounters:
         span, self._last_ns = now - self._last_ns, now
         # A batch in progress counts up to now here and the rest in the next window, so a
         # window's busy time does not jump by whole batches.
+        dead = self._dead_workers(rows)
         fetching = rows[:, STARTED_NS] > 0
+        fetching[dead] = False
         open_ns = int(np.maximum(now - rows[fetching, STARTED_NS], 0).sum())
         finished = float(delta[:, BUSY_NS].sum())
         busy_s = (finished + open_ns - self._last_open) * 1e-9
@@ -99,22 +101,25 @@ class WorkerCounters:
             "span_s": span * 1e-9,
             "consumed": consumed,
         }
-        dead = self._dead_workers()
         if dead:
             figures["note"] = f"worker(s) {', '.join(map(str, dead))} exited while in use"
         elif not rows[:, STARTS].any():
             figures["note"] = "no worker has fetched a batch yet"
         return figures
 
-    def _dead_workers(self) -> list[int]:
-        """Workers of the current iterator whose process ended while the iterator still uses
-        them (the DataLoader raises in the training loop for those; the figures say it too)."""
+    def _dead_workers(self, rows: np.ndarray[Any, Any]) -> list[int]:
+        """Workers whose process ended in the middle of a batch (the DataLoader raises in the
+        training loop for those; the figures say it too). A worker that ended between batches
+        was told to (an epoch's or an IterableDataset's end)."""
         procs = getattr(self._iterator, "_workers", None)
-        status = getattr(self._iterator, "_workers_status", None)
-        if not isinstance(procs, list) or not isinstance(status, list):
+        if not isinstance(procs, list):
             return []
         try:
-            return [i for i, p in enumerate(procs) if status[i] and not p.is_alive()]
+            return [
+                i
+                for i, p in enumerate(procs[: len(rows)])
+                if rows[i, STARTED_NS] > 0 and not p.is_alive()
+            ]
         except Exception:  # a process object from another torch version: say nothing
             return []
 
