@@ -89,7 +89,8 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
 
 
 def self_cost_text(record: Mapping[str, Any]) -> str:
-    """``stagefrontier cost 1.4% of step time (rank max 4.1 ms: hot path 0.1 ms, ...)`` when the
+    """``stagefrontier cost 1.4% of step time (up to 4.1 ms in this window on one rank; the most
+    any rank spent per part: hot path 0.1 ms, ...)`` when the
     ``self_cost`` fraction exceeds :data:`SELF_COST_LINE_FRACTION`, else empty."""
     cost = record.get("self_cost")
     if not isinstance(cost, Mapping):
@@ -109,7 +110,8 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     if capture > 0:
         split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
-        f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
+        f"stagefrontier cost {fraction:.1%} of step time (up to {total * 1e3:.1f} ms in this "
+        f"window on one rank; the most any rank spent per part: {split})"
     )
 
 

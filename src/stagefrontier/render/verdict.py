@@ -207,7 +207,8 @@ def _co_critical_verdict(
     if steady:
         waits = _wait_stages(report, top)
         return (
-            f"{lead.who}'s {plain(top)} runs {_behind(report, top)} and sets {cost}"
+            f"{lead.who}'s {plain(top)} runs {_behind(report, top)}; {plain(top)}, which "
+            f"{lead.who} finishes last, accounts for {cost}"
             + (
                 f"; the other ranks make up the gap in {waits}, most likely waiting for it"
                 if waits
