@@ -26,6 +26,7 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
         assert w["missing_ranks"] == [] and "ranks_present" not in w  # no per-rank tables
         hosts = w["nodes"].pop("hosts")  # of the nodes the summary's top prefixes name
         assert "1" in hosts and set(hosts) <= {"0", "1"}
+        assert 0 < w["nodes"].pop("rounding_s") < 1e-4  # node 1's part came compact
         assert w["nodes"] == {
             "node_size": 2,
             "nodes": 2,

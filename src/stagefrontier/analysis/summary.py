@@ -88,6 +88,14 @@ class WindowSummary:
     gain_exact: bool
     """False when cohort-median gains of several groups were merged (each used its own
     median)."""
+    quantum_ns: int = 0
+    """The grid (nanoseconds, a power of two) its durations and prefixes lie on when they came
+    through a compact encoding (``formats.summary_codec``), the finest among combined parts; 0
+    when none did."""
+    rounding_s: float = 0.0
+    """The largest error a compact encoding put on any one duration or prefix it holds (half a
+    quantum; a sum over parts, such as ``stage_sum``, carries at most this per part); 0 when
+    its values are the ranks' own."""
 
     @property
     def n_steps(self) -> int:
@@ -233,6 +241,8 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
         sketch=merge_sketches([p.sketch for p in parts], n_ranks),
         gain_baseline=first.gain_baseline,
         gain_exact=all(p.gain_exact for p in parts) and first.gain_baseline != "cohort_median",
+        quantum_ns=min((p.quantum_ns for p in parts if p.quantum_ns), default=0),
+        rounding_s=max(p.rounding_s for p in parts),
     )
 
 

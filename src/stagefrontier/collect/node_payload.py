@@ -1,11 +1,12 @@
 """What a node leader condenses its node's windows into, how a group's head combines its
 children's parts, and how rank 0 analyzes the top part.
 
-A part's body is its group's ``WindowSummary`` (``analysis.summary``, written by
-``formats.summary_codec``): a leader summarizes its node's ``[N, L, S]`` window, a head combines
-its children's summaries exactly, and rank 0 runs the one analyzer on the top one
-(``analyze_summary``). A group whose summary cannot join (it does not decode, or its stages,
-steps or settings differ) is reported missing or mismatched with the reason; nothing raises.
+A part's body is its group's ``WindowSummary`` (``analysis.summary``, written compact by
+``formats.summary_codec``: durations on a grid of at most 2**-12 of the shortest step): a leader
+summarizes its node's ``[N, L, S]`` window, a head combines its children's summaries exactly,
+and rank 0 runs the one analyzer on the top one (``analyze_summary``). A group whose summary
+cannot join (it does not decode, or its stages, steps or settings differ) is reported missing or
+mismatched with the reason; nothing raises.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Group:
     summary: WindowSummary
 
     def encode(self) -> bytes:
-        return encode_node_part(replace(self.part, body=encode_summary(self.summary)))
+        return encode_node_part(replace(self.part, body=encode_summary(self.summary, compact=True)))
 
 
 def decode_group(data: bytes) -> Group:
@@ -194,6 +195,7 @@ def analyze_group(
     merged = MergedWindow(own, [own], world_size, missing, list(part.mismatched_ranks), notes)
     d = np.zeros((summary.n_steps, 0, len(summary.stages)))
     nodes = nodes_entry(part, node_size)
+    nodes["rounding_s"] = summary.rounding_s
     costs = {"fraction": 0.0, **part.self_cost_max}
     nodes["self_cost"] = {name: {"max": v} for name, v in costs.items()}
     return AnalyzedWindow(merged, d, None, side, report, summary=summary, nodes=nodes)

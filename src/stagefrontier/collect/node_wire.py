@@ -9,18 +9,17 @@ ReportFormatError (its parent then reports the group missing, with the error as 
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReportFormatError
-from ..formats.envelope import open_envelope
+from ..formats.envelope import open_envelope, seal_envelope
 from .wire_checks import check_meta_value
 
 MAGIC = b"SFN1"
-NODE_WIRE_VERSION = 1
+NODE_WIRE_VERSION = 2
 _HEADER = struct.Struct("<4sHIQ")
 MAX_META_BYTES = 16 << 20
 MAX_NOTES = 32
@@ -79,15 +78,13 @@ def encode_node_part(part: NodePart) -> bytes:
         hosts={str(k): v for k, v in part.hosts.items()},
         self_cost_max=dict(part.self_cost_max),
     )
-    meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
-    header = _HEADER.pack(MAGIC, NODE_WIRE_VERSION, len(meta_bytes), len(part.body))
-    return b"".join((header, meta_bytes, part.body))
+    return seal_envelope(_HEADER, MAGIC, NODE_WIRE_VERSION, meta, part.body, packed=True)
 
 
 def decode_node_part(data: bytes) -> NodePart:
     """Parse and validate one envelope; raises ReportFormatError."""
     meta, body = open_envelope(
-        data, _HEADER, MAGIC, NODE_WIRE_VERSION, MAX_META_BYTES, "node payload"
+        data, _HEADER, MAGIC, NODE_WIRE_VERSION, MAX_META_BYTES, "node payload", packed=True
     )
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
     expected |= {"notes", "hosts", "self_cost_max"}
