@@ -53,7 +53,17 @@ MAX_QUANTUM_NS = 1 << 30
 _MAX_CODE = 1 << 40
 """A compact integer beyond this is corrupt (it would overflow as it is decoded)."""
 _GRID_ARRAYS = frozenset(
-    ("top_prefix", "clipped", "group_clipped", "stage_max", "stage_sum", "slowest", "lane_min")
+    (
+        "top_prefix",
+        "clipped",
+        "group_clipped",
+        "stage_max",
+        "stage_sum",
+        "slowest",
+        "lane_min",
+        "mean_top",
+        "mean_min",
+    )
 )
 _HEADER = struct.Struct("<4sHII")
 _MAX_META_BYTES = 1 << 20
@@ -76,7 +86,12 @@ _ARRAYS: tuple[tuple[str, str, Callable[[dict[str, int]], tuple[int, ...]]], ...
     ("count", "<i4", lambda c: (c["e"],)),
     ("fold_low", "<i8", lambda c: (c["n"] * c["s"],)),
     ("fold_high", "<i8", lambda c: (c["n"] * c["s"],)),
+    ("mean_top", "<f8", lambda c: (c["s"], c["k"])),
+    ("mean_top_rank", "<i4", lambda c: (c["s"], c["k"])),
+    ("mean_min", "<f8", lambda c: (c["s"],)),
 )
+_V1_ARRAYS = _ARRAYS[:-3]
+"""Version 1 summaries have no rank means (they decode with none kept)."""
 
 
 def encode_summary(summary: WindowSummary, *, compact: bool = False) -> bytes:
@@ -132,7 +147,7 @@ def decode_summary(data: bytes) -> WindowSummary:
     )
     meta = _meta(block, version)
     counts = meta["counts"]
-    layout = _layout(meta["compact"])
+    layout = _layout(meta["compact"]) if version > 1 else _V1_ARRAYS
     shapes = [(name, np.dtype(dtype), shape(counts)) for name, dtype, shape in layout]
     cells = sum(math.prod(shape) for _, _, shape in shapes)
     check_limit("cells", cells, "summary declares its arrays' values")
@@ -148,6 +163,13 @@ def decode_summary(data: bytes) -> WindowSummary:
         offset += size
     if meta["compact"]:
         arrays = _from_grid(arrays, meta["quantum_ns"], counts["e"])
+    if version == 1:
+        width = counts["s"]
+        arrays.update(
+            mean_top=np.zeros((width, 0)),
+            mean_top_rank=np.zeros((width, 0), np.int64),
+            mean_min=np.zeros(width),
+        )
     return _checked_summary(meta, arrays)
 
 
@@ -198,6 +220,8 @@ def _to_grid(values: dict[str, Any], quantum: int) -> dict[str, Any]:
         "stage_sum": grid("stage_sum"),
         "slowest": stage_max - grid("slowest"),
         "lane_min": front - grid("lane_min"),
+        "mean_top": grid("mean_top"),
+        "mean_min": grid("mean_min"),
         "index": steps,
     }
 
@@ -235,6 +259,8 @@ def _from_grid(a: dict[str, Any], quantum: int, buckets: int) -> dict[str, Any]:
         "stage_sum": seconds(a["stage_sum"]),
         "slowest": seconds(stage_max - a["slowest"]),
         "lane_min": seconds(front - a["lane_min"]),
+        "mean_top": seconds(a["mean_top"]),
+        "mean_min": seconds(a["mean_min"]),
         "index": index,
     }
 
@@ -322,7 +348,8 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
          "its rank runs are not ascending, apart and >= 0"),
         (lambda: counts["g"] != (0 if groups is None else n_broad),
          "its group gains do not fit its stages"),
-        (lambda: not _durations(a, "top_prefix", "stage_max", "stage_sum", "slowest", "lane_min"),
+        (lambda: not _durations(a, "top_prefix", "stage_max", "stage_sum", "slowest", "lane_min",
+                                "mean_top", "mean_min"),
          "durations or prefixes are negative or not finite"),
         (lambda: not (np.isfinite(a["clipped"]).all() and np.isfinite(a["group_clipped"]).all()),
          "clipped step times are not finite"),
@@ -331,6 +358,9 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
         (lambda: (owner < 0).any() or (a["top_rank"] >= ends[np.maximum(owner, 0)]).any()
          or (np.diff(np.sort(a["top_rank"], axis=2), axis=2) == 0).any(),
          "kept prefixes name ranks it does not cover, or a rank twice in a lane"),
+        (lambda: (np.diff(a["mean_top"], axis=1) > 0).any()
+         or not _covered(a["mean_top_rank"], starts, ends),
+         "rank means are not largest first or name ranks it does not cover"),
         (lambda: (a["top_dominant"] < 0).any() or (a["top_dominant"] >= n_broad).any(),
          "a dominant stage is out of range"),
         (lambda: (sizes < 1).any() or (sizes > meta["max_buckets"]).any()
@@ -359,6 +389,9 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
         stage_sum=a["stage_sum"],
         slowest=a["slowest"],
         rank_total_sum_s=float(meta["rank_total_sum_s"]),
+        mean_top=a["mean_top"],
+        mean_top_rank=a["mean_top_rank"].astype(np.int64),
+        mean_min=a["mean_min"],
         sketch=PrefixSketch(
             growth=meta["growth"],
             max_buckets=meta["max_buckets"],
@@ -374,6 +407,12 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
         quantum_ns=meta["quantum_ns"],
         rounding_s=float(meta["rounding_s"]),
     )
+
+
+def _covered(ranks: Any, starts: Any, ends: Any) -> bool:
+    """Whether every rank in ``ranks`` lies in one of the runs ``[starts, ends)``."""
+    owner = np.searchsorted(starts, ranks, side="right") - 1
+    return not ((owner < 0).any() or (ranks >= ends[np.maximum(owner, 0)]).any())
 
 
 def _durations(a: dict[str, Any], *names: str) -> bool:
