@@ -147,7 +147,7 @@ class NodeLeader(StoreCollector):
             self._worker.activity = f"analyzing window {own.window}"
             analyzed = analyze_group(group, own, self.world_size, self.node.size, self.gates)
             if analyzed is not None:
-                emit(self.sinks, analyzed)
+                emit(self.sinks, self.live.check_summary(analyzed))
         else:
             self._send_up(group)
         if self.levels:
@@ -319,12 +319,6 @@ def hierarchical_collector(
             exc,
         )
         return None
-    if rank == 0 and settings.get("regression") is not None:
-        logger.info(
-            "stagefrontier: the live regression check compares every rank's columns with the "
-            "run's healthy windows; under hierarchical collection they stay on their nodes, so "
-            "it is off (the report's direct gains use each rank's own median)"
-        )
     if rank == node.first_rank:
         return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)
     return NodeMember(node=node, **settings)

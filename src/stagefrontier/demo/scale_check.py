@@ -96,6 +96,17 @@ def lead_of(record: dict[str, Any]) -> str:
     return "no single leader"
 
 
+def regression_of(record: dict[str, Any]) -> str:
+    """``data.next_wait, all ranks``, ``data.next_wait, rank 5`` or ``-``: what a record's live
+    regression check flagged."""
+    found = record.get("regression")
+    if not found:
+        return "-"
+    ranks = found["ranks"]
+    who = "all ranks" if found["all_ranks"] else "rank(s) " + ",".join(map(str, ranks))
+    return f"{found['top_stage']}, {who}"
+
+
 def comparison_rows(
     flat: Sequence[dict[str, Any]], hierarchical: Sequence[dict[str, Any]], out_dir: Path
 ) -> list[list[str]]:
@@ -120,6 +131,7 @@ def comparison_rows(
                 "yes" if agree else "NO",
                 "not kept" if check is None else f"{check.max_advance_diff_s:.1e}",
                 "not kept" if check is None else ("yes" if check.equal else "NO"),
+                f"{regression_of(other) if other else 'missing'} / {regression_of(record)}",
             ]
         )
     return rows
@@ -132,6 +144,7 @@ HEADER = [
     "agree",
     "max |advance diff| (s)",
     "within the rounding",
+    "regression: flat / hierarchical",
 ]
 
 
