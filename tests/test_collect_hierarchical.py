@@ -113,8 +113,16 @@ def test_a_disabled_rank_inside_a_node_is_missing_with_that_reason(tmp_path: Pat
         assert not any("sent no window to the node leader" in r for r in limited(w))
 
 
-def test_without_the_node_layout_it_collects_flat(tmp_path: Path) -> None:
-    windows = launch(NodeJob(out_dir=str(tmp_path), layout_env=False))
+def test_without_the_node_layout_the_hosts_make_the_nodes(tmp_path: Path) -> None:
+    hosts = ("host-a", "host-a", "host-b", "host-b")
+    windows = launch(NodeJob(out_dir=str(tmp_path / "hosts"), layout_env=False, hosts=hosts))
+    assert [w["window"] for w in windows] == [0, 1, 2, 3]
+    for w in windows:
+        assert w["gather_ok"] and "ranks_present" not in w, limited(w)  # node summaries
+        assert (w["nodes"]["nodes"], w["nodes"]["node_size"], w["nodes"]["present"]) == (2, 2, 2)
+    # Hosts that are not whole nodes of consecutive ranks: every rank collects flat.
+    mixed = ("host-a", "host-b", "host-a", "host-b")
+    windows = launch(NodeJob(out_dir=str(tmp_path / "mixed"), layout_env=False, hosts=mixed))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     for w in windows:
         assert w["gather_ok"] and w["ranks_present"] == [0, 1, 2, 3]  # a flat record

@@ -137,8 +137,17 @@ def test_a_node_part_is_under_a_quarter_of_its_ranks_flat_windows() -> None:
     for rank in node.ranks:
         durations = np.rint(medians * rng.lognormal(0, 0.15, size=(20, 6))).astype(np.int64)
         windows.append(
-            RankWindow(0, 0, 19, rank, tuple(DEFAULT_STAGES), durations, durations.sum(axis=1),
-                       hostname="host-b", local_rank=rank - 8)  # fmt: skip
+            RankWindow(
+                0,
+                0,
+                19,
+                rank,
+                tuple(DEFAULT_STAGES),
+                durations,
+                durations.sum(axis=1),
+                hostname="host-b",
+                local_rank=rank - 8,
+            )
         )
     part = node_group(node, windows[0], windows, [], [], None).encode()
     flat = sum(len(encode_window(w)) for w in windows)
@@ -190,9 +199,26 @@ def test_hierarchical_collection_is_chosen_by_name_or_above_the_auto_threshold(
     assert not collects_hierarchically(CollectConfig(mode="store"))
     monkeypatch.setenv("WORLD_SIZE", str(4 * (AUTO_HIERARCHICAL_ABOVE // 4 + 1)))
     assert collects_hierarchically(CollectConfig(mode="auto"))
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: flat
-    assert not collects_hierarchically(CollectConfig(mode="auto"))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: the hosts will
+    assert collects_hierarchically(CollectConfig(mode="auto"))
+    assert collects_hierarchically(CollectConfig(mode="hierarchical"))
+    monkeypatch.setenv("WORLD_SIZE", "1")
     assert not collects_hierarchically(CollectConfig(mode="hierarchical"))
+
+
+def test_host_names_form_nodes_only_as_a_launcher_lays_them_out() -> None:
+    from stagefrontier.collect.node import host_layout
+
+    assert host_layout(["a", "a", "b", "b", "c", "c"]) == 2
+    assert host_layout(["a"] * 4) == 4
+    for hosts, why in (
+        (["a", "a", "b"], "not whole nodes of 2"),
+        (["a", "b", "a", "b"], "not all on one host of their own"),
+        (["a", "a", "b", "c"], "not all on one host"),
+        ([], "no host names"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            host_layout(hosts)
 
 
 def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goes_on() -> None:

@@ -128,8 +128,8 @@ def test_damage_is_one_clear_error() -> None:
         "version 9": good[:4] + struct.pack("<H", 9) + good[6:],
         "header declares": good[:-1],
         "body: data is not valid zlib": good[: -len(zlib.compress(body, 6))]
-    + b"x" * len(zlib.compress(body, 6)),
-    "metadata is not valid zlib": HEADER.pack(b"SFS1", 2, 3, 0) + b"abc",
+        + b"x" * len(zlib.compress(body, 6)),
+        "metadata is not valid zlib": HEADER.pack(b"SFS1", 2, 3, 0) + b"abc",
         "metadata is not JSON": HEADER.pack(b"SFS1", 2, len(not_json), 0) + not_json,
         "must hold exactly": packed({"stages": []}, zlib.compress(body)),
         "gain_baseline must be": packed({**meta, "gain_baseline": "mean"}, zlib.compress(body)),
