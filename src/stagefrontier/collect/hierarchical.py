@@ -247,9 +247,10 @@ class NodeLeader(StoreCollector):
             who = f"node {child}" if len(span) == 1 else f"nodes {span[0]}-{span[-1]}"
             missing[span] = f"{who} sent no summary within {wait_s:g} s of the window end"
             return
+        members = f"node {span[-1]}" if len(span) == 2 else f"nodes {span[1]}-{span[-1]}"
         missing[range(child, child + 1)] = (
-            f"node {child} sent no summary within {wait_s:g} s of the window end; the nodes "
-            f"it heads ({span[0] + 1}-{span[-1]}) sent theirs to node {self.node.node}"
+            f"node {child} sent no summary within {wait_s:g} s of the window end; {members} "
+            f"of its group re-parented to node {self.node.node}"
         )
         levels = {g: lv.level - 1 for lv in below for g in lv.children}
         keys = {g: self._child_key(index, g) for g in levels}
