@@ -41,6 +41,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .loader_workers import watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
@@ -102,7 +103,7 @@ class StageTimer(TimerState):
             taken while the timer runs carries the stage boundaries. Off by default: it costs a
             few microseconds per context.
         router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
-            rank and a reference rank capture a profiler trace of a few steps (README).
+            rank and a reference rank capture a profiler trace of a few steps (docs/router.md).
 
     An argument of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
@@ -273,13 +274,22 @@ class StageTimer(TimerState):
         end of step t (a fetch made inside a step is also taken out of that step's wall time).
         So fetch before the step that uses the batch, or at the end of the step before it:
         a fetch inside a step always counts for the next one. ``stage`` must be the first
-        ordered stage; do not also time it."""
+        ordered stage; do not also time it.
+
+        A ``torch.utils.data.DataLoader`` with worker processes is watched from inside: each
+        window then carries how long its workers take per batch and how busy they are
+        (``record.loader_workers``; the timer chains a ``worker_init_fn`` before the loader's
+        own). Give the loader before its persistent workers start."""
         if not self.enabled:
             yield from iterable
             return
         if self.stages[0] != stage:
             self._violation(f"timer.iter stage {stage!r} must be the first ordered stage")
+        workers, self._loader_note = watch_loader(iterable)
+        self._loader_workers = workers
         iterator = iter(iterable)
+        if workers is not None:
+            workers.started(iterator)
         while True:
             start = _now()
             try:
@@ -287,6 +297,8 @@ class StageTimer(TimerState):
             except StopIteration:
                 return
             self._charge_fetch(_now() - start)
+            if workers is not None:
+                workers.consumed += 1
             yield item
 
     def fetch(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -325,7 +337,7 @@ class StageTimer(TimerState):
         (``paused_steps`` in rank 0's record). Windows end at the same step boundaries as if
         nothing was paused, so ranks that pause different steps stay aligned window by window
         (a window whose paused steps differ between ranks merges only the ranks that paused
-        what rank 0 paused; see the README); a window paused through is not handed off.
+        what rank 0 paused; see docs/integrations.md); a window paused through is not handed off.
 
         Call it between steps. Inside a step it is a contract violation (counted with the
         window, raised as ContractViolation when ``strict``) and is ignored. Pausing a paused

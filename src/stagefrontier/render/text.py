@@ -3,6 +3,7 @@ per-window table and a run folder's report. Each ends with the verdict sentence.
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from .command import cli_command
 from .escape import printable, printable_lines
 from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
@@ -25,6 +27,19 @@ METHOD_TITLES = {
     "rank0_total": "rank0",
 }
 
+METHOD_LEGEND = (
+    "What each column is (every column adds up to 100% over the stages):",
+    "  frontier    how far each stage moves the frontier, the time by which every rank has "
+    "finished that stage: the step time the stage holds all ranks back by",
+    "  stage-max   the stage's time on its slowest rank",
+    "  stage-mean  the stage's mean time over the ranks",
+    "  spread      how far the stage's slowest rank is above the median rank",
+    "  slowest     the stage times of each step's slowest rank (largest step total)",
+    "  rank0       the first rank's own stage times, what a timer on rank 0 alone sees",
+    "The five baselines read each rank's own times; only the frontier follows the ranks "
+    "waiting for each other.",
+)
+"""Printed under the report's comparison table."""
 
 SELF_COST_LINE_FRACTION = 0.01
 """The window line shows StageFrontier's own cost when some rank's exceeds this fraction of its
@@ -244,7 +259,8 @@ def _incidents(run: RunWindows) -> list[str]:
         return []
     return [
         "",
-        f"Incidents ({len(incidents)}; `stagefrontier incident {run.folder}` for details):",
+        f"Incidents ({len(incidents)}; `{cli_command()} incident {shlex.quote(str(run.folder))}`"
+        " for details):",
         *(f"  {summary_line(incident)}" for incident in incidents),
     ]
 
@@ -281,7 +297,7 @@ def _comparison(run: RunWindows) -> list[str]:
     ]
     for j, stage in enumerate(stages):
         lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
-    lines.append("")
+    lines += ["", *METHOD_LEGEND, ""]
     lines.append("top-1 stage per method (windows where it was top-1):")
     for m in methods:
         tops = Counter(stages[rank_order(w[m])[0]] for w in per_window)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..analysis.regression import regression_text
 from ..errors import ReportFormatError
+from ..render.command import cli_command
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
@@ -221,26 +224,27 @@ def summary_line(incident: dict[str, Any]) -> str:
 
 def open_commands(incident: dict[str, Any]) -> list[str]:
     """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
-    diff again, one rank through the analyzer (Kineto or HTA reader), the events in HTA (given
-    as files: the folder also holds ``incident.json``)."""
+    diff again, the captured ranks through the analyzer (Kineto or HTA reader), the events in
+    HTA (given as files: the folder also holds ``incident.json``). Each command is spelled so
+    that it runs as printed (``render.command``)."""
     files = incident["trace_files"]
     if not files:
         return []
     folder = str(Path(next(iter(files.values()))).parent)
     suspect = str(incident["leader_rank"])
-    one = files.get(suspect) or next(iter(files.values()))
     rank = int(suspect) if suspect in files else int(next(iter(files)))
     ranks = ", ".join(f"{int(r)}: '{p}'" for r, p in sorted(files.items()))
     hta = (
         f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir='{folder}'); "
         f"print(t.t.get_trace({rank}))"
     )
+    command = cli_command()
     return [
         "# open in https://ui.perfetto.dev (or chrome://tracing): drag in "
         + " ".join(Path(p).name for p in files.values()),
-        f"stagefrontier incident {folder}",
-        f"stagefrontier analyze {one} --allow-missing-ranks  # or --format hta",
-        f'python -c "from hta.trace_analysis import TraceAnalysis; {hta}"',
+        f"{command} incident {shlex.quote(folder)}",
+        f"{command} analyze {shlex.quote(folder)}  # every captured rank; or --format hta",
+        f'{shlex.quote(sys.executable)} -c "from hta.trace_analysis import TraceAnalysis; {hta}"',
     ]
 
 

@@ -27,6 +27,31 @@ def incident_folders(path: str | os.PathLike[str]) -> list[Path]:
     return [p / "incidents" / i["id"] for i in list_incidents(p)]
 
 
+def local_traces(folder: Path, incident: dict[str, Any]) -> dict[int, str]:
+    """The incident's trace files found in ``folder``, by rank (the folder may have been copied
+    from the host that wrote it, so each is looked up by its name)."""
+    files: dict[int, str] = {}
+    for rank, path in incident["trace_files"].items():
+        local = folder / Path(path).name
+        if local.is_file():
+            files[int(rank)] = str(local)
+    return files
+
+
+def incident_traces(folder: Path) -> dict[int, str]:
+    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank.
+
+    Raises:
+        ReportFormatError: an unreadable incident, or one with no trace in the folder.
+    """
+    incident = read_incident(folder)
+    files = local_traces(folder, incident)
+    if not files:
+        why = "nothing was captured" if not incident["captured"] else "its traces are not here"
+        raise ReportFormatError(f"{folder}: incident {incident['id']} has no trace: {why}")
+    return files
+
+
 def run_folder(incident_folder: Path) -> Path:
     """``out_dir`` of ``out_dir/incidents/<id>``."""
     return incident_folder.parent.parent
@@ -61,12 +86,9 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
     incident = read_incident(folder)
     if not incident["captured"] or incident["confirmed"] is not None:
         return incident, False
-    files: dict[int, str] = {}
-    for rank, path in incident["trace_files"].items():
-        local = folder / Path(path).name  # the folder may have been copied from its host
-        if not local.exists():
-            return incident, False
-        files[int(rank)] = str(local)
+    files = local_traces(folder, incident)
+    if len(files) < len(incident["trace_files"]):
+        return incident, False
     out_dir = run_folder(folder)
     analyze_traces(incident, files, packet_windows(out_dir), gates)
     incident["reasons"].append("reduced offline by `stagefrontier incident`")

@@ -96,4 +96,5 @@ PACKET_META = (
     "self_cost",
     "nodes",
     "n_ranks_present",
+    "loader_workers",
 )
