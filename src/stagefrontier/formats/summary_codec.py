@@ -13,7 +13,8 @@ The compact one (``compact=True``, what node parts carry up the tree) puts durat
 prefixes on a grid of ``q`` nanoseconds and codes them as integers: the frontier as its
 advance per boundary, the other kept prefixes as their gap to the one above, the clipped step
 times, the slowest rank's durations and the lanes' minima as their distance to the frontier
-or the stage maximum, sketch buckets as steps within their lane. ``q`` is the largest power of
+or the stage maximum, sketch buckets as steps within their lane (a lane's lowest against the
+same boundary's in the step before). ``q`` is the largest power of
 two at most ``QUANTUM_FRACTION`` of the summary's shortest step (and no coarser than the grid
 of any part it combines, so a value is rounded once on its way up, never again): every value
 is within ``q / 2`` of its own, ``rounding_s`` says how far at most, and the error is at most
@@ -210,7 +211,9 @@ def _to_grid(values: dict[str, Any], quantum: int) -> dict[str, Any]:
     stage_max = grid("stage_max")
     index, sizes = values["index"], values["sizes"]
     steps = np.diff(index, prepend=0)
-    steps[np.cumsum(sizes) - sizes] = index[np.cumsum(sizes) - sizes]
+    firsts = np.cumsum(sizes) - sizes
+    lowest = index[firsts].reshape(top.shape[:2])  # each lane's lowest bucket, [N, S]
+    steps[firsts] = np.diff(lowest, axis=0, prepend=0).ravel()  # against the step before
     return {
         **values,
         "top_prefix": coded,
@@ -242,9 +245,11 @@ def _from_grid(a: dict[str, Any], quantum: int, buckets: int) -> dict[str, Any]:
     )
     step = front[:, -1:]
     stage_max = a["stage_max"]
-    totals = np.cumsum(a["index"])
     firsts = np.cumsum(sizes) - sizes
-    index = totals - np.repeat(totals[firsts] - a["index"][firsts], sizes)
+    steps = a["index"].copy()
+    steps[firsts] = np.cumsum(steps[firsts].reshape(coded.shape[:2]), axis=0).ravel()
+    totals = np.cumsum(steps)
+    index = totals - np.repeat(totals[firsts] - steps[firsts], sizes)
     scale = quantum * 1e-9
 
     def seconds(x: Any) -> Any:
