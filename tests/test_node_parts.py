@@ -254,3 +254,31 @@ def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goe
         "node 2 summary rejected: node payload: bad magic"
     )
     assert sorted(read) == ["w0/l0/n1", "w0/l0/n2"]  # both read, so both deleted after
+
+
+def test_cuda_event_samples_travel_as_node_totals_and_label_as_flat() -> None:
+    from stagefrontier.analysis.side import EVENT_NOT_SAMPLED, EVENT_READY
+
+    def sampled(rank: int) -> RankWindow:
+        w = _window(rank)
+        state = np.full(10, EVENT_NOT_SAMPLED, dtype=np.int8)
+        state[::2] = EVENT_READY
+        ms = np.where(state == EVENT_READY, 9.0 + rank, np.nan)
+        return replace(w, event_ms=ms, event_state=state, forward_stage=STAGES[1])
+
+    groups = [
+        node_group(_node(i), sampled(4 * i), [sampled(r) for r in _node(i).ranks], [], [], None)
+        for i in range(2)
+    ]
+    assert groups[1].part.events[:2] == (20.0, 20.0)  # 4 ranks x 5 sampled steps, all ready
+    top = combine_groups(groups[0], 2, {1: decode_group(groups[1].encode())}, {}, [], 4)
+    analyzed = analyze_group(top, sampled(0), 8, 4, None)
+    assert analyzed is not None
+    flat = analyze_merged(merge_windows([sampled(r) for r in range(8)], 8)).report
+    hier = analyzed.report
+    assert flat.forward_event is not None and hier.forward_event is not None
+    assert hier.forward_event == pytest.approx(flat.forward_event, rel=1e-12)
+    events = {"forward_device_supported", "forward_host_overhead_suspected",
+              "forward_spillover_suspected", "forward_event_scope_limited"}  # fmt: skip
+    assert set(hier.labels) & events == set(flat.labels) & events
+    assert set(flat.labels) & events, flat.labels  # the samples decide a label here

@@ -341,18 +341,13 @@ class NodeLeader(StoreCollector):
 
 
 def _say_what_stays_behind(windows: list[RankWindow]) -> None:
-    """Once per process: the window fields a node summary does not carry up."""
+    """Once per process: the window fields a node summary does not carry up (CUDA-event
+    samples travel as their node's totals)."""
     if any(w.role for w in windows):
         warn_once(
             "hierarchical-roles",
             "stagefrontier: ranks have roles, but node summaries carry none: the report is "
             "role-blind under hierarchical collection (collect flat for role reports)",
-        )
-    if any(w.event_state is not None for w in windows):
-        warn_once(
-            "hierarchical-events",
-            "stagefrontier: CUDA-event samples stay on their nodes under hierarchical "
-            "collection: the report has no forward-event evidence",
         )
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..analysis.analyzer import analyze_summary
 from ..analysis.gates import Gates
-from ..analysis.side import SideEvidence
+from ..analysis.schema import FORWARD_STAGE
+from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
 from ..errors import StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
@@ -88,8 +89,29 @@ def node_group(
         contract_violations=sum(w.contract_violations for w in kept),
         overlap_ns=sum(w.overlap_ns for w in kept),
         self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
+        **event_totals(kept),
     )
     return Group(part, summary)
+
+
+def event_totals(windows: Sequence[RankWindow]) -> dict[str, Any]:
+    """The ``events`` and ``forward_stage`` of a node's part: its ranks' sampled forward
+    CUDA-event pairs as four totals (none: empty)."""
+    sampled = [w for w in windows if w.event_state is not None and w.event_ms is not None]
+    if not sampled:
+        return {}
+    stage = next((w.forward_stage for w in windows if w.forward_stage), FORWARD_STAGE)
+    column = sampled[0].stages.index(stage) if stage in sampled[0].stages else None
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for w in sampled:
+        state = np.asarray(w.event_state)
+        ready = state == EVENT_READY
+        totals[0] += int((state != EVENT_NOT_SAMPLED).sum())
+        totals[1] += int(ready.sum())
+        totals[2] += float(np.asarray(w.event_ms)[ready].sum())
+        if column is not None:
+            totals[3] += float(w.durations_ns[ready, column].sum()) * NS
+    return {"events": tuple(totals), "forward_stage": stage}
 
 
 def combine_groups(
@@ -143,8 +165,19 @@ def combine_groups(
         contract_violations=sum(p.contract_violations for p in parts),
         overlap_ns=sum(p.overlap_ns for p in parts),
         self_cost_max=_largest([p.self_cost_max for p in parts]),
+        events=_summed([p.events for p in parts]),
+        forward_stage=next((p.forward_stage for p in parts if p.forward_stage), ""),
     )
     return Group(part, summary)
+
+
+def _four(totals: tuple[float, ...]) -> tuple[float, float, float, float] | None:
+    return (totals[0], totals[1], totals[2], totals[3]) if totals else None
+
+
+def _summed(totals: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+    present = [t for t in totals if t]
+    return tuple(float(sum(column)) for column in zip(*present, strict=True)) if present else ()
 
 
 def _largest(costs: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -186,6 +219,8 @@ def analyze_group(
         gather_ok=not missing,
         contract_violations=part.contract_violations,
         notes=tuple(notes),
+        event_totals=_four(part.events),
+        forward_stage=part.forward_stage or FORWARD_STAGE,
     )
     try:
         report = analyze_summary(summary, gates=gates, side=side)
