@@ -70,6 +70,8 @@ STAGE_MEDIANS_S = np.array([0.012, 0.045, 0.095, 0.010, 0.020, 0.010])
 STALL_S = 0.120
 SEED = 20251122
 ROOT_REPEATS = 21
+FLAT_MAX = 100_000
+"""The largest rank count the flat path is timed at by default."""
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "scale.md"
 COMMAND = "python benchmarks/scale.py"
 IntArray = npt.NDArray[np.int64]
@@ -433,8 +435,11 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def render(rows: Sequence[Row], quick: bool, loads: Sequence[float | None]) -> str:
+def render(
+    rows: Sequence[Row], quick: bool, loads: Sequence[float | None], flat_max: int = FLAT_MAX
+) -> str:
     command = COMMAND + (" --quick" if quick else "")
+    command += f" --flat-max {flat_max}" if flat_max != FLAT_MAX else ""
     return "\n".join(
         [
             *result_header("Scale benchmark: flat collection vs. node summaries", command),
@@ -480,7 +485,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--flat-max",
         type=int,
-        default=100_000,
+        default=FLAT_MAX,
         help="largest rank count the flat path is timed at (default 100000; its bytes are "
         "counted at every count)",
     )
@@ -503,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  R={ranks} {scenario}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     loads.append(load_average())
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(rows, args.quick, loads), encoding="utf-8")
+    args.out.write_text(render(rows, args.quick, loads, args.flat_max), encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if all(r.agrees for r in rows if r.agreement) else 1
 
