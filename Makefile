@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 DEMO_EXTRAS ?= plot
-EXTRAS ?= dev,docs,plot,tensorboard,prometheus,wandb,lightning,transformers,hta
+EXTRAS ?= dev,docs,plot,tensorboard,prometheus,otel,wandb,lightning,transformers,hta
 PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.stagefrontier-demo
 STAMP := $(VENV)/.stagefrontier-installed

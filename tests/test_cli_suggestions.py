@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from stagefrontier.cli import DEMO_EXAMPLES, main
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.command import cli_command
-from stagefrontier.render.run_folder import load_run
+from stagefrontier.render.incident import new_incident, open_commands, write_incident
 from stagefrontier.render.text import run_report_text
-from stagefrontier.route.incident import new_incident, open_commands, write_incident
 from stagefrontier.sinks import PacketSink
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -208,6 +208,25 @@ def _namespace(example: Example, folder: Path) -> dict[str, Any]:
     return namespace
 
 
+@contextlib.contextmanager
+def _otlp_receiver(code: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For an example with the OpenTelemetry sink: a real OTLP/HTTP receiver on loopback, named
+    by the standard variable, and at least one export of the example's windows must reach it."""
+    if "OtelSink" not in code:
+        yield
+        return
+    from otlp_support import Receiver
+
+    receiver = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.removesuffix("/v1/metrics"))
+    try:
+        yield
+        _close_timers()
+        assert receiver.requests, "the example's OpenTelemetry sink exported nothing"
+    finally:
+        receiver.close()
+
+
 def _close_timers() -> None:
     """Close every timer still alive, the ones a block rebound included (closing twice is safe)."""
     import gc
@@ -250,7 +269,7 @@ def test_documentation_example_runs(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     namespace = _namespace(example, tmp_path)
-    with _process_group(example.code):
+    with _process_group(example.code), _otlp_receiver(example.code, monkeypatch):
         try:
             exec(compile(example.code, example.name, "exec"), namespace)
         finally:

@@ -10,6 +10,7 @@ import pytest
 
 from stagefrontier import analyze
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
+from stagefrontier.formats.run_folder import RunWindows
 from stagefrontier.render.plots import (
     OTHER_RANK,
     _spread,
@@ -19,7 +20,6 @@ from stagefrontier.render.plots import (
     rank_styles,
     steps_to_show,
 )
-from stagefrontier.render.run_folder import RunWindows
 
 pytest.importorskip("matplotlib")
 
@@ -101,7 +101,7 @@ def test_windows_the_router_slowed_are_left_out_of_the_worst_step(tmp_path: Path
 def test_a_captured_incidents_window_is_left_out_and_said_when_every_window_is(
     tmp_path: Path,
 ) -> None:
-    from stagefrontier.route.incident import new_incident, write_incident
+    from stagefrontier.render.incident import new_incident, write_incident
 
     run = _run(tmp_path)
     incident = new_incident("w00001", "actionable")

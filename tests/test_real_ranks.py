@@ -196,7 +196,7 @@ def test_the_single_trace_an_incident_suggests_names_its_rank(
 def _incident_folder(traces: dict[str, Path], folder: Path) -> Path:
     """An incident folder as the router writes it: its traces (named for another host's folder,
     as after a copy) and ``incident.json`` giving each its rank."""
-    from stagefrontier.route.incident import new_incident, write_incident
+    from stagefrontier.render.incident import new_incident, write_incident
     from trace_support import load_events, write_events
 
     incident = new_incident("w00003", "actionable")
@@ -225,7 +225,7 @@ def test_analyze_reads_an_incident_folder_with_its_ranks(
 def test_an_incident_without_traces_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stagefrontier.route.incident import new_incident, write_incident
+    from stagefrontier.render.incident import new_incident, write_incident
 
     write_incident(tmp_path, new_incident("w00001", "actionable"))
     assert main(["analyze", str(tmp_path)]) == 2

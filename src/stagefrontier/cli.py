@@ -27,9 +27,9 @@ from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
+from .render.incident import INCIDENT_FILE
 from .render.last_resort import last_resort_line
 from .render.text import window_report_text
-from .route.incident import INCIDENT_FILE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -221,7 +221,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .render.run_folder import load_run
+    from .formats.run_folder import load_run
     from .render.text import run_report_text
 
     print(run_report_text(load_run(args.dir)))
@@ -246,8 +246,8 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from .formats.run_folder import load_run
     from .render.plots import plot_shares_over_time, plot_worst_step
-    from .render.run_folder import load_run
 
     if args.output and args.output.suffix.lower() != ".png":
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
@@ -397,7 +397,7 @@ def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run_incident(args: argparse.Namespace) -> int:
-    from .route.incident import render_markdown
+    from .render.incident import render_markdown
     from .route.offline import incident_folders, reduce_offline
 
     folders = incident_folders(args.dir)
@@ -432,6 +432,7 @@ def _add_capture(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _run_capture(args: argparse.Namespace) -> int:
     from .route.manual import request_capture
+    from .route.requests import MAX_CAPTURE_STEPS
 
     host, _, port = args.store.rpartition(":")
     try:
@@ -440,8 +441,10 @@ def _run_capture(args: argparse.Namespace) -> int:
         raise StageFrontierError(
             f"--ranks must be comma-separated integers: {args.ranks}"
         ) from None
-    if not host or not port.isdigit() or not ranks or args.steps < 1:
-        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N (N >= 1)")
+    if not host or not port.isdigit() or not ranks:
+        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N")
+    if not 1 <= args.steps <= MAX_CAPTURE_STEPS:
+        raise StageFrontierError(f"--steps must be in [1, {MAX_CAPTURE_STEPS}], got {args.steps}")
     answer = request_capture(
         host, int(port), ranks, args.steps, args.stage, args.run_id, args.attempt, args.wait
     )

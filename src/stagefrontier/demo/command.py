@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DemoSettingsError
+from ..formats.run_folder import load_run
 from ..render.command import cli_command
+from ..render.incident import list_incidents, top_op_line, verdict
 from ..render.plots import plot_shares_over_time, plot_worst_step
-from ..render.run_folder import load_run
 from ..render.text import run_report_text
-from ..route.incident import list_incidents, top_op_line, verdict
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig

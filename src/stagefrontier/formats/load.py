@@ -18,10 +18,9 @@ from ..errors import ReportFormatError
 from ..reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
 from ..reducers.options import TraceOptions
 from ..reducers.ranges import id_text
-from ..sinks.files import packet_name
 from .limits import read_capped
 from .npz import load_npz
-from .packet import packet_from_dict, packet_json
+from .packet import packet_from_dict, packet_json, packet_name
 from .records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
 from .summary_packet import is_summary_packet, summary_packet_from_dict
 

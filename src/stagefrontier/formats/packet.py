@@ -263,6 +263,14 @@ def packet_bytes(packet: Packet) -> bytes:
     return text.encode("utf-8")
 
 
+def packet_name(record: dict[str, Any]) -> str:
+    """``window-000003.json``; a restarted job's attempt k writes ``window-000003.attempt-k.json``
+    instead of overwriting the first attempt's packet of the same window index."""
+    attempt = record.get("attempt", 0)
+    suffix = f".attempt-{attempt}" if attempt else ""
+    return f"window-{record['window']:06d}{suffix}.json"
+
+
 def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:
     """Write a packet atomically (temporary file in the same folder, then ``os.replace``), so a
     reader never sees a partial packet. The file gets the mode any new file of this process gets

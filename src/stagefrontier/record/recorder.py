@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
@@ -57,13 +57,26 @@ from .settings import (
 )
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
-if TYPE_CHECKING:
-    from ..route.router import ProfilerRouter
-
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class AttachedRouter(Protocol):
+    """A router started for one timer: the step context calls ``on_step`` while a capture is
+    armed or runs, and the timer's ``close`` closes it."""
+
+    def on_step(self, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Router(Protocol):
+    """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
+    the router lives on a floor above the recorder, which only calls what it is given."""
+
+    def attach(self, timer: Any) -> AttachedRouter: ...
 
 
 class StageTimer(TimerState):
@@ -134,7 +147,7 @@ class StageTimer(TimerState):
         role_dims: Sequence[str] = ("pp",),
         collector: Collector | None = None,
         annotate: bool = False,
-        router: ProfilerRouter | None = None,
+        router: Router | None = None,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
         role_set: tuple[str, ...] = ()
@@ -190,7 +203,7 @@ class StageTimer(TimerState):
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role, self._role_set = role, role_set
-        self._cost = CostMeter(annotated=annotate)
+        self._cost = CostMeter(annotate, StageTimer)
         ranges = ProfilerRanges() if annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(

@@ -138,7 +138,7 @@ class TimerState:
         self._loader_note = ""
         self._capture = False  # set by the router's thread while a capture is armed or runs
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
-        self._cost = CostMeter(annotated=False)  # StageTimer sets its own
+        self._cost = CostMeter(False, type(self))  # StageTimer sets its own
 
     @property
     def _step_index(self) -> int:
@@ -207,6 +207,8 @@ class TimerState:
         it (a batch fetched for it) is dropped with it."""
         self._active = PAUSED_STEP
         self._pending_data_ns = 0
+        if self._capture:  # a capture armed or running ends at a pause
+            self._router.on_pause(self._step_index)
 
     def _end_paused_step(self) -> None:
         """A paused step ended: it counts in the window's span (and may end the window)."""

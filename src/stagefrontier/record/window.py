@@ -90,6 +90,8 @@ class RankWindow:
     """CPU time of the library's collection threads since the previous window was built."""
     router_cpu_ns: int = field(default=0, metadata=_meta("count"))
     """CPU time of the profiler router's thread since the previous window was built."""
+    capture_ns: int = field(default=0, metadata=_meta("count"))
+    """The training thread's time in profiler captures since the previous window was built."""
     loader: dict[str, Any] = field(default_factory=dict, metadata=_meta("loader"))
     """A DataLoader's worker counts over the window (``record.loader_workers``), or a note
     saying why there are none; empty when the data does not come through ``timer.iter``."""

@@ -13,7 +13,7 @@ from ..analysis.accounting import FloatArray
 from ..analysis.schema import RESIDUAL_STAGE, semantic_stage
 from ..errors import StageFrontierError
 from ..formats.packet import Packet
-from .run_folder import RunWindows
+from ..formats.run_folder import RunWindows
 from .verdict import ranks_text
 
 STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#8C6D1F"]
@@ -135,7 +135,7 @@ def router_windows(run: RunWindows) -> set[int]:
     """The positions in ``run.packets`` of the windows the profiler router slowed: those whose
     steps it captured (an incident's steps), and those in which its capture export and trace
     reduction cost a rank more than ``ROUTER_SLOWED_FRACTION`` of the exposed time."""
-    from ..route.incident import list_incidents
+    from .incident import list_incidents
 
     captured = [i["steps"] for i in list_incidents(run.folder) if i["captured"] and i["steps"]]
     out = set()

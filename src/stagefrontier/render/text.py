@@ -13,9 +13,9 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .escape import printable, printable_lines
-from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
 METHOD_TITLES = {
@@ -97,6 +97,9 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     router = cost.get("router_cpu_s", {}).get("max", 0.0)
     if router > 0:
         split += f", profiler router {router * 1e3:.1f} ms (capture export, trace reduction)"
+    capture = cost.get("capture_s", {}).get("max", 0.0)
+    if capture > 0:
+        split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
         f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
     )
@@ -252,7 +255,7 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from ..route.incident import list_incidents, summary_line
+    from .incident import list_incidents, summary_line
 
     incidents = list_incidents(run.folder)
     if not incidents:

@@ -10,9 +10,9 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.packet import read_packet
+from ..render.incident import INCIDENT_FILE, list_incidents, read_incident, write_incident
 from .confirm import LiveWindow
 from .html import write_html
-from .incident import INCIDENT_FILE, list_incidents, read_incident, write_incident
 from .reduction import analyze_traces
 
 

@@ -28,6 +28,10 @@ logger = logging.getLogger("stagefrontier")
 REQUEST_KEY = "route/request"
 MANUAL_KEY = "route/manual"
 MANUAL_ANSWER_KEY = "route/manual/answer"
+MAX_CAPTURE_STEPS = 100
+"""The most steps one capture profiles: the profiler holds every event in memory until it stops.
+A request for more is refused where a person makes it (``request_capture``, ``stagefrontier
+capture``) and capped, with a reason, where it is read from the store."""
 MAX_VALUE_BYTES = 64 << 10
 """A request or answer larger than this is rejected as corrupt before it is parsed."""
 

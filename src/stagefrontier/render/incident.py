@@ -11,7 +11,7 @@ from typing import Any
 
 from ..analysis.regression import regression_text
 from ..errors import ReportFormatError
-from ..render.command import cli_command
+from .command import cli_command
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
