@@ -38,6 +38,7 @@ from .requests import (
     RequestChannel,
     status_key,
 )
+from .worker_profile import worker_findings
 
 logger = logging.getLogger("stagefrontier")
 
@@ -393,6 +394,7 @@ class Coordinator:
         self._cost(incident, request)
         if incident["captured"] and len(local) == len(files):
             analyze_traces(incident, local, [live_window(w) for w in self.live], self.config.gates)
+            worker_findings(incident, self.live)
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
         self._write(incident)
         self._cleanup(request)
