@@ -20,9 +20,9 @@ While the baseline fills (fewer than ``min_baseline`` windows), its first window
 warm-up (compilation, cold caches: two to ten times slower). A new window that the baseline so
 far would count as slower than itself, by the same rule with the two sides swapped, shows that
 those windows were a warm-up: they leave the baseline, which starts again from the new window.
-A window above the threshold of a baseline still filling is held out of it and flagged when
-the window after it is above too (never on a first jump), so that a slowdown right after a
-warm-up is caught.
+A window above the threshold of a baseline still filling is held out of it, and flagged only
+when it exceeds twice the threshold and the window before it was above too (never on a first
+jump), so that a slowdown right after a warm-up is caught.
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ class RegressionCheck:
         increase, threshold = self._shift(base, exposed)
         if increase <= threshold:
             return None, False
-        if not self._above and (filling or increase <= 2 * threshold):
+        if filling and not (self._above and increase > 2 * threshold):
+            return None, True  # against a baseline still filling: two large jumps in a row
+        if not self._above and increase <= 2 * threshold:
             return None, True
         result = compare(
             Side.from_windows("baseline", [h.d for h in self._healthy], stages),
