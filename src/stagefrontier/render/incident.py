@@ -12,6 +12,7 @@ from typing import Any
 from ..analysis.regression import regression_text
 from ..errors import ReportFormatError
 from .command import cli_command
+from .loader_text import WORKER_ROW_NUMBERS, worker_line
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
@@ -48,6 +49,9 @@ _OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
     "regression": (dict, type(None)),
     "reference_capture": (dict, type(None)),
     "router_cpu_s": (dict, type(None)),
+    "worker_op_diff": (list, type(None)),
+    "loader_advice": (str, type(None)),
+    "loader": (dict, type(None)),
 }
 """Fields a regression's incident adds (the regression object; the earlier trace diffed
 against), type-checked when present: incidents written before them still read."""
@@ -126,6 +130,12 @@ def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
         for key in ("suspect_ms_per_step", "reference_ms_per_step"):
             if not isinstance(row.get(key), (int, float)):
                 raise ReportFormatError(f"{source}: op_diff entry lacks a number {key!r}")
+    for row in data.get("worker_op_diff") or []:
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            raise ReportFormatError(f"{source}: malformed worker_op_diff entry {row!r:.80}")
+        for key in WORKER_ROW_NUMBERS:
+            if not isinstance(row.get(key), (int, float)) or isinstance(row.get(key), bool):
+                raise ReportFormatError(f"{source}: worker_op_diff entry lacks a number {key!r}")
     return data
 
 
@@ -217,9 +227,14 @@ def summary_line(incident: dict[str, Any]) -> str:
         verdict(incident),
     ]
     top = top_op_line(incident)
+    workers = worker_line(incident)
+    if workers:
+        parts.append(workers)
     if top:
         parts.append(top)
-    elif incident["reasons"]:
+    if incident.get("loader_advice"):
+        parts.append(incident["loader_advice"])
+    elif not top and incident["reasons"]:
         parts.append(incident["reasons"][-1])
     cost = router_cost_text(incident)
     if cost:
@@ -347,6 +362,20 @@ def render_markdown(incident: dict[str, Any]) -> str:
                 f"{row['reference_ms_per_step']:.2f} |"
             )
         lines.append("")
+    if incident.get("worker_op_diff"):
+        lines += [
+            f"Rank {incident['leader_rank']}'s DataLoader workers (self time per batch, against "
+            f"rank {incident['reference_rank']}'s):",
+            "",
+            "| worker function | suspect ms/batch | reference ms/batch | calls/batch |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| `{row['name']}` | {row['suspect_ms_per_batch']:.2f} | "
+                f"{row['reference_ms_per_batch']:.2f} | {row['calls_per_batch']:g} |"
+                for row in incident["worker_op_diff"]
+            ),
+            "",
+        ]
     if incident["reasons"]:
         lines += ["Reasons:", "", *(f"- {r}" for r in incident["reasons"]), ""]
     commands = open_commands(incident)

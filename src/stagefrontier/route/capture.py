@@ -35,6 +35,7 @@ from typing import Any
 from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
 
@@ -99,6 +100,7 @@ class RankCapture:
         self._session = 0  # ``profiler_session.started()`` right after our start
         self._rss_start: int | None = None
         self._note = ""  # why the running capture ends or ended early, for its answer
+        self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
 
     @property
     def _rank(self) -> int:
@@ -238,6 +240,7 @@ class RankCapture:
         self._session = profiler_session.started()
         self._rss_start = resident_bytes()
         self._prof = prof
+        self._workers.started()
         self._swap_stages()
         if step < request.first_step or request.steps == 1:
             self._open_step_range(step)
@@ -250,6 +253,7 @@ class RankCapture:
         self._request = None
         self._restore_stages()
         self._timer._capture = False
+        self._workers.stopped()
         note, self._note = self._note, ""
         if foreign is not None:  # the session is not ours to stop: leave it running
             self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
@@ -269,6 +273,7 @@ class RankCapture:
         self._timer._capture = False
         self._note = ""
         try:
+            self._workers.stopped()
             self._restore_stages()
             if prof is not None and profiler_session.foreign(self._session) is None:
                 prof.stop()
@@ -347,6 +352,7 @@ class RankCapture:
                 )
             )
             return
+        self._workers.exported(folder, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
         export_cpu_s = round(time.thread_time() - cpu_start, 4)
         # ``last`` is earlier if the run ended

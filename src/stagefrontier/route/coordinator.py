@@ -38,6 +38,7 @@ from .requests import (
     RequestChannel,
     status_key,
 )
+from .worker_profile import worker_findings
 
 logger = logging.getLogger("stagefrontier")
 
@@ -400,6 +401,7 @@ class Coordinator:
             budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
             live = [live_window(w) for w in self.live]
             reduction = analyze_traces(incident, local, live, self.config.gates, budget)
+            worker_findings(incident, self.live)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
