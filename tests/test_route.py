@@ -95,7 +95,7 @@ def test_requests_round_trip_and_reject_bad_values() -> None:
     assert request.last_step == 44
     status = CaptureStatus("w00001", 2, "captured", path="/x", size=3, host="h")
     assert CaptureStatus.decode(status.encode()) == status
-    manual = ManualRequest((2, 0), 5)
+    manual = ManualRequest((2, 0), 5, id="c0ffee")
     assert ManualRequest.decode(manual.encode()) == manual
     for bad in (b"not json", b"[1]", b'{"id": "x", "ranks": [], "first_step": 1, "steps": 1}'):
         with pytest.raises(ReportFormatError):

@@ -237,15 +237,16 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from ..route.incident import list_incidents, summary_line
+    from ..route.incident import scan_incidents, summary_line
 
-    incidents = list_incidents(run.folder)
-    if not incidents:
+    found, skipped = scan_incidents(run.folder)
+    if not found and not skipped:
         return []
     return [
         "",
-        f"Incidents ({len(incidents)}; `stagefrontier incident {run.folder}` for details):",
-        *(f"  {summary_line(incident)}" for incident in incidents),
+        f"Incidents ({len(found)}; `stagefrontier incident {run.folder}` for details):",
+        *(f"  {summary_line(incident)}" for _, incident in found),
+        *(f"  {problem}" for problem in skipped),
     ]
 
 
