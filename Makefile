@@ -1,5 +1,5 @@
 # Newcomer entry points: `make demo` (set up what the demo needs, then run it) and `make test`
-# (set up everything the tests need, then lint, type-check and test).
+# (set up everything the tests need, then lint, type-check, build the docs and test).
 # Overridable: PYTHON, VENV, TORCH_SPEC (the torch requirement installed when none is present),
 # TORCH_INDEX (pip options for that install: on a machine whose pip would fetch the CUDA wheel, use
 # TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu" for the CPU build), DEMO_EXTRAS
@@ -10,12 +10,12 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 DEMO_EXTRAS ?= plot
-EXTRAS ?= dev,plot,tensorboard,prometheus,wandb,lightning,transformers,hta
+EXTRAS ?= dev,docs,plot,tensorboard,prometheus,otel,wandb,lightning,transformers,hta
 PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.stagefrontier-demo
 STAMP := $(VENV)/.stagefrontier-installed
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo test lint typecheck docs bench clean
 
 # install(extras, what it is for, rough time): the venv, torch when none is importable (an
 # existing install is kept; the pinned 2.13.0 resolves to the CPU build on the registries this
@@ -46,17 +46,22 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks docs/hooks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint typecheck
+# The documentation site (mkdocs.yml): --strict fails on a broken link, a missing API reference
+# or a docstring the reference cannot parse. Written to site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: $(STAMP) lint typecheck docs
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/analyzer.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

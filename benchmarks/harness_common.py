@@ -43,7 +43,7 @@ from stagefrontier.analysis.schema import (
 )
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.formats.packet import Packet, read_packet
-from stagefrontier.render.run_folder import method_shares
+from stagefrontier.formats.run_folder import method_shares
 
 FloatArray = npt.NDArray[np.float64]
 

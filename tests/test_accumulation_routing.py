@@ -14,7 +14,7 @@ import stagefrontier as sf
 from recorder_support import BWD, DATA, FWD, OPTIM, read_records
 from stagefrontier import StageTimer
 from stagefrontier.analysis.schema import expand_microsteps
-from stagefrontier.render.run_folder import load_run
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.text import run_report_text, window_report_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.sinks import PacketSink

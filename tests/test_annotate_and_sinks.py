@@ -109,7 +109,7 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     """Under torchelastic a restart counts windows from 0 again in the same folder: records and
     packets carry the attempt, no packet is overwritten, and the report orders by attempt."""
     from stagefrontier.collect import LocalCollector
-    from stagefrontier.render.run_folder import load_run
+    from stagefrontier.formats.run_folder import load_run
     from stagefrontier.render.text import run_report_text
     from stagefrontier.sinks import default_sinks
 

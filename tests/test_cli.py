@@ -292,3 +292,18 @@ def test_cli_runs_with_torch_absent() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["top1"] == "data.next_wait"
+
+
+def test_analyze_a_window_of_a_single_process_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A one-process run writes windows.jsonl and no packets/: --window reads its record."""
+    out = tmp_path / "run"
+    with sf.StageTimer(window=2, out_dir=str(out), log=False) as timer:
+        for _ in range(6):
+            with timer.step(), timer.stage(sf.DATA_STAGE):
+                pass
+    assert not (out / "packets").exists()
+    code, stdout, stderr = run(["analyze", str(out), "--window", "1"], capsys)
+    assert code == 0, stderr
+    assert "window=1, first_step=2, last_step=3" in stdout

@@ -325,7 +325,7 @@ def test_accumulation_change_mid_run_reports_and_plots_each_stage_list(
 def test_unexpected_error_is_one_line_with_a_traceback_file(
     folder: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stagefrontier.render.run_folder as run_folder_module
+    import stagefrontier.formats.run_folder as run_folder_module
 
     def broken(_: Path) -> None:
         return {}["a key no reader checks"]  # type: ignore[no-any-return]

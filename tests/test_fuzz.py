@@ -36,7 +36,7 @@ from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.formats.load import load_window
 from stagefrontier.formats.packet import packet_from_bytes
 from stagefrontier.formats.records import read_records
-from stagefrontier.render.run_folder import load_run
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.text import run_report_text, window_report_text
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import ENUM, SCHEMA, Report

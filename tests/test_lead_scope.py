@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.run_folder import load_run
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink, summary_line
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.plots import plot_shares_over_time
-from stagefrontier.render.run_folder import load_run
-from stagefrontier.render.text import run_report_text
+from stagefrontier.render.text import run_report_text, window_line
 
 W = 6  # steps per window
 FAULTS = (
@@ -47,14 +47,14 @@ def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     pp1 = one.role_reports["pp1"]
     assert pp1.top1 == "data.next_wait" and pp1.routing_set[0] == "data.next_wait"
     assert pp1.semantic_localization["data.next_wait"].leading_ranks == [3]
-    assert "pp1 top data.next_wait" in one.summary() and "led by rank 3" in one.summary()
-    assert "pp1 bounds the step" in one.summary()
+    assert "pp1 top data.next_wait" in window_line(one) and "led by rank 3" in window_line(one)
+    assert "pp1 bounds the step" in window_line(one)
 
     both = WindowReport.from_dict(windows[2])
     assert both.role_reports is not None
     assert both.role_reports["pp0"].top1 == "data.next_wait"
     assert both.role_reports["pp1"].top1 == "pp.schedule"
-    assert "pp0 bounds the step" in both.summary()
+    assert "pp0 bounds the step" in window_line(both)
 
     # A compute stall inside the schedule: still routed within pp1 to rank 3, but its pipeline
     # partner waits for it inside pp.schedule too, so which role bounds the step stays open.
@@ -62,7 +62,7 @@ def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     assert compute.role_reports is not None
     pp1 = compute.role_reports["pp1"]
     assert pp1.top1 == "pp.schedule" and pp1.leaders["pp.schedule"] == 3
-    assert "cannot tell which role the others wait for" in compute.summary()
+    assert "cannot tell which role the others wait for" in window_line(compute)
 
     run = load_run(tmp_path)
     table = run_report_text(run)

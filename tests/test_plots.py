@@ -10,14 +10,16 @@ import pytest
 
 from stagefrontier import analyze
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
+from stagefrontier.formats.run_folder import RunWindows
 from stagefrontier.render.plots import (
+    OTHER_RANK,
     _spread,
     leader_text,
     plot_shares_over_time,
     plot_worst_step,
+    rank_styles,
     steps_to_show,
 )
-from stagefrontier.render.run_folder import RunWindows
 
 pytest.importorskip("matplotlib")
 
@@ -83,3 +85,51 @@ def test_both_figures_render_for_seven_stages(tmp_path: Path) -> None:
         plot_shares_over_time(run, tmp_path / "shares.png"),
     ):
         assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_windows_the_router_slowed_are_left_out_of_the_worst_step(tmp_path: Path) -> None:
+    run = _run(tmp_path)  # the worst step (step 4 of window 1) is in a window the router slowed
+    run.packets[1].meta["self_cost"] = {"router_cpu_s": {"max": 2.5, "median": 0.3}}
+    packet, shown = steps_to_show(run)
+    assert packet.meta["window"] == 0
+    assert "window(s) 1 left out: the profiler router's capture slowed them" in shown[-1][1]
+    run.packets[1].meta["self_cost"] = {"router_cpu_s": {"max": 1e-6, "median": 0.0}}
+    assert steps_to_show(run)[0].meta["window"] == 1  # a negligible router cost is not a slowdown
+    plot_worst_step(run, tmp_path / "frontier.png")
+
+
+def test_a_captured_incidents_window_is_left_out_and_said_when_every_window_is(
+    tmp_path: Path,
+) -> None:
+    from stagefrontier.render.incident import new_incident, write_incident
+
+    run = _run(tmp_path)
+    incident = new_incident("w00001", "actionable")
+    incident.update(captured=True, steps=[11, 13])  # inside window 1 (steps 9-17)
+    write_incident(tmp_path / "incidents" / "w00001", incident)
+    assert steps_to_show(run)[0].meta["window"] == 0
+    run.packets[0].meta["self_cost"] = {"router_cpu_s": {"max": 1.0, "median": 1.0}}
+    packet, shown = steps_to_show(run)
+    assert packet.meta["window"] == 1
+    assert "every window carries the profiler router's capture cost" in shown[-1][1]
+
+
+def test_eight_ranks_get_eight_distinct_colours_and_markers() -> None:
+    totals = np.arange(8.0)
+    styles = rank_styles(totals, np.array([3, 3]), np.array([5.0, 1.0]), list(range(10, 18)))
+    assert len({s["color"] for s in styles}) == 8 and len({s["marker"] for s in styles}) == 8
+    assert [s["label"] for s in styles] == [f"rank {r}" for r in range(10, 18)]
+
+
+def test_beyond_eight_ranks_the_leaders_and_the_median_rank_stand_out() -> None:
+    totals = np.linspace(1.0, 2.0, 16)
+    setters, advances = np.array([9, 4, 9]), np.array([3.0, 1.0, 0.5])
+    styles = rank_styles(totals, setters, advances, [100 + r for r in range(16)])
+    labeled = {r: s["label"] for r, s in enumerate(styles) if "label" in s}
+    assert labeled == {
+        9: "rank 109 (sets the frontier)",
+        4: "rank 104 (sets the frontier)",
+        8: "rank 108 (median rank)",
+    }
+    assert styles[9]["color"] != styles[4]["color"] != styles[8]["color"]
+    assert all(s["color"] == OTHER_RANK for r, s in enumerate(styles) if r not in labeled)

@@ -19,8 +19,13 @@ import pytest
 
 from stagefrontier import analyze
 from stagefrontier.errors import ReportFormatError
+from stagefrontier.render.incident import (
+    check_incident,
+    new_incident,
+    read_incident,
+    write_incident,
+)
 from stagefrontier.route.decide import decide, start_margin
-from stagefrontier.route.incident import check_incident, new_incident, read_incident, write_incident
 from stagefrontier.route.opdiff import op_diff, stage_op_times
 from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest
 
@@ -37,7 +42,7 @@ STAGES = [
 
 
 def _window(d: np.ndarray, ranks: list[int]) -> Any:
-    report = analyze(d, STAGES)
+    report = analyze(d, STAGES, rank_ids=ranks)  # as analyze_merged numbers the columns
     ref = SimpleNamespace(window=3, first_step=60)
     merged = SimpleNamespace(ranks=[SimpleNamespace(rank=r) for r in ranks], reference=ref)
     return SimpleNamespace(report=report, merged=merged, d=d)
@@ -387,8 +392,8 @@ def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace
     capture traced in the baseline windows; that earlier trace is the op diff's reference."""
     from stagefrontier import ProfilerRouter
     from stagefrontier.analysis.regression import RegressionCheck
+    from stagefrontier.render.incident import summary_line
     from stagefrontier.route.coordinator import Coordinator
-    from stagefrontier.route.incident import summary_line
     from stagefrontier.route.requests import REQUEST_KEY, status_key
 
     config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=5.0)

@@ -21,7 +21,7 @@ import pytest
 
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
-from stagefrontier.route.incident import (
+from stagefrontier.render.incident import (
     check_incident,
     new_incident,
     open_commands,
@@ -265,7 +265,7 @@ def test_request_and_status_ids_must_be_plain_names(bad: str) -> None:
     "value",
     [
         {"id": "w1", "ranks": [True], "first_step": 3, "steps": 2},
-        {"id": "w1", "ranks": [0], "first_step": 3, "steps": MAX_CAPTURE_STEPS + 1},
+        {"id": "w1", "ranks": [0], "first_step": 3, "steps": 2**70},
         {"id": "w1", "ranks": [0], "first_step": 2**70, "steps": 2},
         {"id": "w1", "ranks": [0] * 10_000, "first_step": 3, "steps": 2},
         {"id": "w1", "ranks": [0], "first_step": 3, "steps": 2, "stage": 5},
@@ -336,8 +336,8 @@ def test_incident_text_is_escaped_and_its_commands_quoted(
     for command in commands:
         words = shlex.split(command, comments=True)
         assert not any("$(" in w and w not in paths and str(folder) not in w for w in words)
-        if words[0] == "python":
-            code_text = words[2]
+        if "-c" in words:
+            code_text = words[words.index("-c") + 1]
             literals = {
                 node.value
                 for node in ast.walk(ast.parse(code_text))

@@ -59,7 +59,7 @@ def test_steady_one_rank_stall_says_who_what_where_and_why_the_gain_is_zero() ->
     reasons = all_reasons(report)
     assert not any(symbol in reasons for symbol in PAPER_SYMBOLS)
     (low_gain,) = [r for r in report.reasons["co_critical"] if "direct gain" in r]
-    assert "gain_threshold=0.1" in low_gain and "a steady stall: rank 2" in low_gain
+    assert "< gain_threshold 10%" in low_gain and "a steady stall: rank 2" in low_gain
     assert "Gates.model_fit_stages" in low_gain
     (withheld,) = report.reasons["direct_exposure"]
     assert withheld.startswith("not emitted: co_critical: data.next_wait's direct gain is 0.0%")
@@ -110,7 +110,7 @@ def test_gain_just_above_the_threshold_is_co_critical_not_a_flip() -> None:
     gain = near.direct_gain[BACKWARD_STAGE]
     assert near.gates.gain_threshold <= gain < near.gates.gain_threshold + near.gates.gain_tie
     assert near.labels == ["frontier_accounting", "co_critical"]
-    assert any("within gain_tie=0.05 of gain_threshold" in r for r in near.reasons["co_critical"])
+    assert any("within gain_tie 5% of gain_threshold 10%" in r for r in near.reasons["co_critical"])
     # Without the band the same window would be called direct exposure; a clear spike still is.
     no_band = sf.analyze(spike_window(0.068), STAGES, gates=sf.Gates(gain_tie=0.0))
     assert no_band.has("direct_exposure")

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__
@@ -26,6 +27,7 @@ from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
+from .render.incident import INCIDENT_FILE
 from .render.last_resort import last_resort_line
 from .render.text import window_report_text
 
@@ -48,9 +50,11 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "packet written by stagefrontier, an output folder, its packets/ or its windows.jsonl "
         "(with --window), PyTorch Profiler traces (.json/.json.gz files or a folder of them, "
         "one per rank) or an Nsight Systems SQLite export. A trace is reduced to the ordered "
-        "stage matrix from its step ranges and its stage ranges.",
+        "stage matrix from its step ranges and its stage ranges. Several PATHs are the traces "
+        "of one window, a file or folder per rank; an incident folder (incidents/<id>) is read "
+        "as its traces, the ranks it captured.",
     )
-    parser.add_argument("file", type=Path, metavar="PATH")
+    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--format",
@@ -136,22 +140,40 @@ def _window(text: str | None) -> tuple[int | None, int | None]:
 def _run_analyze(args: argparse.Namespace) -> int:
     window, attempt = _window(args.window)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    paths: list[Path] = args.paths
+    trace = _trace_options(args)
+    if len(paths) == 1 and (paths[0] / INCIDENT_FILE).is_file():
+        paths, trace = _incident_input(paths[0], trace)
+    steps = None if args.steps is None else _int_pair(args.steps, ":", "--steps", "FIRST:LAST")
     loaded = load_window(
-        args.file,
+        paths,
         args.format,
         stages=stages,
-        trace=_trace_options(args),
-        steps=None if args.steps is None else _int_pair(args.steps, ":", "--steps", "FIRST:LAST"),
+        trace=trace,
+        steps=steps,
         window=window,
         attempt=attempt,
     )
     if loaded.stored_report is not None and loaded.stored_report != loaded.report:
-        _warn(f"{args.file}: stored report differs from a fresh analysis; showing the fresh one")
+        _warn(f"{paths[0]}: stored report differs from a fresh analysis; showing the fresh one")
     if args.json:
         print(loaded.report.to_json(indent=2))
     else:
         print(window_report_text(loaded.report, meta=loaded.facts(), notes=loaded.notes))
     return EXIT_OK
+
+
+def _incident_input(folder: Path, trace: TraceOptions) -> tuple[list[Path], TraceOptions]:
+    """An incident folder's traces, each with the rank the incident gives it (a --rank given
+    on the command line wins), the job's other ranks allowed to be missing: a capture holds
+    only the ranks it was asked for."""
+    from .route.offline import incident_traces
+
+    files = incident_traces(folder)
+    ranks: dict[PathLike, int] = {path: rank for rank, path in files.items()}
+    ranks.update(trace.ranks or {})
+    paths = [Path(files[rank]) for rank in sorted(files)]
+    return paths, replace(trace, ranks=ranks, missing_ranks="allow")
 
 
 # --- validate -------------------------------------------------------------------------------------
@@ -199,7 +221,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .render.run_folder import load_run
+    from .formats.run_folder import load_run
     from .render.text import run_report_text
 
     print(run_report_text(load_run(args.dir)))
@@ -224,11 +246,13 @@ def _add_plot(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from .formats.run_folder import load_run
     from .render.plots import plot_shares_over_time, plot_worst_step
-    from .render.run_folder import load_run
 
     if args.output and args.output.suffix.lower() != ".png":
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
     groups = load_run(args.dir).by_schema()
     for i, run in enumerate(groups):
         # Windows of another stage list (a schema change mid-run) get figures of their own.
@@ -300,7 +324,7 @@ class _DefaultsAndExamples(
 
 
 DEMO_EXAMPLES = """examples:
-  stagefrontier demo --fault data@2:120ms             # what `make demo` runs
+  stagefrontier demo --fault data@2:120ms --router    # what `make demo` runs
   stagefrontier demo --fault comm@1:80ms,from=40,to=80
   stagefrontier demo --ranks 2 --steps 40 --window 10 --fault callback_sync@0:60ms,every=5
   stagefrontier report stagefrontier-demo             # the report again, from the folder"""
@@ -373,7 +397,7 @@ def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run_incident(args: argparse.Namespace) -> int:
-    from .route.incident import render_markdown
+    from .render.incident import render_markdown
     from .route.offline import incident_folders, reduce_offline
 
     folders, skipped = incident_folders(args.dir)

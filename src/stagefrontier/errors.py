@@ -82,6 +82,10 @@ class TimerSettingError(StageFrontierError, ValueError):
     """A StageTimer or CollectConfig argument of the wrong type or out of its range."""
 
 
+class SinkSettingError(StageFrontierError, ValueError):
+    """A sink's argument of the wrong type or out of its range."""
+
+
 class ContractViolation(StageFrontierError):
     """A misuse of the timer's contexts (nesting, order, an unknown stage), raised instead of
     counted when the timer is strict."""

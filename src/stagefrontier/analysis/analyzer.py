@@ -10,12 +10,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import SideEvidenceError, SummaryError
+from ..errors import DurationsError, SideEvidenceError, SummaryError
 from .accounting import FloatArray, as_window
 from .evidence import FrontierInputs, compute_evidence, window_inputs
 from .gates import Gates
 from .labels import LabelInputs, label_window
-from .roles import check_roles, group_side, renumbered, role_groups, wall_fractions
+from .roles import (
+    check_roles,
+    checked_rank_ids,
+    group_side,
+    renumbered,
+    role_groups,
+    wall_fractions,
+)
 from .routing import rank_order, routing_set
 from .schema import RESIDUAL_STAGE, SCHEMA_VERSION, check_stage_names, stage_order_hash
 from .semantic import semantic_view, substage_groups
@@ -34,6 +41,7 @@ def analyze(
     gates: Gates | None = None,
     roles: Sequence[str] | None = None,
     side: SideEvidence | None = None,
+    rank_ids: Sequence[int] | None = None,
 ) -> WindowReport:
     """Frontier accounting, localization and labels for one window.
 
@@ -48,16 +56,20 @@ def analyze(
             role, each this same analysis on that role's ranks, with ranks numbered as in ``d``.
         side: optional side evidence (CUDA-event samples, accumulation, telemetry errors, the
             job's full role set).
+        rank_ids: the rank number of each column of ``d`` (distinct, >= 0), for a window that
+            holds some ranks of a job (a trace of ranks 2 and 0, a window a rank did not reach):
+            leaders, tie sets and reasons name these numbers. Default ``0 .. R-1``.
 
     Raises:
-        StageFrontierError subclasses for malformed input, each naming the problem.
+        StageFrontierError: malformed input (a specific subclass, naming the problem).
     """
     names = check_stage_names(stages)  # once: a generator is read a single time
     arr = as_window(d, names)
     n, r, s = arr.shape
     side = (side or NO_SIDE_EVIDENCE).checked(n, r, s)
     role_list = check_roles(roles, r, side.expected_roles)
-    return _analyze(arr, names, gates or DEFAULT_GATES, role_list, side, list(range(r)))
+    ranks = list(range(r)) if rank_ids is None else checked_rank_ids(rank_ids, r, DurationsError)
+    return _analyze(arr, names, gates or DEFAULT_GATES, role_list, side, [int(x) for x in ranks])
 
 
 def _analyze(

@@ -133,6 +133,7 @@ def label_window(x: LabelInputs) -> Labeling:
     confident = loc.confident_steps >= g.min_confident_fraction * n
     dominant = a1 > g.share_dominance
     model_fit = name1 in g.model_fit_stages
+    threshold = _pct("gain_threshold", g.gain_threshold)
     ambiguities = _ambiguities(x, order, strong_gains)
     if ambiguities:
         for reason, _ in ambiguities:
@@ -163,13 +164,12 @@ def label_window(x: LabelInputs) -> Labeling:
         out.emit(
             DIRECT_EXPOSURE,
             f"{name1}: share {a1:.1%} and clipped direct gain {g1:.1%} "
-            f"(>= gain_threshold={g.gain_threshold}, top gain) agree",
+            f"(>= {threshold}, top gain) agree",
         )
     else:
         out.withhold(
             DIRECT_EXPOSURE,
-            f"direct gain {g1:.1%} of {name1} is below gain_threshold={g.gain_threshold}: "
-            + _low_gain_cause(x, s1),
+            f"direct gain {g1:.1%} of {name1} is below {threshold}: " + _low_gain_cause(x, s1),
         )
     if n_ranks == 1:
         for label in (SYNC_WAIT_DEPENDENT, LIKELY_SYNC_WAIT):
@@ -184,7 +184,7 @@ def label_window(x: LabelInputs) -> Labeling:
     if g1 < g.gain_threshold:
         out.emit(
             SYNC_WAIT_DEPENDENT,
-            f"{name1}: share {a1:.1%} with direct gain {g1:.1%} < gain_threshold under the "
+            f"{name1}: share {a1:.1%} with direct gain {g1:.1%} < {threshold} under the "
             "caller's synchronization-wait model",
         )
     else:
@@ -228,13 +228,14 @@ def _ambiguities(
     s1 = order[0]
     name1, a1, g1 = x.stages[s1], float(ev.shares[s1]), float(ev.gain[s1])
     gmax = float(ev.gain.max())
+    threshold = _pct("gain_threshold", g.gain_threshold)
     out: list[tuple[str, str]] = []
     if len(order) > 1 and a1 > 0 and a1 - ev.shares[order[1]] <= g.share_tie:
         name2, a2 = x.stages[order[1]], float(ev.shares[order[1]])
         out.append(
             (
                 f"top shares near-tied: {name1} {a1:.1%} vs {name2} {a2:.1%} "
-                f"(within share_tie={g.share_tie})",
+                f"(within {_pct('share_tie', g.share_tie)})",
                 f"{name1} and {name2} carry near-tied shares",
             )
         )
@@ -243,7 +244,7 @@ def _ambiguities(
         tied = ", ".join(f"{x.stages[j]} {ev.gain[j]:.1%}" for j in gain_ties)
         out.append(
             (
-                f"direct gains near-tied: {tied} (within gain_tie={g.gain_tie})",
+                f"direct gains near-tied: {tied} (within {_pct('gain_tie', g.gain_tie)})",
                 f"direct gains near-tied ({tied})",
             )
         )
@@ -265,19 +266,19 @@ def _ambiguities(
         out.append(
             (
                 f"{name1} leads with {a1:.1%} of exposed time but its direct gain is {g1:.1%} "
-                f"< gain_threshold={g.gain_threshold} ({_low_gain_cause(x, s1)}); with no wait "
-                f"model asserted for it (Gates.model_fit_stages) the share may be wait induced "
-                "or an independent co-critical path",
-                f"{name1}'s direct gain is {g1:.1%} < gain_threshold={g.gain_threshold} and "
+                f"< {threshold} ({_low_gain_cause(x, s1)}); with no wait model asserted for "
+                "it (Gates.model_fit_stages) the share may be wait induced or an independent "
+                "co-critical path",
+                f"{name1}'s direct gain is {g1:.1%} < {threshold} and "
                 "Gates.model_fit_stages does not include it",
             )
         )
     elif g.gain_threshold <= g1 < g.gain_threshold + g.gain_tie:
         out.append(
             (
-                f"{name1}'s direct gain {g1:.1%} is within gain_tie={g.gain_tie} of "
-                f"gain_threshold={g.gain_threshold}: too close to the threshold to tell direct "
-                "exposure from a wait-dependent share",
+                f"{name1}'s direct gain {g1:.1%} is within {_pct('gain_tie', g.gain_tie)} of "
+                f"{threshold}: too close to the threshold to tell direct exposure from a "
+                "wait-dependent share",
                 f"{name1}'s direct gain {g1:.1%} is within gain_tie of gain_threshold",
             )
         )
@@ -290,6 +291,11 @@ def _ambiguities(
             )
         )
     return out
+
+
+def _pct(gate: str, value: float) -> str:
+    """A gate compared with a percentage, written as one: ``gain_threshold 10%``."""
+    return f"{gate} {value:.0%}" if round(value * 100, 6).is_integer() else f"{gate} {value:.1%}"
 
 
 def _low_gain_cause(x: LabelInputs, stage: int) -> str:

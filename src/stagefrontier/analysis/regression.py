@@ -1,7 +1,7 @@
 """Live regression check on rank 0: is this window slower than the run's recent healthy windows,
 and which stage's exposed time grew?
 
-Rule (documented in the README): the baseline is the last ``baseline_windows`` healthy windows.
+Rule (docs/regressions.md): the baseline is the last ``baseline_windows`` healthy windows.
 Once it holds ``min_baseline`` windows, a new window regresses when the median of its per-step
 exposed times exceeds the baseline's median by more than both ``min_increase`` of that median
 and ``noise_factor`` standard errors of the difference of the two medians (each step's spread

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 
-from ..errors import RolesError
+from ..errors import RolesError, StageFrontierError
 from .accounting import FloatArray
 from .evidence import StageLocalization
 from .side import SideEvidence
@@ -88,6 +89,23 @@ def wall_fractions(arr: FloatArray, groups: dict[str, list[int]]) -> dict[str, f
         role: float(per_rank[cols].sum()) / total if total > 0 else 0.0
         for role, cols in groups.items()
     }
+
+
+def checked_rank_ids(
+    ranks: Sequence[int], width: int, error: type[StageFrontierError]
+) -> npt.NDArray[np.int64]:
+    """``ranks`` as an int array: one distinct rank number in ``[0, 2**31)`` per column of a
+    window ``width`` columns wide; raises ``error`` otherwise."""
+    try:
+        ids = np.asarray(ranks)
+    except (TypeError, ValueError) as exc:
+        raise error(f"ranks must be a list of rank numbers: {exc}") from None
+    if ids.shape != (width,) or (width and ids.dtype.kind not in "iu"):
+        raise error(f"ranks must list one rank number per column: {width} needed")
+    ids = ids.astype(np.int64)
+    if width and (ids.min() < 0 or ids.max() >= 1 << 31 or np.unique(ids).size != width):
+        raise error("ranks must be distinct rank numbers in [0, 2**31)")
+    return ids
 
 
 def renumbered(loc: StageLocalization, ranks: Sequence[int]) -> StageLocalization:

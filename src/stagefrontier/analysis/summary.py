@@ -43,6 +43,7 @@ from .prefix_sketch import (
     sketch_median,
     sketch_prefixes,
 )
+from .roles import checked_rank_ids
 from .schema import check_stage_names
 from .semantic import substage_groups
 
@@ -148,8 +149,9 @@ def summarize(
         gain_baseline: the ``Gates.gain_baseline`` the analysis will use.
         reference: with ``gain_baseline="reference"``, the no-stall durations ``[S]`` or the
             group's ``[R, S]``.
-        growth, max_buckets: the median sketch's bucket spacing and size (see
-            ``prefix_sketch``); every summary to be combined must use the same.
+        growth: the median sketch's bucket spacing (see ``prefix_sketch``); every summary to be
+            combined must use the same.
+        max_buckets: the median sketch's size; every summary to be combined must use the same.
 
     Raises:
         DurationsError, StageNamesError: a malformed window or stage list.
@@ -158,7 +160,7 @@ def summarize(
     names = check_stage_names(stages)
     arr = as_window(d, names)
     n, r, s = arr.shape
-    rank_ids = _checked_ranks(ranks, r)
+    rank_ids = checked_rank_ids(ranks, r, SummaryError)
     _check_settings(top_k, gain_baseline, growth, max_buckets)
     order = np.argsort(rank_ids, kind="stable")
     arr, rank_ids = np.ascontiguousarray(arr[:, order, :]), rank_ids[order]
@@ -247,19 +249,6 @@ def _merged_runs(runs: IntArray) -> IntArray:
         raise SummaryError(f"rank groups overlap: rank(s) [{rank}] are in more than one summary")
     heads = np.concatenate([[0], np.flatnonzero(runs[1:, 0] != ends[:-1]) + 1])
     return np.stack([runs[heads, 0], np.add.reduceat(runs[:, 1], heads)], axis=1)
-
-
-def _checked_ranks(ranks: Sequence[int], width: int) -> IntArray:
-    try:
-        ids = np.asarray(ranks)
-    except (TypeError, ValueError) as exc:
-        raise SummaryError(f"ranks must be a list of rank numbers: {exc}") from None
-    if ids.shape != (width,) or (width and ids.dtype.kind not in "iu"):
-        raise SummaryError(f"ranks must list one rank number per column: {width} needed")
-    ids = ids.astype(np.int64)
-    if ids.min() < 0 or ids.max() >= 1 << 31 or np.unique(ids).size != width:
-        raise SummaryError("ranks must be distinct rank numbers in [0, 2**31)")
-    return ids
 
 
 def _check_settings(top_k: int, gain_baseline: str, growth: float, max_buckets: int) -> None:

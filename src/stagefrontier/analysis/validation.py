@@ -292,7 +292,12 @@ def direct_exposure_recovery(fixtures: int = DIRECT_EXPOSURE_FIXTURES) -> float:
         found = _top1(gains, fixture.stages) == fixture.injected
         hit = found and report.has("direct_exposure")
         if not hit:
-            logger.debug("direct-exposure fixture %d missed: %s", i, report.summary())
+            logger.debug(
+                "direct-exposure fixture %d missed: top gain %s, labels %s",
+                i,
+                _top1(gains, fixture.stages),
+                sorted(report.labels),
+            )
         hits += hit
     return hits / fixtures
 

@@ -72,12 +72,6 @@ class WindowReport:
     def mean_step_s(self) -> float:
         return self.exposed_s / self.n_steps
 
-    def summary(self) -> str:
-        """One line for a log: step time, top stage and its leader, routing, labels, verdict."""
-        from ..render.text import window_line
-
-        return window_line(self)
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": REPORT_FORMAT, "version": REPORT_VERSION}
         for f in fields(self):

@@ -92,6 +92,30 @@ def _probes(value: Any, where: str) -> dict[str, dict[str, float]]:
     return out
 
 
+LOADER_COUNTS = ("workers", "batches", "consumed")
+LOADER_SECONDS = ("busy_s", "max_worker_busy_s", "span_s")
+
+
+def _loader(value: Any, where: str) -> dict[str, Any]:
+    """A DataLoader's worker counts (``record.loader_workers``): known keys only, counts as
+    integers, seconds finite and >= 0, an optional note."""
+    if type(value) is not dict:
+        raise ReportFormatError(f"{where} must be an object, got {value!r:.40}")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in LOADER_COUNTS:
+            out[key] = _count(item, f"{where}[{key!r}]")
+        elif key in LOADER_SECONDS:
+            if type(item) not in (int, float) or not (math.isfinite(item) and item >= 0):
+                raise ReportFormatError(f"{where}[{key!r}] must be a finite number >= 0")
+            out[key] = float(item)
+        elif key == "note":
+            out[key] = _text(item, f"{where}[{key!r}]")
+        else:
+            raise ReportFormatError(f"{where} holds the unknown key {key!r:.40}")
+    return out
+
+
 _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "count": _count,
     "positive": _positive,
@@ -101,4 +125,5 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "names": _names,
     "probes": _probes,
     "ranges": _ranges,
+    "loader": _loader,
 }

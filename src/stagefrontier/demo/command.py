@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import DemoSettingsError
+from ..formats.run_folder import load_run
+from ..render.command import cli_command
+from ..render.incident import list_incidents, top_op_line, verdict
 from ..render.plots import plot_shares_over_time, plot_worst_step
-from ..render.run_folder import load_run
 from ..render.text import run_report_text
-from ..route.incident import list_incidents, top_op_line, verdict
 from .faults import check_faults, parse_fault
 from .launch import launch
 from .train import DemoConfig
@@ -142,6 +144,6 @@ def incident_summary(incident: dict[str, Any], folder: Path) -> str:
         lines += [f"  {reason}" for reason in incident["reasons"][-2:]]
     lines.append(
         f"  open {folder / 'incidents' / incident['id'] / 'incident.html'}, or run "
-        f"`stagefrontier incident {folder}`"
+        f"`{cli_command()} incident {shlex.quote(str(folder))}`"
     )
     return "\n".join(lines)

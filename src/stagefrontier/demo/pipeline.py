@@ -4,7 +4,7 @@ A small character transformer is split in two (embedding and the first block on 
 0, the second block and the output head on stage 1) and trained with
 ``torch.distributed.pipelining`` (``PipelineStage`` and ``ScheduleGPipe``) over a ``("pp", "dp")``
 device mesh; each stage's gradients are all-reduced over its data-parallel replicas. Every rank
-times the stages the README suggests for a pipeline schedule, with its role read from the mesh:
+times the stages the docs suggest for a pipeline schedule, with its role read from the mesh:
 
     data.next_wait   the next batch (stage 0 its inputs, stage 1 its targets)
     pp.schedule      schedule.step(): every microbatch's forward and backward with the
@@ -91,6 +91,7 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
         world_size=PP * DP,
         timeout=timedelta(seconds=config.collective_timeout_s),
     )
+    # --8<-- [start:mesh-timer]
     mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
     pp, dp = (int(c) for c in mesh.get_coordinate() or (0, 0))
     timer = StageTimer(
@@ -100,6 +101,7 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
         mesh=mesh,
         log=not config.quiet,
     )
+    # --8<-- [end:mesh-timer]
     faults = FaultInjector(config.faults, rank)
     _train(config, mesh, pp, dp, timer, faults)
     timer.close()
@@ -131,6 +133,7 @@ def _train(
     for step in range(config.steps):
         faults.step = step
         module.stall_pending = True
+        # --8<-- [start:pipeline-step]
         with timer.step():
             with timer.stage(DATA_STAGE):
                 inputs, targets = next(data)
@@ -150,6 +153,7 @@ def _train(
             with timer.stage(OPTIMIZER_STAGE):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+        # --8<-- [end:pipeline-step]
     if pp == PP - 1:
         Path(config.out_dir, f"losses-dp{dp}.json").write_text(json.dumps(losses))
 

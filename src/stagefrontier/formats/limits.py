@@ -58,6 +58,17 @@ LIMITS = {
     "cells": Limit("STAGEFRONTIER_MAX_CELLS", 1 << 25, "steps x ranks x stages in a window"),
     "world_size": Limit("STAGEFRONTIER_MAX_WORLD_SIZE", 1 << 17, "ranks in a world"),
 }
+MAX_CAPTURE_STEPS = 100
+"""The most steps one profiler capture spans: the profiler holds every event in memory until it
+stops. A request for more is refused where a person makes it (``request_capture``,
+``stagefrontier capture``) and capped, with a reason, where it is read from the store; an
+incident on disk stating a longer span is refused."""
+MAX_NAMED_RANKS = 64
+"""The most ranks one capture request or incident may name (a suspect and a reference are two)."""
+MAX_TEXT = 4096
+"""The longest stage name, reason, path or host a capture request, answer or incident carries."""
+MAX_STEP = 2**62
+"""A global step number beyond any run's length, within int64."""
 RECORD_LINE_BYTES = 16 * MiB
 """The longest ``windows.jsonl`` line read (a record is a few kB)."""
 _CHUNK = MiB

@@ -18,10 +18,9 @@ from ..errors import ReportFormatError
 from ..reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
 from ..reducers.options import TraceOptions
 from ..reducers.ranges import id_text
-from ..sinks.files import packet_name
 from .limits import read_capped
 from .npz import load_npz
-from .packet import packet_from_dict, packet_json
+from .packet import packet_from_dict, packet_json, packet_name
 from .records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
 from .summary_packet import is_summary_packet, summary_packet_from_dict
 
@@ -46,7 +45,7 @@ class LoadedWindow:
 
 
 def load_window(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fmt: str = "auto",
     *,
     stages: Sequence[str] | None = None,
@@ -62,23 +61,29 @@ def load_window(
             an evidence packet (re-analyzed with its stored gates, roles and side evidence); a
             ``windows.jsonl`` or an output folder (holding ``windows.jsonl`` and ``packets/``),
             or its ``packets/`` folder, with ``window`` naming the window; PyTorch Profiler traces
-            (a file, or a folder of one file per rank), or Nsight Systems SQLite exports.
+            (a file, or a folder of one file per rank), or Nsight Systems SQLite exports. A list
+            of paths is read as traces of one window, one file (or folder) per rank.
         fmt: ``auto`` (told by content, then by name) or one of ``packet``, ``npz``, ``kineto``,
             ``hta``, ``nsys``.
         stages: traces only: the ordered stage names the ranges carry; None infers them.
         trace: traces only: how to reduce them (ranks, world size, step source, ...).
         steps: traces only: keep step ids ``first..last`` (inclusive).
-        window, attempt: output folders and ``windows.jsonl``: which window (and restart attempt,
-            needed only when a restart repeats the index). A folder's packet is re-analyzed; a
-            ``windows.jsonl`` record holds the report only, which is returned as stored.
+        window: output folders and ``windows.jsonl``: which window. A folder's packet is
+            re-analyzed; a ``windows.jsonl`` record holds the report only, which is returned as
+            stored.
+        attempt: with ``window``: the restart attempt, needed only when a restart repeats the
+            index.
 
     Raises:
-        ReportFormatError (and the reducers' TraceFormatError): an unreadable or unknown input,
-        naming it; an output folder without ``window``, pointing to ``stagefrontier report``.
+        ReportFormatError: an unreadable or unknown input, naming it; an output folder without
+            ``window``, pointing to ``stagefrontier report``.
+        TraceFormatError: a trace the reducers refuse.
         OSError: the path cannot be read.
     """
     if fmt not in FORMATS:
         raise ReportFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if not isinstance(path, str | os.PathLike):
+        return _load_traces([Path(p) for p in path], fmt, stages, trace, steps, window)
     source = Path(path)
     if fmt == "auto" and _is_output_folder(source):
         return _load_from_folder(source, window, attempt)
@@ -99,6 +104,34 @@ def load_window(
     return _load_packet(source)
 
 
+def _load_traces(
+    paths: list[Path],
+    fmt: str,
+    stages: Sequence[str] | None,
+    options: TraceOptions | None,
+    steps: tuple[int, int] | None,
+    window: int | None,
+) -> LoadedWindow:
+    """Several paths: the traces of one window, read together (each rank's file or folder)."""
+    if len(paths) == 1:
+        return load_window(paths[0], fmt, stages=stages, trace=options, steps=steps, window=window)
+    if not paths:
+        raise ReportFormatError("no path given")
+    kinds = {p: detect_format(p) if fmt == "auto" else fmt for p in paths}
+    others = [f"{p} ({kind})" for p, kind in kinds.items() if kind not in TRACE_FORMATS]
+    if others or window is not None:
+        raise ReportFormatError(
+            "several paths are read together only as the traces of one window, one per rank; "
+            + (f"not a trace: {', '.join(others)}" if others else "a window index does not apply")
+        )
+    found = sorted(set(kinds.values()))
+    if len(found) > 1:
+        raise ReportFormatError(
+            f"the paths hold traces of different kinds ({', '.join(found)}); give one kind"
+        )
+    return _load_trace(paths, found[0], stages, options, steps)
+
+
 def _load_packet(path: Path) -> LoadedWindow:
     """An evidence packet, or the summary packet of a window collected as node summaries."""
     try:
@@ -110,7 +143,7 @@ def _load_packet(path: Path) -> LoadedWindow:
 
 
 def _load_trace(
-    path: Path,
+    path: Path | list[Path],
     kind: str,
     stages: Sequence[str] | None,
     options: TraceOptions | None,
@@ -145,7 +178,10 @@ def _is_output_folder(path: Path) -> bool:
 def _load_from_folder(folder: Path, window: int | None, attempt: int | None) -> LoadedWindow:
     """One window of an output folder: its packet when there is one, else its record."""
     packets = folder / PACKETS_FOLDER if (folder / PACKETS_FOLDER).is_dir() else folder
-    run_folder = folder if packets is not folder else folder.parent
+    # a folder given as its packets/ has its windows.jsonl one level up; a single-process run's
+    # output folder holds windows.jsonl and no packets/
+    beside = packets is not folder or (folder / WINDOWS_FILE).is_file()
+    run_folder = folder if beside else folder.parent
     if window is None:
         held = sorted(p.name for p in packets.glob(PACKET_GLOB))
         count = f"{len(held)} packet(s)" if held else "window records"

@@ -40,7 +40,7 @@ from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
 from ..analysis.schema import check_stage_names
 from ..analysis.side import SideEvidence
-from ..analysis.values import is_version
+from ..analysis.values import is_int, is_version
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
 from .limits import check_limit, read_capped
@@ -101,10 +101,34 @@ class Packet:
             report=report,
         )
 
+    @property
+    def rank_ids(self) -> list[int]:
+        """The rank number of each column of ``d``: the ``ranks_present`` the packet's metadata
+        lists (a window some rank did not reach holds fewer columns than the job has ranks), or
+        ``0 .. R-1`` when it lists none that fit."""
+        present = self.meta.get("ranks_present")
+        n_ranks = self.d.shape[1]
+        if (
+            isinstance(present, list)
+            and len(present) == n_ranks
+            and all(is_int(r) and 0 <= r < 1 << 31 for r in present)
+            and len(set(present)) == n_ranks
+        ):
+            return [int(r) for r in present]
+        return list(range(n_ranks))
+
     def reanalyze(self) -> WindowReport:
-        """Run the analyzer again on the stored matrix with the stored stages, gates, roles and
-        side evidence; equal to ``report`` for a packet written by this version."""
-        return analyze(self.d, self.stages, gates=self.gates, roles=self.roles, side=self.side)
+        """Run the analyzer again on the stored matrix with the stored stages, gates, roles,
+        side evidence and rank numbers; equal to ``report`` for a packet written by this
+        version."""
+        return analyze(
+            self.d,
+            self.stages,
+            gates=self.gates,
+            roles=self.roles,
+            side=self.side,
+            rank_ids=self.rank_ids,
+        )
 
 
 # --- array codec ----------------------------------------------------------------------------------
@@ -237,6 +261,14 @@ def packet_bytes(packet: Packet) -> bytes:
     except (TypeError, ValueError) as exc:
         raise ReportFormatError(f"packet is not JSON-serializable (check meta): {exc}") from None
     return text.encode("utf-8")
+
+
+def packet_name(record: dict[str, Any]) -> str:
+    """``window-000003.json``; a restarted job's attempt k writes ``window-000003.attempt-k.json``
+    instead of overwriting the first attempt's packet of the same window index."""
+    attempt = record.get("attempt", 0)
+    suffix = f".attempt-{attempt}" if attempt else ""
+    return f"window-{record['window']:06d}{suffix}.json"
 
 
 def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from ..analysis.compare import CompareError, Side
-from ..formats.packet import Packet, read_packet
+from .packet import Packet, read_packet
+from .run_folder import load_run
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
 
@@ -18,8 +19,6 @@ def load_side(spec: str) -> Side:
     if path.is_file():
         packets = [read_packet(path)]
     elif path.is_dir():
-        from ..render.run_folder import load_run
-
         packets = load_run(path).packets
         if not packets:
             raise CompareError(

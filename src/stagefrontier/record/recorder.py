@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
@@ -41,6 +41,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .loader_workers import watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
@@ -56,13 +57,26 @@ from .settings import (
 )
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
-if TYPE_CHECKING:
-    from ..route.router import ProfilerRouter
-
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class AttachedRouter(Protocol):
+    """A router started for one timer: the step context calls ``on_step`` while a capture is
+    armed or runs, and the timer's ``close`` closes it."""
+
+    def on_step(self, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Router(Protocol):
+    """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
+    the router lives on a floor above the recorder, which only calls what it is given."""
+
+    def attach(self, timer: Any) -> AttachedRouter: ...
 
 
 class StageTimer(TimerState):
@@ -102,7 +116,7 @@ class StageTimer(TimerState):
             taken while the timer runs carries the stage boundaries. Off by default: it costs a
             few microseconds per context.
         router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
-            rank and a reference rank capture a profiler trace of a few steps (README).
+            rank and a reference rank capture a profiler trace of a few steps (docs/router.md).
 
     An argument of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
@@ -133,7 +147,7 @@ class StageTimer(TimerState):
         role_dims: Sequence[str] = ("pp",),
         collector: Collector | None = None,
         annotate: bool = False,
-        router: ProfilerRouter | None = None,
+        router: Router | None = None,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
         role_set: tuple[str, ...] = ()
@@ -189,7 +203,7 @@ class StageTimer(TimerState):
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role, self._role_set = role, role_set
-        self._cost = CostMeter(annotated=annotate)
+        self._cost = CostMeter(annotate, StageTimer)
         ranges = ProfilerRanges() if annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(
@@ -273,13 +287,22 @@ class StageTimer(TimerState):
         end of step t (a fetch made inside a step is also taken out of that step's wall time).
         So fetch before the step that uses the batch, or at the end of the step before it:
         a fetch inside a step always counts for the next one. ``stage`` must be the first
-        ordered stage; do not also time it."""
+        ordered stage; do not also time it.
+
+        A ``torch.utils.data.DataLoader`` with worker processes is watched from inside: each
+        window then carries how long its workers take per batch and how busy they are
+        (``record.loader_workers``; the timer chains a ``worker_init_fn`` before the loader's
+        own). Give the loader before its persistent workers start."""
         if not self.enabled:
             yield from iterable
             return
         if self.stages[0] != stage:
             self._violation(f"timer.iter stage {stage!r} must be the first ordered stage")
+        workers, self._loader_note = watch_loader(iterable)
+        self._loader_workers = workers
         iterator = iter(iterable)
+        if workers is not None:
+            workers.started(iterator)
         while True:
             start = _now()
             try:
@@ -287,6 +310,8 @@ class StageTimer(TimerState):
             except StopIteration:
                 return
             self._charge_fetch(_now() - start)
+            if workers is not None:
+                workers.consumed += 1
             yield item
 
     def fetch(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -325,7 +350,7 @@ class StageTimer(TimerState):
         (``paused_steps`` in rank 0's record). Windows end at the same step boundaries as if
         nothing was paused, so ranks that pause different steps stay aligned window by window
         (a window whose paused steps differ between ranks merges only the ranks that paused
-        what rank 0 paused; see the README); a window paused through is not handed off.
+        what rank 0 paused; see docs/integrations.md); a window paused through is not handed off.
 
         Call it between steps. Inside a step it is a contract violation (counted with the
         window, raised as ContractViolation when ``strict``) and is ignored. Pausing a paused

@@ -10,6 +10,8 @@ Three parts, each measured where it is cheap to measure:
 - hand-off: the training thread's time in the window boundary, measured directly (the boundary
   that opened a window is reported with it: the one that closes it is still running when the
   window is copied);
+- profiler capture: the training thread's time in the profiler router's capture (starting and
+  stepping the profiler, the step ranges), measured directly, only while a capture runs;
 - background threads: the CPU time (``CLOCK_THREAD_CPUTIME_ID`` of every live thread named
   ``stagefrontier-*`` in the process) since the previous window was built, in two parts: the
   collection threads (collector, sender), which run every window, and the profiler router's
@@ -18,7 +20,7 @@ Three parts, each measured where it is cheap to measure:
   be read, the building thread's own ``time.thread_time_ns`` stands in for it.
 
 Rank 0 reports, per component, the maximum and the median over the merged ranks, and the
-fraction of each rank's summed step wall time that the three parts add up to.
+fraction of each rank's summed step wall time that the parts add up to.
 """
 
 from __future__ import annotations
@@ -26,14 +28,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from .window import RankWindow
 
 THREAD_PREFIX = "stagefrontier"
 """Every background thread the library starts is named ``stagefrontier-<job>``."""
@@ -46,13 +45,18 @@ CALIBRATION_LOOPS = 5
 
 _calibrated: dict[bool, int] = {}
 
+TimerType = Callable[..., Any]
+"""``StageTimer`` itself, passed in by the recorder: this module sits below it (the window and
+the collectors use it), so it times the recorder's contexts without importing it."""
 
-def context_cost_ns(annotated: bool = False) -> int:
-    """The CPU nanoseconds one step or stage context costs on this machine (enter and exit),
-    measured once per process and kind (``annotate=True`` timers cost more)."""
+
+def context_cost_ns(annotated: bool, timer_type: TimerType) -> int:
+    """The CPU nanoseconds one step or stage context of ``timer_type`` costs on this machine
+    (enter and exit), measured once per process and kind (``annotate=True`` timers cost
+    more)."""
     cost = _calibrated.get(annotated)
     if cost is None:
-        cost = _calibrated[annotated] = _calibrate(annotated)
+        cost = _calibrated[annotated] = _calibrate(annotated, timer_type)
     return cost
 
 
@@ -70,11 +74,9 @@ class _Discard:
         return None
 
 
-def _calibrate(annotated: bool) -> int:
-    from .recorder import StageTimer  # the recorder imports this module's users
-
+def _calibrate(annotated: bool, timer_type: TimerType) -> int:
     clock = time.thread_time_ns
-    timer = StageTimer(
+    timer = timer_type(
         ["calibration"],
         window=CALIBRATION_STEPS * CALIBRATION_LOOPS + 1,
         collector=_Discard(),
@@ -137,41 +139,69 @@ class CostMeter:
     """One timer's self-cost bookkeeping. The training thread writes ``handoff_ns`` at each
     boundary; ``window_fields`` runs on the thread that builds the window."""
 
-    def __init__(self, annotated: bool) -> None:
+    def __init__(self, annotated: bool, timer_type: TimerType) -> None:
         self.annotated = annotated
+        self._timer_type = timer_type
         self.handoff_ns = 0
         """The training thread's time in the last completed hand-off."""
+        self.capture_ns = 0
+        """The training thread's time in profiler captures so far (it only grows)."""
+        self._capture_seen = 0
         self._threads = ThreadClock()
 
     def window_fields(self, raw: npt.NDArray[np.int64]) -> dict[str, int]:
         collection, router = self._threads.delta_ns()
+        capture = self.capture_ns - self._capture_seen
+        self._capture_seen += capture
         return {
             "contexts_entered": contexts_entered(raw),
-            "context_cost_ns": context_cost_ns(self.annotated),
+            "context_cost_ns": context_cost_ns(self.annotated, self._timer_type),
             "thread_cpu_ns": collection,
             "router_cpu_ns": router,
+            "capture_ns": capture,
         }
 
 
-COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "total_s")
+COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "capture_s", "total_s")
 
 
-def rank_cost_s(w: RankWindow) -> dict[str, float]:
+class RankCost(Protocol):
+    """The fields of a rank's window (``record.window.RankWindow``) its cost is made of."""
+
+    @property
+    def contexts_entered(self) -> int: ...
+    @property
+    def context_cost_ns(self) -> int: ...
+    @property
+    def handoff_ns(self) -> int: ...
+    @property
+    def thread_cpu_ns(self) -> int: ...
+    @property
+    def router_cpu_ns(self) -> int: ...
+    @property
+    def capture_ns(self) -> int: ...
+    @property
+    def wall_ns(self) -> npt.NDArray[np.int64]: ...
+
+
+def rank_cost_s(w: RankCost) -> dict[str, float]:
     """One rank's parts and their total, in seconds."""
     hot = w.contexts_entered * w.context_cost_ns * 1e-9
     handoff = w.handoff_ns * 1e-9
     threads = w.thread_cpu_ns * 1e-9
     router = w.router_cpu_ns * 1e-9
+    capture = w.capture_ns * 1e-9
     return {
         "hot_path_s": hot,
         "handoff_s": handoff,
         "threads_cpu_s": threads,
         "router_cpu_s": router,
-        "total_s": hot + handoff + threads + router,
+        "capture_s": capture,
+        "total_s": hot + handoff + threads + router + capture,
     }
 
 
-def self_cost_summary(ranks: Sequence[RankWindow]) -> dict[str, Any]:
+def self_cost_summary(ranks: Sequence[RankCost]) -> dict[str, Any]:
     """The ``self_cost`` object of a window record: per component the max and median over
     ``ranks`` (seconds), the calibrated context cost, and the fraction of step time (each rank's
     total over its own summed step wall time)."""

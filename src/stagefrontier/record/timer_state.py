@@ -32,6 +32,7 @@ from ..collect.launcher import (
 )
 from ..errors import ContractViolation
 from .cuda_events import EventSampler
+from .loader_workers import WorkerCounters
 from .probe import Probe
 from .self_cost import CostMeter
 from .window import WindowSnapshot
@@ -132,9 +133,12 @@ class TimerState:
         self._pending_data_ns = 0
         # Work for the next step's beginning: a data wait to import, or event pairs to poll.
         self._step_hooks = False
+        # The DataLoader ``timer.iter`` was last given: its workers' counters, or why none.
+        self._loader_workers: WorkerCounters | None = None
+        self._loader_note = ""
         self._capture = False  # set by the router's thread while a capture is armed or runs
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
-        self._cost = CostMeter(annotated=False)  # StageTimer sets its own
+        self._cost = CostMeter(False, type(self))  # StageTimer sets its own
 
     @property
     def _step_index(self) -> int:
@@ -203,6 +207,8 @@ class TimerState:
         it (a batch fetched for it) is dropped with it."""
         self._active = PAUSED_STEP
         self._pending_data_ns = 0
+        if self._capture:  # a capture armed or running ends at a pause
+            self._router.on_pause(self._step_index)
 
     def _end_paused_step(self) -> None:
         """A paused step ended: it counts in the window's span (and may end the window)."""
@@ -307,8 +313,16 @@ class TimerState:
             "pid": self._pid,
             "role": self._role,
             "role_set": self._role_set,
+            "loader": self._loader_counts(),
         }
         return WindowSnapshot(self._buf, n, self._width, self.stages, fields, self._cost)
+
+    def _loader_counts(self) -> dict[str, Any]:
+        """The loader's worker counts since the last window (a few shared-memory reads), or
+        the note saying why there are none."""
+        if self._loader_workers is not None:
+            return self._loader_workers.read()
+        return {"note": self._loader_note} if self._loader_note else {}
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:

@@ -29,6 +29,7 @@ from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from .attempt import current_attempt
+from .loader_workers import loader_record
 from .self_cost import CostMeter, self_cost_summary
 
 NS = 1e-9
@@ -89,6 +90,11 @@ class RankWindow:
     """CPU time of the library's collection threads since the previous window was built."""
     router_cpu_ns: int = field(default=0, metadata=_meta("count"))
     """CPU time of the profiler router's thread since the previous window was built."""
+    capture_ns: int = field(default=0, metadata=_meta("count"))
+    """The training thread's time in profiler captures since the previous window was built."""
+    loader: dict[str, Any] = field(default_factory=dict, metadata=_meta("loader"))
+    """A DataLoader's worker counts over the window (``record.loader_workers``), or a note
+    saying why there are none; empty when the data does not come through ``timer.iter``."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
@@ -296,7 +302,14 @@ def analyze_merged(
     )
     if reference_s is not None:
         gates = replace(gates or Gates(), gain_baseline="reference")
-    report = analyze(d, merged.reference.stages, gates=gates, roles=roles, side=side)
+    report = analyze(
+        d,
+        merged.reference.stages,
+        gates=gates,
+        roles=roles,
+        side=side,
+        rank_ids=[w.rank for w in ranks],
+    )
     return AnalyzedWindow(merged, d, roles, side, report)
 
 
@@ -333,6 +346,7 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "paused_steps": ref.paused_steps,
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
+        "loader_workers": loader_record(merged.ranks, ref.stages[0]),
         **per_rank_fields(merged.ranks),
         "lead": lead_scope(report, node_names(merged.ranks)),
     }

@@ -56,7 +56,7 @@ def reduce_hta(
 
     Raises:
         MissingDependencyError: HolisticTraceAnalysis is not installed.
-        TraceFormatError and its subclasses, naming the file.
+        TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
     """
     opts = trace_options("reduce_hta", options, keywords)
     trace_cls, parser_config = _import_hta()

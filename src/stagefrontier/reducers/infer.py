@@ -2,7 +2,7 @@
 
 Which ranges are stages: the ranges named like the default stages when the trace holds any of them
 (``data.next_wait``, ``model.fwd_loss_cpu_wall``, ...: what ``StageTimer(annotate=True)`` emits and
-what the README asks a profiled loop to wrap); otherwise every range that is outermost inside a
+what docs/cli.md asks a profiled loop to wrap); otherwise every range that is outermost inside a
 step range (not starting inside another range of that step).
 
 Their order: the order in which they first start within each step. It must agree across every

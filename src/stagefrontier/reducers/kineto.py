@@ -100,7 +100,7 @@ def reduce_kineto(
             ``distributedInfo.rank``.
 
     Raises:
-        TraceFormatError and its subclasses, naming the file.
+        TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
     """
     opts = trace_options("reduce_kineto", options, keywords)
     timed = None if stages is None else timed_stages(stages)

@@ -135,7 +135,8 @@ def _missing_ranks(
         raise MissingRanksError(
             f"rank(s) {id_text(missing)} of world size {world_size} have no trace among "
             f"{', '.join(f for p in parts for f in p.files)}; pass every rank's file, or "
-            "allow missing ranks to analyze the ranks present (labels are then downgraded)"
+            "allow missing ranks (missing_ranks='allow'; --allow-missing-ranks on the command "
+            "line) to analyze the ranks present (labels are then downgraded)"
         )
     return missing
 

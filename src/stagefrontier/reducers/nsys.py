@@ -71,7 +71,7 @@ def reduce_nsys(
     missing ranks detected.
 
     Raises:
-        TraceFormatError and its subclasses, naming the file.
+        TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
     """
     opts = trace_options("reduce_nsys", options, keywords)
     timed = None if stages is None else timed_stages(stages)

@@ -70,8 +70,11 @@ class ReducedTrace:
         )
 
     def analyze(self, gates: Gates | None = None) -> WindowReport:
-        """Run the one analyzer on the reduced matrix with this trace's side evidence."""
-        return analyze(self.d, self.stages, gates=gates, side=self.side_evidence())
+        """Run the one analyzer on the reduced matrix with this trace's side evidence; leaders
+        and reasons name the traces' own rank numbers."""
+        return analyze(
+            self.d, self.stages, gates=gates, side=self.side_evidence(), rank_ids=self.ranks
+        )
 
     def select_steps(self, step_ids: Iterable[int]) -> ReducedTrace:
         """The same trace restricted to the given step ids (in the order given).

@@ -13,7 +13,8 @@ from ..analysis.accounting import FloatArray
 from ..analysis.schema import RESIDUAL_STAGE, semantic_stage
 from ..errors import StageFrontierError
 from ..formats.packet import Packet
-from .run_folder import RunWindows
+from ..formats.run_folder import RunWindows
+from .verdict import ranks_text
 
 STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#8C6D1F"]
 """Colour-blind-safe stage colours (Okabe-Ito, plus a brown); the residual is always grey."""
@@ -72,18 +73,17 @@ def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
         layout="constrained",
     )
     stages = list(packet.stages)
-    colors = _stage_colors(stages)
-    ranks = _rank_ids(packet)
+    ranks = packet.rank_ids
     for ax, (t, what) in zip(axes[:, 0], shown, strict=True):
-        total = _draw_step(ax, packet.d[t] * 1e3, ranks, colors)
-        ax.set_title(f"{what}: step {_step_index(packet, t)}, exposed {total:.1f} ms", fontsize=10)
+        total = _draw_step(ax, packet.d[t] * 1e3, ranks, stages)
+        head, *note = what.split("\n")
+        title = f"{head}: step {_step_index(packet, t)}, exposed {total:.1f} ms"
+        ax.set_title("\n".join([title, *note]), fontsize=10)
         ax.set_ylabel("rank-local prefix time (ms)")
     bottom = axes[-1, 0]
     bottom.set_xticks(np.arange(len(stages) + 1), ["start", *stages])
-    for label, color in zip(bottom.get_xticklabels()[1:], colors, strict=True):
-        label.set_color(color)
     plt.setp(bottom.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor", fontsize=8)
-    bottom.set_xlim(-0.3, len(stages) + 1.7)
+    bottom.set_xlim(-0.3, len(stages) + 3.2)
     meta = packet.meta
     fig.suptitle(
         f"Max-prefix frontier, window {meta.get('window', '?')} "
@@ -97,26 +97,66 @@ def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
 def steps_to_show(run: RunWindows) -> tuple[Packet, list[tuple[int, str]]]:
     """The packet holding the run's worst step (largest exposed time), and the steps of it to
     draw, each with what it is: the window's typical step (its median exposed time), then the
-    worst step (only the worst when they are the same step)."""
+    worst step (only the worst when they are the same step).
+
+    Windows the profiler router slowed (a capture, its trace export and reduction: see
+    ``router_windows``) are left out of the search for the worst step, and the title says so:
+    their slowest step is the router's own cost, not the run's. When every window was slowed,
+    all are searched and the worst step is said to include the router's cost."""
     if not run.packets:
         raise StageFrontierError("the frontier figure needs packets/ (the per-rank matrix)")
-    exposed = [p.d.sum(axis=2).max(axis=1) for p in run.packets]  # [N] per packet, seconds
-    worst_packet = max(range(len(run.packets)), key=lambda i: float(exposed[i].max()))
+    slowed = router_windows(run)
+    candidates = [i for i in range(len(run.packets)) if i not in slowed] or list(
+        range(len(run.packets))
+    )
+    exposed = {i: run.packets[i].d.sum(axis=2).max(axis=1) for i in candidates}  # [N] seconds
+    worst_packet = max(candidates, key=lambda i: float(exposed[i].max()))
     steps = exposed[worst_packet]
     worst = int(steps.argmax())
     typical = int(np.argsort(steps, kind="stable")[len(steps) // 2])
-    shown = [(worst, "worst step of the run")]
+    what = "worst step of the run"
+    if slowed and len(candidates) < len(run.packets):
+        names = ranks_text([_window_index(run.packets[i], i) for i in sorted(slowed)])
+        what += f"\nwindow(s) {names} left out: the profiler router's capture slowed them"
+    elif slowed:
+        what += "\nevery window carries the profiler router's capture cost"
+    shown = [(worst, what)]
     if typical != worst:
         shown.insert(0, (typical, "typical step (median exposed time of its window)"))
     return run.packets[worst_packet], shown
 
 
-def _rank_ids(packet: Packet) -> list[int]:
-    present = packet.meta.get("ranks_present")
-    n_ranks = packet.d.shape[1]
-    if isinstance(present, list) and len(present) == n_ranks:
-        return [int(r) for r in present]
-    return list(range(n_ranks))
+ROUTER_SLOWED_FRACTION = 0.01
+"""A window counts as slowed by the profiler router when the router's CPU time on some rank
+(``self_cost.router_cpu_s``) exceeds this fraction of the window's exposed time."""
+
+
+def router_windows(run: RunWindows) -> set[int]:
+    """The positions in ``run.packets`` of the windows the profiler router slowed: those whose
+    steps it captured (an incident's steps), and those in which its capture export and trace
+    reduction cost a rank more than ``ROUTER_SLOWED_FRACTION`` of the exposed time."""
+    from .incident import list_incidents
+
+    captured = [i["steps"] for i in list_incidents(run.folder) if i["captured"] and i["steps"]]
+    out = set()
+    for i, packet in enumerate(run.packets):
+        meta = packet.meta
+        cost = meta.get("self_cost", {})
+        router = cost.get("router_cpu_s", {}).get("max", 0.0) if isinstance(cost, dict) else 0.0
+        if isinstance(router, int | float) and router > ROUTER_SLOWED_FRACTION * max(
+            packet.report.exposed_s, 1e-12
+        ):
+            out.add(i)
+        first, last = meta.get("first_step"), meta.get("last_step")
+        spans = isinstance(first, int) and isinstance(last, int)
+        if spans and any(a <= last and first <= b for a, b in captured):
+            out.add(i)
+    return out
+
+
+def _window_index(packet: Packet, position: int) -> int:
+    window = packet.meta.get("window")
+    return window if isinstance(window, int) else position
 
 
 def _step_index(packet: Packet, t: int) -> int:
@@ -124,9 +164,9 @@ def _step_index(packet: Packet, t: int) -> int:
     return first + t if isinstance(first, int) else t
 
 
-def _draw_step(ax: Any, d: FloatArray, ranks: list[int], colors: list[str]) -> float:
+def _draw_step(ax: Any, d: FloatArray, ranks: list[int], stages: list[str]) -> float:
     """One step's ``[R, S]`` milliseconds: rank prefixes over the frontier, advance arrows at
-    the right; returns the exposed time."""
+    the right, each in the colour of the rank that sets it; returns the exposed time."""
     n_ranks, n_stages = d.shape
     prefix = np.concatenate([np.zeros((n_ranks, 1)), np.cumsum(d, axis=1)], axis=1)
     front = prefix.max(axis=0)
@@ -134,25 +174,27 @@ def _draw_step(ax: Any, d: FloatArray, ranks: list[int], colors: list[str]) -> f
     x = np.arange(n_stages + 1)
     # the frontier is a wide pale band underneath, so the rank line that sets it stays visible
     ax.plot(x, front, color=FRONTIER_COLOR, lw=9, alpha=0.22, solid_capstyle="round", zorder=1)
-    many = n_ranks > 12
-    for r in range(n_ranks):
-        # ranks in shades of grey with their own marker and dash: colour means a stage here
-        style = {"color": "0.6", "lw": 0.8} if many else _rank_style(r, n_ranks)
-        ax.plot(x, prefix[r], label=None if many else f"rank {ranks[r]}", zorder=3, **style)
+    advances = np.diff(front)
+    styles = rank_styles(prefix[:, -1], setters, advances, ranks)
+    for r in sorted(range(n_ranks), key=lambda r: "label" in styles[r]):  # highlighted on top
+        ax.plot(x, prefix[r], zorder=3 if "label" in styles[r] else 2, **styles[r])
+    if n_ranks > len(RANK_COLORS):
+        ax.plot([], [], color=OTHER_RANK, lw=0.8, label="other ranks")
     ax.plot([], [], color=FRONTIER_COLOR, lw=9, alpha=0.22, label="frontier (max over ranks)")
     arrow_x = n_stages + 0.3
     labeled = []
     for j in range(n_stages):
         low, high = front[j], front[j + 1]
+        color = styles[setters[j]]["color"]
         if high - low > MIN_ARROW_ADVANCE * front[-1]:
             ax.annotate(
                 "",
                 xy=(arrow_x, high),
                 xytext=(arrow_x, low),
-                arrowprops={"arrowstyle": "<->", "color": colors[j], "lw": 1.5, "shrinkA": 0},
+                arrowprops={"arrowstyle": "<->", "color": color, "lw": 1.5, "shrinkA": 0},
             )
         else:
-            ax.plot([arrow_x, arrow_x], [low, high], color=colors[j], lw=3, solid_capstyle="butt")
+            ax.plot([arrow_x, arrow_x], [low, high], color=color, lw=3, solid_capstyle="butt")
         if high - low > MIN_LABELED_ADVANCE * front[-1]:
             labeled.append((j, (low + high) / 2, high - low))
     heights = _spread([y for _, y, _ in labeled], gap=0.07 * max(front[-1], 1e-9))
@@ -160,29 +202,69 @@ def _draw_step(ax: Any, d: FloatArray, ranks: list[int], colors: list[str]) -> f
         ax.text(
             arrow_x + 0.12,
             y,
-            f"{advance:.1f} ms, rank {ranks[setters[j]]}",
+            f"{stages[j]} +{advance:.1f} ms, rank {ranks[setters[j]]}",
             va="center",
             fontsize=8,
-            color=colors[j],
+            color=styles[setters[j]]["color"],
         )
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8, ncol=2 if n_ranks <= 12 else 1)
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
     return float(front[-1])
 
 
+RANK_COLORS = (
+    "#000000",
+    "#E69F00",
+    "#0072B2",
+    "#009E73",
+    "#D55E00",
+    "#56B4E9",
+    "#CC79A7",
+    "#8C6D1F",
+)
+"""Eight rank colours that stay apart, also for colour-blind readers (Okabe-Ito, its pale
+yellow swapped for a brown); each rank also has its own marker."""
 RANK_MARKERS = "osD^vPX*"
-RANK_DASHES = ("-", "--", "-.", ":")
+OTHER_RANK = "#C8C8C8"
+"""Above eight ranks, the ranks that neither set the frontier nor are the reference."""
 
 
-def _rank_style(r: int, n_ranks: int) -> dict[str, Any]:
-    shade = 0.1 + 0.5 * r / max(n_ranks - 1, 1)
-    return {
-        "color": str(round(shade, 2)),
-        "lw": 1.3,
-        "marker": RANK_MARKERS[r % len(RANK_MARKERS)],
-        "ms": 4,
-        "ls": RANK_DASHES[(r // len(RANK_MARKERS)) % len(RANK_DASHES)] if r else "-",
-    }
+def rank_styles(
+    totals: FloatArray, setters: Any, advances: FloatArray, ranks: list[int]
+) -> list[dict[str, Any]]:
+    """Line styles per rank position. Up to eight ranks, each its own colour and marker. Above
+    that, the ranks that set the frontier's largest advances (strongest first) and the median
+    rank of the step (the reference a slow rank is measured against) get colours and legend
+    entries, eight at most; every other rank is a thin light line."""
+    n_ranks = len(totals)
+    if n_ranks <= len(RANK_COLORS):
+        return [
+            {
+                "color": RANK_COLORS[r],
+                "lw": 1.4,
+                "marker": RANK_MARKERS[r],
+                "ms": 4,
+                "label": f"rank {ranks[r]}",
+            }
+            for r in range(n_ranks)
+        ]
+    styles: list[dict[str, Any]] = [{"color": OTHER_RANK, "lw": 0.8} for _ in range(n_ranks)]
+    order = np.argsort(-advances, kind="stable")
+    leaders = list(dict.fromkeys(int(setters[j]) for j in order if advances[j] > 0))
+    reference = int(np.argsort(totals, kind="stable")[n_ranks // 2])
+    chosen = leaders[: len(RANK_COLORS) - 1]
+    if reference not in chosen:
+        chosen.append(reference)
+    for k, r in enumerate(chosen):
+        role = "median rank" if r == reference and r not in leaders else "sets the frontier"
+        styles[r] = {
+            "color": RANK_COLORS[k],
+            "lw": 1.6,
+            "marker": RANK_MARKERS[k],
+            "ms": 4,
+            "label": f"rank {ranks[r]} ({role})",
+        }
+    return styles
 
 
 def _spread(ys: list[float], gap: float) -> list[float]:

@@ -3,6 +3,7 @@ per-window table and a run folder's report. Each ends with the verdict sentence.
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,8 +13,9 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.routing import rank_order
 from ..analysis.window_report import WindowReport
+from ..formats.run_folder import RunWindows, method_shares
+from .command import cli_command
 from .escape import printable, printable_lines
-from .run_folder import RunWindows, method_shares
 from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
 
 METHOD_TITLES = {
@@ -25,6 +27,19 @@ METHOD_TITLES = {
     "rank0_total": "rank0",
 }
 
+METHOD_LEGEND = (
+    "What each column is (every column adds up to 100% over the stages):",
+    "  frontier    how far each stage moves the frontier, the time by which every rank has "
+    "finished that stage: the step time the stage holds all ranks back by",
+    "  stage-max   the stage's time on its slowest rank",
+    "  stage-mean  the stage's mean time over the ranks",
+    "  spread      how far the stage's slowest rank is above the median rank",
+    "  slowest     the stage times of each step's slowest rank (largest step total)",
+    "  rank0       the first rank's own stage times, what a timer on rank 0 alone sees",
+    "The five baselines read each rank's own times; only the frontier follows the ranks "
+    "waiting for each other.",
+)
+"""Printed under the report's comparison table."""
 
 SELF_COST_LINE_FRACTION = 0.01
 """The window line shows StageFrontier's own cost when some rank's exceeds this fraction of its
@@ -82,6 +97,9 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     router = cost.get("router_cpu_s", {}).get("max", 0.0)
     if router > 0:
         split += f", profiler router {router * 1e3:.1f} ms (capture export, trace reduction)"
+    capture = cost.get("capture_s", {}).get("max", 0.0)
+    if capture > 0:
+        split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
         f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
     )
@@ -237,14 +255,15 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from ..route.incident import scan_incidents, summary_line
+    from .incident import scan_incidents, summary_line
 
     found, skipped = scan_incidents(run.folder)
     if not found and not skipped:
         return []
     return [
         "",
-        f"Incidents ({len(found)}; `stagefrontier incident {run.folder}` for details):",
+        f"Incidents ({len(found)}; `{cli_command()} incident {shlex.quote(str(run.folder))}`"
+        " for details):",
         *(f"  {summary_line(incident)}" for _, incident in found),
         *(f"  {problem}" for problem in skipped),
     ]
@@ -282,7 +301,7 @@ def _comparison(run: RunWindows) -> list[str]:
     ]
     for j, stage in enumerate(stages):
         lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
-    lines.append("")
+    lines += ["", *METHOD_LEGEND, ""]
     lines.append("top-1 stage per method (windows where it was top-1):")
     for m in methods:
         tops = Counter(stages[rank_order(w[m])[0]] for w in per_window)

@@ -33,6 +33,7 @@ from ..analysis.schema import (
 )
 from ..analysis.window_report import WindowReport
 from .escape import printable
+from .loader_text import window_loader_sentence
 
 PLAIN_NAMES = {
     DATA_STAGE: "data loading",
@@ -114,6 +115,9 @@ def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> st
         text = _caveats(report) + _roles_verdict(report, record or {})
     else:
         text = _caveats(report) + _main_verdict(report, record or {})
+        lead = _lead(report, record or {}, report.top1)
+        loader = window_loader_sentence(record or {}, report.top1, lead.ranks)
+        text += f" {loader}" if loader else ""
     return printable(text[0].upper() + text[1:])
 
 

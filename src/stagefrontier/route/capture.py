@@ -8,8 +8,14 @@ name the user's function), swaps the timer's stage contexts for annotated ones (
 ``record_function`` ranges of ``StageTimer(annotate=True)``) and opens a
 ``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
 profiler; after ``steps`` steps it stops, puts the contexts back and hands the export to the
-router thread. A profiler the user started is never touched: the capture is skipped with that
-reason.
+router thread.
+
+A profiler session the router did not start is never stopped: a capture is skipped when one is
+already running, and abandoned, its session left alone, when the application starts its own
+during the capture (``profiler_session``). A capture ends early at ``pause()`` (with the steps
+before it), at ``MAX_CAPTURE_STEPS`` steps, or once the process grew by ``max_trace_mb`` while
+it ran; the answer says why. What a capture costs the training thread is added to the timer's
+self-cost (``capture_ns``).
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..record.annotate import ProfilerRanges, step_range_name
-from .requests import CaptureRequest, CaptureStatus
+from . import profiler_session
+from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
 
 logger = logging.getLogger("stagefrontier")
 
@@ -63,6 +71,9 @@ class RankCapture:
         self._step_scope: Any = None
         self._saved: dict[str, Any] | None = None
         self._host = socket.gethostname()
+        self._session = 0  # ``profiler_session.started()`` right after our start
+        self._rss_start: int | None = None
+        self._note = ""  # why the running capture ends or ended early, for its answer
 
     @property
     def _rank(self) -> int:
@@ -80,11 +91,33 @@ class RankCapture:
     # ------------------------------------------------------------------ training thread
     def on_step(self, step: int) -> None:
         """Called at the start of every step while a capture is armed or running."""
+        start = time.perf_counter_ns()
         try:
             self._on_step(step)
         except Exception as exc:  # telemetry never fails training
             logger.exception("stagefrontier: profiler capture failed at step %d", step)
             self._abort(f"capture failed at step {step}: {exc}")
+        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+
+    def on_pause(self, step: int) -> None:
+        """Called at the start of every paused step while a capture is armed or running: a
+        running capture ends with the steps before the pause; one whose first step is paused
+        is skipped."""
+        start = time.perf_counter_ns()
+        request = self._request
+        try:
+            if request is None:
+                self._timer._capture = False
+            elif self._prof is not None:
+                self._close_step_range()
+                self._note = f"the timer was paused at step {step}: the capture ends before it"
+                self._stop(request, step - 1)
+            elif step >= request.first_step:
+                self._give_up(f"the timer on rank {self._rank} was paused at step {step}")
+        except Exception as exc:
+            logger.exception("stagefrontier: ending the capture at a pause failed")
+            self._abort(f"ending the capture at the pause of step {step} failed: {exc}")
+        self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
     def _on_step(self, step: int) -> None:
         request = self._request
@@ -103,11 +136,34 @@ class RankCapture:
             self._start(request, step)
             return
         self._close_step_range()
+        if profiler_session.foreign(self._session) is not None:
+            self._stop(request, step - 1)  # abandoned: the session is not ours any more
+            return
         if step > request.last_step:
             self._stop(request, request.last_step)
             return
+        over = self._over_budget(step)
+        if over:
+            self._note = over
+            self._stop(request, step - 1)
+            return
         self._prof.step()
         self._open_step_range(step)
+
+    def _over_budget(self, step: int) -> str:
+        """Why the running capture must stop before ``step`` (empty while within budget): the
+        profiler holds every event in memory until it stops, so the process's growth since the
+        capture started is its size."""
+        if self._rss_start is None:
+            return ""
+        rss = resident_bytes()
+        grown = 0 if rss is None else rss - self._rss_start
+        if grown <= self._max_trace_bytes:
+            return ""
+        return (
+            f"stopped before step {step}: the process grew by {grown / 2**20:.0f} MiB while "
+            f"profiling, over the {self._max_trace_bytes / 2**20:.0f} MiB budget (max_trace_mb)"
+        )
 
     def finish(self, step: int) -> None:
         """The timer closes: stop a running capture (its trace covers the steps run) or answer
@@ -127,6 +183,10 @@ class RankCapture:
         if torch._C._autograd._profiler_enabled():
             self._give_up("a profiler the user started is already active on this rank")
             return
+        if request.steps > MAX_CAPTURE_STEPS:
+            self._note = f"{request.steps} steps asked: capped at {MAX_CAPTURE_STEPS} steps"
+            self._request = request = replace(request, steps=MAX_CAPTURE_STEPS)
+        profiler_session.watch()
         # Kineto prints a start and a stop line on stderr at its default log level; a capture the
         # job did not ask for should not write into its log. A level the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
@@ -135,17 +195,24 @@ class RankCapture:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
         prof.start()
+        self._session = profiler_session.started()
+        self._rss_start = resident_bytes()
         self._prof = prof
         self._swap_stages()
         self._open_step_range(step)
 
     def _stop(self, request: CaptureRequest, last: int) -> None:
+        foreign = profiler_session.foreign(self._session)
         prof, self._prof = self._prof, None
         self._request = None
         self._restore_stages()
         self._timer._capture = False
+        note, self._note = self._note, ""
+        if foreign is not None:  # the session is not ours to stop: leave it running
+            self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
+            return
         prof.stop()
-        self._submit(lambda: self._export(prof, request, last))
+        self._submit(lambda: self._export(prof, request, last, note))
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
@@ -157,9 +224,10 @@ class RankCapture:
         prof, self._prof = self._prof, None
         request, self._request = self._request, None
         self._timer._capture = False
+        self._note = ""
         try:
             self._restore_stages()
-            if prof is not None:
+            if prof is not None and profiler_session.foreign(self._session) is None:
                 prof.stop()
         except Exception:
             logger.exception("stagefrontier: stopping the profiler after a failure failed")
@@ -195,7 +263,7 @@ class RankCapture:
             self._timer._stage_ctx.update(saved)
 
     # ------------------------------------------------------------------ router thread
-    def _export(self, prof: Any, request: CaptureRequest, last: int) -> None:
+    def _export(self, prof: Any, request: CaptureRequest, last: int, note: str = "") -> None:
         folder = incident_dir(self._out_dir, request.id)
         path = folder / TRACE_NAME.format(rank=self._rank)
         try:
@@ -217,7 +285,7 @@ class RankCapture:
                 )
             )
             return
-        status = self._status(request, "captured", "", str(path.resolve()), size)
+        status = self._status(request, "captured", note, str(path.resolve()), size)
         self._answer(replace(status, last_step=last))  # ``last`` is earlier if the run ended
 
     def _status(
@@ -234,3 +302,16 @@ class RankCapture:
             first_step=request.first_step,
             last_step=request.last_step,
         )
+
+
+def _left(why: str) -> str:
+    return f"{why}: the capture is abandoned and that session left as it is"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc``); None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -24,12 +24,13 @@ from ..formats.limits import regular_file_inside
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from ..render.escape import printable
+from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
 from .decide import Decision, decide, regression_decision, start_margin
-from .incident import new_incident, summary_line, write_incident
 from .reduction import analyze_traces, live_window
 from .requests import (
     MANUAL_KEY,
+    MAX_CAPTURE_STEPS,
     REQUEST_KEY,
     CaptureRequest,
     CaptureStatus,
@@ -268,15 +269,17 @@ class Coordinator:
         last = self.live[-1] if self.live else None
         stage = manual.stage or (last.report.top1 if last is not None else None)
         ranks = list(dict.fromkeys(manual.ranks))
+        steps = min(manual.steps, MAX_CAPTURE_STEPS)
+        capped = f"; capped at {MAX_CAPTURE_STEPS} steps" if steps < manual.steps else ""
         decision = Decision(
             stage=stage or "",
             suspect_rank=ranks[0],
             reference_rank=ranks[1] if len(ranks) > 1 else ranks[0],
             share=float("nan"),
             window=last.merged.reference.window if last is not None else -1,
-            reasons=(f"manual request for ranks {ranks}, {manual.steps} steps",),
+            reasons=(f"manual request for ranks {ranks}, {manual.steps} steps{capped}",),
         )
-        self._open(decision, "manual", ranks, manual.steps, manual_id=manual.id)
+        self._open(decision, "manual", ranks, steps, manual_id=manual.id)
 
     def _refuse_manual(self, manual: ManualRequest, why: str) -> None:
         logger.warning("stagefrontier router: manual capture refused: %s", why)
@@ -393,6 +396,8 @@ class Coordinator:
             if answer.state != "captured":
                 reasons.append(f"rank {rank} {answer.state}: {answer.reason}")
                 continue
+            if answer.reason:  # why a capture ended early, or was capped
+                reasons.append(f"rank {rank}: {answer.reason}")
             if answer.host == host and regular_file_inside(answer.path, self.out_dir) is None:
                 reasons.append(
                     f"rank {rank}'s trace {answer.path} never appeared on disk as a regular "

@@ -95,10 +95,10 @@ def decide(
             f"the leader of {stage} pulls ahead by {loc.delta_lag_mean_s * 1e3:.2f} ms/step, "
             f"under {g.share_tie:.0%} of the step"
         )
-    suspect = ranks[loc.leader_rank]
+    suspect = loc.leader_rank  # the report names ranks by number, not by column
     column = report.stages.index(stage)
     totals = window.d[:, :, column].sum(axis=0)
-    others = sorted((float(totals[i]), ranks[i]) for i in positions if i != loc.leader_rank)
+    others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
     reference = others[(len(others) - 1) // 2][1]
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .incident import open_commands, reference_text, render_markdown, summary_line, verdict
+from ..render.incident import open_commands, reference_text, render_markdown, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
 
@@ -57,8 +57,8 @@ def _figures(out_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """The frontier figure of the worst step and the share timeline, as base64 PNG; none when
     matplotlib is missing or the run folder has no windows yet."""
     try:
+        from ..formats.run_folder import load_run
         from ..render.plots import plot_shares_over_time, plot_worst_step
-        from ..render.run_folder import load_run
 
         run = load_run(Path(out_dir))
         out = []

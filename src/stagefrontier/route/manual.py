@@ -16,14 +16,13 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ReportFormatError, StageFrontierError
-from ..formats.limits import limit
+from ..formats.limits import MAX_CAPTURE_STEPS, limit
+from ..formats.names import plain_name
 from .requests import (
     MANUAL_KEY,
-    MAX_CAPTURE_STEPS,
     ManualAnswer,
     ManualRequest,
     manual_answer_key,
-    plain_name,
 )
 
 POLL_S = 0.2

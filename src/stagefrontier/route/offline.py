@@ -11,9 +11,9 @@ from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
+from ..render.incident import INCIDENT_FILE, read_incident, scan_incidents, write_incident
 from .confirm import LiveWindow
 from .html import write_html
-from .incident import INCIDENT_FILE, read_incident, scan_incidents, write_incident
 from .reduction import analyze_traces
 
 
@@ -27,6 +27,32 @@ def incident_folders(path: str | os.PathLike[str]) -> tuple[list[Path], list[str
         raise StageFrontierError(f"{p} is neither an incident folder nor an output folder")
     found, problems = scan_incidents(p)
     return [folder for folder, _ in found], problems
+
+
+def local_traces(folder: Path, incident: dict[str, Any]) -> dict[int, str]:
+    """The incident's trace files found in ``folder``, by rank (the folder may have been copied
+    from the host that wrote it, so each is looked up by its name), each a regular file inside
+    the folder (a link out of it, a FIFO or a device is never read)."""
+    files: dict[int, str] = {}
+    for rank, path in incident["trace_files"].items():
+        local = regular_file_inside(folder / Path(path).name, folder)
+        if local is not None:
+            files[int(rank)] = str(local)
+    return files
+
+
+def incident_traces(folder: Path) -> dict[int, str]:
+    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank.
+
+    Raises:
+        ReportFormatError: an unreadable incident, or one with no trace in the folder.
+    """
+    incident = read_incident(folder)
+    files = local_traces(folder, incident)
+    if not files:
+        why = "nothing was captured" if not incident["captured"] else "its traces are not here"
+        raise ReportFormatError(f"{folder}: incident {incident['id']} has no trace: {why}")
+    return files
 
 
 def run_folder(incident_folder: Path) -> Path:
@@ -65,13 +91,9 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
     incident = read_incident(folder)
     if not incident["captured"] or incident["confirmed"] is not None:
         return incident, False
-    files: dict[int, str] = {}
-    for rank, path in incident["trace_files"].items():
-        # The folder may have been copied from its host: the trace of that name in it.
-        local = regular_file_inside(folder / Path(path).name, folder)
-        if local is None:
-            return incident, False
-        files[int(rank)] = str(local)
+    files = local_traces(folder, incident)
+    if len(files) < len(incident["trace_files"]):
+        return incident, False
     out_dir = run_folder(folder)
     analyze_traces(incident, files, packet_windows(out_dir), gates, out_dir)
     incident["reasons"].append("reduced offline by `stagefrontier incident`")

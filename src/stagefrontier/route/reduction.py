@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..formats.limits import regular_file_inside
+from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
 from .confirm import LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
-from .requests import PLAIN_NAME
 
 logger = logging.getLogger("stagefrontier")
 
@@ -78,8 +78,8 @@ def reference_file(
     path = Path(earlier["path"])
     found = regular_file_inside(path, run_dir)
     incident = earlier.get("incident")
-    if found is None and isinstance(incident, str) and PLAIN_NAME.fullmatch(incident):
-        found = regular_file_inside(Path(run_dir, "incidents", incident, path.name), run_dir)
+    if found is None and is_plain_name(incident):
+        found = regular_file_inside(Path(run_dir, "incidents", str(incident), path.name), run_dir)
     if found is None:
         reasons.append(
             f"the reference trace {earlier['path']} is not a regular file inside the run "

@@ -19,41 +19,20 @@ validated field by field on read (types, ranges, ids as plain names); nothing is
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..analysis.values import is_int
 from ..errors import ReportFormatError
-from ..formats.limits import limit
+from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
+from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP, MAX_TEXT, limit
+from ..formats.names import plain_name
 
 REQUEST_KEY = "route/request"
 MANUAL_KEY = "route/manual"
 MANUAL_ANSWER_PREFIX = "route/manual/answer/"
 MAX_VALUE_BYTES = 64 << 10
 """A request or answer larger than this is rejected as corrupt before it is parsed."""
-MAX_CAPTURE_STEPS = 1000
-"""The most steps one capture may span, whoever asks (a request, an incident on disk)."""
-MAX_NAMED_RANKS = 64
-"""The most ranks one capture request may name (a suspect and a reference are two)."""
-MAX_TEXT = 4096
-"""The longest stage name, reason, path or host a request or an answer may carry."""
-MAX_STEP = 2**62
-"""A global step beyond any run's length (and within int64)."""
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""What an id that becomes a folder name may be: letters, digits, ``.``, ``_`` and ``-``, not
-starting with a dot or a dash, at most 100 characters (no separator, no ``..``, no option)."""
-
-
-def plain_name(value: Any, what: str) -> str:
-    """``value`` when it is a plain name (``PLAIN_NAME``), else a ReportFormatError naming
-    ``what``: an id from the store or a file must never become a path outside its folder."""
-    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value):
-        raise ReportFormatError(
-            f"{what} {str(value)[:40]!r} is not a plain name (letters, digits, '.', '_', '-'; "
-            "at most 100, starting with a letter or digit)"
-        )
-    return value
 
 
 def status_key(request_id: str, rank: int) -> str:
@@ -89,7 +68,7 @@ class CaptureRequest:
             id=plain_name(_field(obj, "id", what), f"{what} id"),
             ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
             first_step=_int(obj, "first_step", what, 0, MAX_STEP),
-            steps=_int(obj, "steps", what, 1, MAX_CAPTURE_STEPS),
+            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is captured
             stage=_text(obj, "stage", what, optional=True),
         )
 
@@ -152,7 +131,7 @@ class ManualRequest:
         obj = _load(data, what)
         return cls(
             ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
-            steps=_int(obj, "steps", what, 1, MAX_CAPTURE_STEPS),
+            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is scheduled
             stage=_text(obj, "stage", what, optional=True),
             id=plain_name(_field(obj, "id", what), f"{what} id"),
         )

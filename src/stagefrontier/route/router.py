@@ -15,13 +15,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
-from ..errors import ReportFormatError, StageFrontierError
+from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
+from ..record.settings import (
+    MAX_TIMEOUT_S,
+    check_flag,
+    check_has_methods,
+    check_int,
+    check_number,
+    check_optional_text,
+)
 from ..render.escape import printable
+from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
-from .requests import REQUEST_KEY, CaptureRequest, CaptureStatus, RequestChannel, status_key
+from .requests import (
+    MAX_CAPTURE_STEPS,
+    REQUEST_KEY,
+    CaptureRequest,
+    CaptureStatus,
+    RequestChannel,
+    status_key,
+)
 
 logger = logging.getLogger("stagefrontier")
+
+MAX_COUNT = 1_000_000
+"""The largest count of windows, captures or a rank number the router accepts."""
+MAX_TRACE_MB = 1_000_000.0
+"""A terabyte: a larger trace limit is a mistake (and an infinite one overflows)."""
+MAX_POLL_S = 60.0
 
 
 @dataclass
@@ -30,16 +52,23 @@ class ProfilerRouter:
 
     Pass it to ``StageTimer(router=ProfilerRouter())`` (or to either framework callback). Off by
     default. On rank 0, ``request_capture`` asks for a capture by hand. Args:
-        steps: steps captured per incident.
+        steps: steps captured per incident, 1 to ``MAX_CAPTURE_STEPS`` (100).
         cooldown_windows: windows after an incident before the next may open.
         max_captures: incidents per run.
-        max_trace_mb: a trace larger than this is deleted and the capture reported failed.
-        poll_s: how often each rank's router thread reads the request key.
+        max_trace_mb: a capture stops once its process grew by this much while profiling (the
+            profiler holds every event in memory), and a trace file larger than this is
+            deleted and the capture reported failed.
+        poll_s: how often each rank's router thread reads the request key; (0, 60] seconds.
         capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
-            rank's answer before recording the incident as not captured.
+            rank's answer before recording the incident as not captured; [0, 86400] seconds.
         with_stack: record Python stacks (needed for the op diff to name user functions).
         gates: the gates of the decision and the confirmation; the window's own by default.
         store: the store to clone for the router's connections; the job's by default.
+
+    An argument of the wrong type or out of its range raises
+    :class:`~stagefrontier.TimerSettingError` naming it. Building it with a StageTimer imports
+    what the profiler's first start needs (see ``profiler_session.warm_up``), so that the first
+    capture does not stall a step.
     """
 
     steps: int = 5
@@ -54,12 +83,21 @@ class ProfilerRouter:
     _runtime: RouterRuntime | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.max_captures < 0 or self.cooldown_windows < 0:
-            raise StageFrontierError("router steps must be >= 1, max_captures and cooldown >= 0")
-        if self.poll_s <= 0 or self.capture_timeout_s < 0 or self.max_trace_mb <= 0:
-            raise StageFrontierError(
-                "router poll_s and max_trace_mb must be > 0, capture_timeout_s >= 0"
+        """Check every argument; a wrong one raises TimerSettingError naming it."""
+        name = "ProfilerRouter {}".format
+        check_int(name("steps"), self.steps, 1, MAX_CAPTURE_STEPS)
+        check_int(name("cooldown_windows"), self.cooldown_windows, 0, MAX_COUNT)
+        check_int(name("max_captures"), self.max_captures, 0, MAX_COUNT)
+        check_number(name("max_trace_mb"), self.max_trace_mb, 0.0, MAX_TRACE_MB, open_low=True)
+        check_number(name("poll_s"), self.poll_s, 0.0, MAX_POLL_S, open_low=True)
+        check_number(name("capture_timeout_s"), self.capture_timeout_s, 0.0, MAX_TIMEOUT_S)
+        check_flag(name("with_stack"), self.with_stack)
+        if self.gates is not None and not isinstance(self.gates, Gates):
+            raise TimerSettingError(
+                f"ProfilerRouter gates must be a Gates or None, got {self.gates!r:.60}"
             )
+        if self.store is not None:
+            check_has_methods(name("store"), self.store, "set", "get", "check", "delete_key")
 
     def attach(self, timer: Any) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
@@ -69,12 +107,22 @@ class ProfilerRouter:
     def request_capture(
         self, ranks: list[int], steps: int | None = None, stage: str | None = None
     ) -> None:
-        """On rank 0: profile ``steps`` steps (default ``self.steps``) on ``ranks`` (suspect
-        first, then a reference) a few steps from now, diffing ``stage`` (default: the last
-        window's top stage); answered with an incident like a decided capture."""
+        """On rank 0: profile ``steps`` steps (default ``self.steps``, at most
+        ``MAX_CAPTURE_STEPS``) on ``ranks`` (suspect first, then a reference) a few steps from
+        now, diffing ``stage`` (default: the last window's top stage); answered with an incident
+        like a decided capture. A wrong argument raises TimerSettingError naming it."""
+        if not isinstance(ranks, list) or not ranks:
+            raise TimerSettingError(
+                f"request_capture ranks must be a non-empty list of ranks, got {ranks!r:.60}"
+            )
+        for rank in ranks:
+            check_int("request_capture ranks", rank, 0, MAX_COUNT)
+        steps = self.steps if steps is None else steps
+        check_int("request_capture steps", steps, 1, MAX_CAPTURE_STEPS)
+        check_optional_text("request_capture stage", stage)
         if self._runtime is None:
             raise StageFrontierError("the router is not attached to a StageTimer yet")
-        self._runtime.request_capture(ranks, steps or self.steps, stage)
+        self._runtime.request_capture(ranks, steps, stage)
 
 
 class RouterRuntime:
@@ -99,6 +147,10 @@ class RouterRuntime:
         self.coordinator: Coordinator | None = None
         self._attached = False
         self._attach_coordinator()
+        try:  # here, before any step, not at the first capture's start (see warm_up)
+            profiler_session.warm_up()
+        except Exception:
+            logger.exception("stagefrontier: warming the profiler up failed")
         self._thread = threading.Thread(target=self._run, name="stagefrontier-router", daemon=True)
         self._thread.start()
 
@@ -130,6 +182,9 @@ class RouterRuntime:
 
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
+
+    def on_pause(self, step: int) -> None:
+        self.capture.on_pause(step)
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None) -> None:
         coordinator = self.coordinator

@@ -5,7 +5,8 @@
 - :mod:`.defaults`: which sinks a collector owns (the default list is chosen there only);
 - :mod:`.files`: ``windows.jsonl`` and evidence packets; :mod:`.log`: the log line;
 - :mod:`.csv_file`: a CSV row per window (standard library only);
-- :mod:`.tensorboard`, :mod:`.prometheus`, :mod:`.wandb`: one module per optional backend, each
+- :mod:`.tensorboard`, :mod:`.prometheus`, :mod:`.wandb`, :mod:`.otel` (OpenTelemetry, OTLP/HTTP):
+  one module per optional backend, each
   importing its package when the sink is built and naming the extra to install when it is missing.
 
 The metrics sinks (CSV and the three backends) read ``AnalyzedWindow.metrics``, computed once per
@@ -18,6 +19,7 @@ from .csv_file import CSV_FIELDS, CsvSink
 from .defaults import collector_sinks, default_sinks
 from .files import JsonlSink, PacketSink
 from .log import LogSink, summary_line
+from .otel import OtelSink
 from .prometheus import DEFAULT_PROMETHEUS_PORT, PrometheusSink
 from .tensorboard import TensorBoardSink
 from .wandb import WandbSink
@@ -29,6 +31,7 @@ __all__ = [
     "CsvSink",
     "JsonlSink",
     "LogSink",
+    "OtelSink",
     "PacketSink",
     "PrometheusSink",
     "Sink",

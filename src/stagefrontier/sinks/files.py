@@ -39,7 +39,7 @@ class PacketSink:
         self.folder = Path(out_dir) / "packets"
 
     def write(self, window: AnalyzedWindow) -> None:
-        from ..formats.packet import Packet, write_packet
+        from ..formats.packet import Packet, packet_name, write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
         meta = {k: v for k, v in window.record.items() if k in PACKET_META}
@@ -65,14 +65,6 @@ class PacketSink:
         return None
 
 
-def packet_name(record: dict[str, Any]) -> str:
-    """``window-000003.json``; a restarted job's attempt k writes ``window-000003.attempt-k.json``
-    instead of overwriting the first attempt's packet of the same window index."""
-    attempt = record.get("attempt", 0)
-    suffix = f".attempt-{attempt}" if attempt else ""
-    return f"window-{record['window']:06d}{suffix}.json"
-
-
 PACKET_META = (
     "run_id",
     "attempt",
@@ -96,4 +88,5 @@ PACKET_META = (
     "self_cost",
     "nodes",
     "n_ranks_present",
+    "loader_workers",
 )

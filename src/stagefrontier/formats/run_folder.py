@@ -13,8 +13,8 @@ import numpy as np
 from ..analysis import baselines
 from ..analysis.accounting import FloatArray
 from ..errors import ReportFormatError, StageFrontierError
-from ..formats.packet import Packet, read_packet
-from ..formats.records import WINDOWS_FILE, read_records
+from .packet import Packet, read_packet
+from .records import WINDOWS_FILE, read_records
 
 
 @dataclass(frozen=True)

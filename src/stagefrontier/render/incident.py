@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,17 @@ from typing import Any
 from ..analysis.regression import regression_text
 from ..analysis.values import is_int, is_real, is_version
 from ..errors import ReportFormatError
-from ..formats.limits import limit, read_capped
-from ..render.escape import printable, printable_lines
-from .requests import MAX_CAPTURE_STEPS, MAX_NAMED_RANKS, MAX_STEP, MAX_TEXT, PLAIN_NAME
+from ..formats.limits import (
+    MAX_CAPTURE_STEPS,
+    MAX_NAMED_RANKS,
+    MAX_STEP,
+    MAX_TEXT,
+    limit,
+    read_capped,
+)
+from ..formats.names import is_plain_name
+from .command import cli_command
+from .escape import printable, printable_lines
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
@@ -164,7 +173,7 @@ _REFERENCE_CAPTURE = _object(
 )
 
 _FIELDS: dict[str, Check] = {
-    "id": lambda v: "" if isinstance(v, str) and PLAIN_NAME.fullmatch(v) else "a plain name",
+    "id": lambda v: "" if is_plain_name(v) else "a plain name",
     "trigger": lambda v: "" if v in TRIGGERS else f"one of {', '.join(TRIGGERS)}",
     "window": _none_or(_whole(0, MAX_STEP)),
     "steps": _steps,
@@ -374,17 +383,17 @@ def summary_line(incident: dict[str, Any]) -> str:
 
 def open_commands(incident: dict[str, Any]) -> list[str]:
     """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
-    diff again, one rank through the analyzer (Kineto or HTA reader), the events in HTA (given
-    as files: the folder also holds ``incident.json``). Every path is quoted for the shell
-    (``shlex.quote``; Python literals inside the ``python -c`` program), so a space or a
-    ``$(...)`` in a path is pasted as part of the path."""
+    diff again, the captured ranks through the analyzer (Kineto or HTA reader), the events in
+    HTA (given as files: the folder also holds ``incident.json``). Each command is spelled so
+    that it runs as printed (``render.command``), every path quoted for the shell
+    (``shlex.quote``; Python literals inside the ``-c`` program): a space or a ``$(...)`` in a
+    path is pasted as part of the path."""
     files = incident["trace_files"]
     if not files:
         return []
     quote = shlex.quote
     folder = str(Path(next(iter(files.values()))).parent)
     suspect = str(incident["leader_rank"])
-    one = files.get(suspect) or next(iter(files.values()))
     rank = int(suspect) if suspect in files else int(next(iter(files)))
     ranks = ", ".join(f"{int(r)}: {p!r}" for r, p in sorted(files.items()))
     hta = (
@@ -392,12 +401,13 @@ def open_commands(incident: dict[str, Any]) -> list[str]:
         f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir={folder!r}); "
         f"print(t.t.get_trace({rank}))"
     )
+    command = cli_command()
     return [
         "# open in https://ui.perfetto.dev (or chrome://tracing): drag in "
         + " ".join(quote(Path(p).name) for p in files.values()),
-        f"stagefrontier incident {quote(folder)}",
-        f"stagefrontier analyze {quote(one)} --allow-missing-ranks  # or --format hta",
-        f"python -c {quote(hta)}",
+        f"{command} incident {quote(folder)}",
+        f"{command} analyze {quote(folder)}  # every captured rank; or --format hta",
+        f"{quote(sys.executable)} -c {quote(hta)}",
     ]
 
 

@@ -1,0 +1,262 @@
+"""A DataLoader's worker processes, timed from inside: how fast they supply batches.
+
+When ``timer.iter`` is given a ``torch.utils.data.DataLoader`` with ``num_workers > 0``, the
+timer chains its own ``worker_init_fn`` before the user's (the user's still runs, unchanged). In
+each worker that hook wraps the fetcher the worker builds (``_DatasetKind.create_fetcher``, read
+again for every epoch of persistent workers), so each batch's fetch plus collate is timed where
+it runs. A worker adds its busy nanoseconds and its batch count to its row of one small int64
+tensor put in shared memory before the workers start; the main process reads the rows at each
+window boundary (never per step) and hands the window the differences.
+
+Rank 0 turns a rank's counts into the window's loader figures (``loader_figures``): a worker's
+time per batch, how busy the workers were, how often the step needs a batch (its own time per
+batch, data wait excluded), whether the workers are saturated, and the worker count that would
+keep up. While the profiler router captures this rank, the control row asks the workers to
+profile their batches too (``route.worker_profile``).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import logging
+import marshal
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("stagefrontier")
+
+BATCHES, BUSY_NS, PID, STARTS, PROFILED = range(5)
+"""Columns of a worker's row: batches finished, busy nanoseconds, its pid, fetches started,
+batches profiled in the capture in progress."""
+COLUMNS = 5
+CAPTURE = 0
+"""Column of the control row (row 0) holding the capture in progress (0: none)."""
+ATTRIBUTE = "_stagefrontier_workers"
+"""Where a loader keeps its WorkerCounters, so each epoch's ``timer.iter`` finds the same one."""
+
+_now = time.perf_counter_ns
+
+
+class WorkerCounters:
+    """One loader's shared counters (main process side) and the hook its workers run."""
+
+    def __init__(self, loader: Any) -> None:
+        import torch
+
+        self.workers = int(loader.num_workers)
+        self.tensor = torch.zeros((1 + self.workers, COLUMNS), dtype=torch.int64).share_memory_()
+        self._rows = self.tensor.numpy()
+        self.scratch = tempfile.mkdtemp(prefix="stagefrontier-workers-")
+        weakref.finalize(self, shutil.rmtree, self.scratch, True)
+        self._last = self._rows[1:, :].copy()
+        self._last_ns = _now()
+        self.consumed = 0
+        """Batches the training loop took from the loader (``timer.iter`` counts them)."""
+        self._iterator: Any = None
+        loader.worker_init_fn = WorkerHook(self.tensor, loader.worker_init_fn, self.scratch)
+
+    def started(self, iterator: Any) -> None:
+        """The loader's iterator for this epoch (its worker processes tell which are alive)."""
+        self._iterator = iterator
+
+    def set_capture(self, capture: int) -> None:
+        """Ask the workers to profile their batches (``capture`` > 0) or to stop (0)."""
+        self._rows[0, CAPTURE] = capture
+
+    def read(self) -> dict[str, Any]:
+        """The window's counts since the previous read: a few reads of shared memory."""
+        now = _now()
+        rows = self._rows[1:, :].copy()
+        delta = rows - self._last
+        self._last = rows
+        span, self._last_ns = now - self._last_ns, now
+        consumed, self.consumed = self.consumed, 0
+        figures: dict[str, Any] = {
+            "workers": self.workers,
+            "batches": int(delta[:, BATCHES].sum()),
+            "busy_s": float(delta[:, BUSY_NS].sum()) * 1e-9,
+            "max_worker_busy_s": float(delta[:, BUSY_NS].max()) * 1e-9,
+            "span_s": span * 1e-9,
+            "consumed": consumed,
+        }
+        dead = self._dead_workers()
+        if dead:
+            figures["note"] = f"worker(s) {', '.join(map(str, dead))} exited while in use"
+        elif not rows[:, STARTS].any():
+            figures["note"] = "no worker has fetched a batch yet"
+        return figures
+
+    def _dead_workers(self) -> list[int]:
+        """Workers of the current iterator whose process ended while the iterator still uses
+        them (the DataLoader raises in the training loop for those; the figures say it too)."""
+        procs = getattr(self._iterator, "_workers", None)
+        status = getattr(self._iterator, "_workers_status", None)
+        if not isinstance(procs, list) or not isinstance(status, list):
+            return []
+        try:
+            return [i for i, p in enumerate(procs) if status[i] and not p.is_alive()]
+        except Exception:  # a process object from another torch version: say nothing
+            return []
+
+
+class WorkerHook:
+    """The ``worker_init_fn`` a watched loader runs in each worker: time the worker's batches,
+    then call the user's own hook. Picklable, so ``spawn`` workers receive it too."""
+
+    def __init__(self, tensor: Any, user_init: Callable[[int], None] | None, scratch: str) -> None:
+        self.tensor = tensor
+        self.user_init = user_init
+        self.scratch = scratch
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            _time_fetches(self.tensor.numpy(), 1 + worker_id, self.scratch)
+        except Exception:  # the worker fetches untimed; the main process notes no batches
+            logger.exception("stagefrontier: timing DataLoader worker %d failed", worker_id)
+        if self.user_init is not None:
+            self.user_init(worker_id)
+
+
+def _time_fetches(rows: np.ndarray[Any, Any], row: int, scratch: str) -> None:
+    """In a worker: wrap every fetcher it creates so each batch adds to its row."""
+    from torch.utils.data import dataloader
+
+    kind = dataloader._DatasetKind
+    create = kind.create_fetcher
+    rows[row, PID] = os.getpid()
+    profiler = WorkerProfiler(rows, row, scratch)
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        fetcher = create(*args, **kwargs)
+        fetch = fetcher.fetch
+
+        def timed_fetch(index: Any) -> Any:
+            rows[row, STARTS] += 1
+            profile = profiler.begin()
+            start = _now()
+            try:
+                batch = fetch(index)
+            finally:
+                rows[row, BUSY_NS] += _now() - start
+                if profile is not None:
+                    profiler.end(profile)
+            rows[row, BATCHES] += 1
+            return batch
+
+        fetcher.fetch = timed_fetch
+        return fetcher
+
+    kind.create_fetcher = staticmethod(create_fetcher)
+
+
+PROFILE_NAME = "capture{capture}-worker{worker}.prof"
+"""A worker's profile of one capture in the loader's scratch folder (``pstats`` format)."""
+
+
+class WorkerProfiler:
+    """In a worker: while the control row names a capture, each batch runs under cProfile and
+    the capture's profile so far is written after it (``pstats`` format, atomically)."""
+
+    def __init__(self, rows: np.ndarray[Any, Any], row: int, scratch: str) -> None:
+        self._rows, self._row, self._scratch = rows, row, scratch
+        self._capture = 0
+        self._profile: cProfile.Profile | None = None
+
+    def begin(self) -> cProfile.Profile | None:
+        capture = int(self._rows[0, CAPTURE])
+        if capture != self._capture:
+            self._capture = capture
+            self._profile = cProfile.Profile() if capture else None
+            self._rows[self._row, PROFILED] = 0
+        if self._profile is None:
+            return None
+        try:
+            self._profile.enable()
+        except ValueError:  # another profiler runs in this worker: leave it alone
+            self._profile = None
+            return None
+        return self._profile
+
+    def end(self, profile: cProfile.Profile) -> None:
+        profile.disable()
+        try:
+            profile.snapshot_stats()
+            name = PROFILE_NAME.format(capture=self._capture, worker=self._row - 1)
+            path = os.path.join(self._scratch, name)
+            with open(path + ".tmp", "wb") as f:
+                marshal.dump(profile.stats, f)
+            os.replace(path + ".tmp", path)
+            self._rows[self._row, PROFILED] += 1
+        except OSError:
+            self._profile = None  # no room to write: profile no more batches
+
+
+def watch_loader(loader: Any) -> tuple[WorkerCounters | None, str]:
+    """The loader's counters (made once per loader), or None and why there are none."""
+    data = sys.modules.get("torch.utils.data")  # never imported: not a DataLoader
+    if data is None or not isinstance(loader, data.DataLoader):
+        kind = type(loader).__name__
+        return None, f"data from a {kind}, not a torch DataLoader: no worker figures"
+    if not loader.num_workers:
+        return None, ""
+    counters = getattr(loader, ATTRIBUTE, None)
+    if isinstance(counters, WorkerCounters):
+        return counters, ""
+    if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
+        return None, "its persistent workers started before timer.iter saw the loader"
+    try:
+        counters = WorkerCounters(loader)
+        setattr(loader, ATTRIBUTE, counters)
+    except Exception as exc:
+        logger.exception("stagefrontier: watching the DataLoader's workers failed")
+        return None, f"watching the DataLoader's workers failed: {exc}"
+    return counters, ""
+
+
+# ------------------------------------------------------------------ rank 0: the window's figures
+def loader_figures(
+    raw: dict[str, Any], wall_s: float, data_wait_s: float, steps: int
+) -> dict[str, Any]:
+    """A rank's loader figures for the window record, from its counts (``WorkerCounters.read``)
+    and its window's step time: ``per_batch_s`` a worker's time per batch, ``busy`` the workers'
+    busy fraction, ``need_every_s`` the step's own time per batch (data wait excluded), whether
+    the workers are ``saturated`` (all of them together supply a batch less often than the
+    step needs one), and ``workers_needed`` to supply a batch that often."""
+    out = dict(raw)
+    workers, batches = int(raw.get("workers", 0)), int(raw.get("batches", 0))
+    span = float(raw.get("span_s", 0.0))
+    if not workers or not batches or span <= 0:
+        return out
+    per_batch = float(raw["busy_s"]) / batches
+    consumed = int(raw.get("consumed", 0)) or steps
+    need = max(wall_s - data_wait_s, 0.0) / max(consumed, 1)
+    busy = min(float(raw["busy_s"]) / (workers * span), 1.0)
+    out.update(
+        per_batch_s=per_batch,
+        busy=busy,
+        need_every_s=need,
+        saturated=need > 0 and per_batch > workers * need,
+        workers_needed=max(1, math.ceil(per_batch / need)) if need > 0 else None,
+    )
+    return out
+
+
+def loader_record(ranks: Sequence[Any], data_stage: str) -> dict[str, dict[str, Any]]:
+    """``{rank: figures}`` for the ranks whose window carries loader counts."""
+    out: dict[str, dict[str, Any]] = {}
+    for w in ranks:
+        if not w.loader:
+            continue
+        column = w.stages.index(data_stage) if data_stage in w.stages else None
+        data = float(w.durations_ns[:, column].sum()) * 1e-9 if column is not None else 0.0
+        out[str(w.rank)] = loader_figures(w.loader, float(w.wall_ns.sum()) * 1e-9, data, w.n_steps)
+    return out

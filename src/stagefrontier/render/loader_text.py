@@ -1,0 +1,58 @@
+"""What a window's DataLoader worker figures (``record.loader_workers``) say about a data wait,
+in the loader's own terms: raise ``num_workers`` or speed up the dataset when the workers are
+saturated; look after the workers (pin_memory, transfer, IPC, the main process) when they idle."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..analysis.schema import DATA_STAGE
+
+BUSY_SHOWN = 0.5
+"""Saturated workers' busy fraction is said when at least this (lower, the window mostly holds
+their start-up)."""
+
+
+def loader_sentence(figures: Mapping[str, Any], rank: int, slow_function: str = "") -> str:
+    """One sentence on one rank's workers (empty when the figures hold no batch time).
+    ``slow_function``: the worker function a capture found taking the time, if any."""
+    if "per_batch_s" not in figures:
+        return ""
+    workers = int(figures["workers"])
+    per_batch = float(figures["per_batch_s"]) * 1e3
+    need = float(figures["need_every_s"]) * 1e3
+    busy = float(figures["busy"])
+    who = f"rank {rank}'s {workers} DataLoader worker{'s' if workers != 1 else ''}"
+    if figures.get("saturated"):
+        fix = f"speed up `{slow_function}`" if slow_function else "make the dataset faster"
+        # A window in which workers started (a new epoch) holds their start-up, not work.
+        busy_text = f" and are busy {busy:.0%} of the time" if busy >= BUSY_SHOWN else ""
+        return (
+            f"{who} each take ~{_ms(per_batch)} ms per batch{busy_text}; the step needs a "
+            f"batch every ~{_ms(need)} ms: {fix} or raise num_workers (at least "
+            f"{figures['workers_needed']})."
+        )
+    return (
+        f"{who} are idle {1 - busy:.0%} of the time (~{_ms(per_batch)} ms per batch, one "
+        f"needed every ~{_ms(need)} ms): the wait is after the workers (pin_memory, transfer, "
+        "worker-to-main IPC or the main process), not in the dataset."
+    )
+
+
+def window_loader_sentence(record: Mapping[str, Any], top: str, leaders: list[int]) -> str:
+    """The sentence for the window's leading rank when the top stage is the data wait."""
+    loader = record.get("loader_workers")
+    if not isinstance(loader, Mapping) or not loader or top != DATA_STAGE:
+        return ""
+    for rank in leaders:
+        figures = loader.get(str(rank))
+        if isinstance(figures, Mapping):
+            text = loader_sentence(figures, rank)
+            if text:
+                return text[0].upper() + text[1:]
+    return ""
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"

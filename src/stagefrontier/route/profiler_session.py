@@ -1,0 +1,80 @@
+"""Whether the profiler session running now is still the router's own.
+
+torch runs one profiler session at a time, and a second ``start()`` does not fail: the new
+session silently replaces the one running. If the user's code starts its own profiler while a
+capture runs, the session belongs to the user from then on; the router stopping it would end the
+user's session under them, and torch then crashes in the user's ``export_chrome_trace``
+(SIGSEGV, after "disableProfiler called but no active profiling session found").
+
+torch offers no handle on the running session, but every ``torch.profiler.profile`` and
+``torch.autograd.profiler.profile`` start passes through ``torch.autograd.profiler``'s
+``_run_on_profiler_start`` hook. Wrapping that hook once gives a count of the sessions started
+in this process: the router notes the count right after starting its own, and any later count
+means another session started since. A session that ended (the user stopped the one that
+replaced ours) shows as no profiler enabled.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+_started = 0
+_installed: bool | None = None  # None: not tried yet; False: this torch has no hook
+
+
+def _count_start(original: Any) -> Any:
+    def counting_start() -> Any:
+        global _started
+        _started += 1
+        return original()
+
+    counting_start.__stagefrontier_counting__ = True  # type: ignore[attr-defined]
+    return counting_start
+
+
+def watch() -> bool:
+    """Start counting sessions (once per process); False where this torch has no hook to count
+    them with (then only a session that ended is seen)."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            import torch.autograd.profiler as autograd_profiler
+
+            hook = getattr(autograd_profiler, "_run_on_profiler_start", None)
+            _installed = callable(hook)
+            if _installed and not getattr(hook, "__stagefrontier_counting__", False):
+                autograd_profiler._run_on_profiler_start = _count_start(hook)
+        return _installed
+
+
+def warm_up() -> None:
+    """Import what a first profiler start imports when nothing did yet (``torch._inductor``,
+    which a ``torch.optim`` optimizer or DDP imports anyway: a second or more without them),
+    and what the router thread imports, and start counting sessions. Run where the router is
+    attached (StageTimer's construction), so that the first capture does not stall a step.
+
+    Not on a background thread: importing torch's packages on two threads at once can leave
+    one half-initialized (``torch.distributed`` then aborts the process when imported again)."""
+    import torch._inductor.config
+    import torch.distributed  # noqa: F401
+
+    watch()
+
+
+def started() -> int:
+    """Profiler sessions started in this process since ``watch()``."""
+    return _started
+
+
+def foreign(mark: int) -> str | None:
+    """Why the running session is no longer the one started when ``started()`` was ``mark``;
+    None while it is."""
+    import torch
+
+    if _started != mark:
+        return "the application started its own profiler during the capture"
+    if not torch._C._autograd._profiler_enabled():
+        return "the profiler session ended under the capture (the application stopped it)"
+    return None

@@ -1,0 +1,191 @@
+"""A small spawned Gloo job with a profiler router, for the tests of a capture's lifecycle.
+
+Every rank trains a tiny MLP whose gradients it all-reduces and applies itself (DDP and
+``torch.optim`` import ``torch._inductor``, which would hide the profiler's cold start) under a
+StageTimer with a ``ProfilerRouter``. Rank 0 asks for one manual capture of both ranks per
+phase, in order, the next once the previous incident is written; while a capture runs, every
+rank does what its phase needs, keyed on the capture's own steps, so both ranks act at the same
+steps:
+
+* ``foreign``: the application starts its own ``torch.profiler.profile`` at the capture's second
+  step, stops it three steps after the capture's last step and exports its trace
+  (``user-rank<r>.json``);
+* ``capped``: the request is written into the store by hand, with a million steps;
+* ``paused``: ``timer.pause()`` before the capture's third step, ``resume()`` 15 steps later.
+
+The ranks stop together (an all-reduce of rank 0's "done" flag every step) once every phase's
+incident is written and every rank finished what its phases do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+PAUSED_STEPS = 15
+HUGE_STEPS = 10**6
+WARM_FILE = "warm-rank{rank}.json"
+USER_TRACE = "user-rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class CaptureJob:
+    out_dir: str
+    phases: tuple[str, ...]
+    ranks: int = 2
+    window: int = 10
+    capture_steps: int = 6
+    step_sleep_s: float = 0.01
+    max_steps: int = 1000
+
+
+def _phase(request: Any, phases: tuple[str, ...]) -> str:
+    """The phase of a manual request: its id ends in ``-manual<k>`` (the router decides no
+    capture by itself in this job)."""
+    return phases[int(request.id.rsplit("-manual", 1)[1])]
+
+
+class _Phases:
+    """One rank's actions, called at the top of every step (between steps)."""
+
+    def __init__(self, rank: int, job: CaptureJob, timer: Any) -> None:
+        self.rank = rank
+        self.job = job
+        self.timer = timer
+        self.capture = timer._router.capture
+        self.user: Any = None
+        self.user_stop = -1
+        self.resume_at = -1
+        self.seen: set[str] = set()
+        self.warm: dict[str, Any] = {}
+
+    def before(self, step: int) -> None:
+        import torch
+
+        request = self.capture._request
+        running = request is not None and self.capture._prof is not None
+        if running and not self.warm:  # the first captured step has just started the profiler
+            self.warm = {"step": step, "inductor_imported_before": self._inductor_before}
+        self._inductor_before = "torch._inductor.config" in sys.modules
+        if running and request.id not in self.seen:
+            self.seen.add(request.id)
+        phase = _phase(request, self.job.phases) if running else None
+        if phase == "foreign" and step == request.first_step + 1 and self.user is None:
+            self.user = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.user.start()
+            self.user_stop = request.last_step + 3
+        if phase == "paused" and step == request.first_step + 2:
+            self.timer.pause()
+            self.resume_at = step + PAUSED_STEPS
+        if step == self.user_stop:
+            self.user.stop()
+            self.user.export_chrome_trace(
+                str(Path(self.job.out_dir, USER_TRACE.format(rank=self.rank)))
+            )
+            self.user_stop = -1
+        if step == self.resume_at:
+            self.timer.resume()
+            self.resume_at = -1
+
+    @property
+    def busy(self) -> bool:
+        return self.user_stop >= 0 or self.resume_at >= 0
+
+    _inductor_before = False
+
+
+def _request_next(router: Any, requested: int, job: CaptureJob) -> int:
+    """On rank 0: the next phase's request once the previous incident is written."""
+    coordinator = router._runtime.coordinator
+    if requested >= len(job.phases) or coordinator is None:
+        return requested
+    if coordinator.open is not None or coordinator.captures != requested:
+        return requested
+    ranks = list(range(job.ranks))
+    if job.phases[requested] == "capped":
+        from stagefrontier.route.requests import MANUAL_KEY, ManualRequest, RequestChannel
+
+        channel = RequestChannel(router.store)
+        channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), HUGE_STEPS).encode())
+        channel.close()
+    else:
+        router.request_capture(ranks)
+    return requested + 1
+
+
+def run_rank(rank: int, job: CaptureJob, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier.demo.train import leave_process_group
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    gen = torch.Generator().manual_seed(1000 + rank)
+    router = ProfilerRouter(
+        steps=job.capture_steps,
+        poll_s=0.02,
+        capture_timeout_s=20.0,
+        max_captures=len(job.phases),
+        gates=Gates(min_confident_fraction=2.0),  # no window is actionable: manual ones only
+    )
+    timer = StageTimer(
+        window=job.window,
+        collect=CollectConfig(
+            mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
+        ),
+        router=router,
+    )
+    phases = _Phases(rank, job, timer)
+    requested = 0
+    for step in range(job.max_steps):
+        phases.before(step)
+        finished = False
+        if rank == 0:
+            requested = _request_next(router, requested, job)
+            coordinator = router._runtime.coordinator  # type: ignore[union-attr]
+            finished = (
+                requested == len(job.phases)
+                and coordinator is not None
+                and coordinator.open is None
+                and coordinator.captures == requested
+            )
+        # Stop together: rank 0's incidents are written and no rank is pausing or profiling.
+        flags = torch.tensor([float(finished), float(phases.busy)])
+        dist.all_reduce(flags)
+        if flags[0] > 0 and flags[1] == 0:
+            break
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                x = torch.randn(8, 16, generator=gen)
+                y = torch.randint(0, 4, (8,), generator=gen)
+                time.sleep(job.step_sleep_s)
+            with timer.stage("model.fwd_loss_cpu_wall"):
+                loss = F.cross_entropy(model(x), y)
+            with timer.stage("model.backward_cpu_wall"):
+                loss.backward()
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+            with timer.stage("optim.step_cpu_wall"), torch.no_grad():
+                for p in model.parameters():  # plain SGD by hand: see the module doc
+                    p -= 0.05 * p.grad
+                    p.grad = None
+    timer.close()
+    Path(job.out_dir, WARM_FILE.format(rank=rank)).write_text(json.dumps(phases.warm))
+    del model
+    leave_process_group()

@@ -1,0 +1,65 @@
+"""Datasets for the DataLoader worker tests (importable by ``spawn`` workers and by the torchrun
+job): a map-style one whose samples may be slow, an iterable one, one whose worker dies."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+def slow_sample(index: int, delay_s: float) -> torch.Tensor:
+    """One sample, ``delay_s`` late (the stall the tests look for by this function's name)."""
+    if delay_s:
+        time.sleep(delay_s)
+    return torch.full((4,), float(index))
+
+
+class Samples(Dataset[torch.Tensor]):
+    def __init__(self, n: int, delay_s: float = 0.0) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return slow_sample(index, self.delay_s)
+
+
+class Stream(IterableDataset[torch.Tensor]):
+    """``n`` samples split between the workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return (torch.full((4,), float(i)) for i in range(start, self.n, step))
+
+
+class DiesAt(Samples):
+    """Its worker process ends abruptly when it reaches sample ``at``."""
+
+    def __init__(self, n: int, at: int) -> None:
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.at and get_worker_info() is not None:
+            os._exit(3)
+        return super().__getitem__(index)
+
+
+class MarkWorker:
+    """A user's ``worker_init_fn``: leaves a file per worker, so a test sees it ran."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __call__(self, worker_id: int) -> None:
+        Path(self.folder, f"worker{worker_id}-{os.getpid()}").touch()

@@ -1,0 +1,141 @@
+"""A rank's capture (``route.capture.RankCapture``) in one process, driven by a real StageTimer
+and the real profiler: what it does when the application's own profiler comes and goes, when it
+outgrows its memory budget, and when a request asks for more steps than the cap."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+from stagefrontier import StageTimer
+from stagefrontier.route.capture import RankCapture
+from stagefrontier.route.requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+
+STAGE = "data.next_wait"
+
+
+class Rank:
+    """A timer with a capture attached as the router attaches it; the router thread's jobs
+    (export, answers) run when ``drain`` is called."""
+
+    def __init__(self, out_dir: Path, max_trace_bytes: int = 200 << 20) -> None:
+        self.timer = StageTimer(window=10, out_dir=out_dir, collect="local", log=False)
+        self.jobs: list[Callable[[], None]] = []
+        self.answers: list[CaptureStatus] = []
+        self.capture = RankCapture(
+            self.timer,
+            out_dir=str(out_dir),
+            with_stack=False,
+            max_trace_bytes=max_trace_bytes,
+            submit=self.jobs.append,
+            answer=self.answers.append,
+        )
+        self.timer._router = SimpleNamespace(
+            on_step=self.capture.on_step,
+            on_pause=self.capture.on_pause,
+            close=lambda: self.capture.finish(self.timer._step_index),
+        )
+
+    def arm(self, steps: int) -> CaptureRequest:
+        first = self.timer._step_index + 1
+        request = CaptureRequest(f"t{len(self.answers)}", (0,), first, steps)
+        self.capture.arm(request)
+        return request
+
+    def run(self, steps: int, before: Callable[[int], None] = lambda step: None) -> None:
+        model = torch.nn.Linear(8, 8)
+        for _ in range(steps):
+            before(self.timer._step_index)
+            with self.timer.step(), self.timer.stage(STAGE):
+                model(torch.randn(4, 8)).sum().backward()
+
+    def drain(self) -> list[CaptureStatus]:
+        while self.jobs:
+            self.jobs.pop(0)()
+        return self.answers
+
+
+def test_a_profiler_the_application_starts_and_stops_inside_a_capture(tmp_path: Path) -> None:
+    """The application profiles one step inside the capture: its trace is whole, the capture
+    is abandoned without stopping anything, and the next capture works."""
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=6)
+
+    def profile_one_step(step: int) -> None:
+        if step == request.first_step + 2:
+            with torch.profiler.profile() as user:
+                torch.randn(16, 16).sum()
+            user.export_chrome_trace(str(tmp_path / "user.json"))
+
+    rank.run(10, profile_one_step)
+    (answer,) = rank.drain()
+    assert answer.state == "skipped"
+    assert answer.reason.startswith("the application started its own profiler during the capture")
+    assert json.loads((tmp_path / "user.json").read_text())["traceEvents"]
+    assert not torch.autograd.profiler._is_profiler_enabled
+    again = rank.arm(steps=2)
+    rank.run(4)
+    rank.timer.close()
+    second = rank.drain()[1]
+    assert second.state == "captured" and second.id == again.id, second
+    assert Path(second.path).exists()
+
+
+def test_a_capture_stops_once_the_process_outgrew_its_budget(tmp_path: Path) -> None:
+    """Before: only the exported file was checked, after the profiler had held every event of
+    every step in memory. Now a capture whose process grows past max_trace_mb stops there."""
+    rank = Rank(tmp_path, max_trace_bytes=4 << 20)
+    request = rank.arm(steps=20)
+    kept: list[bytes] = []
+
+    def grow(step: int) -> None:
+        if step == request.first_step + 3:
+            kept.append(b"x" * (16 << 20))  # pages written: resident
+
+    rank.run(25, grow)
+    rank.timer.close()
+    (answer,) = rank.drain()
+    assert answer.state == "captured", answer
+    assert answer.last_step == request.first_step + 2 < request.last_step
+    assert "over the 4 MiB budget (max_trace_mb)" in answer.reason
+    assert not rank.timer._capture
+
+
+def test_a_request_for_more_steps_than_the_cap_is_capped_on_the_rank(tmp_path: Path) -> None:
+    """A request written into the store by hand, past every check: the rank caps it."""
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=10**6)
+    rank.run(MAX_CAPTURE_STEPS + 10)
+    (answer,) = rank.drain()
+    assert answer.state == "captured", answer
+    assert answer.last_step == request.first_step + MAX_CAPTURE_STEPS - 1
+    assert answer.reason == f"1000000 steps asked: capped at {MAX_CAPTURE_STEPS} steps"
+    rank.timer.close()
+
+
+def test_a_pause_ends_a_running_capture_and_skips_one_not_started(tmp_path: Path) -> None:
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=6)
+
+    def pause(step: int) -> None:
+        if step == request.first_step + 2:
+            rank.timer.pause()
+
+    rank.run(5, pause)
+    (answer,) = rank.drain()
+    assert answer.state == "captured" and answer.last_step == request.first_step + 1
+    assert answer.reason.startswith(f"the timer was paused at step {request.first_step + 2}")
+    waiting = rank.arm(steps=3)
+    rank.run(3)  # paused through the request's first step
+    rank.timer.close()
+    skipped = rank.drain()[1]
+    assert skipped.id == waiting.id and skipped.state == "skipped"
+    assert skipped.reason == f"the timer on rank 0 was paused at step {waiting.first_step}"

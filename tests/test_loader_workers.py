@@ -1,0 +1,152 @@
+"""DataLoader workers timed from inside (``record.loader_workers``): real worker processes under
+``fork`` and ``spawn``, persistent or not, map-style and iterable datasets, a worker that dies, and
+data that does not come from a DataLoader. Counts are exact (every batch the workers made is
+counted once); nothing here asserts a duration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader
+
+from loader_support import DiesAt, MarkWorker, Samples, Stream
+from recorder_support import FWD, read_records
+from stagefrontier import StageTimer
+from stagefrontier.collect.wire import decode_window, encode_window
+from stagefrontier.errors import ReportFormatError
+from stagefrontier.record.loader_workers import loader_figures
+
+BATCH = 4
+
+
+def _train(tmp_path: Path, loader: Any, epochs: int = 1, window: int = 3) -> list[dict[str, Any]]:
+    timer = StageTimer(window=window, collect="local", out_dir=tmp_path / "sf", log=False)
+    for _ in range(epochs):
+        for _batch in timer.iter(loader):
+            with timer.step(), timer.stage(FWD):
+                pass
+    timer.close()
+    return [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
+
+
+@pytest.mark.parametrize(
+    ("context", "persistent"), [("fork", False), ("spawn", True), ("fork", True)]
+)
+def test_every_batch_the_workers_make_is_counted_once(
+    tmp_path: Path, context: str, persistent: bool
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    loader = DataLoader(
+        Samples(24),
+        batch_size=BATCH,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+        worker_init_fn=MarkWorker(str(marks)),
+    )
+    figures = _train(tmp_path, loader, epochs=2)
+    assert sum(f["batches"] for f in figures) == 2 * len(loader)
+    assert sum(f["consumed"] for f in figures) == 2 * len(loader)
+    assert all(f["workers"] == 2 for f in figures)
+    timed = [f for f in figures if f["batches"]]
+    assert timed and all(f["per_batch_s"] > 0 and 0 < f["busy"] <= 1 for f in timed)
+    assert all(isinstance(f["saturated"], bool) for f in timed)
+    # The user's own worker_init_fn still ran in every worker: two per epoch, or two in all.
+    assert len(list(marks.iterdir())) == (2 if persistent else 4)
+
+
+def test_an_iterable_dataset_is_timed_like_a_map_style_one(tmp_path: Path) -> None:
+    loader = DataLoader(Stream(20), batch_size=BATCH, num_workers=2)
+    figures = _train(tmp_path, loader)
+    # Each worker yields 10 samples: 3 batches (4, 4, 2) each.
+    assert sum(f["batches"] for f in figures) == 6 == sum(f["consumed"] for f in figures)
+
+
+def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(tmp_path: Path) -> None:
+    loader = DataLoader(DiesAt(48, at=37), batch_size=BATCH, num_workers=2)
+    timer = StageTimer(window=100, collect="local", out_dir=tmp_path / "sf", log=False)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _batch in timer.iter(loader):
+            with timer.step(), timer.stage(FWD):
+                pass
+    timer.close()
+    (record,) = read_records(tmp_path / "sf")
+    figures = record["loader_workers"]["0"]
+    assert "exited while in use" in figures["note"], figures
+    assert figures["consumed"] >= 1
+
+
+def test_data_that_is_not_a_dataloader_keeps_working_with_a_note(tmp_path: Path) -> None:
+    batches = (i for i in range(6))
+    figures = _train(tmp_path, batches)
+    assert len(figures) == 2
+    assert all(
+        f == {"note": "data from a generator, not a torch DataLoader: no worker figures"}
+        for f in figures
+    )
+
+
+def test_a_loader_without_workers_has_no_figures(tmp_path: Path) -> None:
+    records_figures = _train(tmp_path, DataLoader(Samples(12), batch_size=BATCH))
+    assert records_figures == [{}]
+
+
+def test_persistent_workers_started_before_the_timer_are_left_alone(tmp_path: Path) -> None:
+    loader = DataLoader(Samples(8), batch_size=BATCH, num_workers=1, persistent_workers=True)
+    list(loader)  # the workers start here, before the timer sees the loader
+    figures = _train(tmp_path, loader)
+    assert figures == [{"note": "its persistent workers started before timer.iter saw the loader"}]
+
+
+def test_figures_say_saturated_when_the_workers_cannot_keep_up() -> None:
+    raw = {"workers": 2, "batches": 10, "busy_s": 1.2, "span_s": 0.6, "consumed": 10}
+    # 10 steps of 0.6 s, 0.35 s of them waiting for data: the step needs a batch every 25 ms.
+    slow = loader_figures(raw, wall_s=0.6, data_wait_s=0.35, steps=10)
+    assert slow["per_batch_s"] == pytest.approx(0.12)
+    assert slow["need_every_s"] == pytest.approx(0.025)
+    assert slow["busy"] == pytest.approx(1.0)
+    assert slow["saturated"] is True and slow["workers_needed"] == 5
+    fast = loader_figures({**raw, "busy_s": 0.012}, wall_s=0.6, data_wait_s=0.35, steps=10)
+    assert fast["saturated"] is False and fast["busy"] == pytest.approx(0.01)
+    assert fast["workers_needed"] == 1
+
+
+def test_the_counts_travel_on_the_wire_and_malformed_ones_are_rejected(tmp_path: Path) -> None:
+    loader = DataLoader(Samples(12), batch_size=BATCH, num_workers=1)
+    timer = StageTimer(window=100, collector=_Keep(), log=False)
+    for _batch in timer.iter(loader):
+        with timer.step(), timer.stage(FWD):
+            pass
+    timer.close()
+    window = timer._collector.windows[0]  # type: ignore[union-attr]
+    assert window.loader["batches"] == 3
+    data = encode_window(window)
+    assert decode_window(data).loader == window.loader
+    for bad in ({"batches": -1}, {"busy_s": float("inf")}, {"workers": True}, {"other": 1}):
+        tampered = data.replace(
+            json.dumps(window.loader).encode(),
+            json.dumps(bad).encode().ljust(len(json.dumps(window.loader))),
+        )
+        with pytest.raises(ReportFormatError):
+            decode_window(tampered)
+
+
+class _Keep:
+    rank, world_size = 0, 1
+
+    def __init__(self) -> None:
+        self.windows: list[Any] = []
+
+    def submit(self, window: Any) -> bool:
+        self.windows.append(window.build())
+        return True
+
+    def close(self) -> None:
+        pass
