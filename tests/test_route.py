@@ -189,6 +189,11 @@ def test_op_diff_ranks_self_time_inside_the_stage_by_user_function(tmp_path: Pat
 # --- one process, end to end --------------------------------------------------------------------
 
 
+UNTIL_DONE = 100_000
+"""Steps a test trains while a command it started runs: a bound the command's own wait ends
+long before."""
+
+
 def _train(timer: Any, steps: int, done: Any = None) -> int:
     import torch
 
@@ -250,13 +255,14 @@ def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) ->
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    try:
-        ran = _train(timer, 600, done=lambda: cli.poll() is not None)
+    try:  # until the command ends (it waits at most 60 s once it runs: a loaded machine may
+        # take many steps to start it)
+        ran = _train(timer, UNTIL_DONE, done=lambda: cli.poll() is not None)
     finally:
         timer.close()
         out, _ = cli.communicate(timeout=60)
     assert cli.returncode == 0, out
-    assert ran < 600
+    assert ran < UNTIL_DONE
     folder = Path(out.strip())
     assert folder.parent == (tmp_path / "incidents").resolve()
     assert read_incident(folder)["captured"]

@@ -388,3 +388,164 @@ def test_capture_against_a_dead_store_is_one_line_within_its_wait() -> None:
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and "cannot reach the store" in done.stderr, done.stderr
+
+
+# --- a running job: requests in its store (items 9, 11, 12, 16) -----------------------------------
+
+
+@pytest.fixture
+def store() -> Any:
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    return dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+
+
+def job(out_dir: Path, store: Any, **router: Any) -> Any:
+    """A one-rank job with a router, no regression check (only the tests' requests capture)."""
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+
+    settings = {"steps": 2, "store": store, "capture_timeout_s": 5.0}
+    return StageTimer(
+        window=5,
+        collect=CollectConfig("local", out_dir=out_dir, regression=None),
+        router=ProfilerRouter(**{**settings, **router}),
+    )
+
+
+def capture_cli(store: Any, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
+         f"127.0.0.1:{store.port}", "--wait", "60", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+
+
+def train_while(timer: Any, *clis: subprocess.Popen[str]) -> list[tuple[int, str, str]]:
+    """Train until every command ended; their exit codes and outputs."""
+    from test_route import UNTIL_DONE, _train
+
+    ran = _train(timer, UNTIL_DONE, done=lambda: all(c.poll() is not None for c in clis))
+    assert ran < UNTIL_DONE
+    return [(c.returncode, *c.communicate(timeout=60)) for c in clis]
+
+
+def test_two_capture_commands_each_get_their_own_incident(tmp_path: Path, store: Any) -> None:
+    """Item 9: two ``stagefrontier capture`` calls printed each other's incident folder (and
+    the second request overwrote the first)."""
+    timer = job(tmp_path, store)
+    try:
+        done = train_while(
+            timer,
+            capture_cli(store, "--ranks", "0", "--steps", "2"),
+            capture_cli(store, "--ranks", "0", "--steps", "3"),
+        )
+    finally:
+        timer.close()
+    spans = []
+    for code, out, err in done:
+        assert code == 0, (out, err)
+        incident = read_incident(Path(out.strip()))
+        assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
+        spans.append(incident["steps"][1] - incident["steps"][0] + 1)
+    assert spans == [2, 3]
+
+
+def test_a_rank_outside_the_world_is_refused_at_once_without_spending_a_capture(
+    tmp_path: Path, store: Any
+) -> None:
+    timer = job(tmp_path, store, max_captures=1)
+    try:
+        [(code, out, err)] = train_while(timer, capture_cli(store, "--ranks", "0,5"))
+        assert code == 1 and out.startswith("refused: rank 5 outside the job's 1 ranks"), out
+        [(code, out, err)] = train_while(timer, capture_cli(store, "--ranks", "0"))
+    finally:
+        timer.close()
+    assert code == 0, (out, err)
+    assert read_incident(Path(out.strip()))["captured"]
+
+
+def write_request(store: Any, value: bytes) -> None:
+    from stagefrontier.route.requests import REQUEST_KEY, RequestChannel
+
+    RequestChannel(store).write(REQUEST_KEY, value)
+
+
+def train_until(timer: Any, seen: Any, then: int = 40) -> None:
+    """Train until ``seen()`` holds, then ``then`` steps more (many polls of the router)."""
+    from test_route import UNTIL_DONE, _train
+
+    assert _train(timer, UNTIL_DONE, done=seen) < UNTIL_DONE
+    _train(timer, then)
+
+
+@pytest.mark.parametrize(
+    "value", [b"\xff not json", b"[" * 30_000 + b"]" * 30_000, b'{"id": 1}'], ids=str
+)
+def test_a_bad_request_in_the_store_is_warned_about_once(
+    tmp_path: Path, store: Any, caplog: pytest.LogCaptureFixture, value: bytes
+) -> None:
+    """Item 12: about 20 warnings a second on every rank while the key existed; deeply nested
+    JSON escaped the handler and logged a traceback every poll."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    timer = job(tmp_path, store, poll_s=0.01)
+    write_request(store, value)
+
+    def rejected() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "request rejected" in r.getMessage()]
+
+    try:
+        train_until(timer, lambda: bool(rejected()))
+        assert len(rejected()) == 1, rejected()
+        write_request(store, value + b" ")  # another value: warned about too
+        train_until(timer, lambda: len(rejected()) > 1)
+    finally:
+        timer.close()
+    assert len(rejected()) == 2, rejected()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_a_request_id_that_is_a_path_is_rejected(
+    tmp_path: Path, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 11: a request id ``../../../x`` made the named rank write its trace outside
+    ``out_dir``."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    out_dir = tmp_path / "a" / "b" / "out"
+    timer = job(out_dir, store)
+    request = {"id": "../../../x", "ranks": [0], "first_step": 3, "steps": 2, "stage": None}
+    write_request(store, json.dumps(request).encode())
+    try:
+        train_until(timer, lambda: "plain name" in caplog.text, then=20)
+    finally:
+        timer.close()
+    assert not list(tmp_path.rglob("*.pt.trace.json*")), list(tmp_path.rglob("*"))
+    assert not (out_dir / "incidents").exists()
+
+
+def test_a_stale_far_future_request_does_not_block_later_captures(
+    tmp_path: Path, store: Any
+) -> None:
+    """Item 16: a request for a step the run never reaches kept its ranks armed, and every
+    later capture on them was skipped ("another capture is in progress")."""
+    from stagefrontier.route.requests import CaptureRequest
+
+    timer = job(tmp_path, store)
+    write_request(store, CaptureRequest("stale", (0,), 10**9, 2).encode())
+    try:
+        train_until(timer, lambda: timer._capture, then=5)  # armed: waiting for step 10**9
+        [(code, out, err)] = train_while(timer, capture_cli(store, "--ranks", "0"))
+    finally:
+        timer.close()
+    assert code == 0, (out, err)
+    incident = read_incident(Path(out.strip()))
+    assert incident["captured"], incident["reasons"]

@@ -238,6 +238,16 @@ class RouterRuntime:
             self._dead = True
             return
         request = self._decode(data)
+        pending = self.capture.pending()
+        if pending is not None and (request is None or request.id != pending):
+            # The store's open request is another one (or none): the armed one is stale, from
+            # an incident rank 0 closed or a request written by hand. Drop it; the new one is
+            # armed at a later poll, once the training thread has let the old one go.
+            why = "withdrawn: " + (
+                f"request {request.id} replaced it" if request else "no longer open"
+            )
+            self.capture.withdraw(pending, why)
+            return
         if request is None or request.id in self._seen:
             return
         self._seen.add(request.id)
