@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -44,3 +45,26 @@ def test_the_cli_page_lists_every_command_and_option_of_the_parser() -> None:
 def test_the_readme_stays_a_front_door() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+
+
+def _printed_text() -> str:
+    """The package's source with adjacent string literals joined (a message split over lines
+    reads whole) and backticks dropped."""
+    text = "".join(p.read_text() for p in sorted((ROOT / "src" / "stagefrontier").rglob("*.py")))
+    return re.sub(r'"\s*\n\s*f?"', "", text).replace("`", "")
+
+
+def test_every_message_quoted_in_troubleshooting_is_printed_by_the_code() -> None:
+    printed = _printed_text()
+    rows = [
+        line.split(" | ")[0]
+        for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines()
+        if line.startswith("| `")
+    ]
+    assert len(rows) >= 30
+    for row in rows:
+        for quoted in re.findall(r"`([^`]+)`", row):
+            for piece in quoted.split("..."):
+                piece = piece.strip(" ()")
+                if len(piece) >= 8:
+                    assert piece in printed, f"troubleshooting.md quotes {piece!r}: not in the code"
