@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 import stagefrontier
-from result_header import result_header
+from harness_common import load_1min, quiet_check, result_header, script_parser
 from stagefrontier import DEFAULT_STAGES
 
 FloatArray = npt.NDArray[np.float64]
@@ -55,7 +55,6 @@ TIME_TARGET_RANKS = frozenset({128, 4096})
 TIME_TARGET = 3.0  # analyze / bare frontier, median per-call time
 MEMORY_TARGET = 3.0  # peak traced allocation of one analyze call / d.nbytes
 SEED = 20240501
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "analyzer.md"
 COMMAND = "python benchmarks/analyzer.py"
 
 # Median stage times in seconds, one per default stage: data wait, forward, backward,
@@ -212,7 +211,7 @@ def run_shape(ranks: int, steps: int, stages: int, settings: Settings) -> Row:
         analyze_min_s=min(full_samples),
         peak_bytes=peak_allocation(full),
         input_bytes=d.nbytes,
-        load_1min=load_average(),
+        load_1min=load_1min(),
     )
 
 
@@ -256,7 +255,7 @@ def verdicts(rows: Sequence[Row], loads: Sequence[float | None] = ()) -> list[st
         f"{'MET' if mem_ok else 'MISSED'} ({mem_detail}).",
         *time_reason(rows),
         *memory_reason(rows),
-        *busy_caveat(loads),
+        *quiet_check(loads),
     ]
 
 
@@ -303,19 +302,6 @@ def memory_reason(rows: Sequence[Row]) -> list[str]:
         "scratch buffer, both [N, S, R]); the fixed part is the per-step [N, S] arrays "
         "(medians, runner-up, clipped step times, advances, bounds) and the report, which at "
         "few ranks weigh as much as the window itself."
-    ]
-
-
-def busy_caveat(loads: Sequence[float | None]) -> list[str]:
-    """A warning line when the machine was busy: wall-clock ratios are then noisy."""
-    known = [x for x in loads if x is not None]
-    cpus = os.cpu_count() or 1
-    if not known or max(known) < 0.5 * cpus:
-        return []
-    return [
-        f"- Caveat: the machine was busy (1-min load average up to {max(known):.1f} on {cpus} "
-        "CPUs); wall-clock times are inflated and the ratios noisy. Re-run on an idle machine "
-        "before relying on a verdict near its threshold."
     ]
 
 
@@ -371,13 +357,6 @@ def blas_kernel() -> str:
     return name
 
 
-def load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not available on every platform
-        return None
-
-
 def render(
     rows: Sequence[Row], settings: Settings, quick: bool, loads: Sequence[float | None]
 ) -> str:
@@ -406,16 +385,7 @@ def render(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="few short repeats (a smoke check, not a measurement)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="markdown results file (default: benchmarks/results/analyzer.md)",
-    )
+    parser = script_parser("analyzer", __doc__, quick="few short repeats")
     parser.add_argument(
         "--unset-blas-env",
         action="store_true",
@@ -431,13 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if k not in BLAS_ENV}
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     settings = QUICK if args.quick else FULL
-    loads = [load_average()]
+    loads = [load_1min()]
     rows = []
     for ranks, steps, stages in SHAPES:
         row = run_shape(ranks, steps, stages, settings)
         print(f"R={ranks} N={steps} S={stages}: done", file=sys.stderr, flush=True)
         rows.append(row)
-    loads.append(load_average())
+    loads.append(load_1min())
     print(markdown_table(rows))
     print()
     print("\n".join(verdicts(rows, loads)))

@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from result_header import result_header
+from harness_common import load_text, result_header, script_parser
 from stagefrontier.demo.launch import run_ranks
 
 COMMAND = "python benchmarks/collection.py"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "collection.md"
 HANDOFF_TARGET_US = 50.0
 LATENCY_TARGET_MS = 250.0
 LATENCY_TARGET_RANKS = 8
@@ -337,13 +336,6 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- report
-def load_average() -> str:
-    try:
-        return ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def source_revision() -> str:
     """The git commit of the checkout, and whether its sources have uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
@@ -417,15 +409,13 @@ def render(rows: Sequence[Row], command: str, loads: tuple[str, str], args: Any)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = script_parser("collection", __doc__, quick="2 ranks, 2 measured windows")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     modes = ["store", "gloo"]
     parser.add_argument("--collect", nargs="+", choices=modes, default=modes)
     parser.add_argument("--window", type=int, default=20, help="steps per window")
     parser.add_argument("--windows", type=int, default=6, help="measured windows per run")
     parser.add_argument("--data-sleep-ms", type=float, default=0.0)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, 2 measured windows")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
 
@@ -434,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.ranks, args.windows = [2], 2
     command = " ".join([COMMAND, *(sys.argv[1:] if argv is None else argv)])
-    load_start = load_average()
+    load_start = load_text()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sf-collection-") as tmp:
         for collect in args.collect:
@@ -449,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 rows.append(summarize(config, launch(config)))
                 print(f"done: {collect} R={ranks}", file=sys.stderr, flush=True)
-    text = render(rows, command, (load_start, load_average()), args)
+    text = render(rows, command, (load_start, load_text()), args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(markdown_table(rows))

@@ -1,11 +1,15 @@
-"""Shared pieces of the evaluation harness (routing, overhead, aba, grad_accum, sharded).
+"""The one harness every benchmark script shares.
 
-Every harness script launches real multi-rank Gloo jobs of the demo workload
-(``stagefrontier.demo``), pools the evidence packets of each run, scores StageFrontier and the
-five rank-local baselines on the same matrix, and writes ``benchmarks/results/NAME.md`` with the
-exact command, the environment read at run time, the measured wall time and the tables. This
-module holds what the scripts share: the command line, launching a row with a progress line,
-pooling and scoring windows, the environment header and the markdown writer.
+Every script (``python benchmarks/NAME.py``) takes its options from ``script_parser`` (``--out``,
+default ``benchmarks/results/NAME.md``, and ``--quick`` where it has a smoke mode), opens its
+results file with ``result_header`` (title, the exact command, date), reads the machine's load
+with ``load_average`` and says whether the machine was quiet enough for wall-clock ratios with
+``quiet_check``; each script keeps only what it measures.
+
+The demo-workload scripts (routing, overhead, aba, grad_accum, sharded, regression,
+label_flips) also share ``harness_main``: it launches real multi-rank Gloo jobs of the demo
+workload (``stagefrontier.demo``), pools the evidence packets of each run, scores StageFrontier
+and the five rank-local baselines on the same matrix, and writes the result with its rows.
 """
 
 from __future__ import annotations
@@ -83,23 +87,77 @@ def fault_rank(seed: int, ranks: int) -> int:
     return (3 * seed + 1) % ranks
 
 
-# --- command line ---------------------------------------------------------------------------
+# --- every script: command line, results header, load and the quiet-machine check ----------
 
 
-def parser(description: str, name: str) -> argparse.ArgumentParser:
-    """The options every harness script has: ``--quick``, ``--out`` and ``--work``."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="one seed, fewest steps, smallest rank count (a smoke run, not a result)",
-    )
+def script_parser(name: str, doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+    """The options every benchmark script has: ``--out`` (default
+    ``benchmarks/results/NAME.md``) and, when ``quick`` says what a smoke run shrinks,
+    ``--quick``. The description is the first paragraph of the script's docstring."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0] or None)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run, not a result)")
     p.add_argument(
         "--out",
         type=Path,
         default=RESULTS / f"{name}.md",
         help=f"markdown result file (default benchmarks/results/{name}.md)",
     )
+    return p
+
+
+def result_header(title: str, command: str, when: str | None = None) -> list[str]:
+    """The opening lines of every results file, from the title down to "Environment:";
+    ``when`` the runs' date when it is not now (tables re-rendered from stored rows)."""
+    now = when or utc_now()
+    return [f"# {title}", "", "Produced by:", "", "```bash", command, "```", "", f"Date: {now}"]
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages, or None where the platform has none."""
+    try:
+        return os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+
+
+def load_1min() -> float | None:
+    """The 1-minute load average now, or None where the platform has none."""
+    loads = load_average()
+    return None if loads is None else loads[0]
+
+
+def load_text(loads: tuple[float, float, float] | None = None) -> str:
+    """``1.20 / 0.90 / 0.70`` (1/5/15 min), read now unless given; ``n/a`` where unknown."""
+    loads = load_average() if loads is None else loads
+    return "n/a" if loads is None else " / ".join(f"{x:.2f}" for x in loads)
+
+
+def quiet_check(loads: Sequence[float | None]) -> list[str]:
+    """A caveat line when the machine was busy (a 1-minute load average of half its CPUs or
+    more) at any of ``loads``: wall-clock figures are then inflated and ratios noisy."""
+    known = [x for x in loads if x is not None]
+    cpus = os.cpu_count() or 1
+    if not known or max(known) < 0.5 * cpus:
+        return []
+    return [
+        f"- Caveat: the machine was busy (1-min load average up to {max(known):.1f} on {cpus} "
+        "CPUs); wall-clock times are inflated and the ratios noisy. Re-run on an idle machine "
+        "before relying on a verdict near its threshold."
+    ]
+
+
+# --- the demo-workload harness --------------------------------------------------------------
+
+
+def parser(description: str, name: str) -> argparse.ArgumentParser:
+    """The options of the demo-workload scripts: ``--quick``, ``--out``, ``--work`` and
+    ``--from-rows``."""
+    p = script_parser(name, description, quick="one seed, fewest steps, smallest rank count")
     p.add_argument(
         "--work",
         type=Path,
@@ -350,12 +408,10 @@ def environment() -> list[str]:
         f"- CPUs usable: {cores} (os.cpu_count() = {os.cpu_count()}); torch.distributed backend "
         "Gloo over loopback, one intra-op thread per rank, ranks forked from one server process",
     ]
-    if hasattr(os, "getloadavg"):
-        one, five, _ = os.getloadavg()
-        lines.append(
-            f"- Load average when the script started: {one:.2f} (1 min), {five:.2f} (5 min); "
-            "the machine is shared, so other jobs' load is part of the noise"
-        )
+    lines.append(
+        f"- Load average (1/5/15 min) when the script started: {load_text()}; the machine is "
+        "shared, so other jobs' load is part of the noise"
+    )
     commit = _git_commit()
     if commit:
         lines.append(f"- Source revision: {commit}")
@@ -410,18 +466,9 @@ class Result:
         meta = self.meta
         wall = meta["wall_s"]
         lines = [
-            f"# {self.title}",
-            "",
-            *self.summary,
-            "",
-            "## How this was produced",
-            "",
-            "```",
-            meta["command"],
-            "```",
-            "",
-            f"- Date: {meta['when']}; measured wall time of the whole script: {wall:.0f} s "
-            f"({wall / 60:.1f} min), {meta['runs']} launched multi-rank run(s)"
+            *result_header(self.title, meta["command"], when=meta["when"]),
+            f"- The measured wall time of the whole script: {wall:.0f} s ({wall / 60:.1f} min), "
+            f"{meta['runs']} launched multi-rank run(s)"
             + ("; a --quick smoke run, not a result" if meta["quick"] else ""),
             *meta["env"],
         ]
@@ -430,7 +477,7 @@ class Result:
             lines.append(
                 f"- Tables rendered from the stored rows (no new runs) by `{meta['rendered_by']}`"
             )
-        lines.append("")
+        lines += ["", *self.summary, ""]
         for heading, body in self.sections:
             lines += [f"## {heading}", "", *body, ""]
         return "\n".join(lines).rstrip() + "\n"
@@ -469,17 +516,15 @@ def harness_main(name: str, description: str, collect: Collect, render: Render) 
         started = time.monotonic()
         meta = {
             "command": command_line(),
-            "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "when": utc_now(),
             "env": environment(),
             "quick": args.quick,
         }
         with work_dir(args.work) as work:
             rows = collect(args.quick, work)
-        if hasattr(os, "getloadavg"):
-            one, five, _ = os.getloadavg()
-            meta["env"].append(
-                f"- Load average when the runs ended: {one:.2f} (1 min), {five:.2f} (5 min)"
-            )
+        loads = load_average()
+        meta["env"].append(f"- Load average (1/5/15 min) when the runs ended: {load_text(loads)}")
+        meta["env"] += quiet_check([None if loads is None else loads[0]])
         meta["wall_s"] = time.monotonic() - started
         meta["runs"] = LAUNCHES[0]
         meta["retries"] = RETRIES

@@ -47,13 +47,12 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
-from result_header import result_header
+from harness_common import load_text, result_header, script_parser
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer
 from stagefrontier.record.noop import NOOP
 
 _now = time.perf_counter_ns
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "hotpath.md"
 COMMAND = "python benchmarks/hotpath.py"
 
 STAGE_TARGET = 1.2
@@ -502,13 +501,6 @@ def explanations(rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:  # not available on every platform
-        return "n/a"
-
-
 def torch_version() -> str:
     try:
         import torch
@@ -592,23 +584,14 @@ def render(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="few short repeats (a smoke check, not a measurement)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="markdown results file (default: benchmarks/results/hotpath.md)",
-    )
+    parser = script_parser("hotpath", __doc__, quick="few short repeats")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
-    load_start = load_average()
+    load_start = load_text()
     factory, peer = lightning_profiler()
     if factory is None:
         print("Lightning SimpleProfiler: not installed", file=sys.stderr)
@@ -619,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rnd in range(settings.repeats):
         rounds.append(measure_round(settings, factory, rnd, router))
     handoff_us = measure_handoff(settings.handoff_windows)
-    load_end = load_average()
+    load_end = load_text()
     rows = summarize(rounds, settings.loops, peer)
     print(markdown_table(rows))
     print()

@@ -19,8 +19,6 @@ them (one optimizer step per iteration), with a real timer and analysis, and tim
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import logging
 import os
 import platform
@@ -35,9 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "integrations.md"
-
+from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
 
 VARIANTS = ("none", "empty", "stagefrontier")
 """Per group of runs: no extra callback, callbacks that do nothing, StageFrontier's callback."""
@@ -257,7 +253,7 @@ def _versions() -> dict[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser("integrations", __doc__)
     parser.add_argument("--groups", type=int, default=6, help="groups of three runs")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=50)
@@ -273,7 +269,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("lightning", "lightning.pytorch", "transformers", "stagefrontier"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    load_start = os.getloadavg()[0]
+    load_start = load_text()
     started = time.perf_counter()
     stats: list[GroupStats] = []
     hooks: dict[str, float] = {}
@@ -329,27 +325,19 @@ def main() -> None:
     if args.no_write:
         return
     versions = _versions()
+    quiet = "".join(line + "\n" for line in quiet_check([load_1min()]))
     command = "python benchmarks/integrations.py" + (
         " " + shlex.join(sys.argv[1:]) if sys.argv[1:] else ""
     )
-    text = f"""# Integration callbacks: per-step overhead
-
-Produced by:
-
-```bash
-{command}
-```
-
-Date: {dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}; wall time {wall:.0f} s.
-
-Environment:
-
+    header = "\n".join(result_header("Integration callbacks: per-step overhead", command))
+    text = f"""{header}
+- Wall time {wall:.0f} s.
 - Python {versions["python"]}, torch {versions["torch"]}, lightning {versions["lightning"]},
   transformers {versions["transformers"]}, accelerate {versions["accelerate"]},
   numpy {versions["numpy"]}, stagefrontier {versions["stagefrontier"]}
 - CPU count: {os.cpu_count()}; platform: {platform.platform()}
-- Load average (1 min) at start: {load_start:.2f} (a shared machine: other jobs were running)
-
+- Load average (1/5/15 min) at start: {load_start}; at end: {load_text()}
+{quiet}
 Method: one process, one rank, CPU, `torch.set_num_threads(1)`. Lightning: a 32-128-1 MLP,
 batch 16, `Trainer(devices=1)` with logger, checkpointing, progress bar and model summary off.
 Hugging Face: a one-layer GPT-2 (n_embd 32, vocab 64, 16 tokens, batch 2) built from a config,
@@ -375,9 +363,9 @@ so the ratio is an upper bound for real models, whose steps last tens to hundred
 milliseconds. On this shared machine the spread of the ratio across groups ([min, max]) is as wide
 as the effect; differences inside it are noise.
 """
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(text)
-    print(f"wrote {RESULT.relative_to(ROOT)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -17,19 +17,16 @@ server under each option, counted from the payloads.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import statistics
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness_common import environment, table
-from result_header import result_header
+from harness_common import environment, result_header, script_parser, table
 from stagefrontier.analysis.schema import DEFAULT_STAGES
 from stagefrontier.collect.node import NodeIdentity
 from stagefrontier.collect.node_payload import combine_groups, node_group
@@ -39,7 +36,6 @@ from stagefrontier.collect.wire import encode_window
 from stagefrontier.record.window import RankWindow
 
 COMMAND = "python benchmarks/node_transport.py"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "node_transport.md"
 STEPS = 20
 
 
@@ -227,11 +223,10 @@ def render(ranks: int, rounds: int, load: int, times: dict[str, list[float]]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser("node_transport", __doc__)
     parser.add_argument("--ranks", type=int, default=8, help="ranks per node (L)")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--load", type=int, default=2, help="load processes on the job store")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.rounds < 1 or args.load < 0:
         parser.error("--ranks and --rounds must be >= 1, --load >= 0")

@@ -28,15 +28,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness_common import command_line, environment
-from result_header import result_header
+from harness_common import command_line, environment, result_header, script_parser
 from stagefrontier.analysis.across_roles import bounding_role, is_communication
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
@@ -55,10 +53,8 @@ QUICK = ("none", "pp1-one-replica", "pp0-both-replicas")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="three scenarios, 20 steps each")
+    ap = script_parser("pipeline", __doc__, quick="three scenarios, 20 steps each")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 40)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results/pipeline.md")
     args = ap.parse_args(argv)
     steps = args.steps or (20 if args.quick else 40)
     names = QUICK if args.quick else tuple(SCENARIOS)

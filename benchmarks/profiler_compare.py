@@ -34,7 +34,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -54,6 +53,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
+from harness_common import load_text, script_parser
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -68,7 +68,6 @@ from stagefrontier.demo.launch import run_ranks
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.reducers import ReducedTrace, reduce_hta, reduce_kineto
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "profiler_compare.md"
 COMMAND = "python benchmarks/profiler_compare.py"
 
 SEGMENTS = ("none", "data", "comm", "callback_sync", "forward")
@@ -546,13 +545,6 @@ def _hta_available() -> bool:
     return True
 
 
-def load_average() -> str:
-    try:
-        return f"{os.getloadavg()[0]:.2f}"
-    except OSError:
-        return "n/a"
-
-
 def run(settings: Settings, work: Path, log: Callable[[str], None]) -> list[Row]:
     rows: list[Row] = []
     for seed in settings.seeds:
@@ -578,9 +570,7 @@ def run(settings: Settings, work: Path, log: Callable[[str], None]) -> list[Row]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 ranks, 1 seed, short segments")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown result path")
+    parser = script_parser("profiler_compare", __doc__, quick="2 ranks, 1 seed, short segments")
     parser.add_argument("--keep", type=Path, help="keep the job folders (packets, traces) here")
     args = parser.parse_args(argv)
     # a terminated run still stops its ranks (the launcher's finally block)
@@ -589,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings.check()
     if not _hta_available():
         raise SystemExit("HTA is not installed: pip install '.[hta]' (the HTA row needs it)")
-    load = load_average()
+    load = load_text()
     work = args.keep or Path(tempfile.mkdtemp(prefix="profiler-compare-"))
     started = time.monotonic()
     try:

@@ -18,7 +18,6 @@ Wall-clock figures on a shared machine: read them with the load average recorded
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -28,21 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from result_header import result_header
+from harness_common import load_text, result_header, script_parser
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.route import list_incidents
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "router.md"
 COMMAND = "python benchmarks/router.py"
 WARMUP_STEPS = 2
 """The first steps (imports, first allreduce) are left out of the outside-capture figure."""
-
-
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def measure(out_dir: Path) -> dict[str, Any]:
@@ -123,13 +114,12 @@ def render(result: dict[str, Any], load_start: str, load_end: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser = script_parser("router", __doc__)
     args = parser.parse_args(argv)
-    load_start = load_average()
+    load_start = load_text()
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp) / "demo")
-    text = render(result, load_start, load_average())
+    text = render(result, load_start, load_text())
     print(text)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)

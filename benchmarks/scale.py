@@ -33,15 +33,14 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 import stagefrontier as sf
-from analyzer import busy_caveat, environment, load_average
-from result_header import result_header
+from analyzer import environment
+from harness_common import load_1min, quiet_check, result_header, script_parser
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.record.window import RankWindow
 
@@ -57,7 +56,6 @@ STAGE_MEDIANS_S = np.array([0.012, 0.045, 0.095, 0.010, 0.020, 0.010])
 STALL_S = 0.120
 SEED = 20251122
 ROOT_REPEATS = 21
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "scale.md"
 COMMAND = "python benchmarks/scale.py"
 IntArray = npt.NDArray[np.int64]
 
@@ -237,7 +235,7 @@ def run_row(ranks: int, scenario: str, flat_max: int) -> Row:
         hier_peak_mb=peak_mb(lambda: hierarchical_root(top)),
         agreement=agree,
         max_lag_bound_ms=bound_ms,
-        load_1min=load_average(),
+        load_1min=load_1min(),
     )
 
 
@@ -315,7 +313,7 @@ def verdicts(rows: Sequence[Row], loads: Sequence[float | None]) -> list[str]:
         f"- Agreement with the flat path: {'every column true' if agree else 'NOT all true'} "
         f"in {len(checked)} rows with a flat run."
     )
-    return out + busy_caveat(loads)
+    return out + quiet_check(loads)
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -360,21 +358,19 @@ def render(rows: Sequence[Row], quick: bool, loads: Sequence[float | None]) -> s
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small rank counts, a smoke check")
+    parser = script_parser("scale", __doc__, quick="small rank counts")
     parser.add_argument(
         "--flat-max",
         type=int,
         default=100_000,
         help="largest rank count the flat path runs at (default 100000)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown results file")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    loads = [load_average()]
+    loads = [load_1min()]
     run_row(QUICK_RANKS[0], "rank", args.flat_max)  # warm-up: imports and first calls
     rows = []
     print(" | ".join(HEADERS), flush=True)
@@ -385,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             print(" | ".join(cells(row)), flush=True)
             print(f"  R={ranks} {scenario}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    loads.append(load_average())
+    loads.append(load_1min())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(rows, args.quick, loads), encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)

@@ -29,11 +29,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from harness_common import command_line, environment, table
-from result_header import result_header
+from harness_common import command_line, environment, load_text, result_header, script_parser, table
 from stagefrontier.demo.launch import run_ranks
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "soak.md"
 DEADLINE_S = 900.0
 PAGE = resource.getpagesize()
 
@@ -212,12 +210,8 @@ def render(rows: Sequence[Row], args: argparse.Namespace, env: list[str], end_lo
     )
 
 
-def load_average() -> str:
-    return ", ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = script_parser("soak", __doc__)
     parser.add_argument("--steps", type=int, default=10**6, help="steps per run")
     parser.add_argument(
         "--windows", default="10,100", help="comma-separated window sizes, one run each"
@@ -229,7 +223,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--step-sleep-us", type=float, default=0.0, help="sleep in the data stage of every step"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
 
@@ -241,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="stagefrontier-soak-") as tmp:
         for window in (int(w) for w in args.windows.split(",")):
             rows.extend(soak(window, args, Path(tmp)))
-    text = render(rows, args, env, load_average())
+    text = render(rows, args, env, load_text())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(text)

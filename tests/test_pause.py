@@ -193,3 +193,90 @@ def test_ranks_pausing_different_steps_are_not_merged_for_that_window_only(
     for w in (windows[0], windows[2]):
         assert w["ranks_present"] == [0, 1] and not w["mismatched_ranks"], reasons(w)
     assert all(w["contract_violations"] == 0 for w in windows)
+
+
+# ------------------------------------------------------------------ every lost window gets a word
+
+
+def test_a_run_paused_to_the_end_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: a timer paused for every step wrote nothing and said nothing."""
+    timer, collector = capture(window=5)
+    with caplog.at_level("WARNING", logger="stagefrontier"):
+        run(timer, range(12), paused=set(range(12)))
+        timer.close()
+    assert collector.windows == []
+    assert "rank 0 recorded no window: all 12 of its steps (0-11) ran paused" in caplog.text
+
+
+def test_windows_paused_through_are_named_at_close(caplog: pytest.LogCaptureFixture) -> None:
+    timer, collector = capture(window=5)
+    with caplog.at_level("WARNING", logger="stagefrontier"):
+        run(timer, range(30), paused={*range(5, 15), *range(27, 30)})
+        timer.close()
+    assert [w.window for w in collector.windows] == [0, 3, 4, 5]
+    assert (
+        "rank 0 recorded no window for steps 5-14: the timer was paused from their "
+        "window's first step to its last (pause())"
+    ) in caplog.text
+
+
+def test_pause_and_resume_from_another_thread_lose_no_step_without_a_word(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another thread toggles pause() and resume() as fast as it can while the training loop
+    runs. Before: every window could be paused through, silently; a pause that landed inside a
+    step left the stages switched off after it. Now every step is in a recorded window or named
+    at close, and every recorded step has its stages."""
+    import threading
+
+    timer, collector = capture(window=5)
+    stop = threading.Event()
+
+    def toggle() -> None:
+        while not stop.is_set():
+            timer.pause()
+            timer.resume()
+
+    thread = threading.Thread(target=toggle)
+    with caplog.at_level("WARNING", logger="stagefrontier"):
+        thread.start()
+        run(timer, range(400), paused=set())
+        stop.set()
+        thread.join()
+        timer.close()
+    covered = [s for w in collector.windows for s in range(w.first_step, w.last_step + 1)]
+    named = [
+        s
+        for a, b in re.findall(r"steps (\d+)-(\d+)", caplog.text)
+        for s in range(int(a), int(b) + 1)
+    ]
+    assert sorted(covered + named) == list(range(400))
+    for w in collector.windows:
+        assert (w.durations_ns[:, :2] > 0).all(), w.violation_reasons
+
+
+def test_a_pause_from_another_thread_that_lands_inside_a_step_is_a_counted_no_op() -> None:
+    """Another thread's pause() can pass its between-steps test just before the training thread
+    begins a step, and then switch the timer to paused inside that step. Before: the step's end
+    put the timer back to recording with the stage lookup still switched off, and every later
+    step was recorded without its stages, without a word."""
+    from stagefrontier.record.timer_state import PAUSED
+
+    timer, collector = capture(window=4)
+    for step in range(8):
+        with timer.step():
+            with timer.stage(DATA):
+                pass
+            if step == 1:  # what the racing pause() writes, after the step began
+                timer._active = PAUSED
+                timer.stage = timer._paused_stage  # type: ignore[method-assign]
+            with timer.stage(FWD):
+                pass
+    timer.close()
+    first, second = collector.windows
+    assert first.contract_violations == 1
+    (reason,) = first.violation_reasons
+    assert reason.startswith("pause() landed inside a step (from another thread?): ignored")
+    assert not timer.paused
+    assert (second.durations_ns[:, :2] > 0).all()
+    assert second.contract_violations == 0

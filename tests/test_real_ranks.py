@@ -261,3 +261,12 @@ def test_several_paths_must_all_be_traces(
     sqlite = [str(tmp_path / "job" / f"report_rank{r}.sqlite") for r in (0, 1)]
     assert main(["analyze", *sqlite]) == 0
     assert "on rank 1." in capsys.readouterr().out
+
+
+def test_one_path_in_a_list_is_that_path_with_its_window_and_attempt(tmp_path: Path) -> None:
+    analyzed = analyze_merged(merge_windows(_rank_windows((0, 2), 2), 3))
+    PacketSink(tmp_path).write(analyzed)
+    restarted = tmp_path / "packets" / "window-000000.attempt-1.json"
+    restarted.write_bytes((tmp_path / "packets" / "window-000000.json").read_bytes())
+    loaded = load_window([tmp_path], window=0, attempt=1)
+    assert loaded.report == load_window(restarted).report

@@ -105,3 +105,32 @@ def test_the_baseline_needs_healthy_windows_and_restarts_on_a_new_schema() -> No
 def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(StageFrontierError):
         RegressionConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("warmup", [2.0, 5.0, 10.0])
+@pytest.mark.parametrize("slowdown", [1.5, 2.0])
+def test_a_slow_warm_up_window_does_not_hide_a_later_slowdown(
+    warmup: float, slowdown: float
+) -> None:
+    """Window 0 runs ``warmup`` times slower (compilation, caches), window 1 is normal, and the
+    job slows down ``slowdown`` times from window 2. Before: window 0 stayed in the baseline and
+    widened its spread so much that no window of ten was flagged."""
+    rng = np.random.default_rng(int(warmup * 10 + slowdown))
+    check = RegressionCheck()
+    assert check.check(0, window(rng) * warmup, STAGES) is None
+    assert check.check(1, window(rng), STAGES) is None
+    flagged = [w for w in range(2, 10) if check.check(w, window(rng) * slowdown, STAGES)]
+    assert flagged and flagged[0] <= 3, flagged
+
+
+@pytest.mark.parametrize("warmup", [2.0, 10.0])
+def test_warm_up_windows_leave_the_baseline_and_raise_no_alarm(warmup: float) -> None:
+    rng = np.random.default_rng(int(warmup))
+    for run in range(10):
+        check = RegressionCheck()
+        alarms = [check.check(0, window(rng) * warmup, STAGES)]
+        alarms.append(check.check(1, window(rng) * (1 + (warmup - 1) / 3), STAGES))
+        alarms += [check.check(w, window(rng), STAGES) for w in range(2, 30)]
+        assert not any(alarms), f"run {run}: {[a for a in alarms if a]}"
+        reference = check.reference(STAGES, 4)
+        assert reference is not None and reference[1][0] >= 2  # warm-up windows left out

@@ -129,7 +129,10 @@ def test_the_log_line_shows_the_cost_only_above_its_threshold() -> None:
     assert self_cost_text(record(SELF_COST_LINE_FRACTION)) == ""
     assert self_cost_text({}) == ""  # a record from before self_cost
     text = self_cost_text(record(0.023))
-    assert text.startswith("stagefrontier cost 2.3% of step time (rank max 12.0 ms")
+    assert text.startswith(
+        "stagefrontier cost 2.3% of step time (up to 12.0 ms in this window on one rank; "
+        "the most any rank spent per part: "
+    )
     assert "hot path 4.0 ms" in text and "collection 4.0 ms" in text
     assert "router" not in text  # no router work: not mentioned
     text = self_cost_text(record(0.4, router_s=1.5))

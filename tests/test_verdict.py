@@ -51,10 +51,13 @@ def test_steady_one_rank_stall_says_who_what_where_and_why_the_gain_is_zero() ->
     assert report.direct_gain[DATA_STAGE] < 0.01
     text = verdict(report)
     assert text.startswith("Rank 2's data loading runs ~120 ms/step behind the median rank")
-    assert "the other ranks make up the gap in backward" in text
-    assert "not proven: co_critical" in text
-    assert "the stall is steady" in text
-    assert text.endswith("Next: profile data loading (data.next_wait) on rank 2.")
+    assert "the other ranks make up the gap in backward, most likely waiting for it." in text
+    # What is known and what to do first; the label's caveat after it.
+    finding, caveat = text.split(" Why co_critical, not a proven wait: ")
+    assert finding.endswith("Next: profile data loading (data.next_wait) on rank 2.")
+    assert "co_critical" not in finding and "direct gain" not in finding
+    assert caveat.startswith("no wait model is declared for data loading")
+    assert "direct gain is only 0% because the stall is steady, so it is rank 2's usual" in caveat
     # The reasons name what a user can set, and say why the gain is near zero.
     reasons = all_reasons(report)
     assert not any(symbol in reasons for symbol in PAPER_SYMBOLS)
@@ -83,7 +86,7 @@ def test_healthy_window_reads_quiet_and_names_no_leader() -> None:
     assert "no rank holds the others back" in text
     line = window_line(report)
     assert "led by" not in line
-    assert "top model.backward_cpu_wall" in line and "no single leader (ranks 0-3)" in line
+    assert "top model.backward_cpu_wall" in line and "no single leader (ranks 0-3 share it)" in line
     assert line.endswith(text)
 
 

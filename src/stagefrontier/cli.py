@@ -217,6 +217,16 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "routing set, leaders, labels and reasons for every window in DIR.",
     )
     parser.add_argument("dir", type=Path, metavar="DIR")
+    parser.add_argument(
+        "--html",
+        nargs="?",
+        const="",
+        type=Path,
+        metavar="FILE",
+        help="write the report as one self-contained HTML page instead (default "
+        "DIR/report.html): share timeline, who sets the frontier, the verdict per window, "
+        "regressions, incidents, self-cost, the run's facts",
+    )
     parser.set_defaults(handler=_run_report)
 
 
@@ -224,7 +234,16 @@ def _run_report(args: argparse.Namespace) -> int:
     from .formats.run_folder import load_run
     from .render.text import run_report_text
 
-    print(run_report_text(load_run(args.dir)))
+    run = load_run(args.dir)
+    if args.html is None:
+        print(run_report_text(run))
+        return EXIT_OK
+    from .render.run_html import write_run_html
+
+    target = args.html if str(args.html) not in ("", ".") else args.dir / "report.html"
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise StageFrontierError(f"--html {target}: the report is an HTML page; name a *.html")
+    print(write_run_html(run, target))
     return EXIT_OK
 
 
@@ -388,9 +407,9 @@ def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "incident",
         help="print the profiler router's incidents (reducing traces not reduced live)",
         description="Print an incident folder (out_dir/incidents/<id>) or every incident of an "
-        "output folder. A captured incident whose traces were not reduced live (another host, "
-        "or the run ended first) is reduced now against the run's packets, and its files "
-        "rewritten.",
+        "output folder, and write its incident.html again. A captured incident whose traces "
+        "were not reduced live (another host, or the run ended first) is reduced now against "
+        "the run's packets, and its files rewritten.",
     )
     parser.add_argument("dir", type=Path, metavar="DIR")
     parser.set_defaults(handler=_run_incident)
@@ -398,7 +417,8 @@ def _add_incident(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _run_incident(args: argparse.Namespace) -> int:
     from .render.incident import render_markdown
-    from .route.offline import incident_folders, reduce_offline
+    from .route.html import write_html
+    from .route.offline import incident_folders, reduce_offline, run_folder
 
     folders, skipped = incident_folders(args.dir)
     for problem in skipped:
@@ -409,6 +429,8 @@ def _run_incident(args: argparse.Namespace) -> int:
         incident, reduced = reduce_offline(folder)
         if reduced:
             print(printable(f"(reduced the traces of {incident['id']} now)"))
+        else:  # the page again: its figures may be drawable now (matplotlib installed since)
+            write_html(folder, incident, run_folder(folder))
         print(render_markdown(incident))
         print(printable(f"Files: {folder}/incident.json, incident.md, incident.html"))
     return EXIT_OK

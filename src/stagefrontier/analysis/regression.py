@@ -15,6 +15,14 @@ threshold join the baseline, so a window that a slowdown starts inside does not 
 the next ones; after ``baseline_windows`` windows in a row above it, those windows become the
 baseline (a lasting change is reported for that long, then taken as the new normal). A
 regression is split exactly into stage advance changes with ``analysis.compare``.
+
+While the baseline fills (fewer than ``min_baseline`` windows), its first windows may be a
+warm-up (compilation, cold caches: two to ten times slower). A new window that the baseline so
+far would count as slower than itself, by the same rule with the two sides swapped, shows that
+those windows were a warm-up: they leave the baseline, which starts again from the new window.
+A window above the threshold of a baseline still filling is held out of it and flagged when
+the window after it is above too (never on a first jump), so that a slowdown right after a
+warm-up is caught.
 """
 
 from __future__ import annotations
@@ -116,18 +124,20 @@ class RegressionCheck:
         self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
     ) -> tuple[dict[str, Any] | None, bool]:
         """The regression (or None) and whether the window is above the threshold."""
-        cfg = self.config
-        if len(self._healthy) < cfg.min_baseline:
+        if not self._healthy:
             return None, False
         base = np.concatenate([h.exposed for h in self._healthy])
-        base_median = float(np.median(base))
-        spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
-        error = MEDIAN_SE * spread * float(np.sqrt(1.0 / exposed.size + 1.0 / base.size))
-        threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
-        increase = float(np.median(exposed)) - base_median
+        filling = len(self._healthy) < self.config.min_baseline
+        if filling:
+            back, back_threshold = self._shift(exposed, base)
+            if back > back_threshold:  # the baseline so far is slower: it was a warm-up
+                self._healthy.clear()
+                self._above = []
+                return None, False
+        increase, threshold = self._shift(base, exposed)
         if increase <= threshold:
             return None, False
-        if increase <= 2 * threshold and not self._above:
+        if not self._above and (filling or increase <= 2 * threshold):
             return None, True
         result = compare(
             Side.from_windows("baseline", [h.d for h in self._healthy], stages),
@@ -150,6 +160,16 @@ class RegressionCheck:
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
         }
         return found, True
+
+    def _shift(self, base: FloatArray, exposed: FloatArray) -> tuple[float, float]:
+        """How much the median of ``exposed`` exceeds that of ``base``, and the threshold past
+        which that is a slowdown (see the module doc)."""
+        cfg = self.config
+        base_median = float(np.median(base))
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
+        error = MEDIAN_SE * spread * float(np.sqrt(1.0 / exposed.size + 1.0 / base.size))
+        threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
+        return float(np.median(exposed)) - base_median, threshold
 
 
 def regression_text(regression: dict[str, Any]) -> str:

@@ -83,7 +83,10 @@ def load_window(
     if fmt not in FORMATS:
         raise ReportFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     if not isinstance(path, str | os.PathLike):
-        return _load_traces([Path(p) for p in path], fmt, stages, trace, steps, window)
+        paths = [Path(p) for p in path]
+        if len(paths) != 1:
+            return _load_traces(paths, fmt, stages, trace, steps, window)
+        path = paths[0]
     source = Path(path)
     if fmt == "auto" and _is_output_folder(source):
         return _load_from_folder(source, window, attempt)
@@ -113,8 +116,6 @@ def _load_traces(
     window: int | None,
 ) -> LoadedWindow:
     """Several paths: the traces of one window, read together (each rank's file or folder)."""
-    if len(paths) == 1:
-        return load_window(paths[0], fmt, stages=stages, trace=options, steps=steps, window=window)
     if not paths:
         raise ReportFormatError("no path given")
     kinds = {p: detect_format(p) if fmt == "auto" else fmt for p in paths}

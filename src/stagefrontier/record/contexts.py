@@ -147,7 +147,9 @@ class StepContext:
         t._active = None
         for stage in self._stages.values():
             stage._reentered = 0
-        if active is not None:
+        if active is PAUSED:  # a pause() from another thread passed its between-steps test
+            t._pause_landed_inside_step()
+        elif active is not None:
             t._violation(f"stage {active._name!r} still open at the end of the step")
 
 

@@ -379,6 +379,9 @@ class StageTimer(TimerState):
             self._active = OUTSIDE
             self.stage = self._recording_stage  # type: ignore[method-assign]
 
+    def _resume_stages(self) -> None:
+        self.stage = self._recording_stage  # type: ignore[method-assign]
+
     @property
     def paused(self) -> bool:
         """Whether the timer is paused."""
@@ -394,6 +397,7 @@ class StageTimer(TimerState):
         try:
             if self._n:
                 self._hand_off(self._n)
+            self._say_paused_through()
         except Exception:  # telemetry never fails the caller
             logger.exception("stagefrontier: flushing the last window failed")
         if self._dropped:  # no later window was queued to carry the count

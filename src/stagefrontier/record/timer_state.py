@@ -105,6 +105,8 @@ class TimerState:
         # ``_window_end``, so ranks that pause different steps keep the same window boundaries.
         self._paused = 0
         self._paused_ranges: list[list[int]] = []
+        self._paused_through: list[list[int]] = []  # steps of windows not handed off: all paused
+        self._handed_windows = 0
         self._window_end = window
         self._window_index = 0
         self._row = 0  # buffer offset of the open (or the last) step
@@ -210,6 +212,16 @@ class TimerState:
         if self._capture:  # a capture armed or running ends at a pause
             self._router.on_pause(self._step_index)
 
+    def _pause_landed_inside_step(self) -> None:
+        """A ``pause()`` from another thread found the timer between steps, and the training
+        thread began a step before it took effect: it is undone (the stages record again) and
+        counted, so it does not leave later steps recorded without their stages."""
+        self._resume_stages()
+        self._violation("pause() landed inside a step (from another thread?): ignored")
+
+    def _resume_stages(self) -> None:
+        """Recorded stages again after a pause (StageTimer swaps its stage lookup)."""
+
     def _end_paused_step(self) -> None:
         """A paused step ended: it counts in the window's span (and may end the window)."""
         self._active = PAUSED
@@ -260,6 +272,10 @@ class TimerState:
                 rank_window = self._snapshot(n, first, carry_row)
             except Exception:  # never let a telemetry bug reach the training loop
                 logger.exception("stagefrontier: building window %d failed", self._window_index)
+        if not n and self._paused:
+            self._note_paused_through(first, first + self._paused - 1)
+        elif n:
+            self._handed_windows += 1
         self._first_step = first + n + self._paused
         self._buf = [0] * len(self._buf)  # the snapshot took the old one
         self._last = 0
@@ -323,6 +339,38 @@ class TimerState:
         if self._loader_workers is not None:
             return self._loader_workers.read()
         return {"note": self._loader_note} if self._loader_note else {}
+
+    def _note_paused_through(self, first: int, last: int) -> None:
+        through = self._paused_through
+        if through and through[-1][1] == first - 1:
+            through[-1][1] = last
+        else:
+            through.append([first, last])
+
+    def _say_paused_through(self) -> None:
+        """At close: the steps no window was recorded for because they ran paused from their
+        window's first step to its last (or to the end of the run)."""
+        if self._paused and not self._n:  # the last window, paused to the end
+            self._note_paused_through(self._first_step, self._step_index - 1)
+        through = self._paused_through
+        if not through:
+            return
+        if not self._handed_windows:
+            steps = sum(b - a + 1 for a, b in through)
+            logger.warning(
+                "stagefrontier: rank %d recorded no window: all %d of its steps (%s) ran paused "
+                "(pause())",
+                self.rank,
+                steps,
+                ", ".join(f"{a}-{b}" for a, b in through),
+            )
+            return
+        logger.warning(
+            "stagefrontier: rank %d recorded no window for steps %s: the timer was paused from "
+            "their window's first step to its last (pause())",
+            self.rank,
+            ", ".join(f"{a}-{b}" for a, b in through),
+        )
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:

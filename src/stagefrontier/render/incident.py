@@ -411,25 +411,48 @@ def open_commands(incident: dict[str, Any]) -> list[str]:
     ]
 
 
+TRIGGER_WORDS = {
+    "window": "an actionable window",
+    "regression": "a regression against the run's healthy windows",
+    "manual": "a manual capture request",
+}
+"""What opened an incident, in words."""
+
+
+def _share_difference(diff: float | None) -> str:
+    if diff is None:
+        return ""
+    return f" (trace and live shares differ by at most {diff * 100:.1f} percentage points)"
+
+
+def detail_facts(incident: dict[str, Any]) -> list[tuple[str, str]]:
+    """The incident's facts as ``(name, value)`` pairs, for ``incident.md`` and the page."""
+    steps = incident["steps"]
+    trigger = TRIGGER_WORDS.get(incident["trigger"], incident["trigger"])
+    facts = [("trigger", f"{trigger} (window {incident['window']})")]
+    if incident.get("regression"):
+        facts.append(("slower than the baseline", regression_text(incident["regression"])))
+    facts += [
+        (
+            "stage",
+            f"{incident['stage']}; suspect rank {incident['leader_rank']}, reference rank "
+            f"{incident['reference_rank']}",
+        ),
+        ("captured steps", f"{steps[0]}-{steps[1]}" if steps else "none"),
+        ("captured ranks", f"{incident['ranks']} of requested {incident['requested_ranks']}"),
+        ("verdict", f"{verdict(incident)}{_share_difference(incident['max_share_diff'])}"),
+        (
+            "step time during capture",
+            f"{_ms(incident['capture_step_ms'])}, outside it {_ms(incident['baseline_step_ms'])}",
+        ),
+    ]
+    return facts
+
+
 def render_markdown(incident: dict[str, Any]) -> str:
     lines = [f"# Incident {incident['id']}", "", summary_line(incident), ""]
-    steps = incident["steps"]
-    lines += [
-        f"- trigger: {incident['trigger']}, window {incident['window']}",
-        *(
-            [f"- slower than the baseline: {regression_text(incident['regression'])}"]
-            if incident.get("regression")
-            else []
-        ),
-        f"- stage: {incident['stage']}; suspect rank {incident['leader_rank']}, reference rank "
-        f"{incident['reference_rank']}",
-        f"- captured steps: {steps[0]}-{steps[1]}" if steps else "- captured steps: none",
-        f"- captured ranks: {incident['ranks']} of requested {incident['requested_ranks']}",
-        f"- verdict: {verdict(incident)} (max share difference {incident['max_share_diff']})",
-        f"- step time during capture {_ms(incident['capture_step_ms'])}, outside it "
-        f"{_ms(incident['baseline_step_ms'])}",
-        "",
-    ]
+    lines += [f"- {name}: {value}" for name, value in detail_facts(incident)]
+    lines.append("")
     if incident["trace_shares"]:
         lines += ["| stage | trace share | live share |", "|---|---:|---:|"]
         for stage, share in incident["trace_shares"].items():

@@ -39,7 +39,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _stage_colors(stages: Sequence[str]) -> list[str]:
+def stage_colors(stages: Sequence[str]) -> list[str]:
     colors, j = [], 0
     for stage in stages:
         if stage == RESIDUAL_STAGE:
@@ -281,7 +281,7 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     and the exposed step time per window in a panel of its own above."""
     reports = [p.report.to_dict() | {"meta": p.meta} for p in run.packets] or run.records
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))  # microsteps folded
-    colors = _stage_colors(stages)
+    colors = stage_colors(stages)
     names = []
     for i, r in enumerate(reports):
         meta = r.get("meta", r)
@@ -371,7 +371,7 @@ def _plot_role_shares(
     """Ranks in different roles: one panel per role, side by side, of that role's own shares
     per window (a global share would mix roles), its top stage's leader written on its band."""
     roles = sorted({role for r in reports for role in r.get("role_reports") or {}})
-    colors = _stage_colors(stages)
+    colors = stage_colors(stages)
     x = np.arange(len(reports))
     plt = _pyplot()
     fig, axes = plt.subplots(

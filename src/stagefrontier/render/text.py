@@ -16,7 +16,7 @@ from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .escape import printable, printable_lines
-from .verdict import node_lead, rank_name, ranks_text, single_leader, verdict
+from .verdict import node_lead, rank_name, ranks_phrase, single_leader, verdict
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",
@@ -27,17 +27,25 @@ METHOD_TITLES = {
     "rank0_total": "rank0",
 }
 
-METHOD_LEGEND = (
-    "What each column is (every column adds up to 100% over the stages):",
-    "  frontier    how far each stage moves the frontier, the time by which every rank has "
+METHOD_NOTES = {
+    "frontier": "how far each stage moves the frontier, the time by which every rank has "
     "finished that stage: the step time the stage holds all ranks back by",
-    "  stage-max   the stage's time on its slowest rank",
-    "  stage-mean  the stage's mean time over the ranks",
-    "  spread      how far the stage's slowest rank is above the median rank",
-    "  slowest     the stage times of each step's slowest rank (largest step total)",
-    "  rank0       the first rank's own stage times, what a timer on rank 0 alone sees",
+    "stage-max": "the stage's time on its slowest rank",
+    "stage-mean": "the stage's mean time over the ranks",
+    "spread": "how far the stage's slowest rank is above the median rank",
+    "slowest": "the stage times of each step's slowest rank (largest step total)",
+    "rank0": "the first rank's own stage times, what a timer on rank 0 alone sees",
+}
+"""What each column of the report's comparison table is, by its title."""
+METHOD_INTRO = "What each column is (every column adds up to 100% over the stages):"
+METHOD_OUTRO = (
     "The five baselines read each rank's own times; only the frontier follows the ranks "
-    "waiting for each other.",
+    "waiting for each other."
+)
+METHOD_LEGEND = (
+    METHOD_INTRO,
+    *(f"  {title:<10}  {text}" for title, text in METHOD_NOTES.items()),
+    METHOD_OUTRO,
 )
 """Printed under the report's comparison table."""
 
@@ -81,7 +89,8 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
 
 
 def self_cost_text(record: Mapping[str, Any]) -> str:
-    """``stagefrontier cost 1.4% of step time (rank max 4.1 ms: hot path 0.1 ms, ...)`` when the
+    """``stagefrontier cost 1.4% of step time (up to 4.1 ms in this window on one rank; the most
+    any rank spent per part: hot path 0.1 ms, ...)`` when the
     ``self_cost`` fraction exceeds :data:`SELF_COST_LINE_FRACTION`, else empty."""
     cost = record.get("self_cost")
     if not isinstance(cost, Mapping):
@@ -101,7 +110,8 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     if capture > 0:
         split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
-        f"stagefrontier cost {fraction:.1%} of step time (rank max {total * 1e3:.1f} ms: {split})"
+        f"stagefrontier cost {fraction:.1%} of step time (up to {total * 1e3:.1f} ms in this "
+        f"window on one rank; the most any rank spent per part: {split})"
     )
 
 
@@ -124,7 +134,7 @@ def role_tops(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
 
 def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
     """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4,5,6,7 all on node-b)`` or
-    ``no single leader (ranks 0-3)`` for the top stage."""
+    ``no single leader (ranks 0-3 share it)`` for the top stage."""
     record = record or {}
     top = str(report.top1)
     node = node_lead(record)
@@ -136,7 +146,13 @@ def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
         return f"led by {rank_name(leader, record)}"
     loc = report.semantic_localization[top]
     ranks = loc.leading_ranks or loc.tied_ranks
-    return f"no single leader (ranks {ranks_text(ranks)})" if ranks else "no single leader"
+    if len(ranks) == 1:  # one rank leads, but the lead keeps changing hands
+        return f"no steady leader ({rank_name(ranks[0], record)} most often)"
+    return (
+        f"no single leader ({ranks_phrase(ranks, report.n_ranks)} share it)"
+        if ranks
+        else "no single leader"
+    )
 
 
 def window_report_text(
@@ -244,10 +260,10 @@ def _schema_report_text(run: RunWindows) -> str:
             "(no per-rank packets: the baselines need the [steps, ranks, stages] matrix, which a "
             "run collected hierarchically keeps on its nodes; showing windows.jsonl only)"
         )
-    windows = _windows(run)
+    windows = report_windows(run)
     lines += ["", *window_table(windows), "", *_labels(windows)]
     report, meta = windows[-1]
-    lines += ["", f"Verdict (last window, {_index(meta)}): {verdict(report, meta)}"]
+    lines += ["", f"Verdict (last window, {index_text(meta)}): {verdict(report, meta)}"]
     lines += _incidents(run)
     return printable_lines(lines)
 
@@ -269,14 +285,14 @@ def _incidents(run: RunWindows) -> list[str]:
     ]
 
 
-def _windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:
+def report_windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:
     if run.packets:
         return [(p.report, p.meta) for p in run.packets]
     return [(WindowReport.from_dict(r), r) for r in run.records]
 
 
 def _title(run: RunWindows) -> str:
-    windows = _windows(run)
+    windows = report_windows(run)
     first, last = windows[0][1], windows[-1][1]
     steps = ""
     if "first_step" in first and "last_step" in last:
@@ -323,11 +339,11 @@ def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str
         flags = ",".join(_flags(report.labels)) or "-"
         span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"
         ms = report.mean_step_s * 1e3
-        lines.append(f"  {_index(meta):>6}  {span:<9} {ms:>8.1f}  {cell}  {flags}")
+        lines.append(f"  {index_text(meta):>6}  {span:<9} {ms:>8.1f}  {cell}  {flags}")
     return lines
 
 
-def _index(meta: Mapping[str, Any]) -> str:
+def index_text(meta: Mapping[str, Any]) -> str:
     index = str(meta.get("window", "?"))
     if meta.get("attempt"):  # a torchelastic restart counts windows from 0 again
         index = f"{meta['attempt']}/{index}"
@@ -348,7 +364,7 @@ def _labels(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
         "Labels: " + ", ".join(f"{label} {n}/{len(reports)}" for label, n in counts.items())
     )
     last, meta = windows[-1]
-    lines.append(f"Reasons (last window, {_index(meta)}):")
+    lines.append(f"Reasons (last window, {index_text(meta)}):")
     for label in last.labels:
         for reason in last.reasons.get(label, []):
             lines.append(f"  {label}: {reason}")

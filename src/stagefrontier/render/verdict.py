@@ -68,6 +68,19 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
+MAX_RANK_RUNS = 4
+"""A rank list of more runs than this is said as a count (``230 of 256 ranks``)."""
+
+
+def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
+    """``ranks 0-3``, ``ranks 1,4-5``, or ``230 of 256 ranks`` when naming them all would take
+    more than ``MAX_RANK_RUNS`` runs (a 256-rank job whose lead is spread over most ranks)."""
+    text = ranks_text(ranks)
+    if text.count(",") >= MAX_RANK_RUNS:
+        return f"{len(set(ranks))} of {n_ranks} ranks"
+    return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
+
+
 def single_leader(report: WindowReport, stage: str) -> int | None:
     """The one rank that leads ``stage``: the only leading rank, or the rank that led at least
     half of the stage's advance alone; None when the lead is shared or keeps changing."""
@@ -193,22 +206,15 @@ def _co_critical_verdict(
     steady = bool(lead.who) and loc.delta_lag_mean_s >= report.gates.share_tie * report.mean_step_s
     if steady:
         waits = _wait_stages(report, top)
-        gain = report.semantic_gain[top]
-        why_gain = (
-            f" Its direct gain is only {gain:.0%}: the stall is steady, so it is the usual value "
-            "there and clipping to each rank's own median removes nothing."
-            if gain < report.gates.gain_threshold and report.gates.gain_baseline == "rank_median"
-            else ""
-        )
         return (
-            f"{lead.who}'s {plain(top)} runs {_behind(report, top)} and sets {cost}"
+            f"{lead.who}'s {plain(top)} runs {_behind(report, top)}; {plain(top)}, which "
+            f"{lead.who} finishes last, accounts for {cost}"
             + (
-                f"; the other ranks make up the gap in {waits}, most likely waiting "
-                "(not proven: co_critical)"
+                f"; the other ranks make up the gap in {waits}, most likely waiting for it"
                 if waits
                 else ""
             )
-            + f".{why_gain} Next: {target}."
+            + f". Next: {target}. {_steady_caveat(report, top, lead.who)}"
         )
     spread = _end_lag_ms(report)
     quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
@@ -217,7 +223,8 @@ def _co_critical_verdict(
     if len(lead.ranks) > 1:
         how = "alternate at the front of" if lead.switching else "share the lead in"
         return (
-            f"no single rank leads: ranks {ranks_text(lead.ranks)} {how} {plain(top)}, which "
+            f"no single rank leads: {ranks_phrase(lead.ranks, report.n_ranks)} {how} "
+            f"{plain(top)}, which "
             f"takes {cost}"
             + (f", with {listing(others)} close behind" if others else "")
             + (
@@ -247,6 +254,34 @@ def _co_critical_verdict(
             f"({_short_cause(report)}). Next: profile {named}."
         )
     return f"{plain(top)} takes {cost} ({_short_cause(report)}). Next: {target}."
+
+
+def _steady_caveat(report: WindowReport, top: str, who: str) -> str:
+    """Why a clear, steady one-rank stall is labeled ``co_critical`` rather than a wait or a
+    direct exposure, said after the finding."""
+    gain = report.semantic_gain[top]
+    g = report.gates
+    if gain >= g.gain_threshold or top in g.model_fit_stages:
+        return f"Why co_critical: {_short_cause(report)}."
+    if g.gain_baseline == "rank_median":
+        low = (
+            f"the stall is steady, so it is {who}'s usual time and clipping each rank to its own "
+            "median removes nothing"
+        )
+    else:
+        low = (
+            "clipping it to "
+            + (
+                "the no-stall reference durations"
+                if g.gain_baseline == "reference"
+                else "the median rank's durations"
+            )
+            + " removes little"
+        )
+    return (
+        f"Why co_critical, not a proven wait: no wait model is declared for {plain(top)} "
+        f"(Gates.model_fit_stages), and its direct gain is only {gain:.0%} because {low}."
+    )
 
 
 @dataclass(frozen=True)

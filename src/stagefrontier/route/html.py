@@ -1,75 +1,75 @@
 """``incident.html``: one self-contained page (figures embedded as base64 PNG, no external
-file), for a person who opens the incident folder in a browser."""
+file), for a person who opens the incident folder in a browser. Built from the shared pieces in
+``render/html_page.py``; a figure that cannot be drawn is said on the page."""
 
 from __future__ import annotations
 
-import base64
-import html
-import logging
 import os
-import tempfile
+import shlex
 from pathlib import Path
 from typing import Any
 
-from ..render.incident import open_commands, reference_text, render_markdown, summary_line, verdict
-
-logger = logging.getLogger("stagefrontier")
+from ..render.command import cli_command
+from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
+from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 
 def write_html(
     folder: str | os.PathLike[str], incident: dict[str, Any], out_dir: str | os.PathLike[str]
 ) -> Path:
-    figures = _figures(out_dir)
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td><code>{esc(r['name'])}</code></td><td>{r['suspect_ms_per_step']:.2f}</td>"
-        f"<td>{r['reference_ms_per_step']:.2f}</td></tr>"
-        for r in incident["op_diff"]
-    )
-    table = (
-        "<h2>Op diff inside " + esc(str(incident["stage"])) + "</h2><table><tr><th>op / function"
-        f"</th><th>rank {incident['leader_rank']} ms/step</th><th>"
-        f"{esc(reference_text(incident))} ms/step</th></tr>{rows}</table>"
-        if rows
-        else ""
-    )
-    images = "".join(
-        f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
-        for title, data in figures
-    )
-    commands = "\n".join(open_commands(incident))
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>StageFrontier incident "
-        f"{esc(incident['id'])}</title><style>body{{font-family:sans-serif;max-width:60em;"
-        "margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:"
-        ".2em .5em}img{max-width:100%}</style></head><body>"
-        f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>"
-        f"<p>{esc(summary_line(incident))}</p>{table}{images}"
-        + (f"<h2>Open the traces</h2><pre>{esc(commands)}</pre>" if commands else "")
-        + f"<h2>Details</h2><pre>{esc(render_markdown(incident))}</pre></body></html>"
-    )
+    """Write ``folder/incident.html``: the verdict, the op diff, the run's figures, the commands
+    that open the traces, and the incident's facts, shares and reasons."""
+    body = [
+        f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
+        f"<p>{esc(summary_line(incident))}</p>",
+        op_diff_table(incident),
+        _figures(Path(folder), Path(out_dir)),
+    ]
+    commands = open_commands(incident)
+    if commands:
+        body.append("<h2>Open the traces</h2>" + pre("\n".join(commands)))
+    body.append("<h2>Details</h2>" + facts(detail_facts(incident)))
+    if incident["trace_shares"]:
+        rows = [
+            [
+                f"<code>{esc(stage)}</code>",
+                f"{share:.1%}",
+                f"{incident['live_shares'].get(stage, float('nan')):.1%}",
+            ]
+            for stage, share in incident["trace_shares"].items()
+        ]
+        body.append(
+            "<p>Each stage's share of the exposed step time in the trace and in the live "
+            "windows of the same steps:</p>"
+            + table(["stage", "trace share", "live share"], rows, numeric=(1, 2))
+        )
+    if incident["reasons"]:
+        body.append(
+            "<p>Reasons:</p><ul>"
+            + "".join(f"<li>{esc(reason)}</li>" for reason in incident["reasons"])
+            + "</ul>"
+        )
     path = Path(folder) / "incident.html"
-    path.write_text(page)
+    path.write_text(page(f"StageFrontier incident {incident['id']}", "".join(body)))
     return path
 
 
-def _figures(out_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
-    """The frontier figure of the worst step and the share timeline, as base64 PNG; none when
-    matplotlib is missing or the run folder has no windows yet."""
-    try:
-        from ..formats.run_folder import load_run
-        from ..render.plots import plot_shares_over_time, plot_worst_step
+def _figures(folder: Path, out_dir: Path) -> str:
+    """The frontier figure of the worst step and the share timeline, or a note saying why
+    they are missing."""
+    from ..formats.run_folder import load_run
+    from ..render.plots import plot_shares_over_time, plot_worst_step
 
-        run = load_run(Path(out_dir))
-        out = []
-        for title, plot in (
-            ("Frontier of the worst step", plot_worst_step),
-            ("Shares over time", plot_shares_over_time),
-        ):
-            with tempfile.TemporaryDirectory() as tmp:
-                png = plot(run, Path(tmp) / "figure.png").read_bytes()
-            out.append((title, base64.b64encode(png).decode()))
-        return out
-    except Exception as exc:
-        logger.debug("stagefrontier: incident figures skipped: %s", exc)
-        return []
+    try:
+        run = load_run(out_dir)
+    except Exception as exc:  # the page must never fail for its figures
+        return note(f"Figures not drawn: the run's windows cannot be read ({exc}).")
+    redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to write this page again"
+    html, _ = drawn_figures(
+        [
+            ("Frontier of the worst step", lambda path: plot_worst_step(run, path)),
+            ("Shares over time", lambda path: plot_shares_over_time(run, path)),
+        ],
+        redraw,
+    )
+    return html

@@ -1,0 +1,200 @@
+"""The pages a person opens in a browser: ``incident.html`` and ``stagefrontier report DIR
+--html``. Long lines wrap, the details are HTML (not Markdown in a box), a figure that cannot be
+drawn is said on the page, and the run report shows every section at 16 and at 256 ranks."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stagefrontier.cli import main
+from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+from stagefrontier.render import html_page
+from stagefrontier.render.incident import new_incident, write_incident
+from stagefrontier.route.html import write_html
+from stagefrontier.sinks import PacketSink
+from stagefrontier.sinks.files import JsonlSink
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
+MS = 1_000_000
+LONG_OP = "stagefrontier/demo/faults.py(158): delay › <built-in function sleep>" * 3
+
+
+def simulated_run(folder: Path, ranks: int, windows: int, slow: int) -> Path:
+    """``windows`` windows of 20 steps on ``ranks`` ranks, 8 per host; rank ``slow`` waits
+    40 ms more for data from the second window on."""
+    rng = np.random.default_rng(ranks)
+    sinks = [PacketSink(folder), JsonlSink(folder)]
+    for w in range(windows):
+        parts = []
+        for rank in range(ranks):
+            d = rng.integers(8 * MS, 12 * MS, size=(20, len(STAGES)))
+            d[:, -1] = 0
+            if w >= 1 and rank == slow:
+                d[:, 0] += 40 * MS
+            parts.append(
+                RankWindow(
+                    w,
+                    20 * w,
+                    20 * w + 19,
+                    rank,
+                    STAGES,
+                    d,
+                    d.sum(axis=1),
+                    hostname=f"node{rank // 8}",
+                    local_rank=rank % 8,
+                )
+            )
+        analyzed = analyze_merged(merge_windows(parts, ranks))
+        for sink in sinks:
+            sink.write(analyzed)
+    return folder
+
+
+def with_incident(folder: Path, slow: int) -> dict[str, Any]:
+    incident = new_incident("w00001", "window")
+    trace = folder / "incidents" / "w00001" / f"rank{slow}.pt.trace.json.gz"
+    incident.update(
+        window=1,
+        steps=[24, 28],
+        stage="data.next_wait",
+        leader_rank=slow,
+        reference_rank=0,
+        requested_ranks=[slow, 0],
+        ranks=[0, slow],
+        captured=True,
+        confirmed=True,
+        max_share_diff=0.01,
+        trace_files={str(slow): str(trace)},
+        trace_shares={"data.next_wait": 0.6, "model.backward_cpu_wall": 0.4},
+        live_shares={"data.next_wait": 0.61, "model.backward_cpu_wall": 0.39},
+        op_diff=[{"name": LONG_OP, "suspect_ms_per_step": 40.1, "reference_ms_per_step": 0.0}],
+        capture_step_ms=60.0,
+        baseline_step_ms=50.0,
+        reasons=["a reason"],
+    )
+    write_incident(trace.parent, incident)
+    return incident
+
+
+class _Text(HTMLParser):
+    """The page's visible text and its tags, parsed as a browser would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.tags: list[str] = []
+        self.skip = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.tags.append(tag)
+        self.skip += tag in ("style", "title")
+
+    def handle_endtag(self, tag: str) -> None:
+        self.skip -= tag in ("style", "title")
+
+    def handle_data(self, data: str) -> None:
+        if not self.skip:
+            self.text.append(data)
+
+
+def parsed(page: str) -> _Text:
+    parser = _Text()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+# --- incident.html ------------------------------------------------------------------------------
+
+
+def test_the_incident_page_wraps_and_shows_its_details_as_html(tmp_path: Path) -> None:
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    incident = with_incident(folder, slow=2)
+    page = write_html(folder / "incidents" / "w00001", incident, folder).read_text()
+    assert "pre{white-space:pre-wrap;overflow-wrap:anywhere" in page
+    assert "<meta name='viewport'" in page
+    text = "".join(parsed(page).text)
+    assert "```" not in page and "|---|" not in page and "- trigger:" not in page
+    assert text.count(LONG_OP) == 2 and page.count("Op diff inside") == 1  # summary, table
+    assert "trigger: an actionable window (window 1)" in text and "a reason" in text
+    assert "step time during capture: 60.0 ms, outside it 50.0 ms" in text
+    assert "differ by at most 1.0 percentage points" in text
+
+
+def test_without_matplotlib_the_incident_page_says_its_figures_are_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    incident = with_incident(folder, slow=2)
+    real = importlib.util.find_spec
+
+    def no_matplotlib(name: str, *args: Any) -> Any:
+        return None if name == "matplotlib" else real(name, *args)
+
+    monkeypatch.setattr(html_page.importlib.util, "find_spec", no_matplotlib)
+    page = write_html(folder / "incidents" / "w00001", incident, folder).read_text()
+    assert "data:image/png" not in page
+    text = "".join(parsed(page).text)
+    assert "Figures not drawn (Frontier of the worst step, Shares over time)" in text
+    assert "pip install 'stagefrontier[plot]'" in text and " incident " in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_with_matplotlib_the_incident_page_embeds_both_figures(tmp_path: Path) -> None:
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    page = write_html(
+        folder / "incidents" / "w00001", with_incident(folder, slow=2), folder
+    ).read_text()
+    assert page.count("data:image/png;base64,") == 2 and "not drawn" not in page
+
+
+# --- stagefrontier report DIR --html -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ranks", "slow"), [(16, 13), (256, 201)])
+def test_the_run_report_page_has_every_section(
+    tmp_path: Path, ranks: int, slow: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = simulated_run(tmp_path / "run", ranks, 4, slow=slow)
+    with_incident(folder, slow=slow)
+    assert main(["report", str(folder), "--html"]) == 0
+    assert capsys.readouterr().out.strip() == str(folder / "report.html")
+    page = (folder / "report.html").read_text()
+    text = "".join(parsed(page).text)
+    for heading in (
+        "Run",
+        "Share of exposed step time per window",
+        "Who sets the frontier",
+        "Verdict per window",
+        "Regressions",
+        "StageFrontier next to rank-local timers",
+        "Incidents (1)",
+        "StageFrontier's own cost",
+    ):
+        assert f"<h2>{heading}</h2>" in page, heading
+    assert f"ranks: {ranks}" in text and "hosts:" in text
+    assert page.count("<rect ") == 4 * 3  # three stages with a share in each of four windows
+    assert "href='incidents/w00001/incident.html'" in page and LONG_OP in text
+    assert len(re.findall(rf"Rank {slow}@node\d+'s data loading", text)) >= 3  # verdicts
+    leaders = page.split("<h2>Who sets the frontier</h2>")[1].split("<h2>")[0]
+    rows = re.findall(r"<tr><td><b>(\d+)</b>", leaders)
+    assert str(slow) in rows and len(rows) <= 8  # the ranks that lead, not all of them
+    assert f"of {ranks} rank(s) set the frontier" in leaders
+    assert len(page) < 400_000 + 200 * ranks
+
+
+def test_report_html_refuses_a_name_that_is_not_a_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = simulated_run(tmp_path / "run", 2, 1, slow=1)
+    assert main(["report", str(folder), "--html", str(tmp_path / "r.png")]) == 2
+    assert "name a *.html" in capsys.readouterr().err
+    assert main(["report", str(folder), "--html", str(tmp_path / "new" / "r.html")]) == 0
+    assert (tmp_path / "new" / "r.html").is_file()
