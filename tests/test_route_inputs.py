@@ -418,7 +418,7 @@ def job(out_dir: Path, store: Any, **router: Any) -> Any:
 def capture_cli(store: Any, *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
-         f"127.0.0.1:{store.port}", "--wait", "60", *options],
+         f"127.0.0.1:{store.port}", "--wait", "180", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
