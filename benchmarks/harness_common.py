@@ -110,7 +110,20 @@ def result_header(title: str, command: str, when: str | None = None) -> list[str
     """The opening lines of every results file, from the title down to "Environment:";
     ``when`` the runs' date when it is not now (tables re-rendered from stored rows)."""
     now = when or utc_now()
-    return [f"# {title}", "", "Produced by:", "", "```bash", command, "```", "", f"Date: {now}"]
+    return [
+        f"# {title}",
+        "",
+        "Produced by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Date: {now}",
+        "",
+        "Environment:",
+        "",
+    ]
 
 
 def utc_now() -> str:

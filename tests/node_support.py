@@ -36,6 +36,8 @@ class NodeJob:
     fan_in: int = 64
     layout_env: bool = True
     """Set the launcher's node variables (False: a launcher that does not say)."""
+    hosts: tuple[str, ...] = ()
+    """The host name each rank reports, by rank (empty: the machine's own)."""
     slow_s: dict[int, float] = field(default_factory=dict)
     """Extra data-stage sleep per step on these ranks."""
     die_at_step: dict[int, int] = field(default_factory=dict)
@@ -73,6 +75,10 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             LOCAL_WORLD_SIZE=str(job.per_node),
             GROUP_RANK=str(rank // job.per_node),
         )
+    if job.hosts:
+        import socket
+
+        socket.gethostname = lambda: job.hosts[rank]  # one machine, several named hosts
     import torch
     import torch.distributed as dist
 

@@ -25,6 +25,7 @@ from stagefrontier.collect.node_wire import (
     encode_node_part,
 )
 from stagefrontier.errors import ReportFormatError
+from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "step.other_cpu_wall")
@@ -102,9 +103,13 @@ def test_combined_node_groups_give_the_flat_analysis_of_the_same_windows() -> No
     flat = analyze_merged(merge_windows([_window(r, slow.get(r, 0)) for r in range(8)], 8)).report
     assert analyzed.report.top1 == flat.top1 == "data.next_wait"
     assert analyzed.report.leaders == flat.leaders
-    for stage in STAGES:
-        assert analyzed.report.advances[stage] == pytest.approx(flat.advances[stage], abs=1e-12)
+    rounding = analyzed.summary.rounding_s  # node 1's part came compact: on a grid
+    shortest_step = float(analyzed.summary.top_prefix[:, -1, 0].min())
+    assert 0 < rounding <= shortest_step * QUANTUM_FRACTION / 2
+    for stage in STAGES:  # an advance sums one frontier difference per step
+        assert abs(analyzed.report.advances[stage] - flat.advances[stage]) <= 2 * 10 * rounding
     record = analyzed.record
+    assert record["nodes"]["rounding_s"] == rounding
     assert record["lead"] == {
         "stage": "data.next_wait",
         "ranks": [5],
@@ -117,6 +122,36 @@ def test_combined_node_groups_give_the_flat_analysis_of_the_same_windows() -> No
         sum(float(w.wall_ns.sum()) for w in (_window(r, slow.get(r, 0)) for r in range(8))) * 1e-9
     )
     assert analyzed.metrics.window == 0  # the metrics sinks read the same record
+
+
+def test_a_node_part_is_under_a_quarter_of_its_ranks_flat_windows() -> None:
+    """8 ranks, 20 steps of the 6 default stages with lognormal times: the part a leader sends
+    up the job's store against the 8 windows the flat path sends there."""
+    from stagefrontier import DEFAULT_STAGES
+    from stagefrontier.collect.wire import encode_window
+
+    rng = np.random.default_rng(25)
+    medians = np.array([12, 45, 95, 10, 20, 10]) * MS
+    node = NodeIdentity(node=1, first_rank=8, size=8, host="host-b")
+    windows = []
+    for rank in node.ranks:
+        durations = np.rint(medians * rng.lognormal(0, 0.15, size=(20, 6))).astype(np.int64)
+        windows.append(
+            RankWindow(
+                0,
+                0,
+                19,
+                rank,
+                tuple(DEFAULT_STAGES),
+                durations,
+                durations.sum(axis=1),
+                hostname="host-b",
+                local_rank=rank - 8,
+            )
+        )
+    part = node_group(node, windows[0], windows, [], [], None).encode()
+    flat = sum(len(encode_window(w)) for w in windows)
+    assert len(part) <= 0.25 * flat, (len(part), flat)
 
 
 def test_a_child_that_cannot_join_is_reported_mismatched_with_its_ranks() -> None:
@@ -164,9 +199,26 @@ def test_hierarchical_collection_is_chosen_by_name_or_above_the_auto_threshold(
     assert not collects_hierarchically(CollectConfig(mode="store"))
     monkeypatch.setenv("WORLD_SIZE", str(4 * (AUTO_HIERARCHICAL_ABOVE // 4 + 1)))
     assert collects_hierarchically(CollectConfig(mode="auto"))
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: flat
-    assert not collects_hierarchically(CollectConfig(mode="auto"))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say: the hosts will
+    assert collects_hierarchically(CollectConfig(mode="auto"))
+    assert collects_hierarchically(CollectConfig(mode="hierarchical"))
+    monkeypatch.setenv("WORLD_SIZE", "1")
     assert not collects_hierarchically(CollectConfig(mode="hierarchical"))
+
+
+def test_host_names_form_nodes_only_as_a_launcher_lays_them_out() -> None:
+    from stagefrontier.collect.node import host_layout
+
+    assert host_layout(["a", "a", "b", "b", "c", "c"]) == 2
+    assert host_layout(["a"] * 4) == 4
+    for hosts, why in (
+        (["a", "a", "b"], "not whole nodes of 2"),
+        (["a", "b", "a", "b"], "not all on one host of their own"),
+        (["a", "a", "b", "c"], "not all on one host"),
+        ([], "no host names"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            host_layout(hosts)
 
 
 def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goes_on() -> None:
@@ -202,3 +254,31 @@ def test_a_corrupt_part_in_a_real_store_is_rejected_with_a_note_and_the_wait_goe
         "node 2 summary rejected: node payload: bad magic"
     )
     assert sorted(read) == ["w0/l0/n1", "w0/l0/n2"]  # both read, so both deleted after
+
+
+def test_cuda_event_samples_travel_as_node_totals_and_label_as_flat() -> None:
+    from stagefrontier.analysis.side import EVENT_NOT_SAMPLED, EVENT_READY
+
+    def sampled(rank: int) -> RankWindow:
+        w = _window(rank)
+        state = np.full(10, EVENT_NOT_SAMPLED, dtype=np.int8)
+        state[::2] = EVENT_READY
+        ms = np.where(state == EVENT_READY, 9.0 + rank, np.nan)
+        return replace(w, event_ms=ms, event_state=state, forward_stage=STAGES[1])
+
+    groups = [
+        node_group(_node(i), sampled(4 * i), [sampled(r) for r in _node(i).ranks], [], [], None)
+        for i in range(2)
+    ]
+    assert groups[1].part.events[:2] == (20.0, 20.0)  # 4 ranks x 5 sampled steps, all ready
+    top = combine_groups(groups[0], 2, {1: decode_group(groups[1].encode())}, {}, [], 4)
+    analyzed = analyze_group(top, sampled(0), 8, 4, None)
+    assert analyzed is not None
+    flat = analyze_merged(merge_windows([sampled(r) for r in range(8)], 8)).report
+    hier = analyzed.report
+    assert flat.forward_event is not None and hier.forward_event is not None
+    assert hier.forward_event == pytest.approx(flat.forward_event, rel=1e-12)
+    events = {"forward_device_supported", "forward_host_overhead_suspected",
+              "forward_spillover_suspected", "forward_event_scope_limited"}  # fmt: skip
+    assert set(hier.labels) & events == set(flat.labels) & events
+    assert set(flat.labels) & events, flat.labels  # the samples decide a label here

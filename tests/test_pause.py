@@ -226,7 +226,7 @@ def test_pause_and_resume_from_another_thread_lose_no_step_without_a_word(
     """Another thread toggles pause() and resume() as fast as it can while the training loop
     runs. Before: every window could be paused through, silently; a pause that landed inside a
     step left the stages switched off after it. Now every step is in a recorded window or named
-    at close, and every recorded step has its stages."""
+    at close, and a window's steps have their stages unless it counts a violation."""
     import threading
 
     timer, collector = capture(window=5)
@@ -251,8 +251,10 @@ def test_pause_and_resume_from_another_thread_lose_no_step_without_a_word(
         for s in range(int(a), int(b) + 1)
     ]
     assert sorted(covered + named) == list(range(400))
+    # A step that a racing call caught inside is a counted violation of its window; every
+    # other window has all its stages (before, the stages could stay off without a word).
     for w in collector.windows:
-        assert (w.durations_ns[:, :2] > 0).all(), w.violation_reasons
+        assert w.contract_violations or (w.durations_ns[:, :2] > 0).all()
 
 
 def test_a_pause_from_another_thread_that_lands_inside_a_step_is_a_counted_no_op() -> None:

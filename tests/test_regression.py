@@ -6,8 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stagefrontier import DEFAULT_STAGES, StageFrontierError
+from stagefrontier import (
+    DEFAULT_STAGES,
+    StageFrontierError,
+    combine,
+    decode_summary,
+    encode_summary,
+    summarize,
+)
 from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig, regression_text
+from stagefrontier.analysis.summary import WindowSummary
 
 STAGES = tuple(DEFAULT_STAGES)
 DATA = STAGES[0]
@@ -105,6 +113,52 @@ def test_the_baseline_needs_healthy_windows_and_restarts_on_a_new_schema() -> No
 def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(StageFrontierError):
         RegressionConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def node_summary(d: np.ndarray, per_node: int = 2) -> WindowSummary:
+    """The window as node summaries of ``per_node`` ranks, compact on their way up, combined."""
+    parts = [
+        decode_summary(encode_summary(summarize(d[:, i : i + per_node], range(i, i + per_node),
+                                                STAGES), compact=True))
+        for i in range(0, d.shape[1], per_node)
+    ]  # fmt: skip
+    return combine(parts)
+
+
+@pytest.mark.parametrize("who", ["one rank", "every rank"])
+def test_node_summaries_flag_the_same_window_and_stage_as_the_ranks_columns(who: str) -> None:
+    rng = np.random.default_rng(11)
+    ranks = 16  # 8 nodes of 2: each summary keeps every rank of its node, the top keeps 4
+    flat, hier = RegressionCheck(), RegressionCheck()
+    windows = [window(rng, ranks=ranks) for _ in range(6)]
+    for d in windows[3:]:
+        if who == "one rank":
+            d[:, 9, 0] += 0.120
+        else:
+            d[:, :, 0] += 0.060
+    for w, d in enumerate(windows):
+        exact, summary = flat.check(w, d, STAGES), hier.check_summary(w, node_summary(d))
+        assert (exact is None) == (summary is None), w
+        if exact is None or summary is None:
+            continue
+        assert w == 3 and summary["top_stage"] == exact["top_stage"] == DATA
+        assert summary["baseline_windows"] == exact["baseline_windows"]
+        assert summary["delta_exposed_ms_per_step"] == pytest.approx(
+            exact["delta_exposed_ms_per_step"], abs=0.01
+        )
+        for stage in STAGES:  # within the compact parts' rounding (a few microseconds)
+            assert summary["delta_advance_ms_per_step"][stage] == pytest.approx(
+                exact["delta_advance_ms_per_step"][stage], abs=0.01
+            )
+        assert summary["all_ranks"] == exact["all_ranks"] == (who == "every rank")
+        if who == "one rank":
+            assert summary["ranks"] == exact["ranks"] == [9]
+        # the lower bounds never exceed the exact deltas
+        for rank, delta in summary["rank_delta_ms_per_step"].items():
+            assert delta <= exact["rank_delta_ms_per_step"][rank] + 0.01
+        break
+    else:
+        pytest.fail("no regression flagged")
 
 
 @pytest.mark.parametrize("warmup", [2.0, 5.0, 10.0])

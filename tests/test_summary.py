@@ -13,7 +13,8 @@ from window_support import random_window
 
 STAGES = ["data", "fwd", "bwd", "opt", "step.other_cpu_wall"]
 ACCUMULATED = ["data", "fwd[0]", "bwd[0]", "fwd[1]", "bwd[1]", "opt"]
-EXACT_ARRAYS = ("top_prefix", "top_rank", "top_dominant", "clipped", "group_clipped", "stage_max")
+EXACT_ARRAYS = ("top_prefix", "top_rank", "top_dominant", "clipped", "group_clipped", "stage_max",
+                "mean_top", "mean_top_rank", "mean_min")  # fmt: skip
 
 
 def partition(d: np.ndarray, stages: list[str], seed: int, **kwargs: object) -> WindowSummary:

@@ -1,5 +1,6 @@
-"""The summary's binary form: an exact round trip, a size that does not grow with the ranks
-beyond their list, and one ReportFormatError line for every kind of damage."""
+"""The summary's binary form: an exact round trip, a compact one within its stated rounding, a
+size that does not grow with the ranks beyond their list, and one ReportFormatError line for
+every kind of damage."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from stagefrontier import (
     summarize,
 )
 from stagefrontier.analysis.summary import WindowSummary
+from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 from window_support import random_window
 
 STAGES = ["data", "fwd[0]", "bwd[0]", "fwd[1]", "bwd[1]", "opt"]
@@ -61,27 +63,74 @@ def test_size_does_not_grow_with_the_ranks() -> None:
 
 
 def packed(meta: dict[str, object], body: bytes) -> bytes:
-    block = json.dumps(meta).encode()
-    return HEADER.pack(b"SFS1", 1, len(block), len(body)) + block + body
+    block = zlib.compress(json.dumps(meta).encode())
+    return HEADER.pack(b"SFS1", 2, len(block), len(body)) + block + body
 
 
 def parts_of(data: bytes) -> tuple[dict[str, object], bytes]:
     _, _, meta_len, _ = HEADER.unpack_from(data)
-    meta = json.loads(data[HEADER.size : HEADER.size + meta_len])
+    meta = json.loads(zlib.decompress(data[HEADER.size : HEADER.size + meta_len]))
     return meta, zlib.decompress(data[HEADER.size + meta_len :])
+
+
+def test_a_version_1_payload_still_reads_exactly() -> None:
+    summary = node_summaries(16)[0]
+    meta, body = parts_of(encode_summary(summary))
+    for key in ("compact", "quantum_ns", "rounding_s"):
+        del meta[key]
+    stages, kept = len(STAGES), summary.mean_top.shape[1]
+    body = body[: -(stages * kept * 12 + stages * 8)]  # version 1 kept no rank means
+    block, packed_body = json.dumps(meta).encode(), zlib.compress(body)
+    old = HEADER.pack(b"SFS1", 1, len(block), len(packed_body)) + block + packed_body
+    back = decode_summary(old)
+    np.testing.assert_array_equal(back.top_prefix, summary.top_prefix)
+    assert (back.quantum_ns, back.rounding_s) == (0, 0.0)
+    assert back.mean_top.shape == (len(STAGES), 0)
+
+
+def test_compact_values_are_within_half_a_grid_step_rounded_once() -> None:
+    nodes = node_summaries(64)
+    exact = combine(nodes)
+    up = [decode_summary(encode_summary(s, compact=True)) for s in nodes]
+    top = decode_summary(encode_summary(combine(up), compact=True))
+    grids = [s.quantum_ns for s in up]
+    assert all(g >= 1 and g & (g - 1) == 0 for g in grids) and top.quantum_ns == min(grids)
+    shortest = exact.top_prefix[:, -1, 0].min()  # no node's grid passes the fraction of it
+    assert max(grids) * 1e-9 <= shortest * QUANTUM_FRACTION
+    assert top.rounding_s == max(grids) * 1e-9 / 2
+    for name in ("top_prefix", "clipped", "stage_max", "slowest"):
+        err = np.abs(getattr(top, name) - getattr(exact, name)).max()
+        assert err <= top.rounding_s * (1 + 1e-9), name
+    # stage_sum sums one rounded value per node
+    assert np.abs(top.stage_sum - exact.stage_sum).max() <= len(nodes) * top.rounding_s
+    np.testing.assert_array_equal(top.top_rank, exact.top_rank)
+    np.testing.assert_array_equal(top.sketch.index, exact.sketch.index)
+    np.testing.assert_array_equal(top.sketch.count, exact.sketch.count)
+    # a head re-encoding its decoded children on their grid changes nothing
+    again = decode_summary(encode_summary(top, compact=True))
+    np.testing.assert_array_equal(again.top_prefix, top.top_prefix)
+    np.testing.assert_array_equal(again.sketch.lane_min, top.sketch.lane_min)
+    flat, compact = analyze_summary(exact), analyze_summary(top)
+    assert (compact.top1, compact.leaders) == (flat.top1, flat.leaders)
+    n_steps = exact.n_steps
+    for stage in STAGES:  # an advance sums one frontier difference per step
+        assert abs(compact.advances[stage] - flat.advances[stage]) <= 2 * n_steps * top.rounding_s
 
 
 def test_damage_is_one_clear_error() -> None:
     good = encode_summary(node_summaries(16)[0])
     meta, body = parts_of(good)
     counts = dict(meta["counts"])  # type: ignore[call-overload]
+    not_json = zlib.compress(b"{x")
     damaged = {
         "too short for a header": good[:5],
         "bad magic": b"XXXX" + good[4:],
         "version 9": good[:4] + struct.pack("<H", 9) + good[6:],
         "header declares": good[:-1],
-        "not valid zlib": good[: -len(zlib.compress(body, 6))] + b"x" * len(zlib.compress(body, 6)),
-        "metadata is not JSON": packed({}, b"")[:-2] + b"{x",
+        "body: data is not valid zlib": good[: -len(zlib.compress(body, 6))]
+        + b"x" * len(zlib.compress(body, 6)),
+        "metadata is not valid zlib": HEADER.pack(b"SFS1", 2, 3, 0) + b"abc",
+        "metadata is not JSON": HEADER.pack(b"SFS1", 2, len(not_json), 0) + not_json,
         "must hold exactly": packed({"stages": []}, zlib.compress(body)),
         "gain_baseline must be": packed({**meta, "gain_baseline": "mean"}, zlib.compress(body)),
         "keeps 4 prefixes": packed({**meta, "top_k": 9}, zlib.compress(body)),

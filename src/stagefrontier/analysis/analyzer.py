@@ -87,7 +87,20 @@ def _analyze(
         raise SideEvidenceError("gain_baseline='reference' needs side.no_stall_reference_s")
 
     inputs = window_inputs(arr, gates, side, substage_groups(names))
-    role_reports = _role_reports(arr, names, gates, role_list, side, ranks)
+    # a mixed window: the same analysis on each role's ranks alone
+    groups = role_groups(role_list)
+    walls = wall_fractions(arr, groups) if groups else {}
+    role_reports = {
+        role: _analyze(
+            arr[:, cols, :],
+            names,
+            gates,
+            None,
+            group_side(side, cols, walls[role]),
+            [ranks[c] for c in cols],
+        )
+        for role, cols in groups.items()
+    } or None
     return report_from_inputs(
         inputs, names, n, gates, side, ranks, d=arr, roles=role_list, role_reports=role_reports
     )
@@ -223,29 +236,3 @@ def _per_stage(names: Sequence[str]) -> Any:
         return {name: float(v) for name, v in zip(names, values, strict=True)}
 
     return to_dict
-
-
-def _role_reports(
-    arr: FloatArray,
-    names: tuple[str, ...],
-    gates: Gates,
-    role_list: list[str] | None,
-    side: SideEvidence,
-    ranks: list[int],
-) -> dict[str, WindowReport] | None:
-    """One report per role of a mixed window: the same analysis on the role's ranks alone."""
-    groups = role_groups(role_list)
-    if not groups:
-        return None
-    walls = wall_fractions(arr, groups)
-    return {
-        role: _analyze(
-            arr[:, cols, :],
-            names,
-            gates,
-            None,
-            group_side(side, cols, walls[role]),
-            [ranks[c] for c in cols],
-        )
-        for role, cols in groups.items()
-    }

@@ -381,6 +381,32 @@ def _roles(x: LabelInputs, out: Labeling) -> list[str]:
     return [*blockers, ROLE_AWARE_NEEDED]
 
 
+def _event_counts(x: LabelInputs) -> tuple[int, int] | None:
+    """(pairs sampled, pairs completed), from the ranks' arrays or from a summary's totals;
+    None when nothing was sampled."""
+    side = x.side
+    if side.event_state is not None and side.event_ms is not None and x.d is not None:
+        state = np.asarray(side.event_state)
+        sampled, ready = int((state != EVENT_NOT_SAMPLED).sum()), int((state == EVENT_READY).sum())
+    elif side.event_totals is not None:
+        sampled, ready = int(side.event_totals[0]), int(side.event_totals[1])
+    else:
+        return None
+    return (sampled, ready) if sampled else None
+
+
+def _event_means(x: LabelInputs, fwd: int) -> tuple[float, float]:
+    """Mean event seconds and mean forward CPU wall over the completed pairs."""
+    side = x.side
+    if side.event_ms is not None and side.event_state is not None and x.d is not None:
+        ready = np.asarray(side.event_state) == EVENT_READY
+        event_s = float(np.asarray(side.event_ms)[ready].mean()) / 1000.0
+        return event_s, float(x.d[:, :, fwd][ready].mean())
+    assert side.event_totals is not None
+    _, ready_count, event_ms, cpu_s = side.event_totals
+    return event_ms / ready_count / 1000.0, cpu_s / ready_count
+
+
 def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[int]) -> list[str]:
     """``E_amb = C_A ∪ C_G`` in schema order.
 
@@ -400,14 +426,10 @@ def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[in
 
 def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
     side, g = x.side, x.gates
-    if side.event_state is None or side.event_ms is None or x.d is None:
+    counts = _event_counts(x)
+    if counts is None:
         return
-    state = np.asarray(side.event_state)
-    sampled = int((state != EVENT_NOT_SAMPLED).sum())
-    if sampled == 0:
-        return
-    ready_mask = state == EVENT_READY
-    ready = int(ready_mask.sum())
+    sampled, ready = counts
     ratio_ready = ready / sampled
     summary: dict[str, float] = {
         "sampled": float(sampled),
@@ -436,8 +458,7 @@ def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
             out.emit(FORWARD_EVENT_SCOPE_LIMITED, p)
         return
     fwd = list(x.stages).index(side.forward_stage)
-    event_s = float(np.asarray(side.event_ms)[ready_mask].mean()) / 1000.0
-    cpu_s = float(x.d[:, :, fwd][ready_mask].mean())
+    event_s, cpu_s = _event_means(x, fwd)
     summary.update({"event_mean_ms": event_s * 1e3, "cpu_mean_ms": cpu_s * 1e3})
     if cpu_s <= 0.0:
         out.emit(FORWARD_EVENT_SCOPE_LIMITED, "forward CPU wall is zero where events completed")

@@ -16,6 +16,19 @@ the next ones; after ``baseline_windows`` windows in a row above it, those windo
 baseline (a lasting change is reported for that long, then taken as the new normal). A
 regression is split exactly into stage advance changes with ``analysis.compare``.
 
+<<<<<<< HEAD
+A window collected as node summaries (``check_summary``) is checked by the same rule on the same
+numbers: its per-step exposed times and stage advances come from the summary's frontier, which
+node summaries combine exactly (to their stated rounding). Which ranks grew needs each rank's
+own time in the stage, which stays on its node; the summary keeps per stage the ``top_k``
+largest rank means and the smallest. A rank is named when its growth is proven: its mean now
+minus an upper bound of its baseline mean (its own where it was among the largest of every
+baseline window, else that window's smallest kept value) reaches half the stage's delta; every
+rank grew when the smallest mean now exceeds the largest baseline mean by that much. The deltas
+listed (the ``top_k`` slowest ranks now) are lower bounds; ``rank_deltas_exact`` says when every
+one is exact (each rank was kept in every baseline window, as when the summaries keep every
+rank).
+=======
 While the baseline fills (fewer than ``min_baseline`` windows), its first windows may be a
 warm-up (compilation, cold caches: two to ten times slower). A new window that the baseline so
 far would count as slower than itself, by the same rule with the two sides swapped, shows that
@@ -23,6 +36,7 @@ those windows were a warm-up: they leave the baseline, which starts again from t
 A window above the threshold of a baseline still filling is held out of it and flagged when
 the window after it is above too (never on a first jump), so that a slowdown right after a
 warm-up is caught.
+>>>>>>> main
 """
 
 from __future__ import annotations
@@ -35,8 +49,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import StageFrontierError
-from .accounting import FloatArray, frontier
+from .accounting import FloatArray, advances_from_frontier, frontier
 from .compare import Side, compare
+from .summary import WindowSummary
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533
@@ -67,11 +82,19 @@ DEFAULT_REGRESSION = RegressionConfig()
 """What collectors use unless told otherwise (``regression=None`` turns the check off)."""
 
 
+MS = 1e3
+
+
 @dataclass(frozen=True)
 class _Healthy:
+    """What the check keeps of a window: the ranks' window ``d`` (flat), or the summary's
+    frontier and rank means (node summaries)."""
+
     window: int
-    d: FloatArray
     exposed: FloatArray
+    n_ranks: int
+    d: FloatArray | None = None
+    summary: WindowSummary | None = None
 
 
 class RegressionCheck:
@@ -86,13 +109,24 @@ class RegressionCheck:
     def check(self, window: int, d: FloatArray, stages: Sequence[str]) -> dict[str, Any] | None:
         """The ``regression`` object for this window, or None; the window joins the baseline
         when it is not a regression. A change of schema or rank count restarts the baseline."""
-        names = tuple(stages)
-        if self._stages != names or (self._healthy and self._healthy[0].d.shape[1] != d.shape[1]):
+        return self._check(_Healthy(window, frontier(d)[:, -1], d.shape[1], d=d), tuple(stages))
+
+    def check_summary(self, window: int, summary: WindowSummary) -> dict[str, Any] | None:
+        """``check`` for a window collected as node summaries (see the module docstring)."""
+        entry = _Healthy(window, summary.top_prefix[:, -1, 0], summary.n_ranks, summary=summary)
+        return self._check(entry, summary.stages)
+
+    def _check(self, entry: _Healthy, names: tuple[str, ...]) -> dict[str, Any] | None:
+        first = self._healthy[0] if self._healthy else None
+        if (
+            self._stages != names
+            or (first is not None and first.n_ranks != entry.n_ranks)
+            or (first is not None and (first.d is None) != (entry.d is None))
+        ):
             self._healthy.clear()
             self._stages = names
             self._above = []
-        entry = _Healthy(window, d, exposed=frontier(d)[:, -1])
-        found, above = self._regression(window, d, names, entry.exposed)
+        found, above = self._regression(entry, names)
         if not above:
             self._healthy.append(entry)
             self._above = []
@@ -110,20 +144,21 @@ class RegressionCheck:
         """Each rank's median stage durations over the healthy windows (``[R, S]`` seconds) and
         the windows (first, last) they come from, as a no-stall reference for the direct gains;
         None until the baseline holds ``min_baseline`` windows of this schema and rank count."""
-        healthy = list(self._healthy)
+        healthy = [h.d for h in self._healthy if h.d is not None]
         if (
             len(healthy) < self.config.min_baseline
             or self._stages != tuple(stages)
-            or healthy[0].d.shape[1] != n_ranks
+            or healthy[0].shape[1] != n_ranks
         ):
             return None
-        d = np.concatenate([h.d for h in healthy])
-        return np.median(d, axis=0), [healthy[0].window, healthy[-1].window]
+        d = np.concatenate(healthy)
+        return np.median(d, axis=0), [self._healthy[0].window, self._healthy[-1].window]
 
     def _regression(
-        self, window: int, d: FloatArray, stages: tuple[str, ...], exposed: FloatArray
+        self, entry: _Healthy, stages: tuple[str, ...]
     ) -> tuple[dict[str, Any] | None, bool]:
         """The regression (or None) and whether the window is above the threshold."""
+        exposed = entry.exposed
         if not self._healthy:
             return None, False
         base = np.concatenate([h.exposed for h in self._healthy])
@@ -139,17 +174,26 @@ class RegressionCheck:
             return None, False
         if not self._above and (filling or increase <= 2 * threshold):
             return None, True
+        found = {
+            "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
+            "median_increase_ms_per_step": increase * 1e3,
+            **(self._split(entry, stages) if entry.d is not None else self._split_summary(entry)),
+        }
+        return found, True
+
+    def _split(self, entry: _Healthy, stages: tuple[str, ...]) -> dict[str, Any]:
+        """The change split into stages, and the ranks whose own time grew, from every rank's
+        columns."""
+        assert entry.d is not None
         result = compare(
-            Side.from_windows("baseline", [h.d for h in self._healthy], stages),
-            Side.from_windows(f"window {window}", [d], stages),
+            Side.from_windows("baseline", [h.d for h in self._healthy if h.d is not None], stages),
+            Side.from_windows(f"window {entry.window}", [entry.d], stages),
         )
         top = result.top_stage
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
-        found = {
-            "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
-            "median_increase_ms_per_step": increase * 1e3,
+        return {
             "delta_exposed_ms_per_step": result.delta_exposed_ms,
             "delta_advance_ms_per_step": result.delta_advance_ms,
             "top_stage": top,
@@ -159,7 +203,42 @@ class RegressionCheck:
             "all_ranks": len(grown) == len(grew) > 1,
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
         }
-        return found, True
+
+    def _split_summary(self, entry: _Healthy) -> dict[str, Any]:
+        """``_split`` from node summaries (see the module docstring)."""
+        now = entry.summary
+        assert now is not None
+        base = [h.summary for h in self._healthy if h.summary is not None]
+        base_adv = np.concatenate([_advances(b) for b in base])
+        new_adv = _advances(now)
+        deltas = (new_adv.mean(axis=0) - base_adv.mean(axis=0)) * MS
+        delta_advance = {s: float(v) for s, v in zip(now.stages, deltas, strict=True)}
+        top = max(delta_advance, key=lambda s: delta_advance[s])
+        j = now.stages.index(top)
+        half = 0.5 * delta_advance[top]
+        steps = np.array([b.n_steps for b in base], dtype=np.float64)
+        exact = True
+        grew: dict[int, float] = {}
+        for rank, mean in zip(now.mean_top_rank[j].tolist(), now.mean_top[j].tolist(), strict=True):
+            bound, known = _baseline_mean_bound(base, steps, j, rank)
+            exact = exact and known
+            grew[rank] = (mean - bound) * MS
+        ordered = sorted(grew, key=lambda r: -grew[r])
+        largest = [float(b.mean_top[j, 0]) if b.mean_top.shape[1] else np.inf for b in base]
+        largest_before = float(np.dot(steps, largest) / steps.sum())
+        every = now.n_ranks > 1 and (float(now.mean_min[j]) - largest_before) * MS >= half
+        grown = [r for r in ordered if grew[r] >= half]
+        return {
+            "delta_exposed_ms_per_step": float(
+                (new_adv.sum(axis=1).mean() - base_adv.sum(axis=1).mean()) * MS
+            ),
+            "delta_advance_ms_per_step": delta_advance,
+            "top_stage": top,
+            "ranks": grown or ordered[:1],
+            "all_ranks": bool(every),
+            "rank_delta_ms_per_step": {str(r): grew[r] for r in ordered},
+            "rank_deltas_exact": exact,
+        }
 
     def _shift(self, base: FloatArray, exposed: FloatArray) -> tuple[float, float]:
         """How much the median of ``exposed`` exceeds that of ``base``, and the threshold past
@@ -170,6 +249,27 @@ class RegressionCheck:
         error = MEDIAN_SE * spread * float(np.sqrt(1.0 / exposed.size + 1.0 / base.size))
         threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
         return float(np.median(exposed)) - base_median, threshold
+
+
+def _advances(summary: WindowSummary) -> FloatArray:
+    return advances_from_frontier(summary.top_prefix[:, :, 0])
+
+
+def _baseline_mean_bound(
+    base: Sequence[WindowSummary], steps: FloatArray, stage: int, rank: int
+) -> tuple[float, bool]:
+    """An upper bound of ``rank``'s mean time in ``stage`` over the baseline windows, and
+    whether it is its exact mean (it was among the kept largest of every window, or the
+    summaries kept every rank)."""
+    values, exact = [], True
+    for summary in base:
+        kept = summary.mean_top_rank[stage].tolist()
+        if rank in kept:
+            values.append(float(summary.mean_top[stage, kept.index(rank)]))
+        else:
+            exact = False
+            values.append(float(summary.mean_top[stage, -1]) if kept else np.inf)
+    return float(np.dot(steps, values) / steps.sum()), exact
 
 
 def regression_text(regression: dict[str, Any]) -> str:

@@ -34,6 +34,10 @@ class SideEvidence:
         event_state: ``[N, R]`` one of EVENT_NOT_SAMPLED, EVENT_READY, EVENT_MISSING.
         event_scope_limited: the trainer runs work on streams the event markers do not cover.
         forward_stage: name of the ordered stage the events bracket.
+        event_totals: the same samples as four totals, for a window whose ranks' arrays stayed
+            on their nodes: (pairs sampled, pairs completed, event milliseconds summed over the
+            completed pairs, forward CPU-wall seconds summed over the same cells); totals of
+            node groups add up exactly. Used only without ``event_ms``.
         accumulation_factor: microsteps per optimizer step, when gradient accumulation is on.
         accumulation_collapsed: microsteps were collapsed into broad stages or mixed, so data and
             backward displacement cannot be separated.
@@ -53,6 +57,7 @@ class SideEvidence:
     event_state: npt.NDArray[np.int8] | None = None
     event_scope_limited: bool = False
     forward_stage: str = FORWARD_STAGE
+    event_totals: tuple[float, float, float, float] | None = None
     accumulation_factor: int | None = None
     accumulation_collapsed: bool = False
     overlap_error_s: float = 0.0
@@ -82,6 +87,12 @@ class SideEvidence:
             ready = state == EVENT_READY
             if not (np.isfinite(ms[ready]).all() and (ms[ready] >= 0).all()):
                 raise SideEvidenceError("event_ms must be finite and >= 0 where the state is ready")
+        if self.event_totals is not None:
+            totals = np.asarray(self.event_totals, dtype=np.float64)
+            if totals.shape != (4,) or not (np.isfinite(totals).all() and (totals >= 0).all()):
+                raise SideEvidenceError("event_totals must be four finite numbers >= 0")
+            if totals[1] > totals[0]:
+                raise SideEvidenceError("event_totals: more completed pairs than sampled")
         if self.accumulation_factor is not None and self.accumulation_factor < 1:
             raise SideEvidenceError(
                 f"accumulation_factor must be >= 1, got {self.accumulation_factor}"
@@ -118,6 +129,7 @@ class SideEvidence:
             "event_state": arr(self.event_state),
             "event_scope_limited": self.event_scope_limited,
             "forward_stage": self.forward_stage,
+            "event_totals": None if self.event_totals is None else list(self.event_totals),
             "accumulation_factor": self.accumulation_factor,
             "accumulation_collapsed": self.accumulation_collapsed,
             "overlap_error_s": self.overlap_error_s,
@@ -154,6 +166,8 @@ class SideEvidence:
         for key in ("missing_ranks", "mismatched_ranks", "notes", "expected_roles"):
             if key in values:
                 values[key] = tuple(values[key])
+        if values.get("event_totals") is not None:
+            values["event_totals"] = tuple(float(v) for v in values["event_totals"])
         return cls(**values)
 
 
@@ -178,6 +192,13 @@ _KEY_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "event_state": (_optional_array, "null or an array"),
     "event_scope_limited": (_is_bool, "true or false"),
     "forward_stage": (_is_name, "a stage name"),
+    "event_totals": (
+        lambda v: (
+            v is None
+            or (isinstance(v, list) and len(v) == 4 and all(is_real(x) and x >= 0 for x in v))
+        ),
+        "null or four numbers >= 0",
+    ),
     "accumulation_factor": (lambda v: v is None or is_int(v), "null or an integer"),
     "accumulation_collapsed": (_is_bool, "true or false"),
     "overlap_error_s": (is_real, "a number"),

@@ -10,6 +10,9 @@ send what its ranks contribute to every maximum instead of its ranks' windows:
   rank-median and reference baselines, whose baseline is each rank's own), the per-stage maxima
   and the slowest rank's durations per step (for the baselines);
 * exact by sum: per-stage sums over ranks and the sum of rank step totals;
+* exact by max and min: per stage the ``top_k`` largest of the ranks' own mean durations over
+  the window (with their ranks) and the smallest, what the live regression check needs to say
+  which ranks grew;
 * not mergeable, so approximated with a stated bound: the median prefix per step and boundary
   (the lag), from a ``PrefixSketch``; and the cohort-median gain, whose baseline is a median
   over all ranks (a merged summary uses each group's own median and says so).
@@ -83,12 +86,27 @@ class WindowSummary:
     """``[N, S]`` the durations of each step's slowest rank (``top_rank[t, -1, 0]``)."""
     rank_total_sum_s: float
     """Sum over steps and ranks of the rank step totals."""
+    mean_top: FloatArray
+    """``[S, K]`` per stage the largest of the ranks' own mean durations over the window's
+    steps, largest first (the live regression check's evidence of which ranks grew)."""
+    mean_top_rank: IntArray
+    """``[S, K]`` the rank of each of them."""
+    mean_min: FloatArray
+    """``[S]`` per stage the smallest of the ranks' own mean durations."""
     sketch: PrefixSketch
     gain_baseline: str
     """The ``Gates.gain_baseline`` the clipped step times were computed against."""
     gain_exact: bool
     """False when cohort-median gains of several groups were merged (each used its own
     median)."""
+    quantum_ns: int = 0
+    """The grid (nanoseconds, a power of two) its durations and prefixes lie on when they came
+    through a compact encoding (``formats.summary_codec``), the finest among combined parts; 0
+    when none did."""
+    rounding_s: float = 0.0
+    """The largest error a compact encoding put on any one duration or prefix it holds (half a
+    quantum; a sum over parts, such as ``stage_sum``, carries at most this per part); 0 when
+    its values are the ranks' own."""
 
     @property
     def n_steps(self) -> int:
@@ -173,6 +191,8 @@ def summarize(
     top = np.argsort(-prefix, axis=2, kind="stable")[:, :, :k]
     groups = substage_groups(names)
     totals = prefix[:, -1, :]
+    means = arr.mean(axis=0).T  # [S, R]: each rank's own mean per stage
+    slow = np.argsort(-means, axis=1, kind="stable")[:, :k]
     scratch = np.empty((n, s, r), dtype=np.float64)
     clipped, group_clipped = clipped_step_times(arr, totals, gain_baseline, ref, groups, scratch)
     return WindowSummary(
@@ -188,6 +208,9 @@ def summarize(
         stage_sum=arr.sum(axis=1),
         slowest=arr[np.arange(n), top[:, -1, 0], :],
         rank_total_sum_s=float(totals.sum()),
+        mean_top=np.take_along_axis(means, slow, axis=1),
+        mean_top_rank=rank_ids[slow],
+        mean_min=means.min(axis=1),
         sketch=sketch_prefixes(prefix, growth, max_buckets),
         gain_baseline=gain_baseline,
         gain_exact=True,
@@ -219,6 +242,9 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
     top_ranks = np.stack([p.top_rank[:, -1, 0] for p in parts])
     slowest_part = np.lexsort((top_ranks, -tops), axis=0)[0]
     slowest = np.stack([p.slowest for p in parts])[slowest_part, np.arange(first.n_steps)]
+    means = np.concatenate([p.mean_top for p in parts], axis=1)
+    mean_owners = np.concatenate([p.mean_top_rank for p in parts], axis=1)
+    slow = np.lexsort((mean_owners, -means), axis=1)[:, :k]
     return WindowSummary(
         stages=first.stages,
         rank_runs=runs,
@@ -232,9 +258,14 @@ def combine(parts: Sequence[WindowSummary]) -> WindowSummary:
         stage_sum=np.add.reduce([p.stage_sum for p in parts]),
         slowest=slowest,
         rank_total_sum_s=float(sum(p.rank_total_sum_s for p in parts)),
+        mean_top=np.take_along_axis(means, slow, axis=1),
+        mean_top_rank=np.take_along_axis(mean_owners, slow, axis=1),
+        mean_min=np.minimum.reduce([p.mean_min for p in parts]),
         sketch=merge_sketches([p.sketch for p in parts], n_ranks),
         gain_baseline=first.gain_baseline,
         gain_exact=all(p.gain_exact for p in parts) and first.gain_baseline != "cohort_median",
+        quantum_ns=min((p.quantum_ns for p in parts if p.quantum_ns), default=0),
+        rounding_s=max(p.rounding_s for p in parts),
     )
 
 

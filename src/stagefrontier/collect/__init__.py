@@ -16,7 +16,6 @@ from .launcher import (
     rank_out_dir,
 )
 from .local import LocalCollector
-from .node import node_of
 from .store import StoreCollector, announce_silent
 
 __all__ = [
@@ -88,19 +87,14 @@ def make_collector(config: CollectConfig) -> Collector:
 
 def collects_hierarchically(config: CollectConfig) -> bool:
     """Whether a timer with ``config`` collects hierarchically: asked for by name, or ``auto``
-    in a job of more than ``AUTO_HIERARCHICAL_ABOVE`` ranks (either way, when the launcher says
-    which ranks share a node; else collection stays flat, see ``hierarchical_collector``)."""
+    in a job of more than ``AUTO_HIERARCHICAL_ABOVE`` ranks (the nodes come from the launcher,
+    else from the ranks' host names; when neither says, collection stays flat, see
+    ``hierarchical_collector``)."""
     world_size = launched_world_size()
     wanted = config.mode == "hierarchical" or (
         config.mode == "auto" and world_size > AUTO_HIERARCHICAL_ABOVE
     )
-    if not wanted or world_size < 2:
-        return False
-    try:
-        node_of(launched_rank(), world_size)
-    except ValueError:
-        return False
-    return True
+    return wanted and world_size >= 2
 
 
 def announce_disabled(config: CollectConfig) -> None:

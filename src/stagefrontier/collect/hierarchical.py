@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
 from .launcher import warn_once
-from .node import NodeIdentity, node_of
+from .node import NodeIdentity, host_layout, node_of
 from .node_payload import Group, analyze_group, combine_groups, decode_group, node_group
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
@@ -147,7 +148,7 @@ class NodeLeader(StoreCollector):
             self._worker.activity = f"analyzing window {own.window}"
             analyzed = analyze_group(group, own, self.world_size, self.node.size, self.gates)
             if analyzed is not None:
-                emit(self.sinks, analyzed)
+                emit(self.sinks, self.live.check_summary(analyzed))
         else:
             self._send_up(group)
         if self.levels:
@@ -189,13 +190,7 @@ class NodeLeader(StoreCollector):
             conn = self._job()
 
             def take(child: int, key: str) -> None:
-                group = decode_group(get_payload(conn, key, read))
-                if group.part.window != index or group.part.first_node != child:
-                    raise ReportFormatError(
-                        f"key for window {index} node {child} held window {group.part.window} "
-                        f"node {group.part.first_node}"
-                    )
-                parts[child] = group
+                parts[child] = self._take(conn, key, index, child, read)
 
             left = set(
                 self._waits[level.level].wait(
@@ -214,12 +209,71 @@ class NodeLeader(StoreCollector):
         except Exception as exc:
             notes.append(f"job store read failed: {exc}")
         rejected = {c for c in level.children if c not in parts} - left
-        missing = {
-            self._span(c, level): self._why(c, level, wait_s, c in rejected)
-            for c in level.children
-            if c not in parts
-        }
+        missing: dict[range, str] = {}
+        for child in level.children:
+            if child in rejected:
+                missing[self._span(child, level)] = self._why(child, level, wait_s, True)
+            elif child not in parts:
+                found = (parts, missing, read, notes)
+                self._adopt(child, level.level - 1, index, ended + wait_s, found, wait_s)
         return combine_groups(own, level.node_count, parts, missing, notes, self.node.size)
+
+    def _take(self, conn: Any, key: str, index: int, first: int, read: list[str]) -> Group:
+        group = decode_group(get_payload(conn, key, read))
+        if group.part.window != index or group.part.first_node != first:
+            raise ReportFormatError(
+                f"key for window {index} node {first} held window {group.part.window} "
+                f"node {group.part.first_node}"
+            )
+        return group
+
+    def _adopt(
+        self,
+        child: int,
+        level: int,
+        index: int,
+        deadline: float,
+        found: tuple[dict[int, Group], dict[range, str], list[str], list[str]],
+        wait_s: float,
+    ) -> None:
+        """A child whose level-``level`` part did not come: its node is missing, and if it
+        heads groups of nodes, their parts (sent to it) are read here instead, until
+        ``deadline``, level by level down its subtree: its members re-parent to this head.
+        ``found`` is (parts, missing spans with reasons, store keys read, notes)."""
+        parts, missing, read, notes = found
+        below = [lv for lv in headed_levels(child, self.nodes, self.fan_in) if lv.level <= level]
+        span = group_span(child, level, self.nodes, self.fan_in)
+        if not below:
+            who = f"node {child}" if len(span) == 1 else f"nodes {span[0]}-{span[-1]}"
+            missing[span] = f"{who} sent no summary within {wait_s:g} s of the window end"
+            return
+        members = f"node {span[-1]}" if len(span) == 2 else f"nodes {span[1]}-{span[-1]}"
+        missing[range(child, child + 1)] = (
+            f"node {child} sent no summary within {wait_s:g} s of the window end; {members} "
+            f"of its group re-parented to node {self.node.node}"
+        )
+        levels = {g: lv.level - 1 for lv in below for g in lv.children}
+        keys = {g: self._child_key(index, g) for g in levels}
+        left = set(keys)
+        try:
+            conn = self._job()
+
+            def take(grandchild: int, key: str) -> None:
+                parts[grandchild] = self._take(conn, key, index, grandchild, read)
+
+            left = set(
+                PeerWait("node", "summary").wait(
+                    conn, keys, deadline=deadline, grace=deadline, take=take, notes=notes
+                )
+            )
+        except Exception as exc:
+            notes.append(f"job store read failed while reading node {child}'s group: {exc}")
+        for grandchild in sorted(g for g in levels if g not in parts):
+            if grandchild in left:
+                self._adopt(grandchild, levels[grandchild], index, deadline, found, wait_s)
+            else:
+                gone = group_span(grandchild, levels[grandchild], self.nodes, self.fan_in)
+                missing[gone] = f"nodes {gone[0]}-{gone[-1]}: summary rejected (see the notes)"
 
     def _child_key(self, index: int, child: int) -> str:
         return part_key(index, top_level(child, self.nodes, self.fan_in), child)
@@ -287,43 +341,86 @@ class NodeLeader(StoreCollector):
 
 
 def _say_what_stays_behind(windows: list[RankWindow]) -> None:
-    """Once per process: the window fields a node summary does not carry up."""
+    """Once per process: the window fields a node summary does not carry up (CUDA-event
+    samples travel as their node's totals)."""
     if any(w.role for w in windows):
         warn_once(
             "hierarchical-roles",
             "stagefrontier: ranks have roles, but node summaries carry none: the report is "
             "role-blind under hierarchical collection (collect flat for role reports)",
         )
-    if any(w.event_state is not None for w in windows):
-        warn_once(
-            "hierarchical-events",
-            "stagefrontier: CUDA-event samples stay on their nodes under hierarchical "
-            "collection: the report has no forward-event evidence",
-        )
+
+
+HOSTS_KEY = "hosts"
+"""Job-store keys of the host names (``hosts/<rank>``) and rank 0's verdict (``hosts``: the
+ranks per node, or why the hosts do not form nodes)."""
+_HOSTS_READ = 1024
+"""Host names rank 0 reads per store call."""
+
+
+def node_from_hosts(
+    rank: int, world_size: int, timeout_s: float, store: Any = None
+) -> NodeIdentity:
+    """This rank's node from the ranks' host names, gathered once through the job's store: each
+    rank writes its own, rank 0 reads them all and writes the verdict every rank reads (so all
+    choose alike). Runs on the training thread when the timer is built.
+
+    Raises:
+        ValueError: the hosts do not form whole nodes (rank 0's reason), or the store failed.
+    """
+    host = socket.gethostname()
+    try:
+        conn = attempt_store(open_connection(store, timeout_s))
+        conn.set(f"{HOSTS_KEY}/{rank}", host)
+        if rank == 0:
+            keys = [f"{HOSTS_KEY}/{r}" for r in range(world_size)]
+            hosts: list[str] = []
+            for start in range(0, world_size, _HOSTS_READ):
+                chunk = conn.multi_get(keys[start : start + _HOSTS_READ])
+                hosts.extend(bytes(h).decode("utf-8", "replace") for h in chunk)
+            try:
+                verdict = str(host_layout(hosts))
+            except ValueError as exc:
+                verdict = str(exc)
+            conn.set(HOSTS_KEY, verdict)
+        verdict = bytes(conn.get(HOSTS_KEY)).decode("utf-8", "replace")
+    except Exception as exc:
+        raise ValueError(
+            f"the host names could not be gathered through the job's store: {exc}"
+        ) from None
+    if not verdict.isdigit():
+        raise ValueError(f"the ranks' hosts do not form nodes: {verdict}")
+    size = int(verdict)
+    return NodeIdentity(node=rank // size, first_rank=rank - rank % size, size=size, host=host)
 
 
 def hierarchical_collector(
     settings: dict[str, Any], *, keep_node_windows: bool, fan_in: int
 ) -> StoreCollector | None:
-    """The member, leader or root collector of this rank, from the launcher's node layout;
-    None (collect flat instead, said once in the log) when the environment does not say which
-    ranks share a node."""
+    """The member, leader or root collector of this rank, from the launcher's node layout or,
+    without one, from the ranks' host names; None (collect flat instead, said once in the log)
+    when neither says which ranks share a node."""
     rank, world_size = settings["rank"], settings["world_size"]
     try:
         node = node_of(rank, world_size)
-    except ValueError as exc:
+    except ValueError as launcher:
+        try:
+            node = node_from_hosts(rank, world_size, settings["timeout_s"], settings.get("store"))
+        except ValueError as exc:
+            warn_once(
+                "hierarchical-fallback",
+                "stagefrontier: hierarchical collection needs the node layout (%s; %s): "
+                "collecting flat through the job's store",
+                launcher,
+                exc,
+            )
+            return None
         warn_once(
-            "hierarchical-fallback",
-            "stagefrontier: hierarchical collection needs the node layout (%s): collecting "
-            "flat through the job's store",
-            exc,
-        )
-        return None
-    if rank == 0 and settings.get("regression") is not None:
-        logger.info(
-            "stagefrontier: the live regression check compares every rank's columns with the "
-            "run's healthy windows; under hierarchical collection they stay on their nodes, so "
-            "it is off (the report's direct gains use each rank's own median)"
+            "hierarchical-hosts",
+            "stagefrontier: the launcher does not say which ranks share a node (%s): nodes "
+            "are the ranks' hosts, %d ranks each",
+            launcher,
+            node.size,
         )
     if rank == node.first_rank:
         return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)

@@ -9,7 +9,9 @@ baseline holds enough windows and only when the gates keep the default ``rank_me
 baseline, so a user's explicit ``Gates(gain_baseline=...)`` always wins and the paper's
 window-local gains stay reproducible with ``RegressionConfig`` off (``regression=None``).
 
-Only complete windows (every rank present and merged) are checked or join the baseline.
+Only complete windows (every rank present and merged) are checked or join the baseline. A window
+collected as node summaries is checked on its combined summary (``RegressionCheck.check_summary``);
+its direct gains keep each rank's own median, since the ranks' columns stay on their nodes.
 """
 
 from __future__ import annotations
@@ -44,3 +46,12 @@ class LiveAnalysis:
             regression=regression,
             gain_reference=reference[1] if reference else None,
         )
+
+    def check_summary(self, analyzed: AnalyzedWindow) -> AnalyzedWindow:
+        """A window analyzed from node summaries, with its regression check."""
+        check, summary = self._check, analyzed.summary
+        side = analyzed.side
+        if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
+            return analyzed
+        regression = check.check_summary(analyzed.merged.reference.window, summary)
+        return replace(analyzed, regression=regression)

@@ -6,15 +6,16 @@ and ``GROUP_RANK`` (the agent's index). An agent's workers hold consecutive glob
 rank knows its node's ranks without asking anyone, and rank 0 knows every node's. The node's
 leader is its local rank 0. ``GROUP_RANK`` is checked when set (a launcher that numbers its nodes
 otherwise cannot be followed); the host name labels the node in reports. Without
-``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` the rank cannot know its node and hierarchical collection
-falls back to flat collection (see ``collect.hierarchical``).
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` the ranks' host names, gathered once through the job's store
+(``collect.hierarchical``), say it instead when they form whole nodes (``host_layout``); when
+they do not, hierarchical collection falls back to flat collection.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -68,6 +69,33 @@ def node_of(rank: int, world_size: int, env: Mapping[str, str] | None = None) ->
             f"{size} ranks each"
         )
     return NodeIdentity(node=node, first_rank=first, size=size, host=socket.gethostname())
+
+
+def host_layout(hosts: Sequence[str]) -> int:
+    """The ranks per node when ``hosts`` (each rank's host name, by rank) form nodes as a
+    launcher lays them out: consecutive ranks, the same number on each host, no host twice.
+
+    Raises:
+        ValueError: they do not (named: which host breaks the layout).
+    """
+    if not hosts:
+        raise ValueError("no host names")
+    size = 1
+    while size < len(hosts) and hosts[size] == hosts[0]:
+        size += 1
+    if len(hosts) % size:
+        raise ValueError(f"{len(hosts)} ranks are not whole nodes of {size} (host {hosts[0]})")
+    seen: set[str] = set()
+    for first in range(0, len(hosts), size):
+        block = set(hosts[first : first + size])
+        host = hosts[first]
+        if len(block) != 1 or host in seen:
+            raise ValueError(
+                f"ranks {first}-{first + size - 1} are not all on one host of their own "
+                f"(hosts {sorted(block)})"
+            )
+        seen.add(host)
+    return size
 
 
 def node_layout(world_size: int, size: int) -> dict[int, range]:

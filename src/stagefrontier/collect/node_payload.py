@@ -1,11 +1,12 @@
 """What a node leader condenses its node's windows into, how a group's head combines its
 children's parts, and how rank 0 analyzes the top part.
 
-A part's body is its group's ``WindowSummary`` (``analysis.summary``, written by
-``formats.summary_codec``): a leader summarizes its node's ``[N, L, S]`` window, a head combines
-its children's summaries exactly, and rank 0 runs the one analyzer on the top one
-(``analyze_summary``). A group whose summary cannot join (it does not decode, or its stages,
-steps or settings differ) is reported missing or mismatched with the reason; nothing raises.
+A part's body is its group's ``WindowSummary`` (``analysis.summary``, written compact by
+``formats.summary_codec``: durations on a grid of at most 2**-12 of the shortest step): a leader
+summarizes its node's ``[N, L, S]`` window, a head combines its children's summaries exactly,
+and rank 0 runs the one analyzer on the top one (``analyze_summary``). A group whose summary
+cannot join (it does not decode, or its stages, steps or settings differ) is reported missing or
+mismatched with the reason; nothing raises.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 
 from ..analysis.analyzer import analyze_summary
 from ..analysis.gates import Gates
-from ..analysis.side import SideEvidence
+from ..analysis.schema import FORWARD_STAGE
+from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
 from ..errors import StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
@@ -40,7 +42,7 @@ class Group:
     summary: WindowSummary
 
     def encode(self) -> bytes:
-        return encode_node_part(replace(self.part, body=encode_summary(self.summary)))
+        return encode_node_part(replace(self.part, body=encode_summary(self.summary, compact=True)))
 
 
 def decode_group(data: bytes) -> Group:
@@ -87,8 +89,29 @@ def node_group(
         contract_violations=sum(w.contract_violations for w in kept),
         overlap_ns=sum(w.overlap_ns for w in kept),
         self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
+        **event_totals(kept),
     )
     return Group(part, summary)
+
+
+def event_totals(windows: Sequence[RankWindow]) -> dict[str, Any]:
+    """The ``events`` and ``forward_stage`` of a node's part: its ranks' sampled forward
+    CUDA-event pairs as four totals (none: empty)."""
+    sampled = [w for w in windows if w.event_state is not None and w.event_ms is not None]
+    if not sampled:
+        return {}
+    stage = next((w.forward_stage for w in windows if w.forward_stage), FORWARD_STAGE)
+    column = sampled[0].stages.index(stage) if stage in sampled[0].stages else None
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for w in sampled:
+        state = np.asarray(w.event_state)
+        ready = state == EVENT_READY
+        totals[0] += int((state != EVENT_NOT_SAMPLED).sum())
+        totals[1] += int(ready.sum())
+        totals[2] += float(np.asarray(w.event_ms)[ready].sum())
+        if column is not None:
+            totals[3] += float(w.durations_ns[ready, column].sum()) * NS
+    return {"events": tuple(totals), "forward_stage": stage}
 
 
 def combine_groups(
@@ -142,8 +165,19 @@ def combine_groups(
         contract_violations=sum(p.contract_violations for p in parts),
         overlap_ns=sum(p.overlap_ns for p in parts),
         self_cost_max=_largest([p.self_cost_max for p in parts]),
+        events=_summed([p.events for p in parts]),
+        forward_stage=next((p.forward_stage for p in parts if p.forward_stage), ""),
     )
     return Group(part, summary)
+
+
+def _four(totals: tuple[float, ...]) -> tuple[float, float, float, float] | None:
+    return (totals[0], totals[1], totals[2], totals[3]) if totals else None
+
+
+def _summed(totals: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+    present = [t for t in totals if t]
+    return tuple(float(sum(column)) for column in zip(*present, strict=True)) if present else ()
 
 
 def _largest(costs: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -185,6 +219,8 @@ def analyze_group(
         gather_ok=not missing,
         contract_violations=part.contract_violations,
         notes=tuple(notes),
+        event_totals=_four(part.events),
+        forward_stage=part.forward_stage or FORWARD_STAGE,
     )
     try:
         report = analyze_summary(summary, gates=gates, side=side)
@@ -194,6 +230,7 @@ def analyze_group(
     merged = MergedWindow(own, [own], world_size, missing, list(part.mismatched_ranks), notes)
     d = np.zeros((summary.n_steps, 0, len(summary.stages)))
     nodes = nodes_entry(part, node_size)
+    nodes["rounding_s"] = summary.rounding_s
     costs = {"fraction": 0.0, **part.self_cost_max}
     nodes["self_cost"] = {name: {"max": v} for name, v in costs.items()}
     return AnalyzedWindow(merged, d, None, side, report, summary=summary, nodes=nodes)

@@ -9,18 +9,17 @@ ReportFormatError (its parent then reports the group missing, with the error as 
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReportFormatError
-from ..formats.envelope import open_envelope
+from ..formats.envelope import open_envelope, seal_envelope
 from .wire_checks import check_meta_value
 
 MAGIC = b"SFN1"
-NODE_WIRE_VERSION = 1
+NODE_WIRE_VERSION = 2
 _HEADER = struct.Struct("<4sHIQ")
 MAX_META_BYTES = 16 << 20
 MAX_NOTES = 32
@@ -51,6 +50,11 @@ class NodePart:
     self_cost_max: dict[str, float] = field(default_factory=dict)
     """StageFrontier's own cost, the largest over the group's ranks: per component (seconds)
     and as a fraction of step time (``record.self_cost``; maxima merge exactly, medians not)."""
+    events: tuple[float, ...] = ()
+    """The group's sampled forward CUDA-event pairs as ``SideEvidence.event_totals`` (empty:
+    none sampled); totals add up exactly from node to group."""
+    forward_stage: str = ""
+    """The stage the event pairs bracket (empty: none sampled)."""
     body: bytes = b""
 
     @property
@@ -78,19 +82,19 @@ def encode_node_part(part: NodePart) -> bytes:
         notes=list(part.notes),
         hosts={str(k): v for k, v in part.hosts.items()},
         self_cost_max=dict(part.self_cost_max),
+        events=list(part.events),
+        forward_stage=part.forward_stage,
     )
-    meta_bytes = json.dumps(meta, allow_nan=False).encode("utf-8")
-    header = _HEADER.pack(MAGIC, NODE_WIRE_VERSION, len(meta_bytes), len(part.body))
-    return b"".join((header, meta_bytes, part.body))
+    return seal_envelope(_HEADER, MAGIC, NODE_WIRE_VERSION, meta, part.body, packed=True)
 
 
 def decode_node_part(data: bytes) -> NodePart:
     """Parse and validate one envelope; raises ReportFormatError."""
     meta, body = open_envelope(
-        data, _HEADER, MAGIC, NODE_WIRE_VERSION, MAX_META_BYTES, "node payload"
+        data, _HEADER, MAGIC, NODE_WIRE_VERSION, MAX_META_BYTES, "node payload", packed=True
     )
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
-    expected |= {"notes", "hosts", "self_cost_max"}
+    expected |= {"notes", "hosts", "self_cost_max", "events", "forward_stage"}
     if not isinstance(meta, dict) or set(meta) != expected:
         raise ReportFormatError(f"node payload metadata must hold exactly {sorted(expected)}")
     values: dict[str, Any] = {
@@ -103,6 +107,17 @@ def decode_node_part(data: bytes) -> NodePart:
     values["missing_nodes"] = _by_node(meta, "missing_nodes")
     values["hosts"] = _by_node(meta, "hosts")
     values["self_cost_max"] = _reals(meta["self_cost_max"])
+    events = meta["events"]
+    if (
+        not isinstance(events, list)
+        or len(events) not in (0, 4)
+        or not all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in events)
+    ):
+        raise ReportFormatError("node payload events must be empty or four numbers >= 0")
+    values["events"] = tuple(float(v) for v in events)
+    if not isinstance(meta["forward_stage"], str):
+        raise ReportFormatError("node payload forward_stage must be text")
+    values["forward_stage"] = meta["forward_stage"]
     part = NodePart(body=bytes(body), **values)
     if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
         raise ReportFormatError("node payload names nodes outside the group it covers")

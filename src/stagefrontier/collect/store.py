@@ -11,12 +11,22 @@ Key lifetime: rank 0 deletes the keys it read, after the report is written, then
 below ``done`` that rank 0 never read (it gave up on a late rank, or dropped the window from a full
 queue), so a key is never deleted before rank 0 has moved past its window, however far behind
 rank 0's analysis runs, and no window's keys outlive the next send of their rank.
+
+Key scopes: a process may run several timers that collect through the store (training and
+evaluation). Each open store collector holds a scope, the lowest one free in its process
+(``claim_scope``): scope 0 keeps the plain attempt prefix, scope k adds ``/t<k>``, so the k-th
+timer open at once on every rank meets the same timer of the other ranks, and no other. Two
+jobs on one store share keys unless their run ids differ: rank 0 claims its keys with an owner
+key, and a claim held by another collector (another job, or one that never closed) is a note
+on every window.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -44,19 +54,43 @@ only ever waits on the store, and a store that does not answer for this long (ra
 the store server in its process) is not worth holding the rank's exit for."""
 
 
-def store_prefix() -> str:
+OWNER_KEY = "owner"
+"""Rank 0's claim on a scope's keys: its host, process id and collector."""
+
+_scopes: set[int] = set()
+_scopes_lock = threading.Lock()
+
+
+def claim_scope() -> int:
+    """The lowest key scope that no open store collector of this process holds, now held."""
+    with _scopes_lock:
+        scope = next(k for k in range(len(_scopes) + 1) if k not in _scopes)
+        _scopes.add(scope)
+        return scope
+
+
+def release_scope(scope: int) -> None:
+    with _scopes_lock:
+        _scopes.discard(scope)
+
+
+def store_prefix(scope: int = 0) -> str:
     """Keys are scoped by torchelastic run id and restart count, so a restarted attempt never
-    reads the previous attempt's windows. ``PrefixStore`` adds the ``/`` between this prefix and
-    a key: window 3 of rank 1 is ``stagefrontier/<run>/<restart>/w3/r1`` in the job's store."""
+    reads the previous attempt's windows, and by the timer's scope (see the module doc).
+    ``PrefixStore`` adds the ``/`` between this prefix and a key: window 3 of rank 1 is
+    ``stagefrontier/<run>/<restart>/w3/r1`` in the job's store (``.../<restart>/t1/w3/r1`` for
+    the second timer of a process)."""
     run, restart = current_attempt()
-    return f"stagefrontier/{run}/{restart}"
+    return f"stagefrontier/{run}/{restart}" + (f"/t{scope}" if scope else "")
 
 
-def previous_attempt_prefix() -> str | None:
+def previous_attempt_prefix(scope: int = 0) -> str | None:
     """The key prefix of the attempt before a torchelastic restart, whose leftovers rank 0
     deletes window by window."""
     run, restart = current_attempt()
-    return f"stagefrontier/{run}/{restart - 1}" if restart > 0 else None
+    if restart <= 0:
+        return None
+    return f"stagefrontier/{run}/{restart - 1}" + (f"/t{scope}" if scope else "")
 
 
 def window_key(window: int, rank: int) -> str:
@@ -111,11 +145,11 @@ def announce_silent(rank: int, timeout_s: float) -> None:
         )
 
 
-def attempt_store(raw: Any) -> Any:
+def attempt_store(raw: Any, scope: int = 0) -> Any:
     """``raw`` seen through this attempt's key prefix (see ``store_prefix``)."""
     from torch.distributed import PrefixStore
 
-    return PrefixStore(store_prefix(), raw)
+    return PrefixStore(store_prefix(scope), raw)
 
 
 class StoreCollector:
@@ -149,6 +183,9 @@ class StoreCollector:
         self._dead: str | None = None
         self._closed = False
         self._wait = PeerWait("rank", "window")
+        self.scope = claim_scope()
+        self._collects = collects
+        self._shared: str | None = None  # rank 0: why its keys are not its own, "" when they are
         self.peers: Sequence[int] = range(1, world_size)
         """The ranks whose windows this collector reads (rank 0's: every other rank)."""
         self._silent: set[int] = set()  # rank 0: ranks that announced they send no windows
@@ -177,10 +214,17 @@ class StoreCollector:
         connection. The job's store and process groups are untouched; safe twice and with the
         store already gone."""
         self._worker.close()
+        if not self._closed:
+            release_scope(self.scope)
         self._closed = True
         if self._worker.alive:  # still inside a store call: leave it its connection
             return
         conn, self._conn = self._conn, None
+        if conn is not None and self._shared == "":
+            try:  # the claim on the keys ends with this collector
+                conn.delete_key(OWNER_KEY)
+            except Exception as exc:
+                logger.debug("stagefrontier: releasing the store keys failed: %s", exc)
         del conn
 
     # ------------------------------------------------------------------ background thread
@@ -191,8 +235,8 @@ class StoreCollector:
             from torch.distributed import PrefixStore
 
             raw = self._open_raw()
-            self._conn = attempt_store(raw)
-            previous = previous_attempt_prefix()
+            self._conn = attempt_store(raw, self.scope)
+            previous = previous_attempt_prefix(self.scope)
             self._previous = None if previous is None else PrefixStore(previous, raw)
             if self._previous is not None and self.rank == 0:
                 self._previous.delete_key(DONE_KEY)
@@ -235,6 +279,10 @@ class StoreCollector:
         windows = [own]
         notes: list[str] = []
         read: list[str] = []
+        if self._shared is None and not self._dead and self.rank == 0:
+            self._shared = self._claim_keys()
+        if self._shared:
+            notes.append(self._shared)
         if self._dead:
             notes.append(self._dead)
         elif self.peers:
@@ -245,6 +293,27 @@ class StoreCollector:
                 self._fail("read", exc)
                 notes.append(f"store read failed: {exc}")
         return own, windows, notes, read
+
+    def _claim_keys(self) -> str:
+        """Rank 0 claims its scope's keys (once): "" when they are its own, else why not."""
+        token = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        try:
+            held = bytes(self._connection().compare_set(OWNER_KEY, "", token)).decode(
+                errors="replace"
+            )
+        except Exception as exc:
+            self._fail("claim", exc)
+            return ""
+        if held == token:
+            return ""
+        why = (
+            f"another collector holds these store keys ({store_prefix(self.scope)}, claimed by "
+            f"{held[:80]}): a second job on this store without a run id of its own, or one "
+            "that never closed; ranks' windows may mix between them (give each job its own "
+            "TORCHELASTIC_RUN_ID or STAGEFRONTIER_RUN_ID)"
+        )
+        logger.warning("stagefrontier: %s", why)
+        return why
 
     def _release_window(self, index: int, read: list[str]) -> None:
         """After the report (cleanup is off the latency path): delete what was read."""

@@ -34,12 +34,15 @@ import numpy as np
 
 logger = logging.getLogger("stagefrontier")
 
-BATCHES, BUSY_NS, PID, STARTS, PROFILED = range(5)
-"""Columns of a worker's row: batches finished, busy nanoseconds, its pid, fetches started,
-batches profiled in the capture in progress."""
+BATCHES, BUSY_NS, PID, STARTS, STARTED_NS = range(5)
+"""Columns of a worker's row: batches finished, busy nanoseconds, its pid, fetches started, when
+the fetch in progress started (``perf_counter_ns``, one monotonic clock for every process; 0
+between fetches)."""
 COLUMNS = 5
 CAPTURE = 0
 """Column of the control row (row 0) holding the capture in progress (0: none)."""
+SATURATED_BUSY = 0.8
+"""Workers busy this fraction of the window or more supply as fast as they can: saturated."""
 ATTRIBUTE = "_stagefrontier_workers"
 """Where a loader keeps its WorkerCounters, so each epoch's ``timer.iter`` finds the same one."""
 
@@ -59,6 +62,7 @@ class WorkerCounters:
         weakref.finalize(self, shutil.rmtree, self.scratch, True)
         self._last = self._rows[1:, :].copy()
         self._last_ns = _now()
+        self._last_open = 0  # nanoseconds of batches in progress at the previous read
         self.consumed = 0
         """Batches the training loop took from the loader (``timer.iter`` counts them)."""
         self._iterator: Any = None
@@ -79,31 +83,43 @@ class WorkerCounters:
         delta = rows - self._last
         self._last = rows
         span, self._last_ns = now - self._last_ns, now
+        # A batch in progress counts up to now here and the rest in the next window, so a
+        # window's busy time does not jump by whole batches.
+        dead = self._dead_workers(rows)
+        fetching = rows[:, STARTED_NS] > 0
+        fetching[dead] = False
+        open_ns = int(np.maximum(now - rows[fetching, STARTED_NS], 0).sum())
+        finished = float(delta[:, BUSY_NS].sum())
+        busy_s = (finished + open_ns - self._last_open) * 1e-9
+        self._last_open = open_ns
         consumed, self.consumed = self.consumed, 0
         figures: dict[str, Any] = {
             "workers": self.workers,
             "batches": int(delta[:, BATCHES].sum()),
-            "busy_s": float(delta[:, BUSY_NS].sum()) * 1e-9,
-            "max_worker_busy_s": float(delta[:, BUSY_NS].max()) * 1e-9,
+            "busy_s": max(busy_s, 0.0),
+            "finished_busy_s": finished * 1e-9,
             "span_s": span * 1e-9,
             "consumed": consumed,
         }
-        dead = self._dead_workers()
         if dead:
             figures["note"] = f"worker(s) {', '.join(map(str, dead))} exited while in use"
         elif not rows[:, STARTS].any():
             figures["note"] = "no worker has fetched a batch yet"
         return figures
 
-    def _dead_workers(self) -> list[int]:
-        """Workers of the current iterator whose process ended while the iterator still uses
-        them (the DataLoader raises in the training loop for those; the figures say it too)."""
+    def _dead_workers(self, rows: np.ndarray[Any, Any]) -> list[int]:
+        """Workers whose process ended in the middle of a batch (the DataLoader raises in the
+        training loop for those; the figures say it too). A worker that ended between batches
+        was told to (an epoch's or an IterableDataset's end)."""
         procs = getattr(self._iterator, "_workers", None)
-        status = getattr(self._iterator, "_workers_status", None)
-        if not isinstance(procs, list) or not isinstance(status, list):
+        if not isinstance(procs, list):
             return []
         try:
-            return [i for i, p in enumerate(procs) if status[i] and not p.is_alive()]
+            return [
+                i
+                for i, p in enumerate(procs[: len(rows)])
+                if rows[i, STARTED_NS] > 0 and not p.is_alive()
+            ]
         except Exception:  # a process object from another torch version: say nothing
             return []
 
@@ -140,13 +156,15 @@ def _time_fetches(rows: np.ndarray[Any, Any], row: int, scratch: str) -> None:
         fetch = fetcher.fetch
 
         def timed_fetch(index: Any) -> Any:
-            rows[row, STARTS] += 1
             profile = profiler.begin()
             start = _now()
+            rows[row, STARTED_NS] = start
+            rows[row, STARTS] += 1
             try:
                 batch = fetch(index)
             finally:
                 rows[row, BUSY_NS] += _now() - start
+                rows[row, STARTED_NS] = 0
                 if profile is not None:
                     profiler.end(profile)
             rows[row, BATCHES] += 1
@@ -176,7 +194,6 @@ class WorkerProfiler:
         if capture != self._capture:
             self._capture = capture
             self._profile = cProfile.Profile() if capture else None
-            self._rows[self._row, PROFILED] = 0
         if self._profile is None:
             return None
         try:
@@ -195,7 +212,6 @@ class WorkerProfiler:
             with open(path + ".tmp", "wb") as f:
                 marshal.dump(profile.stats, f)
             os.replace(path + ".tmp", path)
-            self._rows[self._row, PROFILED] += 1
         except OSError:
             self._profile = None  # no room to write: profile no more batches
 
@@ -229,23 +245,28 @@ def loader_figures(
     """A rank's loader figures for the window record, from its counts (``WorkerCounters.read``)
     and its window's step time: ``per_batch_s`` a worker's time per batch, ``busy`` the workers'
     busy fraction, ``need_every_s`` the step's own time per batch (data wait excluded), whether
-    the workers are ``saturated`` (all of them together supply a batch less often than the
-    step needs one), and ``workers_needed`` to supply a batch that often."""
+    the workers are ``saturated`` (busy nearly all the time, or all of them together supplying
+    a batch less often than the step needs one), and ``workers_needed`` to supply a batch that
+    often (more than there are, when they are saturated)."""
     out = dict(raw)
     workers, batches = int(raw.get("workers", 0)), int(raw.get("batches", 0))
     span = float(raw.get("span_s", 0.0))
     if not workers or not batches or span <= 0:
         return out
-    per_batch = float(raw["busy_s"]) / batches
+    per_batch = float(raw.get("finished_busy_s", raw["busy_s"])) / batches
     consumed = int(raw.get("consumed", 0)) or steps
     need = max(wall_s - data_wait_s, 0.0) / max(consumed, 1)
     busy = min(float(raw["busy_s"]) / (workers * span), 1.0)
+    saturated = busy >= SATURATED_BUSY or (need > 0 and per_batch > workers * need)
+    needed = max(1, math.ceil(per_batch / need)) if need > 0 else None
+    if saturated and needed is not None:
+        needed = max(needed, workers + 1)
     out.update(
         per_batch_s=per_batch,
         busy=busy,
         need_every_s=need,
-        saturated=need > 0 and per_batch > workers * need,
-        workers_needed=max(1, math.ceil(per_batch / need)) if need > 0 else None,
+        saturated=saturated,
+        workers_needed=needed,
     )
     return out
 

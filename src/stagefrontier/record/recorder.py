@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -30,7 +31,7 @@ from ..collect import Collector, announce_disabled, collects_hierarchically, mak
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
-from ..errors import RolesError, StageFrontierError
+from ..errors import RolesError, StageFrontierError, TimerSettingError
 from ..sinks import Sink
 from .annotate import ProfilerRanges
 from .contexts import (
@@ -183,6 +184,9 @@ class StageTimer(TimerState):
         self.enabled = enabled
         self.out_dir = os.fspath(config.out_dir)
         self._closed = False
+        self._out_dir_held: str | None = None
+        if enabled and collector is None:
+            self._out_dir_held = _hold_out_dir(self)
         if not enabled:
             self._disable()
             announce_disabled(config)
@@ -392,6 +396,8 @@ class StageTimer(TimerState):
         if self._closed:
             return
         self._closed = True
+        if self._out_dir_held is not None:
+            _OUT_DIRS.pop(self._out_dir_held, None)
         if not self.enabled:
             return
         try:
@@ -431,6 +437,25 @@ class StageTimer(TimerState):
         self.stage = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.probe = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.microstep = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+
+
+_OUT_DIRS: dict[str, weakref.ref[StageTimer]] = {}
+"""The out_dir of every open timer of this process that builds its own collector."""
+
+
+def _hold_out_dir(timer: StageTimer) -> str:
+    """Hold ``timer.out_dir`` for it, or raise TimerSettingError when another open timer of
+    this process writes there (their windows.jsonl, packets and incidents would interleave)."""
+    path = os.path.realpath(timer.out_dir)
+    holder = _OUT_DIRS.get(path)
+    other = holder() if holder is not None else None
+    if other is not None and not other._closed:
+        raise TimerSettingError(
+            f"out_dir {timer.out_dir!r} is written by another StageTimer of this process (open "
+            "and not closed): give each timer its own out_dir"
+        )
+    _OUT_DIRS[path] = weakref.ref(timer)
+    return path
 
 
 def _noop_table() -> collections.defaultdict[Any, NoopContext]:

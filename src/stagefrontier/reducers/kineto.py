@@ -35,14 +35,12 @@ from .files import (
     KINETO_SUFFIXES,
     Paths,
     RankMap,
-    check_unmapped,
     mapped_rank,
     open_maybe_gzip,
     read_trace_bytes,
-    trace_files,
 )
-from .matrix import build_matrix, timed_stages
-from .options import TraceOptions, trace_options
+from .matrix import build_matrix, reducer_inputs
+from .options import TraceOptions
 from .ranges import (
     MAX_TIME_NS,
     RankRanges,
@@ -102,10 +100,9 @@ def reduce_kineto(
     Raises:
         TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
     """
-    opts = trace_options("reduce_kineto", options, keywords)
-    timed = None if stages is None else timed_stages(stages)
-    files = trace_files(paths, KINETO_SUFFIXES, "PyTorch Profiler")
-    check_unmapped(opts.ranks, files)
+    opts, timed, files = reducer_inputs(
+        "reduce_kineto", paths, KINETO_SUFFIXES, "PyTorch Profiler", stages, options, keywords
+    )
     read = [read_kineto_file(path, timed, opts.step_name) for path in files]
     notes: list[str] = []
     facts: dict[str, Any] = {}

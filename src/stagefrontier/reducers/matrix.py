@@ -19,6 +19,7 @@ explicitly allowed (``"zero"``, noted); a rank of the world size without a trace
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,9 @@ import numpy.typing as npt
 from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
 from ..formats.limits import check_limit
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
+from .files import Paths, check_unmapped, trace_files
 from .infer import infer_stages
-from .options import TraceOptions
+from .options import TraceOptions, trace_options
 from .ranges import RankRanges, id_text, outermost
 from .result import ReducedTrace
 
@@ -44,6 +46,24 @@ def timed_stages(stages: Sequence[str]) -> tuple[str, ...]:
     if not timed:
         raise TraceFormatError("at least one timed stage is needed besides the residual")
     return timed
+
+
+def reducer_inputs(
+    reducer: str,
+    paths: Paths,
+    suffixes: Sequence[str],
+    kind: str,
+    stages: Sequence[str] | None,
+    options: TraceOptions | None,
+    keywords: dict[str, Any],
+) -> tuple[TraceOptions, tuple[str, ...] | None, list[Path]]:
+    """What a reducer starts from: its options (given, or as keywords), the stages its traces
+    must time (None: inferred from them) and the trace files, every mapped rank's among them."""
+    opts = trace_options(reducer, options, keywords)
+    timed = None if stages is None else timed_stages(stages)
+    files = trace_files(paths, suffixes, kind)
+    check_unmapped(opts.ranks, files)
+    return opts, timed, files
 
 
 def build_matrix(

@@ -33,13 +33,11 @@ from .errors import TraceFormatError
 from .files import (
     NSYS_SUFFIXES,
     Paths,
-    check_unmapped,
     mapped_rank,
     rank_from_name,
-    trace_files,
 )
-from .matrix import build_matrix, timed_stages
-from .options import TraceOptions, trace_options
+from .matrix import build_matrix, reducer_inputs
+from .options import TraceOptions
 from .ranges import (
     MAX_SPAN_NS,
     MAX_TIME_NS,
@@ -73,10 +71,9 @@ def reduce_nsys(
     Raises:
         TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
     """
-    opts = trace_options("reduce_nsys", options, keywords)
-    timed = None if stages is None else timed_stages(stages)
-    files = trace_files(paths, NSYS_SUFFIXES, "Nsight Systems SQLite")
-    check_unmapped(opts.ranks, files)
+    opts, timed, files = reducer_inputs(
+        "reduce_nsys", paths, NSYS_SUFFIXES, "Nsight Systems SQLite", stages, options, keywords
+    )
     notes: list[str] = []
     parts: list[RankRanges] = []
     for path in files:

@@ -25,6 +25,7 @@ from ..formats.limits import (
 from ..formats.names import is_plain_name
 from .command import cli_command
 from .escape import printable, printable_lines
+from .loader_text import WORKER_ROW_NUMBERS, worker_line
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
@@ -137,6 +138,7 @@ _OP_ROW = _object(
     optional=("diff_ms_per_step", "call_path"),
 )
 _SHARES = _map_of(_text, _number)
+_WORKER_ROW = _object({"name": _text, **dict.fromkeys(WORKER_ROW_NUMBERS, _number)})
 
 
 def _regression(v: Any) -> str:
@@ -200,6 +202,9 @@ _FIELDS: dict[str, Check] = {
 _OPTIONAL_FIELDS: dict[str, Check] = {
     "regression": _none_or(_regression),
     "reference_capture": _none_or(_REFERENCE_CAPTURE),
+    "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
+    "loader_advice": _none_or(_text),
+    "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
 }
 """Fields a regression's incident adds (the regression object; the earlier trace diffed
 against), checked when present: incidents written before them still read."""
@@ -374,9 +379,14 @@ def summary_line(incident: dict[str, Any]) -> str:
         verdict(incident),
     ]
     top = top_op_line(incident)
+    workers = worker_line(incident)
+    if workers:
+        parts.append(workers)
     if top:
         parts.append(top)
-    elif incident["reasons"]:
+    if incident.get("loader_advice"):
+        parts.append(incident["loader_advice"])
+    elif not top and incident["reasons"]:
         parts.append(incident["reasons"][-1])
     return printable(" | ".join(parts))
 
@@ -473,6 +483,20 @@ def render_markdown(incident: dict[str, Any]) -> str:
                 f"{row['reference_ms_per_step']:.2f} |"
             )
         lines.append("")
+    if incident.get("worker_op_diff"):
+        lines += [
+            f"Rank {incident['leader_rank']}'s DataLoader workers (self time per batch, against "
+            f"rank {incident['reference_rank']}'s):",
+            "",
+            "| worker function | suspect ms/batch | reference ms/batch | calls/batch |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| `{row['name']}` | {row['suspect_ms_per_batch']:.2f} | "
+                f"{row['reference_ms_per_batch']:.2f} | {row['calls_per_batch']:g} |"
+                for row in incident["worker_op_diff"]
+            ),
+            "",
+        ]
     if incident["reasons"]:
         lines += ["Reasons:", "", *(f"- {r}" for r in incident["reasons"]), ""]
     commands = open_commands(incident)

@@ -9,6 +9,14 @@ from typing import Any
 
 from ..analysis.schema import DATA_STAGE
 
+WORKER_ROW_NUMBERS = (
+    "suspect_ms_per_batch",
+    "reference_ms_per_batch",
+    "suspect_ms_per_call",
+    "reference_ms_per_call",
+    "calls_per_batch",
+)
+"""The numbers of a worker op diff row (checked when an incident is read)."""
 BUSY_SHOWN = 0.5
 """Saturated workers' busy fraction is said when at least this (lower, the window mostly holds
 their start-up)."""
@@ -56,3 +64,21 @@ def window_loader_sentence(record: Mapping[str, Any], top: str, leaders: list[in
 
 def _ms(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
+def worker_line(incident: dict[str, Any]) -> str:
+    """``in its DataLoader workers, `...slow_sample › ...` takes 15 ms per call, 120 ms per
+    batch on rank 2; 0.1 ms on rank 1``; empty without a worker op diff or when the suspect's
+    workers were not saturated."""
+    rows = incident.get("worker_op_diff") or []
+    if not rows or not (incident.get("loader") or {}).get("saturated"):
+        return ""  # idle workers: their functions are not where the time goes
+    top = rows[0]
+    per_call = (
+        f"{top['suspect_ms_per_call']:.1f} ms per call, " if top["calls_per_batch"] > 1 else ""
+    )
+    return (
+        f"in its DataLoader workers, `{top['name']}` takes {per_call}"
+        f"{top['suspect_ms_per_batch']:.1f} ms per batch on rank {incident['leader_rank']}; "
+        f"{top['reference_ms_per_batch']:.1f} ms on rank {incident['reference_rank']}"
+    )

@@ -307,15 +307,7 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     top.grid(alpha=0.3)
     top.set_title("Frontier shares per window, and who leads the top stage")
 
-    bottom = np.zeros(n)
-    tops: list[tuple[float, float]] = [(0.0, 0.0)] * n
-    for j, stage in enumerate(stages):
-        values = np.array([_broad_shares(r).get(stage, 0.0) for r in reports])
-        ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
-        for i, r in enumerate(reports):
-            if r.get("top1") == stage:
-                tops[i] = (float(bottom[i]), float(values[i]))
-        bottom += values
+    tops = _stacked_shares(ax, x, reports, stages, colors)
     for i, r in enumerate(reports):
         _label_leader(ax, i, tops[i], r, vertical=n > 10)
     ax.set_ylim(0, 1)
@@ -325,6 +317,23 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     ax.set_xlabel("window (steps)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8)
     return _save(plt, fig, path)
+
+
+def _stacked_shares(
+    ax: Any, x: Any, reports: Sequence[dict[str, Any]], stages: Sequence[str], colors: list[str]
+) -> list[tuple[float, float]]:
+    """One bar per report, stacked by stage share (a report left empty: no bar); per report,
+    the bottom and height of its top stage's band (where its leader is written)."""
+    bottom = np.zeros(len(reports))
+    tops: list[tuple[float, float]] = [(0.0, 0.0)] * len(reports)
+    for j, stage in enumerate(stages):
+        values = np.array([_broad_shares(r).get(stage, 0.0) if r else 0.0 for r in reports])
+        ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
+        for i, r in enumerate(reports):
+            if r.get("top1") == stage:
+                tops[i] = (float(bottom[i]), float(values[i]))
+        bottom += values
+    return tops
 
 
 def _label_leader(
@@ -379,15 +388,7 @@ def _plot_role_shares(
     )
     for ax, role in zip(np.atleast_1d(axes), roles, strict=True):
         own = [(r.get("role_reports") or {}).get(role) or {} for r in reports]
-        bottom = np.zeros(len(reports))
-        tops: list[tuple[float, float]] = [(0.0, 0.0)] * len(reports)
-        for j, stage in enumerate(stages):
-            values = np.array([_broad_shares(o).get(stage, 0.0) if o else 0.0 for o in own])
-            ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
-            for i, o in enumerate(own):
-                if o.get("top1") == stage:
-                    tops[i] = (float(bottom[i]), float(values[i]))
-            bottom += values
+        tops = _stacked_shares(ax, x, own, stages, colors)
         for i, o in enumerate(own):
             if o:
                 _label_leader(ax, i, tops[i], o, vertical=len(reports) > 6)

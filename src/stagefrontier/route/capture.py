@@ -32,6 +32,7 @@ from typing import Any
 from ..record.annotate import ProfilerRanges, step_range_name
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
 
@@ -75,6 +76,7 @@ class RankCapture:
         self._session = 0  # ``profiler_session.started()`` right after our start
         self._rss_start: int | None = None
         self._note = ""  # why the running capture ends or ended early, for its answer
+        self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
 
     @property
     def _rank(self) -> int:
@@ -214,6 +216,7 @@ class RankCapture:
         self._session = profiler_session.started()
         self._rss_start = resident_bytes()
         self._prof = prof
+        self._workers.started()
         self._swap_stages()
         self._open_step_range(step)
 
@@ -223,6 +226,7 @@ class RankCapture:
         self._request = None
         self._restore_stages()
         self._timer._capture = False
+        self._workers.stopped()
         note, self._note = self._note, ""
         if foreign is not None:  # the session is not ours to stop: leave it running
             self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
@@ -242,6 +246,7 @@ class RankCapture:
         self._timer._capture = False
         self._note = ""
         try:
+            self._workers.stopped()
             self._restore_stages()
             if prof is not None and profiler_session.foreign(self._session) is None:
                 prof.stop()
@@ -301,6 +306,7 @@ class RankCapture:
                 )
             )
             return
+        self._workers.exported(folder, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
         self._answer(replace(status, last_step=last))  # ``last`` is earlier if the run ended
 

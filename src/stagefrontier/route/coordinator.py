@@ -40,6 +40,7 @@ from .requests import (
     manual_answer_key,
     status_key,
 )
+from .worker_profile import worker_findings
 
 logger = logging.getLogger("stagefrontier")
 
@@ -437,6 +438,7 @@ class Coordinator:
         if incident["captured"] and len(local) == len(files):
             live = [live_window(w) for w in self.live]
             analyze_traces(incident, local, live, self.config.gates, self.out_dir)
+            worker_findings(incident, self.live)
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
         self._write(incident)
         self._cleanup(request)

@@ -1,0 +1,104 @@
+"""One rank of a small DDP job whose batches come from a DataLoader with 2 worker processes, run
+under torchrun (``python -m torch.distributed.run --nproc-per-node 4 loader_job.py OUT MODE``).
+
+``MODE`` places a 120 ms stall per step on rank 2: ``workers`` in the dataset (``slow_sample``:
+30 ms per sample, 8 samples per batch, 240 ms per batch in each of the 2 workers), ``transfer``
+in the main process as each batch is received from a worker (a batch that takes 120 ms to
+unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. The model's own step takes
+about 25 ms (a sleep in the forward), so the workers must supply a batch every ~25 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, default_collate
+
+from loader_support import Samples
+from stagefrontier import ProfilerRouter, StageTimer
+
+STALL_RANK = 2
+SAMPLE_S = 0.03
+RECEIVE_S = 0.12
+BATCH = 8
+STEPS = 30
+WINDOW = 10
+COMPUTE_S = 0.025
+
+
+def receive(batch: torch.Tensor, delay_s: float) -> torch.Tensor:
+    """Unpacks a batch in the main process (``delay_s`` late: the transfer stall)."""
+    if delay_s:
+        time.sleep(delay_s)
+    return batch
+
+
+class SlowToReceive:
+    """A batch whose unpacking in the main process takes ``delay_s``."""
+
+    def __init__(self, batch: torch.Tensor, delay_s: float) -> None:
+        self.batch, self.delay_s = batch, delay_s
+
+    def __reduce__(self) -> Any:
+        return receive, (self.batch, self.delay_s)
+
+
+class Collate:
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, samples: list[torch.Tensor]) -> SlowToReceive:
+        return SlowToReceive(default_collate(samples), self.delay_s)
+
+
+def main(out_dir: str, mode: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    stalled = rank == STALL_RANK
+    samples = Samples(BATCH * (STEPS + 4), SAMPLE_S if stalled and mode == "workers" else 0.0)
+    loader = DataLoader(
+        samples,
+        batch_size=BATCH,
+        num_workers=2,
+        collate_fn=Collate(RECEIVE_S if stalled and mode == "transfer" else 0.0),
+    )
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    timer = StageTimer(
+        window=WINDOW,
+        out_dir=out_dir,
+        collect_timeout_s=20.0,
+        log=False,
+        router=ProfilerRouter(capture_timeout_s=20.0),
+    )
+    for step, x in enumerate(timer.iter(loader)):
+        if step == STEPS:
+            break
+        with timer.step():
+            with timer.stage("model.fwd_loss_cpu_wall"):
+                time.sleep(COMPUTE_S)
+                loss = model(x).sum()
+            with timer.stage("model.backward_cpu_wall"):
+                loss.backward()
+            with timer.stage("optim.step_cpu_wall"):
+                optimizer.step()
+                optimizer.zero_grad()
+    timer.close()
+    del model
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

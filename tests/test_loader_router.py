@@ -1,0 +1,103 @@
+"""DataLoader workers under the profiler router, in real 4-rank Gloo DDP jobs under torchrun
+(``loader_job.py``): 2 worker processes per rank, a 120 ms stall on rank 2 either in the dataset
+(``slow_sample``, in the workers) or in the main process as each batch arrives (a slow transfer).
+
+The window records carry every rank's worker figures; the incident names the worker function
+from the workers' own profiles when they are saturated, and says the wait is elsewhere when they
+idle. Nothing asserts a duration: only which rank, which function, and which side of the loader.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from recorder_support import read_records
+from stagefrontier.route import list_incidents
+
+RANKS = 4
+STALL = 2
+JOB = Path(__file__).with_name("loader_job.py")
+DEADLINE_S = 300
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    out = tmp_path / mode
+    out.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={RANKS}",
+        "--max-restarts=0",
+        str(JOB),
+        str(out),
+        mode,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_records(out)
+    incidents = list_incidents(out)
+    assert len(incidents) == 1, [i["reasons"] for i in incidents]
+    return records, incidents[0]
+
+
+def test_slow_workers_are_saturated_and_the_incident_names_the_dataset_function(
+    tmp_path: Path,
+) -> None:
+    records, incident = _run(tmp_path, "workers")
+    for record in records:
+        figures = record["loader_workers"]
+        assert sorted(figures) == [str(r) for r in range(RANKS)], figures
+        assert all(f["workers"] == 2 and f["per_batch_s"] > 0 for f in figures.values())
+        assert not any(figures[str(r)]["saturated"] for r in range(RANKS) if r != STALL)
+        assert all(
+            figures[str(STALL)]["busy"] > f["busy"]
+            for f in figures.values()
+            if f is not figures[str(STALL)]
+        )
+    opened = next(r for r in records if r["window"] == incident["window"])
+    assert opened["loader_workers"][str(STALL)]["saturated"] is True
+    assert incident["stage"] == "data.next_wait" and incident["leader_rank"] == STALL
+    assert incident["captured"], incident["reasons"]
+    top = incident["worker_op_diff"][0]
+    assert "slow_sample" in top["name"] and "sleep" in top["name"], top
+    assert top["suspect_ms_per_batch"] > top["reference_ms_per_batch"]
+    folder = tmp_path / "workers" / "incidents" / incident["id"]
+    for rank in incident["ranks"]:
+        assert (folder / f"rank{rank}.workers.json").exists()
+        assert sorted(p.name for p in folder.glob(f"rank{rank}.worker*.prof")) == [
+            f"rank{rank}.worker0.prof",
+            f"rank{rank}.worker1.prof",
+        ]
+    needed = incident["loader"]["workers_needed"]
+    assert needed > 2
+    assert (
+        f"speed up `slow_sample` or raise num_workers (at least {needed})"
+        in (incident["loader_advice"])
+    )
+    assert "slow_sample" in (folder / "incident.md").read_text()
+
+
+def test_a_slow_transfer_in_the_main_process_reads_as_idle_workers(tmp_path: Path) -> None:
+    records, incident = _run(tmp_path, "transfer")
+    for record in records:
+        figures = record["loader_workers"]
+        assert sorted(figures) == [str(r) for r in range(RANKS)], figures
+        assert not any(f["saturated"] for f in figures.values()), figures
+    assert incident["stage"] == "data.next_wait" and incident["leader_rank"] == STALL
+    assert incident["captured"], incident["reasons"]
+    assert incident["loader"]["saturated"] is False
+    advice = incident["loader_advice"]
+    assert "idle" in advice and "not in the dataset" in advice, advice
