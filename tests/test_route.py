@@ -241,12 +241,11 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
 
 
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
-    from stagefrontier import ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
-    timer = StageTimer(
+    timer = StageTimer(  # no regression check: its captures would spend the budget first
         window=5,
-        out_dir=tmp_path,
-        collect="local",
+        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
         router=ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0),
     )
     cli = subprocess.Popen(
