@@ -33,6 +33,10 @@ BATCH = 8
 STEPS = 30
 WINDOW = 10
 COMPUTE_S = 0.025
+MANUAL_AT = 12
+"""Rank 0 asks for a capture here if the router has not decided one by itself: two workers
+deliver their batches in pairs, so the rank that waits longest for data can change every other
+step and the window may not single out a leader."""
 
 
 def receive(batch: torch.Tensor, delay_s: float) -> torch.Tensor:
@@ -75,16 +79,20 @@ def main(out_dir: str, mode: str) -> None:
     )
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # One incident per run: the router's own decision, or else the request made at step 12.
+    router = ProfilerRouter(capture_timeout_s=20.0, max_captures=1)
     timer = StageTimer(
         window=WINDOW,
         out_dir=out_dir,
         collect_timeout_s=20.0,
         log=False,
-        router=ProfilerRouter(capture_timeout_s=20.0),
+        router=router,
     )
     for step, x in enumerate(timer.iter(loader)):
         if step == STEPS:
             break
+        if step == MANUAL_AT and rank == 0:
+            router.request_capture([STALL_RANK, 0], stage="data.next_wait")
         with timer.step():
             with timer.stage("model.fwd_loss_cpu_wall"):
                 time.sleep(COMPUTE_S)

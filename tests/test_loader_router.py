@@ -5,6 +5,9 @@
 The window records carry every rank's worker figures; the incident names the worker function
 from the workers' own profiles when they are saturated, and says the wait is elsewhere when they
 idle. Nothing asserts a duration: only which rank, which function, and which side of the loader.
+The incident is the router's own decision or, when the window does not single out a leader (two
+workers deliver their batches in pairs, so which rank waits longest changes every other step),
+the capture rank 0 asks for at step 12: one incident either way (``max_captures=1``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ the next ones; after ``baseline_windows`` windows in a row above it, those windo
 baseline (a lasting change is reported for that long, then taken as the new normal). A
 regression is split exactly into stage advance changes with ``analysis.compare``.
 
-<<<<<<< HEAD
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
 node summaries combine exactly (to their stated rounding). Which ranks grew needs each rank's
@@ -28,15 +27,14 @@ rank grew when the smallest mean now exceeds the largest baseline mean by that m
 listed (the ``top_k`` slowest ranks now) are lower bounds; ``rank_deltas_exact`` says when every
 one is exact (each rank was kept in every baseline window, as when the summaries keep every
 rank).
-=======
+
 While the baseline fills (fewer than ``min_baseline`` windows), its first windows may be a
 warm-up (compilation, cold caches: two to ten times slower). A new window that the baseline so
 far would count as slower than itself, by the same rule with the two sides swapped, shows that
 those windows were a warm-up: they leave the baseline, which starts again from the new window.
-A window above the threshold of a baseline still filling is held out of it and flagged when
-the window after it is above too (never on a first jump), so that a slowdown right after a
-warm-up is caught.
->>>>>>> main
+A window above the threshold of a baseline still filling is held out of it, and flagged only
+when it exceeds twice the threshold and the window before it was above too (never on a first
+jump), so that a slowdown right after a warm-up is caught.
 """
 
 from __future__ import annotations
@@ -172,7 +170,9 @@ class RegressionCheck:
         increase, threshold = self._shift(base, exposed)
         if increase <= threshold:
             return None, False
-        if not self._above and (filling or increase <= 2 * threshold):
+        if filling and not (self._above and increase > 2 * threshold):
+            return None, True  # against a baseline still filling: two large jumps in a row
+        if not self._above and increase <= 2 * threshold:
             return None, True
         found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],

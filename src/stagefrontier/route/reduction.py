@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from ..formats.limits import regular_file_inside
+from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
 from .confirm import LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
@@ -19,9 +22,12 @@ def analyze_traces(
     files: dict[int, str],
     live: list[LiveWindow],
     gates: Any,
+    run_dir: str | os.PathLike[str],
 ) -> None:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
-    ``stagefrontier incident`` offline: then only the op diff is computed)."""
+    ``stagefrontier incident`` offline: then only the op diff is computed). An earlier trace
+    the incident names as its reference is read only when it is a regular file inside
+    ``run_dir``, the run's output folder."""
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
@@ -47,23 +53,39 @@ def analyze_traces(
         try:
             mine = stage_op_times(files[suspect], incident["stage"], steps)
             earlier = incident.get("reference_capture")
-            if earlier and Path(earlier["path"]).exists():
+            earlier_file = earlier and reference_file(earlier, run_dir, incident["reasons"])
+            if earlier and earlier_file:
                 first_ref, last_ref = earlier["steps"]
                 theirs = stage_op_times(
-                    earlier["path"], incident["stage"], range(first_ref, last_ref + 1)
+                    earlier_file, incident["stage"], range(first_ref, last_ref + 1)
                 )
             elif reference in files and reference != suspect:
                 theirs = stage_op_times(files[reference], incident["stage"], steps)
             else:
                 theirs = None
-                if earlier:
-                    incident["reasons"].append(
-                        f"the reference trace {earlier['path']} is not on this host"
-                    )
             incident["op_diff"] = op_diff(mine, theirs)
         except Exception as exc:
             logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
             incident["reasons"].append(f"op diff failed: {exc}")
+
+
+def reference_file(
+    earlier: dict[str, Any], run_dir: str | os.PathLike[str], reasons: list[str]
+) -> Path | None:
+    """The earlier trace a regression's incident is diffed against: its path when that is a
+    regular file inside the run folder, else the same file name in its incident's folder there
+    (a run folder copied from its host); None, with a reason, when neither is."""
+    path = Path(earlier["path"])
+    found = regular_file_inside(path, run_dir)
+    incident = earlier.get("incident")
+    if found is None and is_plain_name(incident):
+        found = regular_file_inside(Path(run_dir, "incidents", str(incident), path.name), run_dir)
+    if found is None:
+        reasons.append(
+            f"the reference trace {earlier['path']} is not a regular file inside the run "
+            "folder on this host: diffed against nothing"
+        )
+    return found
 
 
 def live_window(window: AnalyzedWindow) -> LiveWindow:
