@@ -112,7 +112,7 @@ def _request_next(router: Any, requested: int, job: CaptureJob) -> int:
         from stagefrontier.route.requests import MANUAL_KEY, ManualRequest, RequestChannel
 
         channel = RequestChannel(router.store)
-        channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), HUGE_STEPS).encode())
+        channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), HUGE_STEPS, id="capped").encode())
         channel.close()
     else:
         router.request_capture(ranks)

@@ -83,7 +83,7 @@ def _run_folder(folder: Path) -> Path:
 
 def test_the_report_and_the_incident_suggest_the_working_command(tmp_path: Path) -> None:
     folder = _run_folder(tmp_path / "run dir")
-    incident = new_incident("w00000", "actionable")
+    incident = new_incident("w00000", "window")
     trace = folder / "incidents" / "w00000" / "rank2.pt.trace.json.gz"
     incident.update(captured=True, steps=[3, 5], leader_rank=2, trace_files={"2": str(trace)})
     write_incident(trace.parent, incident)

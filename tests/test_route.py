@@ -100,7 +100,7 @@ def test_requests_round_trip_and_reject_bad_values() -> None:
     assert request.last_step == 44
     status = CaptureStatus("w00001", 2, "captured", path="/x", size=3, host="h")
     assert CaptureStatus.decode(status.encode()) == status
-    manual = ManualRequest((2, 0), 5)
+    manual = ManualRequest((2, 0), 5, id="c0ffee")
     assert ManualRequest.decode(manual.encode()) == manual
     for bad in (b"not json", b"[1]", b'{"id": "x", "ranks": [], "first_step": 1, "steps": 1}'):
         with pytest.raises(ReportFormatError):
@@ -189,6 +189,11 @@ def test_op_diff_ranks_self_time_inside_the_stage_by_user_function(tmp_path: Pat
 # --- one process, end to end --------------------------------------------------------------------
 
 
+UNTIL_DONE = 100_000
+"""Steps a test trains while a command it started runs: a bound the command's own wait ends
+long before."""
+
+
 def _train(timer: Any, steps: int, done: Any = None) -> int:
     import torch
 
@@ -236,15 +241,12 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
 
 
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
-    from stagefrontier import ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
-    timer = StageTimer(
+    timer = StageTimer(  # no regression check: its captures would spend the budget first
         window=5,
-        out_dir=tmp_path,
-        collect="local",
-        # A loaded machine's slow windows can read as regressions and take captures of their
-        # own: the budget leaves room for the one asked here.
-        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0, max_captures=100),
+        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
+        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
     )
     cli = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
@@ -252,13 +254,14 @@ def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) ->
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    try:
-        ran = _train(timer, 600, done=lambda: cli.poll() is not None)
+    try:  # until the command ends (it waits at most 60 s once it runs: a loaded machine may
+        # take many steps to start it)
+        ran = _train(timer, UNTIL_DONE, done=lambda: cli.poll() is not None)
     finally:
         timer.close()
         out, _ = cli.communicate(timeout=60)
     assert cli.returncode == 0, out
-    assert ran < 600
+    assert ran < UNTIL_DONE
     folder = Path(out.strip())
     assert folder.parent == (tmp_path / "incidents").resolve()
     assert read_incident(folder)["captured"]

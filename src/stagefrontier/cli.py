@@ -420,17 +420,19 @@ def _run_incident(args: argparse.Namespace) -> int:
     from .route.html import write_html
     from .route.offline import incident_folders, reduce_offline, run_folder
 
-    folders = incident_folders(args.dir)
+    folders, skipped = incident_folders(args.dir)
+    for problem in skipped:
+        _warn(problem)
     if not folders:
-        print(f"no incidents in {args.dir}")
+        print(printable(f"no {'readable ' if skipped else ''}incidents in {args.dir}"))
     for folder in folders:
         incident, reduced = reduce_offline(folder)
         if reduced:
-            print(f"(reduced the traces of {incident['id']} now)")
+            print(printable(f"(reduced the traces of {incident['id']} now)"))
         else:  # the page again: its figures may be drawable now (matplotlib installed since)
             write_html(folder, incident, run_folder(folder))
         print(render_markdown(incident))
-        print(f"Files: {folder}/incident.json, incident.md, incident.html")
+        print(printable(f"Files: {folder}/incident.json, incident.md, incident.html"))
     return EXIT_OK
 
 
@@ -454,27 +456,31 @@ def _add_capture(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _run_capture(args: argparse.Namespace) -> int:
     from .route.manual import request_capture
-    from .route.requests import MAX_CAPTURE_STEPS
 
     host, _, port = args.store.rpartition(":")
-    try:
-        ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
-    except ValueError:
-        raise StageFrontierError(
-            f"--ranks must be comma-separated integers: {args.ranks}"
-        ) from None
-    if not host or not port.isdigit() or not ranks:
-        raise StageFrontierError("use --store HOST:PORT --ranks R[,R] --steps N")
-    if not 1 <= args.steps <= MAX_CAPTURE_STEPS:
-        raise StageFrontierError(f"--steps must be in [1, {MAX_CAPTURE_STEPS}], got {args.steps}")
+    words = args.ranks.split(",")
+    if not host or not port.isdigit():
+        raise StageFrontierError(f"--store {args.store!r}: expected HOST:PORT")
+    if not all(w.strip().isdigit() for w in words):
+        raise StageFrontierError(f"--ranks {args.ranks!r}: expected ranks such as 2,0")
     answer = request_capture(
-        host, int(port), ranks, args.steps, args.stage, args.run_id, args.attempt, args.wait
+        host,
+        int(port),
+        [int(w) for w in words],
+        args.steps,
+        args.stage,
+        args.run_id,
+        args.attempt,
+        args.wait,
     )
     if answer is None:
         print(f"no answer within {args.wait:g} s (is the job running with a ProfilerRouter?)")
         return EXIT_FAILED
-    print(answer)
-    return EXIT_OK if not answer.startswith("refused") else EXIT_FAILED
+    if answer.state == "refused":
+        print(printable(f"refused: {answer.text}"))
+        return EXIT_FAILED
+    print(printable(answer.text))
+    return EXIT_OK
 
 
 # --- entry point ----------------------------------------------------------------------------------

@@ -10,17 +10,22 @@ variable                           default     bounds
 =================================  ==========  =================================================
 ``STAGEFRONTIER_MAX_PACKET_BYTES`` 64 MiB      an evidence packet file
 ``STAGEFRONTIER_MAX_RECORDS_BYTES`` 256 MiB    a ``windows.jsonl`` file (16 MiB a line)
+``STAGEFRONTIER_MAX_INCIDENT_BYTES`` 16 MiB    an ``incident.json`` file
 ``STAGEFRONTIER_MAX_TRACE_BYTES``  1 GiB       a JSON trace, after decompression
 ``STAGEFRONTIER_MAX_INFLATE_RATIO`` 50         inflated / compressed size (``.json.gz``, ``.npz``)
 ``STAGEFRONTIER_MAX_CELLS``        2**25       steps x ranks x stages of a packet or ``.npz``
 ``STAGEFRONTIER_MAX_WORLD_SIZE``   2**17       a world size stated by a trace or asked for
 =================================  ==========  =================================================
+
+Only regular files are read: a FIFO, a device (``/dev/zero``) or a socket is refused before a
+byte is read, so a path planted in an input can neither block a reader nor feed it without end.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +48,9 @@ LIMITS = {
     "records_bytes": Limit(
         "STAGEFRONTIER_MAX_RECORDS_BYTES", 256 * MiB, "bytes for a windows.jsonl"
     ),
+    "incident_bytes": Limit(
+        "STAGEFRONTIER_MAX_INCIDENT_BYTES", 16 * MiB, "bytes for an incident.json"
+    ),
     "trace_bytes": Limit("STAGEFRONTIER_MAX_TRACE_BYTES", 1024 * MiB, "bytes for a JSON trace"),
     "inflate_ratio": Limit(
         "STAGEFRONTIER_MAX_INFLATE_RATIO", 50, "times the compressed size when inflated"
@@ -50,6 +58,17 @@ LIMITS = {
     "cells": Limit("STAGEFRONTIER_MAX_CELLS", 1 << 25, "steps x ranks x stages in a window"),
     "world_size": Limit("STAGEFRONTIER_MAX_WORLD_SIZE", 1 << 17, "ranks in a world"),
 }
+MAX_CAPTURE_STEPS = 100
+"""The most steps one profiler capture spans: the profiler holds every event in memory until it
+stops. A request for more is refused where a person makes it (``request_capture``,
+``stagefrontier capture``) and capped, with a reason, where it is read from the store; an
+incident on disk stating a longer span is refused."""
+MAX_NAMED_RANKS = 64
+"""The most ranks one capture request or incident may name (a suspect and a reference are two)."""
+MAX_TEXT = 4096
+"""The longest stage name, reason, path or host a capture request, answer or incident carries."""
+MAX_STEP = 2**62
+"""A global step number beyond any run's length, within int64."""
 RECORD_LINE_BYTES = 16 * MiB
 """The longest ``windows.jsonl`` line read (a record is a few kB)."""
 _CHUNK = MiB
@@ -99,11 +118,46 @@ def read_capped(path: str | os.PathLike[str], name: str) -> bytes:
         ReportFormatError: the file is larger than the limit.
         OSError: the file cannot be read.
     """
-    with Path(path).open("rb") as handle:
+    with open_regular(path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit(name):
             raise over_limit(name, f"the file is {size} bytes")
         return read_stream(handle, limit(name), name, "the file")
+
+
+def open_regular(path: str | os.PathLike[str]) -> io.BufferedReader:
+    """``path`` opened for binary reading when it is a regular file (symbolic links followed).
+    The open never blocks: a FIFO is opened without waiting for a writer, then refused with a
+    device or a socket.
+
+    Raises:
+        ReportFormatError: the path is not a regular file ("the file is not a regular file":
+            callers name it).
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReportFormatError(
+                "the file is not a regular file (a FIFO, a device or a socket): not read"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def regular_file_inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path | None:
+    """``path`` resolved (links followed) when it is a regular file inside folder ``root``; None
+    when it is missing, outside ``root`` or not a regular file. For paths an input names, such
+    as a trace an incident points to: only files of the run folder are ever opened."""
+    try:
+        real = Path(path).resolve(strict=True)
+        inside = real.is_relative_to(Path(root).resolve(strict=True))
+        return real if inside and stat.S_ISREG(real.stat().st_mode) else None
+    except (OSError, RuntimeError):  # missing, unreadable, or a loop of links
+        return None
 
 
 def read_stream(

@@ -10,7 +10,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..formats.limits import limit, over_limit, read_stream
+from ..errors import ReportFormatError
+from ..formats.limits import limit, open_regular, over_limit, read_stream
 from .errors import TraceFormatError
 
 PathLike = str | os.PathLike[str]
@@ -56,12 +57,22 @@ def trace_files(paths: Paths, suffixes: Sequence[str], kind: str) -> list[Path]:
 
 
 def open_maybe_gzip(path: Path) -> io.BufferedIOBase:
-    """Open a file for binary reading, decompressing it when it starts with the gzip magic."""
-    with path.open("rb") as probe:
-        head = probe.read(2)
-    if head == GZIP_MAGIC:
-        return gzip.open(path, "rb")
-    return path.open("rb")
+    """Open a regular file for binary reading, decompressing it when it starts with the gzip
+    magic (a FIFO or a device is refused, never waited on or read without end).
+
+    Raises:
+        TraceFormatError: not a regular file.
+        OSError: it cannot be opened.
+    """
+    try:
+        handle = open_regular(path)
+    except ReportFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+    if handle.peek(2)[:2] != GZIP_MAGIC:
+        return handle
+    inflating = gzip.GzipFile(fileobj=handle, mode="rb")
+    inflating.myfileobj = handle  # type: ignore[assignment]  # closed with it
+    return inflating
 
 
 def read_trace_bytes(path: Path, *, keep: bool = True) -> bytes:

@@ -3,58 +3,214 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..analysis.regression import regression_text
+from ..analysis.values import is_int, is_real, is_version
 from ..errors import ReportFormatError
+from ..formats.limits import (
+    MAX_CAPTURE_STEPS,
+    MAX_NAMED_RANKS,
+    MAX_STEP,
+    MAX_TEXT,
+    limit,
+    read_capped,
+)
+from ..formats.names import is_plain_name
 from .command import cli_command
+from .escape import printable, printable_lines
 from .loader_text import WORKER_ROW_NUMBERS, worker_line
 
 INCIDENT_FORMAT = "stagefrontier.incident"
 INCIDENT_VERSION = 1
 INCIDENT_FILE = "incident.json"
+TRIGGERS = ("window", "regression", "manual")
+MAX_LIST = 1000
+"""The most reasons, op diff rows or stage shares an incident may hold."""
 
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "format": str,
-    "version": int,
-    "id": str,
-    "trigger": str,
-    "window": (int, type(None)),
-    "steps": list,
-    "stage": (str, type(None)),
-    "leader_rank": (int, type(None)),
-    "reference_rank": (int, type(None)),
-    "requested_ranks": list,
-    "ranks": list,
-    "trace_files": dict,
-    "trace_hosts": dict,
-    "trace_bytes": dict,
-    "captured": bool,
-    "confirmed": (bool, type(None)),
-    "max_share_diff": (int, float, type(None)),
-    "trace_shares": dict,
-    "live_shares": dict,
-    "op_diff": list,
-    "capture_step_ms": (int, float, type(None)),
-    "baseline_step_ms": (int, float, type(None)),
-    "time_to_confirmation_s": (int, float, type(None)),
-    "reasons": list,
+Check = Callable[[Any], str]
+"""A field's check: what is wrong with the value, or "" when it is fine."""
+
+
+def _none_or(check: Check) -> Check:
+    return lambda v: "" if v is None else check(v)
+
+
+def _text(v: Any) -> str:
+    return "" if isinstance(v, str) and len(v) <= MAX_TEXT else f"text of at most {MAX_TEXT}"
+
+
+def _whole(low: int, high: int) -> Check:
+    return lambda v: "" if is_int(v) and low <= v <= high else f"an integer in {low}..{high}"
+
+
+def _number(v: Any) -> str:
+    return "" if is_real(v) and math.isfinite(v) else "a finite number"
+
+
+def _amount(v: Any) -> str:
+    return "" if is_real(v) and math.isfinite(v) and v >= 0 else "a finite number >= 0"
+
+
+def _flag(v: Any) -> str:
+    return "" if isinstance(v, bool) else "true or false"
+
+
+def _rank(v: Any) -> str:
+    return _whole(0, limit("world_size") - 1)(v) and "a rank number"
+
+
+def _ranks(v: Any) -> str:
+    ok = isinstance(v, list) and len(v) <= MAX_NAMED_RANKS and not any(map(_rank, v))
+    return "" if ok else f"a list of at most {MAX_NAMED_RANKS} rank numbers"
+
+
+def _list_of(check: Check, most: int = MAX_LIST) -> Check:
+    def checked(v: Any) -> str:
+        if not isinstance(v, list) or len(v) > most:
+            return f"a list of at most {most} items"
+        return next((f"item {i}: {p}" for i, p in enumerate(map(check, v)) if p), "")
+
+    return checked
+
+
+def _map_of(key: Check, value: Check, most: int = MAX_LIST) -> Check:
+    def checked(v: Any) -> str:
+        if not isinstance(v, dict) or len(v) > most:
+            return f"an object of at most {most} entries"
+        for k, x in v.items():
+            problem = key(k) or value(x)
+            if problem:
+                return f"entry {str(k)[:40]!r}: {problem}"
+        return ""
+
+    return checked
+
+
+def _rank_key(v: Any) -> str:
+    return "" if isinstance(v, str) and v.isdigit() and not _rank(int(v)) else "a rank number"
+
+
+def _steps(v: Any, allow_empty: bool = True) -> str:
+    if allow_empty and v == []:
+        return ""
+    if (
+        isinstance(v, list)
+        and len(v) == 2
+        and all(is_int(x) and 0 <= x <= MAX_STEP for x in v)
+        and 0 <= v[1] - v[0] < MAX_CAPTURE_STEPS
+    ):
+        return ""
+    return f"[first, last] steps, first <= last, spanning at most {MAX_CAPTURE_STEPS} steps"
+
+
+def _object(fields: dict[str, Check], optional: tuple[str, ...] = ()) -> Check:
+    def checked(v: Any) -> str:
+        if not isinstance(v, dict):
+            return "an object"
+        for name, check in fields.items():
+            if name not in v:
+                if name in optional:
+                    continue
+                return f"lacks {name!r}"
+            problem = check(v[name])
+            if problem:
+                return f"{name!r} must be {problem}"
+        return ""
+
+    return checked
+
+
+_OP_ROW = _object(
+    {
+        "name": _text,
+        "suspect_ms_per_step": _number,
+        "reference_ms_per_step": _number,
+        "diff_ms_per_step": _number,
+        "call_path": _list_of(_text),
+    },
+    optional=("diff_ms_per_step", "call_path"),
+)
+_SHARES = _map_of(_text, _number)
+_WORKER_ROW = _object({"name": _text, **dict.fromkeys(WORKER_ROW_NUMBERS, _number)})
+
+
+def _regression(v: Any) -> str:
+    """What ``regression_text`` reads: the baseline windows, the top stage and its delta, the
+    ranks."""
+    problem = _object(
+        {
+            "baseline_windows": lambda w: "" if _steps_of_windows(w) else "[first, last] windows",
+            "top_stage": _text,
+            "delta_exposed_ms_per_step": _number,
+            "delta_advance_ms_per_step": _SHARES,
+            "ranks": _ranks,
+            "all_ranks": _flag,
+        }
+    )(v)
+    if not problem and v["top_stage"] not in v["delta_advance_ms_per_step"]:
+        problem = "its top stage must have a delta"
+    return problem
+
+
+def _steps_of_windows(w: Any) -> bool:
+    return isinstance(w, list) and len(w) == 2 and all(is_int(x) and x >= 0 for x in w)
+
+
+_REFERENCE_CAPTURE = _object(
+    {
+        "path": _text,
+        "rank": _rank,
+        "steps": lambda v: _steps(v, allow_empty=False),
+        "incident": _text,
+        "from_baseline": _flag,
+    },
+    optional=("incident", "from_baseline"),
+)
+
+_FIELDS: dict[str, Check] = {
+    "id": lambda v: "" if is_plain_name(v) else "a plain name",
+    "trigger": lambda v: "" if v in TRIGGERS else f"one of {', '.join(TRIGGERS)}",
+    "window": _none_or(_whole(0, MAX_STEP)),
+    "steps": _steps,
+    "stage": _none_or(_text),
+    "leader_rank": _none_or(_rank),
+    "reference_rank": _none_or(_rank),
+    "requested_ranks": _ranks,
+    "ranks": _ranks,
+    "trace_files": _map_of(_rank_key, _text, MAX_NAMED_RANKS),
+    "trace_hosts": _map_of(_rank_key, _text, MAX_NAMED_RANKS),
+    "trace_bytes": _map_of(_rank_key, _whole(0, 2**62), MAX_NAMED_RANKS),
+    "captured": _flag,
+    "confirmed": _none_or(_flag),
+    "max_share_diff": _none_or(_amount),
+    "trace_shares": _SHARES,
+    "live_shares": _SHARES,
+    "op_diff": _list_of(_OP_ROW),
+    "capture_step_ms": _none_or(_amount),
+    "baseline_step_ms": _none_or(_amount),
+    "time_to_confirmation_s": _none_or(_amount),
+    "reasons": _list_of(_text),
 }
-"""Every field of an incident and its JSON type, checked on read."""
-_OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
-    "regression": (dict, type(None)),
-    "reference_capture": (dict, type(None)),
-    "router_cpu_s": (dict, type(None)),
-    "worker_op_diff": (list, type(None)),
-    "loader_advice": (str, type(None)),
-    "loader": (dict, type(None)),
+"""Every field of an incident and its check (type and range), run on read and before writing."""
+_OPTIONAL_FIELDS: dict[str, Check] = {
+    "regression": _none_or(_regression),
+    "reference_capture": _none_or(_REFERENCE_CAPTURE),
+    "router_cpu_s": _none_or(
+        _object({"export": _map_of(_rank_key, _amount), "reduction": _amount})
+    ),
+    "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
+    "loader_advice": _none_or(_text),
+    "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
 }
 """Fields a regression's incident adds (the regression object; the earlier trace diffed
-against), type-checked when present: incidents written before them still read."""
+against), checked when present: incidents written before them still read."""
 
 
 def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
@@ -90,93 +246,92 @@ def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
 
 
 def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
-    """The incident, validated: format, version, every field and its type, the op diff rows."""
+    """The incident, validated: format, version, and every field's type and range (ids are
+    plain names, step spans bounded, numbers finite), so that nothing a reader or renderer does
+    with it can fail or grow with what a crafted file states.
+
+    Raises:
+        ReportFormatError: naming the first field that is wrong and what it must be.
+    """
     if not isinstance(data, dict):
         raise ReportFormatError(f"{source}: an incident must be a JSON object")
     if data.get("format") != INCIDENT_FORMAT:
-        raise ReportFormatError(f"{source}: not an incident (format={data.get('format')!r})")
-    if data.get("version") != INCIDENT_VERSION:
+        raise ReportFormatError(f"{source}: not an incident (format={data.get('format')!r:.60})")
+    if not is_version(data.get("version"), INCIDENT_VERSION):
         raise ReportFormatError(
-            f"{source}: incident version {data.get('version')!r} is not supported "
+            f"{source}: incident version {data.get('version')!r:.20} is not supported "
             f"(this stagefrontier reads version {INCIDENT_VERSION})"
         )
-    for name, kinds in _FIELDS.items():
+    for name, check in {**_FIELDS, **_OPTIONAL_FIELDS}.items():
         if name not in data:
+            if name in _OPTIONAL_FIELDS:
+                continue
             raise ReportFormatError(f"{source}: incident is missing field {name!r}")
-        value = data[name]
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _tuple(kinds)):
-            raise ReportFormatError(
-                f"{source}: incident field {name!r} has type {type(value).__name__}"
-            )
-    for name, kinds in _OPTIONAL_FIELDS.items():
-        if not isinstance(data.get(name), kinds):
-            raise ReportFormatError(
-                f"{source}: incident field {name!r} has type {type(data[name]).__name__}"
-            )
-    earlier = data.get("reference_capture")
-    if earlier is not None and not (
-        isinstance(earlier.get("path"), str)
-        and isinstance(earlier.get("rank"), int)
-        and isinstance(earlier.get("steps"), list)
-        and len(earlier["steps"]) == 2
-        and all(isinstance(x, int) for x in earlier["steps"])
-    ):
-        raise ReportFormatError(f"{source}: malformed reference_capture {earlier!r:.80}")
-    if len(data["steps"]) not in (0, 2):
-        raise ReportFormatError(f"{source}: incident field 'steps' must be [first, last]")
-    for row in data["op_diff"]:
-        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
-            raise ReportFormatError(f"{source}: malformed op_diff entry {row!r}")
-        for key in ("suspect_ms_per_step", "reference_ms_per_step"):
-            if not isinstance(row.get(key), (int, float)):
-                raise ReportFormatError(f"{source}: op_diff entry lacks a number {key!r}")
-    for row in data.get("worker_op_diff") or []:
-        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
-            raise ReportFormatError(f"{source}: malformed worker_op_diff entry {row!r:.80}")
-        for key in WORKER_ROW_NUMBERS:
-            if not isinstance(row.get(key), (int, float)) or isinstance(row.get(key), bool):
-                raise ReportFormatError(f"{source}: worker_op_diff entry lacks a number {key!r}")
+        problem = check(data[name])
+        if problem:
+            raise ReportFormatError(f"{source}: incident field {name!r} must be {problem}")
     return data
 
 
-def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kinds if isinstance(kinds, tuple) else (kinds,)
-
-
 def write_incident(folder: str | os.PathLike[str], incident: dict[str, Any]) -> Path:
-    """Write ``incident.json`` (atomically) and ``incident.md``; returns the JSON path."""
+    """Write ``incident.json`` (atomically: a failed write, say on a full disk, leaves the
+    previous file and no temporary one) and ``incident.md``; returns the JSON path."""
     check_incident(incident)
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / (INCIDENT_FILE + ".tmp")
-    tmp.write_text(json.dumps(incident, indent=1, allow_nan=False))
-    os.replace(tmp, path / INCIDENT_FILE)
+    try:
+        tmp.write_text(json.dumps(incident, indent=1, allow_nan=False))
+        os.replace(tmp, path / INCIDENT_FILE)
+    finally:
+        tmp.unlink(missing_ok=True)
     (path / "incident.md").write_text(render_markdown(incident))
     return path / INCIDENT_FILE
 
 
 def read_incident(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read an incident from its folder or its ``incident.json``; raises ReportFormatError."""
+    """Read an incident from its folder or its ``incident.json`` (a regular file within the
+    ``incident_bytes`` limit); raises ReportFormatError."""
     p = Path(path)
     if p.is_dir():
         p = p / INCIDENT_FILE
     try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportFormatError(f"{p}: not a readable incident: {exc}") from None
+        data = json.loads(read_capped(p, "incident_bytes"))
+    except ReportFormatError as exc:
+        raise ReportFormatError(f"{p}: {exc}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ReportFormatError(f"{p}: not a readable incident: {_why(exc)}") from None
     return check_incident(data, str(p))
 
 
-def list_incidents(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The readable incidents under ``out_dir/incidents``, oldest first."""
-    root = Path(out_dir) / "incidents"
-    found = []
-    for path in sorted(root.glob(f"*/{INCIDENT_FILE}")):
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
+
+
+def scan_incidents(
+    out_dir: str | os.PathLike[str],
+) -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+    """The incident folders under ``out_dir/incidents`` with their incidents, found by folder
+    (a renamed or copied folder is read where it is), and one line per folder whose
+    ``incident.json`` cannot be read."""
+    found: list[tuple[Path, dict[str, Any]]] = []
+    problems: list[str] = []
+    for path in sorted((Path(out_dir) / "incidents").glob(f"*/{INCIDENT_FILE}")):
         try:
-            found.append(read_incident(path))
-        except ReportFormatError:
-            continue
-    return found
+            found.append((path.parent, read_incident(path)))
+        except ReportFormatError as exc:
+            problems.append(f"skipped {exc}")
+    return found, problems
+
+
+def list_incidents(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The readable incidents under ``out_dir/incidents``, oldest first (``scan_incidents``
+    also says which were skipped)."""
+    return [incident for _, incident in scan_incidents(out_dir)[0]]
 
 
 def verdict(incident: dict[str, Any]) -> str:
@@ -211,7 +366,8 @@ def reference_text(incident: dict[str, Any]) -> str:
 
 
 def summary_line(incident: dict[str, Any]) -> str:
-    """One line: id, stage, suspect rank, verdict, the top op-diff line."""
+    """One line (escaped: names from traces and the store stay on it): id, stage, suspect rank,
+    verdict, the top op-diff line."""
     steps = incident["steps"]
     earlier = incident.get("reference_capture")
     reference = (
@@ -239,7 +395,7 @@ def summary_line(incident: dict[str, Any]) -> str:
     cost = router_cost_text(incident)
     if cost:
         parts.append(cost)
-    return " | ".join(parts)
+    return printable(" | ".join(parts))
 
 
 def router_cost_text(incident: dict[str, Any]) -> str:
@@ -278,25 +434,29 @@ def open_commands(incident: dict[str, Any]) -> list[str]:
     """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
     diff again, the captured ranks through the analyzer (Kineto or HTA reader), the events in
     HTA (given as files: the folder also holds ``incident.json``). Each command is spelled so
-    that it runs as printed (``render.command``)."""
+    that it runs as printed (``render.command``), every path quoted for the shell
+    (``shlex.quote``; Python literals inside the ``-c`` program): a space or a ``$(...)`` in a
+    path is pasted as part of the path."""
     files = incident["trace_files"]
     if not files:
         return []
+    quote = shlex.quote
     folder = str(Path(next(iter(files.values()))).parent)
     suspect = str(incident["leader_rank"])
     rank = int(suspect) if suspect in files else int(next(iter(files)))
-    ranks = ", ".join(f"{int(r)}: '{p}'" for r, p in sorted(files.items()))
+    ranks = ", ".join(f"{int(r)}: {p!r}" for r, p in sorted(files.items()))
     hta = (
-        f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir='{folder}'); "
+        "from hta.trace_analysis import TraceAnalysis; "
+        f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir={folder!r}); "
         f"print(t.t.get_trace({rank}))"
     )
     command = cli_command()
     return [
         "# open in https://ui.perfetto.dev (or chrome://tracing): drag in "
-        + " ".join(Path(p).name for p in files.values()),
-        f"{command} incident {shlex.quote(folder)}",
-        f"{command} analyze {shlex.quote(folder)}  # every captured rank; or --format hta",
-        f'{shlex.quote(sys.executable)} -c "from hta.trace_analysis import TraceAnalysis; {hta}"',
+        + " ".join(quote(Path(p).name) for p in files.values()),
+        f"{command} incident {quote(folder)}",
+        f"{command} analyze {quote(folder)}  # every captured rank; or --format hta",
+        f"{quote(sys.executable)} -c {quote(hta)}",
     ]
 
 
@@ -381,7 +541,7 @@ def render_markdown(incident: dict[str, Any]) -> str:
     commands = open_commands(incident)
     if commands:
         lines += ["Open the traces:", "", "```", *commands, "```", ""]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _ms(value: float | None) -> str:

@@ -273,16 +273,17 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from .incident import list_incidents, summary_line
+    from .incident import scan_incidents, summary_line
 
-    incidents = list_incidents(run.folder)
-    if not incidents:
+    found, skipped = scan_incidents(run.folder)
+    if not found and not skipped:
         return []
     return [
         "",
-        f"Incidents ({len(incidents)}; `{cli_command()} incident {shlex.quote(str(run.folder))}`"
+        f"Incidents ({len(found)}; `{cli_command()} incident {shlex.quote(str(run.folder))}`"
         " for details):",
-        *(f"  {summary_line(incident)}" for incident in incidents),
+        *(f"  {summary_line(incident)}" for _, incident in found),
+        *(f"  {problem}" for problem in skipped),
     ]
 
 

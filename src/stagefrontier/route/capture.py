@@ -93,6 +93,7 @@ class RankCapture:
         self._submit = submit  # runs a job on the router thread
         self._answer = answer  # posts a status (on the router thread)
         self._request: CaptureRequest | None = None
+        self._withdrawn: tuple[str, str] | None = None  # (request id, why), set by the router
         self._prof: Any = None
         self._step_scope: Any = None
         self._saved: dict[str, Any] | None = None
@@ -114,6 +115,17 @@ class RankCapture:
             return
         self._request = request
         self._timer._capture = True
+
+    def pending(self) -> str | None:
+        """The id of the armed request that has not started yet (read on the router thread: a
+        capture may start right after)."""
+        request = self._request
+        return request.id if request is not None and self._prof is None else None
+
+    def withdraw(self, request_id: str, reason: str) -> None:
+        """The store no longer holds request ``request_id``: if it has not started by the next
+        step, it never will (the training thread answers it skipped with ``reason``)."""
+        self._withdrawn = (request_id, reason)
 
     # ------------------------------------------------------------------ training thread
     def on_step(self, step: int) -> None:
@@ -163,6 +175,10 @@ class RankCapture:
             self._timer._capture = False
             return
         if self._prof is None:
+            withdrawn = self._withdrawn
+            if withdrawn is not None and withdrawn[0] == request.id:
+                self._give_up(withdrawn[1])
+                return
             if step < request.first_step - LEAD_IN_STEPS:
                 return
             if step > request.first_step:

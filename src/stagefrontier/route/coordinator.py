@@ -14,28 +14,30 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
+from ..formats.limits import regular_file_inside
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
+from ..render.escape import printable
 from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
 from .decide import Decision, decide, regression_decision, start_margin
 from .reduction import analyze_traces, live_window
 from .requests import (
-    MANUAL_ANSWER_KEY,
     MANUAL_KEY,
     MAX_CAPTURE_STEPS,
     REQUEST_KEY,
     CaptureRequest,
     CaptureStatus,
+    ManualAnswer,
     ManualRequest,
     RequestChannel,
+    manual_answer_key,
     status_key,
 )
 from .worker_profile import worker_findings
@@ -77,6 +79,8 @@ class _Open:
     opened: float
     deadline: float
     answers: dict[int, CaptureStatus] = field(default_factory=dict)
+    manual_id: str | None = None
+    """The id of the manual request it answers (``stagefrontier capture`` waits for it)."""
 
 
 class Coordinator:
@@ -87,11 +91,15 @@ class Coordinator:
         out_dir: str,
         channel: RequestChannel,
         current_step: Callable[[], int],
+        world_size: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.out_dir = out_dir
         self.channel = channel
         self.current_step = current_step
+        self.world_size = world_size
+        self.local_requests: deque[ManualRequest] = deque()
+        """Requests made by ``ProfilerRouter.request_capture`` in this process, oldest first."""
         self.windows: queue.SimpleQueue[AnalyzedWindow] = queue.SimpleQueue()
         self.live: deque[AnalyzedWindow] = deque(maxlen=LIVE_WINDOWS)
         self.open: _Open | None = None
@@ -147,8 +155,9 @@ class Coordinator:
         self.pages_pending.clear()
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
-        """A manual request from Python on rank 0 (scheduled at the next tick)."""
-        self.channel.write(MANUAL_KEY, ManualRequest(tuple(ranks), steps, stage).encode())
+        """A manual request from Python on rank 0 (scheduled at a tick with no incident open,
+        after the ones before it)."""
+        self.local_requests.append(ManualRequest(tuple(ranks), steps, stage))
 
     def _delete_previous_attempt(self) -> None:
         """A torchelastic restart: the previous attempt's open request and manual keys."""
@@ -157,7 +166,7 @@ class Coordinator:
             return
         try:
             old = RequestChannel(self.channel.base, previous)
-            old.delete(REQUEST_KEY, MANUAL_KEY, MANUAL_ANSWER_KEY)
+            old.delete(REQUEST_KEY, MANUAL_KEY)
         except Exception as exc:
             logger.debug("stagefrontier router: deleting stale request keys failed: %s", exc)
 
@@ -227,22 +236,40 @@ class Coordinator:
         while len(self.window_steps) > WINDOW_STEPS_KEPT:
             del self.window_steps[next(iter(self.window_steps))]
 
-    def _manual(self) -> None:
+    def _next_manual(self) -> ManualRequest | None:
+        """The oldest request made in this process, else the one in the store's manual slot
+        (taken out of it, so the next client can write)."""
+        if self.local_requests:
+            return self.local_requests.popleft()
         try:
             data = self.channel.read(MANUAL_KEY)
+            if data is None:
+                return None
+            self.channel.delete(MANUAL_KEY)
         except Exception as exc:
             logger.debug("stagefrontier router: reading manual requests failed: %s", exc)
-            return
-        if data is None:
-            return
-        self.channel.delete(MANUAL_KEY)
+            return None
         try:
-            manual = ManualRequest.decode(data)
+            return ManualRequest.decode(data)
         except ReportFormatError as exc:
-            logger.warning("stagefrontier router: manual request rejected: %s", exc)
+            logger.warning("stagefrontier router: manual request rejected: %s", printable(str(exc)))
+            return None
+
+    def _manual(self) -> None:
+        manual = self._next_manual()
+        if manual is None:
+            return
+        world = self.world_size() if self.world_size is not None else None
+        outside = [r for r in manual.ranks if world is not None and r >= world]
+        if outside:
+            self._refuse_manual(
+                manual,
+                f"rank{'s' if len(outside) > 1 else ''} {','.join(map(str, outside))} "
+                f"outside the job's {world} ranks",
+            )
             return
         if self.captures >= self.config.max_captures:
-            self._answer_manual(f"refused: max_captures={self.config.max_captures} reached")
+            self._refuse_manual(manual, f"max_captures={self.config.max_captures} reached")
             return
         last = self.live[-1] if self.live else None
         stage = manual.stage or (last.report.top1 if last is not None else None)
@@ -257,7 +284,12 @@ class Coordinator:
             window=last.merged.reference.window if last is not None else -1,
             reasons=(f"manual request for ranks {ranks}, {manual.steps} steps{capped}",),
         )
-        self._open(decision, "manual", ranks, steps)
+        self._open(decision, "manual", ranks, steps, manual_id=manual.id)
+
+    def _refuse_manual(self, manual: ManualRequest, why: str) -> None:
+        logger.warning("stagefrontier router: manual capture refused: %s", why)
+        if manual.id is not None:
+            self._answer_manual(ManualAnswer(manual.id, "refused", why))
 
     def _open(
         self,
@@ -266,6 +298,7 @@ class Coordinator:
         ranks: list[int],
         steps: int | None = None,
         extra: dict[str, Any] | None = None,
+        manual_id: str | None = None,
     ) -> None:
         attempt = current_attempt()[1]
         window = decision.window
@@ -285,8 +318,13 @@ class Coordinator:
             requested_ranks=list(ranks),
             reasons=[
                 *decision.reasons,
-                f"start margin {margin} steps at {self.step_s * 1e3:.1f} "
-                f"ms/step and a {self.config.poll_s * 1e3:.0f} ms poll",
+                f"start margin {margin} steps at "
+                + (
+                    f"{self.step_s * 1e3:.1f} ms/step"
+                    if math.isfinite(self.step_s)
+                    else "an unknown step time (no window analyzed yet)"
+                )
+                + f" and a {self.config.poll_s * 1e3:.0f} ms poll",
             ],
             **(extra or {}),
         )
@@ -299,8 +337,10 @@ class Coordinator:
             incident["reasons"].append(f"writing the request failed: {exc}")
             self._write(incident)
             self.next_window = max(window, 0) + self.config.cooldown_windows + 1
+            if manual_id is not None:
+                self._answer_manual(ManualAnswer(manual_id, "refused", f"writing failed: {exc}"))
             return
-        self.open = _Open(request, incident, now, deadline)
+        self.open = _Open(request, incident, now, deadline, manual_id=manual_id)
         self.captures += 1
         self.next_window = max(window, 0) + self.config.cooldown_windows + 1
         logger.info(
@@ -363,8 +403,11 @@ class Coordinator:
                 continue
             if answer.reason:  # why a capture ended early, or was capped
                 reasons.append(f"rank {rank}: {answer.reason}")
-            if answer.host == host and not Path(answer.path).exists():
-                reasons.append(f"rank {rank}'s trace {answer.path} never appeared on disk")
+            if answer.host == host and regular_file_inside(answer.path, self.out_dir) is None:
+                reasons.append(
+                    f"rank {rank}'s trace {answer.path} never appeared on disk as a regular "
+                    "file inside the run folder"
+                )
                 continue
             files[rank] = answer.path
             if answer.host == host:
@@ -400,13 +443,18 @@ class Coordinator:
             step_ms = incident["capture_step_ms"] or self.step_s * 1e3
             budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
             live = [live_window(w) for w in self.live]
-            reduction = analyze_traces(incident, local, live, self.config.gates, budget)
+            reduction = analyze_traces(
+                incident, local, live, self.config.gates, self.out_dir, budget
+            )
             worker_findings(incident, self.live)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
         self._write(incident)
         self._cleanup(request)
+        if current.manual_id is not None:
+            folder = str(incident_dir(self.out_dir, request.id).resolve())
+            self._answer_manual(ManualAnswer(current.manual_id, "opened", folder))
         logger.info("stagefrontier: %s", summary_line(incident))
 
     def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:
@@ -461,11 +509,9 @@ class Coordinator:
             self.channel.delete(REQUEST_KEY, *(status_key(request.id, r) for r in request.ranks))
         except Exception as exc:
             logger.debug("stagefrontier router: cleaning up request keys failed: %s", exc)
-        if "-manual" in request.id:
-            self._answer_manual(str(incident_dir(self.out_dir, request.id).resolve()))
 
-    def _answer_manual(self, text: str) -> None:
+    def _answer_manual(self, answer: ManualAnswer) -> None:
         try:
-            self.channel.write(MANUAL_ANSWER_KEY, text.encode())
+            self.channel.write(manual_answer_key(answer.id), answer.encode())
         except Exception as exc:
             logger.debug("stagefrontier router: answering a manual request failed: %s", exc)

@@ -9,31 +9,34 @@ from typing import Any
 
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
+from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
-from ..render.incident import INCIDENT_FILE, list_incidents, read_incident, write_incident
+from ..render.incident import INCIDENT_FILE, read_incident, scan_incidents, write_incident
 from .confirm import LiveWindow
 from .html import write_html
 from .reduction import analyze_traces
 
 
-def incident_folders(path: str | os.PathLike[str]) -> list[Path]:
-    """The incident folders of ``path``: itself when it holds ``incident.json``, else those under
-    ``path/incidents``."""
+def incident_folders(path: str | os.PathLike[str]) -> tuple[list[Path], list[str]]:
+    """The incident folders of ``path``: itself when it holds ``incident.json``, else the
+    readable ones under ``path/incidents``; and one line per folder skipped (unreadable)."""
     p = Path(path)
-    if (p / INCIDENT_FILE).exists():
-        return [p]
+    if os.path.lexists(p / INCIDENT_FILE):
+        return [p], []
     if not p.is_dir():
         raise StageFrontierError(f"{p} is neither an incident folder nor an output folder")
-    return [p / "incidents" / i["id"] for i in list_incidents(p)]
+    found, problems = scan_incidents(p)
+    return [folder for folder, _ in found], problems
 
 
 def local_traces(folder: Path, incident: dict[str, Any]) -> dict[int, str]:
     """The incident's trace files found in ``folder``, by rank (the folder may have been copied
-    from the host that wrote it, so each is looked up by its name)."""
+    from the host that wrote it, so each is looked up by its name), each a regular file inside
+    the folder (a link out of it, a FIFO or a device is never read)."""
     files: dict[int, str] = {}
     for rank, path in incident["trace_files"].items():
-        local = folder / Path(path).name
-        if local.is_file():
+        local = regular_file_inside(folder / Path(path).name, folder)
+        if local is not None:
             files[int(rank)] = str(local)
     return files
 
@@ -53,8 +56,10 @@ def incident_traces(folder: Path) -> dict[int, str]:
 
 
 def run_folder(incident_folder: Path) -> Path:
-    """``out_dir`` of ``out_dir/incidents/<id>``."""
-    return incident_folder.parent.parent
+    """``out_dir`` of ``out_dir/incidents/<id>``; the incident folder itself when it was copied
+    out of its run folder (nothing outside it is then read)."""
+    parent = incident_folder.parent
+    return parent.parent if parent.name == "incidents" else incident_folder
 
 
 def packet_windows(out_dir: Path) -> list[LiveWindow]:
@@ -90,7 +95,7 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
     if len(files) < len(incident["trace_files"]):
         return incident, False
     out_dir = run_folder(folder)
-    analyze_traces(incident, files, packet_windows(out_dir), gates)
+    analyze_traces(incident, files, packet_windows(out_dir), gates, out_dir)
     incident["reasons"].append("reduced offline by `stagefrontier incident`")
     write_incident(folder, incident)
     write_html(folder, incident, out_dir)

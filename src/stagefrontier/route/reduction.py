@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..formats.limits import regular_file_inside
+from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
 from ..reducers.kineto import load_trace
 from .confirm import LiveWindow, confirm, live_slice
@@ -27,11 +30,13 @@ def analyze_traces(
     files: dict[int, str],
     live: list[LiveWindow],
     gates: Any,
+    run_dir: str | os.PathLike[str],
     budget_s: float | None = None,
 ) -> float:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
-    ``stagefrontier incident`` offline: then only the op diff is computed). Returns the CPU
-    seconds it took.
+    ``stagefrontier incident`` offline: then only the op diff is computed). An earlier trace
+    the incident names as its reference is read only when it is a regular file inside
+    ``run_dir``, the run's output folder. Returns the CPU seconds it took.
 
     ``budget_s``: the CPU the reduction may take (live: the captured steps' own wall time, at
     least ``MIN_BUDGET_S``). The confirmation always runs; the suspect's op diff runs while the
@@ -50,7 +55,7 @@ def analyze_traces(
         )
         return True
 
-    _analyze(incident, files, live, gates, over)
+    _analyze(incident, files, live, gates, run_dir, over)
     return time.thread_time() - start
 
 
@@ -59,6 +64,7 @@ def _analyze(
     files: dict[int, str],
     live: list[LiveWindow],
     gates: Any,
+    run_dir: str | os.PathLike[str],
     over: Callable[[str], bool],
 ) -> None:
     first, last = incident["steps"]
@@ -96,12 +102,15 @@ def _analyze(
             )
             earlier = incident.get("reference_capture")
             has_reference = bool(earlier) or (reference in files and reference != suspect)
+            earlier_file = None
             if has_reference and over("the reference's side of the op diff"):
                 theirs = None
-            elif earlier and Path(earlier["path"]).exists():
+            elif earlier and (
+                earlier_file := reference_file(earlier, run_dir, incident["reasons"])
+            ):
                 first_ref, last_ref = earlier["steps"]
                 theirs = stage_op_times(
-                    earlier["path"], incident["stage"], range(first_ref, last_ref + 1)
+                    earlier_file, incident["stage"], range(first_ref, last_ref + 1)
                 )
             elif reference in files and reference != suspect:
                 theirs = stage_op_times(
@@ -109,10 +118,6 @@ def _analyze(
                 )
             else:
                 theirs = None
-                if earlier:
-                    incident["reasons"].append(
-                        f"the reference trace {earlier['path']} is not on this host"
-                    )
             incident["op_diff"] = op_diff(mine, theirs)
         except Exception as exc:
             logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
@@ -122,6 +127,25 @@ def _analyze(
 def _events(loaded: dict[Path, tuple[dict[str, Any], list[Any]]], path: str) -> list[Any] | None:
     item = loaded.get(Path(path))
     return None if item is None else item[1]
+
+
+def reference_file(
+    earlier: dict[str, Any], run_dir: str | os.PathLike[str], reasons: list[str]
+) -> Path | None:
+    """The earlier trace a regression's incident is diffed against: its path when that is a
+    regular file inside the run folder, else the same file name in its incident's folder there
+    (a run folder copied from its host); None, with a reason, when neither is."""
+    path = Path(earlier["path"])
+    found = regular_file_inside(path, run_dir)
+    incident = earlier.get("incident")
+    if found is None and is_plain_name(incident):
+        found = regular_file_inside(Path(run_dir, "incidents", str(incident), path.name), run_dir)
+    if found is None:
+        reasons.append(
+            f"the reference trace {earlier['path']} is not a regular file inside the run "
+            "folder on this host: diffed against nothing"
+        )
+    return found
 
 
 def live_window(window: AnalyzedWindow) -> LiveWindow:

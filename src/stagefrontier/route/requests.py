@@ -7,37 +7,40 @@ request:
 * ``route/request``: the one open request (JSON: id, ranks, first step, step count, stage);
 * ``route/status/<id>/r<rank>``: a named rank's answer (captured, skipped or failed, with the
   trace path, its size and host);
-* ``route/manual``: a request from outside the job (``stagefrontier capture``) for rank 0 to
-  schedule; rank 0 answers it in ``route/manual/answer`` with the incident id.
+* ``route/manual``: the slot for a request from outside the job (``stagefrontier capture``):
+  a client fills it only while it is empty (compare-and-set), rank 0 empties it when it reads
+  the request, and answers in ``route/manual/answer/<request id>`` (the incident folder, or why
+  the request was refused), so two clients never read each other's answer.
 
 Rank 0 deletes the request and the answers when the incident closes. Every value is small JSON,
-validated on read; nothing is unpickled.
+validated field by field on read (types, ranges, ids as plain names); nothing is unpickled.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..analysis.values import is_int
 from ..errors import ReportFormatError
-
-logger = logging.getLogger("stagefrontier")
+from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
+from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP, MAX_TEXT, limit
+from ..formats.names import plain_name
 
 REQUEST_KEY = "route/request"
 MANUAL_KEY = "route/manual"
-MANUAL_ANSWER_KEY = "route/manual/answer"
-MAX_CAPTURE_STEPS = 100
-"""The most steps one capture profiles: the profiler holds every event in memory until it stops.
-A request for more is refused where a person makes it (``request_capture``, ``stagefrontier
-capture``) and capped, with a reason, where it is read from the store."""
+MANUAL_ANSWER_PREFIX = "route/manual/answer/"
 MAX_VALUE_BYTES = 64 << 10
 """A request or answer larger than this is rejected as corrupt before it is parsed."""
 
 
 def status_key(request_id: str, rank: int) -> str:
     return f"route/status/{request_id}/r{rank}"
+
+
+def manual_answer_key(request_id: str) -> str:
+    return MANUAL_ANSWER_PREFIX + request_id
 
 
 @dataclass(frozen=True)
@@ -59,21 +62,15 @@ class CaptureRequest:
 
     @classmethod
     def decode(cls, data: bytes) -> CaptureRequest:
-        obj = _load(data, "capture request")
-        try:
-            ranks = tuple(int(r) for r in obj["ranks"])
-            request = cls(
-                id=str(obj["id"]),
-                ranks=ranks,
-                first_step=int(obj["first_step"]),
-                steps=int(obj["steps"]),
-                stage=None if obj.get("stage") is None else str(obj["stage"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReportFormatError(f"malformed capture request: {exc}") from None
-        if request.steps < 1 or request.first_step < 0 or not ranks or min(ranks) < 0:
-            raise ReportFormatError(f"capture request out of range: {obj}")
-        return request
+        what = "capture request"
+        obj = _load(data, what)
+        return cls(
+            id=plain_name(_field(obj, "id", what), f"{what} id"),
+            ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
+            first_step=_int(obj, "first_step", what, 0, MAX_STEP),
+            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is captured
+            stage=_text(obj, "stage", what, optional=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,42 +94,90 @@ class CaptureStatus:
 
     @classmethod
     def decode(cls, data: bytes) -> CaptureStatus:
-        obj = _load(data, "capture status")
-        try:
-            status = cls(**{k: obj[k] for k in obj if k in cls.__dataclass_fields__})
-        except TypeError as exc:
-            raise ReportFormatError(f"malformed capture status: {exc}") from None
-        if status.state not in ("captured", "skipped", "failed"):
-            raise ReportFormatError(f"unknown capture state {status.state!r}")
-        return status
+        what = "capture status"
+        obj = _load(data, what)
+        state = _field(obj, "state", what)
+        if state not in ("captured", "skipped", "failed"):
+            raise ReportFormatError(f"unknown capture state {str(state)[:40]!r}")
+        return cls(
+            id=plain_name(_field(obj, "id", what), f"{what} id"),
+            rank=_int(obj, "rank", what, 0, limit("world_size") - 1),
+            state=state,
+            reason=_text(obj, "reason", what, default=""),
+            path=_text(obj, "path", what, default=""),
+            size=_int(obj, "size", what, 0, 2**62, default=0),
+            host=_text(obj, "host", what, default=""),
+            first_step=_int(obj, "first_step", what, -1, MAX_STEP, default=-1),
+            last_step=_int(obj, "last_step", what, -1, MAX_STEP, default=-1),
+        )
 
 
 @dataclass(frozen=True)
 class ManualRequest:
-    """A request from outside the job: which ranks, how many steps, optionally the stage."""
+    """A request from outside the job: which ranks, how many steps, optionally the stage.
+    ``id`` (a plain name the client chose) keys the answer; a request made in rank 0's own
+    process (``ProfilerRouter.request_capture``) has none and gets no answer."""
 
     ranks: tuple[int, ...]
     steps: int
     stage: str | None = None
+    id: str | None = None
 
     def encode(self) -> bytes:
-        obj = {"ranks": list(self.ranks), "steps": self.steps, "stage": self.stage}
+        obj = {"id": self.id, "ranks": list(self.ranks), "steps": self.steps, "stage": self.stage}
         return json.dumps(obj).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> ManualRequest:
-        obj = _load(data, "manual capture request")
-        try:
-            request = cls(
-                tuple(int(r) for r in obj["ranks"]),
-                int(obj["steps"]),
-                None if obj.get("stage") is None else str(obj["stage"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReportFormatError(f"malformed manual capture request: {exc}") from None
-        if not request.ranks or request.steps < 1 or min(request.ranks) < 0:
-            raise ReportFormatError(f"manual capture request out of range: {obj}")
-        return request
+        what = "manual capture request"
+        obj = _load(data, what)
+        return cls(
+            ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
+            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is scheduled
+            stage=_text(obj, "stage", what, optional=True),
+            id=plain_name(_field(obj, "id", what), f"{what} id"),
+        )
+
+
+@dataclass(frozen=True)
+class ManualAnswer:
+    """Rank 0's answer to one manual request: ``opened`` (``text`` is the incident folder) or
+    ``refused`` (``text`` says why)."""
+
+    id: str
+    state: str
+    text: str
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ManualAnswer:
+        what = "manual capture answer"
+        obj = _load(data, what)
+        state = _field(obj, "state", what)
+        if state not in ("opened", "refused"):
+            raise ReportFormatError(f"unknown manual answer state {str(state)[:40]!r}")
+        return cls(
+            id=plain_name(_field(obj, "id", what), f"{what} id"),
+            state=state,
+            text=_text(obj, "text", what, default=""),
+        )
+
+
+def ranks_field(value: Any, what: str) -> tuple[int, ...]:
+    """A non-empty list of at most ``MAX_NAMED_RANKS`` rank numbers within the world size
+    limit, duplicates dropped (first kept)."""
+    top = limit("world_size") - 1
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= MAX_NAMED_RANKS
+        or not all(is_int(r) and 0 <= r <= top for r in value)
+    ):
+        raise ReportFormatError(
+            f"{what} must be a list of 1 to {MAX_NAMED_RANKS} ranks in 0..{top}: {str(value)[:60]}"
+        )
+    return tuple(dict.fromkeys(int(r) for r in value))
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:
@@ -142,9 +187,47 @@ def _load(data: bytes, what: str) -> dict[str, Any]:
         obj = json.loads(bytes(data).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReportFormatError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ReportFormatError(f"{what} is nested too deeply to be a request") from None
     if not isinstance(obj, dict):
         raise ReportFormatError(f"{what} must be a JSON object")
     return obj
+
+
+_MISSING = object()
+
+
+def _field(obj: dict[str, Any], key: str, what: str, default: Any = _MISSING) -> Any:
+    if key in obj:
+        return obj[key]
+    if default is _MISSING:
+        raise ReportFormatError(f"{what} lacks {key!r}")
+    return default
+
+
+def _int(
+    obj: dict[str, Any], key: str, what: str, low: int, high: int, default: Any = _MISSING
+) -> int:
+    value = _field(obj, key, what, default)
+    if not is_int(value) or not low <= value <= high:
+        raise ReportFormatError(f"{what} {key!r} must be an integer in {low}..{high}")
+    return int(value)
+
+
+def _text(
+    obj: dict[str, Any],
+    key: str,
+    what: str,
+    *,
+    optional: bool = False,
+    default: Any = _MISSING,
+) -> Any:
+    value = _field(obj, key, what, None if optional else default)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise ReportFormatError(f"{what} {key!r} must be text of at most {MAX_TEXT} characters")
+    return value
 
 
 class RequestChannel:

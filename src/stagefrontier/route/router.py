@@ -24,6 +24,7 @@ from ..record.settings import (
     check_number,
     check_optional_text,
 )
+from ..render.escape import printable
 from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
@@ -133,6 +134,7 @@ class RouterRuntime:
         self._channel = RequestChannel(config.store)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
+        self._rejected: bytes | None = None  # the last request value refused (warned once)
         self._dead = False
         self.capture = RankCapture(
             timer,
@@ -170,6 +172,7 @@ class RouterRuntime:
             out_dir=self._timer.out_dir,
             channel=self._channel,
             current_step=lambda: int(self._timer._step_index),
+            world_size=lambda: int(self._timer.world_size),
         )
         sinks = getattr(collector, "sinks", None)
         if isinstance(sinks, list):
@@ -237,26 +240,45 @@ class RouterRuntime:
             logger.warning("stagefrontier: router store unavailable, router off: %s", exc)
             self._dead = True
             return
-        if data is None:
+        request = self._decode(data)
+        pending = self.capture.pending()
+        if pending is not None and (request is None or request.id != pending):
+            # The store's open request is another one (or none): the armed one is stale, from
+            # an incident rank 0 closed or a request written by hand. Drop it; the new one is
+            # armed at a later poll, once the training thread has let the old one go.
+            why = "withdrawn: " + (
+                f"request {request.id} replaced it" if request else "no longer open"
+            )
+            self.capture.withdraw(pending, why)
             return
-        try:
-            request = CaptureRequest.decode(data)
-        except ReportFormatError as exc:
-            logger.warning("stagefrontier: capture request rejected: %s", exc)
-            return
-        if request.id in self._seen:
+        if request is None or request.id in self._seen:
             return
         self._seen.add(request.id)
         if self.rank in request.ranks:
             self.capture.arm(request)
 
+    def _decode(self, data: bytes | None) -> CaptureRequest | None:
+        """The request in the key, or None: absent, or refused (warned once per value, however
+        long the value stays in the store)."""
+        if data is None or data == self._rejected:
+            return None
+        try:
+            return CaptureRequest.decode(data)
+        except ReportFormatError as exc:
+            self._rejected = data
+            logger.warning(
+                "stagefrontier: capture request rejected (ignored while it stays in the store): %s",
+                printable(str(exc)),
+            )
+            return None
+
     def _refuse_late(self) -> None:
         """A request that names this rank after its training ended is answered, not left to
         time out."""
         data = None if self._dead else self._channel.read(REQUEST_KEY)
-        if data is None:
+        request = self._decode(data)
+        if request is None:
             return
-        request = CaptureRequest.decode(data)
         if request.id not in self._seen and self.rank in request.ranks:
             self._seen.add(request.id)
             reason = f"training on rank {self.rank} ended before the request arrived"
