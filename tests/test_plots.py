@@ -104,7 +104,7 @@ def test_a_captured_incidents_window_is_left_out_and_said_when_every_window_is(
     from stagefrontier.render.incident import new_incident, write_incident
 
     run = _run(tmp_path)
-    incident = new_incident("w00001", "actionable")
+    incident = new_incident("w00001", "window")
     incident.update(captured=True, steps=[11, 13])  # inside window 1 (steps 9-17)
     write_incident(tmp_path / "incidents" / "w00001", incident)
     assert steps_to_show(run)[0].meta["window"] == 0

@@ -199,7 +199,7 @@ def _incident_folder(traces: dict[str, Path], folder: Path) -> Path:
     from stagefrontier.render.incident import new_incident, write_incident
     from trace_support import load_events, write_events
 
-    incident = new_incident("w00003", "actionable")
+    incident = new_incident("w00003", "window")
     folder.mkdir(parents=True)
     for which, rank in (("slow", 2), ("fast", 0)):
         header, events = load_events(traces[which])  # no distributedInfo: only the incident says
@@ -227,7 +227,7 @@ def test_an_incident_without_traces_is_one_clear_line(
 ) -> None:
     from stagefrontier.render.incident import new_incident, write_incident
 
-    write_incident(tmp_path, new_incident("w00001", "actionable"))
+    write_incident(tmp_path, new_incident("w00001", "window"))
     assert main(["analyze", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "incident w00001 has no trace: nothing was captured" in err and "\n" not in err[:-1]

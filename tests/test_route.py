@@ -384,8 +384,9 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     timer.close()
     incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
     assert not incident["captured"]
-    expected = "a profiler the user started" if case == "user_profiler" else "exceeds"
+    expected = "a profiler the user started" if case == "user_profiler" else "exceeds the 104 bytes"
     assert any(expected in r for r in incident["reasons"]), incident["reasons"]
+    assert not any("0.0 MiB" in r for r in incident["reasons"])  # issue 23, item 16
     assert list((tmp_path / "incidents").rglob("*.pt.trace.json.gz")) == []
 
 

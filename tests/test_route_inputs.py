@@ -551,3 +551,86 @@ def test_a_stale_far_future_request_does_not_block_later_captures(
     assert code == 0, (out, err)
     incident = read_incident(Path(out.strip()))
     assert not any("another capture" in r for r in incident["reasons"]), incident["reasons"]
+
+
+# --- the small list (item 16) and the bound of a compare side (item 6) ---------------------------
+
+
+def test_a_corrupt_incident_is_named_by_incident_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stagefrontier.formats.run_folder import load_run
+    from stagefrontier.render.text import run_report_text
+    from test_cli_bad_inputs import run_folder
+
+    out_dir = run_folder(tmp_path / "run")
+    captured_incident(out_dir, "w00001")
+    bad = out_dir / "incidents" / "w00002" / "incident.json"
+    bad.parent.mkdir()
+    bad.write_text("{not json")
+    code, out, err = run(["incident", str(out_dir)], capsys)
+    assert code == 0 and "Incident w00001" in out
+    assert f"skipped {bad}: not a readable incident" in err
+    assert f"skipped {bad}" in run_report_text(load_run(out_dir))
+
+
+def test_a_renamed_incident_folder_is_read_where_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, _ = captured_incident(tmp_path, "w00001")
+    folder.rename(folder.with_name("w00001-copy"))
+    code, out, err = run(["incident", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "Incident w00001" in out and "w00001-copy/incident.json" in out
+
+
+def test_a_request_before_any_window_says_the_step_time_is_unknown(tmp_path: Path) -> None:
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.route.coordinator import Coordinator
+    from test_route import _Channel
+
+    coordinator = Coordinator(
+        ProfilerRouter(), out_dir=str(tmp_path), channel=_Channel(), current_step=lambda: 0
+    )  # type: ignore[arg-type]
+    coordinator.request_capture([0], 2)
+    coordinator.tick()
+    assert coordinator.open is not None
+    reasons = " ".join(coordinator.open.incident["reasons"])
+    assert "nan" not in reasons and "unknown step time" in reasons
+
+
+@pytest.mark.parametrize("command", ["compare", "analyze"])
+def test_stages_naming_no_stage_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    from test_cli_bad_inputs import run_folder
+
+    out_dir = str(run_folder(tmp_path / "run"))
+    argv = [command, out_dir, out_dir] if command == "compare" else [command, out_dir]
+    assert_one_line_error(*run([*argv, "--stages", ",,"], capsys), "names no stage")
+
+
+def test_compare_says_dev_zero_is_not_a_packet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_line_error(
+        *run(["compare", "/dev/zero", "/dev/zero"], capsys), "neither a packet file nor"
+    )
+
+
+def test_a_compare_side_is_bounded_whatever_the_number_of_packets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6: eight packets within the limits each took 5.9 GB together. A side now holds at
+    most the cell limit of one window in all, and says so."""
+    from stagefrontier.formats.limits import LIMITS
+    from stagefrontier.formats.packet import read_packet
+    from test_cli_bad_inputs import run_folder
+
+    out_dir = run_folder(tmp_path / "run")  # two windows
+    cells = read_packet(next((out_dir / "packets").glob("*.json"))).d.size
+    monkeypatch.setenv(LIMITS["cells"].env, str(cells + cells // 2))
+    code, _, err = run(["compare", f"{out_dir}:0", f"{out_dir}:1"], capsys)
+    assert code == 0, err  # one window a side fits
+    assert_one_line_error(
+        *run(["compare", str(out_dir), f"{out_dir}:1"], capsys),
+        f"more than {cells + cells // 2} steps x ranks x stages in all",
+    )

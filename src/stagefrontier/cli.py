@@ -137,9 +137,20 @@ def _window(text: str | None) -> tuple[int | None, int | None]:
     return int(text), None
 
 
+def _stage_list(text: str | None) -> list[str] | None:
+    """``--stages A,B,...``: the names, or None when the option is not given; a list that names
+    no stage (``,,``) is refused."""
+    if text is None:
+        return None
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    if not stages:
+        raise StageFrontierError(f"--stages {text!r} names no stage: expected A,B,...")
+    return stages
+
+
 def _run_analyze(args: argparse.Namespace) -> int:
     window, attempt = _window(args.window)
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    stages = _stage_list(args.stages)
     paths: list[Path] = args.paths
     trace = _trace_options(args)
     if len(paths) == 1 and (paths[0] / INCIDENT_FILE).is_file():
@@ -320,7 +331,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from .formats.sides import load_side
     from .render.compare_text import render_comparison
 
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    stages = _stage_list(args.stages)
     result = compare(load_side(args.base), load_side(args.new), stages)
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_comparison(result))
     if args.plot:

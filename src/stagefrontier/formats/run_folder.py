@@ -57,8 +57,8 @@ def load_run(folder: str | Path) -> RunWindows:
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
     packets = sorted(
-        (_read_packet(p) for p in (path / "packets").glob("window-*.json")),
-        key=lambda packet: (_index(packet.meta, "attempt"), _index(packet.meta, "window")),
+        (read_named_packet(p) for p in (path / "packets").glob("window-*.json")),
+        key=lambda packet: window_order(packet.meta),
     )
     jsonl = path / WINDOWS_FILE
     records = read_records(jsonl) if jsonl.exists() else []
@@ -67,11 +67,17 @@ def load_run(folder: str | Path) -> RunWindows:
     return RunWindows(path, packets, records)
 
 
-def _read_packet(path: Path) -> Packet:
+def read_named_packet(path: Path) -> Packet:
+    """A packet file, its defects named with its path (ReportFormatError)."""
     try:
         return read_packet(path)
     except ReportFormatError as exc:
         raise ReportFormatError(f"{path}: {exc}") from None
+
+
+def window_order(meta: dict[str, Any]) -> tuple[int, int]:
+    """Where a packet sorts in its run: (restart attempt, window)."""
+    return _index(meta, "attempt"), _index(meta, "window")
 
 
 def _index(meta: dict[str, Any], key: str) -> int:

@@ -1,5 +1,11 @@
 """What one side of ``stagefrontier compare`` names: an output folder, one packet, or a window
-range of a folder (``DIR:3-7``, ``DIR:3-``, ``DIR:-7``, ``DIR:5``; both ends included)."""
+range of a folder (``DIR:3-7``, ``DIR:3-``, ``DIR:-7``, ``DIR:5``; both ends included).
+
+A side is bounded: the windows it takes hold at most ``STAGEFRONTIER_MAX_CELLS`` steps x ranks x
+stages in all (the limit of one window, ``formats.limits``), so a comparison never holds more
+than that many float64 durations per side, whatever the number of packets. A folder's packets
+are read one at a time; those outside the range are dropped as soon as they are read.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import re
 from pathlib import Path
 
 from ..analysis.compare import CompareError, Side
+from .limits import LIMITS, limit
 from .packet import Packet, read_packet
-from .run_folder import load_run
+from .run_folder import read_named_packet, window_order
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
 
@@ -17,25 +24,54 @@ def load_side(spec: str) -> Side:
     """The packets ``spec`` names, as one comparison side; raises StageFrontierError."""
     path, first, last = parse_side(spec)
     if path.is_file():
-        packets = [read_packet(path)]
+        chosen = [read_packet(path)]
+        held = _windows(chosen)
     elif path.is_dir():
-        packets = load_run(path).packets
-        if not packets:
-            raise CompareError(
-                f"{path} has no per-rank packets (packets/window-*.json): comparing needs the "
-                "per-rank matrices, which a run collected hierarchically keeps on its nodes"
-            )
+        chosen, held = _folder_side(spec, path, first, last)
+    elif path.exists():
+        raise CompareError(f"{path} is neither a packet file nor an output folder")
     else:
         raise CompareError(f"{path} does not exist")
-    chosen = [p for p in packets if _in_range(p, first, last)]
+    chosen = [p for p in chosen if _in_range(p, first, last)]
     if not chosen:
-        raise CompareError(f"{spec}: no window in that range (the folder has {_windows(packets)})")
+        raise CompareError(f"{spec}: no window in that range (the folder has {held})")
     stages = {p.stages for p in chosen}
     if len(stages) != 1:
         raise CompareError(f"{spec}: its windows use different stage schemas")
     return Side.from_windows(
         spec, [p.d for p in chosen], chosen[0].stages, [p.report.labels for p in chosen]
     )
+
+
+def _folder_side(
+    spec: str, path: Path, first: int | None, last: int | None
+) -> tuple[list[Packet], str]:
+    """The folder's packets in the range, in window order, their cells summed against the
+    bound as they are read; and which windows the folder holds (for a message)."""
+    cap = limit("cells")
+    chosen: list[Packet] = []
+    indices: list[int] = []
+    cells = 0
+    for file in sorted((path / "packets").glob("window-*.json")):
+        packet = read_named_packet(file)
+        indices.append(_window(packet))
+        if not _in_range(packet, first, last):
+            continue
+        cells += packet.d.size
+        if cells > cap:
+            raise CompareError(
+                f"{spec}: its windows hold more than {cap} steps x ranks x stages in all, the "
+                f"most one side of a comparison holds (set {LIMITS['cells'].env} to raise it, or "
+                "compare a window range, DIR:FIRST-LAST)"
+            )
+        chosen.append(packet)
+    if not indices:
+        raise CompareError(
+            f"{path} has no per-rank packets (packets/window-*.json): comparing needs the "
+            "per-rank matrices, which a run collected hierarchically keeps on its nodes"
+        )
+    chosen.sort(key=lambda p: window_order(p.meta))
+    return chosen, _span(indices)
 
 
 def parse_side(spec: str) -> tuple[Path, int | None, int | None]:
@@ -62,5 +98,9 @@ def _in_range(packet: Packet, first: int | None, last: int | None) -> bool:
 
 
 def _windows(packets: list[Packet]) -> str:
-    indices = sorted({_window(p) for p in packets})
-    return f"windows {indices[0]}-{indices[-1]}" if indices else "no windows"
+    return _span([_window(p) for p in packets])
+
+
+def _span(indices: list[int]) -> str:
+    ordered = sorted(set(indices))
+    return f"windows {ordered[0]}-{ordered[-1]}" if ordered else "no windows"

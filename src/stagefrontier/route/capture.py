@@ -363,8 +363,8 @@ class RankCapture:
                 self._status(
                     request,
                     "failed",
-                    f"trace of {size / 2**20:.1f} MiB exceeds the "
-                    f"{self._max_trace_bytes / 2**20:.1f} MiB limit: deleted",
+                    f"trace of {size_text(size)} exceeds the "
+                    f"{size_text(self._max_trace_bytes)} limit: deleted",
                 )
             )
             return
@@ -401,3 +401,13 @@ def resident_bytes() -> int | None:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def size_text(size: int) -> str:
+    """A byte count people can compare: ``512 bytes``, ``3.4 KiB``, ``12.0 MiB`` (a small
+    limit never reads "0.0 MiB exceeds 0.0 MiB")."""
+    if size < 1 << 10:
+        return f"{size} bytes"
+    if size < 1 << 20:
+        return f"{size / 2**10:.1f} KiB"
+    return f"{size / 2**20:.1f} MiB"
