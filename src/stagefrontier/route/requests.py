@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..analysis.values import is_int
+from ..analysis.values import is_int, is_real
 from ..errors import ReportFormatError
 from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
 from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP, MAX_TEXT, limit
@@ -109,6 +109,7 @@ class CaptureStatus:
             host=_text(obj, "host", what, default=""),
             first_step=_int(obj, "first_step", what, -1, MAX_STEP, default=-1),
             last_step=_int(obj, "last_step", what, -1, MAX_STEP, default=-1),
+            export_cpu_s=_seconds(obj, "export_cpu_s", what),
         )
 
 
@@ -212,6 +213,17 @@ def _int(
     if not is_int(value) or not low <= value <= high:
         raise ReportFormatError(f"{what} {key!r} must be an integer in {low}..{high}")
     return int(value)
+
+
+MAX_SECONDS = 86400.0
+
+
+def _seconds(obj: dict[str, Any], key: str, what: str) -> float:
+    """A duration in seconds, 0 when absent (answers written before the field)."""
+    value = _field(obj, key, what, 0.0)
+    if not is_real(value) or not 0 <= value <= MAX_SECONDS:
+        raise ReportFormatError(f"{what} {key!r} must be a number of seconds in 0..{MAX_SECONDS}")
+    return float(value)
 
 
 def _text(
