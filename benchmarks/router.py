@@ -8,7 +8,14 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
   every rank's is about the same under DDP), and the captured ranks' own figures from the
   incident (``capture_step_ms`` vs ``baseline_step_ms``);
 * the size of each trace, and the time from the incident's opening to its confirmation;
+* the CPU the incident cost the router's background threads: each captured rank's trace export
+  and rank 0's reduction (the incident's ``router_cpu_s``), against the captured steps' own
+  wall time, and the router threads' CPU summed over the run's windows (each window's rank
+  maximum, ``self_cost.router_cpu_s``: polling, export, reduction, incident files);
 * the size of an evidence packet (what the always-on path writes per window) beside them.
+
+``--json`` also writes the figures as JSON; ``--before FILE`` adds a column with the figures of
+an earlier revision's ``--json`` (run the same command there first).
 
     python benchmarks/router.py
     python benchmarks/router.py --out router.md
@@ -18,6 +25,7 @@ Wall-clock figures on a shared machine: read them with the load average recorded
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -56,7 +64,16 @@ def measure(out_dir: Path) -> dict[str, Any]:
     during = [job_step[t] for t in range(first, last + 1)]
     outside = [job_step[t] for t in range(WARMUP_STEPS, config.steps) if not first <= t <= last]
     packets = sorted((out_dir / "packets").glob("*.json"))
+    records = [json.loads(line) for line in (out_dir / "windows.jsonl").read_text().splitlines()]
+    router_s = sum(r.get("self_cost", {}).get("router_cpu_s", {}).get("max", 0.0) for r in records)
+    cost = incident.get("router_cpu_s") or {}
+    export = cost.get("export") or {}
     return {
+        "router_thread_cpu_s": router_s,
+        "export_cpu_s": sum(export.values()) if export else None,
+        "reduction_cpu_s": cost.get("reduction"),
+        "captured_wall_s": incident["capture_step_ms"] * (last - first + 1) / 1e3,
+        "trace_kib": sum(incident["trace_bytes"].values()) / 1024,
         "incident": incident,
         "during_ms": statistics.mean(during) * 1e3,
         "outside_ms": statistics.median(outside) * 1e3,
@@ -65,7 +82,36 @@ def measure(out_dir: Path) -> dict[str, Any]:
     }
 
 
-def render(result: dict[str, Any], load_start: str, load_end: str) -> str:
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    """The CPU table: this revision, and the earlier one's figures beside them when given."""
+    rows = [
+        ("captured steps' own wall time", "captured_wall_s"),
+        ("trace export, summed over the captured ranks", "export_cpu_s"),
+        ("reduction (confirmation and op diff) on rank 0", "reduction_cpu_s"),
+        ("router threads over the whole run (sum of each window's rank max)",
+         "router_thread_cpu_s"),
+    ]  # fmt: skip
+    head = "| CPU of the incident | this revision |" + (" before |" if before else "")
+    lines = [head, "|---|---:|" + ("---:|" if before else "")]
+    for label, key in rows:
+        line = f"| {label} | {_seconds(now.get(key))} |"
+        if before:
+            line += f" {_seconds(before.get(key))} |"
+        lines.append(line)
+    lines.append(
+        f"| traces written (both ranks) | {now['trace_kib']:.0f} KiB |"
+        + (f" {before['trace_kib']:.0f} KiB |" if before else "")
+    )
+    return lines
+
+
+def render(
+    result: dict[str, Any], load_start: str, load_end: str, before: dict[str, Any] | None = None
+) -> str:
     incident = result["incident"]
     first, last = incident["steps"]
     traces = ", ".join(
@@ -101,6 +147,9 @@ def render(result: dict[str, Any], load_start: str, load_end: str) -> str:
             f"| top op diff | `{top['name']}`: {top['suspect_ms_per_step']:.1f} vs "
             f"{top['reference_ms_per_step']:.1f} ms/step |"
         )
+    lines += ["", *cost_rows(result, before)]
+    if before:
+        lines += ["", f"Before: {before['label']}, load average {before['load']}."]
     lines += [
         "",
         "The time to confirmation runs from the request (written when window 0 is analyzed) "
@@ -115,11 +164,21 @@ def render(result: dict[str, Any], load_start: str, load_end: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = script_parser("router", __doc__)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--before", type=Path, help="an earlier revision's --json figures")
+    parser.add_argument("--label", default="this revision", help="what --json's figures are")
     args = parser.parse_args(argv)
     load_start = load_text()
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(Path(tmp) / "demo")
-    text = render(result, load_start, load_text())
+    load_end = load_text()
+    before = json.loads(args.before.read_text()) if args.before else None
+    text = render(result, load_start, load_end, before)
+    if args.json:
+        keys = ("router_thread_cpu_s", "export_cpu_s", "reduction_cpu_s", "captured_wall_s")
+        figures = {k: result[k] for k in (*keys, "trace_kib")}
+        figures.update(label=args.label, load=f"{load_start} -> {load_end}")
+        args.json.write_text(json.dumps(figures), encoding="utf-8")
     print(text)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)

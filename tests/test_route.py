@@ -224,7 +224,7 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
 ) -> None:
     from stagefrontier import ProfilerRouter, StageTimer
 
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=5.0)
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)  # one window: the step time is measured
     router.request_capture([0])
@@ -246,7 +246,7 @@ def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) ->
     timer = StageTimer(  # no regression check: its captures would spend the budget first
         window=5,
         collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0),
+        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
     )
     cli = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
@@ -369,7 +369,7 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     from stagefrontier import ProfilerRouter, StageTimer
 
     limit = 1e-4 if case == "size_limit" else 200.0
-    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=5.0, max_trace_mb=limit)
+    router = ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0, max_trace_mb=limit)
     timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
     _train(timer, 5)
     router.request_capture([0])
@@ -402,7 +402,7 @@ def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace
     from stagefrontier.route.coordinator import Coordinator
     from stagefrontier.route.requests import REQUEST_KEY, status_key
 
-    config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=5.0)
+    config = ProfilerRouter(cooldown_windows=0, capture_timeout_s=30.0)
     channel = _Channel()
     step = [0]
     coordinator = Coordinator(

@@ -84,6 +84,12 @@ class HookClock:
         """The next step's data wait starts now (unless a step is open)."""
         if self._step is None:
             self._mark = _now()
+            waits = self._timer._wait_ranges
+            if waits is not None:  # the router captures: the wait is a profiler range too
+                try:
+                    waits.open_gap()
+                except Exception:
+                    self._fail()
 
     def begin_step(self, stage: str | None = None, *, microsteps: bool = False) -> None:
         """Open a step whose data wait ran from the last mark to now; then ``stage``."""
@@ -95,6 +101,9 @@ class HookClock:
             mark, self._mark = self._mark, None
             if mark is not None:
                 charge_data_wait(self._timer, _now() - mark)
+            waits = self._timer._wait_ranges
+            if waits is not None:
+                waits.close_gap()
             step = self._timer.step()
             step.__enter__()
             self._step = step
@@ -145,7 +154,7 @@ class HookClock:
             if step is not None:
                 step.__exit__(None, None, None)
             self.microstep_index = -1
-            self._mark = _now()
+            self.mark()
         except Exception:
             self._fail()
 

@@ -5,9 +5,13 @@ the stage. A trace captured while the timer runs then carries the stage boundari
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ..analysis.schema import STEP_ANNOTATION
+from ..analysis.wait_rule import consuming_step, wait_range_name
+
+T = TypeVar("T")
 
 
 class ProfilerRanges:
@@ -44,3 +48,51 @@ class ProfilerRanges:
 def step_range_name(step: int) -> str:
     """``stagefrontier.step#<global step>``: the step id lines up across ranks' traces."""
     return f"{STEP_ANNOTATION}#{step}"
+
+
+class WaitRanges:
+    """The between-step data waits of a capturing timer as profiler ranges.
+
+    While a rank captures, the router installs one of these: ``timer.iter`` fetches through
+    ``next_item``, ``timer.fetch`` through ``fetch``, and a framework callback's hook clock
+    opens a range at the end of a step (``open_gap``) that the next step's beginning closes
+    (``close_gap``). Each range is named for the step that consumes the batch
+    (``analysis.wait_rule``), the step the live record charges the wait to. Nothing of this
+    runs outside a capture.
+    """
+
+    def __init__(self, timer: Any, ranges: ProfilerRanges) -> None:
+        self._timer = timer
+        self._ranges = ranges
+        self._stage = str(timer.stages[0])
+        self._gap: Any = None
+
+    def _open(self) -> Any:
+        from .timer_state import OUTSIDE, PAUSED
+
+        t = self._timer
+        step = consuming_step(t._step_index, t._active is not OUTSIDE and t._active is not PAUSED)
+        return self._ranges.open(wait_range_name(self._stage, step))
+
+    def next_item(self, iterator: Iterator[T]) -> T:
+        scope = self._open()
+        try:
+            return next(iterator)
+        finally:
+            self._ranges.close(scope)
+
+    def fetch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        scope = self._open()
+        try:
+            return type(self._timer).fetch(self._timer, fn, *args, **kwargs)  # type: ignore[no-any-return]
+        finally:
+            self._ranges.close(scope)
+
+    def open_gap(self) -> None:
+        self.close_gap()
+        self._gap = self._open()
+
+    def close_gap(self) -> None:
+        scope, self._gap = self._gap, None
+        if scope is not None:
+            self._ranges.close(scope)

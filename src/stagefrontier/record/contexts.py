@@ -153,6 +153,20 @@ class StepContext:
             t._violation(f"stage {active._name!r} still open at the end of the step")
 
 
+class CapturedStepContext(StepContext):
+    """The step context while the profiler router captures (the capture swaps the class of the
+    timer's one step context, and back): the step's profiler range, opened by the capture at the
+    step's start, closes as the step ends, so the trace's step spans what the live record's
+    does. Outside a capture nothing of this runs."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._nested:
+            self._timer._router.on_step_end()
+        StepContext.__exit__(self, exc_type, exc, tb)
+
+
 class AnnotatedStageContext(StageContext):
     """An ordered stage that is also a profiler (and NVTX) range of the same name."""
 
@@ -163,13 +177,16 @@ class AnnotatedStageContext(StageContext):
         self._ranges = ranges
         self._scope: Any = None
 
+    # The range opens after the stage's clock starts and closes before it stops: the range's
+    # own cost (a profiler that pauses in it) is then the stage's in the trace and in the live
+    # record alike.
     def __enter__(self) -> None:
-        self._scope = self._ranges.open(self._name)
         StageContext.__enter__(self)
+        self._scope = self._ranges.open(self._name)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        StageContext.__exit__(self, exc_type, exc, tb)
         self._ranges.close(self._scope)
+        StageContext.__exit__(self, exc_type, exc, tb)
 
 
 class AnnotatedStepContext(StepContext):

@@ -310,7 +310,7 @@ class StageTimer(TimerState):
         while True:
             start = _now()
             try:
-                item = next(iterator)
+                item = self._next_item(iterator)
             except StopIteration:
                 return
             self._charge_fetch(_now() - start)

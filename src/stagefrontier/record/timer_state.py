@@ -139,6 +139,10 @@ class TimerState:
         self._loader_workers: WorkerCounters | None = None
         self._loader_note = ""
         self._capture = False  # set by the router's thread while a capture is armed or runs
+        # What ``timer.iter`` fetches through, and the hook clocks' wait ranges: swapped for
+        # ``annotate.WaitRanges`` while the router captures (the builtin ``next`` otherwise).
+        self._next_item: Callable[[Any], Any] = next
+        self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
         self._cost = CostMeter(False, type(self))  # StageTimer sets its own
 

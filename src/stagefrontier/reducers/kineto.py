@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,8 @@ def reduce_kineto(
     paths: Paths,
     stages: Sequence[str] | None = None,
     options: TraceOptions | None = None,
+    *,
+    loaded: Mapping[Path, tuple[dict[str, Any], list[Any]]] | None = None,
     **keywords: Any,
 ) -> ReducedTrace:
     """Reduce PyTorch Profiler traces to ``d [N, R, S]`` seconds.
@@ -96,6 +98,8 @@ def reduce_kineto(
             ``missing_ranks="allow"``, ...). ``world_size`` defaults to the traces'
             ``distributedInfo.world_size``; an explicit rank mapping wins over
             ``distributedInfo.rank``.
+        loaded: ``load_trace``'s header and events of some files, already read (the router
+            reduces and op-diffs the same traces: each is parsed once).
 
     Raises:
         TraceFormatError: (or a subclass) a trace that cannot be reduced, naming the file.
@@ -103,7 +107,9 @@ def reduce_kineto(
     opts, timed, files = reducer_inputs(
         "reduce_kineto", paths, KINETO_SUFFIXES, "PyTorch Profiler", stages, options, keywords
     )
-    read = [read_kineto_file(path, timed, opts.step_name) for path in files]
+    read = [
+        read_kineto_file(path, timed, opts.step_name, (loaded or {}).get(path)) for path in files
+    ]
     notes: list[str] = []
     facts: dict[str, Any] = {}
     parts: dict[int, list[RankRanges]] = {}
@@ -132,14 +138,19 @@ def reduce_kineto(
     )
 
 
-def read_kineto_file(path: Path, stages: Sequence[str] | None, step_name: str) -> KinetoFile:
+def read_kineto_file(
+    path: Path,
+    stages: Sequence[str] | None,
+    step_name: str,
+    loaded: tuple[dict[str, Any], list[Any]] | None = None,
+) -> KinetoFile:
     """Parse one trace file and keep its step and stage ranges (absolute integer ns); with no
     stage list, every ``user_annotation`` range (the candidates to infer the stages from).
 
     Raises:
         TraceFormatError: unreadable, or every step range it holds has a malformed ts/dur.
     """
-    header, events = load_trace(path)
+    header, events = load_trace(path) if loaded is None else loaded
     base = _base_ns(header) or 0
     wanted = None if stages is None else frozenset(stages)
     spans: list[Span] = []

@@ -5,6 +5,8 @@ For each rank and step (a step range ``[start, end)``):
 * a stage range belongs to the step whose range contains its start; several ranges of one stage
   in a step are summed (as the recorder sums a re-entered stage), and a range nested inside an
   earlier range of the same name is skipped (recursion would count its time twice);
+* a between-step wait range (``<stage>@step#N``) belongs to step N and moves wall time with it,
+  by the recorder's own rule (``analysis.wait_rule.charge_waits``);
 * the residual ``step.other_cpu_wall`` is the step wall minus the timed stages, clipped at 0;
   the clipped negative part is the overlap error, reported per step and rank.
 
@@ -26,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.schema import RESIDUAL_STAGE, check_stage_names
+from ..analysis.wait_rule import charge_waits
 from ..formats.limits import check_limit
 from .errors import MisalignedStepsError, MissingRanksError, MissingStagesError, TraceFormatError
 from .files import Paths, check_unmapped, trace_files
@@ -200,7 +203,15 @@ def _rank_matrix(
     durations = np.zeros((n_all, len(timed)), dtype=np.int64)
     counts = np.zeros((n_all, len(timed)), dtype=np.int64)
     outside = nested = crossing = 0
+    wall_shift = np.zeros(n_all, dtype=np.int64)
     for k, name in enumerate(timed):
+        waits = part.waits.get(name, ())
+        if waits:
+            items = [(step, span.start_ns, span.dur_ns) for span, step in waits]
+            charged, shift, _ = charge_waits(ids, starts, ends, items)
+            durations[:, k] += charged
+            counts[:, k] += charged > 0
+            wall_shift += shift
         kept = outermost(part.stages.get(name, ()))
         nested += len(part.stages.get(name, ())) - len(kept)
         if not kept:
@@ -231,7 +242,7 @@ def _rank_matrix(
     rows = np.array([position[s] for s in step_ids], dtype=np.int64)
     timed_ns = durations[rows]
     _check_stages(part, timed, counts[rows], missing_stages, notes)
-    wall = (ends - starts)[rows]
+    wall = (ends - starts + wall_shift)[rows]
     closure = wall - timed_ns.sum(axis=1)
     out = np.empty((len(rows), len(timed) + 1), dtype=np.int64)
     out[:, :-1] = timed_ns

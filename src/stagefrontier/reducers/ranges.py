@@ -10,6 +10,9 @@ Step ranges are recognized by name:
 * ``ProfilerStep#N``: written by ``torch.profiler.profile.step()``; N is the step id.
 * ``stagefrontier.step`` or ``stagefrontier.step#N`` (the name is a parameter): a range the
   training loop emits around each optimizer step. Without ``#N`` the step ids are ordinals.
+
+A range named ``<stage>@step#N`` is a between-step wait a capturing rank recorded for step N
+(``analysis.wait_rule``): kept apart in ``RankRanges.waits`` and charged to step N.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..analysis.wait_rule import parse_wait_range
 from .errors import TraceFormatError
 from .options import TraceOptions
 
@@ -96,6 +100,8 @@ class RankRanges:
     notes: tuple[str, ...] = field(default_factory=tuple)
     off_thread: dict[str, int] = field(default_factory=dict)
     """How many ranges of each stage (or candidate) name lie on other threads (ignored)."""
+    waits: dict[str, tuple[tuple[Span, int], ...]] = field(default_factory=dict)
+    """Between-step wait ranges per stage on the training thread, with the step each is for."""
 
 
 def step_kind_of(name: str, step_name: str) -> tuple[str, int | None] | None:
@@ -113,15 +119,15 @@ def step_kind_of(name: str, step_name: str) -> tuple[str, int | None] | None:
 
 
 def wanted_name(name: str, stages: frozenset[str] | None, step_name: str) -> bool:
-    """Whether a reader must keep a range of this name: a stage or a step range; with no stage
-    list (``None``: the stages are inferred) every range is a candidate."""
-    return (
-        stages is None
-        or name in stages
-        or name.startswith(PROFILER_STEP)
-        or name == step_name
-        or name.startswith(step_name + "#")
-    )
+    """Whether a reader must keep a range of this name: a stage, a step range or a stage's
+    between-step wait; with no stage list (``None``: the stages are inferred) every range is a
+    candidate."""
+    if stages is None or name in stages:
+        return True
+    if name.startswith(PROFILER_STEP) or name == step_name or name.startswith(step_name + "#"):
+        return True
+    wait = parse_wait_range(name)
+    return wait is not None and wait[0] in stages
 
 
 def rank_ranges(
@@ -151,10 +157,15 @@ def rank_ranges(
     stage_set = None if stages is None else frozenset(stages)
     by_kind: dict[str, list[tuple[Span, int | None]]] = {"profiler": [], "annotation": []}
     stage_spans: list[Span] = []
+    wait_spans: list[tuple[Span, str, int]] = []
     for span in spans:
         kind = step_kind_of(span.name, step_name)
+        wait = None if kind is not None else parse_wait_range(span.name)
         if kind is not None:
             by_kind[kind[0]].append((span, kind[1]))
+        elif wait is not None:
+            if stage_set is None or wait[0] in stage_set:
+                wait_spans.append((span, *wait))
         elif stage_set is None or span.name in stage_set:
             stage_spans.append(span)
     kind_name = _choose_kind(by_kind, options.step_source, step_name, label)
@@ -191,6 +202,10 @@ def rank_ranges(
             on_thread.setdefault(span.name, []).append(span)
         else:
             off_thread[span.name] += 1
+    waits: dict[str, list[tuple[Span, int]]] = {}
+    for span, stage, step in wait_spans:
+        if span.thread == thread:
+            waits.setdefault(stage, []).append((span, step))
     seen_names = sorted(
         {name for name, t in seen if t == thread and (stage_set is None or name not in stage_set)}
     )
@@ -206,6 +221,7 @@ def rank_ranges(
         seen_names=tuple(seen_names[:MAX_SEEN_NAMES]),
         notes=tuple(notes),
         off_thread=dict(off_thread),
+        waits={name: tuple(v) for name, v in waits.items()},
     )
 
 
@@ -273,6 +289,10 @@ def merge_rank_ranges(parts: Sequence[RankRanges]) -> RankRanges:
         seen_names=tuple(seen[:MAX_SEEN_NAMES]),
         notes=tuple(n for p in ordered for n in p.notes),
         off_thread=dict(sum((Counter(p.off_thread) for p in ordered), Counter())),
+        waits={
+            name: tuple(w for p in ordered for w in p.waits.get(name, ()))
+            for name in dict.fromkeys(name for p in ordered for name in p.waits)
+        },
     )
 
 

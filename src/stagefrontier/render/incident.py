@@ -202,6 +202,9 @@ _FIELDS: dict[str, Check] = {
 _OPTIONAL_FIELDS: dict[str, Check] = {
     "regression": _none_or(_regression),
     "reference_capture": _none_or(_REFERENCE_CAPTURE),
+    "router_cpu_s": _none_or(
+        _object({"export": _map_of(_rank_key, _amount), "reduction": _amount})
+    ),
     "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
     "loader_advice": _none_or(_text),
     "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
@@ -238,6 +241,7 @@ def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
         "reasons": [],
         "regression": None,
         "reference_capture": None,
+        "router_cpu_s": None,
     }
 
 
@@ -388,7 +392,42 @@ def summary_line(incident: dict[str, Any]) -> str:
         parts.append(incident["loader_advice"])
     elif not top and incident["reasons"]:
         parts.append(incident["reasons"][-1])
+    cost = router_cost_text(incident)
+    if cost:
+        parts.append(cost)
     return printable(" | ".join(parts))
+
+
+def router_cost_text(incident: dict[str, Any]) -> str:
+    """``capture and reduction took 0.61 s of CPU on the router threads (trace export: rank 2
+    0.21 s, rank 0 0.25 s; reduction on rank 0 0.15 s)``; empty when not recorded."""
+    cost = incident.get("router_cpu_s")
+    if not isinstance(cost, dict):
+        return ""
+    export = cost.get("export")
+    if not isinstance(export, dict):
+        export = {}
+    reduction = cost.get("reduction")
+    numbers = [v for v in export.values() if isinstance(v, (int, float))]
+    if isinstance(reduction, (int, float)):
+        numbers.append(reduction)
+    if not numbers:
+        return ""
+    exports = ", ".join(
+        f"rank {r} {v:.2f} s" for r, v in export.items() if isinstance(v, (int, float))
+    )
+    detail = "; ".join(
+        part
+        for part in (
+            f"trace export: {exports}" if exports else "",
+            f"reduction on rank 0 {reduction:.2f} s" if isinstance(reduction, (int, float)) else "",
+        )
+        if part
+    )
+    return (
+        f"capture and reduction took {sum(numbers):.2f} s of CPU on the router's background "
+        f"threads ({detail})"
+    )
 
 
 def open_commands(incident: dict[str, Any]) -> list[str]:

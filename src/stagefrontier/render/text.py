@@ -90,28 +90,30 @@ def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -
 
 def self_cost_text(record: Mapping[str, Any]) -> str:
     """``stagefrontier cost 1.4% of step time (up to 4.1 ms in this window on one rank; the most
-    any rank spent per part: hot path 0.1 ms, ...)`` when the
-    ``self_cost`` fraction exceeds :data:`SELF_COST_LINE_FRACTION`, else empty."""
+    any rank spent per part: hot path 0.1 ms, ...)`` when what the collection costs exceeds
+    :data:`SELF_COST_LINE_FRACTION` of the step time, else empty. The profiler router's CPU is
+    left out: an incident's capture and reduction is a one-off, said once in the incident's own
+    line (``render.incident.router_cost_text``)."""
     cost = record.get("self_cost")
     if not isinstance(cost, Mapping):
         return ""
     fraction = cost.get("fraction", {}).get("max", 0.0)
+    total = cost.get("total_s", {}).get("max", 0.0)
+    parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "collection": "threads_cpu_s"}
+    spent = {name: cost.get(key, {}).get("max", 0.0) for name, key in parts.items()}
+    collection = sum(spent.values()) + cost.get("capture_s", {}).get("max", 0.0)
+    if not (fraction > 0 and total > 0):
+        return ""
+    fraction = fraction * min(1.0, collection / total)  # the same step time, without the router
     if not fraction > SELF_COST_LINE_FRACTION:
         return ""
-    parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "collection": "threads_cpu_s"}
-    total = cost.get("total_s", {}).get("max", 0.0)
-    split = ", ".join(
-        f"{name} {cost.get(key, {}).get('max', 0.0) * 1e3:.1f} ms" for name, key in parts.items()
-    )
-    router = cost.get("router_cpu_s", {}).get("max", 0.0)
-    if router > 0:
-        split += f", profiler router {router * 1e3:.1f} ms (capture export, trace reduction)"
+    split = ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in spent.items())
     capture = cost.get("capture_s", {}).get("max", 0.0)
     if capture > 0:
         split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
     return (
-        f"stagefrontier cost {fraction:.1%} of step time (up to {total * 1e3:.1f} ms in this "
-        f"window on one rank; the most any rank spent per part: {split})"
+        f"stagefrontier cost {fraction:.1%} of step time (up to {collection * 1e3:.1f} ms in "
+        f"this window on one rank; the most any rank spent per part: {split})"
     )
 
 

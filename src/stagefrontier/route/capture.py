@@ -2,13 +2,14 @@
 
 The router thread arms a capture (``arm``) by storing the request and setting the timer's
 ``_capture`` flag; ``StageTimer.step()`` tests that flag once at each step's start and calls
-``on_step`` only while it is set. On the request's first step this starts
-``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the op diff can
-name the user's function), swaps the timer's stage contexts for annotated ones (the
-``record_function`` ranges of ``StageTimer(annotate=True)``) and opens a
-``stagefrontier.step#<n>`` range; each later step closes the previous step's range and steps the
-profiler; after ``steps`` steps it stops, puts the contexts back and hands the export to the
-router thread.
+``on_step`` only while it is set. One step before the request's first step (``LEAD_IN_STEPS``)
+this starts ``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the
+op diff can name the user's function), swaps the timer's stage contexts for annotated ones (the
+``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
+of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
+(``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step
+closes the previous step's range and steps the profiler; after the last step it stops, puts the
+contexts back and hands the export to the router thread.
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -20,8 +21,10 @@ self-cost (``capture_ns``).
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -29,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..record.annotate import ProfilerRanges, step_range_name
+from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
 from .worker_profile import WorkerCapture
@@ -43,8 +46,30 @@ def incident_dir(out_dir: str | os.PathLike[str], incident_id: str) -> Path:
     return Path(out_dir) / "incidents" / incident_id
 
 
+LEAD_IN_STEPS = 1
+"""The profiler starts this many steps before the first captured step, so the data wait that
+step consumes (fetched before it begins, or prefetched in the step before) is in the trace."""
 QUIET_KINETO_LOG_LEVEL = "6"
 """Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
+
+
+TRACE_GZIP_LEVEL = 1
+"""Fast compression: the export runs on a training rank's CPU, and a level-1 trace is about a
+fifth larger than the default level's."""
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def write_trace(prof: Any, path: Path) -> None:
+    """The profiler's Chrome trace, gzipped, at ``path``. Kineto writes the JSON; it is then
+    compressed in large chunks (the profiler's own ``.gz`` export compresses it line by line in
+    Python, which costs several times the CPU)."""
+    plain = path.with_name(path.name.removesuffix(".gz") + ".tmp")
+    try:
+        prof.export_chrome_trace(str(plain))
+        with open(plain, "rb") as source, gzip.open(path, "wb", TRACE_GZIP_LEVEL) as target:
+            shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+    finally:
+        plain.unlink(missing_ok=True)
 
 
 class RankCapture:
@@ -113,6 +138,17 @@ class RankCapture:
             self._abort(f"capture failed at step {step}: {exc}")
         self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
+    def on_step_end(self) -> None:
+        """Called as a captured step ends (``record.contexts.CapturedStepContext``): its range
+        closes there, so what runs between steps stays out of it, as out of the live record."""
+        start = time.perf_counter_ns()
+        try:
+            self._close_step_range()
+        except Exception as exc:  # telemetry never fails training
+            logger.exception("stagefrontier: closing the step's profiler range failed")
+            self._abort(f"closing the step's range failed: {exc}")
+        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+
     def on_pause(self, step: int) -> None:
         """Called at the start of every paused step while a capture is armed or running: a
         running capture ends with the steps before the pause; one whose first step is paused
@@ -143,7 +179,7 @@ class RankCapture:
             if withdrawn is not None and withdrawn[0] == request.id:
                 self._give_up(withdrawn[1])
                 return
-            if step < request.first_step:
+            if step < request.first_step - LEAD_IN_STEPS:
                 return
             if step > request.first_step:
                 self._give_up(
@@ -189,10 +225,14 @@ class RankCapture:
         request = self._request
         if request is None:
             return
+        ended = f"training on rank {self._rank} ended before step {request.first_step}"
         if self._prof is None:
-            self._give_up(f"training on rank {self._rank} ended before step {request.first_step}")
+            self._give_up(ended)
             return
         self._close_step_range()
+        if step <= request.first_step:  # only the lead-in ran: nothing of the request was traced
+            self._abort(ended, state="skipped")
+            return
         self._stop(request, step - 1)
 
     def _start(self, request: CaptureRequest, step: int) -> None:
@@ -218,7 +258,10 @@ class RankCapture:
         self._prof = prof
         self._workers.started()
         self._swap_stages()
-        self._open_step_range(step)
+        if step < request.first_step or request.steps == 1:
+            self._open_step_range(step)
+        else:  # the request came too late for the lead-in: this step's data wait is untraced
+            self._note = f"step {step} left out: the profiler started after its data wait"
 
     def _stop(self, request: CaptureRequest, last: int) -> None:
         foreign = profiler_session.foreign(self._session)
@@ -240,7 +283,7 @@ class RankCapture:
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, state: str = "failed") -> None:
         prof, self._prof = self._prof, None
         request, self._request = self._request, None
         self._timer._capture = False
@@ -253,7 +296,7 @@ class RankCapture:
         except Exception:
             logger.exception("stagefrontier: stopping the profiler after a failure failed")
         if request is not None:
-            self._submit(lambda: self._answer(self._status(request, "failed", reason)))
+            self._submit(lambda: self._answer(self._status(request, state, reason)))
 
     def _open_step_range(self, step: int) -> None:
         import torch
@@ -267,29 +310,48 @@ class RankCapture:
             scope.__exit__(None, None, None)
 
     def _swap_stages(self) -> None:
-        """Annotated stage contexts while capturing (unless the timer annotates already)."""
-        from ..record.contexts import AnnotatedStageContext
+        """Annotated stage contexts while capturing (unless the timer annotates already), and
+        the between-step waits as ranges."""
+        from ..record.contexts import AnnotatedStageContext, CapturedStepContext, StepContext
 
-        table = self._timer._stage_ctx
+        timer = self._timer
+        if type(timer._step_ctx) is StepContext:  # same slots: the step in flight keeps its exit
+            timer._step_ctx.__class__ = CapturedStepContext
+        ranges = ProfilerRanges()
+        waits = WaitRanges(timer, ranges)
+        timer._wait_ranges = waits
+        timer._next_item = waits.next_item
+        timer.fetch = waits.fetch
+        table = timer._stage_ctx
         if any(isinstance(ctx, AnnotatedStageContext) for ctx in table.values()):
             return
-        ranges = ProfilerRanges()
         self._saved = dict(table)
         for name, ctx in self._saved.items():
-            table[name] = AnnotatedStageContext(self._timer, ctx._column, name, ranges)
+            table[name] = AnnotatedStageContext(timer, ctx._column, name, ranges)
 
     def _restore_stages(self) -> None:
+        from ..record.contexts import CapturedStepContext, StepContext
+
+        timer = self._timer
+        if type(timer._step_ctx) is CapturedStepContext:
+            timer._step_ctx.__class__ = StepContext  # type: ignore[assignment]
+        waits, timer._wait_ranges = timer._wait_ranges, None
+        if waits is not None:
+            waits.close_gap()
+        timer._next_item = next
+        vars(timer).pop("fetch", None)
         saved, self._saved = self._saved, None
         if saved is not None:
-            self._timer._stage_ctx.update(saved)
+            timer._stage_ctx.update(saved)
 
     # ------------------------------------------------------------------ router thread
     def _export(self, prof: Any, request: CaptureRequest, last: int, note: str = "") -> None:
         folder = incident_dir(self._out_dir, request.id)
         path = folder / TRACE_NAME.format(rank=self._rank)
+        cpu_start = time.thread_time()
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(path))
+            write_trace(prof, path)
             size = path.stat().st_size
         except Exception as exc:
             logger.exception("stagefrontier: exporting the trace of %s failed", request.id)
@@ -308,7 +370,9 @@ class RankCapture:
             return
         self._workers.exported(folder, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
-        self._answer(replace(status, last_step=last))  # ``last`` is earlier if the run ended
+        export_cpu_s = round(time.thread_time() - cpu_start, 4)
+        # ``last`` is earlier if the run ended
+        self._answer(replace(status, last_step=last, export_cpu_s=export_cpu_s))
 
     def _status(
         self, request: CaptureRequest, state: str, reason: str, path: str = "", size: int = 0

@@ -4,8 +4,9 @@ ranks and steps and analyzed the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
+from ..analysis.semantic import stage_groups
 from ..reducers import reduce_kineto
 
 
@@ -85,11 +87,22 @@ class Confirmation:
         }
 
 
+def broad_stages(live: LiveSlice) -> LiveSlice:
+    """The slice with accumulation substages ``name[i]`` summed into their stage: a trace's
+    ranges carry the stage's name in every microstep."""
+    names, groups = stage_groups(live.stages)
+    if len(names) == len(live.stages):
+        return live
+    d = np.stack([live.d[:, :, members].sum(axis=2) for members in groups], axis=2)
+    return LiveSlice(d, live.steps, live.ranks, names)
+
+
 def confirm(
     trace_files: dict[int, str],
     live: LiveSlice | None,
     stage: str | None,
     gates: Gates | None = None,
+    loaded: Mapping[Path, tuple[dict[str, Any], list[Any]]] | None = None,
 ) -> Confirmation:
     """``confirmed`` when the trace's top stage is the live top stage (and the routed one) and
     every share differs by less than ``Gates.share_tie``; ``disagrees`` (False) otherwise."""
@@ -97,6 +110,7 @@ def confirm(
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
     paths = [trace_files[r] for r in sorted(trace_files)]
+    live = broad_stages(live)
     reduced = reduce_kineto(
         paths,
         live.stages,
@@ -105,6 +119,7 @@ def confirm(
         world_size=None,
         missing_ranks="allow",
         missing_stages="zero",  # a stage the loop never enters is zero in the live matrix too
+        loaded=loaded,
     )
     common = [s for s in reduced.step_ids if s in set(live.steps)]
     if not common:

@@ -110,6 +110,7 @@ class Coordinator:
         self._stale_checked = False
         self.traces: dict[int, list[_Trace]] = {}  # rank -> its earlier local traces, oldest first
         self.window_steps: dict[int, tuple[int, int]] = {}
+        self.pages_pending: list[dict[str, Any]] = []  # incident pages still without figures
 
     # ------------------------------------------------------------------ sink (collector thread)
     def write(self, window: AnalyzedWindow) -> None:
@@ -149,6 +150,9 @@ class Coordinator:
             time.sleep(self.config.poll_s)
         if self.open is not None:
             self._settle("the run ended before every named rank answered")
+        for incident in self.pages_pending:  # training is over: the figures cost it nothing now
+            self._write_page(incident, figures=True)
+        self.pages_pending.clear()
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
         """A manual request from Python on rank 0 (scheduled at a tick with no incident open,
@@ -426,19 +430,25 @@ class Coordinator:
         incident["ranks"] = sorted(files)
         incident["captured"] = bool(files) and set(files) == set(request.ranks)
         if not incident["captured"]:
-            reasons.append(
-                "not captured: "
-                + (
-                    f"only ranks {sorted(files)} of {list(request.ranks)} wrote a trace"
-                    if files
-                    else "no named rank wrote a trace"
-                )
-            )
+            reasons.append("not captured: " + self._why_not_captured(request, files))
         self._cost(incident, request)
+        export = {
+            str(rank): answer.export_cpu_s
+            for rank, answer in sorted(current.answers.items())
+            if answer.state == "captured"
+        }
+        reduction = 0.0
         if incident["captured"] and len(local) == len(files):
+            steps = incident["steps"][1] - incident["steps"][0] + 1
+            step_ms = incident["capture_step_ms"] or self.step_s * 1e3
+            budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
             live = [live_window(w) for w in self.live]
-            analyze_traces(incident, local, live, self.config.gates, self.out_dir)
+            reduction = analyze_traces(
+                incident, local, live, self.config.gates, self.out_dir, budget
+            )
             worker_findings(incident, self.live)
+        if export or reduction:
+            incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
         self._write(incident)
         self._cleanup(request)
@@ -446,6 +456,13 @@ class Coordinator:
             folder = str(incident_dir(self.out_dir, request.id).resolve())
             self._answer_manual(ManualAnswer(current.manual_id, "opened", folder))
         logger.info("stagefrontier: %s", summary_line(incident))
+
+    def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:
+        if files:
+            return f"only ranks {sorted(files)} of {list(request.ranks)} wrote a trace"
+        if self.closing and self.current_step() <= request.first_step:
+            return f"training ended before step {request.first_step}"
+        return "no named rank wrote a trace"
 
     def _cost(self, incident: dict[str, Any], request: CaptureRequest) -> None:
         """Mean step time of the captured ranks during the capture and in the other steps of
@@ -469,14 +486,23 @@ class Coordinator:
             incident["baseline_step_ms"] = round(float(np.median(outside)) * 1e3, 3)
 
     def _write(self, incident: dict[str, Any]) -> None:
+        """``incident.json`` and ``.md``, and the page without its figures (drawn at the end)."""
         folder = incident_dir(self.out_dir, incident["id"])
         try:
             write_incident(folder, incident)
-            from .html import write_html
-
-            write_html(folder, incident, self.out_dir)
         except Exception:
             logger.exception("stagefrontier: writing incident %s failed", incident["id"])
+            return
+        self._write_page(incident, figures=False)
+        self.pages_pending.append(incident)
+
+    def _write_page(self, incident: dict[str, Any], figures: bool) -> None:
+        from .html import write_html
+
+        try:
+            write_html(incident_dir(self.out_dir, incident["id"]), incident, self.out_dir, figures)
+        except Exception:
+            logger.exception("stagefrontier: writing incident %s's page failed", incident["id"])
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:

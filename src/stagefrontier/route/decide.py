@@ -30,6 +30,7 @@ import numpy as np
 from ..analysis.across_roles import bounding_role
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
+from ..analysis.schema import semantic_stage
 from ..record.window import AnalyzedWindow
 
 REQUEST_LATENCY_S = 0.5
@@ -73,16 +74,16 @@ def decide(
         return None, "fewer than two ranks analyzed" + (f" in role {role}" if role else "")
     if report.has(TELEMETRY_LIMITED):
         return None, "telemetry_limited"
-    stage = report.top1
+    stage = report.top1  # a broad stage: accumulation substages ``name[i]`` fold into it
     if stage is None or not report.shares_defined:
         return None, "no top stage"
-    share = report.shares[stage]
+    share = report.semantic_shares[stage]
     if share < g.share_dominance and len(report.routing_set) > 2:
         return None, (
             f"{stage} has {share:.0%} < {g.share_dominance:.0%} and the routing set has "
             f"{len(report.routing_set)} stages"
         )
-    loc = report.localization[stage]
+    loc = report.semantic_localization[stage]
     n = report.n_steps
     if loc.leader_rank is None or loc.confident_steps < g.min_confident_fraction * n:
         return None, f"no confident leader of {stage} ({loc.confident_steps}/{n} steps)"
@@ -96,8 +97,8 @@ def decide(
             f"under {g.share_tie:.0%} of the step"
         )
     suspect = loc.leader_rank  # the report names ranks by number, not by column
-    column = report.stages.index(stage)
-    totals = window.d[:, :, column].sum(axis=0)
+    columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
+    totals = window.d[:, :, columns].sum(axis=(0, 2))
     others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
     reference = others[(len(others) - 1) // 2][1]
     reasons: tuple[str, ...] = (
@@ -154,5 +155,6 @@ def regression_decision(window: AnalyzedWindow, traced: Collection[int] = ()) ->
             else f"the rank whose {stage} grew least in this window"
         ),
     )
-    share = window.report.shares.get(stage, float("nan"))
-    return Decision(stage, suspect, reference, share, window.merged.reference.window, reasons)
+    broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
+    share = window.report.semantic_shares.get(broad, float("nan"))
+    return Decision(broad, suspect, reference, share, window.merged.reference.window, reasons)

@@ -15,15 +15,22 @@ from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 
 def write_html(
-    folder: str | os.PathLike[str], incident: dict[str, Any], out_dir: str | os.PathLike[str]
+    folder: str | os.PathLike[str],
+    incident: dict[str, Any],
+    out_dir: str | os.PathLike[str],
+    figures: bool = True,
 ) -> Path:
     """Write ``folder/incident.html``: the verdict, the op diff, the run's figures, the commands
-    that open the traces, and the incident's facts, shares and reasons."""
+    that open the traces, and the incident's facts, shares and reasons. ``figures=False``
+    leaves the figures out with a note: a live router draws them when the run ends, since
+    drawing takes seconds of CPU a running job should keep."""
     body = [
         f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
         f"<p>{esc(summary_line(incident))}</p>",
         op_diff_table(incident),
-        _figures(Path(folder), Path(out_dir)),
+        _figures(Path(folder), Path(out_dir))
+        if figures
+        else note("The figures are added to this page when the run ends."),
     ]
     commands = open_commands(incident)
     if commands:

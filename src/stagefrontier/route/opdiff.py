@@ -3,7 +3,9 @@ time on the suspect rank and not on the reference rank.
 
 Each trace's events on the training thread (the thread holding the ``stagefrontier.step#<n>``
 ranges) are nested by time; an event's self time is its duration minus its direct children's.
-Events that start inside one of the stage's ranges are grouped by what a person would look for:
+The stage's ranges are its ranges inside the captured steps and its between-step waits charged
+to those steps (``<stage>@step#<n>``, ``analysis.wait_rule``). Events that start inside one of
+them are grouped by what a person would look for:
 a Python function of the user's code by its name, and a builtin, a library frame or an operator
 by the innermost user function that called it (``faults.py(120): delay › <built-in function
 sleep>``), so a bare ``sleep`` never stands alone. Times are per captured step.
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import STEP_ANNOTATION
+from ..analysis.wait_rule import parse_wait_range
 from ..reducers.kineto import load_trace
 
 OP_CATEGORIES = frozenset({"python_function", "cpu_op"})
@@ -65,10 +68,17 @@ def is_user_frame(name: str) -> bool:
     return "): " in name and not LIBRARY_FRAME.match(name)
 
 
-def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = None) -> OpTimes:
+def stage_op_times(
+    path: str | Path,
+    stage: str,
+    steps: Sequence[int] | None = None,
+    events: list[Any] | None = None,
+) -> OpTimes:
     """Self time per op key inside ``stage``'s ranges of one trace (optionally only the ranges
-    inside the given step ids)."""
-    _, events = load_trace(Path(path))
+    inside the given step ids). ``events``: the trace's events when already loaded. Only the
+    events that overlap one of the ranges (those inside and their callers) are nested."""
+    if events is None:
+        _, events = load_trace(Path(path))
     spans: list[tuple[float, float, str, str, tuple[str, str]]] = []
     step_ranges: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for e in events:
@@ -79,8 +89,10 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
             continue
         if not isinstance(dur, (int, float)) or dur < 0:
             continue
-        thread = (str(e.get("pid")), str(e.get("tid")))
         cat = e.get("cat")
+        if cat != "user_annotation" and cat not in OP_CATEGORIES:
+            continue
+        thread = (str(e.get("pid")), str(e.get("tid")))
         if cat == "user_annotation" and name.startswith(STEP_ANNOTATION + "#"):
             tail = name[len(STEP_ANNOTATION) + 1 :]
             if tail.isdigit():
@@ -91,17 +103,24 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     thread = max(step_ranges, key=lambda t: len(step_ranges[t]))
     wanted = set(steps) if steps is not None else None
     kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
+    kept_ids = {r[2] for r in kept_steps}
     stage_ranges = sorted(
         (ts, ts + dur)
         for ts, dur, name, cat, th in spans
         if th == thread
         and cat == "user_annotation"
-        and name == stage
-        and _inside_any(ts, kept_steps)
+        and ((name == stage and _inside_any(ts, kept_steps)) or _wait_of(name, stage) in kept_ids)
     )
     starts = [r[0] for r in stage_ranges]
     ops = sorted(
-        (s for s in spans if s[4] == thread and s[3] in OP_CATEGORIES), key=lambda s: (s[0], -s[1])
+        (
+            s
+            for s in spans
+            if s[4] == thread
+            and s[3] in OP_CATEGORIES
+            and _overlaps(s[0], s[0] + s[1], starts, stage_ranges)
+        ),
+        key=lambda s: (s[0], -s[1]),
     )
     totals: dict[str, float] = {}
     paths: dict[str, list[str]] = {}
@@ -130,6 +149,20 @@ def stage_op_times(path: str | Path, stage: str, steps: Sequence[int] | None = N
     while stack:
         close(stack.pop())
     return OpTimes(totals, len(kept_steps), paths)
+
+
+def _overlaps(lo: float, hi: float, starts: list[float], ranges: list[tuple[float, float]]) -> bool:
+    """Whether ``[lo, hi]`` meets one of the sorted ``ranges`` (``starts``: their starts)."""
+    i = bisect.bisect_right(starts, lo) - 1
+    if i >= 0 and ranges[i][1] >= lo:
+        return True
+    return i + 1 < len(ranges) and ranges[i + 1][0] <= hi
+
+
+def _wait_of(name: str, stage: str) -> int | None:
+    """The step a between-step wait range of ``stage`` is charged to; None for other names."""
+    wait = parse_wait_range(name)
+    return wait[1] if wait is not None and wait[0] == stage else None
 
 
 def _inside_any(ts: float, ranges: Sequence[tuple[float, float, int]]) -> bool:

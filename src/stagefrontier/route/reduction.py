@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
+from ..reducers.kineto import load_trace
 from .confirm import LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
 
 logger = logging.getLogger("stagefrontier")
+
+
+MIN_BUDGET_S = 1.0
+"""The least CPU the reduction may take before it leaves parts out (a few steps of a fast job
+would otherwise leave no room for the op diff at all)."""
 
 
 def analyze_traces(
@@ -23,16 +31,54 @@ def analyze_traces(
     live: list[LiveWindow],
     gates: Any,
     run_dir: str | os.PathLike[str],
-) -> None:
+    budget_s: float | None = None,
+) -> float:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
     ``stagefrontier incident`` offline: then only the op diff is computed). An earlier trace
     the incident names as its reference is read only when it is a regular file inside
-    ``run_dir``, the run's output folder."""
+    ``run_dir``, the run's output folder. Returns the CPU seconds it took.
+
+    ``budget_s``: the CPU the reduction may take (live: the captured steps' own wall time, at
+    least ``MIN_BUDGET_S``). The confirmation always runs; the suspect's op diff runs while the
+    budget is not spent, and the reference's after it; a part left out is said in a reason
+    (the op diff then lists the suspect's own times)."""
+    start = time.thread_time()
+    budget = None if budget_s is None else max(budget_s, MIN_BUDGET_S)
+
+    def over(part: str) -> bool:
+        spent = time.thread_time() - start
+        if budget is None or spent <= budget:
+            return False
+        incident["reasons"].append(
+            f"{part} left out: the reduction had taken {spent:.2f} s of CPU, over its budget of "
+            f"{budget:.2f} s (the captured steps' wall time)"
+        )
+        return True
+
+    _analyze(incident, files, live, gates, run_dir, over)
+    return time.thread_time() - start
+
+
+def _analyze(
+    incident: dict[str, Any],
+    files: dict[int, str],
+    live: list[LiveWindow],
+    gates: Any,
+    run_dir: str | os.PathLike[str],
+    over: Callable[[str], bool],
+) -> None:
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
+    loaded = {}  # each trace is parsed once, for the confirmation and the op diff
+    for path in files.values():
+        try:
+            loaded[Path(path)] = load_trace(Path(path))
+        except Exception:  # the reducer below says what is wrong with it
+            logger.debug("stagefrontier: loading %s failed", path, exc_info=True)
     try:
-        result = confirm(files, live_slice(live, ranks, steps), incident["stage"], gates)
+        window = live_slice(live, ranks, steps)
+        result = confirm(files, window, incident["stage"], gates, loaded)
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
@@ -49,24 +95,38 @@ def analyze_traces(
         logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
         incident["reasons"].append(f"confirmation failed: {exc}")
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
-    if incident["stage"] and suspect in files:
+    if incident["stage"] and suspect in files and not over("the op diff"):
         try:
-            mine = stage_op_times(files[suspect], incident["stage"], steps)
+            mine = stage_op_times(
+                files[suspect], incident["stage"], steps, _events(loaded, files[suspect])
+            )
             earlier = incident.get("reference_capture")
-            earlier_file = earlier and reference_file(earlier, run_dir, incident["reasons"])
-            if earlier and earlier_file:
+            has_reference = bool(earlier) or (reference in files and reference != suspect)
+            earlier_file = None
+            if has_reference and over("the reference's side of the op diff"):
+                theirs = None
+            elif earlier and (
+                earlier_file := reference_file(earlier, run_dir, incident["reasons"])
+            ):
                 first_ref, last_ref = earlier["steps"]
                 theirs = stage_op_times(
                     earlier_file, incident["stage"], range(first_ref, last_ref + 1)
                 )
             elif reference in files and reference != suspect:
-                theirs = stage_op_times(files[reference], incident["stage"], steps)
+                theirs = stage_op_times(
+                    files[reference], incident["stage"], steps, _events(loaded, files[reference])
+                )
             else:
                 theirs = None
             incident["op_diff"] = op_diff(mine, theirs)
         except Exception as exc:
             logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
             incident["reasons"].append(f"op diff failed: {exc}")
+
+
+def _events(loaded: dict[Path, tuple[dict[str, Any], list[Any]]], path: str) -> list[Any] | None:
+    item = loaded.get(Path(path))
+    return None if item is None else item[1]
 
 
 def reference_file(

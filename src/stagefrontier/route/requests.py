@@ -86,6 +86,8 @@ class CaptureStatus:
     host: str = ""
     first_step: int = -1
     last_step: int = -1
+    export_cpu_s: float = 0.0
+    """CPU seconds the rank's router thread spent writing the trace."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -183,6 +183,9 @@ class RouterRuntime:
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
 
+    def on_step_end(self) -> None:
+        self.capture.on_step_end()
+
     def on_pause(self, step: int) -> None:
         self.capture.on_pause(step)
 
