@@ -354,3 +354,84 @@ def test_fuzz_inputs_are_valid_before_mutation(
         assert load_window(path).report.n_steps == 3
     with zipfile.ZipFile(io.BytesIO(npz_bytes({"d": np.ones(1)}, True))) as archive:
         assert archive.namelist() == ["d.npy"]
+
+
+# --- the profiler router's inputs: incidents, capture requests, node parts ------------------------
+
+
+@pytest.fixture(scope="module")
+def incident_obj(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An incident as ``stagefrontier incident`` leaves it: captured and reduced offline."""
+    from stagefrontier.render.incident import read_incident
+    from stagefrontier.route.offline import reduce_offline
+    from test_route_inputs import captured_incident
+
+    folder, _ = captured_incident(tmp_path_factory.mktemp("incident"))
+    reduce_offline(folder)
+    return read_incident(folder)
+
+
+@FUZZ
+@given(data=st.data())
+def test_incident_json_mutations(incident_obj: dict[str, Any], data: st.DataObject) -> None:
+    from stagefrontier.render.incident import read_incident, render_markdown, summary_line
+
+    obj = mutate_json(data, incident_obj, rounds=4)
+    raw = json.dumps(obj).encode()
+    if data.draw(st.booleans()):
+        raw = mutate_bytes(data, raw)
+    with scratch() as folder:
+        (folder / "incident.json").write_bytes(raw)
+
+        def read_and_render() -> None:
+            incident = read_incident(folder)
+            summary_line(incident)
+            render_markdown(incident)
+
+        reads_or_refuses(read_and_render)
+
+
+REQUESTS = [
+    b'{"id": "w00001", "ranks": [2, 0], "first_step": 40, "steps": 5, "stage": "data.next_wait"}',
+    b'{"id": "w00001", "rank": 2, "state": "captured", "reason": "", "path": "/x/rank2.json.gz",'
+    b' "size": 10, "host": "h", "first_step": 40, "last_step": 44}',
+    b'{"id": "c0ffee", "ranks": [1], "steps": 3, "stage": null}',
+    b'{"id": "c0ffee", "state": "opened", "text": "/out/incidents/w00001-manual0"}',
+]
+
+
+@FUZZ
+@given(data=st.data(), which=st.integers(0, len(REQUESTS) - 1))
+def test_capture_request_mutations(data: st.DataObject, which: int) -> None:
+    from stagefrontier.formats.names import is_plain_name
+    from stagefrontier.route.requests import (
+        CaptureRequest,
+        CaptureStatus,
+        ManualAnswer,
+        ManualRequest,
+    )
+
+    decode = (CaptureRequest, CaptureStatus, ManualRequest, ManualAnswer)[which].decode
+    raw = json.dumps(mutate_json(data, json.loads(REQUESTS[which]))).encode()
+    if data.draw(st.booleans()):
+        raw = mutate_bytes(data, raw)
+    try:
+        value = decode(raw)
+    except sf.StageFrontierError:
+        return
+    assert is_plain_name(value.id) or value.id is None  # an id never becomes a path
+
+
+@pytest.fixture(scope="module")
+def node_part() -> bytes:
+    from test_node_parts import _group
+
+    return _group(0, {1: 30}).encode()
+
+
+@FUZZ
+@given(data=st.data())
+def test_node_part_mutations(node_part: bytes, data: st.DataObject) -> None:
+    from stagefrontier.collect.node_payload import decode_group
+
+    reads_or_refuses(lambda: decode_group(mutate_bytes(data, node_part)))
