@@ -40,6 +40,7 @@ class Rank:
         )
         self.timer._router = SimpleNamespace(
             on_step=self.capture.on_step,
+            on_step_end=self.capture.on_step_end,
             on_pause=self.capture.on_pause,
             close=lambda: self.capture.finish(self.timer._step_index),
         )

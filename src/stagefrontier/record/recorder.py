@@ -65,10 +65,15 @@ P = ParamSpec("P")
 
 
 class AttachedRouter(Protocol):
-    """A router started for one timer: the step context calls ``on_step`` while a capture is
-    armed or runs, and the timer's ``close`` closes it."""
+    """A router started for one timer: while a capture is armed or runs, the step context
+    calls ``on_step`` at a step's start and ``on_step_end`` at its end; ``pause`` calls
+    ``on_pause``; the timer's ``close`` closes it."""
 
     def on_step(self, step: int) -> None: ...
+
+    def on_step_end(self) -> None: ...
+
+    def on_pause(self, step: int) -> None: ...
 
     def close(self) -> None: ...
 
