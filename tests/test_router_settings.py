@@ -92,6 +92,4 @@ def test_stagefrontier_capture_refuses_steps_past_the_cap_in_one_line(
     code = main(["capture", "--store", "127.0.0.1:1", "--ranks", "0", "--steps", steps])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    assert (
-        err == f"stagefrontier: error: --steps must be in [1, {MAX_CAPTURE_STEPS}], got {steps}\n"
-    )
+    assert err == f"stagefrontier: error: --steps must be 1..{MAX_CAPTURE_STEPS}: {steps}\n"
