@@ -34,7 +34,6 @@ Usage::
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import platform
@@ -53,7 +52,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
-from harness_common import load_text, script_parser
+from harness_common import load_text, result_header, script_parser, utc_now
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -454,22 +453,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 def render(
     rows: Sequence[Row], settings: Settings, quick: bool, wall_s: float, load: str, hta_ok: bool
 ) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = COMMAND + (" --quick" if quick else "")
     s = settings
     parts = [
-        "# E9: StageFrontier vs. PyTorch Profiler traces reduced through Kineto and HTA",
-        "",
-        "Produced by:",
-        "",
-        "```bash",
-        command,
-        "```",
-        "",
-        f"Date: {now}; total wall time {wall_s:.0f} s.",
-        "",
-        "Environment:",
-        "",
+        *result_header(
+            "E9: StageFrontier vs. PyTorch Profiler traces reduced through Kineto and HTA",
+            command,
+            when=f"{utc_now()}; total wall time {wall_s:.0f} s.",
+        ),
         f"- Python: {platform.python_version()}; torch: {_torch_version()}; "
         f"HTA: {_hta_version() if hta_ok else 'not installed'}",
         f"- stagefrontier: {stagefrontier.__version__}; numpy: {np.__version__}",
