@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..formats.limits import regular_file_inside
+from ..formats.packet import remove_temporaries
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from ..render.escape import printable
@@ -124,6 +126,7 @@ class Coordinator:
         if not self._stale_checked:
             self._stale_checked = True
             self._delete_previous_attempt()
+            self._remove_temporaries()
         while True:
             try:
                 window = self.windows.get_nowait()
@@ -169,6 +172,12 @@ class Coordinator:
             old.delete(REQUEST_KEY, MANUAL_KEY)
         except Exception as exc:
             logger.debug("stagefrontier router: deleting stale request keys failed: %s", exc)
+
+    def _remove_temporaries(self) -> None:
+        """Before this run's first incident: the temporary files of trace exports and incident
+        writes that a killed process left in earlier incidents' folders."""
+        for folder in sorted(Path(self.out_dir, "incidents").glob("*/")):
+            remove_temporaries(folder, "*.tmp")
 
     def _consider(self, window: AnalyzedWindow) -> None:
         index = window.merged.reference.window
@@ -439,14 +448,7 @@ class Coordinator:
         }
         reduction = 0.0
         if incident["captured"] and len(local) == len(files):
-            steps = incident["steps"][1] - incident["steps"][0] + 1
-            step_ms = incident["capture_step_ms"] or self.step_s * 1e3
-            budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
-            live = [live_window(w) for w in self.live]
-            reduction = analyze_traces(
-                incident, local, live, self.config.gates, self.out_dir, budget
-            )
-            worker_findings(incident, self.live)
+            reduction = self._reduce(incident, local)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
@@ -456,6 +458,19 @@ class Coordinator:
             folder = str(incident_dir(self.out_dir, request.id).resolve())
             self._answer_manual(ManualAnswer(current.manual_id, "opened", folder))
         logger.info("stagefrontier: %s", summary_line(incident))
+
+    def _reduce(self, incident: dict[str, Any], local: dict[int, str]) -> float:
+        """Confirm the incident, diff its traces and its DataLoader workers' profiles, in place;
+        returns the CPU seconds all of it took on this thread (the incident's reduction cost).
+        The traces' part is budgeted at the captured steps' wall time (``analyze_traces``)."""
+        start = time.thread_time()
+        steps = incident["steps"][1] - incident["steps"][0] + 1
+        step_ms = incident["capture_step_ms"] or self.step_s * 1e3
+        budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
+        live = [live_window(w) for w in self.live]
+        analyze_traces(incident, local, live, self.config.gates, self.out_dir, budget)
+        worker_findings(incident, self.live)
+        return time.thread_time() - start
 
     def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:
         if files:
