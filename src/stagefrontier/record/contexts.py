@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..analysis.schema import range_name
 from .annotate import ProfilerRanges, step_range_name
 from .noop import NOOP, NoopContext
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, OpenSpan, TimerState
@@ -168,12 +169,14 @@ class CapturedStepContext(StepContext):
 
 
 class AnnotatedStageContext(StageContext):
-    """An ordered stage that is also a profiler (and NVTX) range of the same name."""
+    """An ordered stage that is also a profiler (and NVTX) range named for it
+    (``schema.range_name``: the stage's name, encoded where a trace could not carry it)."""
 
-    __slots__ = ("_ranges", "_scope")
+    __slots__ = ("_range", "_ranges", "_scope")
 
     def __init__(self, timer: TimerState, column: int, name: str, ranges: ProfilerRanges) -> None:
         super().__init__(timer, column, name)
+        self._range = range_name(name)
         self._ranges = ranges
         self._scope: Any = None
 
@@ -182,7 +185,7 @@ class AnnotatedStageContext(StageContext):
     # record alike.
     def __enter__(self) -> None:
         StageContext.__enter__(self)
-        self._scope = self._ranges.open(self._name)
+        self._scope = self._ranges.open(self._range)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._ranges.close(self._scope)
