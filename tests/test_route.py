@@ -45,7 +45,7 @@ def _window(d: np.ndarray, ranks: list[int]) -> Any:
     report = analyze(d, STAGES, rank_ids=ranks)  # as analyze_merged numbers the columns
     ref = SimpleNamespace(window=3, first_step=60)
     merged = SimpleNamespace(ranks=[SimpleNamespace(rank=r) for r in ranks], reference=ref)
-    return SimpleNamespace(report=report, merged=merged, d=d)
+    return SimpleNamespace(report=report, merged=merged, d=d, summary=None)
 
 
 def _matrix(stall_rank: int | None, seed: int = 0) -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,17 @@ from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
 from .launcher import warn_once
 from .node import NodeIdentity, host_layout, node_of
-from .node_payload import Group, analyze_group, combine_groups, decode_group, node_group
+from .node_payload import (
+    Group,
+    Wanted,
+    analyze_group,
+    combine_groups,
+    decode_group,
+    node_group,
+)
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
+from .node_wire import ROW_REQUESTS
 from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
@@ -86,6 +95,7 @@ class NodeLeader(StoreCollector):
         top = top_level(node.node, self.nodes, fan_in)
         self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
         self._done_up = 0  # rank 0: the job store's done counter it last published
+        self._wanted: tuple[Wanted, ...] = ()  # replaced whole by the router thread
         server, problem = self._serve(kwargs.get("timeout_s", 10.0))
         self._server = server
         super().__init__(store=server, collects=True, **kwargs)
@@ -106,6 +116,14 @@ class NodeLeader(StoreCollector):
             )
             return None, f"{self.node.label()} has no node store: {exc}"
         return server, None
+
+    def want_rows(self, ranks: Sequence[int], first_step: int, last_step: int) -> None:
+        """A capture request names ``ranks`` for these steps (called by this rank's profiler
+        router when it reads the request): the node's part carries their rows of those steps,
+        what the router's confirmation compares the traces with."""
+        mine = frozenset(r for r in ranks if r in self.node.ranks)
+        if mine:
+            self._wanted = (*self._wanted, (mine, first_step, last_step))[-ROW_REQUESTS:]
 
     def _open_raw(self) -> Any:
         if self._server is None:
@@ -161,11 +179,11 @@ class NodeLeader(StoreCollector):
         own alone (the others reported missing, with the error); None when not even that can
         (logged: the node is then missing at rank 0 for this window)."""
         try:
-            return node_group(self.node, own, windows, notes, late, self.gates)
+            return node_group(self.node, own, windows, notes, late, self.gates, self._wanted)
         except Exception as exc:
             why = f"{self.node.label()}: its windows could not be summarized together: {exc}"
         try:
-            return node_group(self.node, own, [own], [*notes, why], late, self.gates)
+            return node_group(self.node, own, [own], [*notes, why], late, self.gates, self._wanted)
         except Exception as exc:
             logger.error(
                 "stagefrontier: %s sends no part for window %d: %s",

@@ -7,7 +7,8 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 ``max_switch_rate``, and its lag over the median rank grows within the stage by at least
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
 nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
-the stage is the median of the other ranks.
+the stage is the median of the other ranks (under hierarchical collection, where rank 0 has no
+rank columns, the typical rank the node parts carry: ``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
@@ -70,7 +71,8 @@ def decide(
             return None, f"no rank of role {role} in this window"
         positions = [i for i, x in enumerate(report.roles or ()) if x == role]
         report = report.role_reports[role]
-    if len(positions) < 2:
+    analyzed = len(positions) if window.summary is None else window.summary.n_ranks
+    if analyzed < 2:
         return None, "fewer than two ranks analyzed" + (f" in role {role}" if role else "")
     if report.has(TELEMETRY_LIMITED):
         return None, "telemetry_limited"
@@ -97,20 +99,46 @@ def decide(
             f"under {g.share_tie:.0%} of the step"
         )
     suspect = loc.leader_rank  # the report names ranks by number, not by column
-    columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
-    totals = window.d[:, :, columns].sum(axis=(0, 2))
-    others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
-    reference = others[(len(others) - 1) // 2][1]
+    if window.summary is None:
+        columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
+        totals = window.d[:, :, columns].sum(axis=(0, 2))
+        others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
+        reference = others[(len(others) - 1) // 2][1]
+        chosen = f"the median total time in {stage} among the other ranks"
+    else:
+        reference, chosen = typical_reference(window, stage, suspect)
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
         f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
         f"the median by {loc.delta_lag_mean_s * 1e3:.1f} ms/step",
-        f"reference rank {reference}: the median total time in {stage} among the other ranks",
+        f"reference rank {reference}: {chosen}",
     )
     if role is not None:
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
     return Decision(stage, suspect, reference, share, index, reasons, role), ""
+
+
+def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple[int, str]:
+    """Under hierarchical collection, the reference rank and how it was chosen: the rank of
+    typical time in ``stage`` that the node parts carry (a median of node medians, not the
+    exact median), or, when that rank is the suspect itself, the lowest other rank."""
+    typical = (window.typical_ranks or {}).get(stage)
+    if typical is not None and typical != suspect:
+        return typical, (
+            f"a typical time in {stage}, the median of the nodes' median ranks (collected "
+            "hierarchically: approximate, a median of medians)"
+        )
+    assert window.summary is not None  # a window collected as node summaries
+    runs = window.summary.rank_runs
+    first = int(runs[0, 0])
+    other = first if first != suspect else first + 1 if runs[0, 1] > 1 else int(runs[1, 0])
+    why = (
+        "the typical rank the node parts carry is the suspect"
+        if typical is not None
+        else ("the node parts carry no typical rank")
+    )
+    return other, f"the lowest rank other than the suspect ({why})"
 
 
 def start_margin(step_s: float, poll_s: float) -> int:
