@@ -30,13 +30,10 @@ STALL_RANK = 2
 SAMPLE_S = 0.03
 RECEIVE_S = 0.12
 BATCH = 8
-STEPS = 30
+STEPS = 50
+"""Five windows: room for a capture the router decides on in any of the first three."""
 WINDOW = 10
 COMPUTE_S = 0.025
-MANUAL_AT = 12
-"""Rank 0 asks for a capture here if the router has not decided one by itself: two workers
-deliver their batches in pairs, so the rank that waits longest for data can change every other
-step and the window may not single out a leader."""
 
 
 def receive(batch: torch.Tensor, delay_s: float) -> torch.Tensor:
@@ -79,8 +76,7 @@ def main(out_dir: str, mode: str) -> None:
     )
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    # One incident per run: the router's own decision, or else the request made at step 12.
-    router = ProfilerRouter(capture_timeout_s=20.0, max_captures=1)
+    router = ProfilerRouter(capture_timeout_s=20.0)
     timer = StageTimer(
         window=WINDOW,
         out_dir=out_dir,
@@ -91,8 +87,6 @@ def main(out_dir: str, mode: str) -> None:
     for step, x in enumerate(timer.iter(loader)):
         if step == STEPS:
             break
-        if step == MANUAL_AT and rank == 0:
-            router.request_capture([STALL_RANK, 0], stage="data.next_wait")
         with timer.step():
             with timer.stage("model.fwd_loss_cpu_wall"):
                 time.sleep(COMPUTE_S)

@@ -320,7 +320,7 @@ def test_stages_roles_gates_side_report_are_validated(tmp_path: Path) -> None:
         ("gates", {"no_such_gate": 1}, "unknown gate"),
         ("side", {"event_ms": [1.0]}, "packet field 'side.event_ms' must be an encoded array"),
         ("meta", [1], "'meta' must be a JSON object"),
-        ("report", {"format": "x"}, "not a window report"),
+        ("report", {"format": "x"}, "not a stagefrontier window report"),
     ]
     for field, value, message in cases:
         obj = packet_obj(tmp_path)

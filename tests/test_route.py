@@ -41,10 +41,13 @@ STAGES = [
 # --- decide -------------------------------------------------------------------------------------
 
 
-def _window(d: np.ndarray, ranks: list[int]) -> Any:
+def _window(d: np.ndarray, ranks: list[int], workers: int = 0) -> Any:
     report = analyze(d, STAGES, rank_ids=ranks)  # as analyze_merged numbers the columns
     ref = SimpleNamespace(window=3, first_step=60)
-    merged = SimpleNamespace(ranks=[SimpleNamespace(rank=r) for r in ranks], reference=ref)
+    loader = {"workers": workers} if workers else {}
+    merged = SimpleNamespace(
+        ranks=[SimpleNamespace(rank=r, loader=loader) for r in ranks], reference=ref
+    )
     return SimpleNamespace(report=report, merged=merged, d=d, summary=None)
 
 
@@ -82,6 +85,34 @@ def test_jitter_without_a_stall_is_not_actionable() -> None:
     decision, why = decide(_window(_matrix(None), [0, 1, 2, 3]))
     assert decision is None
     assert why
+
+
+def _paired(stall: bool) -> np.ndarray:
+    """12 steps of 4 ranks whose data wait (50 ms on every rank) has one clear leader in every
+    step, the rank a step's jitter puts ahead (rank ``step % 4``, 3 ms); with ``stall``, rank
+    2's two DataLoader workers hand over their batches two at a time, 240 ms late: rank 2 waits
+    on every other step, and the other ranks wait for it in the backward's all-reduce."""
+    d = _matrix(None)
+    d = np.concatenate([d, d[:2]])
+    d[:, :, 0] += 0.050
+    for step in range(12):
+        d[step, step % 4, 0] += 0.003
+        if stall and step % 2 == 0:
+            d[step, 2, 0] += 0.240
+            d[step, [0, 1, 3], 2] += 0.240
+    return d
+
+
+def test_a_wait_on_every_other_step_is_judged_over_the_loaders_bursts() -> None:
+    alone, why = decide(_window(_paired(stall=True), [0, 1, 2, 3]))
+    assert alone is None and "switches" in why, why  # step by step, the lead alternates
+    decision, why = decide(_window(_paired(stall=True), [0, 1, 2, 3], workers=2))
+    assert decision is not None, why
+    assert decision.stage == "data.next_wait" and decision.suspect_rank == 2
+    assert "judged over blocks of 2 steps" in decision.reasons[-1], decision.reasons
+    # Jitter alone is judged over the same blocks and still opens nothing.
+    healthy, why = decide(_window(_paired(stall=False), [0, 1, 2, 3], workers=2))
+    assert healthy is None and "over blocks of 2 steps" in why, why
 
 
 def test_start_margin_covers_two_polls_and_the_latency_in_steps() -> None:

@@ -7,7 +7,10 @@ Python counts ``True`` as the int 1 and ``1.0 == 1`` holds, so ``isinstance`` an
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from typing import Any, TypeGuard
+
+from ..errors import ReportFormatError
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -23,3 +26,27 @@ def is_real(value: Any) -> TypeGuard[float]:
 def is_version(value: Any, expected: int) -> bool:
     """Whether a format's ``version`` field is exactly the integer ``expected``."""
     return is_int(value) and value == expected
+
+
+def check_document(
+    obj: Any, fmt: str, version: int, what: str, required: Iterable[str] = (), source: str = ""
+) -> dict[str, Any]:
+    """A parsed JSON document of format ``fmt`` and ``version`` holding every ``required``
+    field (a packet, a report, an incident); raises ReportFormatError naming ``what`` (after
+    ``source``, the file, when given). What the document states is quoted shortened."""
+    at = f"{source}: " if source else ""
+    if not isinstance(obj, dict):
+        raise ReportFormatError(f"{at}{what} must be a JSON object, got {type(obj).__name__}")
+    if obj.get("format") != fmt:
+        raise ReportFormatError(
+            f"{at}not a stagefrontier {what}: format is {obj.get('format')!r:.60}, expected {fmt!r}"
+        )
+    if not is_version(obj.get("version"), version):
+        raise ReportFormatError(
+            f"{at}unknown {what} version {obj.get('version')!r:.20}: this stagefrontier reads "
+            f"version {version}"
+        )
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ReportFormatError(f"{at}{what} is missing field(s) {missing}")
+    return obj

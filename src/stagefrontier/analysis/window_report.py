@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import ReportFormatError, StageFrontierError
 from .evidence import StageLocalization
 from .gates import Gates
-from .values import is_version
+from .values import check_document
 
 REPORT_FORMAT = "stagefrontier.window_report"
 REPORT_VERSION = 3
@@ -90,19 +90,8 @@ class WindowReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WindowReport:
-        if not isinstance(data, dict):
-            raise ReportFormatError(f"a report must be a JSON object, got {type(data).__name__}")
-        if data.get("format") != REPORT_FORMAT:
-            raise ReportFormatError(f"not a window report (format={data.get('format')!r})")
-        if not is_version(data.get("version"), REPORT_VERSION):
-            raise ReportFormatError(
-                f"report version {data.get('version')!r} is not supported "
-                f"(this stagefrontier reads version {REPORT_VERSION})"
-            )
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ReportFormatError(f"report is missing field(s): {missing}")
+        check_document(data, REPORT_FORMAT, REPORT_VERSION, "window report", names)
         values = {n: data[n] for n in names}
         for name, kinds in _FIELD_KINDS.items():
             if not _has_kind(values[name], kinds):

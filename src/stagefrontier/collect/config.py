@@ -8,7 +8,7 @@ both ways is an error, never a silent choice.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -110,31 +110,17 @@ class CollectConfig:
         object.__setattr__(self, "sinks", sinks)
 
 
-def collect_config(
-    collect: str | CollectConfig,
-    *,
-    out_dir: str | os.PathLike[str] | None = None,
-    collect_timeout_s: float | None = None,
-    queue_size: int | None = None,
-    sinks: Sequence[Sink] = (),
-    gates: Gates | None = None,
-    log: bool | None = None,
-) -> CollectConfig:
-    """The config of ``StageTimer(collect=..., <flat keywords>)``: the flat keywords given (not
-    None, sinks not empty) fill a config for ``collect`` as a mode, and must all be absent when
-    ``collect`` is a CollectConfig already."""
-    given: dict[str, Any] = {
-        keyword: value
-        for keyword, value in (
-            ("out_dir", out_dir),
-            ("collect_timeout_s", collect_timeout_s),
-            ("queue_size", queue_size),
-            ("sinks", tuple(sinks) or None),
-            ("gates", gates),
-            ("log", log),
-        )
-        if value is not None
-    }
+def collect_config(collect: str | CollectConfig, keywords: Mapping[str, Any]) -> CollectConfig:
+    """The config of ``StageTimer(collect=..., <flat keywords>)``: ``keywords`` maps the timer's
+    collection keywords (``out_dir``, ``collect_timeout_s``, ``queue_size``, ``sinks``, ``gates``,
+    ``log``) to their values. Those given (not None, sinks not empty) fill a config for
+    ``collect`` as a mode, and must all be absent when ``collect`` is a CollectConfig already."""
+    given: dict[str, Any] = {}
+    for keyword, value in keywords.items():
+        if keyword == "sinks":
+            value = tuple(value) or None
+        if value is not None:
+            given[keyword] = value
     if isinstance(collect, CollectConfig):
         if given:
             raise StageFrontierError(

@@ -21,14 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..analysis.schema import (
-    BACKWARD_STAGE,
-    CALLBACKS_STAGE,
-    DATA_STAGE,
-    DEFAULT_STAGES,
-    FORWARD_STAGE,
-    OPTIMIZER_STAGE,
-)
+from ..analysis import schema
 from ..collect.config import CollectConfig
 from ..collect.node import node_of
 from ..errors import DemoSettingsError
@@ -183,25 +176,25 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         with timer.step():
             for micro in range(accumulation):
                 with _microstep(timer, micro, config), _gradient_sync(model, micro, config):
-                    with timer.stage(DATA_STAGE):
+                    with timer.stage(schema.DATA_STAGE):
                         inputs, targets = next(data)
                         faults.delay("data")
-                    with timer.stage(FORWARD_STAGE):
+                    with timer.stage(schema.FORWARD_STAGE):
                         logits = model(inputs)
                         loss = F.cross_entropy(
                             logits.reshape(-1, data.vocab_size), targets.reshape(-1)
                         )
                         faults.delay("forward")
-                    with timer.stage(BACKWARD_STAGE):
+                    with timer.stage(schema.BACKWARD_STAGE):
                         faults.delay("backward")
                         (loss / accumulation).backward()
-            with timer.stage(CALLBACKS_STAGE):
+            with timer.stage(schema.CALLBACKS_STAGE):
                 losses.append(loss.item())
                 faults.delay("callback_sync")
                 faults.delay("callback_host")
                 if faults.barrier_now():
                     dist.barrier()
-            with timer.stage(OPTIMIZER_STAGE):
+            with timer.stage(schema.OPTIMIZER_STAGE):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         step_times.append(time.perf_counter() - started)
@@ -282,7 +275,7 @@ def _fsdp_no_sync(model: Any) -> Iterator[None]:
 
 def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
     enabled = config.timed and rank not in config.untimed_ranks
-    stages = list(DEFAULT_STAGES)
+    stages = list(schema.DEFAULT_STAGES)
     if rank in config.extra_stage_ranks:
         stages.insert(-1, "extra.cpu_wall")
     router = None

@@ -28,7 +28,7 @@ import math
 import os
 import secrets
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
 from ..analysis.schema import check_stage_names
 from ..analysis.side import SideEvidence
-from ..analysis.values import is_int, is_version
+from ..analysis.values import check_document, is_int
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
 from .limits import check_limit, read_capped
@@ -334,31 +334,9 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not allowed")
 
 
-def check_document(
-    obj: Any, fmt: str, version: int, required: Iterable[str], what: str
-) -> dict[str, Any]:
-    """A parsed JSON document of format ``fmt`` and ``version`` holding every ``required``
-    field (a packet, a summary packet); raises ReportFormatError naming ``what``."""
-    if not isinstance(obj, dict):
-        raise ReportFormatError(f"{what} must be a JSON object, got {type(obj).__name__}")
-    if obj.get("format") != fmt:
-        raise ReportFormatError(
-            f"not a stagefrontier {what}: format is {obj.get('format')!r}, expected {fmt!r}"
-        )
-    if not is_version(obj.get("version"), version):
-        raise ReportFormatError(
-            f"unknown {what} version {obj.get('version')!r}: this stagefrontier reads "
-            f"version {version}"
-        )
-    missing = [k for k in required if k not in obj]
-    if missing:
-        raise ReportFormatError(f"{what} is missing field(s) {missing}")
-    return obj
-
-
 def packet_from_dict(obj: Any) -> Packet:
     """Validate a parsed packet object and decode it."""
-    obj = check_document(obj, PACKET_FORMAT, PACKET_VERSION, _FIELDS, "packet")
+    obj = check_document(obj, PACKET_FORMAT, PACKET_VERSION, "packet", _FIELDS)
     d = _decode_matrix(obj["d"])
     if not isinstance(obj["stages"], list):
         raise ReportFormatError("packet field 'stages' must be a list of stage names")

@@ -28,11 +28,11 @@ from ..analysis.analyzer import analyze_summary
 from ..analysis.gates import Gates
 from ..analysis.side import SideEvidence
 from ..analysis.summary import WindowSummary
+from ..analysis.values import check_document
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError
 from .limits import read_capped
 from .packet import (
-    check_document,
     object_field,
     packet_json,
     run_field,
@@ -120,7 +120,7 @@ def is_summary_packet(obj: Any) -> bool:
 def summary_packet_from_dict(obj: Any) -> SummaryPacket:
     """Check a parsed summary packet object and decode it."""
     obj = check_document(
-        obj, SUMMARY_PACKET_FORMAT, SUMMARY_PACKET_VERSION, _FIELDS, "summary packet"
+        obj, SUMMARY_PACKET_FORMAT, SUMMARY_PACKET_VERSION, "summary packet", _FIELDS
     )
     summary = decode_summary(_summary_bytes(object_field(obj["summary"], "summary")))
     side = None

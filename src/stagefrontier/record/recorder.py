@@ -172,15 +172,15 @@ class StageTimer(TimerState):
         check_optional_callable("event_factory", event_factory)
         if collector is not None:
             check_has_methods("collector", collector, "submit", "close")
-        config = collect_config(
-            collect,
-            out_dir=out_dir,
-            collect_timeout_s=collect_timeout_s,
-            queue_size=queue_size,
-            sinks=sinks,
-            gates=gates,
-            log=log,
-        )
+        collect_keywords = {
+            "out_dir": out_dir,
+            "collect_timeout_s": collect_timeout_s,
+            "queue_size": queue_size,
+            "sinks": sinks,
+            "gates": gates,
+            "log": log,
+        }
+        config = collect_config(collect, collect_keywords)
         if collector is not None and (config.sinks or config.gates is not None):
             raise StageFrontierError(
                 "give sinks and gates to the collector you pass, not to StageTimer"

@@ -16,14 +16,8 @@ torch; ``reduce_hta`` imports ``hta`` only when called.
 """
 
 from ..analysis.schema import STEP_ANNOTATION
-from .errors import (
-    AmbiguousStageOrderError,
-    MisalignedStepsError,
-    MissingDependencyError,
-    MissingRanksError,
-    MissingStagesError,
-    TraceFormatError,
-)
+from . import errors
+from .errors import *  # noqa: F403  (the trace errors, listed once in errors.__all__)
 from .hta import reduce_hta
 from .kineto import reduce_kineto
 from .nsys import reduce_nsys
@@ -32,13 +26,8 @@ from .result import ReducedTrace
 
 __all__ = [
     "STEP_ANNOTATION",
-    "AmbiguousStageOrderError",
-    "MisalignedStepsError",
-    "MissingDependencyError",
-    "MissingRanksError",
-    "MissingStagesError",
+    *errors.__all__,
     "ReducedTrace",
-    "TraceFormatError",
     "TraceOptions",
     "reduce_hta",
     "reduce_kineto",

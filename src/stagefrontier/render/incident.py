@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.regression import regression_text
-from ..analysis.values import is_int, is_real, is_version
+from ..analysis.values import check_document, is_int, is_real
 from ..errors import ReportFormatError
 from ..formats.limits import (
     MAX_CAPTURE_STEPS,
@@ -253,24 +253,16 @@ def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
     Raises:
         ReportFormatError: naming the first field that is wrong and what it must be.
     """
-    if not isinstance(data, dict):
-        raise ReportFormatError(f"{source}: an incident must be a JSON object")
-    if data.get("format") != INCIDENT_FORMAT:
-        raise ReportFormatError(f"{source}: not an incident (format={data.get('format')!r:.60})")
-    if not is_version(data.get("version"), INCIDENT_VERSION):
-        raise ReportFormatError(
-            f"{source}: incident version {data.get('version')!r:.20} is not supported "
-            f"(this stagefrontier reads version {INCIDENT_VERSION})"
-        )
+    document = check_document(data, INCIDENT_FORMAT, INCIDENT_VERSION, "incident", source=source)
     for name, check in {**_FIELDS, **_OPTIONAL_FIELDS}.items():
-        if name not in data:
+        if name not in document:
             if name in _OPTIONAL_FIELDS:
                 continue
             raise ReportFormatError(f"{source}: incident is missing field {name!r}")
-        problem = check(data[name])
+        problem = check(document[name])
         if problem:
             raise ReportFormatError(f"{source}: incident field {name!r} must be {problem}")
-    return data
+    return document
 
 
 def write_incident(folder: str | os.PathLike[str], incident: dict[str, Any]) -> Path:

@@ -22,6 +22,10 @@ from .opdiff import op_diff, stage_op_times
 logger = logging.getLogger("stagefrontier")
 
 
+Loaded = dict[Path, tuple[dict[str, Any], list[Any]]]
+"""The incident's traces by path, each parsed once (events and their index) for the
+confirmation and the op diff."""
+
 MIN_BUDGET_S = 1.0
 """The least CPU the reduction may take before it leaves parts out (a few steps of a fast job
 would otherwise leave no room for the op diff at all)."""
@@ -57,22 +61,20 @@ def analyze_traces(
         )
         return True
 
-    _analyze(incident, files, live, gates, run_dir, over)
+    loaded = _confirm(incident, files, live, gates)
+    _op_diff(incident, files, loaded, run_dir, over)
     return time.thread_time() - start
 
 
-def _analyze(
-    incident: dict[str, Any],
-    files: dict[int, str],
-    live: list[LiveWindow],
-    gates: Any,
-    run_dir: str | os.PathLike[str],
-    over: Callable[[str], bool],
-) -> None:
+def _confirm(
+    incident: dict[str, Any], files: dict[int, str], live: list[LiveWindow], gates: Any
+) -> Loaded:
+    """Confirm the incident against the live windows; returns the traces, each parsed once for
+    the confirmation and the op diff."""
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
-    loaded = {}  # each trace is parsed once, for the confirmation and the op diff
+    loaded: Loaded = {}
     for path in files.values():
         try:
             loaded[Path(path)] = load_trace(Path(path))
@@ -96,6 +98,20 @@ def _analyze(
     except Exception as exc:
         logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
         incident["reasons"].append(f"confirmation failed: {exc}")
+    return loaded
+
+
+def _op_diff(
+    incident: dict[str, Any],
+    files: dict[int, str],
+    loaded: Loaded,
+    run_dir: str | os.PathLike[str],
+    over: Callable[[str], bool],
+) -> None:
+    """The op diff of the incident's stage: the suspect's trace against the reference's (an
+    earlier capture's, or the reference rank's), each side run while ``over`` allows."""
+    first, last = incident["steps"]
+    steps = list(range(first, last + 1))
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
     if incident["stage"] and suspect in files and not over("the op diff"):
         try:
@@ -126,7 +142,7 @@ def _analyze(
             incident["reasons"].append(f"op diff failed: {exc}")
 
 
-def _events(loaded: dict[Path, tuple[dict[str, Any], list[Any]]], path: str) -> list[Any] | None:
+def _events(loaded: Loaded, path: str) -> list[Any] | None:
     item = loaded.get(Path(path))
     return None if item is None else item[1]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from ..analysis.values import is_int, is_real
 from ..errors import ReportFormatError
@@ -43,9 +43,34 @@ def manual_answer_key(request_id: str) -> str:
     return MANUAL_ANSWER_PREFIX + request_id
 
 
+M = TypeVar("M", bound="StoreMessage")
+
+
 @dataclass(frozen=True)
-class CaptureRequest:
+class StoreMessage:
+    """A small JSON value in the job's store: ``encode`` writes its fields (tuples as lists),
+    ``decode`` reads one back through the subclass's ``_read``, which checks every field;
+    ``WHAT`` names the value in the errors."""
+
+    WHAT: ClassVar[str]
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls: type[M], data: bytes) -> M:
+        return cls._read(_load(data, cls.WHAT), cls.WHAT)
+
+    @classmethod
+    def _read(cls: type[M], obj: dict[str, Any], what: str) -> M:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CaptureRequest(StoreMessage):
     """Capture ``steps`` steps from global step ``first_step`` on every rank in ``ranks``."""
+
+    WHAT = "capture request"
 
     id: str
     ranks: tuple[int, ...]
@@ -57,13 +82,8 @@ class CaptureRequest:
     def last_step(self) -> int:
         return self.first_step + self.steps - 1
 
-    def encode(self) -> bytes:
-        return json.dumps({**asdict(self), "ranks": list(self.ranks)}).encode()
-
     @classmethod
-    def decode(cls, data: bytes) -> CaptureRequest:
-        what = "capture request"
-        obj = _load(data, what)
+    def _read(cls, obj: dict[str, Any], what: str) -> CaptureRequest:
         return cls(
             id=plain_name(_field(obj, "id", what), f"{what} id"),
             ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
@@ -74,8 +94,10 @@ class CaptureRequest:
 
 
 @dataclass(frozen=True)
-class CaptureStatus:
+class CaptureStatus(StoreMessage):
     """A named rank's answer: ``state`` is ``captured``, ``skipped`` or ``failed``."""
+
+    WHAT = "capture status"
 
     id: str
     rank: int
@@ -89,20 +111,12 @@ class CaptureStatus:
     export_cpu_s: float = 0.0
     """CPU seconds the rank's router thread spent writing the trace."""
 
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
     @classmethod
-    def decode(cls, data: bytes) -> CaptureStatus:
-        what = "capture status"
-        obj = _load(data, what)
-        state = _field(obj, "state", what)
-        if state not in ("captured", "skipped", "failed"):
-            raise ReportFormatError(f"unknown capture state {str(state)[:40]!r}")
+    def _read(cls, obj: dict[str, Any], what: str) -> CaptureStatus:
         return cls(
             id=plain_name(_field(obj, "id", what), f"{what} id"),
             rank=_int(obj, "rank", what, 0, limit("world_size") - 1),
-            state=state,
+            state=_state(obj, what, ("captured", "skipped", "failed")),
             reason=_text(obj, "reason", what, default=""),
             path=_text(obj, "path", what, default=""),
             size=_int(obj, "size", what, 0, 2**62, default=0),
@@ -114,24 +128,20 @@ class CaptureStatus:
 
 
 @dataclass(frozen=True)
-class ManualRequest:
+class ManualRequest(StoreMessage):
     """A request from outside the job: which ranks, how many steps, optionally the stage.
     ``id`` (a plain name the client chose) keys the answer; a request made in rank 0's own
     process (``ProfilerRouter.request_capture``) has none and gets no answer."""
+
+    WHAT = "manual capture request"
 
     ranks: tuple[int, ...]
     steps: int
     stage: str | None = None
     id: str | None = None
 
-    def encode(self) -> bytes:
-        obj = {"id": self.id, "ranks": list(self.ranks), "steps": self.steps, "stage": self.stage}
-        return json.dumps(obj).encode()
-
     @classmethod
-    def decode(cls, data: bytes) -> ManualRequest:
-        what = "manual capture request"
-        obj = _load(data, what)
+    def _read(cls, obj: dict[str, Any], what: str) -> ManualRequest:
         return cls(
             ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
             steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is scheduled
@@ -141,27 +151,21 @@ class ManualRequest:
 
 
 @dataclass(frozen=True)
-class ManualAnswer:
+class ManualAnswer(StoreMessage):
     """Rank 0's answer to one manual request: ``opened`` (``text`` is the incident folder) or
     ``refused`` (``text`` says why)."""
+
+    WHAT = "manual capture answer"
 
     id: str
     state: str
     text: str
 
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
     @classmethod
-    def decode(cls, data: bytes) -> ManualAnswer:
-        what = "manual capture answer"
-        obj = _load(data, what)
-        state = _field(obj, "state", what)
-        if state not in ("opened", "refused"):
-            raise ReportFormatError(f"unknown manual answer state {str(state)[:40]!r}")
+    def _read(cls, obj: dict[str, Any], what: str) -> ManualAnswer:
         return cls(
             id=plain_name(_field(obj, "id", what), f"{what} id"),
-            state=state,
+            state=_state(obj, what, ("opened", "refused")),
             text=_text(obj, "text", what, default=""),
         )
 
@@ -213,6 +217,14 @@ def _int(
     if not is_int(value) or not low <= value <= high:
         raise ReportFormatError(f"{what} {key!r} must be an integer in {low}..{high}")
     return int(value)
+
+
+def _state(obj: dict[str, Any], what: str, states: tuple[str, ...]) -> str:
+    """The ``state`` field: one of ``states``."""
+    value = _field(obj, "state", what)
+    if value not in states:
+        raise ReportFormatError(f"unknown {what} state {str(value)[:40]!r}")
+    return str(value)
 
 
 MAX_SECONDS = 86400.0
