@@ -21,7 +21,7 @@ from stagefrontier.demo.torchrun import launch_nodes
 from stagefrontier.route import list_incidents
 
 NODES, PER_NODE = 2, 2
-STEPS, WINDOW = 40, 10
+STEPS, WINDOW = 60, 10  # room for a decision made late, on a loaded machine
 
 
 def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(

@@ -152,7 +152,6 @@ class NodeLeader(StoreCollector):
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
         if self._keep:
             self._keep_windows(own.window, windows)
-        _say_what_stays_behind(windows)
         present = {w.rank for w in windows}
         late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
         group = self._node_group(own, windows, notes, late)
@@ -356,17 +355,6 @@ class NodeLeader(StoreCollector):
         if not self._worker.alive:
             self._job_conn = None
             self._server = None  # the last reference: the node store shuts down
-
-
-def _say_what_stays_behind(windows: list[RankWindow]) -> None:
-    """Once per process: the window fields a node summary does not carry up (CUDA-event
-    samples travel as their node's totals)."""
-    if any(w.role for w in windows):
-        warn_once(
-            "hierarchical-roles",
-            "stagefrontier: ranks have roles, but node summaries carry none: the report is "
-            "role-blind under hierarchical collection (collect flat for role reports)",
-        )
 
 
 HOSTS_KEY = "hosts"

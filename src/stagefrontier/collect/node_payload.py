@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,21 +41,35 @@ class Group:
 
     part: NodePart
     summary: WindowSummary
+    roles: dict[str, WindowSummary] = field(default_factory=dict)
+    """When its ranks have roles, each role's summary (role groups that span nodes combine)."""
 
     def encode(self) -> bytes:
-        return encode_node_part(replace(self.part, body=encode_summary(self.summary, compact=True)))
+        body = [encode_summary(self.summary, compact=True)]
+        lengths = []
+        for role, summary in sorted(self.roles.items()):
+            own = summary is self.summary
+            body.append(b"" if own else encode_summary(summary, compact=True))
+            lengths.append((role, len(body[-1])))
+        part = replace(self.part, body=b"".join(body), roles=tuple(lengths))
+        return encode_node_part(part)
 
 
 def decode_group(data: bytes) -> Group:
-    """Parse a part and its summary; raises ReportFormatError."""
+    """Parse a part, its summary and its roles' summaries; raises ReportFormatError."""
     part = decode_node_part(data)
-    summary = decode_summary(part.body)
+    end = len(part.body) - sum(n for _, n in part.roles)
+    summary = decode_summary(part.body[:end])
+    roles = {}
+    for role, n in part.roles:
+        roles[role] = decode_summary(part.body[end : end + n]) if n else summary
+        end += n
     width = len(summary.stages)
     if any(len(row) != width for _, rows in part.rows.values() for row in rows):
         raise ReportFormatError(f"node payload rows must have one value per stage ({width})")
     if len(part.typical) not in (0, len(stage_groups(summary.stages)[0])):
         raise ReportFormatError("node payload typical must have one rank per broad stage")
-    return Group(replace(part, body=b""), summary)
+    return Group(replace(part, body=b"", roles=()), summary, roles)
 
 
 Wanted = tuple[frozenset[int], int, int]
@@ -139,9 +153,18 @@ def node_group(
         if w.dropped_windows:
             notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off full")
     d = np.stack([w.durations_ns for w in kept], axis=1).astype(np.float64) * NS
-    summary = summarize(
-        d, [w.rank for w in kept], own.stages, gain_baseline=(gates or Gates()).gain_baseline
-    )
+    baseline = (gates or Gates()).gain_baseline
+    summary = summarize(d, [w.rank for w in kept], own.stages, gain_baseline=baseline)
+    groups: dict[str, list[int]] = {}
+    for i, w in enumerate(kept):
+        if w.role:
+            groups.setdefault(w.role, []).append(i)
+    roles = {
+        role: summary
+        if len(cols) == len(kept)
+        else summarize(d[:, cols], [kept[i].rank for i in cols], own.stages, gain_baseline=baseline)
+        for role, cols in groups.items()
+    }
     part = NodePart(
         window=own.window,
         first_step=own.first_step,
@@ -159,7 +182,7 @@ def node_group(
         rows=wanted_rows(kept, wanted),
         **event_totals(kept),
     )
-    return Group(part, summary)
+    return Group(part, summary, roles)
 
 
 def event_totals(windows: Sequence[RankWindow]) -> dict[str, Any]:
@@ -238,7 +261,22 @@ def combine_groups(
         typical=weighted_typical(joined),
         rows={rank: rows for p in parts for rank, rows in p.rows.items()},
     )
-    return Group(part, summary)
+    return Group(part, summary, _combined_roles(joined, summary))
+
+
+def _combined_roles(groups: Sequence[Group], summary: WindowSummary) -> dict[str, WindowSummary]:
+    """Each role's summaries across the groups combined (a role of every rank: the group's
+    own summary); a role whose summaries do not combine is left out, with the error logged."""
+    out: dict[str, WindowSummary] = {}
+    for role in sorted({role for g in groups for role in g.roles}):
+        parts = [g.roles[role] for g in groups if role in g.roles]
+        try:
+            out[role] = combine(parts)
+        except StageFrontierError as exc:
+            logger.warning("stagefrontier: role %s's node summaries do not combine: %s", role, exc)
+    if len(out) == 1 and next(iter(out.values())).n_ranks == summary.n_ranks:
+        out = dict.fromkeys(out, summary)
+    return out
 
 
 def _four(totals: tuple[float, ...]) -> tuple[float, float, float, float] | None:
@@ -293,7 +331,7 @@ def analyze_group(
         forward_stage=part.forward_stage or FORWARD_STAGE,
     )
     try:
-        report = analyze_summary(summary, gates=gates, side=side)
+        report = analyze_summary(summary, gates=gates, side=side, role_summaries=top.roles)
     except Exception as exc:
         logger.error("stagefrontier: window %d lost: its summary failed: %s", part.window, exc)
         return None

@@ -66,6 +66,10 @@ class NodePart:
     rows: dict[int, tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
     """The rows a capture request asked for: per named rank of the group, the first global
     step and its durations (ns, ``[steps][stages]``) over the captured steps in this window."""
+    roles: tuple[tuple[str, int], ...] = ()
+    """When its ranks have roles: per role, the byte length of that role's summary, which
+    follows the group's own summary in the body, in this order (0: the group's summary itself,
+    every rank of the group having that role). Absent from the metadata when empty."""
     body: bytes = b""
 
     @property
@@ -98,6 +102,8 @@ def encode_node_part(part: NodePart) -> bytes:
         typical=[list(pair) for pair in part.typical],
         rows={str(r): [first, [list(v) for v in rows]] for r, (first, rows) in part.rows.items()},
     )
+    if part.roles:
+        meta["roles"] = [list(pair) for pair in part.roles]
     return seal_envelope(_HEADER, MAGIC, NODE_WIRE_VERSION, meta, part.body, packed=True)
 
 
@@ -108,7 +114,7 @@ def decode_node_part(data: bytes) -> NodePart:
     )
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
     expected |= {"notes", "hosts", "self_cost_max", "events", "forward_stage", "typical", "rows"}
-    if not isinstance(meta, dict) or set(meta) != expected:
+    if not isinstance(meta, dict) or set(meta) - {"roles"} != expected:
         raise ReportFormatError(f"node payload metadata must hold exactly {sorted(expected)}")
     values: dict[str, Any] = {
         name: check_meta_value("count", meta[name], f"node payload {name}")
@@ -133,6 +139,7 @@ def decode_node_part(data: bytes) -> NodePart:
     values["forward_stage"] = meta["forward_stage"]
     values["typical"] = _typical(meta["typical"])
     values["rows"] = _rows(meta["rows"], values["first_step"], values["last_step"])
+    values["roles"] = _roles(meta.get("roles", []), len(body))
     part = NodePart(body=bytes(body), **values)
     if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
         raise ReportFormatError("node payload names nodes outside the group it covers")
@@ -165,6 +172,19 @@ def _typical(value: Any) -> tuple[tuple[int, int], ...]:
         )
         for rank, ns in value
     )
+
+
+def _roles(value: Any, body_bytes: int) -> tuple[tuple[str, int], ...]:
+    if (
+        not isinstance(value, list)
+        or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in value)
+        or len({p[0] for p in value}) != len(value)
+    ):
+        raise ReportFormatError("node payload roles must be a list of distinct [role, bytes]")
+    roles = tuple((p[0], check_meta_value("count", p[1], "node payload role bytes")) for p in value)
+    if sum(n for _, n in roles) >= body_bytes > 0:
+        raise ReportFormatError("node payload role summaries exceed its body")
+    return roles
 
 
 def _rows(

@@ -68,6 +68,11 @@ def decide(
     g = gates or report.gates
     ranks = [w.rank for w in window.merged.ranks]
     positions = list(range(len(ranks)))
+    if report.role_reports and window.summary is not None:
+        return None, (
+            "ranks play roles and the window came as node summaries, which carry no typical "
+            "rank per role to serve as the reference"
+        )
     if report.role_reports:
         bound = bounding_role(report)
         role = role or (bound.role if bound is not None else None)
