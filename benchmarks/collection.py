@@ -104,7 +104,7 @@ def _collector(
     done: dict[int, float],
     sizes: dict[int, list[int]],
 ) -> Any:
-    from stagefrontier.collect import GlooCollector, StoreCollector
+    from stagefrontier.collect import CollectorSettings, GlooCollector, StoreCollector
     from stagefrontier.sinks import JsonlSink, LogSink, PacketSink
 
     sinks: list[Any] | None = None
@@ -117,9 +117,7 @@ def _collector(
             _Stamp(done, None),
         ]
     kind = GlooCollector if config.collect == "gloo" else StoreCollector
-    return kind(
-        rank=rank, world_size=config.ranks, out_dir=config.out_dir, timeout_s=10.0, sinks=sinks
-    )
+    return kind(CollectorSettings(rank, config.ranks, config.out_dir, 10.0, sinks=sinks))
 
 
 def run_rank(rank: int, config: Config, port: int) -> None:

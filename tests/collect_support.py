@@ -93,7 +93,7 @@ class _Dropping:
         self.inner.close()
 
 
-def _late_sender(delay_s: float, **kwargs: Any) -> Any:
+def _late_sender(delay_s: float, settings: Any) -> Any:
     """A real StoreCollector whose sender thread waits ``delay_s`` before each send."""
     from stagefrontier.collect import StoreCollector
 
@@ -102,7 +102,7 @@ def _late_sender(delay_s: float, **kwargs: Any) -> Any:
             time.sleep(delay_s)
             super()._send(item)
 
-    return LateSender(**kwargs)
+    return LateSender(settings)
 
 
 def _corrupt_payloads(faults: dict[int, str]) -> None:
@@ -128,32 +128,23 @@ def _corrupt_payloads(faults: dict[int, str]) -> None:
 
 
 def _collector(rank: int, job: Job) -> Any:
-    from stagefrontier.collect import GlooCollector, StoreCollector
+    from stagefrontier.collect import CollectorSettings, GlooCollector, StoreCollector
     from stagefrontier.sinks import JsonlSink
 
     queue_size = job.queue_size.get(rank, 4)
     if job.collect == "gloo":
         collector: Any = GlooCollector(
-            rank=rank,
-            world_size=job.ranks,
-            out_dir=job.out_dir,
-            timeout_s=job.timeout_s,
-            queue_size=queue_size,
+            CollectorSettings(rank, job.ranks, job.out_dir, job.timeout_s, queue_size)
         )
     else:
         sinks = None
         if rank == 0 and job.sink_sleep_s:
             sinks = [JsonlSink(job.out_dir), _SleepySink(job.sink_sleep_s)]
-        settings: dict[str, Any] = {
-            "rank": rank,
-            "world_size": job.ranks,
-            "out_dir": job.out_dir,
-            "timeout_s": job.timeout_s,
-            "queue_size": queue_size,
-            "sinks": sinks,
-        }
+        settings = CollectorSettings(
+            rank, job.ranks, job.out_dir, job.timeout_s, queue_size, sinks=sinks
+        )
         late = job.late_send_s.get(rank)
-        collector = StoreCollector(**settings) if late is None else _late_sender(late, **settings)
+        collector = StoreCollector(settings) if late is None else _late_sender(late, settings)
     if rank in job.drop_windows:
         collector = _Dropping(collector, job.drop_windows[rank])
     return collector

@@ -11,6 +11,9 @@ fetched with ``timer.fetch`` inside the microstep loop, the next one prefetched 
 scripts do), ``lightning`` and ``hf`` (the two callbacks). The stalls sleep 120 ms per batch in
 ``slow_sample`` (data, on ``--data-rank`` during ``--data-steps``) or 120 ms per step in
 ``slow_forward`` (forward, on ``--forward-rank``); both are this file's own functions.
+``--workers N`` gives the DataLoader of ``iter``, ``lightning`` and ``hf`` N worker processes
+(a worker reads the steps of the stall as they were when the loader forked it: give the data
+stall from step 0); ``--sample-ms`` sets the data stall per sample (30 ms: 120 ms a batch).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Faults:
     data: tuple[int, int, int] = (-1, 0, 0)  # rank, first step, end step
     forward: tuple[int, int, int] = (-1, 0, 0)
     forward_micro = 0  # with microsteps, the forward stalls in this one only
+    sample_s = STALL_S / BATCH  # the data stall per sample
 
     @classmethod
     def on(cls, kind: str) -> bool:
@@ -78,7 +82,7 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if Faults.on("data"):
-            slow_sample(STALL_S / BATCH)
+            slow_sample(Faults.sample_s)
         return self.x[i], self.y[i]
 
 
@@ -123,14 +127,14 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, timer: StageTimer, 
         opt.zero_grad()
 
 
-def plain_loop(path: str, steps: int, out: str, window: int) -> None:
+def plain_loop(path: str, steps: int, out: str, window: int, workers: int) -> None:
     dist.init_process_group("gloo")
     model = nn.parallel.DistributedDataParallel(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Samples(steps * BATCH * ACCUMULATION)
     timer = StageTimer(DEFAULT_STAGES, window=window, out_dir=out, router=router())
     if path == "iter":
-        loader = DataLoader(data, batch_size=BATCH, num_workers=0)
+        loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
         for step, batch in enumerate(timer.iter(loader)):
             if step == steps:
                 break
@@ -175,7 +179,7 @@ def plain_loop(path: str, steps: int, out: str, window: int) -> None:
     dist.destroy_process_group()
 
 
-def lightning_loop(steps: int, out: str, window: int) -> None:
+def lightning_loop(steps: int, out: str, window: int, workers: int) -> None:
     import lightning.pytorch as pl
 
     from stagefrontier.integrations.lightning import StageFrontierCallback
@@ -195,7 +199,7 @@ def lightning_loop(steps: int, out: str, window: int) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    loader = DataLoader(Samples(steps * BATCH * 2), batch_size=BATCH, num_workers=0)
+    loader = DataLoader(Samples(steps * BATCH * 2), batch_size=BATCH, num_workers=workers)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=int(os.environ["WORLD_SIZE"]),
@@ -211,7 +215,7 @@ def lightning_loop(steps: int, out: str, window: int) -> None:
     trainer.fit(Module(), loader)
 
 
-def hf_loop(steps: int, out: str, window: int, scratch: str) -> None:
+def hf_loop(steps: int, out: str, window: int, workers: int, scratch: str) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from stagefrontier.integrations.transformers import StageFrontierCallback
@@ -231,7 +235,7 @@ def hf_loop(steps: int, out: str, window: int, scratch: str) -> None:
         logging_steps=10_000,
         save_strategy="no",
         disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=workers,
     )
     trainer = Trainer(
         model=Net(),
@@ -259,6 +263,8 @@ def main() -> None:
     parser.add_argument("--data-steps", type=span, default=(0, 0))
     parser.add_argument("--forward-rank", type=int, default=-1)
     parser.add_argument("--forward-steps", type=span, default=(0, 0))
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--sample-ms", type=float, default=STALL_S / BATCH * 1e3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -266,12 +272,14 @@ def main() -> None:
     logging.getLogger("stagefrontier").setLevel(logging.INFO if RANK == 0 else logging.WARNING)
     Faults.data = (args.data_rank, *args.data_steps)
     Faults.forward = (args.forward_rank, *args.forward_steps)
+    Faults.sample_s = args.sample_ms / 1e3
     if args.path == "lightning":
-        lightning_loop(args.steps, args.out, args.window)
+        lightning_loop(args.steps, args.out, args.window, args.workers)
     elif args.path == "hf":
-        hf_loop(args.steps, args.out, args.window, os.path.join(args.out, "hf-scratch"))
+        scratch = os.path.join(args.out, "hf-scratch")
+        hf_loop(args.steps, args.out, args.window, args.workers, scratch)
     else:
-        plain_loop(args.path, args.steps, args.out, args.window)
+        plain_loop(args.path, args.steps, args.out, args.window, args.workers)
 
 
 if __name__ == "__main__":

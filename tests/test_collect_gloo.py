@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from collect_support import DATA, Job, launch, reasons
-from stagefrontier.collect import CollectConfig, GlooCollector, make_collector
+from stagefrontier.collect import CollectConfig, CollectorSettings, GlooCollector, make_collector
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_gloo_collector_of_one_rank_analyzes_locally(tmp_path: Path) -> None:
 
     from stagefrontier.record.window import RankWindow
 
-    collector = GlooCollector(rank=0, world_size=1, out_dir=tmp_path, group=None)
+    collector = GlooCollector(CollectorSettings(0, 1, tmp_path), group=None)
     stages = (DATA, "step.other_cpu_wall")
     durations = np.array([[3_000_000, 1_000_000]] * 4, dtype=np.int64)
     window = RankWindow(0, 0, 3, 0, stages, durations, durations.sum(axis=1))

@@ -41,13 +41,11 @@ def _rank0(folder: Path) -> None:
     import torch.distributed as dist
 
     from stagefrontier import StageTimer
-    from stagefrontier.collect import StoreCollector
+    from stagefrontier.collect import CollectorSettings, StoreCollector
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     (folder / "port").write_text(str(server.port))
-    collector = StoreCollector(
-        rank=0, world_size=2, out_dir=folder, timeout_s=TIMEOUT_S, store=server
-    )
+    collector = StoreCollector(CollectorSettings(0, 2, folder, TIMEOUT_S), store=server)
     timer = StageTimer([STAGE], window=WINDOW, collector=collector)
     _timed_steps(timer, 2 * WINDOW)
     _wait_for(folder / "windows.jsonl")
@@ -59,7 +57,7 @@ def _rank1(folder: Path) -> None:
     import torch.distributed as dist
 
     from stagefrontier import StageTimer
-    from stagefrontier.collect import StoreCollector
+    from stagefrontier.collect import CollectorSettings, StoreCollector
 
     warnings: list[str] = []
 
@@ -73,9 +71,7 @@ def _rank1(folder: Path) -> None:
     client = dist.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
     )
-    collector = StoreCollector(
-        rank=1, world_size=2, out_dir=folder, timeout_s=TIMEOUT_S, store=client
-    )
+    collector = StoreCollector(CollectorSettings(1, 2, folder, TIMEOUT_S), store=client)
     timer = StageTimer([STAGE], window=WINDOW, collector=collector)
     _timed_steps(timer, 2 * WINDOW)
     _wait_for(folder / "stopping")

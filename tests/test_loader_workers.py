@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from multiprocessing.connection import wait
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from recorder_support import FWD, read_records
 from stagefrontier import StageTimer
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.errors import ReportFormatError
+from stagefrontier.integrations._timer import train_loader
 from stagefrontier.record.loader_workers import loader_figures
 
 BATCH = 4
@@ -158,3 +160,15 @@ class _Keep:
 
     def close(self) -> None:
         pass
+
+
+def test_the_callbacks_find_the_dataloader_in_what_the_framework_hands_them() -> None:
+    loader = DataLoader(Samples(8), batch_size=BATCH, num_workers=1)
+    wrapper = SimpleNamespace(base_dataloader=loader)  # Accelerate's DataLoaderShard holds one
+    assert train_loader(loader) is loader
+    assert train_loader(wrapper) is loader
+    # Lightning's trainer.train_dataloader with several loaders: the first DataLoader.
+    assert train_loader({"text": [1, 2], "images": [wrapper]}) is loader
+    assert train_loader([range(3), loader]) is loader
+    numbers = iter(range(3))
+    assert train_loader(numbers) is numbers  # not a DataLoader: the timer notes what it is

@@ -36,6 +36,10 @@ from stagefrontier.sinks import OtelSink
 STEPS = 10
 WINDOW = 4  # windows of 4, 4 and 2 steps (the last one flushed by close)
 NEVER_S = 3600.0  # an export interval no test reaches: only close() exports
+EXPORT_TIMEOUT_S = 60.0
+"""The export deadline of the tests that need an export to arrive: the sink's default (10 s) is a
+production setting, and once in a full suite on a loaded 2-core machine the export at close
+timed out with it (the loopback receiver answered after the deadline)."""
 
 
 @pytest.fixture
@@ -93,6 +97,7 @@ def test_the_last_window_reaches_a_real_otlp_receiver_with_its_job(
         headers={"x-tenant": "team-a"},
         attributes={"deployment.environment": "test"},
         export_interval_s=NEVER_S,
+        export_timeout_s=EXPORT_TIMEOUT_S,
     )
     records = _train(tmp_path, sink)
     assert [r["window"] for r in records] == [0, 1, 2]
@@ -144,7 +149,7 @@ def test_the_last_window_reaches_a_real_otlp_receiver_with_its_job(
 def test_the_export_thread_pushes_windows_while_training_runs(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    sink = OtelSink(receiver.url, export_interval_s=0.05)
+    sink = OtelSink(receiver.url, export_interval_s=0.05, export_timeout_s=EXPORT_TIMEOUT_S)
 
     def exported_windows() -> set[float]:
         return {

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from recorder_support import read_records
 from stagefrontier.demo.torchrun import free_port
 from stagefrontier.route import list_incidents
 
@@ -34,6 +35,12 @@ DEADLINE_S = 420
 FAULTS = {
     "data": ("--data-rank", "2", "--data-steps", f"{STALL_FROM}:{STEPS}"),
     "forward": ("--forward-rank", "1", "--forward-steps", f"{STALL_FROM}:{STEPS}"),
+    # 2 DataLoader workers, which read the stall's steps when they fork: from step 0; 120 ms a
+    # sample, so each worker's 480 ms a batch outlasts two steps even on a loaded machine
+    "workers": (
+        *("--data-rank", "2", "--data-steps", f"0:{STEPS}"),
+        *("--workers", "2", "--sample-ms", "120"),
+    ),
 }
 EXPECTED = {  # fault -> (stage, suspect rank, the function the op diff names)
     "data": ("data.next_wait", 2, "slow_sample"),
@@ -103,3 +110,36 @@ def test_a_stall_opens_one_confirmed_incident_naming_the_function(
     cost = incident["router_cpu_s"]
     assert set(cost["export"]) == {str(r) for r in incident["ranks"]}
     assert cost["reduction"] > 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("lightning", id="lightning", marks=_needs("lightning")),
+        pytest.param("hf", id="hf", marks=_needs("transformers")),
+    ],
+)
+def test_the_callbacks_find_the_dataloader_and_profile_its_workers(
+    tmp_path: Path, path: str
+) -> None:
+    """The callbacks find the Trainer's DataLoader (2 workers) by themselves: every window
+    carries every rank's worker figures, and a stall in rank 2's dataset opens an incident,
+    confirmed, whose worker op diff and advice name ``slow_sample``."""
+    out = tmp_path / "out"
+    incidents = _run(out, path, "workers")
+    records = read_records(out)
+    assert records
+    for record in records:
+        figures = record["loader_workers"]
+        assert sorted(figures) == [str(r) for r in range(RANKS)], figures
+        assert all(f["workers"] == 2 for f in figures.values()), figures
+    timed = [r["loader_workers"] for r in records if "per_batch_s" in r["loader_workers"]["2"]]
+    assert timed and any(figures["2"]["saturated"] for figures in timed)
+    # The first incident; the stall lasts the whole run, so another may open after the cooldown.
+    incident = min(incidents, key=lambda i: i["window"])
+    assert incident["trigger"] == "window" and incident["leader_rank"] == 2
+    assert incident["stage"] == "data.next_wait"
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
+    top = incident["worker_op_diff"][0]
+    assert "slow_sample" in top["name"], incident["worker_op_diff"][:3]
+    assert "slow_sample" in incident["loader_advice"], incident["loader_advice"]

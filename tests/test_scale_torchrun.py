@@ -1,8 +1,15 @@
 """The real 16-rank job: 4 torchrun agents of 4 ranks each on this machine, joined by a c10d
 rendezvous, training the demo model with Gloo DDP. Run once collected flat and once
-hierarchically, same seed, a 120 ms data stall on rank 5 for the first two windows and on every
-rank of node 1 from the third on, and 300 ms more on every rank for the last two (a slowdown of
+hierarchically, same seed, a 400 ms data stall on rank 5 for the first two windows and on every
+rank of node 1 from the third on, and 1.2 s more on every rank for the last two (a slowdown of
 the whole job the live regression check must flag).
+
+The sizes are chosen so that the answers do not depend on the machine's load. Sixteen ranks on a
+2-core machine make every backward's all-reduce take 100-150 ms a step, as much as a 120 ms stall,
+so the stall is several times that. Under hierarchical collection "every rank grew" is bounded,
+not exact: the smallest rank's mean now must exceed the largest baseline mean (a stalled rank's)
+by half the slowdown, so the slowdown is more than twice the stall. Windows are 5 steps to keep
+the runs short.
 
 Across the runs, per window, the top stage and its lead (a rank, then a node) must agree. Within
 the hierarchical run, the flat analysis of the exact windows its node leaders kept must give rank
@@ -25,9 +32,10 @@ from stagefrontier.demo.scale_check import (
     run_both,
     small_config,
 )
+from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 
 NODES, PER_NODE = 4, 4
-FAULTS = ("data@5:120ms,to=20", "data@node1:120ms,from=20", "data@all:300ms,from=40")
+FAULTS = ("data@5:400ms,to=10", "data@node1:400ms,from=10", "data@all:1200ms,from=20")
 WINDOWS = list(range(6))
 
 
@@ -35,7 +43,7 @@ WINDOWS = list(range(6))
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scale")
     config = small_config(
-        NODES * PER_NODE, 60, 10, tuple(parse_fault(f) for f in FAULTS), seed=3, out=str(out)
+        NODES * PER_NODE, 30, 5, tuple(parse_fault(f) for f in FAULTS), seed=3, out=str(out)
     )
     run_both(config, nodes=NODES, per_node=PER_NODE)
     return out
@@ -53,7 +61,10 @@ def test_flat_and_hierarchical_name_the_same_stage_and_lead(runs: Path) -> None:
     for f, h in zip(flat, hier, strict=True):
         assert f["gather_ok"] and h["gather_ok"]
         assert "1" in h["nodes"].pop("hosts")  # node 1 holds the leaders
-        assert 0 < h["nodes"].pop("rounding_s") < 1e-4  # compact parts: a grid of a few us
+        # compact parts: a grid of at most QUANTUM_FRACTION of the shortest step, so within half
+        # of that of the mean step
+        mean_step_s = float(h["exposed_s"]) / int(h["n_steps"])
+        assert 0 < h["nodes"].pop("rounding_s") <= QUANTUM_FRACTION / 2 * mean_step_s
         assert h["nodes"] == {
             "node_size": PER_NODE,
             "nodes": NODES,
@@ -90,7 +101,7 @@ def test_a_slowdown_of_every_rank_is_flagged_in_the_same_window_flat_and_hierarc
         found = records[4]["regression"]  # the first window of the slowdown
         assert found is not None, [r["regression"] for r in records]
         assert found["top_stage"] == "data.next_wait" and found["all_ranks"], found
-        assert found["delta_advance_ms_per_step"]["data.next_wait"] > 200, found
+        assert found["delta_advance_ms_per_step"]["data.next_wait"] > 1000, found
     assert regression_of(flat[4]) == regression_of(hier[4]) == "data.next_wait, all ranks"
     assert hier[4]["regression"]["baseline_windows"][-1] <= 3
 

@@ -36,7 +36,10 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
     )
 
     def config(name: str) -> CollectConfig:
-        return CollectConfig(mode="store", out_dir=f"{out_dir}/{name}", timeout_s=10.0, log=False)
+        # No collective in the loop keeps the ranks together: on a loaded machine one rank can
+        # run more than 10 s behind the other, and rank 0 would then rightly report it missing.
+        # The wait is a deadline for a lagging rank, not a cost when both keep up.
+        return CollectConfig(mode="store", out_dir=f"{out_dir}/{name}", timeout_s=120.0, log=False)
 
     train = StageTimer(TRAIN, window=5, collect=config("train"))
     evaluate = StageTimer(EVAL, window=5, collect=config("eval"))

@@ -97,11 +97,11 @@ def test_custom_gates_change_the_live_labels(
 
 def test_collect_timeout_is_the_store_connections_timeout(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
-    from stagefrontier.collect import StoreCollector
+    from stagefrontier.collect import CollectorSettings, StoreCollector
     from stagefrontier.demo.launch import loopback_store
 
     server = loopback_store(1)
-    collector = StoreCollector(rank=1, world_size=2, out_dir=tmp_path, timeout_s=1.5, store=server)
+    collector = StoreCollector(CollectorSettings(1, 2, tmp_path, 1.5), store=server)
     try:
         connection = collector._connection()
         assert connection.underlying_store.timeout == timedelta(seconds=1.5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import StageFrontierError
 from ..sinks import collector_sinks
-from .base import Collector
+from .base import Collector, CollectorSettings
 from .config import AUTO_HIERARCHICAL_ABOVE, COLLECT_MODES, CollectConfig
 from .gloo import GlooCollector
 from .hierarchical import hierarchical_collector
@@ -22,6 +22,7 @@ __all__ = [
     "COLLECT_MODES",
     "CollectConfig",
     "Collector",
+    "CollectorSettings",
     "GlooCollector",
     "LocalCollector",
     "StoreCollector",
@@ -63,18 +64,18 @@ def make_collector(config: CollectConfig) -> Collector:
 
     rank = dist.get_rank()
     world_size = dist.get_world_size()
-    settings = {
-        "rank": rank,
-        "world_size": world_size,
-        "out_dir": config.out_dir,
-        "timeout_s": config.timeout_s,
-        "queue_size": config.queue_size,
-        "sinks": collector_sinks(
+    settings = CollectorSettings(
+        rank,
+        world_size,
+        config.out_dir,
+        config.timeout_s,
+        config.queue_size,
+        sinks=collector_sinks(
             rank, config.out_dir, distributed=True, extra=config.sinks, log=config.log
         ),
-        "gates": config.gates,
-        "regression": config.regression,
-    }
+        gates=config.gates,
+        regression=config.regression,
+    )
     if mode == "hierarchical" or collects_hierarchically(config):
         collector = hierarchical_collector(
             settings, keep_node_windows=config.keep_node_windows, fan_in=config.fan_in
@@ -82,7 +83,7 @@ def make_collector(config: CollectConfig) -> Collector:
         if collector is not None:
             return collector
     cls = GlooCollector if mode == "gloo" else StoreCollector
-    return cls(**settings)
+    return cls(settings)
 
 
 def collects_hierarchically(config: CollectConfig) -> bool:

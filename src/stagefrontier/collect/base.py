@@ -4,12 +4,15 @@ and what rank 0 does with the windows it received: merge them and analyze them."
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from ..analysis.gates import Gates
+from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..record.window import (
     AnalyzedWindow,
     MergedWindow,
@@ -17,8 +20,37 @@ from ..record.window import (
     RankWindow,
     merge_windows,
 )
+from ..sinks.base import Sink
 
 logger = logging.getLogger("stagefrontier")
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """What every cross-rank collector (store, Gloo, node member and leader) is built with.
+
+    Args:
+        rank, world_size: this process in the job.
+        out_dir: where rank 0's default sinks write.
+        timeout_s: how long one store or group operation may wait for the other ranks.
+        queue_size: windows that may wait for the thread before new ones are dropped.
+        sinks: rank 0's sinks, replacing the defaults (windows.jsonl, the log line and packets);
+            started by the collector and closed after the last window.
+        join_timeout_s: how long ``close`` waits for queued windows (None: the collector's own
+            default).
+        gates: the labeler's gates for rank 0's analysis (None: the defaults).
+        regression: rank 0's live regression check (None: off).
+    """
+
+    rank: int
+    world_size: int
+    out_dir: str | os.PathLike[str]
+    timeout_s: float = 10.0
+    queue_size: int = 4
+    sinks: Sequence[Sink] | None = None
+    join_timeout_s: float | None = None
+    gates: Gates | None = None
+    regression: RegressionConfig | None = DEFAULT_REGRESSION
 
 
 class Collector(Protocol):

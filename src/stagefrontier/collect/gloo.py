@@ -24,20 +24,17 @@ window alone, marked ``telemetry_limited`` with the reason. Training never waits
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from ..analysis.gates import Gates
-from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
-from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, analyze_received, merge_received
+from ..sinks import close_sinks, collector_sinks, emit, start_sinks
+from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
 from .live import LiveAnalysis
 from .wire import WIRE_VERSION, decode_window, encode_window
 
@@ -52,37 +49,17 @@ MAX_PAYLOAD_BYTES = 256 << 20
 class GlooCollector:
     """One thread per rank exchanging each window over a dedicated Gloo group; rank 0 analyzes.
 
-    Args:
-        rank, world_size: this process in the job.
-        out_dir: where rank 0's default sinks write.
-        timeout_s: the group's timeout: how long one operation may wait for the other ranks.
-        queue_size: windows that may wait for the thread before new ones are dropped.
-        group: an existing group to use instead of creating one (all ranks, Gloo).
-        sinks: rank 0's sinks, replacing the defaults (windows.jsonl, the log line and packets);
-            started here and closed after the last window.
-        join_timeout_s: how long ``close`` waits for queued windows.
-        gates: the labeler's gates for rank 0's analysis (None: the defaults).
+    ``settings.timeout_s`` is the group's timeout: how long one operation may wait for the other
+    ranks. ``group``: an existing group to use instead of creating one (all ranks, Gloo).
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        out_dir: str | os.PathLike[str],
-        timeout_s: float = 10.0,
-        queue_size: int = 4,
-        group: Any = None,
-        sinks: Sequence[Sink] | None = None,
-        join_timeout_s: float | None = None,
-        gates: Gates | None = None,
-        regression: RegressionConfig | None = DEFAULT_REGRESSION,
-    ) -> None:
+    def __init__(self, settings: CollectorSettings, *, group: Any = None) -> None:
+        rank, world_size, timeout_s = settings.rank, settings.world_size, settings.timeout_s
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.gates = gates
-        self.live = LiveAnalysis(gates, regression)
+        self.gates = settings.gates
+        self.live = LiveAnalysis(settings.gates, settings.regression)
         self._dead: str | None = None
         self._group = group
         if group is None and world_size > 1:
@@ -92,12 +69,13 @@ class GlooCollector:
                 self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
             except Exception as exc:  # a rank that never built its timer, a store problem
                 self._mark_dead(f"creating the gloo collection group failed: {_describe(exc)}")
-        self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
+        self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
+        join_timeout_s = settings.join_timeout_s
         self._worker = BackgroundWorker(
             "stagefrontier-gloo",
             self._process,
-            queue_size,
+            settings.queue_size,
             join_timeout_s if join_timeout_s is not None else timeout_s + 5.0,
             after_last=lambda: close_sinks(self.sinks),
         )

@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import emit
+from .base import CollectorSettings
 from .launcher import warn_once
 from .node import NodeIdentity, host_layout, node_of
 from .node_payload import (
@@ -58,8 +59,10 @@ def part_key(window: int, level: int, node: int) -> str:
 class NodeMember(StoreCollector):
     """A rank that is not its node's leader: its windows go to the node's store."""
 
-    def __init__(self, *, node: NodeIdentity, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, settings: CollectorSettings, *, node: NodeIdentity, store: Any = None
+    ) -> None:
+        super().__init__(settings, store=store)
         self.node = node
 
     def _open_raw(self) -> Any:
@@ -74,21 +77,21 @@ class NodeLeader(StoreCollector):
 
     def __init__(
         self,
+        settings: CollectorSettings,
         *,
         node: NodeIdentity,
         store: Any = None,
         keep_node_windows: bool = False,
         fan_in: int = DEFAULT_FAN_IN,
-        **kwargs: Any,
     ) -> None:
         self.node = node
         self._job_store = store
         self._job_conn: Any = None
         self._job_previous: Any = None
         self._keep = keep_node_windows
-        self._out_dir = os.fspath(kwargs["out_dir"])
+        self._out_dir = os.fspath(settings.out_dir)
         self._up_failed: str | None = None
-        self.nodes = int(kwargs["world_size"]) // node.size
+        self.nodes = settings.world_size // node.size
         self.fan_in = fan_in
         self.levels = headed_levels(node.node, self.nodes, fan_in)
         self._waits = {level.level: PeerWait("node", "summary") for level in self.levels}
@@ -96,9 +99,9 @@ class NodeLeader(StoreCollector):
         self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
         self._done_up = 0  # rank 0: the job store's done counter it last published
         self._wanted: tuple[Wanted, ...] = ()  # replaced whole by the router thread
-        server, problem = self._serve(kwargs.get("timeout_s", 10.0))
+        server, problem = self._serve(settings.timeout_s)
         self._server = server
-        super().__init__(store=server, collects=True, **kwargs)
+        super().__init__(settings, store=server, collects=True)
         self.peers = node.ranks[1:]
         if problem is not None:
             self._dead = problem
@@ -401,17 +404,18 @@ def node_from_hosts(
 
 
 def hierarchical_collector(
-    settings: dict[str, Any], *, keep_node_windows: bool, fan_in: int
+    settings: CollectorSettings, *, keep_node_windows: bool, fan_in: int, store: Any = None
 ) -> StoreCollector | None:
     """The member, leader or root collector of this rank, from the launcher's node layout or,
     without one, from the ranks' host names; None (collect flat instead, said once in the log)
-    when neither says which ranks share a node."""
-    rank, world_size = settings["rank"], settings["world_size"]
+    when neither says which ranks share a node. ``store``: the job's store to clone (the
+    process group's by default)."""
+    rank, world_size = settings.rank, settings.world_size
     try:
         node = node_of(rank, world_size)
     except ValueError as launcher:
         try:
-            node = node_from_hosts(rank, world_size, settings["timeout_s"], settings.get("store"))
+            node = node_from_hosts(rank, world_size, settings.timeout_s, store)
         except ValueError as exc:
             warn_once(
                 "hierarchical-fallback",
@@ -429,5 +433,7 @@ def hierarchical_collector(
             node.size,
         )
     if rank == node.first_rank:
-        return NodeLeader(node=node, keep_node_windows=keep_node_windows, fan_in=fan_in, **settings)
-    return NodeMember(node=node, **settings)
+        return NodeLeader(
+            settings, node=node, store=store, keep_node_windows=keep_node_windows, fan_in=fan_in
+        )
+    return NodeMember(settings, node=node, store=store)

@@ -32,13 +32,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..analysis.gates import Gates
-from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow
-from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, analyze_received, merge_received
+from ..sinks import close_sinks, collector_sinks, emit, start_sinks
+from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
 from .live import LiveAnalysis
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 from .wire import decode_window, encode_window
@@ -156,27 +154,17 @@ class StoreCollector:
     """Sender on every rank but 0, collector on rank 0; both run on one background thread."""
 
     def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        out_dir: str | os.PathLike[str],
-        timeout_s: float = 10.0,
-        queue_size: int = 4,
-        store: Any = None,
-        sinks: Sequence[Sink] | None = None,
-        join_timeout_s: float | None = None,
-        gates: Gates | None = None,
-        regression: RegressionConfig | None = DEFAULT_REGRESSION,
-        collects: bool | None = None,
+        self, settings: CollectorSettings, *, store: Any = None, collects: bool | None = None
     ) -> None:
-        """``collects``: whether this rank reads the others' windows (None: rank 0 does)."""
+        """``store``: the store to clone for the collector's connection (the job's by default);
+        ``collects``: whether this rank reads the others' windows (None: rank 0 does)."""
+        rank, world_size, timeout_s = settings.rank, settings.world_size, settings.timeout_s
         collects = rank == 0 if collects is None else collects
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.gates = gates
-        self.live = LiveAnalysis(gates, regression)
+        self.gates = settings.gates
+        self.live = LiveAnalysis(settings.gates, settings.regression)
         self._base_store = store
         self._conn: Any = None
         self._previous: Any = None
@@ -192,15 +180,16 @@ class StoreCollector:
         self._silent_read = 0  # rank 0: announcements read so far
         self._done = 0  # rank 0: the value of the done counter it last published
         self._sent = SentKeys(lambda index: window_key(index, rank))  # sender's keys
-        self.sinks = collector_sinks(rank, out_dir, distributed=True, sinks=sinks)
+        self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
         handler = self._collect if collects else self._send
+        join_timeout_s = settings.join_timeout_s
         if join_timeout_s is None:
             join_timeout_s = timeout_s + 5.0 if collects else SENDER_CLOSE_S
         self._worker = BackgroundWorker(
             f"stagefrontier-{'collector' if collects else 'sender'}",
             handler,
-            queue_size,
+            settings.queue_size,
             join_timeout_s,
             after_last=lambda: close_sinks(self.sinks),
         )

@@ -293,8 +293,30 @@ def write_bytes_atomically(path: str | os.PathLike[str], payload: bytes) -> Path
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    logger.debug("wrote packet %s (%d bytes)", target, len(payload))
+    logger.debug("wrote %s (%d bytes)", target, len(payload))
     return target
+
+
+def remove_temporaries(folder: str | os.PathLike[str], pattern: str) -> list[str]:
+    """Delete the regular files named like ``pattern`` directly in ``folder``: the temporary
+    files of atomic writes that a killed process or a power loss interrupted (a finished or
+    failed write removes its own). Called where no write of this run can be under way yet.
+    Says what it removed in one log line, and returns the names; never raises."""
+    removed: list[str] = []
+    try:
+        for path in Path(folder).glob(pattern):
+            if path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    except OSError as exc:
+        logger.debug("removing temporary files in %s failed: %s", folder, exc)
+    if removed:
+        logger.info(
+            "stagefrontier: removed %d temporary file(s) an interrupted write left in %s",
+            len(removed),
+            folder,
+        )
+    return removed
 
 
 def _side_to_dict(side: SideEvidence) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import StageFrontierError
@@ -52,6 +52,24 @@ def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:
         timer.charge_data_wait(wait_ns)
 
 
+def train_loader(data: Any) -> Any:
+    """The DataLoader in what a framework hands its callbacks: a ``DataLoader``, the one an
+    Accelerate wrapper holds (``base_dataloader``: its workers are that loader's), or the first
+    DataLoader in a list, tuple or mapping of them (Lightning's ``trainer.train_dataloader`` with
+    several loaders). Anything else is returned as it is (the timer notes what it is)."""
+    base = getattr(data, "base_dataloader", None)
+    if base is not None:
+        return base
+    if isinstance(data, Mapping):
+        items: list[Any] = list(data.values())
+    elif isinstance(data, list | tuple):
+        items = list(data)
+    else:
+        return data
+    found = [train_loader(item) for item in items]
+    return next((f for f in found if hasattr(f, "num_workers")), found[0] if found else None)
+
+
 class HookClock:
     """Opens and closes a StageTimer's step, microsteps and stages at hook boundaries.
 
@@ -61,7 +79,16 @@ class HookClock:
     never raises: a failure is logged once and the clock stops driving the timer.
     """
 
-    __slots__ = ("_broken", "_mark", "_micro", "_stage", "_step", "_timer", "microstep_index")
+    __slots__ = (
+        "_broken",
+        "_loader",
+        "_mark",
+        "_micro",
+        "_stage",
+        "_step",
+        "_timer",
+        "microstep_index",
+    )
 
     def __init__(self, timer: StageTimer) -> None:
         self._timer = timer
@@ -70,6 +97,7 @@ class HookClock:
         self._stage: Any = None  # the open stage context, or None
         self._mark: int | None = None
         self._broken = False
+        self._loader: Any = None  # the watched DataLoader's counters, or None
         self.microstep_index = -1
 
     @property
@@ -79,6 +107,24 @@ class HookClock:
     @property
     def step_open(self) -> bool:
         return self._step is not None
+
+    def watch(self, data: Any) -> bool:
+        """Time the workers of the DataLoader in ``data`` (what the framework hands its
+        callbacks, see ``train_loader``); True when they are watched. Call it before the
+        workers start: workers already running are not timed."""
+        if self._broken or data is None:
+            return False
+        try:
+            self._loader = self._timer.watch_dataloader(train_loader(data))
+        except Exception:  # the loop runs on without worker figures
+            logger.exception("stagefrontier: watching the training DataLoader failed")
+            self._loader = None
+        return self._loader is not None
+
+    def took(self, batches: int) -> None:
+        """The loop took ``batches`` batches from the watched loader."""
+        if self._loader is not None:
+            self._loader.consumed += batches
 
     def mark(self) -> None:
         """The next step's data wait starts now (unless a step is open)."""

@@ -178,6 +178,8 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
     # ------------------------------------------------------------------ between steps
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._clock is not None:
+            if self._clock.watch(getattr(trainer, "train_dataloader", None)):
+                _restart_first_epoch(trainer)
             self._clock.mark()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -202,6 +204,7 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
         clock = self._clock
         if clock is None:
             return
+        clock.took(1)
         if clock.step_open and self._accumulate > 1:
             clock.switch(FORWARD_STAGE)  # micro-batch i > 0: its data wait is closing
         else:
@@ -236,6 +239,23 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
             clock.microstep(clock.microstep_index + 1, DATA_STAGE)  # more micro-batches to come
         else:
             clock.end_step()
+
+
+def _restart_first_epoch(trainer: Any) -> None:
+    """Lightning's fit loop makes the first epoch's DataLoader iterator, and so starts its
+    workers, before any callback hook sees the loader; every later epoch gets a new one. Ask the
+    fit loop's data fetcher for that new iterator now (what it does itself at each later epoch),
+    so the first epoch's workers run the timer's hook too. Not when the fit resumes from a
+    checkpoint (the iterator holds the restored position) or on a Lightning without that
+    fetcher: the figures then start with the next epoch."""
+    loop = getattr(trainer, "fit_loop", None)
+    fetcher = getattr(loop, "_data_fetcher", None)
+    if fetcher is None or getattr(loop, "restarting", True) or getattr(loop, "is_resuming", True):
+        return
+    try:
+        iter(fetcher)
+    except Exception:
+        logger.exception("stagefrontier: restarting the first epoch's DataLoader workers failed")
 
 
 class _BatchEndTail(_pl.Callback):  # type: ignore[misc]

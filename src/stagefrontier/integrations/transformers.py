@@ -150,6 +150,8 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
         model = kwargs.get("model")
         if self.split_forward and self.timer.enabled and model is not None and self._hook is None:
             self._hook = model.register_forward_hook(self._forward_returned)
+        # The Trainer hands its callbacks the loader before the first epoch starts its workers.
+        self._clock.watch(kwargs.get("train_dataloader"))  # type: ignore[union-attr]
         self._clock.mark()  # type: ignore[union-attr]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -198,6 +200,7 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
             return
         self._close_on_log = False
         self._in_forward = True
+        clock.took(self._accumulate)  # the Trainer fetched the step's micro-batches before it
         clock.begin_step(self._first, microsteps=self._accumulate > 1)
 
     def _forward_returned(self, module: Any, inputs: Any, output: Any) -> None:

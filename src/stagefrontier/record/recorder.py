@@ -42,7 +42,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
-from .loader_workers import watch_loader
+from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
@@ -300,8 +300,7 @@ class StageTimer(TimerState):
             return
         if self.stages[0] != stage:
             self._violation(f"timer.iter stage {stage!r} must be the first ordered stage")
-        workers, self._loader_note = watch_loader(iterable)
-        self._loader_workers = workers
+        workers = self.watch_dataloader(iterable)
         iterator = iter(iterable)
         if workers is not None:
             workers.started(iterator)
@@ -315,6 +314,18 @@ class StageTimer(TimerState):
             if workers is not None:
                 workers.consumed += 1
             yield item
+
+    def watch_dataloader(self, loader: Any) -> WorkerCounters | None:
+        """Time the worker processes of ``loader`` from inside, as ``timer.iter`` does for the
+        loader it is given, for a loop that iterates the loader itself (the framework
+        callbacks call it). Call it before the workers start. Returns the loader's counters,
+        whose ``consumed`` the caller adds the batches the loop took to, or None (a loader
+        without workers, or not a DataLoader: the window's figures then carry the note)."""
+        if not self.enabled:
+            return None
+        workers, self._loader_note = watch_loader(loader)
+        self._loader_workers = workers
+        return workers
 
     def fetch(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, its wait charged like one ``next()`` of ``timer.iter``: to

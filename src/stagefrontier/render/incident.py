@@ -23,6 +23,7 @@ from ..formats.limits import (
     read_capped,
 )
 from ..formats.names import is_plain_name
+from ..formats.packet import write_bytes_atomically
 from .command import cli_command
 from .escape import printable, printable_lines
 from .loader_text import WORKER_ROW_NUMBERS, worker_line
@@ -266,18 +267,15 @@ def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
 
 
 def write_incident(folder: str | os.PathLike[str], incident: dict[str, Any]) -> Path:
-    """Write ``incident.json`` (atomically: a failed write, say on a full disk, leaves the
-    previous file and no temporary one) and ``incident.md``; returns the JSON path."""
+    """Write ``incident.json`` and ``incident.md``, each atomically (a failed write, say on a
+    full disk, raises OSError and leaves the previous file and no temporary one); returns the
+    JSON path."""
     check_incident(incident)
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (INCIDENT_FILE + ".tmp")
-    try:
-        tmp.write_text(json.dumps(incident, indent=1, allow_nan=False))
-        os.replace(tmp, path / INCIDENT_FILE)
-    finally:
-        tmp.unlink(missing_ok=True)
-    (path / "incident.md").write_text(render_markdown(incident))
+    text = json.dumps(incident, indent=1, allow_nan=False)
+    write_bytes_atomically(path / INCIDENT_FILE, text.encode())
+    write_bytes_atomically(path / "incident.md", render_markdown(incident).encode())
     return path / INCIDENT_FILE
 
 

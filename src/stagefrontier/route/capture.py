@@ -21,9 +21,11 @@ self-cost (``capture_ns``).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -62,14 +64,38 @@ COPY_CHUNK_BYTES = 1 << 20
 def write_trace(prof: Any, path: Path) -> None:
     """The profiler's Chrome trace, gzipped, at ``path``. Kineto writes the JSON; it is then
     compressed in large chunks (the profiler's own ``.gz`` export compresses it line by line in
-    Python, which costs several times the CPU)."""
-    plain = path.with_name(path.name.removesuffix(".gz") + ".tmp")
+    Python, which costs several times the CPU). Every file is written under a temporary name
+    and ``path`` appears only once complete: a failed export (a full disk) raises OSError and
+    leaves neither a partial trace nor a temporary file."""
+    plain = path.with_name(f".{path.name}.{secrets.token_hex(6)}.json.tmp")
+    kineto_own = plain.with_name(plain.name + ".tmp")  # Kineto writes there, then renames
     try:
         prof.export_chrome_trace(str(plain))
-        with open(plain, "rb") as source, gzip.open(path, "wb", TRACE_GZIP_LEVEL) as target:
-            shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+        if not plain.is_file():  # Kineto reports a failed write only in its own log
+            raise OSError(errno.EIO, "the profiler could not write its trace (is the disk full?)")
+        gzip_atomically(plain, path)
     finally:
         plain.unlink(missing_ok=True)
+        kineto_own.unlink(missing_ok=True)
+
+
+def gzip_atomically(source: Path, target: Path) -> None:
+    """``source`` gzipped into ``target``, through a temporary file in the same folder renamed
+    into place once written and synced; on failure (OSError) the temporary file is removed and
+    ``target`` is left as it was."""
+    packed = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(source, "rb") as plain, open(packed, "xb") as raw:
+            with gzip.GzipFile(
+                target.name.removesuffix(".gz"), "wb", TRACE_GZIP_LEVEL, raw, mtime=0
+            ) as zipped:
+                shutil.copyfileobj(plain, zipped, COPY_CHUNK_BYTES)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(packed, target)
+    except BaseException:
+        packed.unlink(missing_ok=True)
+        raise
 
 
 class RankCapture:
@@ -353,6 +379,11 @@ class RankCapture:
             folder.mkdir(parents=True, exist_ok=True)
             write_trace(prof, path)
             size = path.stat().st_size
+        except OSError as exc:  # a full disk, a read-only folder: said, not a traceback
+            why = f"trace export failed, nothing was kept: {exc.strerror or exc}"
+            logger.warning("stagefrontier: rank %d, incident %s: %s", self._rank, request.id, why)
+            self._answer(self._status(request, "failed", why))
+            return
         except Exception as exc:
             logger.exception("stagefrontier: exporting the trace of %s failed", request.id)
             self._answer(self._status(request, "failed", f"trace export failed: {exc}"))

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..formats.limits import regular_file_inside
+from ..formats.packet import remove_temporaries
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from ..render.escape import printable
@@ -125,6 +127,7 @@ class Coordinator:
         if not self._stale_checked:
             self._stale_checked = True
             self._delete_previous_attempt()
+            self._remove_temporaries()
         while True:
             try:
                 window = self.windows.get_nowait()
@@ -170,6 +173,12 @@ class Coordinator:
             old.delete(REQUEST_KEY, MANUAL_KEY)
         except Exception as exc:
             logger.debug("stagefrontier router: deleting stale request keys failed: %s", exc)
+
+    def _remove_temporaries(self) -> None:
+        """Before this run's first incident: the temporary files of trace exports and incident
+        writes that a killed process left in earlier incidents' folders."""
+        for folder in sorted(Path(self.out_dir, "incidents").glob("*/")):
+            remove_temporaries(folder, "*.tmp")
 
     def _consider(self, window: AnalyzedWindow) -> None:
         index = window.merged.reference.window

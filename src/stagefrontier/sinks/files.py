@@ -37,11 +37,15 @@ class PacketSink:
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.folder = Path(out_dir) / "packets"
+        self._swept = False
 
     def write(self, window: AnalyzedWindow) -> None:
-        from ..formats.packet import Packet, packet_name, write_packet
+        from ..formats.packet import Packet, packet_name, remove_temporaries, write_packet
 
         self.folder.mkdir(parents=True, exist_ok=True)
+        if not self._swept:  # before this run's first packet: an earlier run's leftovers
+            self._swept = True
+            remove_temporaries(self.folder, ".*.tmp")
         meta = {k: v for k, v in window.record.items() if k in PACKET_META}
         if window.summary is not None:  # hierarchical: the node summaries, not rank columns
             from ..formats.summary_packet import SummaryPacket, write_summary_packet
