@@ -6,8 +6,9 @@ The window records carry every rank's worker figures; the router opens one incid
 (two workers hand over their batches in pairs, so rank 2 waits on every other step: the router
 judges that lead over blocks of two steps), the traces confirm it, and it names the worker
 function from the workers' own profiles when they are saturated, or the main process's function
-and says the wait is after the workers when they idle. Nothing asserts a duration: only which
-rank, which function, and which side of the loader.
+and says the wait is after the workers when they idle. Without a stall, the router opens
+nothing over the whole run. Nothing asserts a duration: only which rank, which function, and
+which side of the loader.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from stagefrontier.route import list_incidents
 
 RANKS = 4
 STALL = 2
+WINDOWS = 5  # loader_job.py: 50 steps in windows of 10
 JOB = Path(__file__).with_name("loader_job.py")
 DEADLINE_S = 300
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out = tmp_path / mode
     out.mkdir()
     command = [
@@ -51,8 +53,12 @@ def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any
         command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_records(out)
-    incidents = list_incidents(out)
+    return read_records(out), list_incidents(out)
+
+
+def _incident(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A stalled job's records and its one incident, opened by the router and confirmed."""
+    records, incidents = _run(tmp_path, mode)
     assert len(incidents) == 1, [i["reasons"] for i in incidents]
     incident = incidents[0]
     assert incident["trigger"] == "window", incident["reasons"]  # the router's own decision
@@ -64,7 +70,7 @@ def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any
 def test_slow_workers_are_saturated_and_the_incident_names_the_dataset_function(
     tmp_path: Path,
 ) -> None:
-    records, incident = _run(tmp_path, "workers")
+    records, incident = _incident(tmp_path, "workers")
     for record in records:
         figures = record["loader_workers"]
         assert sorted(figures) == [str(r) for r in range(RANKS)], figures
@@ -100,7 +106,7 @@ def test_slow_workers_are_saturated_and_the_incident_names_the_dataset_function(
 
 
 def test_a_slow_transfer_in_the_main_process_reads_as_idle_workers(tmp_path: Path) -> None:
-    records, incident = _run(tmp_path, "transfer")
+    records, incident = _incident(tmp_path, "transfer")
     for record in records:
         figures = record["loader_workers"]
         assert sorted(figures) == [str(r) for r in range(RANKS)], figures
@@ -110,3 +116,16 @@ def test_a_slow_transfer_in_the_main_process_reads_as_idle_workers(tmp_path: Pat
     assert incident["loader"]["saturated"] is False
     advice = incident["loader_advice"]
     assert "idle" in advice and "not in the dataset" in advice, advice
+
+
+def test_a_healthy_run_with_workers_opens_no_incident(tmp_path: Path) -> None:
+    """The same job without a stall, router on from the first step to the last: every window
+    is analyzed with every rank's worker figures, no rank's workers read as saturated, and the
+    router opens nothing over the whole run."""
+    records, incidents = _run(tmp_path, "none")
+    assert [r["window"] for r in records] == list(range(WINDOWS))
+    for record in records:
+        figures = record["loader_workers"]
+        assert sorted(figures) == [str(r) for r in range(RANKS)], figures
+        assert all(f["workers"] == 2 and not f.get("saturated") for f in figures.values())
+    assert incidents == [], [(i["id"], i["reasons"]) for i in incidents]

@@ -276,6 +276,54 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     assert (tmp_path / "incidents" / "w00000-manual0" / "incident.html").exists()
 
 
+def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
+    tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture of a rank whose batches come from 2 DataLoader workers: the workers' op diff
+    names ``slow_sample``, and its CPU counts in the incident's ``router_cpu_s.reduction`` with
+    the traces' (the diff is followed here by 0.3 s of CPU on the same thread: the reduction
+    holds the traces' own CPU, as ``analyze_traces`` returns it, plus at least that)."""
+    from torch.utils.data import DataLoader
+
+    from loader_support import Samples
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier.route import coordinator
+
+    real_findings, real_traces = coordinator.worker_findings, coordinator.analyze_traces
+    spent: list[float] = []
+
+    def findings_then_cpu(incident: dict[str, Any], live: Any) -> None:
+        real_findings(incident, live)
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        spent.append(time.thread_time() - start)
+
+    def traces(*args: Any) -> float:
+        spent.append(real_traces(*args))
+        return spent[-1]
+
+    monkeypatch.setattr(coordinator, "worker_findings", findings_then_cpu)
+    monkeypatch.setattr(coordinator, "analyze_traces", traces)
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
+    timer = StageTimer(
+        window=5,
+        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
+        router=router,
+    )
+    loader = DataLoader(Samples(4 * 60, delay_s=0.005), batch_size=4, num_workers=2)
+    for step, _batch in enumerate(timer.iter(loader)):
+        if step == 5:
+            router.request_capture([0])
+        with timer.step(), timer.stage("model.fwd_loss_cpu_wall"):
+            time.sleep(0.005)
+    timer.close()
+    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    assert incident["captured"], incident["reasons"]
+    assert "slow_sample" in incident["worker_op_diff"][0]["name"], incident["worker_op_diff"][:3]
+    assert len(spent) == 2 and incident["router_cpu_s"]["reduction"] >= round(sum(spent), 4)
+
+
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
+from urllib.parse import unquote
 
 from ..errors import StageNamesError
 
@@ -25,6 +26,38 @@ stages (other roles), ``dp.grad_sync`` for the data-parallel replicas."""
 STEP_ANNOTATION = "stagefrontier.step"
 """Name of the profiler/NVTX range ``StageTimer(annotate=True)`` emits per step, as
 ``stagefrontier.step#<global step>``; the trace reducers recognize it (bare or numbered)."""
+
+_RANGE_SAFE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\", "%"}
+r"""What a profiler trace carries in a range name as it is: printable ASCII but ``"`` and ``\``
+(Kineto writes the first unescaped and turns the second into ``/``; it writes a name holding a
+control or non-ASCII character as "unknown") and ``%``, the escape character."""
+
+
+def range_name(stage: str) -> str:
+    r"""The name a stage's profiler and NVTX ranges carry: the stage's own name when a trace
+    keeps it as it is (printable ASCII but ``"``, ``\`` and ``%``), else the name with each
+    other character written as its UTF-8 bytes, ``%XX`` each (``"fwd\x07"`` -> ``"fwd%07"``).
+    ``stage_of_range`` reads it back; the trace readers do, so a stage's range is found whatever
+    characters its name holds."""
+    if all(ch in _RANGE_SAFE for ch in stage):
+        return stage
+    return "".join(
+        ch if ch in _RANGE_SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "replace"))
+        for ch in stage
+    )
+
+
+def stage_of_range(name: str) -> str:
+    """The stage name a range name stands for (``range_name`` undone); any name that is not
+    such an encoding (``"50%"``, ``"a%41"``: ``range_name`` writes neither) is its own."""
+    if "%" not in name:
+        return name
+    try:
+        stage = unquote(name, errors="strict")
+    except UnicodeDecodeError:
+        return name
+    return stage if range_name(stage) == name else name
+
 
 DEFAULT_STAGES: tuple[str, ...] = (
     DATA_STAGE,

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from .schema import range_name
+
 WAIT_MARK = "@step#"
 
 
@@ -30,8 +32,9 @@ def consuming_step(next_step: int, inside_step: bool) -> int:
 
 
 def wait_range_name(stage: str, step: int) -> str:
-    """``data.next_wait@step#17``: the wait for the batch step 17 consumes."""
-    return f"{stage}{WAIT_MARK}{step}"
+    """``data.next_wait@step#17``: the wait for the batch step 17 consumes (the stage's part as
+    ``schema.range_name`` writes it)."""
+    return f"{range_name(stage)}{WAIT_MARK}{step}"
 
 
 def parse_wait_range(name: str) -> tuple[str, int] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..analysis.schema import range_name
 from .annotate import ProfilerRanges, step_range_name
 from .noop import NOOP, NoopContext
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, OpenSpan, TimerState
@@ -113,9 +114,10 @@ class StepContext:
         if t._capture:  # the profiler router captures this step (rare)
             t._router.on_step(t._step_index)
         row = t._n * t._width
-        t._row = row
         t._active = None
-        t._base = row  # (``_last`` needs no reset: rows grow within a window)
+        # The step's row is ``_base`` until a microstep moves it (``_accumulating`` is then
+        # set); ``_last`` needs no reset: rows grow within a window.
+        t._base = row
         self._start = _now()
         if t._step_hooks:  # a prefetched data wait to import, or CUDA events to poll
             self._start -= t._begin_hooks(row)
@@ -130,11 +132,14 @@ class StepContext:
         t = self._timer
         if t._active is not None:
             self._close_left_open()
-        row = t._row
-        t._buf[row] = end - self._start
-        t._active = OUTSIDE
         if t._accumulating:
+            row = t._n * t._width
+            t._buf[row] = end - self._start
+            t._active = OUTSIDE
             t._end_accumulation_step(row)
+        else:
+            t._buf[t._base] = end - self._start
+            t._active = OUTSIDE
         n = t._n + 1
         t._n = n
         if n == t._window_end:
@@ -168,12 +173,14 @@ class CapturedStepContext(StepContext):
 
 
 class AnnotatedStageContext(StageContext):
-    """An ordered stage that is also a profiler (and NVTX) range of the same name."""
+    """An ordered stage that is also a profiler (and NVTX) range named for it
+    (``schema.range_name``: the stage's name, encoded where a trace could not carry it)."""
 
-    __slots__ = ("_ranges", "_scope")
+    __slots__ = ("_range", "_ranges", "_scope")
 
     def __init__(self, timer: TimerState, column: int, name: str, ranges: ProfilerRanges) -> None:
         super().__init__(timer, column, name)
+        self._range = range_name(name)
         self._ranges = ranges
         self._scope: Any = None
 
@@ -182,7 +189,7 @@ class AnnotatedStageContext(StageContext):
     # record alike.
     def __enter__(self) -> None:
         StageContext.__enter__(self)
-        self._scope = self._ranges.open(self._name)
+        self._scope = self._ranges.open(self._range)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._ranges.close(self._scope)
@@ -232,7 +239,7 @@ class MicrostepContext:
             t._grow(index + 1)
         if index + 1 > t._step_factor:
             t._step_factor = index + 1
-        t._base = t._row + index * t._n_timed
+        t._base = t._n * t._width + index * t._n_timed
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._timer._micro_exit_last = self._timer._last

@@ -235,6 +235,9 @@ class StageTimer(TimerState):
             if ranges is None
             else AnnotatedStepContext(self, self._stage_ctx, ranges)
         )
+        # ``timer.step`` answers the one step context through a C-level callable: no Python
+        # frame before the context's own enter (``step`` below documents it).
+        self.step = itertools.repeat(self._step_ctx).__next__  # type: ignore[method-assign]
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
@@ -242,7 +245,8 @@ class StageTimer(TimerState):
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
-        """Context around one logical optimizer step."""
+        """Context around one logical optimizer step. (Each timer binds this to a C-level
+        callable that returns its one step context, or the no-op when disabled.)"""
         return self._step_ctx
 
     def stage(self, name: str) -> StageContext | NoopContext:

@@ -121,12 +121,13 @@ class RankWindow:
         return int(np.maximum(covered - self.wall_ns, 0).sum())
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class WindowSnapshot:
     """What the training thread hands over at a window boundary: the window's buffer itself (the
     timer starts the next window in a fresh one) and its bookkeeping. Collectors call
     ``build()`` on their own thread, so the array, the residual, the stage names and the
-    RankWindow are all made off the training thread."""
+    RankWindow are all made off the training thread. (Not frozen: it is built on the training
+    thread, and a frozen dataclass's ``__init__`` sets each field through a call.)"""
 
     buffer: list[int]
     """Row-major ``[rows, width]`` nanoseconds: column 0 the step wall time, then ``K *

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..analysis.schema import stage_of_range
 from .errors import MissingDependencyError, TraceFormatError
 from .files import KINETO_SUFFIXES, Paths, check_unmapped, read_trace_bytes, trace_files
 from .kineto import RANGE_CATEGORIES, header_world_size, read_header, resolve_rank
@@ -80,6 +81,7 @@ def reduce_hta(
             )
         by_rank[rank] = path
     frames, symbols = _load(trace_cls, parser_config, by_rank, opts.ns_rounding)
+    symbols = [stage_of_range(s) for s in symbols]  # stage ranges' names as the stages'
     parts = [
         _rank_ranges(frames[rank], symbols, rank, by_rank[rank], timed, opts)
         for rank in sorted(by_rank)

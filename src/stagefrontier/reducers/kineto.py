@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..analysis.schema import stage_of_range
 from .errors import TraceFormatError
 from .files import (
     KINETO_SUFFIXES,
@@ -165,6 +166,7 @@ def read_kineto_file(
             continue
         if not isinstance(name, str):
             continue
+        name = stage_of_range(name)
         thread = (str(event.get("pid")), str(event.get("tid")))
         annotation = category == "user_annotation"
         # Inferring the stages, only record_function ranges are candidates, not operators.

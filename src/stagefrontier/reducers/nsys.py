@@ -29,6 +29,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ..analysis.schema import stage_of_range
 from .errors import TraceFormatError
 from .files import (
     NSYS_SUFFIXES,
@@ -118,6 +119,7 @@ def read_nvtx_ranges(
     for start, end, name, global_tid in rows:
         if not isinstance(name, str):
             continue
+        name = stage_of_range(name)
         if not _is_int(global_tid if global_tid is not None else 0):
             skipped["with a globalTid that is not an integer"] += 1
             continue

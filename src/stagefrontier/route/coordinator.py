@@ -450,13 +450,7 @@ class Coordinator:
         live = [block for w in self.live for block in live_windows(w)]
         self._cost(incident, request, live)
         if incident["captured"] and len(local) == len(files):
-            steps = incident["steps"][1] - incident["steps"][0] + 1
-            step_ms = incident["capture_step_ms"] or self.step_s * 1e3
-            budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
-            reduction = analyze_traces(
-                incident, local, live, self.config.gates, self.out_dir, budget
-            )
-            worker_findings(incident, self.live)
+            reduction = self._reduce(incident, local, live)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
@@ -466,6 +460,20 @@ class Coordinator:
             folder = str(incident_dir(self.out_dir, request.id).resolve())
             self._answer_manual(ManualAnswer(current.manual_id, "opened", folder))
         logger.info("stagefrontier: %s", summary_line(incident))
+
+    def _reduce(
+        self, incident: dict[str, Any], local: dict[int, str], live: list[LiveWindow]
+    ) -> float:
+        """Confirm the incident, diff its traces and its DataLoader workers' profiles, in place;
+        returns the CPU seconds all of it took on this thread (the incident's reduction cost).
+        The traces' part is budgeted at the captured steps' wall time (``analyze_traces``)."""
+        start = time.thread_time()
+        steps = incident["steps"][1] - incident["steps"][0] + 1
+        step_ms = incident["capture_step_ms"] or self.step_s * 1e3
+        budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
+        analyze_traces(incident, local, live, self.config.gates, self.out_dir, budget)
+        worker_findings(incident, self.live)
+        return time.thread_time() - start
 
     def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:
         if files:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..analysis.schema import STEP_ANNOTATION
+from ..analysis.schema import STEP_ANNOTATION, stage_of_range
 from ..analysis.wait_rule import parse_wait_range
 from ..reducers.kineto import load_trace
 
@@ -93,6 +93,8 @@ def stage_op_times(
         if cat != "user_annotation" and cat not in OP_CATEGORIES:
             continue
         thread = (str(e.get("pid")), str(e.get("tid")))
+        if cat == "user_annotation":
+            name = stage_of_range(name)  # a stage's range, named as the stage
         if cat == "user_annotation" and name.startswith(STEP_ANNOTATION + "#"):
             tail = name[len(STEP_ANNOTATION) + 1 :]
             if tail.isdigit():
