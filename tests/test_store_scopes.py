@@ -78,8 +78,7 @@ TIMERS = ("hier-train", "hier-eval", "routed-train", "routed-eval")
 def _scoped_rank(rank: int, out_dir: str, port: int) -> None:
     """Four timers on each rank: a training and an evaluation timer collecting hierarchically
     (both ranks on one node), and a training and an evaluation timer collecting through the
-    store, each with a profiler router of its own (the router is off under hierarchical
-    collection). Rank 0 asks the routed training timer's router for a capture of rank 1, and
+    store, each with a profiler router of its own. Rank 0 asks the routed training timer's router for a capture of rank 1, and
     the ranks step together until its incident is written."""
     os.environ.update(
         OMP_NUM_THREADS="1", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(RANKS), GROUP_RANK="0"
