@@ -45,7 +45,7 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
     train = StageTimer(TRAIN, window=5, collect=config("train"))
     evaluate = StageTimer(EVAL, window=5, collect=config("eval"))
     x = torch.randn(64, 64)
-    for _ in range(STEPS):
+    for step in range(STEPS):
         with train.step():
             with train.stage(TRAIN[0]):
                 y = x @ x
@@ -53,6 +53,11 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
                 y = y @ x
         with evaluate.step(), evaluate.stage(EVAL[0]):
             y = x @ x
+        if step % 5 == 4:
+            # Rank 0 may run at most a window ahead: four windows ahead (a rank 1 that started
+            # late, or was descheduled) fill rank 0's hand-off queue, and it then rightly stops
+            # waiting for rank 1's window.
+            dist.barrier()
     train.close()
     evaluate.close()
     leave_process_group()
@@ -78,8 +83,9 @@ TIMERS = ("hier-train", "hier-eval", "routed-train", "routed-eval")
 def _scoped_rank(rank: int, out_dir: str, port: int) -> None:
     """Four timers on each rank: a training and an evaluation timer collecting hierarchically
     (both ranks on one node), and a training and an evaluation timer collecting through the
-    store, each with a profiler router of its own. Rank 0 asks the routed training timer's router for a capture of rank 1, and
-    the ranks step together until its incident is written."""
+    store, each with a profiler router of its own. Rank 0 asks the routed training timer's
+    router for a capture of rank 1, and the ranks step together until its incident is
+    written."""
     os.environ.update(
         OMP_NUM_THREADS="1", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(RANKS), GROUP_RANK="0"
     )
