@@ -11,22 +11,23 @@ trace.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import stage_of_range
 from ..reducers.kineto import load_trace
-from .opdiff import OP_CATEGORIES, overlaps, select_ranges
+from .opdiff import OP_CATEGORIES, select_ranges
 
 
 def load_for_reduction(
     path: Path, stage: str | None, steps: Sequence[int]
 ) -> tuple[dict[str, Any], list[Any]]:
     """The header and the events of a captured trace that the confirmation and the op diff of
-    ``stage`` over ``steps`` read: every complete event that is not an operator or a Python
-    function (the annotation ranges among them), and the operators and Python functions of the
-    training thread that overlap the stage's ranges. Every event when no stage is routed or the
+    ``stage`` over ``steps`` read: every event that is not an operator or a Python function
+    (the annotation ranges among them), and the operators and Python functions of the training
+    thread that overlap the stage's ranges. Every event when no stage is routed or the
     trace has no step ranges.
 
     Raises what ``load_trace`` raises."""
@@ -49,16 +50,23 @@ def load_for_reduction(
     thread, _, ranges = selected
     pid, tid = raw[thread]
     starts = [r[0] for r in ranges]
+    ends = [r[1] for r in ranges]
+    last = len(ranges) - 1
     kept = []
-    for e in events:
-        if e.get("cat") in OP_CATEGORIES and e.get("ph") == "X":
+    for e in events:  # ~30,000 events: one pass, the overlap test written out
+        if e.get("cat") in OP_CATEGORIES:
             if e.get("tid") != tid or e.get("pid") != pid:
                 continue  # another thread's
             ts, dur = e.get("ts"), e.get("dur")
-            if _number(ts) and _number(dur) and not overlaps(ts, ts + dur, starts, ranges):
-                continue  # outside the stage's ranges (a malformed one is kept for the readers)
+            if type(ts) in _NUMBERS and type(dur) in _NUMBERS:  # else kept, for the readers
+                i = bisect_right(starts, ts) - 1
+                if not ((i >= 0 and ends[i] >= ts) or (i < last and starts[i + 1] <= ts + dur)):
+                    continue  # outside the stage's ranges
         kept.append(e)
     return header, kept
+
+
+_NUMBERS = (int, float)
 
 
 def _number(value: Any) -> bool:
