@@ -437,6 +437,18 @@ def test_disabled_timer_records_nothing_and_writes_nothing(
     assert [r for r in caplog.records if r.name == "stagefrontier"] == []
 
 
+def test_a_disabled_timers_contexts_let_exceptions_through() -> None:
+    # The no-op's enter and exit are C-level callables: the exit must return a false value, or
+    # the with statement would swallow the training loop's exception.
+    timer = StageTimer(enabled=False)
+    with pytest.raises(ZeroDivisionError), timer.step(), timer.stage(FWD) as entered:
+        assert entered is None
+        _ = 1 / 0
+    with pytest.raises(KeyError, match="raised"), timer.microstep(0), timer.probe("p"):
+        raise KeyError("raised")
+    timer.close()
+
+
 # ------------------------------------------------------------------------------ prefetch
 
 

@@ -48,7 +48,7 @@ def _window(d: np.ndarray, ranks: list[int], workers: int = 0) -> Any:
     merged = SimpleNamespace(
         ranks=[SimpleNamespace(rank=r, loader=loader) for r in ranks], reference=ref
     )
-    return SimpleNamespace(report=report, merged=merged, d=d)
+    return SimpleNamespace(report=report, merged=merged, d=d, summary=None)
 
 
 def _matrix(stall_rank: int | None, seed: int = 0) -> np.ndarray:

@@ -246,6 +246,8 @@ def _run_report(args: argparse.Namespace) -> int:
     from .render.text import run_report_text
 
     run = load_run(args.dir)
+    for problem in run.problems:
+        _warn(problem)
     if args.html is None:
         print(run_report_text(run))
         return EXIT_OK
@@ -283,7 +285,10 @@ def _run_plot(args: argparse.Namespace) -> int:
         raise StageFrontierError(f"-o {args.output}: the figures are PNG files; name one *.png")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-    groups = load_run(args.dir).by_schema()
+    run = load_run(args.dir)
+    for problem in run.problems:
+        _warn(problem)
+    groups = run.by_schema()
     for i, run in enumerate(groups):
         # Windows of another stage list (a schema change mid-run) get figures of their own.
         tail = f"_stages{i + 1}" if len(groups) > 1 else ""

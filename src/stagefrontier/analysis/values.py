@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from ..errors import ReportFormatError
+
+T = TypeVar("T")
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -26,6 +28,14 @@ def is_real(value: Any) -> TypeGuard[float]:
 def is_version(value: Any, expected: int) -> bool:
     """Whether a format's ``version`` field is exactly the integer ``expected``."""
     return is_int(value) and value == expected
+
+
+def exact_type(value: Any, kind: type[T], message: str, error: type[Exception]) -> T:
+    """``value`` when its type is exactly ``kind`` (a bool is no int, an int no float); else
+    raises ``error`` with ``message`` and the value, shortened."""
+    if type(value) is not kind:
+        raise error(f"{message}, got {value!r:.60}")
+    return value
 
 
 def check_document(

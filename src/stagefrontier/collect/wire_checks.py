@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..analysis.values import exact_type
 from ..errors import ReportFormatError
 
 MAX_COUNT = (1 << 62) - 1
@@ -41,15 +42,11 @@ def _positive(value: Any, where: str) -> int:
 
 
 def _flag(value: Any, where: str) -> bool:
-    if type(value) is not bool:
-        raise ReportFormatError(f"{where} must be true or false, got {value!r:.40}")
-    return value
+    return exact_type(value, bool, f"{where} must be true or false", ReportFormatError)
 
 
 def _text(value: Any, where: str) -> str:
-    if type(value) is not str:
-        raise ReportFormatError(f"{where} must be a string, got {value!r:.40}")
-    return value
+    return exact_type(value, str, f"{where} must be a string", ReportFormatError)
 
 
 def _optional_text(value: Any, where: str) -> str | None:

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import math
 import os
 import secrets
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -278,23 +279,31 @@ def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:
     return write_bytes_atomically(path, packet_bytes(packet))
 
 
-def write_bytes_atomically(path: str | os.PathLike[str], payload: bytes) -> Path:
-    """Write ``payload`` through a temporary file in the same folder and ``os.replace``, so a
-    reader never sees a partial file. Returns the path written."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A new binary file that replaces ``path`` once the block ends: written through a
+    temporary file in the same folder, flushed, synced and renamed into place, so a reader
+    never sees a partial file. On an error the temporary file is removed and ``path`` is left
+    as it was."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
+        with open(tmp, "xb") as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    logger.debug("wrote %s (%d bytes)", target, len(payload))
-    return target
+
+
+def write_bytes_atomically(path: str | os.PathLike[str], payload: bytes) -> Path:
+    """Write ``payload`` to ``path`` through ``atomic_file``. Returns the path written."""
+    with atomic_file(path) as handle:
+        handle.write(payload)
+    logger.debug("wrote %s (%d bytes)", path, len(payload))
+    return Path(path)
 
 
 def remove_temporaries(folder: str | os.PathLike[str], pattern: str) -> list[str]:

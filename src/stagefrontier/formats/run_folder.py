@@ -13,17 +13,25 @@ import numpy as np
 from ..analysis import baselines
 from ..analysis.accounting import FloatArray
 from ..errors import ReportFormatError, StageFrontierError
+from .limits import LIMITS, limit
 from .packet import Packet, read_packet
 from .records import WINDOWS_FILE, read_records
+from .summary_packet import read_summary_packet
+
+PACKET_CELLS = 4096
+"""What one packet counts for against ``STAGEFRONTIER_MAX_CELLS`` besides its durations: its
+report and facts take about 22 kB in memory, as much as this many float64 cells do."""
 
 
 @dataclass(frozen=True)
 class RunWindows:
-    """The analyzed windows of one output folder, in (restart attempt, window) order."""
+    """The analyzed windows of one output folder, in (restart attempt, window) order, and one
+    line per packet that could not be read and was left out (``problems``)."""
 
     folder: Path
     packets: list[Packet]
     records: list[dict[str, Any]]
+    problems: tuple[str, ...] = ()
 
     @property
     def stages(self) -> list[str]:
@@ -45,26 +53,57 @@ class RunWindows:
 
 
 def load_run(folder: str | Path) -> RunWindows:
-    """Read ``windows.jsonl`` and ``packets/`` from a folder.
+    """Read ``windows.jsonl`` and ``packets/`` from a folder. The per-rank packets are read one
+    at a time and held to ``STAGEFRONTIER_MAX_CELLS`` cells in all (each packet counting
+    ``PACKET_CELLS`` more for its report); a hierarchical run's summary packets are checked,
+    and one that cannot be read is left out with a line in ``problems``.
 
     Raises:
-        StageFrontierError: the folder does not exist or holds neither.
-        ReportFormatError: a packet or a record is corrupt, naming its file (and line).
+        StageFrontierError: the folder does not exist or holds neither, or its packets hold
+            more than the cell bound.
+        ReportFormatError: a per-rank packet or a record is corrupt, naming its file (and line).
     """
     path = Path(folder)
     if not path.exists():
         raise StageFrontierError(f"{path} does not exist")
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
-    packets = sorted(
-        (read_named_packet(p) for p in (path / "packets").glob("window-*.json")),
-        key=lambda packet: window_order(packet.meta),
-    )
+    packets = sorted(_bounded_packets(path), key=lambda packet: window_order(packet.meta))
+    problems = tuple(_unreadable_summaries(path))
     jsonl = path / WINDOWS_FILE
     records = read_records(jsonl) if jsonl.exists() else []
     if not packets and not records:
         raise StageFrontierError(f"{path} holds no windows.jsonl and no packets/")
-    return RunWindows(path, packets, records)
+    return RunWindows(path, packets, records, problems)
+
+
+def _bounded_packets(path: Path) -> list[Packet]:
+    cap = limit("cells")
+    held = 0
+    packets: list[Packet] = []
+    for file in sorted((path / "packets").glob("window-*.json")):
+        packet = read_named_packet(file)
+        held += packet.d.size + PACKET_CELLS
+        if held > cap:
+            raise StageFrontierError(
+                f"{path}: its packets hold more than {cap} steps x ranks x stages in all (a "
+                f"packet counts {PACKET_CELLS} more for its report), the most a report or a "
+                f"figure reads (set {LIMITS['cells'].env} to raise it)"
+            )
+        packets.append(packet)
+    return packets
+
+
+def _unreadable_summaries(path: Path) -> list[str]:
+    """One line per summary packet that cannot be read (each is read and dropped: the report
+    of a hierarchical run comes from ``windows.jsonl``)."""
+    problems = []
+    for file in sorted((path / "packets").glob("summary-*.json")):
+        try:
+            read_summary_packet(file)
+        except ReportFormatError as exc:
+            problems.append(f"skipped {file}: {exc}")
+    return problems
 
 
 def read_named_packet(path: Path) -> Packet:

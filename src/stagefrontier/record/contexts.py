@@ -114,9 +114,10 @@ class StepContext:
         if t._capture:  # the profiler router captures this step (rare)
             t._router.on_step(t._step_index)
         row = t._n * t._width
-        t._row = row
         t._active = None
-        t._base = row  # (``_last`` needs no reset: rows grow within a window)
+        # The step's row is ``_base`` until a microstep moves it (``_accumulating`` is then
+        # set); ``_last`` needs no reset: rows grow within a window.
+        t._base = row
         self._start = _now()
         if t._step_hooks:  # a prefetched data wait to import, or CUDA events to poll
             self._start -= t._begin_hooks(row)
@@ -131,11 +132,14 @@ class StepContext:
         t = self._timer
         if t._active is not None:
             self._close_left_open()
-        row = t._row
-        t._buf[row] = end - self._start
-        t._active = OUTSIDE
         if t._accumulating:
+            row = t._n * t._width
+            t._buf[row] = end - self._start
+            t._active = OUTSIDE
             t._end_accumulation_step(row)
+        else:
+            t._buf[t._base] = end - self._start
+            t._active = OUTSIDE
         n = t._n + 1
         t._n = n
         if n == t._window_end:
@@ -235,7 +239,7 @@ class MicrostepContext:
             t._grow(index + 1)
         if index + 1 > t._step_factor:
             t._step_factor = index + 1
-        t._base = t._row + index * t._n_timed
+        t._base = t._n * t._width + index * t._n_timed
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._timer._micro_exit_last = self._timer._last

@@ -27,7 +27,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
-from ..collect import Collector, announce_disabled, collects_hierarchically, make_collector
+from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
@@ -235,21 +235,18 @@ class StageTimer(TimerState):
             if ranges is None
             else AnnotatedStepContext(self, self._stage_ctx, ranges)
         )
+        # ``timer.step`` answers the one step context through a C-level callable: no Python
+        # frame before the context's own enter (``step`` below documents it).
+        self.step = itertools.repeat(self._step_ctx).__next__  # type: ignore[method-assign]
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
-        if router is not None and collector is None and collects_hierarchically(config):
-            warn_once(
-                "router-hierarchical",
-                "stagefrontier: the profiler router reads every rank's columns, which stay on "
-                "their nodes under hierarchical collection: the router is off",
-            )
-            router = None
         self._router = None if router is None else router.attach(self)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
-        """Context around one logical optimizer step."""
+        """Context around one logical optimizer step. (Each timer binds this to a C-level
+        callable that returns its one step context, or the no-op when disabled.)"""
         return self._step_ctx
 
     def stage(self, name: str) -> StageContext | NoopContext:

@@ -12,6 +12,7 @@ import os
 from numbers import Integral, Real
 from typing import Any
 
+from ..analysis.values import exact_type
 from ..errors import TimerSettingError
 
 MAX_WINDOW = 1_000_000
@@ -46,15 +47,13 @@ def check_number(
 
 
 def check_flag(name: str, value: Any) -> bool:
-    if type(value) is not bool:
-        raise TimerSettingError(f"{name} must be True or False, got {value!r:.60}")
-    return value
+    return exact_type(value, bool, f"{name} must be True or False", TimerSettingError)
 
 
 def check_optional_text(name: str, value: Any) -> str | None:
-    if value is not None and type(value) is not str:
-        raise TimerSettingError(f"{name} must be a string or None, got {value!r:.60}")
-    return value
+    if value is None:
+        return None
+    return exact_type(value, str, f"{name} must be a string or None", TimerSettingError)
 
 
 def check_optional_callable(name: str, value: Any) -> Any:

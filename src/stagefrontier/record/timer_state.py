@@ -91,6 +91,9 @@ class TimerState:
         self._pid = os.getpid()
         self._role: str | None = None
         self._role_set: tuple[str, ...] = ()
+        # What every window of this rank says of the rank (built at the first hand-off, and
+        # again if the rank changes when the collector is built then).
+        self._static_fields: dict[str, Any] = {}
         self._probes: dict[str, Probe] = {}
         self._events = EventSampler(
             cuda_event_fraction, event_factory, window, self._poll_at_next_step
@@ -109,7 +112,6 @@ class TimerState:
         self._handed_windows = 0
         self._window_end = window
         self._window_index = 0
-        self._row = 0  # buffer offset of the open (or the last) step
         # The open ordered stage: None when none is, OUTSIDE when no step is open.
         self._active: OpenSpan | None = OUTSIDE
         self._base = 0  # buffer index a stage's column is added to: row + microstep offset
@@ -158,15 +160,14 @@ class TimerState:
 
     def _grow(self, capacity: int) -> None:
         """Widen the buffer for more microsteps (rare: the first step with a larger factor)."""
-        old, old_width, old_row = self._buf, self._width, self._row
+        old, old_width = self._buf, self._width
         self._capacity = capacity
         self._alloc(capacity)
         for i in range(self._n + 1):
             self._buf[i * self._width : i * self._width + old_width] = old[
                 i * old_width : (i + 1) * old_width
             ]
-        self._row = self._n * self._width
-        shift = self._row - old_row  # a column keeps its offset within the row
+        shift = self._n * (self._width - old_width)  # a column keeps its offset within the row
         self._base += shift
         self._last += shift
         self._micro_exit_last += shift
@@ -311,31 +312,42 @@ class TimerState:
 
     def _snapshot(self, n: int, first: int, carry_row: int | None) -> WindowSnapshot:
         """Copy the window's rows and bookkeeping; the collector builds the RankWindow."""
-        event_ms, event_state = self._events.drain(n, self._step_index, carry_row)
+        events = self._events
+        event_ms, event_state = (
+            events.drain(n, self._step_index, carry_row) if events.fraction else (None, None)
+        )
+        static = self._static_fields
+        if static.get("rank") != self.rank:  # before the first window, or the rank is known now
+            static = self._static_fields = {
+                "rank": self.rank,
+                "hostname": self._hostname,
+                "local_rank": self._local_rank,
+                "pid": self._pid,
+                "role": self._role,
+                "role_set": self._role_set,
+            }
         fields = {
+            **static,
             "window": self._window_index,
             "first_step": first,
             "last_step": first + n + self._paused - 1,
-            "paused_ranges": tuple((a, b) for a, b in self._paused_ranges),
+            "paused_ranges": tuple(map(tuple, self._paused_ranges)),
             "handoff_ns": self._cost.handoff_ns,
-            "rank": self.rank,
             "event_ms": event_ms,
             "event_state": event_state,
-            "forward_stage": self._events.forward_stage,
+            "forward_stage": events.forward_stage,
             "accumulation_factor": self._factor,
             "accumulation_mixed": self._window_mixed,
             "contract_violations": self._violations,
             "violation_reasons": tuple(self._reasons),
-            "probes": {name: p.drain() for name, p in self._probes.items() if p.count},
+            "probes": self._drain_probes() if self._probes else {},
             "dropped_windows": self._dropped,
-            "hostname": self._hostname,
-            "local_rank": self._local_rank,
-            "pid": self._pid,
-            "role": self._role,
-            "role_set": self._role_set,
             "loader": self._loader_counts(),
         }
         return WindowSnapshot(self._buf, n, self._width, self.stages, fields, self._cost)
+
+    def _drain_probes(self) -> dict[str, Any]:
+        return {name: p.drain() for name, p in self._probes.items() if p.count}
 
     def _loader_counts(self) -> dict[str, Any]:
         """The loader's worker counts since the last window (a few shared-memory reads), or

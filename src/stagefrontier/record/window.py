@@ -121,12 +121,13 @@ class RankWindow:
         return int(np.maximum(covered - self.wall_ns, 0).sum())
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class WindowSnapshot:
     """What the training thread hands over at a window boundary: the window's buffer itself (the
     timer starts the next window in a fresh one) and its bookkeeping. Collectors call
     ``build()`` on their own thread, so the array, the residual, the stage names and the
-    RankWindow are all made off the training thread."""
+    RankWindow are all made off the training thread. (Not frozen: it is built on the training
+    thread, and a frozen dataclass's ``__init__`` sets each field through a call.)"""
 
     buffer: list[int]
     """Row-major ``[rows, width]`` nanoseconds: column 0 the step wall time, then ``K *
@@ -216,9 +217,15 @@ class AnalyzedWindow:
     None when the gains clip to each rank's median in this window (``Gates.gain_baseline``)."""
     summary: WindowSummary | None = None
     """Under hierarchical collection, the combined node summaries the report was computed from.
-    Rank 0 then never sees the ranks' columns: ``d`` is empty (``[N, 0, S]``), ``merged`` holds
-    rank 0's own window only (its index and steps are the window's), and consumers that need
-    per-rank columns (the regression check, the profiler router) are off."""
+    Rank 0 then never sees the ranks' columns: ``d`` is empty (``[N, 0, S]``) and ``merged``
+    holds rank 0's own window only (its index and steps are the window's); the regression
+    check reads the summary, the profiler router ``typical_ranks`` and ``named_rows``."""
+    typical_ranks: dict[str, int] | None = None
+    """Under hierarchical collection, per broad stage, a rank whose time in it is typical (the
+    node parts' weighted median of node medians, ``collect.node_payload``)."""
+    named_rows: dict[int, tuple[int, npt.NDArray[np.float64]]] | None = None
+    """Under hierarchical collection, the rows a capture request asked for: per named rank, the
+    first global step and its durations ``[steps, stages]`` (seconds) in this window."""
     nodes: dict[str, Any] | None = None
     """Under hierarchical collection: the node size and count, the nodes present, the nodes
     missing (with the reason), the nodes some of whose ranks are missing, and the hosts of the

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..formats.packet import atomic_file
 from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
@@ -83,19 +84,14 @@ def gzip_atomically(source: Path, target: Path) -> None:
     """``source`` gzipped into ``target``, through a temporary file in the same folder renamed
     into place once written and synced; on failure (OSError) the temporary file is removed and
     ``target`` is left as it was."""
-    packed = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(source, "rb") as plain, open(packed, "xb") as raw:
-            with gzip.GzipFile(
-                target.name.removesuffix(".gz"), "wb", TRACE_GZIP_LEVEL, raw, mtime=0
-            ) as zipped:
-                shutil.copyfileobj(plain, zipped, COPY_CHUNK_BYTES)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(packed, target)
-    except BaseException:
-        packed.unlink(missing_ok=True)
-        raise
+    with (
+        open(source, "rb") as plain,
+        atomic_file(target) as raw,
+        gzip.GzipFile(
+            target.name.removesuffix(".gz"), "wb", TRACE_GZIP_LEVEL, raw, mtime=0
+        ) as zipped,
+    ):
+        shutil.copyfileobj(plain, zipped, COPY_CHUNK_BYTES)
 
 
 class RankCapture:

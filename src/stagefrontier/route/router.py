@@ -2,7 +2,9 @@
 
 Every rank gets one router thread with its own store connection. It watches the request key
 and arms this rank's capture when the rank is named; it runs the trace export; on rank 0 it also
-runs the coordinator (decision, request, answers, confirmation, incident).
+runs the coordinator (decision, request, answers, confirmation, incident). Under hierarchical
+collection a node leader's thread also tells its collector which ranks a request names, so that
+the node's part carries their rows of the captured steps to rank 0.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..collect.hierarchical import NodeLeader
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..record.settings import (
     MAX_TIMEOUT_S,
@@ -254,6 +257,9 @@ class RouterRuntime:
         if request is None or request.id in self._seen:
             return
         self._seen.add(request.id)
+        collector = self._timer._collector
+        if isinstance(collector, NodeLeader):  # its node's part carries the named ranks' rows
+            collector.want_rows(request.ranks, request.first_step, request.last_step)
         if self.rank in request.ranks:
             self.capture.arm(request)
 
