@@ -26,6 +26,7 @@ Usage::
     python benchmarks/scale.py            # full run, writes benchmarks/results/scale.md
     python benchmarks/scale.py --quick    # small rank counts, for a smoke check
     python benchmarks/scale.py --out PATH # write the markdown somewhere else
+    python benchmarks/scale.py --ranks 100000 --out PATH   # some rank counts only
 """
 
 from __future__ import annotations
@@ -434,10 +435,15 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def render(
-    rows: Sequence[Row], quick: bool, loads: Sequence[float | None], flat_max: int = FLAT_MAX
+    rows: Sequence[Row],
+    quick: bool,
+    loads: Sequence[float | None],
+    flat_max: int = FLAT_MAX,
+    ranks: Sequence[int] = (),
 ) -> str:
     command = COMMAND + (" --quick" if quick else "")
     command += f" --flat-max {flat_max}" if flat_max != FLAT_MAX else ""
+    command += f" --ranks {' '.join(map(str, ranks))}" if ranks else ""
     return "\n".join(
         [
             *result_header("Scale benchmark: flat collection vs. node summaries", command),
@@ -486,6 +492,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="largest rank count the flat path is timed at (default 100000; its bytes are "
         "counted at every count)",
     )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=(),
+        help="only these rank counts (multiples of 8; default: the full list, or --quick's)",
+    )
     return parser.parse_args(argv)
 
 
@@ -495,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_row(QUICK_RANKS[0], "rank", args.flat_max)  # warm-up: imports and first calls
     rows = []
     print(" | ".join(HEADERS), flush=True)
-    for ranks in QUICK_RANKS if args.quick else FULL_RANKS:
+    for ranks in args.ranks or (QUICK_RANKS if args.quick else FULL_RANKS):
         for scenario in ("rank", "node"):
             start = time.perf_counter()
             row = run_row(ranks, scenario, args.flat_max)
@@ -504,7 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  R={ranks} {scenario}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     loads.append(load_1min())
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(rows, args.quick, loads, args.flat_max), encoding="utf-8")
+    text = render(rows, args.quick, loads, args.flat_max, args.ranks)
+    args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if all(r.agrees for r in rows if r.agreement) else 1
 

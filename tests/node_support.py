@@ -47,8 +47,6 @@ class NodeJob:
     window's part up (a late node)."""
     silent_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled."""
-    router: bool = False
-    """Give every timer a profiler router (hierarchical collection turns it off)."""
 
     @property
     def ranks(self) -> int:
@@ -82,7 +80,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, StageTimer
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
@@ -104,11 +102,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             fan_in=job.fan_in,
             regression=None,
         ),
-        router=ProfilerRouter() if job.router else None,
     )
-    if job.router:
-        attached = timer._router is not None
-        Path(job.out_dir, f"router-rank{rank}").write_text(str(attached))
     x = torch.randn(64, 64)
     for step in range(job.steps):
         if job.die_at_step.get(rank) == step:

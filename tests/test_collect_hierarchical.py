@@ -17,10 +17,8 @@ from stagefrontier.formats.summary_packet import read_summary_packet
 
 
 def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
-    windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}, router=True))
+    windows = launch(NodeJob(out_dir=str(tmp_path), slow_s={3: 0.02}))
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
-    # The router reads rank columns rank 0 no longer has: off on every rank, said once.
-    assert {(tmp_path / f"router-rank{r}").read_text() for r in range(4)} == {"False"}
     for w in windows:
         assert w["n_ranks_present"] == 4 and w["gather_ok"], limited(w)
         assert w["missing_ranks"] == [] and "ranks_present" not in w  # no per-rank tables
@@ -35,7 +33,9 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
             "partial": {},
         }
         assert "telemetry_limited" not in w["labels"]
-        assert w["top1"] == "data.next_wait" and w["lead"]["ranks"] == [3]
+        # Rank 3 leads, strongest first; on a loaded machine a late wake-up can put another
+        # rank beside it for a step, so the list may hold more.
+        assert w["top1"] == "data.next_wait" and w["lead"]["ranks"][0] == 3
     assert not (tmp_path / "node-windows").exists()  # kept only when asked
     # The packets hold the combined summary, not rank columns, and read back to the report.
     packets = sorted((tmp_path / "packets").glob("*.json"))

@@ -154,6 +154,72 @@ def test_a_node_part_is_under_a_quarter_of_its_ranks_flat_windows() -> None:
     assert len(part) <= 0.25 * flat, (len(part), flat)
 
 
+def test_parts_carry_a_typical_rank_per_stage_and_the_rows_a_request_named() -> None:
+    """Node 0's data times are ranks 0-3 at +0, +10, +20, +30 ms, node 1's +40..+70 ms: each
+    node's typical rank is its lower median (1, 5), rank 0's the weighted lower median of the
+    two (1). Rows travel only for the ranks and steps a request named, exactly."""
+    slow = {r: 10 * r for r in range(8)}
+    wanted = [(frozenset({5}), 3, 6), (frozenset({2, 7}), 8, 12)]  # the second ends past 9
+    groups = []
+    for i in range(2):
+        windows = [_window(r, slow[r]) for r in _node(i).ranks]
+        groups.append(node_group(_node(i), windows[0], windows, [], [], None, wanted))
+    assert [g.part.typical[0][0] for g in groups] == [1, 5]
+    assert groups[1].part.typical[0][1] == round(_window(5, 50).durations_ns[:, 0].mean())
+    assert set(groups[0].part.rows) == {2} and set(groups[1].part.rows) == {5, 7}
+    top = combine_groups(groups[0], 2, {1: decode_group(groups[1].encode())}, {}, [], 4)
+    analyzed = analyze_group(top, _window(0), 8, 4, None)
+    assert analyzed is not None and analyzed.typical_ranks is not None
+    assert analyzed.typical_ranks["data.next_wait"] == 1
+    rows = analyzed.named_rows
+    assert rows is not None and sorted(rows) == [2, 5, 7]
+    first, block = rows[5]
+    assert first == 3 and block.shape == (4, len(STAGES))
+    assert np.array_equal(block, _window(5, 50).durations_ns[3:7] * 1e-9)
+    assert rows[7][0] == 8 and rows[7][1].shape[0] == 2  # steps 8-9: the window ends at 9
+    bad = replace(groups[1].part, rows={5: (3, ((1, 2),))})
+    with pytest.raises(ReportFormatError, match="one value per stage"):
+        decode_group(replace(groups[1], part=bad).encode())
+    outside = replace(groups[1].part, rows={5: (9, ((1, 2, 3), (1, 2, 3)))})
+    with pytest.raises(ReportFormatError, match="rows of the window's steps"):
+        decode_node_part(encode_node_part(outside))
+
+
+def test_role_groups_that_span_nodes_combine_into_the_flat_role_reports() -> None:
+    """Ranks 0, 1, 4, 5 play pp0 and 2, 3, 6, 7 pp1: each node holds both roles and each role
+    spans both nodes. Rank 6 stalls in data. The role reports from the node parts are those of
+    the flat analysis of the same windows; a node whose ranks all play one role sends its
+    summary once."""
+    roles = {r: "pp0" if r % 4 < 2 else "pp1" for r in range(8)}
+    windows = [replace(_window(r, 30 if r == 6 else 0), role=roles[r]) for r in range(8)]
+    parts = [
+        node_group(_node(i), windows[4 * i], windows[4 * i : 4 * i + 4], [], [], None)
+        for i in range(2)
+    ]
+    assert set(parts[0].roles) == {"pp0", "pp1"} and parts[0].roles["pp0"].n_ranks == 2
+    top = combine_groups(parts[0], 2, {1: decode_group(parts[1].encode())}, {}, [], 4)
+    analyzed = analyze_group(top, windows[0], 8, 4, None)
+    assert analyzed is not None
+    flat = analyze_merged(merge_windows(windows, 8)).report
+    hier = analyzed.report
+    assert flat.has("role_aware_needed") and hier.has("role_aware_needed")
+    assert flat.top1 is None and hier.top1 is None and hier.roles is None
+    assert flat.role_reports is not None and hier.role_reports is not None
+    assert set(hier.role_reports) == set(flat.role_reports) == {"pp0", "pp1"}
+    for role, mine in hier.role_reports.items():
+        theirs = flat.role_reports[role]
+        assert (mine.top1, mine.leaders, mine.n_ranks) == (theirs.top1, theirs.leaders, 4)
+        for stage, share in theirs.semantic_shares.items():
+            assert abs(mine.semantic_shares[stage] - share) < 1e-3
+    assert hier.role_reports["pp1"].leaders["data.next_wait"] == 6
+    # One role per node: the part says so in a few bytes instead of a second summary.
+    aligned = [replace(w, role="pp0" if w.rank < 4 else "pp1") for w in windows]
+    one = node_group(_node(1), aligned[4], aligned[4:], [], [], None)
+    again = decode_group(one.encode())
+    assert again.roles["pp1"] is again.summary
+    assert len(one.encode()) < len(parts[1].encode())
+
+
 def test_a_child_that_cannot_join_is_reported_mismatched_with_its_ranks() -> None:
     own = _group(0, {})
     windows = [_window(r, stages=(*STAGES[:-1], "extra", STAGES[-1])) for r in range(4, 8)]

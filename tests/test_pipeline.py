@@ -11,6 +11,9 @@ them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
@@ -28,15 +31,23 @@ FAULTS = (
 )
 
 
-def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
-    config = PipelineConfig(
-        steps=4 * W,
-        window=W,
-        faults=tuple(parse_fault(f) for f in FAULTS),
-        out_dir=str(tmp_path),
-        quiet=True,
+def _config(out: Path, **kwargs: Any) -> PipelineConfig:
+    faults = tuple(parse_fault(f) for f in FAULTS)
+    return PipelineConfig(
+        steps=4 * W, window=W, faults=faults, out_dir=str(out), quiet=True, **kwargs
     )
-    windows = run_pipeline(config, deadline_s=240)
+
+
+@pytest.fixture(scope="module")
+def flat_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("flat")
+    return out, run_pipeline(_config(out), deadline_s=240)
+
+
+def test_pipeline_roles_route_inside_the_slowed_role(
+    flat_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    tmp_path, windows = flat_run
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     assert all(w["roles"] == ["pp0", "pp0", "pp1", "pp1"] for w in windows)
     losses = (tmp_path / "losses-dp0.json").read_text()
@@ -68,3 +79,42 @@ def test_pipeline_roles_route_inside_the_slowed_role(tmp_path: Path) -> None:
     table = run_report_text(run)
     assert "per role: pp0 top data.next_wait" in table and "pp1 top " in table
     assert plot_shares_over_time(run, tmp_path / "shares.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _fault_facts(records: list[dict[str, Any]]) -> list[Any]:
+    """What each phase's fault decides, whatever the machine's load (the flat test above
+    asserts each): the slowed role's top stage and the slowed rank leading it, the top stages
+    of both roles when a whole role is slowed, and what the window line says bounds the step."""
+    one, both, compute = (WindowReport.from_dict(w) for w in records[1:])
+    assert one.role_reports and both.role_reports and compute.role_reports
+    pp1 = one.role_reports["pp1"]
+    schedule = compute.role_reports["pp1"]
+    bounds = [
+        "pp1 bounds the step" in window_line(one),
+        "pp0 bounds the step" in window_line(both),
+        "cannot tell which role the others wait for" in window_line(compute),
+    ]
+    return [
+        (pp1.top1, pp1.leaders["data.next_wait"]),
+        (both.role_reports["pp0"].top1, both.role_reports["pp1"].top1),
+        (schedule.top1, schedule.leaders["pp.schedule"]),
+        bounds,
+    ]
+
+
+def test_pipeline_roles_collected_hierarchically_give_the_flat_answer(
+    tmp_path: Path, flat_run: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """The same job with its 4 ranks as 4 nodes of one rank, collected as node summaries: each
+    role's ranks are on two nodes, and their summaries combine into the same role reports."""
+    hier = run_pipeline(_config(tmp_path, collect="hierarchical", per_node=1), deadline_s=240)
+    assert [w["window"] for w in hier] == [0, 1, 2, 3]
+    assert all(w["nodes"]["nodes"] == 4 and w["roles"] is None for w in hier)  # no rank list
+    assert all(w["labels"].count("role_aware_needed") == 1 and w["top1"] is None for w in hier)
+    expected = [
+        ("data.next_wait", 3),
+        ("data.next_wait", "pp.schedule"),
+        ("pp.schedule", 3),
+        [True, True, True],
+    ]
+    assert _fault_facts(hier) == _fault_facts(flat_run[1]) == expected

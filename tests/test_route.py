@@ -48,7 +48,7 @@ def _window(d: np.ndarray, ranks: list[int], workers: int = 0) -> Any:
     merged = SimpleNamespace(
         ranks=[SimpleNamespace(rank=r, loader=loader) for r in ranks], reference=ref
     )
-    return SimpleNamespace(report=report, merged=merged, d=d)
+    return SimpleNamespace(report=report, merged=merged, d=d, summary=None)
 
 
 def _matrix(stall_rank: int | None, seed: int = 0) -> np.ndarray:
@@ -370,6 +370,8 @@ def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
 
 class _Channel:
     """The store as a dict (the coordinator's only dependency on it)."""
+
+    scope = 0  # the router's key scope, as RequestChannel's
 
     def __init__(self) -> None:
         self.keys: dict[str, bytes] = {}

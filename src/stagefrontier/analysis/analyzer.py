@@ -6,7 +6,7 @@ end here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -111,9 +111,16 @@ def analyze_summary(
     *,
     gates: Gates | None = None,
     side: SideEvidence | None = None,
+    role_summaries: Mapping[str, WindowSummary] | None = None,
 ) -> WindowReport:
     """The report of a (combined) window summary: the same fields as ``analyze``, from the same
     evidence core, with ranks numbered as the summary numbers them.
+
+    ``role_summaries`` (the summaries of each role's ranks, combined across nodes) make a mixed
+    window as ``analyze`` does with ``roles``: ``role_aware_needed`` and one report per role,
+    each from its role's summary; ``roles`` stays None (no per-rank list), ranks of no role
+    are in no role report, and a role's report has no CUDA-event evidence (its node totals
+    are not split by role).
 
     What a summary knows only approximately is said in the report: each stage's
     ``lag_error_bound_s`` and ``tie_truncated_steps``, a ``frontier_accounting`` reason for
@@ -148,7 +155,35 @@ def analyze_summary(
             ),
         )
     inputs = summary.frontier_inputs()
-    return report_from_inputs(inputs, summary.stages, summary.n_steps, gates, side, None)
+    roles = dict(sorted((role_summaries or {}).items()))
+    if len(roles) < 2:
+        return report_from_inputs(inputs, summary.stages, summary.n_steps, gates, side, None)
+    total = summary.rank_total_sum_s
+    role_reports = {
+        role: analyze_summary(
+            part,
+            gates=gates,
+            side=replace(
+                side,
+                event_totals=None,
+                expected_roles=(),
+                overlap_error_s=side.overlap_error_s * part.rank_total_sum_s / total
+                if total > 0
+                else 0.0,
+            ),
+        )
+        for role, part in roles.items()
+    }
+    return report_from_inputs(
+        inputs,
+        summary.stages,
+        summary.n_steps,
+        gates,
+        side,
+        None,
+        role_reports=role_reports,
+        label_roles=list(roles),
+    )
 
 
 def report_from_inputs(
@@ -162,10 +197,12 @@ def report_from_inputs(
     d: FloatArray | None = None,
     roles: list[str] | None = None,
     role_reports: dict[str, WindowReport] | None = None,
+    label_roles: list[str] | None = None,
 ) -> WindowReport:
     """The report of one window from its reduced inputs: the one path after the reduction,
     for a whole window (``d`` given, ``ranks`` mapping its positions) and for a summary (rank
-    numbers already global, ``ranks`` None)."""
+    numbers already global, ``ranks`` None; ``label_roles``: the roles of its role summaries,
+    which the labels read in place of a per-rank list)."""
     ev = compute_evidence(inputs, gates, names)
     if ranks is not None:
         ev = replace(ev, localization=[renumbered(loc, ranks) for loc in ev.localization])
@@ -182,7 +219,7 @@ def report_from_inputs(
             evidence=view.evidence,
             gates=gates,
             side=side,
-            roles=roles,
+            roles=roles if label_roles is None else label_roles,
             residual_share=float(residual),
             overlap_share=overlap,
         )

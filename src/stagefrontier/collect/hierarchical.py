@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,24 @@ from ..sinks import emit
 from .base import CollectorSettings
 from .launcher import warn_once
 from .node import NodeIdentity, host_layout, node_of
-from .node_payload import Group, analyze_group, combine_groups, decode_group, node_group
+from .node_payload import (
+    Group,
+    Wanted,
+    analyze_group,
+    combine_groups,
+    decode_group,
+    node_group,
+)
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
-from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
+from .node_wire import ROW_REQUESTS
+from .store import (
+    StoreCollector,
+    attempt_store,
+    claim_scope,
+    open_connection,
+    previous_attempt_prefix,
+)
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
 logger = logging.getLogger("stagefrontier")
@@ -57,7 +72,7 @@ class NodeMember(StoreCollector):
         self.node = node
 
     def _open_raw(self) -> Any:
-        job = attempt_store(open_connection(self._base_store, self.timeout_s))
+        job = attempt_store(open_connection(self._base_store, self.timeout_s), self.scope)
         return connect_node_store(job, self.node.node, self.timeout_s)
 
 
@@ -89,19 +104,21 @@ class NodeLeader(StoreCollector):
         top = top_level(node.node, self.nodes, fan_in)
         self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
         self._done_up = 0  # rank 0: the job store's done counter it last published
-        server, problem = self._serve(settings.timeout_s)
+        self._wanted: tuple[Wanted, ...] = ()  # replaced whole by the router thread
+        scope = claim_scope()  # the node store's address is published under it
+        server, problem = self._serve(settings.timeout_s, scope)
         self._server = server
-        super().__init__(settings, store=server, collects=True)
+        super().__init__(settings, store=server, collects=True, scope=scope)
         self.peers = node.ranks[1:]
         if problem is not None:
             self._dead = problem
 
-    def _serve(self, timeout_s: float) -> tuple[Any, str | None]:
+    def _serve(self, timeout_s: float, scope: int) -> tuple[Any, str | None]:
         """Start the node's store and publish its address (on the training thread, once, like
         ``announce_silent``); a failure is the reason every member of the node is missing."""
         try:
             server = loopback_store(self.node.size, timeout_s)
-            job = attempt_store(open_connection(self._job_store, timeout_s))
+            job = attempt_store(open_connection(self._job_store, timeout_s), scope)
             publish_address(job, self.node.node, server.port)
         except Exception as exc:
             logger.warning(
@@ -109,6 +126,14 @@ class NodeLeader(StoreCollector):
             )
             return None, f"{self.node.label()} has no node store: {exc}"
         return server, None
+
+    def want_rows(self, ranks: Sequence[int], first_step: int, last_step: int) -> None:
+        """A capture request names ``ranks`` for these steps (called by this rank's profiler
+        router when it reads the request): the node's part carries their rows of those steps,
+        what the router's confirmation compares the traces with."""
+        mine = frozenset(r for r in ranks if r in self.node.ranks)
+        if mine:
+            self._wanted = (*self._wanted, (mine, first_step, last_step))[-ROW_REQUESTS:]
 
     def _open_raw(self) -> Any:
         if self._server is None:
@@ -122,9 +147,9 @@ class NodeLeader(StoreCollector):
             from torch.distributed import PrefixStore
 
             raw = open_connection(self._job_store, self.timeout_s)
-            previous = previous_attempt_prefix()
+            previous = previous_attempt_prefix(self.scope)
             self._job_previous = None if previous is None else PrefixStore(previous, raw)
-            self._job_conn = attempt_store(raw)
+            self._job_conn = attempt_store(raw, self.scope)
         return self._job_conn
 
     def _read_silent(self, conn: Any) -> None:
@@ -137,7 +162,6 @@ class NodeLeader(StoreCollector):
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
         if self._keep:
             self._keep_windows(own.window, windows)
-        _say_what_stays_behind(windows)
         present = {w.rank for w in windows}
         late = [] if self._dead else [r for r in self.peers if r not in present | self._silent]
         group = self._node_group(own, windows, notes, late)
@@ -164,11 +188,11 @@ class NodeLeader(StoreCollector):
         own alone (the others reported missing, with the error); None when not even that can
         (logged: the node is then missing at rank 0 for this window)."""
         try:
-            return node_group(self.node, own, windows, notes, late, self.gates)
+            return node_group(self.node, own, windows, notes, late, self.gates, self._wanted)
         except Exception as exc:
             why = f"{self.node.label()}: its windows could not be summarized together: {exc}"
         try:
-            return node_group(self.node, own, [own], [*notes, why], late, self.gates)
+            return node_group(self.node, own, [own], [*notes, why], late, self.gates, self._wanted)
         except Exception as exc:
             logger.error(
                 "stagefrontier: %s sends no part for window %d: %s",
@@ -341,17 +365,6 @@ class NodeLeader(StoreCollector):
         if not self._worker.alive:
             self._job_conn = None
             self._server = None  # the last reference: the node store shuts down
-
-
-def _say_what_stays_behind(windows: list[RankWindow]) -> None:
-    """Once per process: the window fields a node summary does not carry up (CUDA-event
-    samples travel as their node's totals)."""
-    if any(w.role for w in windows):
-        warn_once(
-            "hierarchical-roles",
-            "stagefrontier: ranks have roles, but node summaries carry none: the report is "
-            "role-blind under hierarchical collection (collect flat for role reports)",
-        )
 
 
 HOSTS_KEY = "hosts"

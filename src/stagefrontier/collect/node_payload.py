@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,10 @@ import numpy as np
 from ..analysis.analyzer import analyze_summary
 from ..analysis.gates import Gates
 from ..analysis.schema import FORWARD_STAGE
+from ..analysis.semantic import stage_groups
 from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
-from ..errors import StageFrontierError
+from ..errors import ReportFormatError, StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
 from ..record.self_cost import self_cost_summary
 from ..record.window import NS, AnalyzedWindow, MergedWindow, RankWindow
@@ -40,15 +41,92 @@ class Group:
 
     part: NodePart
     summary: WindowSummary
+    roles: dict[str, WindowSummary] = field(default_factory=dict)
+    """When its ranks have roles, each role's summary (role groups that span nodes combine)."""
 
     def encode(self) -> bytes:
-        return encode_node_part(replace(self.part, body=encode_summary(self.summary, compact=True)))
+        body = [encode_summary(self.summary, compact=True)]
+        lengths = []
+        for role, summary in sorted(self.roles.items()):
+            own = summary is self.summary
+            body.append(b"" if own else encode_summary(summary, compact=True))
+            lengths.append((role, len(body[-1])))
+        part = replace(self.part, body=b"".join(body), roles=tuple(lengths))
+        return encode_node_part(part)
 
 
 def decode_group(data: bytes) -> Group:
-    """Parse a part and its summary; raises ReportFormatError."""
+    """Parse a part, its summary and its roles' summaries; raises ReportFormatError."""
     part = decode_node_part(data)
-    return Group(replace(part, body=b""), decode_summary(part.body))
+    end = len(part.body) - sum(n for _, n in part.roles)
+    summary = decode_summary(part.body[:end])
+    roles = {}
+    for role, n in part.roles:
+        roles[role] = decode_summary(part.body[end : end + n]) if n else summary
+        end += n
+    width = len(summary.stages)
+    if any(len(row) != width for _, rows in part.rows.values() for row in rows):
+        raise ReportFormatError(f"node payload rows must have one value per stage ({width})")
+    if len(part.typical) not in (0, len(stage_groups(summary.stages)[0])):
+        raise ReportFormatError("node payload typical must have one rank per broad stage")
+    return Group(replace(part, body=b"", roles=()), summary, roles)
+
+
+Wanted = tuple[frozenset[int], int, int]
+"""Rows a capture request asks for: its named ranks, its first and last step."""
+
+
+def typical_ranks(
+    d: np.ndarray, ranks: Sequence[int], stages: Sequence[str]
+) -> tuple[tuple[int, int], ...]:
+    """Per broad stage, the rank at the lower median of the group's mean time in it (ties by
+    rank number), with that mean in integer nanoseconds per step."""
+    _, groups = stage_groups(stages)
+    out = []
+    for members in groups:
+        means = d[:, :, members].sum(axis=2).mean(axis=0)
+        order = np.lexsort((np.asarray(ranks), means))
+        pick = int(order[(len(order) - 1) // 2])
+        out.append((int(ranks[pick]), round(float(means[pick]) / NS)))
+    return tuple(out)
+
+
+def weighted_typical(groups: Sequence[Group]) -> tuple[tuple[int, int], ...]:
+    """Per broad stage, the groups' typical ranks combined: the lower median of their means,
+    each weighted by its group's rank count. Not exact (a median of medians): see
+    docs/scale.md for the bound."""
+    carrying = [g for g in groups if g.part.typical]
+    if not carrying:
+        return ()
+    out = []
+    for i in range(len(carrying[0].part.typical)):
+        entries = sorted(
+            (g.part.typical[i][1], g.part.typical[i][0], g.summary.n_ranks) for g in carrying
+        )
+        half = sum(weight for _, _, weight in entries) / 2
+        seen = 0
+        for ns, rank, weight in entries:
+            seen += weight
+            if seen >= half:
+                out.append((rank, ns))
+                break
+    return tuple(out)
+
+
+def wanted_rows(
+    windows: Sequence[RankWindow], wanted: Sequence[Wanted]
+) -> dict[int, tuple[int, tuple[tuple[int, ...], ...]]]:
+    """The rows of ``windows`` a capture request named, over its steps in the window (the span
+    of every request naming the rank, should two fall in one window)."""
+    rows: dict[int, tuple[int, tuple[tuple[int, ...], ...]]] = {}
+    for w in windows:
+        spans = [(first, last) for ranks, first, last in wanted if w.rank in ranks]
+        first = max(min((f for f, _ in spans), default=w.last_step + 1), w.first_step)
+        last = min(max((last for _, last in spans), default=-1), w.last_step)
+        if first <= last:
+            block = w.durations_ns[first - w.first_step : last - w.first_step + 1]
+            rows[w.rank] = (first, tuple(tuple(int(v) for v in row) for row in block))
+    return rows
 
 
 def node_group(
@@ -58,10 +136,12 @@ def node_group(
     notes: Sequence[str],
     late: Sequence[int],
     gates: Gates | None,
+    wanted: Sequence[Wanted] = (),
 ) -> Group:
     """The leader's part for its node: the summary of the windows that arrived and match its
     own (``own`` first), the ranks that did not, and ``late``: those of them that said nothing
-    (not announced silent), named in a note with the node."""
+    (not announced silent), named in a note with the node; the rows ``wanted`` by capture
+    requests."""
     merged = merge_received(list(windows), node.first_rank + node.size, notes)
     kept = merged.ranks
     present = {w.rank for w in windows}
@@ -73,9 +153,18 @@ def node_group(
         if w.dropped_windows:
             notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off full")
     d = np.stack([w.durations_ns for w in kept], axis=1).astype(np.float64) * NS
-    summary = summarize(
-        d, [w.rank for w in kept], own.stages, gain_baseline=(gates or Gates()).gain_baseline
-    )
+    baseline = (gates or Gates()).gain_baseline
+    summary = summarize(d, [w.rank for w in kept], own.stages, gain_baseline=baseline)
+    groups: dict[str, list[int]] = {}
+    for i, w in enumerate(kept):
+        if w.role:
+            groups.setdefault(w.role, []).append(i)
+    roles = {
+        role: summary
+        if len(cols) == len(kept)
+        else summarize(d[:, cols], [kept[i].rank for i in cols], own.stages, gain_baseline=baseline)
+        for role, cols in groups.items()
+    }
     part = NodePart(
         window=own.window,
         first_step=own.first_step,
@@ -89,9 +178,11 @@ def node_group(
         contract_violations=sum(w.contract_violations for w in kept),
         overlap_ns=sum(w.overlap_ns for w in kept),
         self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
+        typical=typical_ranks(d, [w.rank for w in kept], own.stages),
+        rows=wanted_rows(kept, wanted),
         **event_totals(kept),
     )
-    return Group(part, summary)
+    return Group(part, summary, roles)
 
 
 def event_totals(windows: Sequence[RankWindow]) -> dict[str, Any]:
@@ -167,8 +258,25 @@ def combine_groups(
         self_cost_max=_largest([p.self_cost_max for p in parts]),
         events=_summed([p.events for p in parts]),
         forward_stage=next((p.forward_stage for p in parts if p.forward_stage), ""),
+        typical=weighted_typical(joined),
+        rows={rank: rows for p in parts for rank, rows in p.rows.items()},
     )
-    return Group(part, summary)
+    return Group(part, summary, _combined_roles(joined, summary))
+
+
+def _combined_roles(groups: Sequence[Group], summary: WindowSummary) -> dict[str, WindowSummary]:
+    """Each role's summaries across the groups combined (a role of every rank: the group's
+    own summary); a role whose summaries do not combine is left out, with the error logged."""
+    out: dict[str, WindowSummary] = {}
+    for role in sorted({role for g in groups for role in g.roles}):
+        parts = [g.roles[role] for g in groups if role in g.roles]
+        try:
+            out[role] = combine(parts)
+        except StageFrontierError as exc:
+            logger.warning("stagefrontier: role %s's node summaries do not combine: %s", role, exc)
+    if len(out) == 1 and next(iter(out.values())).n_ranks == summary.n_ranks:
+        out = dict.fromkeys(out, summary)
+    return out
 
 
 def _four(totals: tuple[float, ...]) -> tuple[float, float, float, float] | None:
@@ -223,7 +331,7 @@ def analyze_group(
         forward_stage=part.forward_stage or FORWARD_STAGE,
     )
     try:
-        report = analyze_summary(summary, gates=gates, side=side)
+        report = analyze_summary(summary, gates=gates, side=side, role_summaries=top.roles)
     except Exception as exc:
         logger.error("stagefrontier: window %d lost: its summary failed: %s", part.window, exc)
         return None
@@ -233,7 +341,21 @@ def analyze_group(
     nodes["rounding_s"] = summary.rounding_s
     costs = {"fraction": 0.0, **part.self_cost_max}
     nodes["self_cost"] = {name: {"max": v} for name, v in costs.items()}
-    return AnalyzedWindow(merged, d, None, side, report, summary=summary, nodes=nodes)
+    names = stage_groups(summary.stages)[0] if part.typical else ()
+    return AnalyzedWindow(
+        merged,
+        d,
+        None,
+        side,
+        report,
+        summary=summary,
+        typical_ranks={name: rank for name, (rank, _) in zip(names, part.typical, strict=True)},
+        named_rows={
+            rank: (first, np.asarray(rows, dtype=np.float64) * NS)
+            for rank, (first, rows) in part.rows.items()
+        },
+        nodes=nodes,
+    )
 
 
 def nodes_entry(part: NodePart, node_size: int) -> dict[str, Any]:

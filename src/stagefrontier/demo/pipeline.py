@@ -57,6 +57,10 @@ class PipelineConfig:
     seed: int = 0
     quiet: bool = False
     collective_timeout_s: float = 120.0
+    collect: str = "auto"
+    """The timer's collect mode; ``hierarchical`` lays the ranks out in nodes of ``per_node``
+    consecutive ranks, as torchrun would (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``)."""
+    per_node: int = PP * DP
 
 
 def run_pipeline(config: PipelineConfig, deadline_s: float = 300.0) -> list[dict[str, Any]]:
@@ -73,6 +77,12 @@ def run_pipeline(config: PipelineConfig, deadline_s: float = 300.0) -> list[dict
 
 def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    if config.collect == "hierarchical":
+        os.environ.update(
+            LOCAL_RANK=str(rank % config.per_node),
+            LOCAL_WORLD_SIZE=str(config.per_node),
+            GROUP_RANK=str(rank // config.per_node),
+        )
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -100,6 +110,7 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
         out_dir=config.out_dir,
         mesh=mesh,
         log=not config.quiet,
+        collect=config.collect,
     )
     # --8<-- [end:mesh-timer]
     faults = FaultInjector(config.faults, rank)

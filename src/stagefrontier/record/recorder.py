@@ -27,7 +27,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
-from ..collect import Collector, announce_disabled, collects_hierarchically, make_collector
+from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
@@ -241,13 +241,6 @@ class StageTimer(TimerState):
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
-        if router is not None and collector is None and collects_hierarchically(config):
-            warn_once(
-                "router-hierarchical",
-                "stagefrontier: the profiler router reads every rank's columns, which stay on "
-                "their nodes under hierarchical collection: the router is off",
-            )
-            router = None
         self._router = None if router is None else router.attach(self)
 
     # ------------------------------------------------------------------ public contexts

@@ -217,9 +217,15 @@ class AnalyzedWindow:
     None when the gains clip to each rank's median in this window (``Gates.gain_baseline``)."""
     summary: WindowSummary | None = None
     """Under hierarchical collection, the combined node summaries the report was computed from.
-    Rank 0 then never sees the ranks' columns: ``d`` is empty (``[N, 0, S]``), ``merged`` holds
-    rank 0's own window only (its index and steps are the window's), and consumers that need
-    per-rank columns (the regression check, the profiler router) are off."""
+    Rank 0 then never sees the ranks' columns: ``d`` is empty (``[N, 0, S]``) and ``merged``
+    holds rank 0's own window only (its index and steps are the window's); the regression
+    check reads the summary, the profiler router ``typical_ranks`` and ``named_rows``."""
+    typical_ranks: dict[str, int] | None = None
+    """Under hierarchical collection, per broad stage, a rank whose time in it is typical (the
+    node parts' weighted median of node medians, ``collect.node_payload``)."""
+    named_rows: dict[int, tuple[int, npt.NDArray[np.float64]]] | None = None
+    """Under hierarchical collection, the rows a capture request asked for: per named rank, the
+    first global step and its durations ``[steps, stages]`` (seconds) in this window."""
     nodes: dict[str, Any] | None = None
     """Under hierarchical collection: the node size and count, the nodes present, the nodes
     missing (with the reason), the nodes some of whose ranks are missing, and the hosts of the

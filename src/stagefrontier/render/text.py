@@ -185,7 +185,8 @@ def window_report_text(
     lines += _label_block("withheld", withheld, report.reasons)
     for role, rep in (report.role_reports or {}).items():
         ranks = ",".join(str(i) for i, x in enumerate(report.roles or ()) if x == role)
-        lines += ["", f"role {role} (ranks {ranks}), analyzed on its own:", *_stage_table(rep)]
+        who = f"ranks {ranks}" if ranks else f"{rep.n_ranks} ranks"  # node summaries: no list
+        lines += ["", f"role {role} ({who}), analyzed on its own:", *_stage_table(rep)]
         lines.append(f"  top-1: {rep.top1}    routing set: {', '.join(rep.routing_set) or '-'}")
         lines.append(f"  labels: {', '.join(_flags(rep.labels)) or '-'}")
     if notes:

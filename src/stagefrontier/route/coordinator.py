@@ -28,8 +28,9 @@ from ..record.window import AnalyzedWindow
 from ..render.escape import printable
 from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
+from .confirm import LiveWindow
 from .decide import Decision, decide, regression_decision, start_margin
-from .reduction import analyze_traces, live_window
+from .reduction import analyze_traces, live_windows
 from .requests import (
     MANUAL_KEY,
     MAX_CAPTURE_STEPS,
@@ -164,7 +165,7 @@ class Coordinator:
 
     def _delete_previous_attempt(self) -> None:
         """A torchelastic restart: the previous attempt's open request and manual keys."""
-        previous = previous_attempt_prefix()
+        previous = previous_attempt_prefix(self.channel.scope)
         if previous is None:
             return
         try:
@@ -440,15 +441,16 @@ class Coordinator:
         incident["captured"] = bool(files) and set(files) == set(request.ranks)
         if not incident["captured"]:
             reasons.append("not captured: " + self._why_not_captured(request, files))
-        self._cost(incident, request)
         export = {
             str(rank): answer.export_cpu_s
             for rank, answer in sorted(current.answers.items())
             if answer.state == "captured"
         }
         reduction = 0.0
+        live = [block for w in self.live for block in live_windows(w)]
+        self._cost(incident, request, live)
         if incident["captured"] and len(local) == len(files):
-            reduction = self._reduce(incident, local)
+            reduction = self._reduce(incident, local, live)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
@@ -459,7 +461,9 @@ class Coordinator:
             self._answer_manual(ManualAnswer(current.manual_id, "opened", folder))
         logger.info("stagefrontier: %s", summary_line(incident))
 
-    def _reduce(self, incident: dict[str, Any], local: dict[int, str]) -> float:
+    def _reduce(
+        self, incident: dict[str, Any], local: dict[int, str], live: list[LiveWindow]
+    ) -> float:
         """Confirm the incident, diff its traces and its DataLoader workers' profiles, in place;
         returns the CPU seconds all of it took on this thread (the incident's reduction cost).
         The traces' part is budgeted at the captured steps' wall time (``analyze_traces``)."""
@@ -467,7 +471,6 @@ class Coordinator:
         steps = incident["steps"][1] - incident["steps"][0] + 1
         step_ms = incident["capture_step_ms"] or self.step_s * 1e3
         budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
-        live = [live_window(w) for w in self.live]
         analyze_traces(incident, local, live, self.config.gates, self.out_dir, budget)
         worker_findings(incident, self.live)
         return time.thread_time() - start
@@ -479,20 +482,22 @@ class Coordinator:
             return f"training ended before step {request.first_step}"
         return "no named rank wrote a trace"
 
-    def _cost(self, incident: dict[str, Any], request: CaptureRequest) -> None:
+    def _cost(
+        self, incident: dict[str, Any], request: CaptureRequest, live: list[LiveWindow]
+    ) -> None:
         """Mean step time of the captured ranks during the capture and in the other steps of
-        the live windows kept (the capture's cost)."""
+        the live windows kept (the capture's cost; under hierarchical collection rank 0 holds
+        their rows of the captured steps only, so no ``baseline_step_ms``)."""
         ranks = list(request.ranks)
         during: list[float] = []
         outside: list[float] = []
         captured = range(request.first_step, request.last_step + 1)
-        for window in self.live:
-            present = [w.rank for w in window.merged.ranks]
-            cols = [present.index(r) for r in ranks if r in present]
+        for window in live:
+            cols = [window.ranks.index(r) for r in ranks if r in window.ranks]
             if not cols:
                 continue
             totals = window.d[:, cols, :].sum(axis=2).mean(axis=1)
-            first = window.merged.reference.first_step
+            first = window.first_step
             for i, total in enumerate(totals):
                 (during if first + i in captured else outside).append(float(total))
         if during:

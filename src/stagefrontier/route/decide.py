@@ -7,7 +7,8 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 ``max_switch_rate``, and its lag over the median rank grows within the stage by at least
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
 nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
-the stage is the median of the other ranks.
+the stage is the median of the other ranks (under hierarchical collection, where rank 0 has no
+rank columns, the typical rank the node parts carry: ``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
@@ -67,6 +68,11 @@ def decide(
     g = gates or report.gates
     ranks = [w.rank for w in window.merged.ranks]
     positions = list(range(len(ranks)))
+    if report.role_reports and window.summary is not None:
+        return None, (
+            "ranks play roles and the window came as node summaries, which carry no typical "
+            "rank per role to serve as the reference"
+        )
     if report.role_reports:
         bound = bounding_role(report)
         role = role or (bound.role if bound is not None else None)
@@ -76,7 +82,8 @@ def decide(
             return None, f"no rank of role {role} in this window"
         positions = [i for i, x in enumerate(report.roles or ()) if x == role]
         report = report.role_reports[role]
-    if len(positions) < 2:
+    analyzed = len(positions) if window.summary is None else window.summary.n_ranks
+    if analyzed < 2:
         return None, "fewer than two ranks analyzed" + (f" in role {role}" if role else "")
     if report.has(TELEMETRY_LIMITED):
         return None, "telemetry_limited"
@@ -118,21 +125,47 @@ def decide(
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
         return None, why
-    columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
-    totals = window.d[:, :, columns].sum(axis=(0, 2))
-    others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
-    reference = others[(len(others) - 1) // 2][1]
+    if window.summary is None:
+        columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
+        totals = window.d[:, :, columns].sum(axis=(0, 2))
+        others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
+        reference = others[(len(others) - 1) // 2][1]
+        chosen = f"the median total time in {stage} among the other ranks"
+    else:
+        reference, chosen = typical_reference(window, stage, suspect)
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
         f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
         f"the median by {loc.delta_lag_mean_s * 1e3:.1f} ms/step",
-        f"reference rank {reference}: the median total time in {stage} among the other ranks",
+        f"reference rank {reference}: {chosen}",
         *blocked,
     )
     if role is not None:
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
     return Decision(stage, suspect, reference, share, index, reasons, role), ""
+
+
+def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple[int, str]:
+    """Under hierarchical collection, the reference rank and how it was chosen: the rank of
+    typical time in ``stage`` that the node parts carry (a median of node medians, not the
+    exact median), or, when that rank is the suspect itself, the lowest other rank."""
+    typical = (window.typical_ranks or {}).get(stage)
+    if typical is not None and typical != suspect:
+        return typical, (
+            f"a typical time in {stage}, the median of the nodes' median ranks (collected "
+            "hierarchically: approximate, a median of medians)"
+        )
+    assert window.summary is not None  # a window collected as node summaries
+    runs = window.summary.rank_runs
+    first = int(runs[0, 0])
+    other = first if first != suspect else first + 1 if runs[0, 1] > 1 else int(runs[1, 0])
+    why = (
+        "the typical rank the node parts carry is the suspect"
+        if typical is not None
+        else ("the node parts carry no typical rank")
+    )
+    return other, f"the lowest rank other than the suspect ({why})"
 
 
 def _unsteady_lead(
@@ -157,8 +190,8 @@ def _unsteady_lead(
 def _burst(window: AnalyzedWindow, leader: int | None, stage: str) -> int:
     """How many batches the leader's DataLoader hands over at once (its worker count) when the
     stage is the data wait and enough blocks of that many steps fit in the window; else 1."""
-    if stage != DATA_STAGE or leader is None:
-        return 1
+    if stage != DATA_STAGE or leader is None or window.summary is not None:
+        return 1  # (collected as node summaries, rank 0 has no rank columns to block)
     loader = next((w.loader for w in window.merged.ranks if w.rank == leader), None) or {}
     workers = loader.get("workers")
     if not isinstance(workers, int) or workers < 2:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
@@ -164,10 +166,18 @@ def reference_file(
     return found
 
 
-def live_window(window: AnalyzedWindow) -> LiveWindow:
-    return LiveWindow(
-        window.merged.reference.first_step,
-        tuple(w.rank for w in window.merged.ranks),
-        window.d,
-        tuple(window.report.stages),
-    )
+def live_windows(window: AnalyzedWindow) -> list[LiveWindow]:
+    """The rank columns an analyzed window holds: all of them, or under hierarchical collection
+    the rows its node parts carried for a capture request (one block per span of steps)."""
+    stages = tuple(window.report.stages)
+    if window.summary is None:
+        ranks = tuple(w.rank for w in window.merged.ranks)
+        return [LiveWindow(window.merged.reference.first_step, ranks, window.d, stages)]
+    spans: dict[tuple[int, int], list[int]] = {}
+    rows = window.named_rows or {}
+    for rank, (first, block) in sorted(rows.items()):
+        spans.setdefault((first, block.shape[0]), []).append(rank)
+    return [
+        LiveWindow(first, tuple(ranks), np.stack([rows[r][1] for r in ranks], axis=1), stages)
+        for (first, _), ranks in spans.items()
+    ]

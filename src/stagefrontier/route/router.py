@@ -2,7 +2,9 @@
 
 Every rank gets one router thread with its own store connection. It watches the request key
 and arms this rank's capture when the rank is named; it runs the trace export; on rank 0 it also
-runs the coordinator (decision, request, answers, confirmation, incident).
+runs the coordinator (decision, request, answers, confirmation, incident). Under hierarchical
+collection a node leader's thread also tells its collector which ranks a request names, so that
+the node's part carries their rows of the captured steps to rank 0.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..collect.hierarchical import NodeLeader
+from ..collect.store import claim_scope, release_scope
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..record.settings import (
     MAX_TIMEOUT_S,
@@ -131,7 +135,8 @@ class RouterRuntime:
     def __init__(self, config: ProfilerRouter, timer: Any) -> None:
         self.config = config
         self._timer = timer
-        self._channel = RequestChannel(config.store)
+        self._scope = claim_scope("router")
+        self._channel = RequestChannel(config.store, scope=self._scope)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
@@ -201,6 +206,7 @@ class RouterRuntime:
         self.capture.finish(int(self._timer._step_index))
         self._jobs.put(None)
         self._thread.join(self.config.capture_timeout_s + 60.0)
+        release_scope(self._scope, "router")
 
     # ------------------------------------------------------------------ router thread
     def _run(self) -> None:
@@ -254,6 +260,9 @@ class RouterRuntime:
         if request is None or request.id in self._seen:
             return
         self._seen.add(request.id)
+        collector = self._timer._collector
+        if isinstance(collector, NodeLeader):  # its node's part carries the named ranks' rows
+            collector.want_rows(request.ranks, request.first_step, request.last_step)
         if self.rank in request.ranks:
             self.capture.arm(request)
 

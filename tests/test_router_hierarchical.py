@@ -1,0 +1,67 @@
+"""The profiler router under hierarchical collection, in a real job: the demo's Gloo DDP model as
+2 torchrun agents of 2 ranks each (a c10d rendezvous, node stores on loopback, node parts
+through the job's store), a 120 ms data stall on rank 2 (node 1) from step 0.
+
+Rank 0 never sees a rank column: it decides on the combined node summaries, takes the reference
+rank from the typical ranks the node parts carry, and confirms the traces against the rows of
+the captured steps that the named ranks' node leaders sent up because the request asked for
+them. The incident must say what the flat router says of the same stall
+(``test_router_distributed.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stagefrontier.demo import DemoConfig, parse_fault
+from stagefrontier.demo.torchrun import launch_nodes
+from stagefrontier.route import list_incidents
+
+NODES, PER_NODE = 2, 2
+STEPS, WINDOW = 60, 10  # room for a decision made late, on a loaded machine
+
+
+def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
+    tmp_path: Path,
+) -> None:
+    config = DemoConfig(
+        ranks=NODES * PER_NODE,
+        steps=STEPS,
+        window=WINDOW,
+        faults=(parse_fault("data@2:120ms"),),
+        out_dir=str(tmp_path),
+        collect_timeout_s=5.0,
+        quiet=True,
+        router=True,
+        router_timeout_s=10.0,
+        collect="hierarchical",
+    )
+    windows = launch_nodes(config, nodes=NODES, per_node=PER_NODE, deadline_s=400.0)
+    assert [w["window"] for w in windows] == list(range(STEPS // WINDOW))
+    for w in windows:  # collected as node summaries: no rank columns reached rank 0
+        assert "ranks_present" not in w and w["nodes"]["nodes"] == NODES, w
+    incidents = list_incidents(tmp_path)
+    assert len(incidents) == 1, incidents
+    incident = incidents[0]
+    assert incident["trigger"] == "window" and incident["stage"] == "data.next_wait"
+    assert incident["leader_rank"] == 2
+    reference = incident["reference_rank"]
+    assert reference != 2
+    assert any(f"reference rank {reference}: a typical time" in r for r in incident["reasons"])
+    assert incident["ranks"] == sorted([2, reference])
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
+    assert incident["live_shares"]["data.next_wait"] > 0  # from the rows the parts carried
+    first, last = incident["steps"]
+    assert last - first + 1 == 5
+    top = incident["op_diff"][0]  # the user's function that sleeps, as flat
+    assert "faults.py" in top["name"] and "delay" in top["name"] and "sleep" in top["name"], top
+    assert top["suspect_ms_per_step"] > 100 > 1 > top["reference_ms_per_step"]
+    # Rank 0 holds the captured steps' rows only: the capture's cost, no baseline beside it.
+    assert incident["capture_step_ms"] > 0 and incident["baseline_step_ms"] is None
+    folder = tmp_path / "incidents" / incident["id"]
+    assert sorted(folder.glob("*.pt.trace.json*")) == sorted(
+        folder / f"rank{r}.pt.trace.json.gz" for r in (2, reference)
+    )
