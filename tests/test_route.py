@@ -414,6 +414,8 @@ def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
 class _Channel:
     """The store as a dict (the coordinator's only dependency on it)."""
 
+    scope = 0  # the router's key scope, as RequestChannel's
+
     def __init__(self) -> None:
         self.keys: dict[str, bytes] = {}
 
