@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from stagefrontier import StageTimer, TimerSettingError
 from stagefrontier.demo.launch import read_windows, run_ranks
+from stagefrontier.render.incident import read_incident
 
 RANKS = 2
 STEPS = 20
@@ -44,7 +45,7 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
     train = StageTimer(TRAIN, window=5, collect=config("train"))
     evaluate = StageTimer(EVAL, window=5, collect=config("eval"))
     x = torch.randn(64, 64)
-    for _ in range(STEPS):
+    for step in range(STEPS):
         with train.step():
             with train.stage(TRAIN[0]):
                 y = x @ x
@@ -52,6 +53,11 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
                 y = y @ x
         with evaluate.step(), evaluate.stage(EVAL[0]):
             y = x @ x
+        if step % 5 == 4:
+            # Rank 0 may run at most a window ahead: four windows ahead (a rank 1 that started
+            # late, or was descheduled) fill rank 0's hand-off queue, and it then rightly stops
+            # waiting for rank 1's window.
+            dist.barrier()
     train.close()
     evaluate.close()
     leave_process_group()
@@ -66,6 +72,92 @@ def test_a_training_and_an_evaluation_timer_keep_every_rank(tmp_path: Path) -> N
         for w in windows:
             assert w["ranks_present"] == [0, 1], (name, w.get("reasons"))
             assert w["stages"][: len(stages)] == stages
+
+
+MAX_STEPS = 3000
+"""The scoped job's ranks step until rank 0 sees the routed training timer's incident written (a
+loaded machine decides how long that takes, not this count)."""
+TIMERS = ("hier-train", "hier-eval", "routed-train", "routed-eval")
+
+
+def _scoped_rank(rank: int, out_dir: str, port: int) -> None:
+    """Four timers on each rank: a training and an evaluation timer collecting hierarchically
+    (both ranks on one node), and a training and an evaluation timer collecting through the
+    store, each with a profiler router of its own. Rank 0 asks the routed training timer's
+    router for a capture of rank 1, and the ranks step together until its incident is
+    written."""
+    os.environ.update(
+        OMP_NUM_THREADS="1", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(RANKS), GROUP_RANK="0"
+    )
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from stagefrontier import CollectConfig, ProfilerRouter
+    from stagefrontier.demo.train import leave_process_group
+
+    store = dist.TCPStore("127.0.0.1", port, RANKS, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=RANKS, timeout=timedelta(seconds=300)
+    )
+
+    def timer(name: str, router: ProfilerRouter | None = None) -> StageTimer:
+        mode = "hierarchical" if name.startswith("hier") else "store"
+        config = CollectConfig(
+            mode=mode, out_dir=f"{out_dir}/{name}", timeout_s=120.0, log=False, regression=None
+        )
+        stages = TRAIN if name.endswith("train") else EVAL
+        return StageTimer(stages, window=5, collect=config, router=router)
+
+    asked = ProfilerRouter(steps=2, max_captures=1, capture_timeout_s=300.0)
+    timers = [
+        timer("hier-train"),
+        timer("hier-eval"),
+        timer("routed-train", asked),
+        timer("routed-eval", ProfilerRouter(max_captures=0, capture_timeout_s=300.0)),
+    ]
+    incidents = Path(out_dir, "routed-train", "incidents")
+    x = torch.randn(64, 64)
+    done = torch.zeros(1)
+    for step in range(MAX_STEPS):
+        for t in timers:
+            with t.step():
+                for stage in t.stages:
+                    with t.stage(stage):
+                        time.sleep(0.002)
+        if rank == 0 and step == 5:
+            asked.request_capture([1])
+        if rank == 0:
+            done[0] = float(step >= 10 and any(incidents.glob("*/incident.json")))
+        dist.broadcast(done, src=0)
+        if done[0]:
+            break
+    for t in timers:
+        t.close()
+    del x
+    leave_process_group()
+
+
+def test_timers_collecting_hierarchically_or_with_routers_keep_their_keys_apart(
+    tmp_path: Path,
+) -> None:
+    """Before, two hierarchical timers published their node stores' addresses under one
+    job-store key (one timer's member then sent its windows to the other timer's node store),
+    and two timers' routers read one request key (the evaluation timer's router captured the
+    training timer's request into its own folder)."""
+    codes = run_ranks(_scoped_rank, RANKS, str(tmp_path), deadline_s=570.0)
+    assert codes == {0: 0, 1: 0}
+    for name in TIMERS:
+        stages = TRAIN if name.endswith("train") else EVAL
+        windows = read_windows(tmp_path / name)
+        assert windows, name
+        for w in windows:
+            assert w["missing_ranks"] == [] and w["gather_ok"], (name, w["reasons"])
+            assert w["stages"][: len(stages)] == stages
+    [incident] = [read_incident(p) for p in (tmp_path / "routed-train" / "incidents").iterdir()]
+    assert incident["captured"] and incident["ranks"] == [1], incident["reasons"]
+    assert not (tmp_path / "routed-eval" / "incidents").exists()
 
 
 def test_two_timers_of_one_process_may_not_write_one_out_dir(tmp_path: Path) -> None:

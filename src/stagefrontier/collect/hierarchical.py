@@ -45,7 +45,13 @@ from .node_payload import (
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
 from .node_wire import ROW_REQUESTS
-from .store import StoreCollector, attempt_store, open_connection, previous_attempt_prefix
+from .store import (
+    StoreCollector,
+    attempt_store,
+    claim_scope,
+    open_connection,
+    previous_attempt_prefix,
+)
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
 logger = logging.getLogger("stagefrontier")
@@ -66,7 +72,7 @@ class NodeMember(StoreCollector):
         self.node = node
 
     def _open_raw(self) -> Any:
-        job = attempt_store(open_connection(self._base_store, self.timeout_s))
+        job = attempt_store(open_connection(self._base_store, self.timeout_s), self.scope)
         return connect_node_store(job, self.node.node, self.timeout_s)
 
 
@@ -99,19 +105,20 @@ class NodeLeader(StoreCollector):
         self._sent_up = SentKeys(lambda index: part_key(index, top, node.node))
         self._done_up = 0  # rank 0: the job store's done counter it last published
         self._wanted: tuple[Wanted, ...] = ()  # replaced whole by the router thread
-        server, problem = self._serve(settings.timeout_s)
+        scope = claim_scope()  # the node store's address is published under it
+        server, problem = self._serve(settings.timeout_s, scope)
         self._server = server
-        super().__init__(settings, store=server, collects=True)
+        super().__init__(settings, store=server, collects=True, scope=scope)
         self.peers = node.ranks[1:]
         if problem is not None:
             self._dead = problem
 
-    def _serve(self, timeout_s: float) -> tuple[Any, str | None]:
+    def _serve(self, timeout_s: float, scope: int) -> tuple[Any, str | None]:
         """Start the node's store and publish its address (on the training thread, once, like
         ``announce_silent``); a failure is the reason every member of the node is missing."""
         try:
             server = loopback_store(self.node.size, timeout_s)
-            job = attempt_store(open_connection(self._job_store, timeout_s))
+            job = attempt_store(open_connection(self._job_store, timeout_s), scope)
             publish_address(job, self.node.node, server.port)
         except Exception as exc:
             logger.warning(
@@ -140,9 +147,9 @@ class NodeLeader(StoreCollector):
             from torch.distributed import PrefixStore
 
             raw = open_connection(self._job_store, self.timeout_s)
-            previous = previous_attempt_prefix()
+            previous = previous_attempt_prefix(self.scope)
             self._job_previous = None if previous is None else PrefixStore(previous, raw)
-            self._job_conn = attempt_store(raw)
+            self._job_conn = attempt_store(raw, self.scope)
         return self._job_conn
 
     def _read_silent(self, conn: Any) -> None:

@@ -15,7 +15,10 @@ rank 0's analysis runs, and no window's keys outlive the next send of their rank
 Key scopes: a process may run several timers that collect through the store (training and
 evaluation). Each open store collector holds a scope, the lowest one free in its process
 (``claim_scope``): scope 0 keeps the plain attempt prefix, scope k adds ``/t<k>``, so the k-th
-timer open at once on every rank meets the same timer of the other ranks, and no other. Two
+timer open at once on every rank meets the same timer of the other ranks, and no other. Under
+hierarchical collection every job-store key of the timer (its node stores' addresses, the node
+parts, the done counter) sits under its scope; a profiler router holds a scope of its own kind
+for its request keys (``route.requests.RequestChannel``). Two
 jobs on one store share keys unless their run ids differ: rank 0 claims its keys with an owner
 key, and a claim held by another collector (another job, or one that never closed) is a note
 on every window.
@@ -55,21 +58,23 @@ the store server in its process) is not worth holding the rank's exit for."""
 OWNER_KEY = "owner"
 """Rank 0's claim on a scope's keys: its host, process id and collector."""
 
-_scopes: set[int] = set()
+_scopes: dict[str, set[int]] = {}
 _scopes_lock = threading.Lock()
 
 
-def claim_scope() -> int:
-    """The lowest key scope that no open store collector of this process holds, now held."""
+def claim_scope(holder: str = "collector") -> int:
+    """The lowest key scope that no open ``holder`` of this process holds (a store collector,
+    or a profiler router, whose keys differ), now held."""
     with _scopes_lock:
-        scope = next(k for k in range(len(_scopes) + 1) if k not in _scopes)
-        _scopes.add(scope)
+        held = _scopes.setdefault(holder, set())
+        scope = next(k for k in range(len(held) + 1) if k not in held)
+        held.add(scope)
         return scope
 
 
-def release_scope(scope: int) -> None:
+def release_scope(scope: int, holder: str = "collector") -> None:
     with _scopes_lock:
-        _scopes.discard(scope)
+        _scopes.get(holder, set()).discard(scope)
 
 
 def store_prefix(scope: int = 0) -> str:
@@ -154,10 +159,16 @@ class StoreCollector:
     """Sender on every rank but 0, collector on rank 0; both run on one background thread."""
 
     def __init__(
-        self, settings: CollectorSettings, *, store: Any = None, collects: bool | None = None
+        self,
+        settings: CollectorSettings,
+        *,
+        store: Any = None,
+        collects: bool | None = None,
+        scope: int | None = None,
     ) -> None:
         """``store``: the store to clone for the collector's connection (the job's by default);
-        ``collects``: whether this rank reads the others' windows (None: rank 0 does)."""
+        ``collects``: whether this rank reads the others' windows (None: rank 0 does);
+        ``scope``: the key scope, already claimed (None: claimed here)."""
         rank, world_size, timeout_s = settings.rank, settings.world_size, settings.timeout_s
         collects = rank == 0 if collects is None else collects
         self.rank = rank
@@ -171,7 +182,7 @@ class StoreCollector:
         self._dead: str | None = None
         self._closed = False
         self._wait = PeerWait("rank", "window")
-        self.scope = claim_scope()
+        self.scope = claim_scope() if scope is None else scope
         self._collects = collects
         self._shared: str | None = None  # rank 0: why its keys are not its own, "" when they are
         self.peers: Sequence[int] = range(1, world_size)

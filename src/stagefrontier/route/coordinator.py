@@ -165,7 +165,7 @@ class Coordinator:
 
     def _delete_previous_attempt(self) -> None:
         """A torchelastic restart: the previous attempt's open request and manual keys."""
-        previous = previous_attempt_prefix()
+        previous = previous_attempt_prefix(self.channel.scope)
         if previous is None:
             return
         try:

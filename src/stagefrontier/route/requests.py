@@ -258,9 +258,14 @@ class RequestChannel:
     """This rank's private store connection for requests (opened lazily on the router thread,
     never on the training thread). Every call may raise; callers downgrade."""
 
-    def __init__(self, store: Any = None, prefix: str | None = None) -> None:
+    def __init__(self, store: Any = None, prefix: str | None = None, scope: int = 0) -> None:
+        """``prefix``: the keys' prefix; by default this attempt's, with the router's key
+        ``scope`` (``collect.store.store_prefix``: the k-th router open in a process meets the
+        k-th of every other rank, so a training and an evaluation timer's routers never read
+        each other's requests)."""
         self.base = store
         self._prefix = prefix
+        self.scope = scope
         self._conn: Any = None
 
     def conn(self) -> Any:
@@ -269,7 +274,8 @@ class RequestChannel:
 
             from ..collect.store import open_connection, store_prefix
 
-            self._conn = PrefixStore(self._prefix or store_prefix(), open_connection(self.base))
+            prefix = self._prefix or store_prefix(self.scope)
+            self._conn = PrefixStore(prefix, open_connection(self.base))
         return self._conn
 
     def read(self, key: str) -> bytes | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..analysis.gates import Gates
 from ..collect.hierarchical import NodeLeader
+from ..collect.store import claim_scope, release_scope
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..record.settings import (
     MAX_TIMEOUT_S,
@@ -134,7 +135,8 @@ class RouterRuntime:
     def __init__(self, config: ProfilerRouter, timer: Any) -> None:
         self.config = config
         self._timer = timer
-        self._channel = RequestChannel(config.store)
+        self._scope = claim_scope("router")
+        self._channel = RequestChannel(config.store, scope=self._scope)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
@@ -204,6 +206,7 @@ class RouterRuntime:
         self.capture.finish(int(self._timer._step_index))
         self._jobs.put(None)
         self._thread.join(self.config.capture_timeout_s + 60.0)
+        release_scope(self._scope, "router")
 
     # ------------------------------------------------------------------ router thread
     def _run(self) -> None:
