@@ -411,6 +411,13 @@ def verdicts(rows: Sequence[Row], loads: Sequence[float | None]) -> list[str]:
             f"- Job-store bytes per window, hierarchical over flat at {PER_NODE} ranks per node: "
             f"{min(ratios):.1%} to {max(ratios):.1%} (target: at most 25%)."
         )
+    checked = [r for r in rows if r.agreement]
+    if not checked:
+        out.append(
+            "- The flat path was not timed at these counts (above --flat-max): no crossover "
+            "and no agreement with it to report."
+        )
+        return out + quiet_check(loads)
     cross = crossover(rows)
     out.append(
         "- Crossover of rank 0's time per window: "
@@ -420,7 +427,6 @@ def verdicts(rows: Sequence[Row], loads: Sequence[float | None]) -> list[str]:
             else "hierarchical is never faster at the counts measured."
         )
     )
-    checked = [r for r in rows if r.agreement]
     agree = all(r.agrees for r in checked)
     out.append(
         f"- Agreement with the flat path: {'every column true' if agree else 'NOT all true'} "

@@ -324,6 +324,49 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     assert len(spent) == 2 and incident["router_cpu_s"]["reduction"] >= round(sum(spent), 4)
 
 
+def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
+    tmp_path: Path, store: Any
+) -> None:
+    """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
+    give the same stage matrix and the same op times as the whole trace, from far fewer."""
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier.analysis.schema import DEFAULT_STAGES
+    from stagefrontier.reducers import reduce_kineto
+    from stagefrontier.reducers.kineto import load_trace
+    from stagefrontier.route.trace_slice import load_for_reduction
+
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
+    timer = StageTimer(
+        window=5, collect=CollectConfig("local", out_dir=tmp_path, regression=None), router=router
+    )
+    _train(timer, 5)
+    router.request_capture([0], stage="data.next_wait")
+    _train(timer, 40)
+    timer.close()
+    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    assert incident["captured"], incident["reasons"]
+    path = Path(incident["trace_files"]["0"])
+    first, last = incident["steps"]
+    steps = range(first, last + 1)
+    whole = load_trace(path)
+    kept = load_for_reduction(path, "data.next_wait", steps)
+    assert 0 < len(kept[1]) < len(whole[1]) / 2, (len(kept[1]), len(whole[1]))
+    matrices = [
+        reduce_kineto(
+            [path],
+            DEFAULT_STAGES,
+            step_source="annotation",
+            missing_stages="zero",
+            loaded={path: events},
+        )
+        for events in (whole, kept)
+    ]
+    assert matrices[0].step_ids == matrices[1].step_ids
+    assert np.array_equal(matrices[0].d, matrices[1].d)
+    times = [stage_op_times(path, "data.next_wait", steps, events[1]) for events in (whole, kept)]
+    assert times[0] == times[1] and times[0].self_s
+
+
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 

@@ -80,7 +80,6 @@ def stage_op_times(
     if events is None:
         _, events = load_trace(Path(path))
     spans: list[tuple[float, float, str, str, tuple[str, str]]] = []
-    step_ranges: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -95,24 +94,15 @@ def stage_op_times(
         thread = (str(e.get("pid")), str(e.get("tid")))
         if cat == "user_annotation":
             name = stage_of_range(name)  # a stage's range, named as the stage
-        if cat == "user_annotation" and name.startswith(STEP_ANNOTATION + "#"):
-            tail = name[len(STEP_ANNOTATION) + 1 :]
-            if tail.isdigit():
-                step_ranges.setdefault(thread, []).append((ts, ts + dur, int(tail)))
         spans.append((float(ts), float(dur), name, str(cat), thread))
-    if not step_ranges:
-        return OpTimes({}, 0, {})
-    thread = max(step_ranges, key=lambda t: len(step_ranges[t]))
-    wanted = set(steps) if steps is not None else None
-    kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
-    kept_ids = {r[2] for r in kept_steps}
-    stage_ranges = sorted(
-        (ts, ts + dur)
-        for ts, dur, name, cat, th in spans
-        if th == thread
-        and cat == "user_annotation"
-        and ((name == stage and _inside_any(ts, kept_steps)) or _wait_of(name, stage) in kept_ids)
+    selected = select_ranges(
+        [(ts, dur, name, th) for ts, dur, name, cat, th in spans if cat == "user_annotation"],
+        stage,
+        steps,
     )
+    if selected is None:
+        return OpTimes({}, 0, {})
+    thread, kept_steps, stage_ranges = selected
     starts = [r[0] for r in stage_ranges]
     ops = sorted(
         (
@@ -120,7 +110,7 @@ def stage_op_times(
             for s in spans
             if s[4] == thread
             and s[3] in OP_CATEGORIES
-            and _overlaps(s[0], s[0] + s[1], starts, stage_ranges)
+            and overlaps(s[0], s[0] + s[1], starts, stage_ranges)
         ),
         key=lambda s: (s[0], -s[1]),
     )
@@ -153,7 +143,40 @@ def stage_op_times(
     return OpTimes(totals, len(kept_steps), paths)
 
 
-def _overlaps(lo: float, hi: float, starts: list[float], ranges: list[tuple[float, float]]) -> bool:
+Thread = tuple[str, str]
+
+
+def select_ranges(
+    annotations: Sequence[tuple[float, float, str, Thread]],
+    stage: str,
+    steps: Sequence[int] | None,
+) -> tuple[Thread, list[tuple[float, float, int]], list[tuple[float, float]]] | None:
+    """From a trace's annotation ranges (start, duration, name as a stage, thread): the
+    training thread (the one with the most ``stagefrontier.step#<n>`` ranges), its step ranges
+    among ``steps`` (all when None), and the stage's ranges on it, sorted: those inside the
+    kept steps and the between-step waits charged to them. None without step ranges."""
+    step_ranges: dict[Thread, list[tuple[float, float, int]]] = {}
+    for ts, dur, name, thread in annotations:
+        if name.startswith(STEP_ANNOTATION + "#"):
+            tail = name[len(STEP_ANNOTATION) + 1 :]
+            if tail.isdigit():
+                step_ranges.setdefault(thread, []).append((ts, ts + dur, int(tail)))
+    if not step_ranges:
+        return None
+    thread = max(step_ranges, key=lambda t: len(step_ranges[t]))
+    wanted = set(steps) if steps is not None else None
+    kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
+    kept_ids = {r[2] for r in kept_steps}
+    stage_ranges = sorted(
+        (ts, ts + dur)
+        for ts, dur, name, th in annotations
+        if th == thread
+        and ((name == stage and _inside_any(ts, kept_steps)) or _wait_of(name, stage) in kept_ids)
+    )
+    return thread, kept_steps, stage_ranges
+
+
+def overlaps(lo: float, hi: float, starts: list[float], ranges: list[tuple[float, float]]) -> bool:
     """Whether ``[lo, hi]`` meets one of the sorted ``ranges`` (``starts``: their starts)."""
     i = bisect.bisect_right(starts, lo) - 1
     if i >= 0 and ranges[i][1] >= lo:

@@ -15,9 +15,9 @@ import numpy as np
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
-from ..reducers.kineto import load_trace
 from .confirm import LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
+from .trace_slice import load_for_reduction
 
 logger = logging.getLogger("stagefrontier")
 
@@ -77,7 +77,7 @@ def _confirm(
     loaded: Loaded = {}
     for path in files.values():
         try:
-            loaded[Path(path)] = load_trace(Path(path))
+            loaded[Path(path)] = load_for_reduction(Path(path), incident["stage"], steps)
         except Exception:  # the reducer below says what is wrong with it
             logger.debug("stagefrontier: loading %s failed", path, exc_info=True)
     try:
