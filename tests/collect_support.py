@@ -173,7 +173,10 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     if rank in job.corrupt_windows:
         _corrupt_payloads(job.corrupt_windows[rank])
     silent = rank in job.silent_ranks
-    collector = None if job.collect == "off" else _collector(rank, job)
+    # A silent rank builds no store collector (a disabled timer holds its own key scope), but
+    # joins the Gloo collection group, whose creation needs every rank.
+    skip = job.collect == "off" or (silent and job.collect != "gloo")
+    collector = None if skip else _collector(rank, job)
     timer = StageTimer(
         window=job.window,
         out_dir=job.out_dir,

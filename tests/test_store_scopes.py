@@ -23,7 +23,9 @@ TRAIN = ["data.next_wait", "model.fwd_loss_cpu_wall"]
 EVAL = ["eval.fwd_cpu_wall"]
 
 
-def _rank(rank: int, out_dir: str, port: int) -> None:
+def _rank(rank: int, payload: tuple[str, bool], port: int) -> None:
+    """``payload``: the job's folder, and whether rank 1 disables its training timer."""
+    out_dir, disabled = payload
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -42,7 +44,9 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
         # The wait is a deadline for a lagging rank, not a cost when both keep up.
         return CollectConfig(mode="store", out_dir=f"{out_dir}/{name}", timeout_s=120.0, log=False)
 
-    train = StageTimer(TRAIN, window=5, collect=config("train"))
+    train = StageTimer(
+        TRAIN, window=5, collect=config("train"), enabled=not (disabled and rank == 1)
+    )
     evaluate = StageTimer(EVAL, window=5, collect=config("eval"))
     x = torch.randn(64, 64)
     for step in range(STEPS):
@@ -63,14 +67,23 @@ def _rank(rank: int, out_dir: str, port: int) -> None:
     leave_process_group()
 
 
-def test_a_training_and_an_evaluation_timer_keep_every_rank(tmp_path: Path) -> None:
-    codes = run_ranks(_rank, RANKS, str(tmp_path), deadline_s=240.0)
+@pytest.mark.parametrize("disabled", [False, True], ids=["enabled", "rank1-train-disabled"])
+def test_a_training_and_an_evaluation_timer_keep_every_rank(tmp_path: Path, disabled: bool) -> None:
+    """With ``disabled``, rank 1 builds its training timer with ``enabled=False``: its
+    evaluation timer must still meet rank 0's (before, it took the first key scope, rank 0's
+    training timer's, and every window of both timers lost rank 1 for the wrong reason)."""
+    codes = run_ranks(_rank, RANKS, (str(tmp_path), disabled), deadline_s=240.0)
     assert codes == {0: 0, 1: 0}
     for name, stages in (("train", TRAIN), ("eval", EVAL)):
         windows = read_windows(tmp_path / name)
         assert len(windows) == STEPS // 5, name
         for w in windows:
-            assert w["ranks_present"] == [0, 1], (name, w.get("reasons"))
+            if disabled and name == "train":
+                assert w["ranks_present"] == [0], (name, w.get("reasons"))
+                why = [r for v in w["reasons"].values() for r in v]
+                assert any("their timers are disabled" in r for r in why), why
+            else:
+                assert w["ranks_present"] == [0, 1], (name, w.get("reasons"))
             assert w["stages"][: len(stages)] == stages
 
 

@@ -16,7 +16,7 @@ from .launcher import (
     rank_out_dir,
 )
 from .local import LocalCollector
-from .store import StoreCollector, announce_silent
+from .store import StoreCollector, announce_silent, claim_scope
 
 __all__ = [
     "COLLECT_MODES",
@@ -98,15 +98,20 @@ def collects_hierarchically(config: CollectConfig) -> bool:
     return wanted and world_size >= 2
 
 
-def announce_disabled(config: CollectConfig) -> None:
+def announce_disabled(config: CollectConfig) -> int | None:
     """What a timer built with ``enabled=False`` does for collection: in a job collected through
-    the store, a rank other than 0 tells rank 0 it will send nothing, so rank 0 reports it absent
-    with that reason instead of waiting for it. (With ``collect="gloo"`` every rank must build an
-    enabled timer: the group's operations need all of them.)"""
+    the store, it holds a key scope while it is open, as an enabled timer's collector does (so
+    the k-th timer of a process still meets the k-th of every other rank when one rank disables
+    one), and a rank other than 0 tells rank 0, under that scope, that it will send nothing, so
+    rank 0 reports it absent with that reason instead of waiting for it. Returns the scope held
+    (``store.release_scope`` at close), or None. (With ``collect="gloo"`` every rank must build
+    an enabled timer: the group's operations need all of them.)"""
     if config.mode not in ("auto", "store", "hierarchical") or not distributed_initialized():
-        return
+        return None
     import torch.distributed as dist
 
+    scope = claim_scope()
     rank = dist.get_rank()
     if rank != 0 and dist.get_world_size() > 1:
-        announce_silent(rank, config.timeout_s)
+        announce_silent(rank, config.timeout_s, scope)
+    return scope

@@ -139,12 +139,12 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
     )
 
 
-def announce_silent(rank: int, timeout_s: float) -> None:
+def announce_silent(rank: int, timeout_s: float, scope: int = 0) -> None:
     """Tell rank 0, through the job's store, that this rank sends no windows (its timer is
     disabled), so rank 0 never waits for them. Runs once, on the training thread, when the
     timer is built; a failure is logged and rank 0 then treats the rank as absent."""
     try:
-        conn = attempt_store(open_connection(timeout_s=timeout_s))
+        conn = attempt_store(open_connection(timeout_s=timeout_s), scope)
         number = int(conn.add(SILENT_KEY, 1))
         conn.set(f"{SILENT_KEY}/{number}", str(rank))
     except Exception as exc:

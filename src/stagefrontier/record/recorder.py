@@ -30,6 +30,7 @@ from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
+from ..collect.store import release_scope
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import RolesError, StageFrontierError, TimerSettingError
 from ..sinks import Sink
@@ -192,9 +193,10 @@ class StageTimer(TimerState):
         self._out_dir_held: str | None = None
         if enabled and collector is None:
             self._out_dir_held = _hold_out_dir(self)
+        self._disabled_scope: int | None = None
         if not enabled:
             self._disable()
-            announce_disabled(config)
+            self._disabled_scope = announce_disabled(config)
             return
 
         if collector is not None:
@@ -412,6 +414,8 @@ class StageTimer(TimerState):
         if self._out_dir_held is not None:
             _OUT_DIRS.pop(self._out_dir_held, None)
         if not self.enabled:
+            if self._disabled_scope is not None:
+                release_scope(self._disabled_scope)
             return
         try:
             if self._n:
