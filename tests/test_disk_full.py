@@ -124,26 +124,31 @@ def _in_limited_process(script: str, *args: str, limit: int) -> subprocess.Compl
 
 
 def test_an_incident_write_on_a_full_disk_keeps_the_previous_file(tmp_path: Path) -> None:
-    """``incident.json`` and ``incident.md`` are replaced whole or not at all: a write that
-    fails part way keeps the previous files and leaves no temporary one."""
+    """``incident.json``, ``incident.md`` and ``incident.html`` are replaced whole or not at
+    all: a write that fails part way keeps the previous files and leaves no temporary one."""
     from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.route.html import write_html
 
     folder = tmp_path / "incidents" / "w00003"
     write_incident(folder, new_incident("w00003", "window"))
+    write_html(folder, new_incident("w00003", "window"), tmp_path, figures=False)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     script = (
         "import sys\n"
         "from stagefrontier.render.incident import new_incident, write_incident\n"
+        "from stagefrontier.route.html import write_html\n"
         "incident = new_incident('w00003', 'window')\n"
         "incident['reasons'] = ['a reason that takes room ' * 100] * 50\n"
-        "try:\n"
-        "    write_incident(sys.argv[1], incident)\n"
-        "except OSError as exc:\n"
-        "    print(exc.errno)\n"
+        "folder, run = sys.argv[1:]\n"
+        "for write in (write_incident, lambda f, i: write_html(f, i, run, figures=False)):\n"
+        "    try:\n"
+        "        write(folder, incident)\n"
+        "    except OSError as exc:\n"
+        "        print(exc.errno)\n"
     )
-    done = _in_limited_process(script, str(folder), limit=8192)
+    done = _in_limited_process(script, str(folder), str(tmp_path), limit=8192)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(errno.EFBIG), (done.stdout, done.stderr)
+    assert done.stdout.split() == [str(errno.EFBIG)] * 2, (done.stdout, done.stderr)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 

@@ -85,3 +85,29 @@ def test_a_capture_keeps_the_range_of_a_stage_named_with_control_characters(
     trace = incident["trace_files"]["0"]
     reduced = reduce_kineto([trace], [ODD, FORWARD], step_source="annotation")
     assert reduced.d[:, :, 0].min() > 0.015  # every step's data stage holds its 20 ms sleep
+
+
+def test_figures_show_such_a_stage_name_escaped(tmp_path: Path) -> None:
+    """The run's figures write a stage name's control characters as escapes (``\\x1b``), as
+    every text output does; before, they reached the font as glyphs it lacks."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from stagefrontier import StageTimer
+    from stagefrontier.formats.run_folder import load_run
+    from stagefrontier.render.plots import plot_shares_over_time, plot_worst_step
+    from stagefrontier.sinks import PacketSink
+
+    timer = StageTimer([ODD, FORWARD], window=3, out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+    for _ in range(6):
+        with timer.step():
+            with timer.stage(ODD):
+                time.sleep(0.002)
+            with timer.stage(FORWARD):
+                time.sleep(0.001)
+    timer.close()
+    run = load_run(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns of each glyph its font lacks
+        plot_worst_step(run, tmp_path / "frontier.png")
+        plot_shares_over_time(run, tmp_path / "shares.png")

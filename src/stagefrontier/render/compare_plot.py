@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..analysis.compare import Comparison
+from .escape import printable
 from .plots import _pyplot
 
 GREW = "#D55E00"
@@ -19,7 +20,7 @@ def plot_comparison(c: Comparison, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
     y = range(len(names))
     ax.barh(y, values, color=[GREW if v > 0 else SHRANK for v in values])
-    ax.set_yticks(list(y), names)
+    ax.set_yticks(list(y), [printable(name) for name in names])
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     for i, v in enumerate(values):

@@ -14,6 +14,7 @@ from ..analysis.schema import RESIDUAL_STAGE, semantic_stage
 from ..errors import StageFrontierError
 from ..formats.packet import Packet
 from ..formats.run_folder import RunWindows
+from .escape import printable
 from .verdict import ranks_text
 
 STAGE_COLORS = ["#0072B2", "#009E73", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9", "#8C6D1F"]
@@ -51,6 +52,13 @@ def stage_colors(stages: Sequence[str]) -> list[str]:
 
 
 def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    """Write the figure, its text escaped as every text output's is (a stage name's control
+    characters shown as ``\\x1b``, not as a missing glyph); tick labels, which matplotlib
+    writes again when it draws, are escaped where they are set."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_text(printable(text.get_text()))
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)
@@ -81,7 +89,7 @@ def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
         ax.set_title("\n".join([title, *note]), fontsize=10)
         ax.set_ylabel("rank-local prefix time (ms)")
     bottom = axes[-1, 0]
-    bottom.set_xticks(np.arange(len(stages) + 1), ["start", *stages])
+    bottom.set_xticks(np.arange(len(stages) + 1), ["start", *map(printable, stages)])
     plt.setp(bottom.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor", fontsize=8)
     bottom.set_xlim(-0.3, len(stages) + 3.2)
     meta = packet.meta

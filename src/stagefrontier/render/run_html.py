@@ -18,6 +18,7 @@ from typing import Any
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
+from ..formats.packet import write_bytes_atomically
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
@@ -45,8 +46,7 @@ def write_run_html(run: RunWindows, path: str | Path) -> Path:
     """Write the run's report page to ``path`` (its folder made if needed); returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(run_html(run, out))
-    return out
+    return write_bytes_atomically(out, run_html(run, out).encode())
 
 
 def run_html(run: RunWindows, path: Path) -> str:

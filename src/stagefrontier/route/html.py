@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..formats.packet import write_bytes_atomically
 from ..render.command import cli_command
 from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
 from ..render.incident import detail_facts, open_commands, summary_line, verdict
@@ -56,9 +57,8 @@ def write_html(
             + "".join(f"<li>{esc(reason)}</li>" for reason in incident["reasons"])
             + "</ul>"
         )
-    path = Path(folder) / "incident.html"
-    path.write_text(page(f"StageFrontier incident {incident['id']}", "".join(body)))
-    return path
+    text = page(f"StageFrontier incident {incident['id']}", "".join(body))
+    return write_bytes_atomically(Path(folder) / "incident.html", text.encode())
 
 
 def _figures(folder: Path, out_dir: Path) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..formats.packet import atomic_file, write_bytes_atomically
 from ..record.loader_workers import PROFILE_NAME
 from ..render.loader_text import loader_sentence
 
@@ -81,7 +82,8 @@ def _export(counters: Any, capture: int, folder: Path, rank: int) -> None:
         if not source.exists():
             continue
         target = folder / PROFILE_FILE.format(rank=rank, worker=worker)
-        shutil.copyfile(source, target)
+        with open(source, "rb") as profile, atomic_file(target) as copy:  # whole or not at all
+            shutil.copyfileobj(profile, copy)
         source.unlink(missing_ok=True)
         with target.open("rb") as f:
             _add_stats(stats, marshal.load(f))
@@ -92,7 +94,8 @@ def _export(counters: Any, capture: int, folder: Path, rank: int) -> None:
         "batches": batches,
         "functions": worker_rows(stats, batches),
     }
-    (folder / WORKERS_FILE.format(rank=rank)).write_text(json.dumps(summary, indent=1))
+    text = json.dumps(summary, indent=1)
+    write_bytes_atomically(folder / WORKERS_FILE.format(rank=rank), text.encode())
 
 
 def fetches(stats: dict[Key, Any]) -> int:
