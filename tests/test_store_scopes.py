@@ -168,3 +168,50 @@ def test_two_timers_of_one_process_may_not_write_one_out_dir(tmp_path: Path) -> 
     finally:
         first.close()
     StageTimer(window=5, collect="local", out_dir=tmp_path, log=False).close()  # free again
+
+
+def test_stagefrontier_capture_asks_the_router_it_names(tmp_path: Path) -> None:
+    """A training and an evaluation timer of one process, each with a router:
+    ``stagefrontier capture --router 1`` reaches the second one (the evaluation timer's), and
+    its incident is written in that timer's folder only."""
+    import subprocess
+    import sys
+    import time
+
+    import torch.distributed as dist
+
+    from stagefrontier import CollectConfig, ProfilerRouter
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
+    )
+
+    def timer(name: str, stages: list[str]) -> StageTimer:
+        config = CollectConfig("local", out_dir=tmp_path / name, regression=None, log=False)
+        router = ProfilerRouter(steps=2, store=store, max_captures=1, capture_timeout_s=120.0)
+        return StageTimer(stages, window=5, collect=config, router=router)
+
+    train, evaluate = timer("train", TRAIN), timer("eval", EVAL)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
+         f"127.0.0.1:{store.port}", "--ranks", "0", "--steps", "2", "--wait", "300",
+         "--router", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:  # until the command ends (a loaded machine may take many steps to start it)
+        while cli.poll() is None:
+            for t in (train, evaluate):
+                with t.step():
+                    for stage in t.stages:
+                        with t.stage(stage):
+                            time.sleep(0.002)
+    finally:
+        train.close()
+        evaluate.close()
+        out, _ = cli.communicate(timeout=60)
+    assert cli.returncode == 0, out
+    folder = Path(out.strip())
+    assert folder.parent == (tmp_path / "eval" / "incidents").resolve()
+    assert read_incident(folder)["captured"]
+    assert not (tmp_path / "train" / "incidents").exists()

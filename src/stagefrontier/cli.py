@@ -467,6 +467,14 @@ def _add_capture(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser.add_argument("--run-id", default=None, help="the job's run id (TORCHELASTIC_RUN_ID)")
     parser.add_argument("--attempt", type=int, default=0, help="the job's restart count")
     parser.add_argument("--wait", type=float, default=120.0, metavar="SECONDS")
+    parser.add_argument(
+        "--router",
+        type=int,
+        default=0,
+        metavar="K",
+        help="which router of each process to ask: 0 the first opened (default), 1 the second "
+        "(an evaluation timer's, say)",
+    )
     parser.set_defaults(handler=_run_capture)
 
 
@@ -488,6 +496,7 @@ def _run_capture(args: argparse.Namespace) -> int:
         args.run_id,
         args.attempt,
         args.wait,
+        args.router,
     )
     if answer is None:
         print(f"no answer within {args.wait:g} s (is the job running with a ProfilerRouter?)")

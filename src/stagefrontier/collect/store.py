@@ -84,6 +84,11 @@ def store_prefix(scope: int = 0) -> str:
     ``stagefrontier/<run>/<restart>/w3/r1`` in the job's store (``.../<restart>/t1/w3/r1`` for
     the second timer of a process)."""
     run, restart = current_attempt()
+    return key_prefix(run, restart, scope)
+
+
+def key_prefix(run: str, restart: int, scope: int = 0) -> str:
+    """The keys' prefix of run ``run``, restart ``restart``, key scope ``scope``."""
     return f"stagefrontier/{run}/{restart}" + (f"/t{scope}" if scope else "")
 
 
@@ -93,7 +98,7 @@ def previous_attempt_prefix(scope: int = 0) -> str | None:
     run, restart = current_attempt()
     if restart <= 0:
         return None
-    return f"stagefrontier/{run}/{restart - 1}" + (f"/t{scope}" if scope else "")
+    return key_prefix(run, restart - 1, scope)
 
 
 def window_key(window: int, rank: int) -> str:

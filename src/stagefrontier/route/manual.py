@@ -26,10 +26,12 @@ from .requests import (
 )
 
 POLL_S = 0.2
+MAX_ROUTERS = 1023
+"""The largest router index ``--router`` takes (routers open at once in one process)."""
 
 
 def check_request(
-    host: str, port: int, ranks: list[int], steps: int, attempt: int, wait_s: float
+    host: str, port: int, ranks: list[int], steps: int, attempt: int, wait_s: float, router: int = 0
 ) -> None:
     """Refuse what no job could answer, naming the option (StageFrontierError)."""
     if not host:
@@ -43,6 +45,10 @@ def check_request(
         raise StageFrontierError(f"--steps must be 1..{MAX_CAPTURE_STEPS}: {steps}")
     if attempt < 0:
         raise StageFrontierError(f"--attempt is a restart count (>= 0): {attempt}")
+    if not 0 <= router <= MAX_ROUTERS:
+        raise StageFrontierError(
+            f"--router counts a process's routers (0..{MAX_ROUTERS}): {router}"
+        )
     if not (math.isfinite(wait_s) and wait_s > 0):
         raise StageFrontierError(f"--wait must be a positive number of seconds: {wait_s}")
 
@@ -56,19 +62,22 @@ def request_capture(
     run_id: str | None = None,
     attempt: int = 0,
     wait_s: float = 120.0,
+    router: int = 0,
 ) -> ManualAnswer | None:
     """Write the request under the job's attempt prefix and wait for rank 0's answer to it;
-    None when none came within ``wait_s``.
+    None when none came within ``wait_s``. ``router``: which router of rank 0's process to ask
+    (0 the first opened, 1 the second: an evaluation timer's, say).
 
     Raises:
         StageFrontierError: a bad argument, or the store cannot be reached within ``wait_s``.
     """
+    from ..collect.store import key_prefix
     from ..record.attempt import current_attempt
 
-    check_request(host, port, ranks, steps, attempt, wait_s)
+    check_request(host, port, ranks, steps, attempt, wait_s, router)
     run = plain_name(run_id, "--run-id") if run_id is not None else current_attempt()[0]
     end = time.monotonic() + wait_s
-    store = _connect(host, port, f"stagefrontier/{run}/{attempt}", wait_s)
+    store = _connect(host, port, key_prefix(run, attempt, router), wait_s)
     request = ManualRequest(tuple(ranks), steps, stage, id=uuid.uuid4().hex[:16])
     assert request.id is not None
     encoded = request.encode()
