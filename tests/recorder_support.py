@@ -8,15 +8,11 @@ from typing import Any
 
 import numpy as np
 
+import trace_support
 from stagefrontier.record.window import PendingWindow, RankWindow
 
-DATA = "data.next_wait"
-FWD = "model.fwd_loss_cpu_wall"
-BWD = "model.backward_cpu_wall"
-CALLBACKS = "callbacks.cpu_wall"
-OPTIM = "optim.step_cpu_wall"
-OTHER = "step.other_cpu_wall"
-TIMED = (DATA, FWD, BWD, CALLBACKS, OPTIM)
+DATA, FWD, BWD, CALLBACKS, OPTIM, OTHER = trace_support.STAGES
+TIMED = trace_support.TIMED
 
 
 class CaptureCollector:

@@ -17,6 +17,7 @@ import stagefrontier as sf
 from cli_support import console_script
 from stagefrontier.cli import main
 from stagefrontier.formats.packet import Packet, write_packet
+from test_validation import KEYS as VALIDATION_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sync_wait_window.npz"
@@ -204,15 +205,7 @@ def test_validate_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["validate", "--json"], capsys)
     assert code == 0
     result: dict[str, Any] = json.loads(out)
-    assert set(result) == {
-        "telescoping_max_error",
-        "bound_violations",
-        "stability_max_ratio",
-        "sync_wait_recovery",
-        "direct_exposure_recovery",
-        "downgrade_fixtures",
-        "ok",
-    }
+    assert set(result) == VALIDATION_KEYS
     assert result["telescoping_max_error"] < 1e-12
     assert result["bound_violations"] == 0
     assert result["stability_max_ratio"] <= 1.0

@@ -4,8 +4,6 @@ manual request from Python and from ``stagefrontier capture``)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import socket
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from stagefrontier.render.incident import (
 from stagefrontier.route.decide import decide, start_margin
 from stagefrontier.route.opdiff import op_diff, stage_op_times
 from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest
+from trace_support import thread_trace
 
 STAGES = [
     "data.next_wait",
@@ -165,19 +164,6 @@ def test_incident_is_validated_on_read(tmp_path: Path) -> None:
 # --- op diff ------------------------------------------------------------------------------------
 
 
-def _trace(path: Path, events: list[tuple[str, str, float, float]]) -> Path:
-    """A Kineto-like trace: (category, name, ts µs, dur µs) on one thread."""
-    trace = {
-        "traceEvents": [
-            {"ph": "X", "cat": c, "name": n, "ts": ts, "dur": dur, "pid": 1, "tid": 7}
-            for c, n, ts, dur in events
-        ]
-    }
-    with gzip.open(path, "wt") as handle:
-        json.dump(trace, handle)
-    return path
-
-
 def _step(t0: float, sleep_us: float) -> list[tuple[str, str, float, float]]:
     """One 1000 µs step: a 600 µs data stage (a user loader, maybe sleeping inside it, and an
     aten op) and a forward stage outside it."""
@@ -194,8 +180,8 @@ def _step(t0: float, sleep_us: float) -> list[tuple[str, str, float, float]]:
 
 
 def test_op_diff_ranks_self_time_inside_the_stage_by_user_function(tmp_path: Path) -> None:
-    suspect = _trace(tmp_path / "s.json.gz", _step(0, 250) + _step(1000, 250))
-    reference = _trace(tmp_path / "r.json.gz", _step(0, 0) + _step(1000, 0))
+    suspect = thread_trace(tmp_path / "s.json.gz", _step(0, 250) + _step(1000, 250))
+    reference = thread_trace(tmp_path / "r.json.gz", _step(0, 0) + _step(1000, 0))
     mine = stage_op_times(suspect, "data.next_wait")
     assert mine.steps == 2
     # sleep: 250 µs self per step; slow_collate: 400 - 250 (sleep) - 50 (aten::cat) = 100 µs.
@@ -559,7 +545,7 @@ def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace
             for s in range(request.first_step, request.last_step + 1)
             for e in _step(1000 * s, sleep_us)
         ]
-        path = _trace(tmp_path / f"{request.id}.json.gz", events)
+        path = thread_trace(tmp_path / f"{request.id}.json.gz", events)
         for rank in request.ranks:
             status = CaptureStatus(
                 request.id,

@@ -1,12 +1,13 @@
 """The profiler router under hierarchical collection, in a real job: the demo's Gloo DDP model as
 2 torchrun agents of 2 ranks each (a c10d rendezvous, node stores on loopback, node parts
-through the job's store), a 120 ms data stall on rank 2 (node 1) from step 0.
+through the job's store), a 120 ms data stall on rank 2 (node 1) from step 0, run flat and
+hierarchically by ``python -m stagefrontier.demo.scale_check --router``.
 
 Rank 0 never sees a rank column: it decides on the combined node summaries, takes the reference
 rank from the typical ranks the node parts carry, and confirms the traces against the rows of
 the captured steps that the named ranks' node leaders sent up because the request asked for
 them. The incident must say what the flat router says of the same stall
-(``test_router_distributed.py``)."""
+(``test_router_distributed.py``) and the flat run of the same job."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagefrontier.demo import DemoConfig, parse_fault
-from stagefrontier.demo.torchrun import launch_nodes
+from stagefrontier.demo.launch import read_windows
+from stagefrontier.demo.scale_check import main
 from stagefrontier.route import list_incidents
 
 NODES, PER_NODE = 2, 2
@@ -25,29 +26,26 @@ STEPS, WINDOW = 60, 10  # room for a decision made late, on a loaded machine
 
 
 def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = DemoConfig(
-        ranks=NODES * PER_NODE,
-        steps=STEPS,
-        window=WINDOW,
-        faults=(parse_fault("data@2:120ms"),),
-        out_dir=str(tmp_path),
-        collect_timeout_s=5.0,
-        quiet=True,
-        router=True,
-        router_timeout_s=10.0,
-        collect="hierarchical",
-    )
-    windows = launch_nodes(config, nodes=NODES, per_node=PER_NODE, deadline_s=400.0)
+    argv = ["--nodes", str(NODES), "--per-node", str(PER_NODE), "--steps", str(STEPS)]
+    argv += ["--window", str(WINDOW), "--fault", "data@2:120ms", "--router", "--out", str(tmp_path)]
+    main(argv)  # its exit code says whether every window's top and lead agreed: not asserted
+    printed = capsys.readouterr().out
+    for run in ("flat", "hierarchical"):  # each run's incident, after the comparison table
+        assert f"{run}: incident w" in printed and "data.next_wait on rank 2" in printed
+    windows = read_windows(tmp_path / "hierarchical")
     assert [w["window"] for w in windows] == list(range(STEPS // WINDOW))
     for w in windows:  # collected as node summaries: no rank columns reached rank 0
         assert "ranks_present" not in w and w["nodes"]["nodes"] == NODES, w
-    incidents = list_incidents(tmp_path)
+    flat = list_incidents(tmp_path / "flat")
+    assert len(flat) == 1 and flat[0]["confirmed"] is True, flat
+    incidents = list_incidents(tmp_path / "hierarchical")
     assert len(incidents) == 1, incidents
     incident = incidents[0]
     assert incident["trigger"] == "window" and incident["stage"] == "data.next_wait"
     assert incident["leader_rank"] == 2
+    assert (flat[0]["stage"], flat[0]["leader_rank"]) == ("data.next_wait", 2)
     reference = incident["reference_rank"]
     assert reference != 2
     assert any(f"reference rank {reference}: a typical time" in r for r in incident["reasons"])
@@ -59,9 +57,10 @@ def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
     top = incident["op_diff"][0]  # the user's function that sleeps, as flat
     assert "faults.py" in top["name"] and "delay" in top["name"] and "sleep" in top["name"], top
     assert top["suspect_ms_per_step"] > 100 > 1 > top["reference_ms_per_step"]
+    assert flat[0]["op_diff"][0]["name"] == top["name"]
     # Rank 0 holds the captured steps' rows only: the capture's cost, no baseline beside it.
     assert incident["capture_step_ms"] > 0 and incident["baseline_step_ms"] is None
-    folder = tmp_path / "incidents" / incident["id"]
+    folder = tmp_path / "hierarchical" / "incidents" / incident["id"]
     assert sorted(folder.glob("*.pt.trace.json*")) == sorted(
         folder / f"rank{r}.pt.trace.json.gz" for r in (2, reference)
     )

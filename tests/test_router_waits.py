@@ -8,8 +8,6 @@ falls in, so a reduced trace agrees with the live matrix. One process, a real pr
 
 from __future__ import annotations
 
-import gzip
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from stagefrontier.analysis.wait_rule import (
 from stagefrontier.reducers import reduce_kineto
 from stagefrontier.render.incident import read_incident, summary_line
 from stagefrontier.route.opdiff import stage_op_times
+from trace_support import thread_trace
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
@@ -52,18 +51,6 @@ def test_charge_waits_moves_wall_time_to_the_consuming_step() -> None:
     assert unmatched == 1
 
 
-def _trace(path: Path, events: list[tuple[str, str, float, float]]) -> Path:
-    trace = {
-        "traceEvents": [
-            {"ph": "X", "cat": c, "name": n, "ts": ts, "dur": dur, "pid": 1, "tid": 7}
-            for c, n, ts, dur in events
-        ]
-    }
-    with gzip.open(path, "wt") as handle:
-        json.dump(trace, handle)
-    return path
-
-
 def test_the_reducer_and_the_op_diff_charge_a_prefetched_wait_to_the_next_step(
     tmp_path: Path,
 ) -> None:
@@ -80,7 +67,7 @@ def test_the_reducer_and_the_op_diff_charge_a_prefetched_wait_to_the_next_step(
             ("python_function", "job.py(12): slow_sample", t0 + 700, 280),
             ("python_function", "<built-in function sleep>", t0 + 705, 270),
         ]
-    path = _trace(tmp_path / "rank0.pt.trace.json.gz", events)
+    path = thread_trace(tmp_path / "rank0.pt.trace.json.gz", events)
     reduced = reduce_kineto(path, (DATA, FWD, "step.other_cpu_wall"), step_source="annotation")
     assert reduced.step_ids == (0, 1, 2, 3)
     d = reduced.d * 1e6  # µs

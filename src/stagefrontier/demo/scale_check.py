@@ -8,7 +8,8 @@ leaders keep the exact windows their summaries were built from
 (``CollectConfig.keep_node_windows``), and the flat analysis of those windows must give rank 0's
 top stage and the leaders of the stages some rank leads alone, and its advances and shares within
 the rounding the compact node parts state (``nodes.rounding_s`` in the record: each duration
-within it, so each step's advance within twice it).
+within it, so each step's advance within twice it). With ``--router`` both runs route, and each
+run's incidents are printed after the table.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from ..collect.base import merge_received
 from ..collect.wire import decode_window
 from ..record.window import RankWindow, analyze_merged
+from ..route import list_incidents, summary_line
 from .faults import check_faults, parse_fault
 from .torchrun import launch_nodes
 from .train import DemoConfig
@@ -179,6 +181,15 @@ def run_both(config: DemoConfig, *, nodes: int, per_node: int) -> list[list[str]
     return comparison_rows(flat, hierarchical, hier_dir)
 
 
+def incident_lines(out: Path) -> list[str]:
+    """Each run's incidents, one summary line each (or that it opened none)."""
+    lines = []
+    for run in ("flat", "hierarchical"):
+        found = [summary_line(incident) for incident in list_incidents(out / run)]
+        lines += [f"{run}: {line}" for line in found] or [f"{run}: no incident"]
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stagefrontier.demo.scale_check", description=__doc__.split("\n")[0]
@@ -195,6 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="as the demo's, plus node targets: data@5:120ms,to=20 data@node1:120ms,from=20",
     )
     parser.add_argument("--out", default="stagefrontier-scale-check")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="turn the profiler router on in both runs and print each run's incidents",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.per_node < 1 or args.steps < 1 or args.window < 1:
         parser.error("--nodes, --per-node, --steps and --window must be >= 1")
@@ -205,8 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     config = small_config(ranks, args.steps, args.window, faults, args.seed, args.out)
-    rows = run_both(config, nodes=args.nodes, per_node=args.per_node)
+    rows = run_both(replace(config, router=args.router), nodes=args.nodes, per_node=args.per_node)
     print(table(rows))
+    if args.router:
+        print("\n".join(incident_lines(Path(args.out))))
     return 0 if rows and all(r[3] == r[5] == "yes" for r in rows) else 1
 
 
