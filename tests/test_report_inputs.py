@@ -27,7 +27,7 @@ def _hierarchical_copy(folder: Path, out: Path) -> Path:
     for path in sorted((folder / "packets").glob("window-*.json")):
         packet = read_packet(path)
         summary = sf.summarize(packet.d, range(packet.d.shape[1]), packet.stages)
-        report = sf.analyze_summary(summary, gates=packet.report.gates)
+        report = sf.analyze_summary(summary)  # default gates: a summary's own gain baseline
         name = path.name.replace("window-", "summary-")
         write_summary_packet(
             out / "packets" / name, SummaryPacket.of_summary(summary, report, meta=packet.meta)
