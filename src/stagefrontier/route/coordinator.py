@@ -138,9 +138,7 @@ class Coordinator:
             if window.report.n_steps:
                 self.step_s = window.report.exposed_s / window.report.n_steps
             self._consider(window)
-        if self.open is None and not self.closing and self.live:
-            # a manual request waits for the first analyzed window: it gives the start margin
-            # its step time and the request its default stage (the window's top stage)
+        if self.open is None and not self.closing:
             self._manual()
         if self.open is not None:
             self._advance()
@@ -162,7 +160,7 @@ class Coordinator:
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
         """A manual request from Python on rank 0 (scheduled at a tick with no incident open,
-        once a window has been analyzed, after the ones before it)."""
+        after the ones before it)."""
         self.local_requests.append(ManualRequest(tuple(ranks), steps, stage))
 
     def _delete_previous_attempt(self) -> None:

@@ -113,9 +113,8 @@ class ProfilerRouter:
     ) -> None:
         """On rank 0: profile ``steps`` steps (default ``self.steps``, at most
         ``MAX_CAPTURE_STEPS``) on ``ranks`` (suspect first, then a reference) a few steps from
-        now (or, before the first window, a few steps after it has been analyzed), diffing
-        ``stage`` (default: the last window's top stage); answered with an incident like a
-        decided capture. A wrong argument raises TimerSettingError naming it."""
+        now, diffing ``stage`` (default: the last window's top stage); answered with an incident
+        like a decided capture. A wrong argument raises TimerSettingError naming it."""
         if not isinstance(ranks, list) or not ranks:
             raise TimerSettingError(
                 f"request_capture ranks must be a non-empty list of ranks, got {ranks!r:.60}"
