@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.render.incident import read_incident
+from trace_support import manual_incident
 
 FILE_LIMIT = 256 * 1024
 """Bytes a file of the capturing process may reach once the capture is asked for: the
@@ -71,7 +72,7 @@ def test_a_trace_export_on_a_full_disk_leaves_no_partial_file_and_says_why(
 ) -> None:
     codes = run_ranks(_capture_on_a_full_disk, 1, str(tmp_path), deadline_s=300.0)
     assert codes == {0: 0}
-    folder = tmp_path / "incidents" / "w00000-manual0"
+    folder = manual_incident(tmp_path)
     incident = read_incident(folder)
     assert not incident["captured"]
     failed = [r for r in incident["reasons"] if r.startswith("rank 0 failed: ")]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from stagefrontier.analysis.schema import range_name, stage_of_range
+from trace_support import manual_incident
 
 ODD = 'data "next"\x1b[31m\n\twait\\ \u202e%41 é'
 """A data stage whose name holds a quote, an ESC sequence, a newline, a tab, a backslash, a
@@ -78,7 +79,7 @@ def test_a_capture_keeps_the_range_of_a_stage_named_with_control_characters(
     router.request_capture([0], stage=ODD)
     _train(timer, 40)
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert incident["captured"], incident["reasons"]
     assert incident["trace_shares"][ODD] > 0.5, (incident["trace_shares"], incident["reasons"])
     assert incident["op_diff"] and "sleep" in incident["op_diff"][0]["name"], incident["op_diff"]

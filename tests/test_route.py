@@ -26,7 +26,7 @@ from stagefrontier.render.incident import (
 from stagefrontier.route.decide import decide, start_margin
 from stagefrontier.route.opdiff import op_diff, stage_op_times
 from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest
-from trace_support import thread_trace
+from trace_support import manual_incident, thread_trace
 
 STAGES = [
     "data.next_wait",
@@ -254,14 +254,14 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     router.request_capture([0], stage="data.next_wait")
     _train(timer, 40)
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
     assert incident["ranks"] == [0] and incident["steps"][1] - incident["steps"][0] == 2
     assert Path(incident["trace_files"]["0"]).exists()
     assert incident["confirmed"] is not None
     assert incident["stage"] == "data.next_wait"
     assert "sleep" in incident["op_diff"][0]["name"] and "_train" in incident["op_diff"][0]["name"]
-    assert (tmp_path / "incidents" / "w00000-manual0" / "incident.html").exists()
+    assert (manual_incident(tmp_path) / "incident.html").exists()
 
 
 def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
@@ -306,7 +306,7 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
         with timer.step(), timer.stage("model.fwd_loss_cpu_wall"):
             time.sleep(0.005)
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert incident["captured"], incident["reasons"]
     assert "slow_sample" in incident["worker_op_diff"][0]["name"], incident["worker_op_diff"][:3]
     assert len(spent) == 2 and incident["router_cpu_s"]["reduction"] >= round(sum(spent), 4)
@@ -331,7 +331,7 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     router.request_capture([0], stage="data.next_wait")
     _train(timer, 40)
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert incident["captured"], incident["reasons"]
     path = Path(incident["trace_files"]["0"])
     first, last = incident["steps"]
@@ -499,7 +499,7 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
     else:
         _train(timer, steps)
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert not incident["captured"]
     expected = "a profiler the user started" if case == "user_profiler" else "exceeds the 104 bytes"
     assert any(expected in r for r in incident["reasons"]), incident["reasons"]

@@ -24,7 +24,7 @@ from stagefrontier.analysis.wait_rule import (
 from stagefrontier.reducers import reduce_kineto
 from stagefrontier.render.incident import read_incident, summary_line
 from stagefrontier.route.opdiff import stage_op_times
-from trace_support import thread_trace
+from trace_support import manual_incident, thread_trace
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
@@ -159,7 +159,7 @@ def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
     _loop(timer, path, 80)
     timer.close()
     assert timer._next_item is next and "fetch" not in vars(timer)  # put back after the capture
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
     assert incident["trace_shares"][DATA] == pytest.approx(incident["live_shares"][DATA], abs=0.05)
     top = incident["op_diff"][0]
@@ -180,7 +180,7 @@ def test_a_capture_scheduled_after_the_last_step_says_training_ended_first(
     router.request_capture([0])
     time.sleep(0.5)  # the request is written; its first step is never reached
     timer.close()
-    incident = read_incident(tmp_path / "incidents" / "w00000-manual0")
+    incident = read_incident(manual_incident(tmp_path))
     assert not incident["captured"]
     first = incident["steps"][0]
     assert f"not captured: training ended before step {first}" in incident["reasons"]

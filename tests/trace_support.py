@@ -235,3 +235,11 @@ def reference_matrix(path: Path, timed: tuple[str, ...] = TIMED) -> dict[int, np
         row.append(max(end - start - sum(row), 0))
         out[step_id] = np.array(row, dtype=np.int64)
     return out
+
+
+def manual_incident(out_dir: Path, index: int = 0) -> Path:
+    """The folder of the run's ``index``-th manual incident. Its id starts with the last window
+    the router had analyzed when it served the request, which depends on timing."""
+    found = sorted((Path(out_dir) / "incidents").glob(f"w*-manual{index}"))
+    assert len(found) == 1, found
+    return found[0]
