@@ -299,7 +299,9 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
         collect=CollectConfig("local", out_dir=tmp_path, regression=None),
         router=router,
     )
-    loader = DataLoader(Samples(4 * 60, delay_s=0.005), batch_size=4, num_workers=2)
+    # 150 steps: at ~10 ms a step the capture starts some 60 steps after the request (the start
+    # margin covers the store polls and the request latency, about 0.6 s)
+    loader = DataLoader(Samples(4 * 150, delay_s=0.005), batch_size=4, num_workers=2)
     for step, _batch in enumerate(timer.iter(loader)):
         if step == 5:
             router.request_capture([0])
