@@ -148,6 +148,62 @@ def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) ->
     assert all(r["gates"]["share_dominance"] == 0.3 for r in records)
 
 
+@_needs("lightning", "lightning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_lightning_persistent_workers_are_restarted_once_and_timed(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader
+
+    from loader_support import MarkWorker, Samples
+    from stagefrontier.integrations.lightning import StageFrontierCallback
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    loader = DataLoader(
+        Samples(24),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        worker_init_fn=MarkWorker(str(marks)),
+    )
+    out = tmp_path / "sf"
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2 * len(loader),  # two epochs
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StageFrontierCallback(window=4, out_dir=out)],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), loader)
+    figures = [r["loader_workers"]["0"] for r in _records(out)]
+    # Lightning started the first epoch's persistent workers before any hook; the callback shut
+    # them down and the epoch started again with workers that count every batch they make.
+    assert all("note" not in f and f["workers"] == 2 for f in figures), figures
+    assert sum(f["batches"] for f in figures) == 2 * len(loader)
+    assert sum(f["consumed"] for f in figures) == 2 * len(loader)
+    # The user's worker_init_fn ran in both sets of workers (2 + 2), and the second set served
+    # both epochs.
+    assert len(list(marks.iterdir())) == 4
+
+
 def _hf_run(
     tmp_path: Path, *, accumulation: int, split_forward: bool, **timer_kwargs: Any
 ) -> list[dict[str, Any]]:

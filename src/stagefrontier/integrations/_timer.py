@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import StageFrontierError
+from ..record.loader_workers import restart_persistent_workers
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
 from ..sinks import Sink
@@ -140,14 +141,19 @@ class HookClock:
     def step_open(self) -> bool:
         return self._step is not None
 
-    def watch(self, data: Any) -> bool:
+    def watch(self, data: Any, restart_persistent: bool = False) -> bool:
         """Time the workers of the DataLoader in ``data`` (what the framework hands its
         callbacks, see ``train_loader``); True when they are watched. Call it before the
-        workers start: workers already running are not timed."""
+        workers start: workers already running are not timed, except persistent ones when
+        ``restart_persistent`` is set by a caller that restarts the epoch right after (they
+        are shut down here, and the epoch's new workers are timed)."""
         if self._broken or data is None:
             return False
         try:
-            self._loader = self._timer.watch_dataloader(train_loader(data))
+            loader = train_loader(data)
+            if restart_persistent and self._timer.enabled:
+                restart_persistent_workers(loader)
+            self._loader = self._timer.watch_dataloader(loader)
         except Exception:  # the loop runs on without worker figures
             logger.exception("stagefrontier: watching the training DataLoader failed")
             self._loader = None

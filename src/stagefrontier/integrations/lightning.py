@@ -166,7 +166,8 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
     # ------------------------------------------------------------------ between steps
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._clock is not None:
-            if self._clock.watch(getattr(trainer, "train_dataloader", None)):
+            fresh = _fresh_fit(trainer)
+            if self._clock.watch(getattr(trainer, "train_dataloader", None), fresh) and fresh:
                 _restart_first_epoch(trainer)
             self._clock.mark()
 
@@ -229,19 +230,27 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
             clock.end_step()
 
 
+def _fresh_fit(trainer: Any) -> bool:
+    """Whether the fit loop starts its first epoch from the beginning (not resumed from a
+    checkpoint, whose iterator holds the restored position) on a Lightning whose fit loop has
+    the data fetcher ``_restart_first_epoch`` asks."""
+    loop = getattr(trainer, "fit_loop", None)
+    return (
+        getattr(loop, "_data_fetcher", None) is not None
+        and not getattr(loop, "restarting", True)
+        and not getattr(loop, "is_resuming", True)
+    )
+
+
 def _restart_first_epoch(trainer: Any) -> None:
     """Lightning's fit loop makes the first epoch's DataLoader iterator, and so starts its
     workers, before any callback hook sees the loader; every later epoch gets a new one. Ask the
     fit loop's data fetcher for that new iterator now (what it does itself at each later epoch),
-    so the first epoch's workers run the timer's hook too. Not when the fit resumes from a
-    checkpoint (the iterator holds the restored position) or on a Lightning without that
-    fetcher: the figures then start with the next epoch."""
-    loop = getattr(trainer, "fit_loop", None)
-    fetcher = getattr(loop, "_data_fetcher", None)
-    if fetcher is None or getattr(loop, "restarting", True) or getattr(loop, "is_resuming", True):
-        return
+    so the first epoch's workers run the timer's hook too (persistent workers were shut down
+    for it by ``HookClock.watch``). Only for a fresh fit (``_fresh_fit``): otherwise the
+    figures start with the next epoch, or, for persistent workers, are not taken."""
     try:
-        iter(fetcher)
+        iter(trainer.fit_loop._data_fetcher)
     except Exception:
         logger.exception("stagefrontier: restarting the first epoch's DataLoader workers failed")
 

@@ -238,6 +238,23 @@ def watch_loader(loader: Any) -> tuple[WorkerCounters | None, str]:
     return counters, ""
 
 
+def restart_persistent_workers(loader: Any) -> bool:
+    """Shut down the persistent workers of ``loader`` and forget its iterator, so that its next
+    epoch starts new workers (which then run the timer's hook); True when there were some. Only
+    for a caller that starts the epoch again right after, before any batch of it is used:
+    Lightning starts the first epoch's workers before a callback sees the loader. A DataLoader
+    whose private iterator looks different is left as it is."""
+    iterator = getattr(loader, "_iterator", None)
+    if not getattr(loader, "persistent_workers", False) or iterator is None:
+        return False
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:
+        return False
+    shutdown()
+    loader._iterator = None
+    return True
+
+
 # ------------------------------------------------------------------ rank 0: the window's figures
 def loader_figures(
     raw: dict[str, Any], wall_s: float, data_wait_s: float, steps: int
