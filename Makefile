@@ -9,8 +9,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-DEMO_EXTRAS ?= plot
-EXTRAS ?= dev,docs,plot,tensorboard,prometheus,otel,wandb,lightning,transformers,hta
+DEMO_EXTRAS ?= plot,router
+EXTRAS ?= dev,docs,plot,router,tensorboard,prometheus,otel,wandb,lightning,transformers,hta
 PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.stagefrontier-demo
 STAMP := $(VENV)/.stagefrontier-installed
@@ -31,7 +31,7 @@ define install
 endef
 
 $(DEMO_STAMP): pyproject.toml
-	$(call install,$(DEMO_EXTRAS),the demo,matplotlib: about 0.1 GB and 10 s)
+	$(call install,$(DEMO_EXTRAS),the demo,matplotlib and msgspec: about 0.1 GB and 10 s)
 	@touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml

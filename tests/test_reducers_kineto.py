@@ -21,6 +21,7 @@ from stagefrontier.reducers import (
     MissingRanksError,
     MissingStagesError,
     TraceFormatError,
+    kineto,
     reduce_kineto,
 )
 from stagefrontier.reducers.detect import detect_format
@@ -398,3 +399,58 @@ def test_detect_format(gloo_dir: Path, single: Path, tmp_path: Path) -> None:
     rep.write_bytes(b"\x00binary")
     with pytest.raises(TraceFormatError, match="nsys export --type sqlite"):
         detect_format(rep)
+
+
+# --- events cut to the range fields (the router's reduction) ------------------------------------
+
+
+def _cut(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: e[k] for k in kineto.RANGE_FIELDS if e.get(k) is not None} for e in events]
+
+
+def test_trace_ranges_hold_the_range_fields_of_every_event_with_or_without_msgspec(
+    single: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msgspec's decoding keeps every event with exactly its range fields, values and types, and
+    the header; without msgspec the events are ``load_trace``'s own (the fallback)."""
+    pytest.importorskip("msgspec")
+    zipped = tmp_path / "trace.json.gz"
+    zipped.write_bytes(gzip.compress(single.read_bytes()))
+    for path in (single, zipped):
+        header, events = kineto.load_trace(path)
+        cut_header, cut = kineto.load_trace_ranges(path)
+        assert cut_header == header and "traceName" in header  # a key after the events too
+        assert cut == _cut(events) and len(cut) > 100
+        assert [[type(v) for v in e.values()] for e in cut] == [
+            [type(v) for v in e.values()] for e in _cut(events)
+        ]
+        assert any("args" in e for e in events) and not any("args" in e for e in cut)
+    monkeypatch.setattr(kineto, "_range_decoders", lambda: None)
+    assert kineto.load_trace_ranges(single) == kineto.load_trace(single)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'[{"ph": "X", "name": "a", "ts": 1, "dur": 2}]',  # the bare array format
+        b'{"traceEvents": [{"ph": "X", "ts": NaN, "dur": Infinity}]}',  # the stdlib reads these
+        b'{"traceEvents": [{"ph": "X", "ts": 1e400, "dur": 1}], "rank": 2}',  # out of range
+        b'{"traceEvents": [{"ph": "X"}, 7]}',  # an event that is not an object
+        b'{"traceEvents": 3}',
+        b'{"events": []}',
+        b'{"traceEvents": [',
+    ],
+)
+def test_trace_ranges_fall_back_to_the_standard_library_where_msgspec_does_not_read_the_file(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "odd.json"
+    path.write_bytes(content)
+    try:
+        expected: Any = kineto.load_trace(path)
+    except TraceFormatError as exc:
+        with pytest.raises(TraceFormatError) as err:
+            kineto.load_trace_ranges(path)
+        assert str(err.value) == str(exc)
+    else:
+        assert kineto.load_trace_ranges(path) == expected

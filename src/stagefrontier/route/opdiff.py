@@ -22,7 +22,7 @@ from typing import Any
 
 from ..analysis.schema import STEP_ANNOTATION, stage_of_range
 from ..analysis.wait_rule import parse_wait_range
-from ..reducers.kineto import load_trace
+from ..reducers.kineto import load_trace_ranges
 
 OP_CATEGORIES = frozenset({"python_function", "cpu_op"})
 LIBRARY_FRAME = re.compile(
@@ -78,7 +78,7 @@ def stage_op_times(
     inside the given step ids). ``events``: the trace's events when already loaded. Only the
     events that overlap one of the ranges (those inside and their callers) are nested."""
     if events is None:
-        _, events = load_trace(Path(path))
+        _, events = load_trace_ranges(Path(path))
     spans: list[tuple[float, float, str, str, tuple[str, str]]] = []
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":

@@ -4,9 +4,10 @@ The confirmation reads the trace's annotation ranges (steps, stages, between-ste
 diff reads, on the training thread, the operators and Python functions that overlap the routed
 stage's ranges in the captured steps. A 5-step capture holds some 30,000 events, most of them
 the forward's and backward's operators, which neither reads when the routed stage is another.
-``load_for_reduction`` parses the trace once and keeps only the events they read, so that both
-iterate a few hundred events instead of every one, with the same results as from the whole
-trace.
+``load_for_reduction`` parses the trace once, each event cut to the fields they read
+(``reducers.kineto.load_trace_ranges``: fast with msgspec installed), and keeps only the events
+they read, so that both iterate a few hundred events instead of every one, with the same results
+as from the whole trace.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import stage_of_range
-from ..reducers.kineto import load_trace
+from ..reducers.kineto import load_trace_ranges
 from .opdiff import OP_CATEGORIES, select_ranges
 
 
@@ -31,7 +32,7 @@ def load_for_reduction(
     trace has no step ranges.
 
     Raises what ``load_trace`` raises."""
-    header, events = load_trace(path)
+    header, events = load_trace_ranges(path)
     if not stage:
         return header, events
     spans = []
