@@ -72,16 +72,27 @@ def test_an_iterable_dataset_is_timed_like_a_map_style_one(tmp_path: Path) -> No
     assert sum(f["batches"] for f in figures) == 6 == sum(f["consumed"] for f in figures)
 
 
-def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["timer.iter", "the loop's own"])
+def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
+    tmp_path: Path, loop: str
+) -> None:
     loader = DataLoader(DiesAt(48, at=37), batch_size=BATCH, num_workers=2)
     timer = StageTimer(window=100, collect="local", out_dir=tmp_path / "sf", log=False)
+    if loop == "timer.iter":
+        batches: Any = timer.iter(loader)
+    else:  # a framework iterates the loader itself; its callback watches it first
+        counters = timer.watch_dataloader(loader)
+        assert counters is not None
+        batches = loader
     # The loader finds the worker gone (RuntimeError), or loses the batches it was sending.
     with pytest.raises((RuntimeError, ConnectionError)):
-        for _batch in timer.iter(loader):
+        for _batch in batches:
             with timer.step(), timer.stage(FWD):
                 pass
+            if loop != "timer.iter":
+                counters.consumed += 1
     # The batches can be lost while the worker is still exiting: wait until it has.
-    procs = timer._loader_workers._iterator._workers  # type: ignore[union-attr]
+    procs = timer._loader_workers._procs  # type: ignore[union-attr]
     ended = wait([p.sentinel for p in procs], timeout=60)
     for p in procs:
         if p.sentinel in ended:

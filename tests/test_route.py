@@ -437,7 +437,7 @@ def test_make_timer_and_both_callbacks_take_the_router(tmp_path: Path) -> None:
     for module in ("lightning", "transformers"):
         pytest.importorskip(module)
         callbacks = __import__(f"stagefrontier.integrations.{module}", fromlist=["_"])
-        assert callbacks.StageFrontierCallback(router=router).router is router
+        assert callbacks.StageFrontierCallback(router=router).arguments.router is router
 
 
 # --- rank 0's budget, with a store stand-in ------------------------------------------------------

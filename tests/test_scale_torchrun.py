@@ -32,6 +32,7 @@ from stagefrontier.demo.scale_check import (
     run_both,
     small_config,
 )
+from stagefrontier.demo.train import DemoConfig
 from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 
 NODES, PER_NODE = 4, 4
@@ -42,8 +43,11 @@ WINDOWS = list(range(6))
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scale")
+    faults = tuple(parse_fault(f) for f in FAULTS)
     config = small_config(
-        NODES * PER_NODE, 30, 5, tuple(parse_fault(f) for f in FAULTS), seed=3, out=str(out)
+        DemoConfig(
+            ranks=NODES * PER_NODE, steps=30, window=5, faults=faults, seed=3, out_dir=str(out)
+        )
     )
     run_both(config, nodes=NODES, per_node=PER_NODE)
     return out
@@ -124,7 +128,10 @@ def test_a_node_fault_hits_every_rank_of_its_node_and_needs_a_job_of_nodes() -> 
 def test_the_torchrun_workers_read_back_the_config_they_were_given(tmp_path: Path) -> None:
     from stagefrontier.demo.torchrun import read_config, write_config
 
-    config = small_config(8, 20, 5, (parse_fault(FAULTS[1]),), seed=7, out=str(tmp_path))
+    faults = (parse_fault(FAULTS[1]),)
+    config = small_config(
+        DemoConfig(ranks=8, steps=20, window=5, faults=faults, seed=7, out_dir=str(tmp_path))
+    )
     write_config(config, tmp_path / "config.json")
     assert read_config(tmp_path / "config.json") == config
 

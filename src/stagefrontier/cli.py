@@ -399,19 +399,20 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     try:
         from .demo.command import run_demo
+        from .demo.train import DemoConfig
     except ImportError as exc:
         raise StageFrontierError(
             f"the demo needs torch ({exc}); install it, e.g. pip install torch"
         ) from None
-    run_demo(
+    settings = DemoConfig(
         ranks=args.ranks,
         steps=args.steps,
         window=args.window,
-        faults=args.fault,
         seed=args.seed,
-        out=args.out,
+        out_dir=args.out,
         router=args.router,
     )
+    run_demo(settings, args.fault)
     return EXIT_OK
 
 

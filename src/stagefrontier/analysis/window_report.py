@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -119,44 +120,34 @@ class WindowReport:
         return cls.from_dict(data)
 
 
-_NUMBER = (int, float)
-_FIELD_KINDS: dict[str, type | tuple[type, ...]] = {
-    "stages": list,
-    "n_steps": int,
-    "n_ranks": int,
-    "schema_version": int,
-    "stage_order_hash": str,
-    "exposed_s": _NUMBER,
-    "shares_defined": bool,
-    "shares": dict,
-    "advances": dict,
-    "direct_gain": dict,
-    "top1": (str, type(None)),
-    "top2": (str, type(None)),
-    "routing_set": list,
-    "labels": list,
-    "reasons": dict,
-    "co_critical_stages": list,
-    "leaders": dict,
-    "localization": dict,
-    "semantic_shares": dict,
-    "semantic_gain": dict,
-    "semantic_localization": dict,
-    "residual_share": _NUMBER,
-    "overlap_share": _NUMBER,
-    "roles": (list, type(None)),
-    "role_shares": (dict, type(None)),
-    "forward_event": (dict, type(None)),
-    "gates": dict,
-    "role_reports": (dict, type(None)),
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "list": (list,),
+    "dict": (dict,),
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "float": (int, float),
+    "None": (type(None),),
+    "Gates": (dict,),
 }
-"""The JSON type of every serialized field, checked before a report is rebuilt."""
+"""A field's declared type (its outer name) -> the JSON types that stand for it."""
 
 
-def _has_kind(value: Any, kinds: type | tuple[type, ...]) -> bool:
+def _json_kinds(declared: str) -> tuple[type, ...]:
+    """The JSON types a field declared as ``declared`` is read from: ``dict[str, float] | None``
+    is an object or null (what the brackets hold is checked where the value is used)."""
+    outer = re.sub(r"\[.*\]", "", declared)
+    return tuple(kind for name in outer.split(" | ") for kind in _JSON_KINDS[name])
+
+
+_FIELD_KINDS = {f.name: _json_kinds(str(f.type)) for f in fields(WindowReport)}
+"""The JSON types of every serialized field, checked before a report is rebuilt."""
+
+
+def _has_kind(value: Any, kinds: tuple[type, ...]) -> bool:
     """``isinstance``, except that a JSON ``true`` is no number: only a bool field takes it."""
     if isinstance(value, bool):
-        return kinds is bool
+        return bool in kinds
     return isinstance(value, kinds)
 
 

@@ -212,29 +212,16 @@ class NodeLeader(StoreCollector):
             c: part_key(index, top_level(c, self.nodes, self.fan_in), c) for c in level.children
         }
         wait_s = self.timeout_s * (level.level + 1)
-        left = set(keys)
-        try:
-            conn = self._job()
-
-            def take(child: int, key: str) -> None:
-                parts[child] = self._take(conn, key, index, child, read)
-
-            left = set(
-                self._waits[level.level].wait(
-                    conn,
-                    keys,
-                    deadline=ended + wait_s,
-                    grace=ended + min(wait_s, ABSENT_GRACE_S * (level.level + 1)),
-                    take=take,
-                    notes=notes,
-                    give_up=lambda: self._worker.full,
-                    activity=lambda text: setattr(
-                        self._worker, "activity", f"window {index}: {text}"
-                    ),
-                )
-            )
-        except Exception as exc:
-            notes.append(f"job store read failed: {exc}")
+        left = self._read_parts(
+            self._waits[level.level],
+            keys,
+            (index, parts, read, notes),
+            "job store read failed",
+            deadline=ended + wait_s,
+            grace=ended + min(wait_s, ABSENT_GRACE_S * (level.level + 1)),
+            give_up=lambda: self._worker.full,
+            activity=lambda text: setattr(self._worker, "activity", f"window {index}: {text}"),
+        )
         rejected = {c for c in level.children if c not in parts} - left
         missing: dict[range, str] = {}
         for child in level.children:
@@ -244,6 +231,31 @@ class NodeLeader(StoreCollector):
                 found = (parts, missing, read, notes)
                 self._adopt(child, level.level - 1, index, ended + wait_s, found, wait_s)
         return combine_groups(own, level.node_count, parts, missing, notes, self.node.size)
+
+    def _read_parts(
+        self,
+        wait: PeerWait,
+        keys: dict[int, str],
+        into: tuple[int, dict[int, Group], list[str], list[str]],
+        failed: str,
+        **until: Any,
+    ) -> set[int]:
+        """Wait for the part of window ``index`` under each node's key in ``keys`` and put every
+        one that comes into ``parts``; ``until`` holds the wait's deadline, grace and hooks.
+        Returns the nodes still pending (all of them when the job's store could not be read,
+        said in a note starting with ``failed``). ``into`` is (index, parts, store keys read,
+        notes)."""
+        index, parts, read, notes = into
+        try:
+            conn = self._job()
+
+            def take(node: int, key: str) -> None:
+                parts[node] = self._take(conn, key, index, node, read)
+
+            return set(wait.wait(conn, keys, take=take, notes=notes, **until))
+        except Exception as exc:
+            notes.append(f"{failed}: {exc}")
+            return set(keys)
 
     def _take(self, conn: Any, key: str, index: int, first: int, read: list[str]) -> Group:
         group = decode_group(get_payload(conn, key, read))
@@ -281,20 +293,14 @@ class NodeLeader(StoreCollector):
         )
         levels = {g: lv.level - 1 for lv in below for g in lv.children}
         keys = {g: self._child_key(index, g) for g in levels}
-        left = set(keys)
-        try:
-            conn = self._job()
-
-            def take(grandchild: int, key: str) -> None:
-                parts[grandchild] = self._take(conn, key, index, grandchild, read)
-
-            left = set(
-                PeerWait("node", "summary").wait(
-                    conn, keys, deadline=deadline, grace=deadline, take=take, notes=notes
-                )
-            )
-        except Exception as exc:
-            notes.append(f"job store read failed while reading node {child}'s group: {exc}")
+        left = self._read_parts(
+            PeerWait("node", "summary"),
+            keys,
+            (index, parts, read, notes),
+            f"job store read failed while reading node {child}'s group",
+            deadline=deadline,
+            grace=deadline,
+        )
         for grandchild in sorted(g for g in levels if g not in parts):
             if grandchild in left:
                 self._adopt(grandchild, levels[grandchild], index, deadline, found, wait_s)

@@ -9,6 +9,7 @@ durations, ``[N]`` int64 step walls and, when events were sampled, ``[N]`` float
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import MISSING
 from typing import Any
@@ -45,16 +46,19 @@ def encode_window(w: RankWindow) -> bytes:
         len(meta_bytes),
         _HAS_EVENTS if has_events else 0,
     )
-    parts = [
-        header,
-        meta_bytes,
-        np.ascontiguousarray(w.durations_ns, dtype="<i8").tobytes(),
-        np.ascontiguousarray(w.wall_ns, dtype="<i8").tobytes(),
-    ]
-    if has_events:
-        parts.append(np.ascontiguousarray(w.event_ms, dtype="<f8").tobytes())
-        parts.append(np.ascontiguousarray(w.event_state, dtype="i1").tobytes())
-    return b"".join(parts)
+    arrays = (
+        np.ascontiguousarray(getattr(w, name), dtype=dtype).tobytes()
+        for name, dtype, _ in _arrays(n, k, has_events)
+    )
+    return b"".join((header, meta_bytes, *arrays))
+
+
+def _arrays(n: int, k: int, events: bool) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """The arrays after the metadata, in order: the field, its dtype on the wire, its shape."""
+    steps = (("durations_ns", "<i8", (n, k)), ("wall_ns", "<i8", (n,)))
+    if not events:
+        return steps
+    return (*steps, ("event_ms", "<f8", (n,)), ("event_state", "i1", (n,)))
 
 
 def _jsonable(value: Any) -> Any:
@@ -78,8 +82,9 @@ def read_header(data: bytes) -> tuple[int, int, int, int, str, int, int]:
 
 
 def payload_size(n: int, k: int, meta_len: int, flags: int) -> int:
-    events = n * 9 if flags & _HAS_EVENTS else 0
-    return HEADER_SIZE + meta_len + 8 * n * k + 8 * n + events
+    layout = _arrays(n, k, bool(flags & _HAS_EVENTS))
+    body = sum(np.dtype(dtype).itemsize * math.prod(shape) for _, dtype, shape in layout)
+    return HEADER_SIZE + meta_len + body
 
 
 def decode_window(data: bytes) -> RankWindow:
@@ -97,18 +102,16 @@ def decode_window(data: bytes) -> RankWindow:
         raise ReportFormatError(f"window metadata of rank {rank} is not JSON: {exc}") from None
     offset += meta_len
 
-    def take(dtype: str, count: int, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    def take(dtype: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         nonlocal offset
-        size = np.dtype(dtype).itemsize * count
+        count = math.prod(shape)
         arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
-        offset += size
+        offset += np.dtype(dtype).itemsize * count
         return arr.astype(dtype.lstrip("<"), copy=True)
 
-    durations = take("<i8", n * k, (n, k))
-    wall = take("<i8", n, (n,))
-    event_ms = take("<f8", n, (n,)) if flags & _HAS_EVENTS else None
-    event_state = take("i1", n, (n,)) if flags & _HAS_EVENTS else None
-    for name, array in (("durations", durations), ("step walls", wall)):
+    layout = _arrays(n, k, bool(flags & _HAS_EVENTS))
+    arrays: dict[str, Any] = {name: take(dtype, shape) for name, dtype, shape in layout}
+    for name, array in (("durations", arrays["durations_ns"]), ("step walls", arrays["wall_ns"])):
         if array.size and (array.min() < 0 or array.max() > MAX_DURATION_NS):
             raise ReportFormatError(
                 f"window payload of rank {rank} holds {name} outside [0, 2**50] ns"
@@ -122,15 +125,7 @@ def decode_window(data: bytes) -> RankWindow:
                 raise ReportFormatError(f"window metadata of rank {rank} lacks {f.name!r}")
             continue
         values[f.name] = check_meta_value(f.metadata["kind"], meta[f.name], f"rank {rank} {f.name}")
-    result = RankWindow(
-        window=window,
-        rank=rank,
-        durations_ns=durations,
-        wall_ns=wall,
-        event_ms=event_ms,
-        event_state=event_state,
-        **values,
-    )
+    result = RankWindow(window=window, rank=rank, **arrays, **values)
     span = result.last_step - result.first_step + 1
     if result.first_step > result.last_step or span != n + result.paused_steps:
         paused = f" and {result.paused_steps} paused step(s)" if result.paused_steps else ""

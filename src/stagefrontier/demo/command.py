@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +27,20 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def run_demo(
-    *,
-    ranks: int,
-    steps: int,
-    window: int,
-    faults: list[str],
-    seed: int,
-    out: str,
-    router: bool = False,
-) -> list[Path]:
+def run_demo(config: DemoConfig, faults: Sequence[str] = ()) -> list[Path]:
     """Train, print one line per window as it completes, then the report (and, with the
-    profiler router on, its incidents); returns the files.
+    profiler router on, its incidents); returns the files. ``faults``: the fault specs to
+    inject (parsed here, replacing ``config.faults``).
 
     Raises:
         DemoSettingsError: ``ranks``, ``steps`` or ``window`` out of range.
         FaultSpecError: a fault that does not parse, or could not fire in this run.
     """
+    ranks, steps, window, router = config.ranks, config.steps, config.window, config.router
     check_settings(ranks=ranks, steps=steps, window=window)
     parsed = tuple(parse_fault(spec) for spec in faults)
     check_faults(parsed, ranks, cuda=cuda_available(), steps=steps)
-    config = DemoConfig(
-        ranks=ranks,
-        steps=steps,
-        window=window,
-        faults=parsed,
-        seed=seed,
-        out_dir=out,
-        router=router,
-    )
+    config = replace(config, faults=parsed)
     fault_text = ", ".join(str(f) for f in parsed) or "none"
     print(
         f"StageFrontier demo: {ranks} Gloo DDP ranks (spawned), {steps} steps, window {window}, "
@@ -64,7 +51,7 @@ def run_demo(
     started = time.monotonic()
     launch(config)
     print(f"Training finished in {time.monotonic() - started:.1f} s.\n", flush=True)
-    return write_report(out)
+    return write_report(config.out_dir)
 
 
 MAX_RANKS = 32

@@ -220,32 +220,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_faults(faults, ranks, cuda=False, steps=args.steps, nodes=args.nodes)
     except ValueError as exc:
         parser.error(str(exc))
-    config = small_config(ranks, args.steps, args.window, faults, args.seed, args.out)
-    rows = run_both(replace(config, router=args.router), nodes=args.nodes, per_node=args.per_node)
+    config = DemoConfig(
+        ranks=ranks,
+        steps=args.steps,
+        window=args.window,
+        faults=faults,
+        seed=args.seed,
+        out_dir=args.out,
+        router=args.router,
+    )
+    rows = run_both(small_config(config), nodes=args.nodes, per_node=args.per_node)
     print(table(rows))
     if args.router:
         print("\n".join(incident_lines(Path(args.out))))
     return 0 if rows and all(r[3] == r[5] == "yes" for r in rows) else 1
 
 
-def small_config(
-    ranks: int, steps: int, window: int, faults: Any, seed: int, out: str
-) -> DemoConfig:
-    """The demo shrunk so that many ranks train on a few cores (a check of collection, not of
-    training speed)."""
-    return DemoConfig(
-        ranks=ranks,
-        steps=steps,
-        window=window,
-        faults=faults,
-        seed=seed,
-        out_dir=out,
-        batch_size=4,
-        seq_len=32,
-        d_model=32,
-        n_layers=1,
-        quiet=True,
-    )
+def small_config(config: DemoConfig) -> DemoConfig:
+    """``config`` with the demo's model and batches shrunk so that many ranks train on a few
+    cores (a check of collection, not of training speed), its ranks quiet."""
+    return replace(config, batch_size=4, seq_len=32, d_model=32, n_layers=1, quiet=True)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ _ARRAYS: tuple[tuple[str, str, Callable[[dict[str, int]], tuple[int, ...]]], ...
     ("mean_top_rank", "<i4", lambda c: (c["s"], c["k"])),
     ("mean_min", "<f8", lambda c: (c["s"],)),
 )
+_SKETCH_ARRAYS = ("lane_min", "sizes", "index", "count", "fold_low", "fold_high")
+"""The arrays of ``_ARRAYS`` that the summary's ``PrefixSketch`` holds."""
 _V1_ARRAYS = _ARRAYS[:-3]
 """Version 1 summaries have no rank means (they decode with none kept)."""
 
@@ -273,7 +275,7 @@ def _from_grid(a: dict[str, Any], quantum: int, buckets: int) -> dict[str, Any]:
 def _array_values(summary: WindowSummary) -> dict[str, Any]:
     sketch = summary.sketch
     values = {name: getattr(summary, name, None) for name, _, _ in _ARRAYS}
-    for name in ("lane_min", "sizes", "index", "count", "fold_low", "fold_high"):
+    for name in _SKETCH_ARRAYS:
         values[name] = getattr(sketch, name)
     return values
 
@@ -381,36 +383,25 @@ def _checked_summary(meta: dict[str, Any], a: dict[str, Any]) -> WindowSummary:
     for bad, what in checks:
         if bad():
             raise ReportFormatError(f"summary is corrupt: {what}")
+    # The body's int32 arrays widened, as the summary holds them.
+    values = {
+        name: a[name].astype(np.int64) if dtype == "<i4" else a[name] for name, dtype, _ in _ARRAYS
+    }
+    sketch = PrefixSketch(
+        growth=meta["growth"],
+        max_buckets=meta["max_buckets"],
+        **{name: values.pop(name) for name in _SKETCH_ARRAYS},
+    )
     return WindowSummary(
         stages=stages,
-        rank_runs=runs,
         top_k=meta["top_k"],
-        top_prefix=a["top_prefix"],
-        top_rank=a["top_rank"].astype(np.int64),
-        top_dominant=a["top_dominant"].astype(np.int64),
-        clipped=a["clipped"],
-        group_clipped=a["group_clipped"],
-        stage_max=a["stage_max"],
-        stage_sum=a["stage_sum"],
-        slowest=a["slowest"],
         rank_total_sum_s=float(meta["rank_total_sum_s"]),
-        mean_top=a["mean_top"],
-        mean_top_rank=a["mean_top_rank"].astype(np.int64),
-        mean_min=a["mean_min"],
-        sketch=PrefixSketch(
-            growth=meta["growth"],
-            max_buckets=meta["max_buckets"],
-            lane_min=a["lane_min"],
-            sizes=sizes.astype(np.int64),
-            index=a["index"].astype(np.int64),
-            count=a["count"].astype(np.int64),
-            fold_low=a["fold_low"],
-            fold_high=a["fold_high"],
-        ),
+        sketch=sketch,
         gain_baseline=meta["gain_baseline"],
         gain_exact=meta["gain_exact"],
         quantum_ns=meta["quantum_ns"],
         rounding_s=float(meta["rounding_s"]),
+        **values,
     )
 
 

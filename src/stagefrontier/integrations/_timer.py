@@ -45,6 +45,38 @@ def make_timer(
     return StageTimer(stages, router=router, **kwargs)
 
 
+class TimerArguments:
+    """What a framework callback is given for the timer it builds once training starts.
+
+    ``sinks``: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
+    addition to ``windows.jsonl``, the log line and the evidence packets. ``router``: a
+    :class:`stagefrontier.ProfilerRouter`: an actionable window captures a profiler trace of the
+    suspect rank and a reference rank (off when None). ``timer_kwargs``: passed to
+    :class:`stagefrontier.StageTimer` (``window``, ``out_dir``, ``collect``,
+    ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ``role``, ...), all but ``stages``,
+    which the callback's hooks fix (``whose``: whose stages they are, for the error saying so).
+    """
+
+    def __init__(
+        self,
+        whose: str,
+        sinks: Sequence[Sink],
+        router: ProfilerRouter | None,
+        timer_kwargs: dict[str, Any],
+    ) -> None:
+        if "stages" in timer_kwargs:
+            raise StageFrontierError(
+                f"StageFrontierCallback times {whose} own stages; 'stages' cannot be given"
+            )
+        self.sinks = list(sinks)
+        self.router = router
+        self.timer_kwargs = timer_kwargs
+
+    def make_timer(self, stages: Sequence[str]) -> StageTimer:
+        """The callback's timer over ``stages`` (see :func:`make_timer`)."""
+        return make_timer(stages, sinks=self.sinks, router=self.router, **self.timer_kwargs)
+
+
 def charge_data_wait(timer: StageTimer, wait_ns: int) -> None:
     """Charge a data wait measured between steps to the next step to begin: it becomes that
     step's first ordered stage and the step's start moves back over it (``timer.iter``'s

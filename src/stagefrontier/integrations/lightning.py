@@ -79,12 +79,12 @@ from ..analysis.schema import (
     OPTIMIZER_STAGE,
 )
 from ..analysis.schema import RESIDUAL_STAGE as _RESIDUAL
-from ..errors import MissingExtraError, StageFrontierError
+from ..errors import MissingExtraError
 from ..extras import require
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
 from ..sinks import Sink
-from ._timer import HookClock, make_timer
+from ._timer import HookClock, TimerArguments
 
 logger = logging.getLogger("stagefrontier")
 
@@ -109,14 +109,10 @@ LIGHTNING_STAGES: tuple[str, ...] = (
 class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
     """Times Lightning's training steps as StageFrontier's ordered stages (see the module doc).
 
-    Args:
-        sinks: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
-            addition to ``windows.jsonl``, the log line and the evidence packets.
-        router: a :class:`stagefrontier.ProfilerRouter`: an actionable window captures a
-            profiler trace of the suspect rank and a reference rank (off when None).
-        **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
-            ``collect``, ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ``role``, ...).
-            ``stages`` is fixed by the hook mapping and cannot be given.
+    ``sinks`` (extra sinks for rank 0's windows), ``router`` (a ``ProfilerRouter``, off when
+    None) and ``**timer_kwargs`` (``StageTimer``'s keywords, ``window``, ``out_dir``, ...) are the
+    timer's, built in ``setup("fit")`` (see ``integrations._timer.TimerArguments``); ``stages``
+    is fixed by the hook mapping and cannot be given.
     """
 
     def __init__(
@@ -127,13 +123,7 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
         **timer_kwargs: Any,
     ) -> None:
         super().__init__()
-        if "stages" in timer_kwargs:
-            raise StageFrontierError(
-                "StageFrontierCallback times Lightning's own stages; 'stages' cannot be given"
-            )
-        self.sinks = list(sinks)
-        self.router = router
-        self.timer_kwargs = timer_kwargs
+        self.arguments = TimerArguments("Lightning's", sinks, router, timer_kwargs)
         self.timer: StageTimer | None = None
         self._clock: HookClock | None = None
         self._tail = _BatchEndTail(self)
@@ -151,9 +141,7 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
         if self._tail not in callbacks:
             callbacks.append(self._tail)
         self._accumulate = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
-        self.timer = make_timer(
-            LIGHTNING_STAGES, sinks=self.sinks, router=self.router, **self.timer_kwargs
-        )
+        self.timer = self.arguments.make_timer(LIGHTNING_STAGES)
         self._clock = HookClock(self.timer)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:

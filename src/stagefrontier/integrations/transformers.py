@@ -70,48 +70,31 @@ from ..analysis.schema import (
     OPTIMIZER_STAGE,
     RESIDUAL_STAGE,
 )
-from ..errors import StageFrontierError
 from ..extras import require
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
 from ..sinks import Sink
-from ._timer import HookClock, make_timer
+from ._timer import HookClock, TimerArguments
 
 _transformers: Any = require("transformers", "transformers", "StageFrontierCallback (HF Trainer)")
 
 STEP_END_STAGE = "callbacks.step_end_cpu_wall"
 FWD_BWD_STAGE = "model.fwd_bwd_cpu_wall"
-TRAINER_STAGES: tuple[str, ...] = (
-    DATA_STAGE,
-    FORWARD_STAGE,
-    BACKWARD_STAGE,
-    OPTIMIZER_STAGE,
-    STEP_END_STAGE,
-    RESIDUAL_STAGE,
-)
+_AFTER_MODEL = (OPTIMIZER_STAGE, STEP_END_STAGE, RESIDUAL_STAGE)
+TRAINER_STAGES: tuple[str, ...] = (DATA_STAGE, FORWARD_STAGE, BACKWARD_STAGE, *_AFTER_MODEL)
 """The ordered schema with ``split_forward=True``, in the Trainer's execution order."""
-TRAINER_STAGES_LUMPED: tuple[str, ...] = (
-    DATA_STAGE,
-    FWD_BWD_STAGE,
-    OPTIMIZER_STAGE,
-    STEP_END_STAGE,
-    RESIDUAL_STAGE,
-)
-"""The ordered schema with ``split_forward=False``."""
+TRAINER_STAGES_LUMPED: tuple[str, ...] = (DATA_STAGE, FWD_BWD_STAGE, *_AFTER_MODEL)
+"""The ordered schema with ``split_forward=False``: forward and backward as one stage."""
 
 
 class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc]
     """Times the HF Trainer's optimizer steps as StageFrontier's ordered stages.
 
-    Args:
-        sinks: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
-            addition to ``windows.jsonl``, the log line and the evidence packets.
-        split_forward: time forward and backward apart with a forward hook on the model.
-        router: a :class:`stagefrontier.ProfilerRouter`: an actionable window captures a
-            profiler trace of the suspect rank and a reference rank (off when None).
-        **timer_kwargs: passed to :class:`stagefrontier.StageTimer` (``window``, ``out_dir``,
-            ``collect``, ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ...); not
-            ``stages``.
+    ``split_forward``: time forward and backward apart with a forward hook on the model.
+    ``sinks`` (extra sinks for rank 0's windows), ``router`` (a ``ProfilerRouter``, off when
+    None) and ``**timer_kwargs`` (``StageTimer``'s keywords, ``window``, ``out_dir``, ...; not
+    ``stages``) are the timer's, built when training begins (see
+    ``integrations._timer.TimerArguments``).
     """
 
     def __init__(
@@ -122,14 +105,8 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
         router: ProfilerRouter | None = None,
         **timer_kwargs: Any,
     ) -> None:
-        if "stages" in timer_kwargs:
-            raise StageFrontierError(
-                "StageFrontierCallback times the Trainer's own stages; 'stages' cannot be given"
-            )
-        self.sinks = list(sinks)
+        self.arguments = TimerArguments("the Trainer's", sinks, router, timer_kwargs)
         self.split_forward = split_forward
-        self.router = router
-        self.timer_kwargs = timer_kwargs
         self.timer: StageTimer | None = None
         self._clock: HookClock | None = None
         self._hook: Any = None
@@ -142,9 +119,7 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.timer is None:
             stages = TRAINER_STAGES if self.split_forward else TRAINER_STAGES_LUMPED
-            self.timer = make_timer(
-                stages, sinks=self.sinks, router=self.router, **self.timer_kwargs
-            )
+            self.timer = self.arguments.make_timer(stages)
             self._clock = HookClock(self.timer)
         self._accumulate = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         model = kwargs.get("model")

@@ -65,12 +65,16 @@ class WorkerCounters:
         self._last_open = 0  # nanoseconds of batches in progress at the previous read
         self.consumed = 0
         """Batches the training loop took from the loader (``timer.iter`` counts them)."""
-        self._iterator: Any = None
+        self._procs: list[Any] = []
         loader.worker_init_fn = WorkerHook(self.tensor, loader.worker_init_fn, self.scratch)
+        loader._get_iterator = _ReportIterators(loader._get_iterator, self)
 
     def started(self, iterator: Any) -> None:
-        """The loader's iterator for this epoch (its worker processes tell which are alive)."""
-        self._iterator = iterator
+        """A new iterator of the loader (an epoch's, or the one of persistent workers), told
+        by the loader itself whoever iterates it (``timer.iter`` or a framework's loop). Its
+        worker processes are kept, not the iterator, which shuts them down when dropped."""
+        procs = getattr(iterator, "_workers", None)
+        self._procs = list(procs) if isinstance(procs, list) else []
 
     def set_capture(self, capture: int) -> None:
         """Ask the workers to profile their batches (``capture`` > 0) or to stop (0)."""
@@ -111,17 +115,28 @@ class WorkerCounters:
         """Workers whose process ended in the middle of a batch (the DataLoader raises in the
         training loop for those; the figures say it too). A worker that ended between batches
         was told to (an epoch's or an IterableDataset's end)."""
-        procs = getattr(self._iterator, "_workers", None)
-        if not isinstance(procs, list):
-            return []
         try:
             return [
                 i
-                for i, p in enumerate(procs[: len(rows)])
+                for i, p in enumerate(self._procs[: len(rows)])
                 if rows[i, STARTED_NS] > 0 and not p.is_alive()
             ]
         except Exception:  # a process object from another torch version: say nothing
             return []
+
+
+class _ReportIterators:
+    """Put in place of a watched loader's ``_get_iterator``, which ``DataLoader.__iter__``
+    calls for each new iterator (once for persistent workers): tells the counters of it."""
+
+    def __init__(self, make: Callable[[], Any], counters: WorkerCounters) -> None:
+        self.make = make
+        self.counters = counters
+
+    def __call__(self) -> Any:
+        iterator = self.make()
+        self.counters.started(iterator)
+        return iterator
 
 
 class WorkerHook:

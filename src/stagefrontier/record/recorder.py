@@ -308,8 +308,6 @@ class StageTimer(TimerState):
             self._violation(f"timer.iter stage {stage!r} must be the first ordered stage")
         workers = self.watch_dataloader(iterable)
         iterator = iter(iterable)
-        if workers is not None:
-            workers.started(iterator)
         while True:
             start = _now()
             try:
