@@ -344,6 +344,25 @@ def test_a_trace_is_compressed_to_a_standard_gzip_file_with_or_without_isal(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, source.name])
 
 
+def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
+    """msgspec and isal are imported by ``warm_up`` (StageTimer's construction), not at their
+    first use on a router thread, where their import would count in an incident's CPU."""
+    pytest.importorskip("msgspec")
+    pytest.importorskip("isal")
+    script = (
+        "import sys\n"
+        "from stagefrontier.route import profiler_session\n"
+        "names = profiler_session.ROUTER_EXTRA_MODULES\n"
+        "before = [name in sys.modules for name in names]\n"
+        "profiler_session.warm_up()\n"
+        "print(before, [name in sys.modules for name in names])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.split() == ["[False,", "False]", "[True,", "True]"], done.stdout
+
+
 def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
