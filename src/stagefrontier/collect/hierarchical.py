@@ -373,6 +373,13 @@ class NodeLeader(StoreCollector):
             self._server = None  # the last reference: the node store shuts down
 
 
+def node_store_client(collector: NodeMember | NodeLeader) -> Any:
+    """A new client of the store ``collector``'s node shares, for another thread of the rank
+    (the profiler router's). Raises when it cannot be reached: the leader serves none, its
+    address never came, or the connection failed."""
+    return collector._open_raw()
+
+
 HOSTS_KEY = "hosts"
 """Job-store keys of the host names (``hosts/<rank>``) and rank 0's verdict (``hosts``: the
 ranks per node, or why the hosts do not form nodes)."""

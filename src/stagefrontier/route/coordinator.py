@@ -95,8 +95,13 @@ class Coordinator:
         channel: RequestChannel,
         current_step: Callable[[], int],
         world_size: Callable[[], int] | None = None,
+        request_poll_s: float | None = None,
     ) -> None:
+        """``request_poll_s``: the longest a request waits between polls on its way to a rank
+        (``relay.request_poll_s``; the router's poll by default), what the start margin
+        covers."""
         self.config = config
+        self.request_poll_s = config.poll_s if request_poll_s is None else request_poll_s
         self.out_dir = out_dir
         self.channel = channel
         self.current_step = current_step
@@ -301,6 +306,16 @@ class Coordinator:
         if manual.id is not None:
             self._answer_manual(ManualAnswer(manual.id, "refused", why))
 
+    def _poll_words(self) -> str:
+        """How the margin's poll reads in an incident's reasons."""
+        poll_ms, travel_ms = self.config.poll_s * 1e3, self.request_poll_s * 1e3
+        if travel_ms <= poll_ms:
+            return f" and a {poll_ms:.0f} ms poll"
+        return (
+            f" and a {travel_ms:.0f} ms way to every rank (node leaders read the job's store "
+            f"every {travel_ms - poll_ms:.0f} ms, their nodes' ranks theirs every {poll_ms:.0f} ms)"
+        )
+
     def _open(
         self,
         decision: Decision,
@@ -315,7 +330,7 @@ class Coordinator:
         incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
         incident_id += f"-manual{self.captures}" if trigger == "manual" else ""
         steps = steps or self.config.steps
-        margin = start_margin(self.step_s, self.config.poll_s)
+        margin = start_margin(self.step_s, self.request_poll_s)
         first = self.current_step() + margin
         request = CaptureRequest(incident_id, tuple(ranks), first, steps, decision.stage or None)
         incident = new_incident(incident_id, trigger)
@@ -334,7 +349,7 @@ class Coordinator:
                     if math.isfinite(self.step_s)
                     else "an unknown step time (no window analyzed yet)"
                 )
-                + f" and a {self.config.poll_s * 1e3:.0f} ms poll",
+                + self._poll_words(),
             ],
             **(extra or {}),
         )

@@ -19,6 +19,7 @@ validated field by field on read (types, ranges, ids as plain names); nothing is
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -258,14 +259,22 @@ class RequestChannel:
     """This rank's private store connection for requests (opened lazily on the router thread,
     never on the training thread). Every call may raise; callers downgrade."""
 
-    def __init__(self, store: Any = None, prefix: str | None = None, scope: int = 0) -> None:
+    def __init__(
+        self,
+        store: Any = None,
+        prefix: str | None = None,
+        scope: int = 0,
+        open_raw: Callable[[], Any] | None = None,
+    ) -> None:
         """``prefix``: the keys' prefix; by default this attempt's, with the router's key
         ``scope`` (``collect.store.store_prefix``: the k-th router open in a process meets the
         k-th of every other rank, so a training and an evaluation timer's routers never read
-        each other's requests)."""
+        each other's requests). ``open_raw``: opens the store the keys live in (a node's store,
+        see ``route.relay``); by default a clone of ``store``, the job's."""
         self.base = store
         self._prefix = prefix
         self.scope = scope
+        self._open_raw = open_raw
         self._conn: Any = None
 
     def conn(self) -> Any:
@@ -275,7 +284,8 @@ class RequestChannel:
             from ..collect.store import open_connection, store_prefix
 
             prefix = self._prefix or store_prefix(self.scope)
-            self._conn = PrefixStore(prefix, open_connection(self.base))
+            raw = self._open_raw() if self._open_raw else open_connection(self.base)
+            self._conn = PrefixStore(prefix, raw)
         return self._conn
 
     def read(self, key: str) -> bytes | None:

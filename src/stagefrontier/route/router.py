@@ -3,8 +3,10 @@
 Every rank gets one router thread with its own store connection. It watches the request key
 and arms this rank's capture when the rank is named; it runs the trace export; on rank 0 it also
 runs the coordinator (decision, request, answers, confirmation, incident). Under hierarchical
-collection a node leader's thread also tells its collector which ranks a request names, so that
-the node's part carries their rows of the captured steps to rank 0.
+collection only node leaders read the request in the job's store, and copy it into their node's
+store for the node's other ranks (``relay``); a leader's thread also tells its collector which
+ranks a request names, so that the node's part carries their rows of the captured steps to
+rank 0.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from ..render.escape import printable
 from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
+from .relay import RequestRelay, request_poll_s
 from .requests import (
     MAX_CAPTURE_STEPS,
-    REQUEST_KEY,
     CaptureRequest,
     CaptureStatus,
     RequestChannel,
@@ -63,6 +65,8 @@ class ProfilerRouter:
             profiler holds every event in memory), and a trace file larger than this is
             deleted and the capture reported failed.
         poll_s: how often each rank's router thread reads the request key; (0, 60] seconds.
+            Under hierarchical collection node leaders read the job's store less often once
+            there are more than 50 nodes (see ``route.relay``).
         capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
             rank's answer before recording the incident as not captured; [0, 86400] seconds.
         with_stack: record Python stacks (needed for the op diff to name user functions).
@@ -137,6 +141,9 @@ class RouterRuntime:
         self._timer = timer
         self._scope = claim_scope("router")
         self._channel = RequestChannel(config.store, scope=self._scope)
+        self._relay = RequestRelay(
+            self._channel, config.poll_s, closing=lambda: bool(getattr(timer, "_closed", False))
+        )
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
@@ -170,6 +177,7 @@ class RouterRuntime:
         if self._attached or collector is None:
             return
         self._attached = True
+        self._relay.bind(collector)
         if self.rank != 0:
             return
         self.coordinator = Coordinator(
@@ -178,6 +186,7 @@ class RouterRuntime:
             channel=self._channel,
             current_step=lambda: int(self._timer._step_index),
             world_size=lambda: int(self._timer.world_size),
+            request_poll_s=request_poll_s(collector, self.config.poll_s),
         )
         sinks = getattr(collector, "sinks", None)
         if isinstance(sinks, list):
@@ -223,7 +232,7 @@ class RouterRuntime:
         self._safely(self._refuse_late)
         if self.coordinator is not None:
             self._safely(lambda: self.coordinator.finish(self.config.capture_timeout_s))  # type: ignore[union-attr]
-        self._channel.close()
+        self._relay.close()
 
     def _safely(self, job: Callable[[], None]) -> None:
         try:
@@ -238,10 +247,10 @@ class RouterRuntime:
             self.coordinator.tick()
 
     def _watch(self) -> None:
-        if self._dead:
+        if self._dead or not self._relay.due():
             return
         try:
-            data = self._channel.read(REQUEST_KEY)
+            data = self._relay.read()
         except Exception as exc:
             logger.warning("stagefrontier: router store unavailable, router off: %s", exc)
             self._dead = True
@@ -284,7 +293,7 @@ class RouterRuntime:
     def _refuse_late(self) -> None:
         """A request that names this rank after its training ended is answered, not left to
         time out."""
-        data = None if self._dead else self._channel.read(REQUEST_KEY)
+        data = None if self._dead else self._relay.read()
         request = self._decode(data)
         if request is None:
             return
