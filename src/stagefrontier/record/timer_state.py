@@ -69,6 +69,29 @@ _now = time.perf_counter_ns
 class TimerState:
     """Fields and slow paths shared by StageTimer and its contexts (see the module doc)."""
 
+    # The fields the contexts read and write on every step are slots. The rest live in the
+    # instance dict; a timer has more attributes than an instance dict shares its keys for, so
+    # each access there is a hashed lookup, where a slot is a read at a fixed offset.
+    __slots__ = (
+        "__dict__",
+        "_accumulating",
+        "_active",
+        "_base",
+        "_buf",
+        "_capacity",
+        "_capture",
+        "_last",
+        "_last_micro",
+        "_micro_exit_last",
+        "_n",
+        "_n_timed",
+        "_step_factor",
+        "_step_hooks",
+        "_step_mixed",
+        "_width",
+        "_window_end",
+    )
+
     def __init__(
         self,
         stages: tuple[str, ...],
