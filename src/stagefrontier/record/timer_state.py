@@ -2,8 +2,9 @@
 contract violations and the hand-off of a completed window.
 
 ``StageTimer`` derives from :class:`TimerState`; the contexts of ``record.contexts`` read and
-write these fields directly (an attribute access is the cheapest thing the hot path can do) and
-call the slow-path methods here only for the rare cases.
+write these fields directly (an attribute access is the cheapest thing the hot path can do; the
+fields they touch every step are slots) and call the slow-path methods here only for the rare
+cases.
 
 Buffer layout per step: column 0 is the step wall time, then one column per timed stage and
 accumulation microstep (column ``1 + i * K + k``), for up to ``_capacity`` microsteps, in one
