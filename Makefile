@@ -31,7 +31,7 @@ define install
 endef
 
 $(DEMO_STAMP): pyproject.toml
-	$(call install,$(DEMO_EXTRAS),the demo,matplotlib and msgspec: about 0.1 GB and 10 s)
+	$(call install,$(DEMO_EXTRAS),the demo,matplotlib plus msgspec and isal: about 0.1 GB and 10 s)
 	@touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml

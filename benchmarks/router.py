@@ -86,6 +86,15 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
 
+def _per_captured_second(figures: dict[str, Any]) -> str:
+    """Export plus reduction CPU over the captured steps' wall time: the target is at most 1."""
+    parts = (figures.get("export_cpu_s"), figures.get("reduction_cpu_s"))
+    wall = figures.get("captured_wall_s")
+    if None in parts or not wall:
+        return "n/a"
+    return f"{sum(parts) / wall:.2f}"
+
+
 def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
     """The CPU table: this revision, and the earlier one's figures beside them when given."""
     rows = [
@@ -102,6 +111,10 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
         if before:
             line += f" {_seconds(before.get(key))} |"
         lines.append(line)
+    line = "| export and reduction together, per second of captured steps |"
+    for figures in (now, before) if before else (now,):
+        line += f" {_per_captured_second(figures)} |"
+    lines.append(line)
     lines.append(
         f"| traces written (both ranks) | {now['trace_kib']:.0f} KiB |"
         + (f" {before['trace_kib']:.0f} KiB |" if before else "")

@@ -4,6 +4,7 @@ manual request from Python and from ``stagefrontier capture``)."""
 
 from __future__ import annotations
 
+import gzip
 import socket
 import subprocess
 import sys
@@ -312,6 +313,54 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     assert incident["captured"], incident["reasons"]
     assert "slow_sample" in incident["worker_op_diff"][0]["name"], incident["worker_op_diff"][:3]
     assert len(spent) == 2 and incident["router_cpu_s"]["reduction"] >= round(sum(spent), 4)
+
+
+@pytest.mark.parametrize("isal", [True, False], ids=["isal", "standard library"])
+def test_a_trace_is_compressed_to_a_standard_gzip_file_with_or_without_isal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isal: bool
+) -> None:
+    """The export's compression: ISA-L where installed (the router extra), else the standard
+    library's zlib; either writes a gzip file the standard library (and so every trace viewer)
+    inflates to the JSON Kineto wrote."""
+    from stagefrontier.route.capture import gzip_atomically, gzip_writer
+
+    if isal:
+        pytest.importorskip("isal")
+    else:
+        monkeypatch.setitem(sys.modules, "isal", None)  # ``from isal import igzip`` fails
+    assert (gzip_writer() is gzip.GzipFile) is not isal
+    source = tmp_path / "plain.json"
+    source.write_text(
+        '{"traceEvents": ['
+        + ",".join(
+            f'{{"ph": "X", "name": "op{i % 97}", "ts": {i}.5, "dur": 1}}' for i in range(50000)
+        )
+        + "]}"
+    )
+    target = tmp_path / "rank0.pt.trace.json.gz"
+    gzip_atomically(source, target)
+    assert gzip.decompress(target.read_bytes()) == source.read_bytes()
+    assert target.stat().st_size < source.stat().st_size / 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, source.name])
+
+
+def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
+    """msgspec and isal are imported by ``warm_up`` (StageTimer's construction), not at their
+    first use on a router thread, where their import would count in an incident's CPU."""
+    pytest.importorskip("msgspec")
+    pytest.importorskip("isal")
+    script = (
+        "import sys\n"
+        "from stagefrontier.route import profiler_session\n"
+        "names = profiler_session.ROUTER_EXTRA_MODULES\n"
+        "before = [name in sys.modules for name in names]\n"
+        "profiler_session.warm_up()\n"
+        "print(before, [name in sys.modules for name in names])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.split() == ["[False,", "False]", "[True,", "True]"], done.stdout
 
 
 def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(

@@ -59,6 +59,19 @@ QUIET_KINETO_LOG_LEVEL = "6"
 TRACE_GZIP_LEVEL = 1
 """Fast compression: the export runs on a training rank's CPU, and a level-1 trace is about a
 fifth larger than the default level's."""
+
+
+def gzip_writer() -> Any:
+    """The class that gzips a trace: isal's ``igzip.GzipFile`` where installed (the ``router``
+    extra: ISA-L compresses a profiler's trace at level 1 in about a quarter of zlib's CPU, to
+    the same size), else the standard library's. Both write a standard gzip file."""
+    try:
+        from isal import igzip
+    except ImportError:
+        return gzip.GzipFile
+    return igzip.GzipFile
+
+
 COPY_CHUNK_BYTES = 1 << 20
 
 
@@ -87,7 +100,7 @@ def gzip_atomically(source: Path, target: Path) -> None:
     with (
         open(source, "rb") as plain,
         atomic_file(target) as raw,
-        gzip.GzipFile(
+        gzip_writer()(
             target.name.removesuffix(".gz"), "wb", TRACE_GZIP_LEVEL, raw, mtime=0
         ) as zipped,
     ):
