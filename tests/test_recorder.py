@@ -721,3 +721,47 @@ def test_a_collector_that_raises_never_reaches_the_training_loop(
     timer.close()
     assert timer._dropped == 3
     assert any("handing off window" in r.getMessage() for r in caplog.records)
+
+
+class StepEnds:
+    """Stands in for the router's runtime: counts the captured steps' ends."""
+
+    def __init__(self) -> None:
+        self.ends = 0
+
+    def on_step_end(self) -> None:
+        self.ends += 1
+
+
+def test_the_capture_step_class_swapped_in_still_ends_each_step() -> None:
+    """The contexts keep their bound enter and exit in slots (no binding per ``with``); the
+    capture swaps the step context's class to one that defines ``__exit__`` itself, and that
+    exit must run for every step while swapped in, and never after it is swapped back."""
+    from stagefrontier.record.contexts import CapturedStepContext, StepContext
+
+    collector = CaptureCollector()
+    timer = StageTimer(stages=[FWD, BWD], window=4, collector=collector)
+    runtime = StepEnds()
+    timer._router = runtime
+    step, stage = timer.step, timer.stage
+
+    def one_step() -> None:
+        with step():
+            with stage(FWD):
+                time.sleep(0.001)
+            with stage(BWD):
+                pass
+
+    one_step()
+    timer._step_ctx.__class__ = CapturedStepContext
+    one_step()
+    one_step()
+    assert runtime.ends == 2
+    timer._step_ctx.__class__ = StepContext
+    one_step()
+    assert runtime.ends == 2
+    timer._router = None
+    timer.close()
+    [window] = collector.windows
+    assert window.contract_violations == 0
+    assert (column(window, FWD) >= 0.001).all() and (wall(window) >= column(window, FWD)).all()

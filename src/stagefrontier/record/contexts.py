@@ -8,7 +8,7 @@ behind one truth test and goes to a slow-path method there.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.schema import range_name
 from .annotate import ProfilerRanges, step_range_name
@@ -19,19 +19,33 @@ _now = time.perf_counter_ns
 
 
 class StageContext(OpenSpan):
-    """Context for one ordered stage; one instance per stage name, reused every step."""
+    """Context for one ordered stage; one instance per stage name, reused every step.
 
-    __slots__ = ("_column", "_reentered", "_reentry", "_start", "_timer")
+    ``__enter__`` and ``__exit__`` are slots holding the context's own bound ``_enter`` and
+    ``_exit``, bound once here: the ``with`` statement looks both up on every use, and a slot
+    hands back the bound method it holds where a method defined on the class would be bound
+    anew, an allocation per lookup. A subclass overrides ``_enter`` and ``_exit``; a class
+    swapped in by ``__class__`` assignment after construction (the capture's step context)
+    defines ``__exit__`` itself, which the lookup finds before the slot.
+    """
+
+    __slots__ = ("__enter__", "__exit__", "_column", "_reentered", "_reentry", "_start", "_timer")
+    if TYPE_CHECKING:  # the slots' signatures
+
+        def __enter__(self) -> None: ...
+        def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 
     def __init__(self, timer: TimerState, column: int, name: str) -> None:
         super().__init__(name)
+        self.__enter__ = self._enter  # type: ignore[method-assign]
+        self.__exit__ = self._exit  # type: ignore[method-assign]
         self._timer = timer
         self._column = column  # 1 + position in the schema: its column in a plain step's row
         self._start = 0
         self._reentry = OpenSpan(name)  # ``_active`` while this stage is re-entered (rejected)
         self._reentered = 0
 
-    def __enter__(self) -> None:
+    def _enter(self) -> None:
         t = self._timer
         if t._active is not None:  # outside a step, or another ordered stage is open
             self._reject(t._active)
@@ -39,7 +53,7 @@ class StageContext(OpenSpan):
         t._active = self
         self._start = _now()
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def _exit(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
         t = self._timer
         if t._active is not self:  # the exit of a rejected entry: nothing was recorded
@@ -92,17 +106,24 @@ class StageTable(dict[str, StageContext]):
 
 
 class StepContext:
-    """Context for one step; one instance per timer, reused every step."""
+    """Context for one step; one instance per timer, reused every step. ``__enter__`` and
+    ``__exit__`` are slots holding its bound ``_enter`` and ``_exit`` (see StageContext)."""
 
-    __slots__ = ("_nested", "_stages", "_start", "_timer")
+    __slots__ = ("__enter__", "__exit__", "_nested", "_stages", "_start", "_timer")
+    if TYPE_CHECKING:  # the slots' signatures
+
+        def __enter__(self) -> None: ...
+        def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 
     def __init__(self, timer: TimerState, stages: StageTable) -> None:
         self._timer = timer
         self._stages = stages
         self._start = 0
         self._nested = 0
+        self.__enter__ = self._enter  # type: ignore[method-assign]
+        self.__exit__ = self._exit  # type: ignore[method-assign]
 
-    def __enter__(self) -> None:
+    def _enter(self) -> None:
         t = self._timer
         if t._active is not OUTSIDE:
             if t._active is PAUSED:
@@ -122,7 +143,7 @@ class StepContext:
         if t._step_hooks:  # a prefetched data wait to import, or CUDA events to poll
             self._start -= t._begin_hooks(row)
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def _exit(self, exc_type: object, exc: object, tb: object) -> None:
         end = _now()
         if self._nested:  # a nested step's exit, or a paused step's
             self._nested -= 1
@@ -166,10 +187,12 @@ class CapturedStepContext(StepContext):
 
     __slots__ = ()
 
+    # A method, not ``_exit``: the slot still holds StepContext's bound ``_exit`` after the
+    # swap, and this class's ``__exit__`` is found before it.
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._nested:
             self._timer._router.on_step_end()
-        StepContext.__exit__(self, exc_type, exc, tb)
+        StepContext._exit(self, exc_type, exc, tb)
 
 
 class AnnotatedStageContext(StageContext):
@@ -187,13 +210,13 @@ class AnnotatedStageContext(StageContext):
     # The range opens after the stage's clock starts and closes before it stops: the range's
     # own cost (a profiler that pauses in it) is then the stage's in the trace and in the live
     # record alike.
-    def __enter__(self) -> None:
-        StageContext.__enter__(self)
+    def _enter(self) -> None:
+        StageContext._enter(self)
         self._scope = self._ranges.open(self._range)
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def _exit(self, exc_type: object, exc: object, tb: object) -> None:
         self._ranges.close(self._scope)
-        StageContext.__exit__(self, exc_type, exc, tb)
+        StageContext._exit(self, exc_type, exc, tb)
 
 
 class AnnotatedStepContext(StepContext):
@@ -206,12 +229,12 @@ class AnnotatedStepContext(StepContext):
         self._ranges = ranges
         self._scope: Any = None
 
-    def __enter__(self) -> None:
+    def _enter(self) -> None:
         self._scope = self._ranges.open(step_range_name(self._timer._step_index))
-        StepContext.__enter__(self)
+        StepContext._enter(self)
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        StepContext.__exit__(self, exc_type, exc, tb)
+    def _exit(self, exc_type: object, exc: object, tb: object) -> None:
+        StepContext._exit(self, exc_type, exc, tb)
         self._ranges.close(self._scope)
 
 

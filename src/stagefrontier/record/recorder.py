@@ -7,7 +7,9 @@ CUDA-event sampling is on), and one non-blocking hand-off per window. Contract v
 counted and reported with the window; they never raise into training unless ``strict=True``.
 
 The common path is kept to a few attribute reads and writes per context: ``timer.stage`` is a
-dict lookup with no Python frame, every buffer index is absolute (the open step's row offset is
+dict lookup with no Python frame, the ``with`` statement finds each context's enter and exit
+already bound (``record.contexts``), the timer's fields they touch are slots
+(``record.timer_state``), every buffer index is absolute (the open step's row offset is
 folded into ``_base`` and ``_last``), a window's buffer is handed over whole and replaced by a
 fresh zeroed one (never zeroed step by step),
 and the rare cases (accumulation, prefetched data waits, pending CUDA events, violations) each

@@ -2,8 +2,9 @@
 contract violations and the hand-off of a completed window.
 
 ``StageTimer`` derives from :class:`TimerState`; the contexts of ``record.contexts`` read and
-write these fields directly (an attribute access is the cheapest thing the hot path can do) and
-call the slow-path methods here only for the rare cases.
+write these fields directly (an attribute access is the cheapest thing the hot path can do; the
+fields they touch every step are slots) and call the slow-path methods here only for the rare
+cases.
 
 Buffer layout per step: column 0 is the step wall time, then one column per timed stage and
 accumulation microstep (column ``1 + i * K + k``), for up to ``_capacity`` microsteps, in one
@@ -68,6 +69,29 @@ _now = time.perf_counter_ns
 
 class TimerState:
     """Fields and slow paths shared by StageTimer and its contexts (see the module doc)."""
+
+    # The fields the contexts read and write on every step are slots. The rest live in the
+    # instance dict; a timer has more attributes than an instance dict shares its keys for, so
+    # each access there is a hashed lookup, where a slot is a read at a fixed offset.
+    __slots__ = (
+        "__dict__",
+        "_accumulating",
+        "_active",
+        "_base",
+        "_buf",
+        "_capacity",
+        "_capture",
+        "_last",
+        "_last_micro",
+        "_micro_exit_last",
+        "_n",
+        "_n_timed",
+        "_step_factor",
+        "_step_hooks",
+        "_step_mixed",
+        "_width",
+        "_window_end",
+    )
 
     def __init__(
         self,
