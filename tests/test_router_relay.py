@@ -103,6 +103,15 @@ def test_a_member_reads_the_request_its_leader_copied_and_never_the_job_store(
         leader.close()
 
 
+def test_a_rank_reads_nothing_before_its_collector_says_how() -> None:
+    relay = RequestRelay(RequestChannel(), POLL_S)
+    assert not relay.due()  # a timer built before init_process_group: no collector yet
+    relay.bind(None)
+    assert not relay.due()
+    relay.bind(object())  # a flat collector: the job's store at every poll
+    assert relay.due() and relay.due() and relay.interval == POLL_S
+
+
 def test_a_leaders_interval_keeps_all_leaders_under_the_job_stores_read_rate() -> None:
     assert leader_poll_s(1, POLL_S) == POLL_S  # one node: the poll itself
     assert leader_poll_s(100, POLL_S) == pytest.approx(0.1)

@@ -16,6 +16,10 @@ A request then reaches every rank within ``request_poll_s``, the leaders' interv
 poll, and rank 0's start margin counts with it. A member that cannot reach its node's store
 (its leader died, or never served one) reads the job's store itself, at the leaders' interval,
 and says why once.
+
+A rank reads nothing until its collector exists (a timer built before ``init_process_group``
+builds it at its first window boundary), since only then does it know its node; no request can
+be open before, as rank 0's coordinator starts with rank 0's collector.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ class RequestRelay:
         self._next = 0.0
 
     def bind(self, collector: Any) -> None:
-        """Choose the way once the rank's collector exists (flat until then, and for every
-        collector but a node leader's or member's)."""
+        """Choose the way once the rank's collector exists (none until then: ``due`` is False;
+        flat for every collector but a node leader's or member's)."""
         if self._bound or collector is None:
             return
         self._bound = True
@@ -106,8 +110,10 @@ class RequestRelay:
         self.interval = self._fallback_s if leads and not rank0 else self.poll_s
 
     def due(self) -> bool:
-        """Whether this poll reads (always at the poll's own interval; a leader's longer one is
-        kept from its last read)."""
+        """Whether this poll reads (never before ``bind``; always at the poll's own interval; a
+        leader's longer one is kept from its last read)."""
+        if not self._bound:
+            return False
         if self.interval <= self.poll_s:
             return True
         now = time.monotonic()

@@ -293,6 +293,7 @@ class RouterRuntime:
     def _refuse_late(self) -> None:
         """A request that names this rank after its training ended is answered, not left to
         time out."""
+        self._relay.bind(self._timer._collector)  # built at the last hand-off, if not before
         data = None if self._dead else self._relay.read()
         request = self._decode(data)
         if request is None:
