@@ -198,3 +198,21 @@ def test_a_member_of_a_dead_leader_reads_the_job_store_and_says_why(
     finally:
         follow.close()
         member.close()
+
+
+def test_a_leader_without_a_node_store_still_reads_the_request_and_says_so_once(
+    job_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_node_store() -> Any:
+        raise RuntimeError("no node store")
+
+    channel = CountedChannel(job_store)
+    lead = RequestRelay(channel, POLL_S)
+    lead.join_node(leads=True, nodes=2, open_node_store=no_node_store)
+    request = CaptureRequest("w00002", (2,), 50, 5).encode()
+    RequestChannel(job_store).write(REQUEST_KEY, request)
+    with caplog.at_level(logging.WARNING, logger="stagefrontier"):
+        assert lead.read() == request and lead.read() == request  # its own captures go on
+    assert channel.reads == 2
+    warned = [r for r in caplog.records if "cannot be copied into this node's store" in r.message]
+    assert len(warned) == 1 and "no node store" in warned[0].getMessage()

@@ -145,7 +145,9 @@ class RequestRelay:
             else:
                 node.write(REQUEST_KEY, data)
         except Exception as exc:  # tried again at the next read; said once
-            if not self._copy_warned:
+            if self._closing():  # the leader's own timer closed its node's store
+                logger.debug("stagefrontier: node store gone at the run's end: %s", exc)
+            elif not self._copy_warned:
                 self._copy_warned = True
                 logger.warning(
                     "stagefrontier: the capture request cannot be copied into this node's "
