@@ -76,8 +76,7 @@ class RequestRelay:
         self.poll_s = poll_s
         self.interval = poll_s
         self._closing = closing
-        self._bound = False
-        self._leads = False
+        self._way: str | None = None  # "job", "leader" or "member"; None until bound
         self._node: RequestChannel | None = None  # a leader copies into it, a member reads it
         self._fallback_s = poll_s
         self._copied: bytes | None = None
@@ -87,9 +86,9 @@ class RequestRelay:
     def bind(self, collector: Any) -> None:
         """Choose the way once the rank's collector exists (none until then: ``due`` is False;
         flat for every collector but a node leader's or member's)."""
-        if self._bound or collector is None:
+        if self._way is not None or collector is None:
             return
-        self._bound = True
+        self._way = "job"
         if isinstance(collector, NodeLeader | NodeMember):
             self.join_node(
                 leads=isinstance(collector, NodeLeader),
@@ -103,8 +102,7 @@ class RequestRelay:
     ) -> None:
         """Read through the node's store (``open_node_store`` opens a client of it) as its
         leader (``leads``) or a member, in a job of ``nodes`` nodes."""
-        self._bound = True
-        self._leads = leads
+        self._way = "leader" if leads else "member"
         self._fallback_s = leader_poll_s(nodes, self.poll_s)
         self._node = RequestChannel(scope=self.job.scope, open_raw=open_node_store)
         self.interval = self._fallback_s if leads and not rank0 else self.poll_s
@@ -112,7 +110,7 @@ class RequestRelay:
     def due(self) -> bool:
         """Whether this poll reads (never before ``bind``; always at the poll's own interval; a
         leader's longer one is kept from its last read)."""
-        if not self._bound:
+        if self._way is None:
             return False
         if self.interval <= self.poll_s:
             return True
@@ -125,9 +123,9 @@ class RequestRelay:
     def read(self) -> bytes | None:
         """The request key's value (None: no request open)."""
         node = self._node
-        if node is None:
+        if node is None:  # flat, or a member whose node's store failed
             return self.job.read(REQUEST_KEY)
-        if self._leads:
+        if self._way == "leader":
             data = self.job.read(REQUEST_KEY)
             self._copy(node, data)
             return data
