@@ -105,15 +105,11 @@ def test_lightning_gradient_accumulation_times_microsteps(tmp_path: Path) -> Non
     assert len((tmp_path / "sf" / "windows.csv").read_text().splitlines()) == 3
 
 
-@_needs("lightning", "lightning")
-@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
-def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) -> None:
+def _fit_tiny(tmp_path: Path, loader: Any, callback: Any, max_steps: int) -> None:
+    """A one-device CPU Lightning fit of a one-layer model on batches of 4 features: pairs
+    ``(x, y)`` fit ``y``, plain tensors are pushed towards zero."""
     import lightning.pytorch as pl
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from stagefrontier import Gates
-    from stagefrontier.integrations.lightning import StageFrontierCallback
 
     class Tiny(pl.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -121,20 +117,18 @@ def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) ->
             self.layer = torch.nn.Linear(4, 1)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
+            if isinstance(batch, list | tuple):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+            return self.layer(batch).pow(2).mean()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-    out = tmp_path / "sf"
-    callback = StageFrontierCallback(window=4, out_dir=out, gates=Gates(share_dominance=0.3))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=8,
+        max_steps=max_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -142,7 +136,23 @@ def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) ->
         callbacks=[callback],
         default_root_dir=tmp_path,
     )
-    trainer.fit(Tiny(), DataLoader(data, batch_size=2))
+    trainer.fit(Tiny(), loader)
+
+
+@_needs("lightning", "lightning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
+def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stagefrontier import Gates
+    from stagefrontier.integrations.lightning import StageFrontierCallback
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    out = tmp_path / "sf"
+    callback = StageFrontierCallback(window=4, out_dir=out, gates=Gates(share_dominance=0.3))
+    _fit_tiny(tmp_path, DataLoader(data, batch_size=2), callback, max_steps=8)
     records = _records(out)
     assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 3), (4, 7)]
     assert all(r["gates"]["share_dominance"] == 0.3 for r in records)
@@ -152,23 +162,10 @@ def test_lightning_callback_passes_gates_to_the_live_analysis(tmp_path: Path) ->
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
 def test_lightning_persistent_workers_are_restarted_once_and_timed(tmp_path: Path) -> None:
-    import lightning.pytorch as pl
-    import torch
     from torch.utils.data import DataLoader
 
     from loader_support import MarkWorker, Samples
     from stagefrontier.integrations.lightning import StageFrontierCallback
-
-    class Tiny(pl.LightningModule):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 4)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -181,18 +178,8 @@ def test_lightning_persistent_workers_are_restarted_once_and_timed(tmp_path: Pat
         worker_init_fn=MarkWorker(str(marks)),
     )
     out = tmp_path / "sf"
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2 * len(loader),  # two epochs
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[StageFrontierCallback(window=4, out_dir=out)],
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(Tiny(), loader)
+    callback = StageFrontierCallback(window=4, out_dir=out)
+    _fit_tiny(tmp_path, loader, callback, max_steps=2 * len(loader))  # two epochs
     figures = [r["loader_workers"]["0"] for r in _records(out)]
     # Lightning started the first epoch's persistent workers before any hook; the callback shut
     # them down and the epoch started again with workers that count every batch they make.
