@@ -4,8 +4,11 @@ under torchrun (``python -m torch.distributed.run --nproc-per-node 4 loader_job.
 ``MODE`` places a 120 ms stall per step on rank 2: ``workers`` in the dataset (``slow_sample``:
 30 ms per sample, 8 samples per batch, 240 ms per batch in each of the 2 workers), ``transfer``
 in the main process as each batch is received from a worker (a batch that takes 120 ms to
-unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. The model's own step takes
-about 25 ms (a sleep in the forward), so the workers must supply a batch every ~25 ms.
+unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. ``late`` is ``workers`` from
+step 20 on (two healthy windows first) with the live regression check on and the window lines
+logged, as a job runs by default: the windows after the stall begins are judged against the
+healthy ones. The model's own step takes about 25 ms (a sleep in the forward), so the workers
+must supply a batch every ~25 ms.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ STEPS = 50
 """Five windows: room for a capture the router decides on in any of the first three."""
 WINDOW = 10
 COMPUTE_S = 0.025
+LATE_FROM = 20
+"""``late``: the first slow step."""
+LATE_STEPS = 60
+"""``late``: four windows after the stall begins."""
 
 
 def receive(batch: torch.Tensor, delay_s: float) -> torch.Tensor:
@@ -67,7 +74,10 @@ def main(out_dir: str, mode: str) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     stalled = rank == STALL_RANK
-    samples = Samples(BATCH * (STEPS + 4), SAMPLE_S if stalled and mode == "workers" else 0.0)
+    late = mode == "late"
+    steps = LATE_STEPS if late else STEPS
+    slow = stalled and mode in ("workers", "late")
+    samples = Samples(BATCH * (steps + 4), SAMPLE_S if slow else 0.0, BATCH * LATE_FROM * late)
     loader = DataLoader(
         samples,
         batch_size=BATCH,
@@ -76,13 +86,19 @@ def main(out_dir: str, mode: str) -> None:
     )
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    router = ProfilerRouter(capture_timeout_s=20.0)
-    # The live regression check is off: these jobs test the router's own decision on a window,
-    # and on a shared machine a swing in load is a real slowdown that check may rightly capture.
-    collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)
+    # ``late``: no cooldown, so an incident the start-up windows open (workers starting) does
+    # not keep the router from the stall that follows.
+    router = ProfilerRouter(capture_timeout_s=20.0, cooldown_windows=0 if late else 5)
+    # The live regression check is off (but in ``late``): these jobs test the router's own
+    # decision on a window, and on a shared machine a swing in load is a real slowdown that
+    # check may rightly capture.
+    if late:
+        collect = CollectConfig(out_dir=out_dir, timeout_s=20.0)
+    else:
+        collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)
     timer = StageTimer(window=WINDOW, collect=collect, router=router)
     for step, x in enumerate(timer.iter(loader)):
-        if step == STEPS:
+        if step == steps:
             break
         with timer.step():
             with timer.stage("model.fwd_loss_cpu_wall"):

@@ -20,14 +20,16 @@ def slow_sample(index: int, delay_s: float) -> torch.Tensor:
 
 
 class Samples(Dataset[torch.Tensor]):
-    def __init__(self, n: int, delay_s: float = 0.0) -> None:
-        self.n, self.delay_s = n, delay_s
+    """``n`` samples, each ``delay_s`` late from sample ``slow_from`` on."""
+
+    def __init__(self, n: int, delay_s: float = 0.0, slow_from: int = 0) -> None:
+        self.n, self.delay_s, self.slow_from = n, delay_s, slow_from
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return slow_sample(index, self.delay_s)
+        return slow_sample(index, self.delay_s if index >= self.slow_from else 0.0)
 
 
 class Stream(IterableDataset[torch.Tensor]):

@@ -31,6 +31,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+from ..analysis.block_lead import BlockLead, block_lead
+from ..analysis.gates import Gates
+from ..analysis.schema import DATA_STAGE
 
 logger = logging.getLogger("stagefrontier")
 
@@ -313,3 +318,28 @@ def loader_record(ranks: Sequence[Any], data_stage: str) -> dict[str, dict[str, 
         data = float(w.durations_ns[:, column].sum()) * 1e-9 if column is not None else 0.0
         out[str(w.rank)] = loader_figures(w.loader, float(w.wall_ns.sum()) * 1e-9, data, w.n_steps)
     return out
+
+
+def loader_block_lead(
+    ranks: Sequence[Any],
+    d: npt.NDArray[np.float64],
+    stages: Sequence[str],
+    stage: str,
+    leader: int | None,
+    gates: Gates,
+    positions: Sequence[int] | None = None,
+) -> BlockLead | None:
+    """The data wait's lead over blocks of as many steps as the leading rank has DataLoader
+    workers (``analysis.block_lead``), among the merged ``ranks`` at ``positions`` (all by
+    default); None when ``stage`` is not the data wait, the leader has fewer than two workers,
+    the window is too short for enough blocks, or ``d`` holds no rank columns (node
+    summaries)."""
+    if stage != DATA_STAGE or leader is None or d.shape[1] != len(ranks):
+        return None
+    loader = next((w.loader for w in ranks if w.rank == leader), None) or {}
+    workers = loader.get("workers")
+    if not isinstance(workers, int) or workers < 2:
+        return None
+    cols = list(range(len(ranks))) if positions is None else list(positions)
+    rank_ids = [ranks[i].rank for i in cols]
+    return block_lead(d[:, cols, :], stages, rank_ids, stage, workers, gates)

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
+from ..analysis.block_lead import BlockLead
 from ..analysis.gates import Gates
 from ..analysis.schema import (
     FORWARD_STAGE,
@@ -29,7 +30,7 @@ from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from .attempt import current_attempt
-from .loader_workers import loader_record
+from .loader_workers import loader_block_lead, loader_record
 from .self_cost import CostMeter, self_cost_summary
 
 NS = 1e-9
@@ -240,6 +241,7 @@ class AnalyzedWindow:
             record = window_record(self.merged, self.report)
         record["regression"] = self.regression
         record["gain_reference_windows"] = self.gain_reference
+        record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
         if self.nodes is not None:
             record["nodes"] = {k: v for k, v in self.nodes.items() if k != "self_cost"}
             if self.summary is not None:
@@ -251,6 +253,21 @@ class AnalyzedWindow:
                 record["hosts"] = {str(r): hosts.get(r // size, "") for r in sorted(names)}
                 record["lead"] = lead_scope(self.report, names)
         return record
+
+    @cached_property
+    def block_lead(self) -> BlockLead | None:
+        """The data wait's lead over blocks of the leading rank's DataLoader worker count, when
+        the data wait is the top stage and that rank's workers hand over batches in bursts
+        (``record.loader_workers.loader_block_lead``): the lead the window line states and the
+        profiler router acts on when the lead step by step keeps changing hands."""
+        report = self.report
+        top = report.top1
+        if top is None or not report.shares_defined or report.role_reports:
+            return None
+        leader = report.semantic_localization[top].leader_rank
+        return loader_block_lead(
+            self.merged.ranks, self.d, report.stages, top, leader, report.gates
+        )
 
     @cached_property
     def metrics(self) -> WindowMetrics:

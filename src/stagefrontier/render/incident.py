@@ -209,6 +209,9 @@ _OPTIONAL_FIELDS: dict[str, Check] = {
     "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
     "loader_advice": _none_or(_text),
     "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
+    "baseline_steps": _none_or(
+        lambda v: "" if _steps_of_windows(v) and v[0] <= v[1] <= MAX_STEP else "[first, last]"
+    ),
 }
 """Fields a regression's incident adds (the regression object; the earlier trace diffed
 against), checked when present: incidents written before them still read."""
@@ -327,6 +330,11 @@ def list_incidents(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def verdict(incident: dict[str, Any]) -> str:
     if not incident["captured"]:
         return "not captured"
+    if incident["confirmed"] is False:
+        trace, live = incident["trace_shares"], incident["live_shares"]
+        top = max(trace, key=trace.__getitem__) if trace else None
+        if top is not None and live and top == max(live, key=live.__getitem__):
+            return f"not confirmed (the trace and the live steps agree: top {top})"
     return {True: "confirmed", False: "disagrees", None: "not reduced"}[incident["confirmed"]]
 
 
@@ -482,7 +490,9 @@ def detail_facts(incident: dict[str, Any]) -> list[tuple[str, str]]:
         ("verdict", f"{verdict(incident)}{_share_difference(incident['max_share_diff'])}"),
         (
             "step time during capture",
-            f"{_ms(incident['capture_step_ms'])}, outside it {_ms(incident['baseline_step_ms'])}",
+            f"{_ms(incident['capture_step_ms'])}, outside it "
+            + _baseline_steps(incident)
+            + _ms(incident["baseline_step_ms"]),
         ),
     ]
     return facts
@@ -532,6 +542,15 @@ def render_markdown(incident: dict[str, Any]) -> str:
     if commands:
         lines += ["Open the traces:", "", "```", *commands, "```", ""]
     return printable_lines(lines)
+
+
+def _baseline_steps(incident: dict[str, Any]) -> str:
+    """``(steps 20-49, since the window that opened it) `` when the incident says which steps
+    its step time outside the capture comes from."""
+    steps = incident.get("baseline_steps")
+    if not steps:
+        return ""
+    return f"(steps {steps[0]}-{steps[1]}, since the window that opened it) "
 
 
 def _ms(value: float | None) -> str:

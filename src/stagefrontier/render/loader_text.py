@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..analysis.block_lead import BlockLead
 from ..analysis.schema import DATA_STAGE
 
 WORKER_ROW_NUMBERS = (
@@ -60,6 +61,17 @@ def window_loader_sentence(record: Mapping[str, Any], top: str, leaders: list[in
             if text:
                 return text[0].upper() + text[1:]
     return ""
+
+
+def block_lead_text(lead: BlockLead) -> str:
+    """Why a rank leads the data wait over blocks of steps, in the loader's terms."""
+    k = lead.size
+    return (
+        f"rank {lead.rank}'s {k} DataLoader workers hand over their batches {k} at a time, so "
+        f"its wait falls on one step in {k}: judged over blocks of {k} steps, it leads "
+        f"{lead.stage} alone in {lead.confident_blocks}/{lead.blocks} blocks and switches "
+        f"{lead.switches} times"
+    )
 
 
 def _ms(value: float) -> str:

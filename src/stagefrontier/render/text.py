@@ -16,7 +16,7 @@ from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .escape import printable, printable_lines
-from .verdict import node_lead, rank_name, ranks_phrase, single_leader, verdict
+from .verdict import block_leader, node_lead, rank_name, ranks_phrase, single_leader, verdict
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",
@@ -146,6 +146,9 @@ def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
     leader = single_leader(report, top)
     if leader is not None:
         return f"led by {rank_name(leader, record)}"
+    block = block_leader(record, top)
+    if block is not None:
+        return f"led by {rank_name(block[0], record)} over blocks of {block[1]} steps"
     loc = report.semantic_localization[top]
     ranks = loc.leading_ranks or loc.tied_ranks
     if len(ranks) == 1:  # one rank leads, but the lead keeps changing hands

@@ -94,6 +94,31 @@ def single_leader(report: WindowReport, stage: str) -> int | None:
     return None
 
 
+def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:
+    """``(rank, block size)`` when the record's lead over blocks of steps (``block_lead``: a
+    DataLoader's workers hand their batches over in bursts) names one rank steadily for
+    ``stage``; None otherwise."""
+    lead = record.get("block_lead")
+    if not isinstance(lead, Mapping) or lead.get("stage") != stage or lead.get("why"):
+        return None
+    rank, size = lead.get("rank"), lead.get("size")
+    return (rank, size) if isinstance(rank, int) and isinstance(size, int) else None
+
+
+def block_note(record: Mapping[str, Any], stage: str) -> str:
+    """``rank 2 leads over blocks of 2 steps: ...`` when the lead is judged over blocks."""
+    lead = block_leader(record, stage)
+    if lead is None:
+        return ""
+    rank, size = lead
+    name = rank_name(rank, record)
+    return (
+        f"{name[0].upper()}{name[1:]} leads over blocks of {size} steps: its {size} DataLoader "
+        f"workers hand over their batches {size} at a time, so its wait falls on one step in "
+        f"{size} and step by step the lead seems to pass between ranks."
+    )
+
+
 def rank_name(rank: int, record: Mapping[str, Any]) -> str:
     """``rank 2@node7``; just ``rank 2`` when the host is unknown or the job runs on one host.
     ``record`` is a window's ``windows.jsonl`` object or packet metadata (``hosts``)."""
@@ -129,8 +154,12 @@ def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> st
     else:
         text = _caveats(report) + _main_verdict(report, record or {})
         lead = _lead(report, record or {}, report.top1)
-        loader = window_loader_sentence(record or {}, report.top1, lead.ranks)
-        text += f" {loader}" if loader else ""
+        stepwise = single_leader(report, report.top1) is not None
+        for extra in (
+            "" if stepwise else block_note(record or {}, report.top1),
+            window_loader_sentence(record or {}, report.top1, lead.ranks),
+        ):
+            text += f" {extra}" if extra else ""
     return printable(text[0].upper() + text[1:])
 
 
@@ -304,6 +333,9 @@ def _lead(report: WindowReport, record: Mapping[str, Any], top: str) -> _Lead:
     leader = single_leader(report, top)
     if leader is not None:
         return _Lead(rank_name(leader, record), [leader], False)
+    block = block_leader(record, top)
+    if block is not None:  # the lead over a DataLoader's bursts, as the router judges it
+        return _Lead(rank_name(block[0], record), [block[0]], False)
     return _Lead("", ranks, switching)
 
 

@@ -500,13 +500,16 @@ class Coordinator:
     def _cost(
         self, incident: dict[str, Any], request: CaptureRequest, live: list[LiveWindow]
     ) -> None:
-        """Mean step time of the captured ranks during the capture and in the other steps of
-        the live windows kept (the capture's cost; under hierarchical collection rank 0 holds
-        their rows of the captured steps only, so no ``baseline_step_ms``)."""
+        """Mean step time of the captured ranks during the capture, and their median step time
+        in the other steps of the same regime: from the first step of the window that opened
+        the incident on (steps from before a stall began would make the capture look costly),
+        in the live windows kept. Under hierarchical collection rank 0 holds their rows of the
+        captured steps only, so there is no ``baseline_step_ms``."""
         ranks = list(request.ranks)
         during: list[float] = []
-        outside: list[float] = []
+        outside: dict[int, float] = {}
         captured = range(request.first_step, request.last_step + 1)
+        since = self.window_steps.get(incident["window"], (request.first_step, None))[0]
         for window in live:
             cols = [window.ranks.index(r) for r in ranks if r in window.ranks]
             if not cols:
@@ -514,11 +517,15 @@ class Coordinator:
             totals = window.d[:, cols, :].sum(axis=2).mean(axis=1)
             first = window.first_step
             for i, total in enumerate(totals):
-                (during if first + i in captured else outside).append(float(total))
+                if first + i in captured:
+                    during.append(float(total))
+                elif first + i >= since:
+                    outside[first + i] = float(total)
         if during:
             incident["capture_step_ms"] = round(float(np.mean(during)) * 1e3, 3)
         if outside:
-            incident["baseline_step_ms"] = round(float(np.median(outside)) * 1e3, 3)
+            incident["baseline_step_ms"] = round(float(np.median(list(outside.values()))) * 1e3, 3)
+            incident["baseline_steps"] = [min(outside), max(outside)]
 
     def _write(self, incident: dict[str, Any]) -> None:
         """``incident.json`` and ``.md``, and the page without its figures (drawn at the end)."""

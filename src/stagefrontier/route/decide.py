@@ -27,15 +27,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from ..analysis.across_roles import bounding_role
-from ..analysis.analyzer import analyze
-from ..analysis.evidence import StageLocalization
+from ..analysis.block_lead import unsteady_lead
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
-from ..analysis.schema import DATA_STAGE, semantic_stage
+from ..analysis.schema import semantic_stage
+from ..record.loader_workers import loader_block_lead
 from ..record.window import AnalyzedWindow
+from ..render.loader_text import block_lead_text
 
 REQUEST_LATENCY_S = 0.5
 """Allowance for a store round trip and for a busy rank's watcher thread to be scheduled."""
@@ -43,9 +43,6 @@ REQUEST_LATENCY_S = 0.5
 
 UNKNOWN_STEP_S = 0.1
 """The step time assumed for a manual request before any window was analyzed."""
-MIN_BLOCKS = 4
-"""The fewest blocks of a DataLoader's burst of steps a window must hold for its data wait's
-lead to be judged again over them."""
 
 
 @dataclass(frozen=True)
@@ -98,30 +95,20 @@ def decide(
         )
     loc = report.semantic_localization[stage]
     n = report.n_steps
-    why = _unsteady_lead(loc, n, report.exposed_s / n, g, stage)
-    burst = _burst(window, loc.leader_rank, stage) if why else 1
+    why = unsteady_lead(loc, n, report.exposed_s / n, g, stage)
     blocked: tuple[str, ...] = ()
-    if burst > 1:  # the lead judged again over blocks of ``burst`` steps
-        block_report = analyze(
-            _blocks(window.d[:, positions, :], burst),
-            report.stages,
-            gates=g,
-            rank_ids=[ranks[i] for i in positions],
+    block = None
+    if why:  # the lead judged again over the blocks a DataLoader's workers hand over
+        block = loader_block_lead(
+            window.merged.ranks, window.d, report.stages, stage, loc.leader_rank, g, positions
         )
-        block_loc = block_report.semantic_localization[stage]
-        blocks = block_report.n_steps
-        block_why = _unsteady_lead(
-            block_loc, blocks, block_report.exposed_s / blocks, g, stage, "blocks"
-        )
-        if block_why or block_loc.leader_rank != loc.leader_rank:
-            return None, f"{why}; over blocks of {burst} steps, {block_why or 'another leader'}"
+    if block is not None:
+        if block.why or block.rank != loc.leader_rank:
+            return None, (
+                f"{why}; over blocks of {block.size} steps, {block.why or 'another leader'}"
+            )
         why = ""
-        blocked = (
-            f"rank {loc.leader_rank}'s {burst} DataLoader workers hand over their batches "
-            f"{burst} at a time, so its wait falls on one step in {burst}: judged over blocks of "
-            f"{burst} steps, it leads {stage} alone in {block_loc.confident_steps}/{blocks} "
-            f"blocks and switches {block_loc.leader_switches} times",
-        )
+        blocked = (block_lead_text(block),)
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
         return None, why
@@ -166,45 +153,6 @@ def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple
         else ("the node parts carry no typical rank")
     )
     return other, f"the lowest rank other than the suspect ({why})"
-
-
-def _unsteady_lead(
-    loc: StageLocalization, n: int, mean_step: float, g: Gates, stage: str, unit: str = "steps"
-) -> str:
-    """Why the stage's leader is not one to capture (empty when it is): it leads alone in too
-    few steps (or blocks of steps), switches too often, or does not pull ahead of the median
-    rank."""
-    if loc.leader_rank is None or loc.confident_steps < g.min_confident_fraction * n:
-        return f"no confident leader of {stage} ({loc.confident_steps}/{n} {unit})"
-    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
-    if switch_rate > g.max_switch_rate:
-        return f"the leader of {stage} switches (rate {switch_rate:.2f})"
-    if loc.delta_lag_mean_s < g.share_tie * mean_step:
-        return (
-            f"the leader of {stage} pulls ahead by {loc.delta_lag_mean_s * 1e3:.2f} ms/step, "
-            f"under {g.share_tie:.0%} of the step"
-        )
-    return ""
-
-
-def _burst(window: AnalyzedWindow, leader: int | None, stage: str) -> int:
-    """How many batches the leader's DataLoader hands over at once (its worker count) when the
-    stage is the data wait and enough blocks of that many steps fit in the window; else 1."""
-    if stage != DATA_STAGE or leader is None or window.summary is not None:
-        return 1  # (collected as node summaries, rank 0 has no rank columns to block)
-    loader = next((w.loader for w in window.merged.ranks if w.rank == leader), None) or {}
-    workers = loader.get("workers")
-    if not isinstance(workers, int) or workers < 2:
-        return 1
-    return workers if window.d.shape[0] // workers >= MIN_BLOCKS else 1
-
-
-def _blocks(d: npt.NDArray[np.float64], size: int) -> npt.NDArray[np.float64]:
-    """``d [N, R, S]`` summed over consecutive blocks of ``size`` steps (a last partial block
-    left out): one row per block, as if each block were one step."""
-    blocks = d.shape[0] // size
-    summed: npt.NDArray[np.float64] = d[: blocks * size].reshape(blocks, size, *d.shape[1:]).sum(1)
-    return summed
 
 
 def start_margin(step_s: float, poll_s: float) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
-from .confirm import LiveWindow, confirm, live_slice
+from .confirm import Confirmation, LiveWindow, confirm, live_slice
 from .opdiff import op_diff, stage_op_times
 from .trace_slice import load_for_reduction
 
@@ -91,14 +91,30 @@ def _confirm(
         )
         incident["reasons"].extend(result.notes)
         if result.confirmed is False:
-            incident["reasons"].append(
-                f"disagrees: trace top {result.trace_top}, live top {result.live_top}, "
-                f"largest share difference {result.max_share_diff}"
-            )
+            incident["reasons"].append(not_confirmed_text(result, incident["stage"]))
     except Exception as exc:
         logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
         incident["reasons"].append(f"confirmation failed: {exc}")
     return loaded
+
+
+def not_confirmed_text(result: Confirmation, stage: str | None) -> str:
+    """Why a capture did not confirm its incident, in words that match what was compared: the
+    trace and the live steps name different top stages; or they agree on the top stage, but it
+    is not the routed one, or a share differs by more than ``Gates.share_tie``."""
+    diff = result.max_share_diff
+    if result.trace_top != result.live_top:
+        return (
+            f"disagrees: trace top {result.trace_top}, live top {result.live_top}, largest "
+            f"share difference {diff}"
+        )
+    agree = f"the trace agrees with the live steps (top {result.trace_top} in both"
+    if stage is not None and result.trace_top != stage:
+        return (
+            f"{agree}, largest share difference {diff}), but the routed stage {stage} is not on "
+            "top in the captured steps: not confirmed"
+        )
+    return f"{agree}), but a share differs by {diff}, more than the tie tolerance: not confirmed"
 
 
 def _op_diff(

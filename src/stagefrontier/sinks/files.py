@@ -93,4 +93,5 @@ PACKET_META = (
     "nodes",
     "n_ranks_present",
     "loader_workers",
+    "block_lead",
 )

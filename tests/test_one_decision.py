@@ -1,0 +1,106 @@
+"""One decision, one sentence, without a distributed job: the router's lead over a DataLoader's
+bursts is judged on a window whose gains clip to the run's no-stall reference (as rank 0's live
+analysis gives it once the baseline fills), the window line states that same lead, and a capture
+whose trace agrees with the live steps says so."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from stagefrontier import Gates, analyze
+from stagefrontier.analysis.side import SideEvidence
+from stagefrontier.record.loader_workers import loader_block_lead
+from stagefrontier.render.incident import new_incident, verdict
+from stagefrontier.render.text import window_line
+from stagefrontier.route.confirm import Confirmation
+from stagefrontier.route.decide import decide
+from stagefrontier.route.reduction import not_confirmed_text
+
+STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
+RANKS = [0, 1, 2, 3]
+STALL = 2
+
+
+def _bursts(steps: int = 16) -> np.ndarray:
+    """Rank 2's two DataLoader workers hand over their batches two at a time, 240 ms late: it
+    waits on every other step (the others wait for it in the backward); jitter puts another
+    rank slightly ahead on the steps between."""
+    d = np.zeros((steps, len(RANKS), len(STAGES)))
+    d[:, :, 0] = 0.050
+    d[:, :, 1] = 0.025
+    d[:, :, 2] = 0.020
+    for step in range(steps):
+        d[step, step % 4, 0] += 0.003
+        if step % 2 == 0:
+            d[step, STALL, 0] += 0.240
+            d[step, [0, 1, 3], 2] += 0.240
+    return d
+
+
+def _live_window(d: np.ndarray) -> Any:
+    """The window as rank 0's live analysis hands it on once the regression baseline holds two
+    healthy windows: direct gains clipped to the ranks' no-stall reference durations."""
+    reference = np.full((len(RANKS), len(STAGES)), 0.05)
+    gates = Gates(gain_baseline="reference")
+    side = SideEvidence(no_stall_reference_s=reference)
+    report = analyze(d, STAGES, gates=gates, side=side, rank_ids=RANKS)
+    ranks = [SimpleNamespace(rank=r, loader={"workers": 2}) for r in RANKS]
+    merged = SimpleNamespace(ranks=ranks, reference=SimpleNamespace(window=4, first_step=80))
+    return SimpleNamespace(report=report, merged=merged, d=d, summary=None)
+
+
+def test_the_lead_over_bursts_is_judged_on_a_window_with_a_no_stall_reference() -> None:
+    window = _live_window(_bursts())
+    decision, why = decide(window)
+    assert decision is not None, why
+    assert decision.suspect_rank == STALL
+    assert any("judged over blocks of 2 steps" in r for r in decision.reasons), decision.reasons
+
+
+def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
+    window = _live_window(_bursts())
+    report = window.report
+    top = report.top1
+    lead = loader_block_lead(
+        window.merged.ranks,
+        window.d,
+        report.stages,
+        top,
+        report.semantic_localization[top].leader_rank,
+        report.gates,
+    )
+    assert lead is not None and lead.rank == STALL and lead.why == ""
+    line = window_line(report, {"block_lead": lead.to_dict()})
+    decision, _ = decide(window)
+    assert decision is not None and decision.suspect_rank == lead.rank
+    assert f"led by rank {STALL} over blocks of 2 steps" in line, line
+    assert "no single rank leads" not in line.lower() and "on any rank" not in line, line
+    assert f"on rank {STALL}" in line, line
+
+
+def _confirmation(trace_top: str, live_top: str, diff: float) -> Confirmation:
+    return Confirmation(False, diff, trace_top=trace_top, live_top=live_top)
+
+
+def test_a_trace_that_agrees_with_the_live_steps_says_agrees() -> None:
+    same = not_confirmed_text(_confirmation(STAGES[2], STAGES[2], 0.00107), STAGES[1])
+    assert same.startswith("the trace agrees with the live steps"), same
+    assert "disagrees" not in same and f"routed stage {STAGES[1]}" in same, same
+    shares = not_confirmed_text(_confirmation(STAGES[2], STAGES[2], 0.2), STAGES[2])
+    assert "agrees" in shares and "share differs by 0.2" in shares, shares
+    other = not_confirmed_text(_confirmation(STAGES[2], STAGES[0], 0.3), STAGES[0])
+    assert other.startswith("disagrees: trace top"), other
+
+    incident = new_incident("w00004", "regression")
+    incident.update(
+        captured=True,
+        confirmed=False,
+        stage=STAGES[1],
+        trace_shares={STAGES[1]: 0.2, STAGES[2]: 0.7},
+        live_shares={STAGES[1]: 0.2, STAGES[2]: 0.7},
+    )
+    word = verdict(incident)
+    assert "disagrees" not in word and f"agree: top {STAGES[2]}" in word, word
