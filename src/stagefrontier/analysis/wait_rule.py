@@ -5,7 +5,10 @@ any stage context: between two steps, or inside a step when the loop prefetches 
 at its end. The wait belongs to the step that consumes the batch, the next step to begin after
 the wait: it becomes that step's data stage, that step's wall time is extended back over it, and
 a wait made inside a step is taken out of that step's wall time (the recorder does this in
-``StageTimer._charge_fetch`` and ``TimerState._begin_hooks``).
+``StageTimer._charge_fetch`` and ``TimerState._begin_hooks``). One exception: a wait made inside
+an accumulation microstep (``timer.microstep(k)``) with no stage open, as loops that fetch the
+next microstep's batch between forward and backward do, is charged to that microstep's own data
+stage (``name[k]``) and stays in its step's wall time, so each microstep carries its own wait.
 
 While a rank captures a profiler trace, each such wait is also a range named
 ``<stage>@step#<N>`` (``wait_range_name``), where N is the consuming step as the recorder computes
@@ -25,10 +28,11 @@ from .schema import range_name
 WAIT_MARK = "@step#"
 
 
-def consuming_step(next_step: int, inside_step: bool) -> int:
+def consuming_step(next_step: int, inside_step: bool, in_microstep: bool = False) -> int:
     """The step a wait is charged to. ``next_step`` is the recorder's step index (the open step
-    inside a step, the next one between steps); a wait made inside a step is the next step's."""
-    return next_step + 1 if inside_step else next_step
+    inside a step, the next one between steps); a wait made inside a step is the next step's,
+    except one made inside an accumulation microstep, which is that microstep's own."""
+    return next_step + 1 if inside_step and not in_microstep else next_step
 
 
 def wait_range_name(stage: str, step: int) -> str:
@@ -55,8 +59,9 @@ def charge_waits(
 
     Returns the wait per step (to add to its data stage), the change of each step's wall time
     (the consuming step's grows by the wait; the step whose range holds the wait's start loses
-    it), and how many waits name a step that has no range here (left out: the capture began
-    after it, or it ended first)."""
+    it; a microstep's own wait, inside its step's range, changes nothing), and how many waits
+    name a step that has no range here (left out: the capture began after it, or it ended
+    first)."""
     position = {step: i for i, step in enumerate(step_ids)}
     charged = np.zeros(len(step_ids), dtype=np.int64)
     wall = np.zeros(len(step_ids), dtype=np.int64)
@@ -64,8 +69,11 @@ def charge_waits(
     for step, start, dur in waits:
         row = position.get(step)
         holder = int(np.searchsorted(starts, start, side="right")) - 1
-        inside = holder >= 0 and start < ends[holder] and holder != row
-        if inside:
+        within = holder >= 0 and start < ends[holder]
+        if within and holder == row:  # already inside the step's own wall time
+            charged[row] += dur
+            continue
+        if within:
             wall[holder] -= dur
         if row is None:
             unmatched += 1

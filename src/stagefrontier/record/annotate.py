@@ -71,7 +71,8 @@ class WaitRanges:
         from .timer_state import OUTSIDE, PAUSED
 
         t = self._timer
-        step = consuming_step(t._step_index, t._active is not OUTSIDE and t._active is not PAUSED)
+        inside = t._active is not OUTSIDE and t._active is not PAUSED
+        step = consuming_step(t._step_index, inside, t._in_microstep())
         return self._ranges.open(wait_range_name(self._stage, step))
 
     def next_item(self, iterator: Iterator[T]) -> T:

@@ -257,6 +257,7 @@ class MicrostepContext:
         if index != t._last_micro + 1 or (t._last_micro >= 0 and t._last != t._micro_exit_last):
             t._step_mixed = True  # skipped or repeated index, or a stage between microsteps
         t._last_micro = index
+        t._micro_open = True
         t._accumulating = True
         if index >= t._capacity:
             t._grow(index + 1)
@@ -266,3 +267,4 @@ class MicrostepContext:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._timer._micro_exit_last = self._timer._last
+        self._timer._micro_open = False

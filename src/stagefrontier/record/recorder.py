@@ -337,7 +337,10 @@ class StageTimer(TimerState):
         """``fn(*args, **kwargs)``, its wait charged like one ``next()`` of ``timer.iter``: to
         the first ordered stage (the data stage) of the next step to begin. For loops that get
         a batch from a function, ``x, y = timer.fetch(get_batch, "train")``, before the step
-        or at the end of the step before it. An exception from ``fn`` charges nothing."""
+        or at the end of the step before it. Inside an accumulation microstep
+        (``timer.microstep(k)``), with no stage open, the wait is that microstep's own: loops
+        that fetch the next microstep's batch between forward and backward see each
+        microstep's wait in its own ``name[k]``. An exception from ``fn`` charges nothing."""
         if not self.enabled:
             return fn(*args, **kwargs)
         start = _now()
@@ -346,6 +349,9 @@ class StageTimer(TimerState):
         return item
 
     def _charge_fetch(self, elapsed: int) -> None:
+        if self._in_microstep():  # this microstep's own wait, inside this step's wall time
+            self._buf[self._base + 1] += elapsed
+            return
         self._pending_data_ns += elapsed
         self._step_hooks = True
         if self._active is not OUTSIDE:  # fetched inside a step: not that step's time

@@ -84,6 +84,7 @@ class TimerState:
         "_last",
         "_last_micro",
         "_micro_exit_last",
+        "_micro_open",
         "_n",
         "_n_timed",
         "_step_factor",
@@ -148,6 +149,7 @@ class TimerState:
         self._accumulating = False
         self._last_micro = -1
         self._micro_exit_last = 0
+        self._micro_open = False  # inside a recorded microstep's context
         self._step_factor = 1
         self._step_mixed = False
         self._window_mixed = False
@@ -214,6 +216,12 @@ class TimerState:
             self._events.poll(self._step_index)
         self._step_hooks = bool(self._events.pending)
         return pending
+
+    def _in_microstep(self) -> bool:
+        """A data wait made now is the open microstep's own (``analysis.wait_rule``): a batch
+        fetched inside a microstep's context with no ordered stage open, as accumulation loops
+        fetch the next microstep's batch between its forward and backward."""
+        return self._micro_open and self._active is None
 
     def _end_accumulation_step(self, row: int) -> None:
         """Accumulation bookkeeping at the end of a step that used microsteps, or that follows

@@ -1,0 +1,43 @@
+"""Gradient accumulation with the batch fetched through ``timer.fetch`` between forward and
+backward of every microstep (nanoGPT's loop, ``router_paths_job.py --path accum``), in a real
+4-rank Gloo DDP job under torchrun with a 120 ms data stall on rank 2 from step 16 on.
+
+Each microstep's fetch is that microstep's own wait: every stalled window carries the data wait
+in all four microsteps, none of them holds most of it, and the window line does not say "most
+of it in microstep 0". The router's capture names each wait range for the step the live record
+charges it to, so the trace and the live steps still agree (confirmed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from recorder_support import read_records
+from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.render.text import window_line
+from test_router_paths import STALL_FROM, _run
+
+DATA = "data.next_wait"
+MICROSTEPS = 4
+
+
+def test_each_microsteps_fetch_is_charged_to_its_own_microstep(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    incidents = _run(out, "accum", "data")
+    stalled = [r for r in read_records(out) if r["first_step"] > STALL_FROM]
+    assert stalled
+    for record in stalled:
+        total = record["semantic_shares"][DATA]
+        parts = [record["shares"][f"{DATA}[{k}]"] for k in range(MICROSTEPS)]
+        assert record["top1"] == DATA, record["semantic_shares"]
+        assert all(0 < part <= total / 2 for part in parts), (record["window"], parts, total)
+        line = window_line(WindowReport.from_dict(record), record)
+        assert "most of it in microstep" not in line, line
+    assert len(incidents) == 1, [(i["id"], i["reasons"]) for i in incidents]
+    (incident,) = incidents
+    assert incident["stage"] == DATA and incident["leader_rank"] == 2
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
