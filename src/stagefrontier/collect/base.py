@@ -13,6 +13,7 @@ from typing import Protocol
 
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
+from ..failures import say_failed
 from ..record.window import (
     AnalyzedWindow,
     MergedWindow,
@@ -94,6 +95,7 @@ class BackgroundWorker:
         self._maxsize = max(1, queue_size)
         self._handle = handle
         self._after_last = after_last
+        self._said: set[tuple[str, str]] = set()  # the worker's failures said so far
         self._handover = threading.Lock()
         self._drained = False  # the worker took the stop marker
         self._abandoned = False  # close stopped waiting first: the worker runs after_last
@@ -134,8 +136,14 @@ class BackgroundWorker:
                 return
             try:
                 self._handle(item)  # type: ignore[operator]
-            except Exception:  # a telemetry failure is logged, never raised into training
-                logger.exception("stagefrontier: background window processing failed")
+            except Exception as exc:  # a telemetry failure is said, never raised into training
+                say_failed(
+                    logger,
+                    "background window processing",
+                    exc,
+                    "that window is lost, the next ones are processed",
+                    self._said,
+                )
             self.activity = "idle"
 
     def close(self) -> None:
@@ -168,8 +176,8 @@ class BackgroundWorker:
             self._after_last_claimed = True
         try:
             self._after_last()
-        except Exception:  # the owner's clean-up is telemetry too: logged, never raised
-            logger.exception("stagefrontier: clean-up after the last window failed")
+        except Exception as exc:  # the owner's clean-up is telemetry too: said, never raised
+            say_failed(logger, "clean-up after the last window", exc, "the run goes on")
 
 
 def merge_received(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import StageFrontierError
+from ..failures import say_failed
 from ..record.loader_workers import restart_persistent_workers
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
@@ -154,8 +155,8 @@ class HookClock:
             if restart_persistent and self._timer.enabled:
                 restart_persistent_workers(loader)
             self._loader = self._timer.watch_dataloader(loader)
-        except Exception:  # the loop runs on without worker figures
-            logger.exception("stagefrontier: watching the training DataLoader failed")
+        except Exception as exc:  # the loop runs on without worker figures
+            say_failed(logger, "watching the training DataLoader", exc, "no worker figures")
             self._loader = None
         return self._loader is not None
 
@@ -172,8 +173,8 @@ class HookClock:
             if waits is not None:  # the router captures: the wait is a profiler range too
                 try:
                     waits.open_gap()
-                except Exception:
-                    self._fail()
+                except Exception as exc:
+                    self._fail(exc)
 
     def begin_step(self, stage: str | None = None, *, microsteps: bool = False) -> None:
         """Open a step whose data wait ran from the last mark to now; then ``stage``."""
@@ -196,8 +197,8 @@ class HookClock:
                 self.microstep(0)
             if stage is not None:
                 self.switch(stage)
-        except Exception:
-            self._fail()
+        except Exception as exc:
+            self._fail(exc)
 
     def switch(self, stage: str) -> None:
         """Close the open stage and open ``stage`` (inside a step only)."""
@@ -208,8 +209,8 @@ class HookClock:
             ctx = self._timer.stage(stage)
             ctx.__enter__()
             self._stage = ctx
-        except Exception:
-            self._fail()
+        except Exception as exc:
+            self._fail(exc)
 
     def microstep(self, index: int, stage: str | None = None) -> None:
         """Close the open stage and microstep, open microstep ``index``, then ``stage``."""
@@ -224,8 +225,8 @@ class HookClock:
             self.microstep_index = index
             if stage is not None:
                 self.switch(stage)
-        except Exception:
-            self._fail()
+        except Exception as exc:
+            self._fail(exc)
 
     def end_step(self) -> None:
         """Close everything open and mark the start of the next data wait."""
@@ -239,8 +240,8 @@ class HookClock:
                 step.__exit__(None, None, None)
             self.microstep_index = -1
             self.mark()
-        except Exception:
-            self._fail()
+        except Exception as exc:
+            self._fail(exc)
 
     def _close_stage(self) -> None:
         ctx, self._stage = self._stage, None
@@ -252,6 +253,6 @@ class HookClock:
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
-    def _fail(self) -> None:
+    def _fail(self, exc: BaseException) -> None:
         self._broken = True
-        logger.exception("stagefrontier: driving the timer from hooks failed; timing stops here")
+        say_failed(logger, "driving the timer from hooks", exc, "timing stops here")

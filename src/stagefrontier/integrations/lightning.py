@@ -81,6 +81,7 @@ from ..analysis.schema import (
 from ..analysis.schema import RESIDUAL_STAGE as _RESIDUAL
 from ..errors import MissingExtraError
 from ..extras import require
+from ..failures import say_failed
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
 from ..sinks import Sink
@@ -251,8 +252,13 @@ def _restart_first_epoch(trainer: Any) -> None:
     figures start with the next epoch, or, for persistent workers, are not taken."""
     try:
         iter(trainer.fit_loop._data_fetcher)
-    except Exception:
-        logger.exception("stagefrontier: restarting the first epoch's DataLoader workers failed")
+    except Exception as exc:
+        say_failed(
+            logger,
+            "restarting the first epoch's DataLoader workers",
+            exc,
+            "worker figures start with the next epoch",
+        )
 
 
 class _BatchEndTail(_pl.Callback):  # type: ignore[misc]

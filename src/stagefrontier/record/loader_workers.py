@@ -36,6 +36,7 @@ import numpy.typing as npt
 from ..analysis.block_lead import BlockLead, block_lead
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE
+from ..failures import reason, say_failed
 
 logger = logging.getLogger("stagefrontier")
 
@@ -156,8 +157,8 @@ class WorkerHook:
     def __call__(self, worker_id: int) -> None:
         try:
             _time_fetches(self.tensor.numpy(), 1 + worker_id, self.scratch)
-        except Exception:  # the worker fetches untimed; the main process notes no batches
-            logger.exception("stagefrontier: timing DataLoader worker %d failed", worker_id)
+        except Exception as exc:  # the worker fetches untimed; the main process notes no batches
+            say_failed(logger, f"timing DataLoader worker {worker_id}", exc, "it runs untimed")
         if self.user_init is not None:
             self.user_init(worker_id)
 
@@ -253,8 +254,8 @@ def watch_loader(loader: Any) -> tuple[WorkerCounters | None, str]:
         counters = WorkerCounters(loader)
         setattr(loader, ATTRIBUTE, counters)
     except Exception as exc:
-        logger.exception("stagefrontier: watching the DataLoader's workers failed")
-        return None, f"watching the DataLoader's workers failed: {exc}"
+        say_failed(logger, "watching the DataLoader's workers", exc, "no worker figures")
+        return None, f"watching the DataLoader's workers failed: {reason(exc)}"
     return counters, ""
 
 

@@ -35,6 +35,7 @@ from ..collect.launcher import awaiting_process_group, launched_world_size, warn
 from ..collect.store import release_scope
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import RolesError, StageFrontierError, TimerSettingError
+from ..failures import say_failed
 from ..sinks import Sink
 from .annotate import ProfilerRanges
 from .contexts import (
@@ -427,8 +428,8 @@ class StageTimer(TimerState):
             if self._n:
                 self._hand_off(self._n)
             self._say_paused_through()
-        except Exception:  # telemetry never fails the caller
-            logger.exception("stagefrontier: flushing the last window failed")
+        except Exception as exc:  # telemetry never fails the caller
+            say_failed(logger, "flushing the last window", exc, "that window is lost")
         if self._dropped:  # no later window was queued to carry the count
             logger.warning(
                 "stagefrontier: rank %d dropped its last %d window(s) (hand-off queue full); "

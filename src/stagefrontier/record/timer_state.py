@@ -32,6 +32,7 @@ from ..collect.launcher import (
     warn_once,
 )
 from ..errors import ContractViolation
+from ..failures import say_failed
 from .cuda_events import EventSampler
 from .loader_workers import WorkerCounters
 from .probe import Probe
@@ -307,8 +308,10 @@ class TimerState:
                 if collector is None:
                     collector = self._open_collector()
                 rank_window = self._snapshot(n, first, carry_row)
-            except Exception:  # never let a telemetry bug reach the training loop
-                logger.exception("stagefrontier: building window %d failed", self._window_index)
+            except Exception as exc:  # never let a telemetry bug reach the training loop
+                say_failed(
+                    logger, f"building window {self._window_index}", exc, "that window is lost"
+                )
         if not n and self._paused:
             self._note_paused_through(first, first + self._paused - 1)
         elif n:
@@ -331,10 +334,9 @@ class TimerState:
                     and collector is not None
                     and collector.submit(rank_window)
                 )
-            except Exception:
-                logger.exception(
-                    "stagefrontier: handing off window %d failed", self._window_index - 1
-                )
+            except Exception as exc:
+                index = self._window_index - 1
+                say_failed(logger, f"handing off window {index}", exc, "that window is lost")
                 queued = False
             if queued:
                 self._dropped = 0

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..failures import reason, say_failed
 from ..formats.packet import atomic_file
 from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
 from . import profiler_session
@@ -169,8 +170,8 @@ class RankCapture:
         try:
             self._on_step(step)
         except Exception as exc:  # telemetry never fails training
-            logger.exception("stagefrontier: profiler capture failed at step %d", step)
-            self._abort(f"capture failed at step {step}: {exc}")
+            say_failed(logger, f"profiler capture at step {step}", exc, "the capture is abandoned")
+            self._abort(f"capture failed at step {step}: {reason(exc)}")
         self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
     def on_step_end(self) -> None:
@@ -180,8 +181,8 @@ class RankCapture:
         try:
             self._close_step_range()
         except Exception as exc:  # telemetry never fails training
-            logger.exception("stagefrontier: closing the step's profiler range failed")
-            self._abort(f"closing the step's range failed: {exc}")
+            say_failed(logger, "closing the step's profiler range", exc, "the capture is abandoned")
+            self._abort(f"closing the step's range failed: {reason(exc)}")
         self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
     def on_pause(self, step: int) -> None:
@@ -200,8 +201,8 @@ class RankCapture:
             elif step >= request.first_step:
                 self._give_up(f"the timer on rank {self._rank} was paused at step {step}")
         except Exception as exc:
-            logger.exception("stagefrontier: ending the capture at a pause failed")
-            self._abort(f"ending the capture at the pause of step {step} failed: {exc}")
+            say_failed(logger, "ending the capture at a pause", exc, "the capture is abandoned")
+            self._abort(f"ending the capture at the pause of step {step} failed: {reason(exc)}")
         self._timer._cost.capture_ns += time.perf_counter_ns() - start
 
     def _on_step(self, step: int) -> None:
@@ -328,8 +329,10 @@ class RankCapture:
             self._restore_stages()
             if prof is not None and profiler_session.foreign(self._session) is None:
                 prof.stop()
-        except Exception:
-            logger.exception("stagefrontier: stopping the profiler after a failure failed")
+        except Exception as exc:
+            say_failed(
+                logger, "stopping the profiler after a failure", exc, "it is left to PyTorch"
+            )
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, state, reason)))
 
@@ -394,8 +397,8 @@ class RankCapture:
             self._answer(self._status(request, "failed", why))
             return
         except Exception as exc:
-            logger.exception("stagefrontier: exporting the trace of %s failed", request.id)
-            self._answer(self._status(request, "failed", f"trace export failed: {exc}"))
+            say_failed(logger, f"exporting the trace of {request.id}", exc, "nothing was kept")
+            self._answer(self._status(request, "failed", f"trace export failed: {reason(exc)}"))
             return
         if size > self._max_trace_bytes:
             path.unlink(missing_ok=True)

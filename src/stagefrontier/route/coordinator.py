@@ -21,6 +21,7 @@ import numpy as np
 
 from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
+from ..failures import say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.packet import remove_temporaries
 from ..record.attempt import current_attempt
@@ -532,8 +533,8 @@ class Coordinator:
         folder = incident_dir(self.out_dir, incident["id"])
         try:
             write_incident(folder, incident)
-        except Exception:
-            logger.exception("stagefrontier: writing incident %s failed", incident["id"])
+        except Exception as exc:
+            say_failed(logger, f"writing incident {incident['id']}", exc, "it is not on disk")
             return
         self._write_page(incident, figures=False)
         self.pages_pending.append(incident)
@@ -543,8 +544,8 @@ class Coordinator:
 
         try:
             write_html(incident_dir(self.out_dir, incident["id"]), incident, self.out_dir, figures)
-        except Exception:
-            logger.exception("stagefrontier: writing incident %s's page failed", incident["id"])
+        except Exception as exc:
+            say_failed(logger, f"writing incident {incident['id']}'s page", exc, "it has none")
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..failures import reason, say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
@@ -93,8 +94,8 @@ def _confirm(
         if result.confirmed is False:
             incident["reasons"].append(not_confirmed_text(result, incident["stage"]))
     except Exception as exc:
-        logger.exception("stagefrontier: confirming incident %s failed", incident["id"])
-        incident["reasons"].append(f"confirmation failed: {exc}")
+        say_failed(logger, f"confirming incident {incident['id']}", exc, "it stays unconfirmed")
+        incident["reasons"].append(f"confirmation failed: {reason(exc)}")
     return loaded
 
 
@@ -154,8 +155,8 @@ def _op_diff(
                 theirs = None
             incident["op_diff"] = op_diff(mine, theirs)
         except Exception as exc:
-            logger.exception("stagefrontier: the op diff of incident %s failed", incident["id"])
-            incident["reasons"].append(f"op diff failed: {exc}")
+            say_failed(logger, f"the op diff of incident {incident['id']}", exc, "it has none")
+            incident["reasons"].append(f"op diff failed: {reason(exc)}")
 
 
 def _events(loaded: Loaded, path: str) -> list[Any] | None:

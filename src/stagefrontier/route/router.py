@@ -22,6 +22,7 @@ from ..analysis.gates import Gates
 from ..collect.hierarchical import NodeLeader
 from ..collect.store import claim_scope, release_scope
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
+from ..failures import say_failed
 from ..record.settings import (
     MAX_TIMEOUT_S,
     check_flag,
@@ -148,6 +149,7 @@ class RouterRuntime:
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
         self._dead = False
+        self._said: set[tuple[str, str]] = set()  # the thread's failures said so far
         self.capture = RankCapture(
             timer,
             out_dir=timer.out_dir,
@@ -161,8 +163,8 @@ class RouterRuntime:
         self._attach_coordinator()
         try:  # here, before any step, not at the first capture's start (see warm_up)
             profiler_session.warm_up()
-        except Exception:
-            logger.exception("stagefrontier: warming the profiler up failed")
+        except Exception as exc:
+            say_failed(logger, "warming the profiler up", exc, "it loads at the first capture")
         self._thread = threading.Thread(target=self._run, name="stagefrontier-router", daemon=True)
         self._thread.start()
 
@@ -237,8 +239,8 @@ class RouterRuntime:
     def _safely(self, job: Callable[[], None]) -> None:
         try:
             job()
-        except Exception:
-            logger.exception("stagefrontier: router thread job failed")
+        except Exception as exc:
+            say_failed(logger, "a router thread job", exc, "the router goes on", self._said)
 
     def _tick(self) -> None:
         self._attach_coordinator()

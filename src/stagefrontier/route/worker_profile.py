@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..failures import say_failed
 from ..formats.packet import atomic_file, write_bytes_atomically
 from ..record.loader_workers import PROFILE_NAME
 from ..render.loader_text import loader_sentence
@@ -71,8 +72,13 @@ class WorkerCapture:
             return
         try:
             _export(counters, self._capture, folder, rank)
-        except Exception:
-            logger.exception("stagefrontier: exporting the DataLoader workers' profiles failed")
+        except Exception as exc:
+            say_failed(
+                logger,
+                "exporting the DataLoader workers' profiles",
+                exc,
+                "the incident has no worker op diff",
+            )
 
 
 def _export(counters: Any, capture: int, folder: Path, rank: int) -> None:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from ..failures import say_failed
 from ..record.window import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
@@ -55,5 +56,6 @@ def close_sinks(sinks: Sequence[Sink]) -> None:
 def _guarded(doing: str, sink: Sink, call: Callable[[], None]) -> None:
     try:
         call()
-    except Exception:
-        logger.exception("stagefrontier: %s sink %s failed", doing, type(sink).__name__)
+    except Exception as exc:
+        name = type(sink).__name__
+        say_failed(logger, f"{doing} sink {name}", exc, "the other sinks go on")
