@@ -234,7 +234,7 @@ class RouterRuntime:
         self._safely(self._refuse_late)
         if self.coordinator is not None:
             self._safely(lambda: self.coordinator.finish(self.config.capture_timeout_s))  # type: ignore[union-attr]
-        self._relay.close()
+        self._safely(self._relay.close)
 
     def _safely(self, job: Callable[[], None]) -> None:
         try:

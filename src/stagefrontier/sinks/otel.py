@@ -13,6 +13,7 @@ from typing import Any
 from ..analysis.window_metrics import WindowMetrics
 from ..errors import SinkSettingError
 from ..extras import require
+from ..failures import say_failed
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 
@@ -129,6 +130,7 @@ class OtelSink:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._said: set[tuple[str, str]] = set()  # collection failures said so far
 
     def start(self) -> None:
         """Build the meter provider and start the export thread (idempotent). Call on rank 0
@@ -199,7 +201,9 @@ class OtelSink:
         try:
             self._reader.collect(timeout_millis=self.export_timeout_s * 1e3)
         except Exception as exc:  # the SDK's collection timing out, or a bug: never raise
-            logger.warning("stagefrontier: OpenTelemetry collection failed: %s", exc)
+            say_failed(
+                logger, "OpenTelemetry collection", exc, "the next export tries again", self._said
+            )
 
     def leader_value(self, rank: int) -> str:
         """The ``leader_rank`` attribute of ``rank``: the rank itself among the first
