@@ -34,9 +34,9 @@ JOB = Path(__file__).with_name("loader_job.py")
 DEADLINE_S = 300
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    out = tmp_path / mode
-    out.mkdir()
+def run_job(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    """``loader_job.py`` in ``mode`` on 4 ranks under torchrun, writing to ``out``; asserts it
+    ended well and returns what it printed."""
     command = [
         sys.executable,
         "-m",
@@ -53,6 +53,13 @@ def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str
         command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    out = tmp_path / mode
+    out.mkdir()
+    run_job(out, mode)
     return read_records(out), list_incidents(out)
 
 

@@ -11,7 +11,7 @@ captures.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -38,15 +38,7 @@ class BlockLead:
     why: str
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "stage": self.stage,
-            "size": self.size,
-            "rank": self.rank,
-            "blocks": self.blocks,
-            "confident_blocks": self.confident_blocks,
-            "switches": self.switches,
-            "why": self.why,
-        }
+        return asdict(self)
 
 
 def unsteady_lead(
