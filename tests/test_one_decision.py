@@ -9,9 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from stagefrontier import Gates, analyze
 from stagefrontier.analysis.side import SideEvidence
+from stagefrontier.errors import ReportFormatError
+from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.record.loader_workers import loader_block_lead
 from stagefrontier.render.incident import new_incident, verdict
 from stagefrontier.render.text import window_line
@@ -104,3 +107,12 @@ def test_a_trace_that_agrees_with_the_live_steps_says_agrees() -> None:
     )
     word = verdict(incident)
     assert "disagrees" not in word and f"agree: top {STAGES[2]}" in word, word
+
+
+def test_a_stored_block_lead_is_checked_before_a_line_reads_it() -> None:
+    good = {"stage": STAGES[0], "size": 2, "rank": STALL, "blocks": 8, "why": ""}
+    assert check_window_meta({"block_lead": good})["block_lead"] == good
+    assert check_window_meta({"block_lead": None})
+    for bad in ({**good, "size": 1}, {**good, "rank": -1}, {**good, "why": None}, [good]):
+        with pytest.raises(ReportFormatError, match="block_lead"):
+            check_window_meta({"block_lead": bad})

@@ -156,6 +156,17 @@ _META: dict[str, Check] = {
             and (v.get("scope") != "node" or bool(v.get("hosts") and "ranks" in v))
         )
     ),
+    "block_lead": lambda v: (
+        v is None  # no data wait on top, or no DataLoader handing batches over in bursts
+        or (
+            isinstance(v, dict)
+            and _str(v.get("stage"))
+            and _str(v.get("why"))
+            and _int(v.get("size"))
+            and v["size"] >= 2
+            and (v.get("rank") is None or (_int(v["rank"]) and v["rank"] >= 0))
+        )
+    ),
 }
 
 
