@@ -186,6 +186,21 @@ def ranks_field(value: Any, what: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(r) for r in value))
 
 
+ABSENT = "\x00stagefrontier: no such key"
+"""What ``read_key`` asks ``compare_set`` to expect: no JSON value (nor any value this package
+writes) starts with a NUL byte, so a store never holds it."""
+
+
+def read_key(store: Any, key: str) -> bytes | None:
+    """The value of ``key`` in ``store``, or None when it has none, in one request that never
+    waits. A ``check`` then a ``get`` is two requests: a key deleted between them (rank 0
+    closing an incident) leaves the ``get`` waiting for the store's whole timeout.
+    ``compare_set(key, ABSENT, ABSENT)`` answers the value held without changing it, and
+    ``ABSENT`` itself when there is none (c10d's TCP, file and hash stores alike)."""
+    value = bytes(store.compare_set(key, ABSENT, ABSENT))
+    return None if value == ABSENT.encode() else value
+
+
 def _load(data: bytes, what: str) -> dict[str, Any]:
     if len(data) > MAX_VALUE_BYTES:
         raise ReportFormatError(f"{what} of {len(data)} bytes exceeds {MAX_VALUE_BYTES}")
@@ -289,10 +304,8 @@ class RequestChannel:
         return self._conn
 
     def read(self, key: str) -> bytes | None:
-        conn = self.conn()
-        if not conn.check([key]):
-            return None
-        return bytes(conn.get(key))
+        """``key``'s value, None when it has none (``read_key``: atomic, never waits)."""
+        return read_key(self.conn(), key)
 
     def write(self, key: str, value: bytes) -> None:
         self.conn().set(key, value)
