@@ -461,6 +461,13 @@ class Coordinator:
             for rank, answer in sorted(current.answers.items())
             if answer.state == "captured"
         }
+        training = {
+            str(rank): answer.training_s
+            for rank, answer in sorted(current.answers.items())
+            if answer.state == "captured"
+        }
+        if training:
+            incident["training_thread_s"] = training
         reduction = 0.0
         live = [block for w in self.live for block in live_windows(w)]
         self._cost(incident, request, live)

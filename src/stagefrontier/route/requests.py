@@ -111,6 +111,10 @@ class CaptureStatus(StoreMessage):
     last_step: int = -1
     export_cpu_s: float = 0.0
     """CPU seconds the rank's router thread spent writing the trace."""
+    training_s: float = 0.0
+    """Seconds the capture took on the rank's training thread (starting, stopping and
+    restarting the profiler, its ranges): what the window's self-cost calls the profiler
+    capture."""
 
     @classmethod
     def _read(cls, obj: dict[str, Any], what: str) -> CaptureStatus:
@@ -125,6 +129,7 @@ class CaptureStatus(StoreMessage):
             first_step=_int(obj, "first_step", what, -1, MAX_STEP, default=-1),
             last_step=_int(obj, "last_step", what, -1, MAX_STEP, default=-1),
             export_cpu_s=_seconds(obj, "export_cpu_s", what),
+            training_s=_seconds(obj, "training_s", what),
         )
 
 

@@ -1,9 +1,12 @@
-"""No single store read turns a rank's router off: the request key deleted while a rank reads it,
-and reads that fail for a while, on real Gloo ranks around the job's real TCPStore (see
-``store_race_support`` for the schedules); and ``read_key`` on each kind of c10d store."""
+"""A router that a busy job can trust, on real Gloo ranks around the job's real TCPStore (one
+3-rank job with two manual captures, see ``router_trust_support``): no single store read turns a
+rank's router off (the request key deleted while a rank reads it; reads that fail for a while),
+and a capture stops its profiler a step at a time and states what it cost each rank's training
+thread. Also ``read_key`` on each kind of c10d store."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -12,10 +15,8 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-from stagefrontier.demo.launch import run_ranks
-from stagefrontier.route import list_incidents
-from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
-from store_race_support import (
+from router_trust_support import (
+    CAPTURE_STEPS,
     CAPTURES,
     FLAKY_READS,
     LOG_FILE,
@@ -23,6 +24,11 @@ from store_race_support import (
     RaceJob,
     run_rank,
 )
+from stagefrontier.demo.launch import run_ranks
+from stagefrontier.render.incident import summary_line
+from stagefrontier.route import list_incidents
+from stagefrontier.route.capture import LEAD_IN_STEPS
+from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
 
 RANKS = 3
 
@@ -72,6 +78,43 @@ def test_failed_reads_back_off_and_are_said_once(job: RaceJob) -> None:
     assert f"readable again after {FLAKY_READS} failed read(s)" in log
     second = max(list_incidents(job.out_dir), key=lambda i: i["id"])
     assert second["captured"] and 2 in second["ranks"], second["reasons"]
+
+
+def test_a_capture_stops_its_profiler_a_step_at_a_time(job: RaceJob) -> None:
+    """Before: one profiler session per capture, whose stop turned every captured step's events
+    into Kineto's form in the step after the capture (and its export held the GIL there too):
+    that step took 2 to 6 times the median on every rank. Now each step's session stops at the
+    next step's start, so the step after the capture carries one step's share; the rank's
+    trace is still one file holding every captured step."""
+    for rank in range(RANKS):
+        assert _schedule(job, rank)["sessions"] == CAPTURES * (CAPTURE_STEPS + LEAD_IN_STEPS)
+    for incident in list_incidents(job.out_dir):
+        folder = Path(job.out_dir, "incidents", incident["id"])
+        assert sorted(p.name for p in folder.glob("*.tmp")) == []  # no part left behind
+        first, last = incident["steps"]
+        for rank in range(RANKS):
+            with gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "rt") as handle:
+                events = json.load(handle)["traceEvents"]
+            ranges = {e["name"] for e in events if e["name"].startswith("stagefrontier.step#")}
+            steps = {f"stagefrontier.step#{n}" for n in range(first - LEAD_IN_STEPS, last + 1)}
+            assert ranges == steps, (rank, sorted(ranges))
+
+
+def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
+    job: RaceJob,
+) -> None:
+    """Before: the line gave only the router threads' CPU, while the window line showed the
+    capture's (larger) time on the training thread. Now each captured rank's answer carries the
+    capture's time on its training thread, and the line states it for every rank."""
+    for incident in list_incidents(job.out_dir):
+        spent = incident["training_thread_s"]
+        assert sorted(spent) == [str(r) for r in range(RANKS)]
+        assert all(value > 0 for value in spent.values())
+        line = summary_line(incident)
+        assert "the capture took " in line and "on rank 0's training thread" in line, line
+        for rank in range(1, RANKS):
+            assert f"ms on rank {rank}'s" in line, line
+        assert "of CPU on the router's background threads" in line
 
 
 def test_read_key_reads_a_value_or_none_without_waiting_on_every_store(tmp_path: Path) -> None:

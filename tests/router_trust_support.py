@@ -12,8 +12,8 @@ Every store below is the job's real TCPStore; the schedule only decides when a c
 
 Rank 0 asks for a manual capture of all three ranks, then a second once the first incident is
 written; the ranks stop together once the second is written. Each rank writes what the
-``stagefrontier`` logger said (``log-rank<r>.txt``) and what its schedule did
-(``schedule-rank<r>.json``).
+``stagefrontier`` logger said (``log-rank<r>.txt``), what its schedule did and how many profiler
+sessions its captures ran (``schedule-rank<r>.json``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from capture_support import train_step
 from stagefrontier.route.requests import REQUEST_KEY
 
 FLAKY_READS = 4
@@ -37,6 +38,7 @@ HOLD_LIMIT_S = 60.0
 LOG_FILE = "log-rank{rank}.txt"
 SCHEDULE_FILE = "schedule-rank{rank}.json"
 CAPTURES = 2
+CAPTURE_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,11 @@ def _log_to_file(path: Path) -> None:
 def run_rank(rank: int, job: RaceJob, port: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
-    import torch.nn.functional as F
     from torch import nn
 
     from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
     from stagefrontier.demo.train import leave_process_group
+    from stagefrontier.route import profiler_session
 
     torch.set_num_threads(1)
     _log_to_file(Path(job.out_dir, LOG_FILE.format(rank=rank)))
@@ -152,7 +154,7 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     )
     schedule = Schedule({1: "race", 2: "flaky"}.get(rank, "plain"))
     router = ProfilerRouter(
-        steps=3,
+        steps=CAPTURE_STEPS,
         poll_s=0.02,
         capture_timeout_s=20.0,
         max_captures=CAPTURES,
@@ -184,21 +186,17 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
         dist.all_reduce(flag)
         if flag[0] > 0:
             break
-        with timer.step():
-            with timer.stage("data.next_wait"):
-                x = torch.randn(8, 16, generator=gen)
-                y = torch.randint(0, 4, (8,), generator=gen)
-                time.sleep(job.step_sleep_s)
-            with timer.stage("model.fwd_loss_cpu_wall"):
-                loss = F.cross_entropy(model(x), y)
-            with timer.stage("model.backward_cpu_wall"):
-                loss.backward()
-                for p in model.parameters():
-                    dist.all_reduce(p.grad)
-                    p.grad = None
+        train_step(timer, model, gen, job.step_sleep_s)
     timer.close()
     Path(job.out_dir, SCHEDULE_FILE.format(rank=rank)).write_text(
-        json.dumps({"kind": schedule.kind, "held": schedule.held, "raised": schedule.raised})
+        json.dumps(
+            {
+                "kind": schedule.kind,
+                "held": schedule.held,
+                "raised": schedule.raised,
+                "sessions": profiler_session.started(),
+            }
+        )
     )
     del model
     leave_process_group()
