@@ -41,12 +41,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_common import load_text, result_header, script_parser
+from harness_common import command_line, load_text, result_header, script_parser
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.render.incident import summary_line
 from stagefrontier.route import list_incidents
 
-COMMAND = "python benchmarks/router.py"
 WARMUP_STEPS = 2
 """The first steps (imports, first allreduce) are left out of the outside-capture figure."""
 LEAD_IN_STEPS = 1
@@ -218,7 +217,7 @@ def render(
         f"rank {r}: {size / 1024:.0f} KiB" for r, size in sorted(incident["trace_bytes"].items())
     )
     top = incident["op_diff"][0] if incident["op_diff"] else None
-    lines = result_header("Profiler router: what a capture costs on the demo", COMMAND)
+    lines = result_header("Profiler router: what a capture costs on the demo", command_line())
     lines += [
         f"- Python: {platform.python_version()}; CPU count: {os.cpu_count()}; "
         f"platform: {platform.platform()}",

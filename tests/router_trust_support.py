@@ -12,8 +12,8 @@ Every store below is the job's real TCPStore; the schedule only decides when a c
 
 Rank 0 asks for a manual capture of all three ranks, then a second once the first incident is
 written; the ranks stop together once the second is written. Each rank writes what the
-``stagefrontier`` logger said (``log-rank<r>.txt``), what its schedule did and how many profiler
-sessions its captures ran (``schedule-rank<r>.json``).
+``stagefrontier`` logger said (``log-rank<r>.txt``), what its schedule did, how many profiler
+sessions its captures ran and whether it imported matplotlib (``schedule-rank<r>.json``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -195,6 +196,7 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
                 "held": schedule.held,
                 "raised": schedule.raised,
                 "sessions": profiler_session.started(),
+                "matplotlib": "matplotlib" in sys.modules,  # the job drew no figure itself
             }
         )
     )

@@ -7,7 +7,9 @@ thread. Also ``read_key`` on each kind of c10d store."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ from stagefrontier.route.capture import LEAD_IN_STEPS
 from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
 
 RANKS = 3
+FIGURES_WAIT_S = 180.0
+"""How long the test waits for the drawing process (it starts as the job ends)."""
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +119,30 @@ def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
         for rank in range(1, RANKS):
             assert f"ms on rank {rank}'s" in line, line
         assert "of CPU on the router's background threads" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_the_incident_figures_are_drawn_after_the_run_by_a_process_of_their_own(
+    job: RaceJob,
+) -> None:
+    """Before: rank 0 drew every incident's figures as its timer closed (importing matplotlib,
+    reading the run's windows: seconds under load), and every rank's exit waited for it at the
+    job's last collective. Now no rank imports matplotlib; a process of their own adds the
+    figures to each page after the run."""
+    for rank in range(RANKS):
+        assert not _schedule(job, rank)["matplotlib"], rank
+    pages = [
+        Path(job.out_dir, "incidents", incident["id"], "incident.html")
+        for incident in list_incidents(job.out_dir)
+    ]
+    end = time.monotonic() + FIGURES_WAIT_S
+    while time.monotonic() < end and not all(_drawn(page) for page in pages):
+        time.sleep(0.5)
+    assert all(_drawn(page) for page in pages), [page.read_text()[-400:] for page in pages]
+
+
+def _drawn(page: Path) -> bool:
+    return page.read_text(encoding="utf-8").count("data:image/png;base64,") == 2
 
 
 def test_read_key_reads_a_value_or_none_without_waiting_on_every_store(tmp_path: Path) -> None:

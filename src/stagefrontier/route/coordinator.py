@@ -30,6 +30,7 @@ from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
 from .confirm import LiveWindow
 from .decide import Decision, decide, regression_decision, start_margin
+from .html import draw_later, write_html
 from .reduction import analyze_traces, live_windows
 from .requests import (
     MANUAL_KEY,
@@ -159,8 +160,7 @@ class Coordinator:
             time.sleep(self.config.poll_s)
         if self.open is not None:
             self._settle("the run ended before every named rank answered")
-        for incident in self.pages_pending:  # training is over: the figures cost it nothing now
-            self._write_page(incident, figures=True)
+        draw_later([incident_dir(self.out_dir, i["id"]) for i in self.pages_pending])
         self.pages_pending.clear()
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
@@ -528,23 +528,19 @@ class Coordinator:
             incident["baseline_step_ms"] = round(float(np.median(outside)) * 1e3, 3)
 
     def _write(self, incident: dict[str, Any]) -> None:
-        """``incident.json`` and ``.md``, and the page without its figures (drawn at the end)."""
+        """``incident.json`` and ``.md``, and the page without its figures (drawn after the
+        run by a process of their own: ``finish``)."""
         folder = incident_dir(self.out_dir, incident["id"])
         try:
             write_incident(folder, incident)
         except Exception:
             logger.exception("stagefrontier: writing incident %s failed", incident["id"])
             return
-        self._write_page(incident, figures=False)
-        self.pages_pending.append(incident)
-
-    def _write_page(self, incident: dict[str, Any], figures: bool) -> None:
-        from .html import write_html
-
         try:
-            write_html(incident_dir(self.out_dir, incident["id"]), incident, self.out_dir, figures)
+            write_html(folder, incident, self.out_dir, figures=False)
         except Exception:
             logger.exception("stagefrontier: writing incident %s's page failed", incident["id"])
+        self.pages_pending.append(incident)
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:
