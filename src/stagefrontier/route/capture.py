@@ -271,8 +271,8 @@ class RankCapture:
         return prof
 
     def _next_session(self) -> None:
-        """Stop the running session (its events so far are one part of the trace, written on
-        the router thread) and go on in a fresh one."""
+        """Stop the running session, save its events as the trace's next part (the router
+        thread appends it to the trace) and go on in a fresh session."""
         prof, parts = self._prof, self._parts
         assert parts is not None
         prof.stop()
