@@ -3,19 +3,25 @@
 Runs the demo job (4 Gloo DDP ranks on CPU, 120 steps in windows of 20, a 120 ms data stall on
 rank 2, the router on: ``make demo``'s configuration) and reports, from the run itself:
 
-* the step time during the capture and outside it (each rank's wall time per step, measured
-  around the whole step independently of the timer; the job's step is the slowest rank's, and
-  every rank's is about the same under DDP), and the captured ranks' own figures from the
-  incident (``capture_step_ms`` vs ``baseline_step_ms``);
+* the step time before, during and after the capture, per rank (each rank's wall time per step,
+  measured around the whole step independently of the timer; under DDP every rank's is about
+  the same): the median of the steps outside the capture, the lead-in step (the profiler
+  starts), the captured steps, the step right after the last captured one (the profiler's last
+  stop) against the median (the target: at most 1.5 times it on every rank), and the slowest of
+  the five steps after that; and the captured ranks' own figures from the incident
+  (``capture_step_ms`` vs ``baseline_step_ms``);
 * the size of each trace, and the time from the incident's opening to its confirmation;
-* the CPU the incident cost the router's background threads: each captured rank's trace export
-  and rank 0's reduction (the incident's ``router_cpu_s``), against the captured steps' own
-  wall time, and the router threads' CPU summed over the run's windows (each window's rank
-  maximum, ``self_cost.router_cpu_s``: polling, export, reduction, incident files);
+* what the incident cost: the capture's time on each captured rank's training thread (the
+  incident's ``training_thread_s``), the CPU of the router's background threads (each captured
+  rank's trace export and rank 0's reduction, the incident's ``router_cpu_s``) against the
+  captured steps' own wall time, the router threads' CPU summed over the run's windows (each
+  window's rank maximum, ``self_cost.router_cpu_s``: polling, export, reduction, incident
+  files), and the incident's own line;
 * the size of an evidence packet (what the always-on path writes per window) beside them.
 
-``--json`` also writes the figures as JSON; ``--before FILE`` adds a column with the figures of
-an earlier revision's ``--json`` (run the same command there first).
+``--runs N`` repeats the job (the step figures of every run are listed; the CPU table is the
+last run's). ``--json`` also writes the figures as JSON; ``--before FILE`` adds a column with
+the figures of an earlier revision's ``--json`` (run the same command there first).
 
     python benchmarks/router.py
     python benchmarks/router.py --out router.md
@@ -35,13 +41,43 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_common import load_text, result_header, script_parser
+from harness_common import command_line, load_text, result_header, script_parser
 from stagefrontier.demo import DemoConfig, launch, parse_fault
+from stagefrontier.render.incident import summary_line
 from stagefrontier.route import list_incidents
 
-COMMAND = "python benchmarks/router.py"
 WARMUP_STEPS = 2
 """The first steps (imports, first allreduce) are left out of the outside-capture figure."""
+LEAD_IN_STEPS = 1
+"""The profiler starts this many steps before the first captured step (``route.capture``)."""
+AFTER_STEPS = 5
+"""Steps after the one right after the capture whose slowest is reported: the capture's cost
+must not just move a step later."""
+TARGET_RATIO = 1.5
+"""The step right after the capture, at most this many times the median step, on every rank."""
+
+
+def phases(step_s: list[float], first: int, last: int) -> dict[str, float]:
+    """One rank's step times (ms) around a capture of steps ``first``-``last``: the median of
+    the steps outside the lead-in, the capture and the step after it; the lead-in step; the
+    captured steps' mean and slowest; the step after; the slowest of the next ``AFTER_STEPS``;
+    and the step after over the median."""
+    ms = [t * 1e3 for t in step_s]
+    lead_in = first - LEAD_IN_STEPS
+    outside = [ms[t] for t in range(WARMUP_STEPS, len(ms)) if not lead_in <= t <= last + 1]
+    captured = ms[first : last + 1]
+    later = ms[last + 2 : last + 2 + AFTER_STEPS]
+    median = statistics.median(outside)
+    after = ms[last + 1] if last + 1 < len(ms) else float("nan")
+    return {
+        "median": median,
+        "lead_in": ms[lead_in],
+        "during_mean": statistics.mean(captured),
+        "during_max": max(captured),
+        "after": after,
+        "later_max": max(later) if later else float("nan"),
+        "after_ratio": after / median,
+    }
 
 
 def measure(out_dir: Path) -> dict[str, Any]:
@@ -63,6 +99,7 @@ def measure(out_dir: Path) -> dict[str, Any]:
     job_step = [max(run.step_s[r][t] for r in run.step_s) for t in range(config.steps)]
     during = [job_step[t] for t in range(first, last + 1)]
     outside = [job_step[t] for t in range(WARMUP_STEPS, config.steps) if not first <= t <= last]
+    per_rank = {rank: phases(run.step_s[rank], first, last) for rank in sorted(run.step_s)}
     packets = sorted((out_dir / "packets").glob("*.json"))
     records = [json.loads(line) for line in (out_dir / "windows.jsonl").read_text().splitlines()]
     router_s = sum(r.get("self_cost", {}).get("router_cpu_s", {}).get("max", 0.0) for r in records)
@@ -79,6 +116,10 @@ def measure(out_dir: Path) -> dict[str, Any]:
         "outside_ms": statistics.median(outside) * 1e3,
         "packet_bytes": statistics.median(p.stat().st_size for p in packets),
         "packets": len(packets),
+        "steps": per_rank,
+        "worst_after_ratio": max(p["after_ratio"] for p in per_rank.values()),
+        "training_thread_s": incident.get("training_thread_s"),
+        "line": summary_line(incident),
     }
 
 
@@ -122,8 +163,53 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
+    """The per-rank table of step times before, during and after the capture."""
+    lines = [
+        "| rank | median outside (ms) | lead-in step | captured: mean / slowest | step after "
+        f"| after / median | slowest of the next {AFTER_STEPS} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rank, p in sorted(steps.items(), key=lambda item: int(item[0])):
+        lines.append(
+            f"| {rank} | {p['median']:.1f} | {p['lead_in']:.1f} | {p['during_mean']:.1f} / "
+            f"{p['during_max']:.1f} | {p['after']:.1f} | {p['after_ratio']:.2f} | "
+            f"{p['later_max']:.1f} |"
+        )
+    return lines
+
+
+def run_rows(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per run: its load, the capture's steps and each rank's step after the capture
+    over its median."""
+    lines = [
+        f"| run | load average at start -> end | captured steps | step after / median, per "
+        f"rank | at most {TARGET_RATIO} on every rank |",
+        "|---|---|---|---|---|",
+    ]
+    for i, run in enumerate(runs, 1):
+        steps = run["steps"]
+        ratios = ", ".join(
+            f"{steps[r]['after_ratio']:.2f}" for r in sorted(steps, key=lambda r: int(r))
+        )
+        met = "yes" if run["worst_after_ratio"] <= TARGET_RATIO else "no"
+        first, last = run["captured_steps"]
+        lines.append(f"| {i} | {run['load']} | {first}-{last} | {ratios} | {met} |")
+    return lines
+
+
+def _training_text(spent: dict[str, float] | None) -> str:
+    if not spent:
+        return "n/a"
+    return ", ".join(f"rank {r} {v * 1e3:.0f} ms" for r, v in sorted(spent.items()))
+
+
 def render(
-    result: dict[str, Any], load_start: str, load_end: str, before: dict[str, Any] | None = None
+    result: dict[str, Any],
+    load_start: str,
+    load_end: str,
+    before: dict[str, Any] | None = None,
+    runs: list[dict[str, Any]] | None = None,
 ) -> str:
     incident = result["incident"]
     first, last = incident["steps"]
@@ -131,7 +217,7 @@ def render(
         f"rank {r}: {size / 1024:.0f} KiB" for r, size in sorted(incident["trace_bytes"].items())
     )
     top = incident["op_diff"][0] if incident["op_diff"] else None
-    lines = result_header("Profiler router: what a capture costs on the demo", COMMAND)
+    lines = result_header("Profiler router: what a capture costs on the demo", command_line())
     lines += [
         f"- Python: {platform.python_version()}; CPU count: {os.cpu_count()}; "
         f"platform: {platform.platform()}",
@@ -160,7 +246,25 @@ def render(
             f"| top op diff | `{top['name']}`: {top['suspect_ms_per_step']:.1f} vs "
             f"{top['reference_ms_per_step']:.1f} ms/step |"
         )
+    lines += [
+        "",
+        "Step times per rank around the capture (this run; each rank's own wall time per step):",
+        "",
+        *step_rows(result["steps"]),
+    ]
+    if before and before.get("steps"):
+        lines += ["", f"Before ({before['label']}):", "", *step_rows(before["steps"])]
+    if runs and len(runs) > 1:
+        lines += ["", "Every run of this command:", "", *run_rows(runs)]
+    if before and before.get("runs"):
+        lines += ["", f"Every run before ({before['label']}):", "", *run_rows(before["runs"])]
     lines += ["", *cost_rows(result, before)]
+    lines.append(
+        "| the capture on the captured ranks' training threads (incident) | "
+        f"{_training_text(result['training_thread_s'])} |"
+        + (f" {_training_text(before.get('training_thread_s'))} |" if before else "")
+    )
+    lines += ["", "The incident's line:", "", "```text", result["line"], "```"]
     if before:
         lines += ["", f"Before: {before['label']}, load average {before['load']}."]
     lines += [
@@ -180,17 +284,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--before", type=Path, help="an earlier revision's --json figures")
     parser.add_argument("--label", default="this revision", help="what --json's figures are")
+    parser.add_argument("--runs", type=int, default=1, help="runs of the job (default 1)")
     args = parser.parse_args(argv)
+    runs: list[dict[str, Any]] = []
     load_start = load_text()
-    with tempfile.TemporaryDirectory() as tmp:
-        result = measure(Path(tmp) / "demo")
+    for _ in range(args.runs):
+        run_start = load_text()
+        with tempfile.TemporaryDirectory() as tmp:
+            result = measure(Path(tmp) / "demo")
+        runs.append(
+            {
+                "load": f"{run_start} -> {load_text()}",
+                "captured_steps": result["incident"]["steps"],
+                "steps": result["steps"],
+                "worst_after_ratio": result["worst_after_ratio"],
+            }
+        )
     load_end = load_text()
     before = json.loads(args.before.read_text()) if args.before else None
-    text = render(result, load_start, load_end, before)
+    text = render(result, load_start, load_end, before, runs)
     if args.json:
         keys = ("router_thread_cpu_s", "export_cpu_s", "reduction_cpu_s", "captured_wall_s")
-        figures = {k: result[k] for k in (*keys, "trace_kib")}
-        figures.update(label=args.label, load=f"{load_start} -> {load_end}")
+        figures = {k: result[k] for k in (*keys, "trace_kib", "steps", "training_thread_s")}
+        figures.update(label=args.label, load=f"{load_start} -> {load_end}", runs=runs)
         args.json.write_text(json.dumps(figures), encoding="utf-8")
     print(text)
     args.out.write_text(text, encoding="utf-8")

@@ -119,11 +119,34 @@ def _request_next(router: Any, requested: int, job: CaptureJob) -> int:
     return requested + 1
 
 
+def train_step(timer: Any, model: Any, gen: Any, sleep_s: float) -> None:
+    """One timed step of the tiny MLP on a random batch (a sleep in its data stage), its
+    gradients all-reduced and applied by hand."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    with timer.step():
+        with timer.stage("data.next_wait"):
+            x = torch.randn(8, 16, generator=gen)
+            y = torch.randint(0, 4, (8,), generator=gen)
+            time.sleep(sleep_s)
+        with timer.stage("model.fwd_loss_cpu_wall"):
+            loss = F.cross_entropy(model(x), y)
+        with timer.stage("model.backward_cpu_wall"):
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        with timer.stage("optim.step_cpu_wall"), torch.no_grad():
+            for p in model.parameters():  # plain SGD by hand: see the module doc
+                p -= 0.05 * p.grad
+                p.grad = None
+
+
 def run_rank(rank: int, job: CaptureJob, port: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch import nn
 
     from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
@@ -170,21 +193,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         dist.all_reduce(flags)
         if flags[0] > 0 and flags[1] == 0:
             break
-        with timer.step():
-            with timer.stage("data.next_wait"):
-                x = torch.randn(8, 16, generator=gen)
-                y = torch.randint(0, 4, (8,), generator=gen)
-                time.sleep(job.step_sleep_s)
-            with timer.stage("model.fwd_loss_cpu_wall"):
-                loss = F.cross_entropy(model(x), y)
-            with timer.stage("model.backward_cpu_wall"):
-                loss.backward()
-                for p in model.parameters():
-                    dist.all_reduce(p.grad)
-            with timer.stage("optim.step_cpu_wall"), torch.no_grad():
-                for p in model.parameters():  # plain SGD by hand: see the module doc
-                    p -= 0.05 * p.grad
-                    p.grad = None
+        train_step(timer, model, gen, job.step_sleep_s)
     timer.close()
     Path(job.out_dir, WARM_FILE.format(rank=rank)).write_text(json.dumps(phases.warm))
     del model

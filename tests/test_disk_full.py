@@ -97,10 +97,13 @@ def test_a_compressed_trace_cut_by_a_full_disk_leaves_no_partial_file(tmp_path: 
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from stagefrontier.route.capture import gzip_atomically\n"
+        "from stagefrontier.route.trace_parts import GzipTarget\n"
+        "zipped = GzipTarget(Path(sys.argv[2]))\n"
         "try:\n"
-        "    gzip_atomically(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+        "    zipped.write(Path(sys.argv[1]).read_bytes())\n"
+        "    zipped.commit()\n"
         "except OSError as exc:\n"
+        "    zipped.discard()\n"
         "    print(exc.errno)\n"
     )
     done = _in_limited_process(script, str(source), str(target), limit=4096)

@@ -322,7 +322,7 @@ def test_a_trace_is_compressed_to_a_standard_gzip_file_with_or_without_isal(
     """The export's compression: ISA-L where installed (the router extra), else the standard
     library's zlib; either writes a gzip file the standard library (and so every trace viewer)
     inflates to the JSON Kineto wrote."""
-    from stagefrontier.route.capture import gzip_atomically, gzip_writer
+    from stagefrontier.route.trace_parts import GzipTarget, gzip_writer
 
     if isal:
         pytest.importorskip("isal")
@@ -338,7 +338,10 @@ def test_a_trace_is_compressed_to_a_standard_gzip_file_with_or_without_isal(
         + "]}"
     )
     target = tmp_path / "rank0.pt.trace.json.gz"
-    gzip_atomically(source, target)
+    zipped = GzipTarget(target)
+    zipped.write(source.read_bytes())
+    assert not target.exists()  # in place only once committed
+    zipped.commit()
     assert gzip.decompress(target.read_bytes()) == source.read_bytes()
     assert target.stat().st_size < source.stat().st_size / 4
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, source.name])

@@ -42,3 +42,10 @@ def printable(text: str) -> str:
 def printable_lines(lines: Iterable[str]) -> str:
     """A report: each line escaped, then joined, so the only newlines are the report's own."""
     return "\n".join(printable(line) for line in lines)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (c10d's errors append a C++ stack), or its
+    type's name when it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,8 +8,15 @@ op diff can name the user's function), swaps the timer's stage contexts for anno
 ``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
 of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
 (``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step
-closes the previous step's range and steps the profiler; after the last step it stops, puts the
-contexts back and hands the export to the router thread.
+closes the previous step's range and starts a fresh profiler session; after the last step it
+stops, puts the contexts back and hands the trace to the router thread.
+
+One session a step, not one for the whole capture: a session's stop turns its events into
+Kineto's form on this thread and its JSON export holds the GIL wherever it runs; over five steps
+of the demo both made the step after the capture two to four times the median (and every rank
+waited for it under DDP). Stopped and saved a step at a time, each step carries a step's share
+(``trace_parts``): the router thread appends each session's events to the rank's gzipped trace
+as the session ends, and closes the trace once the capture is over.
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -21,12 +28,8 @@ self-cost (``capture_ns``).
 
 from __future__ import annotations
 
-import errno
-import gzip
 import logging
 import os
-import secrets
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -35,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from ..failures import reason, say_failed
-from ..formats.packet import atomic_file
 from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
+from ..render.escape import first_line
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from .trace_parts import TraceParts
 from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
@@ -55,57 +59,6 @@ LEAD_IN_STEPS = 1
 step consumes (fetched before it begins, or prefetched in the step before) is in the trace."""
 QUIET_KINETO_LOG_LEVEL = "6"
 """Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
-
-
-TRACE_GZIP_LEVEL = 1
-"""Fast compression: the export runs on a training rank's CPU, and a level-1 trace is about a
-fifth larger than the default level's."""
-
-
-def gzip_writer() -> Any:
-    """The class that gzips a trace: isal's ``igzip.GzipFile`` where installed (the ``router``
-    extra: ISA-L compresses a profiler's trace at level 1 in about a quarter of zlib's CPU, to
-    the same size), else the standard library's. Both write a standard gzip file."""
-    try:
-        from isal import igzip
-    except ImportError:
-        return gzip.GzipFile
-    return igzip.GzipFile
-
-
-COPY_CHUNK_BYTES = 1 << 20
-
-
-def write_trace(prof: Any, path: Path) -> None:
-    """The profiler's Chrome trace, gzipped, at ``path``. Kineto writes the JSON; it is then
-    compressed in large chunks (the profiler's own ``.gz`` export compresses it line by line in
-    Python, which costs several times the CPU). Every file is written under a temporary name
-    and ``path`` appears only once complete: a failed export (a full disk) raises OSError and
-    leaves neither a partial trace nor a temporary file."""
-    plain = path.with_name(f".{path.name}.{secrets.token_hex(6)}.json.tmp")
-    kineto_own = plain.with_name(plain.name + ".tmp")  # Kineto writes there, then renames
-    try:
-        prof.export_chrome_trace(str(plain))
-        if not plain.is_file():  # Kineto reports a failed write only in its own log
-            raise OSError(errno.EIO, "the profiler could not write its trace (is the disk full?)")
-        gzip_atomically(plain, path)
-    finally:
-        plain.unlink(missing_ok=True)
-        kineto_own.unlink(missing_ok=True)
-
-
-def gzip_atomically(source: Path, target: Path) -> None:
-    """``source`` gzipped into ``target``, through a temporary file in the same folder renamed
-    into place once written and synced; on failure (OSError) the temporary file is removed and
-    ``target`` is left as it was."""
-    with (
-        open(source, "rb") as plain,
-        atomic_file(target) as raw,
-        gzip_writer()(
-            target.name.removesuffix(".gz"), "wb", TRACE_GZIP_LEVEL, raw, mtime=0
-        ) as zipped,
-    ):
-        shutil.copyfileobj(plain, zipped, COPY_CHUNK_BYTES)
 
 
 class RankCapture:
@@ -131,12 +84,15 @@ class RankCapture:
         self._request: CaptureRequest | None = None
         self._withdrawn: tuple[str, str] | None = None  # (request id, why), set by the router
         self._prof: Any = None
+        self._parts: TraceParts | None = None  # the running capture's trace, part by part
         self._step_scope: Any = None
         self._saved: dict[str, Any] | None = None
         self._host = socket.gethostname()
         self._session = 0  # ``profiler_session.started()`` right after our start
         self._rss_start: int | None = None
         self._note = ""  # why the running capture ends or ended early, for its answer
+        self._spent_ns = 0  # the running capture's time on this thread so far
+        self._entered_ns = 0  # when the call into this object running now began
         self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
 
     @property
@@ -166,30 +122,30 @@ class RankCapture:
     # ------------------------------------------------------------------ training thread
     def on_step(self, step: int) -> None:
         """Called at the start of every step while a capture is armed or running."""
-        start = time.perf_counter_ns()
+        start = self._entered_ns = time.perf_counter_ns()
         try:
             self._on_step(step)
         except Exception as exc:  # telemetry never fails training
             say_failed(logger, f"profiler capture at step {step}", exc, "the capture is abandoned")
             self._abort(f"capture failed at step {step}: {reason(exc)}")
-        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+        self._charge(start)
 
     def on_step_end(self) -> None:
         """Called as a captured step ends (``record.contexts.CapturedStepContext``): its range
         closes there, so what runs between steps stays out of it, as out of the live record."""
-        start = time.perf_counter_ns()
+        start = self._entered_ns = time.perf_counter_ns()
         try:
             self._close_step_range()
         except Exception as exc:  # telemetry never fails training
             say_failed(logger, "closing the step's profiler range", exc, "the capture is abandoned")
             self._abort(f"closing the step's range failed: {reason(exc)}")
-        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+        self._charge(start)
 
     def on_pause(self, step: int) -> None:
         """Called at the start of every paused step while a capture is armed or running: a
         running capture ends with the steps before the pause; one whose first step is paused
         is skipped."""
-        start = time.perf_counter_ns()
+        start = self._entered_ns = time.perf_counter_ns()
         request = self._request
         try:
             if request is None:
@@ -203,7 +159,13 @@ class RankCapture:
         except Exception as exc:
             say_failed(logger, "ending the capture at a pause", exc, "the capture is abandoned")
             self._abort(f"ending the capture at the pause of step {step} failed: {reason(exc)}")
-        self._timer._cost.capture_ns += time.perf_counter_ns() - start
+        self._charge(start)
+
+    def _charge(self, start_ns: int) -> None:
+        """Add the time since ``start_ns`` to the timer's self-cost and to this capture's."""
+        spent = time.perf_counter_ns() - start_ns
+        self._timer._cost.capture_ns += spent
+        self._spent_ns += spent
 
     def _on_step(self, step: int) -> None:
         request = self._request
@@ -237,7 +199,7 @@ class RankCapture:
             self._note = over
             self._stop(request, step - 1)
             return
-        self._prof.step()
+        self._next_session()
         self._open_step_range(step)
 
     def _over_budget(self, step: int) -> str:
@@ -258,6 +220,7 @@ class RankCapture:
     def finish(self, step: int) -> None:
         """The timer closes: stop a running capture (its trace covers the steps run) or answer
         an armed one that never started."""
+        self._entered_ns = time.perf_counter_ns()
         request = self._request
         if request is None:
             return
@@ -284,14 +247,11 @@ class RankCapture:
         # Kineto prints a start and a stop line on stderr at its default log level; a capture the
         # job did not ask for should not write into its log. A level the user set is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
-        prof.start()
-        self._session = profiler_session.started()
+        folder = incident_dir(self._out_dir, request.id)
+        self._parts = TraceParts(folder, TRACE_NAME.format(rank=self._rank))
+        self._spent_ns = 0
+        self._prof = self._new_session()
         self._rss_start = resident_bytes()
-        self._prof = prof
         self._workers.started()
         self._swap_stages()
         if step < request.first_step or request.steps == 1:
@@ -299,19 +259,49 @@ class RankCapture:
         else:  # the request came too late for the lead-in: this step's data wait is untraced
             self._note = f"step {step} left out: the profiler started after its data wait"
 
+    def _new_session(self) -> Any:
+        """A started profiler session of this capture (noted as the router's own)."""
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
+        prof.start()
+        self._session = profiler_session.started()
+        return prof
+
+    def _next_session(self) -> None:
+        """Stop the running session, save its events as the trace's next part (the router
+        thread appends it to the trace) and go on in a fresh session."""
+        prof, parts = self._prof, self._parts
+        assert parts is not None
+        prof.stop()
+        self._prof = None  # a failed start below leaves no stopped session to stop again
+        part = parts.save(prof)
+        self._submit(lambda: parts.append(part))
+        self._prof = self._new_session()
+
     def _stop(self, request: CaptureRequest, last: int) -> None:
         foreign = profiler_session.foreign(self._session)
         prof, self._prof = self._prof, None
+        parts, self._parts = self._parts, None
         self._request = None
         self._restore_stages()
         self._timer._capture = False
         self._workers.stopped()
         note, self._note = self._note, ""
+        assert parts is not None
         if foreign is not None:  # the session is not ours to stop: leave it running
+            self._submit(parts.discard)
             self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
             return
         prof.stop()
-        self._submit(lambda: self._export(prof, request, last, note))
+        part = parts.save(prof)
+        # what the capture took on this thread, this stop and save included
+        spent_s = (self._spent_ns + time.perf_counter_ns() - self._entered_ns) / 1e9
+        self._submit(lambda: parts.append(part))
+        self._submit(lambda: self._export(parts, request, last, note, spent_s))
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
@@ -321,6 +311,9 @@ class RankCapture:
 
     def _abort(self, reason: str, state: str = "failed") -> None:
         prof, self._prof = self._prof, None
+        parts, self._parts = self._parts, None
+        if parts is not None:
+            self._submit(parts.discard)
         request, self._request = self._request, None
         self._timer._capture = False
         self._note = ""
@@ -383,22 +376,19 @@ class RankCapture:
             timer._stage_ctx.update(saved)
 
     # ------------------------------------------------------------------ router thread
-    def _export(self, prof: Any, request: CaptureRequest, last: int, note: str = "") -> None:
-        folder = incident_dir(self._out_dir, request.id)
-        path = folder / TRACE_NAME.format(rank=self._rank)
-        cpu_start = time.thread_time()
+    def _export(
+        self, parts: TraceParts, request: CaptureRequest, last: int, note: str, training_s: float
+    ) -> None:
+        """Join the parts into the rank's trace and answer (after the last part's write);
+        ``training_s``: what the capture took on the training thread."""
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            write_trace(prof, path)
+            path = parts.join()
             size = path.stat().st_size
-        except OSError as exc:  # a full disk, a read-only folder: said, not a traceback
-            why = f"trace export failed, nothing was kept: {exc.strerror or exc}"
+        except Exception as exc:  # a full disk, a read-only folder: said, not a traceback
+            cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+            why = f"trace export failed, nothing was kept: {cause}"
             logger.warning("stagefrontier: rank %d, incident %s: %s", self._rank, request.id, why)
             self._answer(self._status(request, "failed", why))
-            return
-        except Exception as exc:
-            say_failed(logger, f"exporting the trace of {request.id}", exc, "nothing was kept")
-            self._answer(self._status(request, "failed", f"trace export failed: {reason(exc)}"))
             return
         if size > self._max_trace_bytes:
             path.unlink(missing_ok=True)
@@ -411,11 +401,20 @@ class RankCapture:
                 )
             )
             return
-        self._workers.exported(folder, self._rank)
+        cpu_start = time.thread_time()
+        self._workers.exported(path.parent, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
-        export_cpu_s = round(time.thread_time() - cpu_start, 4)
+        # the parts' writes and their join, then the workers' profiles
+        export_cpu_s = round(parts.cpu_s + time.thread_time() - cpu_start, 4)
         # ``last`` is earlier if the run ended
-        self._answer(replace(status, last_step=last, export_cpu_s=export_cpu_s))
+        self._answer(
+            replace(
+                status,
+                last_step=last,
+                export_cpu_s=export_cpu_s,
+                training_s=round(training_s, 4),
+            )
+        )
 
     def _status(
         self, request: CaptureRequest, state: str, reason: str, path: str = "", size: int = 0

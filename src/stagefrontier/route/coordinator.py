@@ -31,6 +31,7 @@ from ..render.incident import new_incident, summary_line, write_incident
 from .capture import incident_dir
 from .confirm import LiveWindow
 from .decide import Decision, decide, regression_decision, start_margin
+from .html import draw_later, write_html
 from .reduction import analyze_traces, live_windows
 from .requests import (
     MANUAL_KEY,
@@ -160,8 +161,7 @@ class Coordinator:
             time.sleep(self.config.poll_s)
         if self.open is not None:
             self._settle("the run ended before every named rank answered")
-        for incident in self.pages_pending:  # training is over: the figures cost it nothing now
-            self._write_page(incident, figures=True)
+        draw_later([incident_dir(self.out_dir, i["id"]) for i in self.pages_pending])
         self.pages_pending.clear()
 
     def request_capture(self, ranks: list[int], steps: int, stage: str | None = None) -> None:
@@ -462,6 +462,13 @@ class Coordinator:
             for rank, answer in sorted(current.answers.items())
             if answer.state == "captured"
         }
+        training = {
+            str(rank): answer.training_s
+            for rank, answer in sorted(current.answers.items())
+            if answer.state == "captured"
+        }
+        if training:
+            incident["training_thread_s"] = training
         reduction = 0.0
         live = [block for w in self.live for block in live_windows(w)]
         self._cost(incident, request, live)
@@ -529,23 +536,19 @@ class Coordinator:
             incident["baseline_steps"] = [min(outside), max(outside)]
 
     def _write(self, incident: dict[str, Any]) -> None:
-        """``incident.json`` and ``.md``, and the page without its figures (drawn at the end)."""
+        """``incident.json`` and ``.md``, and the page without its figures (drawn after the
+        run by a process of their own: ``finish``)."""
         folder = incident_dir(self.out_dir, incident["id"])
         try:
             write_incident(folder, incident)
         except Exception as exc:
             say_failed(logger, f"writing incident {incident['id']}", exc, "it is not on disk")
             return
-        self._write_page(incident, figures=False)
-        self.pages_pending.append(incident)
-
-    def _write_page(self, incident: dict[str, Any], figures: bool) -> None:
-        from .html import write_html
-
         try:
-            write_html(incident_dir(self.out_dir, incident["id"]), incident, self.out_dir, figures)
+            write_html(folder, incident, self.out_dir, figures=False)
         except Exception as exc:
             say_failed(logger, f"writing incident {incident['id']}'s page", exc, "it has none")
+        self.pages_pending.append(incident)
 
     def _cleanup(self, request: CaptureRequest) -> None:
         try:

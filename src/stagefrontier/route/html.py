@@ -4,8 +4,12 @@ file), for a person who opens the incident folder in a browser. Built from the s
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,17 @@ from ..formats.packet import write_bytes_atomically
 from ..render.command import cli_command
 from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
 from ..render.incident import detail_facts, open_commands, summary_line, verdict
+
+logger = logging.getLogger("stagefrontier")
+
+DRAW_LATER = (
+    "import sys\n"
+    "from stagefrontier.cli import main\n"
+    "for folder in sys.argv[1:]:\n"
+    "    main(['incident', folder])\n"
+)
+"""The program ``draw_later`` runs: ``stagefrontier incident`` on each folder, which writes
+its page again with the figures (and reduces a capture the run ended before reducing)."""
 
 
 def write_html(
@@ -23,15 +38,19 @@ def write_html(
 ) -> Path:
     """Write ``folder/incident.html``: the verdict, the op diff, the run's figures, the commands
     that open the traces, and the incident's facts, shares and reasons. ``figures=False``
-    leaves the figures out with a note: a live router draws them when the run ends, since
-    drawing takes seconds of CPU a running job should keep."""
+    leaves the figures out with a note: a live router has them drawn by a process of their
+    own when the run ends (``draw_later``), since drawing takes seconds of CPU a running job
+    should keep, and its ranks' exit should not wait for."""
     body = [
         f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
         f"<p>{esc(summary_line(incident))}</p>",
         op_diff_table(incident),
         _figures(Path(folder), Path(out_dir))
         if figures
-        else note("The figures are added to this page when the run ends."),
+        else note(
+            "The figures are added to this page after the run, by a process of their own "
+            "(`stagefrontier incident` on this folder draws them again)."
+        ),
     ]
     commands = open_commands(incident)
     if commands:
@@ -80,3 +99,27 @@ def _figures(folder: Path, out_dir: Path) -> str:
         redraw,
     )
     return html
+
+
+def draw_later(folders: Sequence[Path]) -> None:
+    """Have the pages of ``folders`` written again with their figures by a process of their
+    own, started here and not waited for: importing matplotlib, reading the run's windows and
+    drawing take seconds, by which every rank's exit would otherwise be late (the job's last
+    collective waits for rank 0). A process that cannot start is said in one line; the pages
+    then keep their note."""
+    if not folders:
+        return
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", DRAW_LATER, *(str(folder) for folder in folders)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to the job's process group leaves it drawing
+        )
+    except OSError as exc:
+        logger.warning(
+            "stagefrontier: the incident pages keep no figures (run `stagefrontier incident` "
+            "on their folders to draw them): the process to draw them did not start: %s",
+            exc,
+        )

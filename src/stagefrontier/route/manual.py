@@ -18,11 +18,13 @@ from typing import Any
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.limits import MAX_CAPTURE_STEPS, limit
 from ..formats.names import plain_name
+from ..render.escape import first_line
 from .requests import (
     MANUAL_KEY,
     ManualAnswer,
     ManualRequest,
     manual_answer_key,
+    read_key,
 )
 
 POLL_S = 0.2
@@ -87,20 +89,19 @@ def request_capture(
         while time.monotonic() < end:
             if not placed:
                 placed = bytes(store.compare_set(MANUAL_KEY, b"", encoded)) == encoded
-            elif store.check([answer_key]):
-                data = bytes(store.get(answer_key))
+            elif (data := read_key(store, answer_key)) is not None:
                 store.delete_key(answer_key)
                 answer = ManualAnswer.decode(data)
                 if answer.id != request.id:
                     raise ReportFormatError(f"answer to {answer.id}, not to {request.id}")
                 return answer
             time.sleep(POLL_S)
-        if placed and store.check([MANUAL_KEY]) and bytes(store.get(MANUAL_KEY)) == encoded:
+        if placed and read_key(store, MANUAL_KEY) == encoded:
             store.delete_key(MANUAL_KEY)  # nobody took it: withdraw it
     except ReportFormatError as exc:
         raise StageFrontierError(f"rank 0's answer is unreadable: {exc}") from None
     except RuntimeError as exc:  # the store went away mid-way
-        raise StageFrontierError(f"the store at {host}:{port} failed: {_first_line(exc)}") from None
+        raise StageFrontierError(f"the store at {host}:{port} failed: {first_line(exc)}") from None
     return None
 
 
@@ -126,11 +127,6 @@ def _connect(host: str, port: int, prefix: str, wait_s: float) -> Any:
         )
     except RuntimeError as exc:
         raise StageFrontierError(
-            f"{host}:{port} does not answer as a c10d store: {_first_line(exc)}"
+            f"{host}:{port} does not answer as a c10d store: {first_line(exc)}"
         ) from None
     return dist.PrefixStore(prefix, client)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

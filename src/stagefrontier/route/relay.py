@@ -17,6 +17,10 @@ poll, and rank 0's start margin counts with it. A member that cannot reach its n
 (its leader died, or never served one) reads the job's store itself, at the leaders' interval,
 and says why once.
 
+A failed read (the store busy past its timeout, a connection cut) turns nothing off: the rank
+drops its connections and reads again later, waiting twice as long after each failure in a row,
+at most ``RETRY_MAX_S``, and says so once (``ProfilerRouter``'s thread).
+
 A rank reads nothing until its collector exists (a timer built before ``init_process_group``
 builds it at its first window boundary), since only then does it know its node; no request can
 be open before, as rank 0's coordinator starts with rank 0's collector.
@@ -43,6 +47,12 @@ node parts and the tree heads' reads. A thousand polls a second (each a ``check`
 leaders at the poll itself up to 50 nodes (at ``poll_s=0.05``)."""
 
 
+RETRY_MAX_S = 5.0
+"""The longest wait between reads of a store that keeps failing: a request written meanwhile is
+still read well within its start margin's few seconds on most jobs, and a rank with a dead
+store costs it one read every five seconds."""
+
+
 def leader_poll_s(nodes: int, poll_s: float) -> float:
     """A node leader's interval between reads of the job's store: ``poll_s``, or ``nodes /
     JOB_READS_PER_S`` when that is longer."""
@@ -64,8 +74,8 @@ def request_poll_s(collector: Any, poll_s: float) -> float:
 
 class RequestRelay:
     """One rank's way to the request: ``due`` says whether to read now, ``read`` reads it (and,
-    on a node leader, copies a change into the node's store). ``read`` raises only when the
-    job's store fails (the router is then off on this rank)."""
+    on a node leader, copies a change into the node's store). ``read`` raises when the job's
+    store fails; the caller then calls ``failed``, which backs the next read off."""
 
     def __init__(
         self, job: RequestChannel, poll_s: float, closing: Callable[[], bool] = lambda: False
@@ -82,6 +92,9 @@ class RequestRelay:
         self._copied: bytes | None = None
         self._copy_warned = False
         self._next = 0.0
+        self.failures = 0
+        """Reads failed in a row."""
+        self._retry_at = 0.0
 
     def bind(self, collector: Any) -> None:
         """Choose the way once the rank's collector exists (none until then: ``due`` is False;
@@ -112,6 +125,8 @@ class RequestRelay:
         leader's longer one is kept from its last read)."""
         if self._way is None:
             return False
+        if self.failures and time.monotonic() < self._retry_at:
+            return False
         if self.interval <= self.poll_s:
             return True
         now = time.monotonic()
@@ -133,6 +148,22 @@ class RequestRelay:
             return node.read(REQUEST_KEY)
         except Exception as exc:
             return self._fall_back(exc)
+
+    def failed(self) -> float:
+        """A read raised: close the connections (a request cut off by a timeout may leave its
+        answer in the socket, to be read as the next one's), and wait before the next read:
+        the poll, doubled for each failure in a row, at most ``RETRY_MAX_S``. Returns the
+        wait."""
+        self.failures += 1
+        wait = min(RETRY_MAX_S, self.poll_s * 2.0 ** (self.failures - 1))
+        self._retry_at = time.monotonic() + wait
+        self.close()
+        return wait
+
+    def succeeded(self) -> int:
+        """A read answered: the failures before it (now forgotten)."""
+        failures, self.failures = self.failures, 0
+        return failures
 
     def _copy(self, node: RequestChannel, data: bytes | None) -> None:
         if data == self._copied:

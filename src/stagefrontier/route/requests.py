@@ -111,6 +111,10 @@ class CaptureStatus(StoreMessage):
     last_step: int = -1
     export_cpu_s: float = 0.0
     """CPU seconds the rank's router thread spent writing the trace."""
+    training_s: float = 0.0
+    """Seconds the capture took on the rank's training thread (starting, stopping and
+    restarting the profiler, its ranges): what the window's self-cost calls the profiler
+    capture."""
 
     @classmethod
     def _read(cls, obj: dict[str, Any], what: str) -> CaptureStatus:
@@ -125,6 +129,7 @@ class CaptureStatus(StoreMessage):
             first_step=_int(obj, "first_step", what, -1, MAX_STEP, default=-1),
             last_step=_int(obj, "last_step", what, -1, MAX_STEP, default=-1),
             export_cpu_s=_seconds(obj, "export_cpu_s", what),
+            training_s=_seconds(obj, "training_s", what),
         )
 
 
@@ -184,6 +189,21 @@ def ranks_field(value: Any, what: str) -> tuple[int, ...]:
             f"{what} must be a list of 1 to {MAX_NAMED_RANKS} ranks in 0..{top}: {str(value)[:60]}"
         )
     return tuple(dict.fromkeys(int(r) for r in value))
+
+
+ABSENT = "\x00stagefrontier: no such key"
+"""What ``read_key`` asks ``compare_set`` to expect: no JSON value (nor any value this package
+writes) starts with a NUL byte, so a store never holds it."""
+
+
+def read_key(store: Any, key: str) -> bytes | None:
+    """The value of ``key`` in ``store``, or None when it has none, in one request that never
+    waits. A ``check`` then a ``get`` is two requests: a key deleted between them (rank 0
+    closing an incident) leaves the ``get`` waiting for the store's whole timeout.
+    ``compare_set(key, ABSENT, ABSENT)`` answers the value held without changing it, and
+    ``ABSENT`` itself when there is none (c10d's TCP, file and hash stores alike)."""
+    value = bytes(store.compare_set(key, ABSENT, ABSENT))
+    return None if value == ABSENT.encode() else value
 
 
 def _load(data: bytes, what: str) -> dict[str, Any]:
@@ -289,10 +309,8 @@ class RequestChannel:
         return self._conn
 
     def read(self, key: str) -> bytes | None:
-        conn = self.conn()
-        if not conn.check([key]):
-            return None
-        return bytes(conn.get(key))
+        """``key``'s value, None when it has none (``read_key``: atomic, never waits)."""
+        return read_key(self.conn(), key)
 
     def write(self, key: str, value: bytes) -> None:
         self.conn().set(key, value)

@@ -31,11 +31,11 @@ from ..record.settings import (
     check_number,
     check_optional_text,
 )
-from ..render.escape import printable
+from ..render.escape import first_line, printable
 from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
-from .relay import RequestRelay, request_poll_s
+from .relay import RETRY_MAX_S, RequestRelay, request_poll_s
 from .requests import (
     MAX_CAPTURE_STEPS,
     CaptureRequest,
@@ -148,8 +148,9 @@ class RouterRuntime:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
-        self._dead = False
         self._said: set[tuple[str, str]] = set()  # the thread's failures said so far
+        self._store_warned = False  # a failed read of the request was said
+        self._store_back = False  # a read answering after failures was said
         self.capture = RankCapture(
             timer,
             out_dir=timer.out_dir,
@@ -249,13 +250,10 @@ class RouterRuntime:
             self.coordinator.tick()
 
     def _watch(self) -> None:
-        if self._dead or not self._relay.due():
+        if not self._relay.due():
             return
-        try:
-            data = self._relay.read()
-        except Exception as exc:
-            logger.warning("stagefrontier: router store unavailable, router off: %s", exc)
-            self._dead = True
+        data = self._read_request()
+        if self._relay.failures:  # read again after the back-off
             return
         request = self._decode(data)
         pending = self.capture.pending()
@@ -277,6 +275,33 @@ class RouterRuntime:
         if self.rank in request.ranks:
             self.capture.arm(request)
 
+    def _read_request(self) -> bytes | None:
+        """The request key's value, None when no request is open or the read failed (the next
+        read then waits: ``RequestRelay.failed``). The first failure is said, once per run,
+        and so is the first read that answers after failures."""
+        try:
+            data = self._relay.read()
+        except Exception as exc:
+            wait = self._relay.failed()
+            if not self._store_warned:
+                self._store_warned = True
+                logger.warning(
+                    "stagefrontier: reading the capture request failed; the router reads again "
+                    "in %.3g s, backing off to every %.3g s while it fails (said once): %s",
+                    wait,
+                    RETRY_MAX_S,
+                    printable(first_line(exc)),
+                )
+            return None
+        failures = self._relay.succeeded()
+        if failures and not self._store_back:
+            self._store_back = True
+            logger.info(
+                "stagefrontier: the capture request is readable again after %d failed read(s)",
+                failures,
+            )
+        return data
+
     def _decode(self, data: bytes | None) -> CaptureRequest | None:
         """The request in the key, or None: absent, or refused (warned once per value, however
         long the value stays in the store)."""
@@ -296,8 +321,7 @@ class RouterRuntime:
         """A request that names this rank after its training ended is answered, not left to
         time out."""
         self._relay.bind(self._timer._collector)  # built at the last hand-off, if not before
-        data = None if self._dead else self._relay.read()
-        request = self._decode(data)
+        request = self._decode(self._read_request())
         if request is None:
             return
         if request.id not in self._seen and self.rank in request.ranks:

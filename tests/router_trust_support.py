@@ -1,0 +1,204 @@
+"""A spawned 3-rank Gloo job whose ranks 1 and 2 read the capture request through a store with
+a schedule, for the tests of ``route.requests.read_key`` and the router's back-off.
+
+Every store below is the job's real TCPStore; the schedule only decides when a call returns:
+
+* rank 1 (``race``): once it has answered a capture, the next read of the request key that sees
+  the key returns only after rank 0 deleted it (the incident closed), so the key is deleted
+  between the read seeing it and the read's end: between the ``check`` and the ``get`` of a
+  two-request read;
+* rank 2 (``flaky``): once it has answered a capture, its next ``FLAKY_READS`` reads of the
+  request key raise, as a store past its timeout does.
+
+Rank 0 asks for a manual capture of all three ranks, then a second once the first incident is
+written; the ranks stop together once the second is written. Each rank writes what the
+``stagefrontier`` logger said (``log-rank<r>.txt``), what its schedule did, how many profiler
+sessions its captures ran and whether it imported matplotlib (``schedule-rank<r>.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from capture_support import train_step
+from stagefrontier.route.requests import REQUEST_KEY
+
+FLAKY_READS = 4
+HOLD_LIMIT_S = 60.0
+"""The longest the race schedule holds a read for rank 0 to delete the key."""
+LOG_FILE = "log-rank{rank}.txt"
+SCHEDULE_FILE = "schedule-rank{rank}.json"
+CAPTURES = 2
+CAPTURE_STEPS = 3
+
+
+@dataclass(frozen=True)
+class RaceJob:
+    out_dir: str
+    ranks: int = 3
+    window: int = 10
+    step_sleep_s: float = 0.01
+    max_steps: int = 3000
+
+
+class Schedule:
+    """What the store of one rank does, shared by every clone of it (the router opens its
+    connection again after a failure)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.answered = False  # this rank wrote a capture answer
+        self.armed = True  # the schedule has not acted yet
+        self.held = 0  # reads held until the key was deleted
+        self.raised = 0  # reads made to fail
+        self.stores: list[ScheduledStore] = []
+        """Every store built on it, kept alive: a c10d ``PrefixStore`` holds only the C++ side
+        of a store written in Python, whose methods fail once its Python object is freed."""
+
+    def fail_read(self, key: str) -> None:
+        if self.kind != "flaky" or not self.answered or not key.endswith(REQUEST_KEY):
+            return
+        if self.raised < FLAKY_READS:
+            self.raised += 1
+            raise RuntimeError(f"injected store failure {self.raised} of {FLAKY_READS}")
+
+    def after_seen(self, store: Any, key: str) -> None:
+        """``key`` was just seen present: under the race schedule, hold the read until rank 0
+        deleted it (once, after this rank answered a capture)."""
+        if self.kind != "race" or not self.answered or not self.armed:
+            return
+        if not key.endswith(REQUEST_KEY):
+            return
+        self.armed = False
+        end = time.monotonic() + HOLD_LIMIT_S
+        while store.check([key]) and time.monotonic() < end:
+            time.sleep(0.01)
+        self.held += 1
+
+
+class ScheduledStore(dist.Store):
+    """The job's store, answering through ``schedule``."""
+
+    def __init__(self, inner: Any, schedule: Schedule) -> None:
+        super().__init__()
+        self.inner = inner
+        self.schedule = schedule
+        schedule.stores.append(self)
+
+    def clone(self) -> ScheduledStore:
+        return ScheduledStore(self.inner.clone(), self.schedule)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+    def set(self, key: str, value: Any) -> None:
+        if "/route/status/" in key:
+            self.schedule.answered = True
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self.schedule.fail_read(key)
+        return bytes(self.inner.get(key))
+
+    def check(self, keys: list[str]) -> bool:
+        for key in keys:
+            self.schedule.fail_read(key)
+        present = bool(self.inner.check(keys))
+        if present:
+            for key in keys:
+                self.schedule.after_seen(self.inner, key)
+        return present
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self.schedule.fail_read(key)
+        value = bytes(self.inner.compare_set(key, expected, desired))
+        if value != (expected.encode() if isinstance(expected, str) else bytes(expected)):
+            self.schedule.after_seen(self.inner, key)
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self.inner.add(key, amount))
+
+
+def _log_to_file(path: Path) -> None:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("stagefrontier")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def run_rank(rank: int, job: RaceJob, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    from torch import nn
+
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier.demo.train import leave_process_group
+    from stagefrontier.route import profiler_session
+
+    torch.set_num_threads(1)
+    _log_to_file(Path(job.out_dir, LOG_FILE.format(rank=rank)))
+    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)
+    )
+    schedule = Schedule({1: "race", 2: "flaky"}.get(rank, "plain"))
+    router = ProfilerRouter(
+        steps=CAPTURE_STEPS,
+        poll_s=0.02,
+        capture_timeout_s=20.0,
+        max_captures=CAPTURES,
+        with_stack=False,
+        gates=Gates(min_confident_fraction=2.0),  # no window is actionable: manual ones only
+        store=None if rank == 0 else ScheduledStore(store, schedule),
+    )
+    timer = StageTimer(
+        window=job.window,
+        collect=CollectConfig(
+            mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
+        ),
+        router=router,
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    gen = torch.Generator().manual_seed(1000 + rank)
+    requested = 0
+    for _ in range(job.max_steps):
+        finished = False
+        coordinator = router._runtime.coordinator if router._runtime else None
+        if coordinator is not None:
+            idle = coordinator.open is None and coordinator.captures == requested
+            finished = idle and requested == CAPTURES
+            if idle and requested < CAPTURES:
+                router.request_capture(list(range(job.ranks)))
+                requested += 1
+        flag = torch.tensor([float(finished)])
+        dist.all_reduce(flag)
+        if flag[0] > 0:
+            break
+        train_step(timer, model, gen, job.step_sleep_s)
+    timer.close()
+    Path(job.out_dir, SCHEDULE_FILE.format(rank=rank)).write_text(
+        json.dumps(
+            {
+                "kind": schedule.kind,
+                "held": schedule.held,
+                "raised": schedule.raised,
+                "sessions": profiler_session.started(),
+                "matplotlib": "matplotlib" in sys.modules,  # the job drew no figure itself
+            }
+        )
+    )
+    del model
+    leave_process_group()

@@ -1,0 +1,168 @@
+"""A router that a busy job can trust, on real Gloo ranks around the job's real TCPStore (one
+3-rank job with two manual captures, see ``router_trust_support``): no single store read turns a
+rank's router off (the request key deleted while a rank reads it; reads that fail for a while),
+and a capture stops its profiler a step at a time and states what it cost each rank's training
+thread. Also ``read_key`` on each kind of c10d store."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from router_trust_support import (
+    CAPTURE_STEPS,
+    CAPTURES,
+    FLAKY_READS,
+    LOG_FILE,
+    SCHEDULE_FILE,
+    RaceJob,
+    run_rank,
+)
+from stagefrontier.demo.launch import run_ranks
+from stagefrontier.render.incident import summary_line
+from stagefrontier.route import list_incidents
+from stagefrontier.route.capture import LEAD_IN_STEPS
+from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
+
+RANKS = 3
+FIGURES_WAIT_S = 180.0
+"""How long the test waits for the drawing process (it starts as the job ends)."""
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> RaceJob:
+    job = RaceJob(out_dir=str(tmp_path_factory.mktemp("race")), ranks=RANKS)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0)
+    assert codes == dict.fromkeys(range(RANKS), 0), f"rank exit codes {codes}"
+    return job
+
+
+def _log(job: RaceJob, rank: int) -> str:
+    return Path(job.out_dir, LOG_FILE.format(rank=rank)).read_text(encoding="utf-8")
+
+
+def _schedule(job: RaceJob, rank: int) -> dict[str, Any]:
+    path = Path(job.out_dir, SCHEDULE_FILE.format(rank=rank))
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def test_a_request_deleted_while_a_rank_reads_it_leaves_its_router_on(job: RaceJob) -> None:
+    """Before: the read was a ``check`` then a ``get``; rank 0 deleted the key between them (the
+    first incident closed), the ``get`` waited the store's 30 s timeout, and rank 1 logged
+    "router store unavailable, router off" and never answered the second capture."""
+    assert _schedule(job, 1)["held"] == 1  # the schedule ran: the key went during the read
+    incidents = sorted(list_incidents(job.out_dir), key=lambda i: i["id"])
+    assert len(incidents) == CAPTURES
+    for incident in incidents:
+        assert incident["captured"], incident["reasons"]
+        assert incident["ranks"] == list(range(RANKS))
+    log = _log(job, 1)
+    assert "router off" not in log and "WARNING" not in log, log
+
+
+def test_failed_reads_back_off_and_are_said_once(job: RaceJob) -> None:
+    """Before: the first failed read turned rank 2's router off for the rest of the run. Now
+    it reads again later, says so in one line, and answers the next capture."""
+    assert _schedule(job, 2)["raised"] == FLAKY_READS
+    log = _log(job, 2)
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, log
+    assert "reading the capture request failed" in warnings[0]
+    assert "backing off" in warnings[0]
+    assert f"injected store failure 1 of {FLAKY_READS}" in warnings[0]
+    assert f"readable again after {FLAKY_READS} failed read(s)" in log
+    second = max(list_incidents(job.out_dir), key=lambda i: i["id"])
+    assert second["captured"] and 2 in second["ranks"], second["reasons"]
+
+
+def test_a_capture_stops_its_profiler_a_step_at_a_time(job: RaceJob) -> None:
+    """Before: one profiler session per capture, whose stop turned every captured step's events
+    into Kineto's form in the step after the capture (and its export held the GIL there too):
+    that step took 2 to 6 times the median on every rank. Now each step's session stops at the
+    next step's start, so the step after the capture carries one step's share; the rank's
+    trace is still one file holding every captured step."""
+    for rank in range(RANKS):
+        assert _schedule(job, rank)["sessions"] == CAPTURES * (CAPTURE_STEPS + LEAD_IN_STEPS)
+    for incident in list_incidents(job.out_dir):
+        folder = Path(job.out_dir, "incidents", incident["id"])
+        assert sorted(p.name for p in folder.glob("*.tmp")) == []  # no part left behind
+        first, last = incident["steps"]
+        for rank in range(RANKS):
+            with gzip.open(folder / f"rank{rank}.pt.trace.json.gz", "rt") as handle:
+                events = json.load(handle)["traceEvents"]
+            ranges = {e["name"] for e in events if e["name"].startswith("stagefrontier.step#")}
+            steps = {f"stagefrontier.step#{n}" for n in range(first - LEAD_IN_STEPS, last + 1)}
+            assert ranges == steps, (rank, sorted(ranges))
+
+
+def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
+    job: RaceJob,
+) -> None:
+    """Before: the line gave only the router threads' CPU, while the window line showed the
+    capture's (larger) time on the training thread. Now each captured rank's answer carries the
+    capture's time on its training thread, and the line states it for every rank."""
+    for incident in list_incidents(job.out_dir):
+        spent = incident["training_thread_s"]
+        assert sorted(spent) == [str(r) for r in range(RANKS)]
+        assert all(value > 0 for value in spent.values())
+        line = summary_line(incident)
+        assert "the capture took " in line and "on rank 0's training thread" in line, line
+        for rank in range(1, RANKS):
+            assert f"ms on rank {rank}'s" in line, line
+        assert "of CPU on the router's background threads" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_the_incident_figures_are_drawn_after_the_run_by_a_process_of_their_own(
+    job: RaceJob,
+) -> None:
+    """Before: rank 0 drew every incident's figures as its timer closed (importing matplotlib,
+    reading the run's windows: seconds under load), and every rank's exit waited for it at the
+    job's last collective. Now no rank imports matplotlib; a process of their own adds the
+    figures to each page after the run."""
+    for rank in range(RANKS):
+        assert not _schedule(job, rank)["matplotlib"], rank
+    pages = [
+        Path(job.out_dir, "incidents", incident["id"], "incident.html")
+        for incident in list_incidents(job.out_dir)
+    ]
+    end = time.monotonic() + FIGURES_WAIT_S
+    while time.monotonic() < end and not all(_drawn(page) for page in pages):
+        time.sleep(0.5)
+    assert all(_drawn(page) for page in pages), [page.read_text()[-400:] for page in pages]
+
+
+def _drawn(page: Path) -> bool:
+    return page.read_text(encoding="utf-8").count("data:image/png;base64,") == 2
+
+
+def test_read_key_reads_a_value_or_none_without_waiting_on_every_store(tmp_path: Path) -> None:
+    """``read_key`` is one request that never waits for the key: on a TCP, a file and a hash
+    store, through a prefix, a key absent, present, then deleted."""
+    import torch.distributed as dist
+
+    from stagefrontier.collect.node_store import loopback_store
+
+    stores = {
+        "tcp": loopback_store(world_size=1, timeout_s=2.0),
+        "file": dist.FileStore(str(tmp_path / "store"), 1),
+        "hash": dist.HashStore(),
+    }
+    for kind, store in stores.items():
+        channel = RequestChannel(prefix="p", open_raw=lambda store=store: store)
+        assert channel.read(REQUEST_KEY) is None, kind
+        channel.write(REQUEST_KEY, b'{"id": "w1"}')
+        assert channel.read(REQUEST_KEY) == b'{"id": "w1"}', kind
+        channel.delete(REQUEST_KEY)
+        assert channel.read(REQUEST_KEY) is None, kind
+        assert not channel.conn().check([REQUEST_KEY]), kind  # the read wrote nothing
+        assert read_key(store, "never/written") is None, kind
