@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
-from stagefrontier.demo.train import STEP_MARKER
+from stagefrontier.analysis import schema
+from stagefrontier.demo.train import STEP_MARKER, leave_process_group
 
 STALL_RANK = 2
 SAMPLE_S = 0.03
@@ -70,24 +71,26 @@ def main(out_dir: str, stall_from: int) -> None:
     timer = StageTimer(window=WINDOW, collect=collect, router=ProfilerRouter())
     markers = Path(out_dir, ".markers")
     markers.mkdir(parents=True, exist_ok=True)
+    losses = []
     for step, x in enumerate(timer.iter(loader)):
         if step == STEPS:
             break
         with timer.step():
-            with timer.stage("model.fwd_loss_cpu_wall"):
-                time.sleep(COMPUTE_S)
+            with timer.stage(schema.FORWARD_STAGE):
                 loss = model(x).sum()
-            with timer.stage("model.backward_cpu_wall"):
+                time.sleep(COMPUTE_S)  # the model's own work
+            with timer.stage(schema.BACKWARD_STAGE):
                 loss.backward()
-            with timer.stage("optim.step_cpu_wall"):
+            with timer.stage(schema.CALLBACKS_STAGE):
+                losses.append(loss.item())
+            with timer.stage(schema.OPTIMIZER_STAGE):
                 optimizer.step()
-                optimizer.zero_grad()
+                optimizer.zero_grad(set_to_none=True)
         if rank == 0:
             (markers / STEP_MARKER.format(step=step)).touch()
     timer.close()
-    del model
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, optimizer
+    leave_process_group()
 
 
 if __name__ == "__main__":
