@@ -213,11 +213,14 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
             continue
         seconds = [r["stall_to_closed_s"] for r in done]
         steps = [r["stall_to_closed_steps"] for r in done if r["stall_to_closed_steps"]]
+        late = len(done) - len(steps)
         lines.append(
             f"- {scenario}: confirmed in {len(done)} of {len(runs)} run(s), "
             f"{min(seconds):.1f} to {max(seconds):.1f} s (median {statistics.median(seconds):.1f}"
-            f" s) and {min(steps, default=0)} to {max(steps, default=0)} steps after the stall's "
-            "first step."
+            " s) after the stall's first step"
+            + (f", {min(steps)} to {max(steps)} steps" if steps else "")
+            + (f"; {late} closed after the job's last step" if late else "")
+            + "."
         )
     return lines
 
