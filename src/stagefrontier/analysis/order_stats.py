@@ -1,11 +1,12 @@
 """Order statistics along the last axis of a scratch buffer, without a full sort.
 
-The analyzer needs few order statistics of each lane (a step's prefixes over ranks, a rank's
-stage times over steps): the median and the second largest. One partition around
-the middle puts the upper median in place and the lower half below it; the lower median is then
-the largest of the lower half, and the two largest values lie in the upper half. The values are
-the ones a full sort would put at those positions, so every result equals the sorted one
-exactly, ties included.
+The analyzer needs two order statistics of a step's prefixes over thousands of ranks (and, for
+the cohort-median gain, of its stage times): the median and the second largest. One partition
+around the middle puts the upper median in place and the lower half below it; the lower median
+is then the largest of the lower half, and the two largest values lie in the upper half. The
+values are the ones a full sort would put at those positions, so every result equals the
+sorted one exactly, ties included. (A rank's stage times over a window's steps are few: there
+numpy's sort is faster and stays.)
 """
 
 from __future__ import annotations
