@@ -53,7 +53,7 @@ def summary_rows(doc: Path) -> list[tuple[str, list[str]]]:
 
 def appears(figure: str, text: str) -> bool:
     """``figure`` written in ``text`` as a whole number: not a part of a longer one."""
-    return re.search(rf"(?<![\d.,]){re.escape(figure)}(?![\d,]|\.\d)", text) is not None
+    return re.search(rf"(?<![\d.])(?<!\d,){re.escape(figure)}(?!\d|[.,]\d)", text) is not None
 
 
 def number(figure: str) -> float:
