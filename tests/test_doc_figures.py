@@ -1,7 +1,9 @@
 """The figures the docs quote come from the benchmark results files.
 
 The summary tables of README.md and docs/performance.md name, in their last column, the results
-files in ``benchmarks/results/`` that back each row. Every number in a row's answer must appear
+files in ``benchmarks/results/`` that back each row; the evaluation table of docs/performance.md
+names the script (``routing.py``) in its first column, whose results file is ``routing.md``, and
+the paper's figures in its last. Every number in a row's answer (its second column) must appear
 in one of those files as written there, or be listed in ``ROUNDED``: a figure the docs round,
 convert (bytes to kB) or add up, with the exact texts it comes from, checked to give the quoted
 value.
@@ -25,6 +27,10 @@ NUMBER = re.compile(r"(?<![\w.^])\d+(?:,\d{3})*(?:\.\d+)?")
 
 ROUNDED: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {
     # (results file, figure as the docs quote it): (the texts in the file, the unit's scale)
+    ("aba.md", "222"): (("222.32",), 1.0),  # median step, ms, in A1, B and A2
+    ("aba.md", "299"): (("299.07",), 1.0),
+    ("aba.md", "217"): (("217.12",), 1.0),
+    ("aba.md", "40.3"): (("40.27",), 1.0),  # callback share in B, %
     ("analyzer.md", "4,096"): (("4096",), 1.0),  # the table writes ranks without commas
     ("node_transport.md", "1.8"): (("1771",), 1e-3),  # bytes per rank and window, in kB
     ("profiler_compare.md", "73"): (("72.98",), 1.0),  # MB of Kineto trace
@@ -39,13 +45,16 @@ figures, times the scale, rounded to the quoted decimals."""
 
 
 def summary_rows(doc: Path) -> list[tuple[str, list[str]]]:
-    """``(answer, results files)`` of every table row whose last cell names results files."""
+    """``(answer, results files)`` of every table row whose last cell names results files, or
+    whose first cell names a benchmark script with a results file."""
     rows = []
     for line in doc.read_text(encoding="utf-8").splitlines():
         if not line.startswith("|") or line.startswith("|---"):
             continue
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        files = [f for f in re.findall(r"[\w-]+\.md", cells[-1]) if (RESULTS / f).is_file()]
+        named = re.findall(r"[\w-]+\.md", cells[-1])
+        named = named or [f"{script}.md" for script in re.findall(r"`(\w+)\.py`", cells[0])]
+        files = [f for f in named if (RESULTS / f).is_file()]
         if len(cells) >= 3 and files:
             rows.append((cells[1], sorted(set(files))))
     return rows
