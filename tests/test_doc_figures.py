@@ -27,10 +27,6 @@ NUMBER = re.compile(r"(?<![\w.^])\d+(?:,\d{3})*(?:\.\d+)?")
 
 ROUNDED: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {
     # (results file, figure as the docs quote it): (the texts in the file, the unit's scale)
-    ("aba.md", "222"): (("222.32",), 1.0),  # median step, ms, in A1, B and A2
-    ("aba.md", "299"): (("299.07",), 1.0),
-    ("aba.md", "217"): (("217.12",), 1.0),
-    ("aba.md", "40.3"): (("40.27",), 1.0),  # callback share in B, %
     ("analyzer.md", "4,096"): (("4096",), 1.0),  # the table writes ranks without commas
     ("node_transport.md", "1.8"): (("1771",), 1e-3),  # bytes per rank and window, in kB
     ("profiler_compare.md", "73"): (("72.98",), 1.0),  # MB of Kineto trace
