@@ -29,7 +29,7 @@ ROUNDED: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {
     # (results file, figure as the docs quote it): (the texts in the file, the unit's scale)
     ("analyzer.md", "4,096"): (("4096",), 1.0),  # the table writes ranks without commas
     ("node_transport.md", "1.8"): (("1771",), 1e-3),  # bytes per rank and window, in kB
-    ("profiler_compare.md", "73"): (("72.98",), 1.0),  # MB of Kineto trace
+    ("profiler_compare.md", "73"): (("72.95",), 1.0),  # MB of Kineto trace
     ("scale.md", "0.2"): (("211.9",), 1e-3),  # kB rank 0 reads at 1,000 ranks, in MB
     ("scale-100k.md", "0.55"): (("552.3",), 1e-3),  # and at 100,000
     ("scale-100k.md", "24"): (("24.0",), 1.0),  # % of the flat bytes at 100,000
