@@ -7,7 +7,10 @@ from pathlib import Path
 
 from bench_support import run_benchmark, table_rows
 
-HEADER = "| R | N | S | bare ms | analyze ms | ratio | peak MB | peak/input | target met | load |"
+HEADER = (
+    "| run | R | N | S | bare ms CPU | analyze ms CPU | ratio CPU | bare ms wall "
+    "| analyze ms wall | ratio wall | peak MB | peak/input | target met | load |"
+)
 HOTPATH_HEADER = "| variant | ns/op | x floor | x floor, quartiles | target |"
 
 
@@ -17,9 +20,10 @@ def test_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     text = out.read_text(encoding="utf-8")
     rows = table_rows(text, HEADER)
-    assert [row[0] for row in rows] == ["8", "128", "4096"]
-    assert all(row[1] == "100" for row in rows)
-    assert "python benchmarks/analyzer.py" in text
+    assert [(row[0], row[1]) for row in rows] == [("1", "8"), ("1", "128"), ("1", "4096")]
+    assert all(row[2] == "100" for row in rows)
+    assert "python benchmarks/analyzer.py --quick" in text
+    assert "median thread CPU time, every run" in text
     assert "- BLAS: " in text and "BLAS thread settings in the environment" in text
 
 

@@ -17,8 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .accounting import FloatArray, advances_from_frontier, rank_last_prefixes
-from .gain import clipped_step_times, direct_gain, sorted_median
+from .gain import clipped_step_times, direct_gain
 from .gates import Gates
+from .order_stats import partitioned_median, second_largest
 from .side import SideEvidence
 
 IntArray = npt.NDArray[np.int64]
@@ -115,11 +116,10 @@ def window_inputs(
     prefix = rank_last_prefixes(d)
     scratch = np.empty((n, s, r), dtype=np.float64)
     np.copyto(scratch, prefix)
-    scratch.sort(axis=2)
-    median = sorted_median(scratch).copy()  # the scratch buffer is reused below
-    second = scratch[:, :, -2].copy() if r > 1 else np.zeros((n, s))
+    median = partitioned_median(scratch)  # the scratch buffer is reused below
+    second = second_largest(scratch) if r > 1 else np.zeros((n, s))
     totals = prefix[:, -1, :]
-    critical = critical_ranks(totals, scratch[:, -1, -1], gates)
+    critical = critical_ranks(totals, totals.max(axis=1), gates)
     dominant = np.zeros((n, r), dtype=np.int64)
     dominant[critical] = dominant_stages(d[critical], groups)
     ref = None if side is None else side.no_stall_reference_s

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .accounting import FloatArray
+from .order_stats import partitioned_median
 
 
 def sorted_median(sorted_lanes: FloatArray) -> FloatArray:
@@ -21,6 +22,19 @@ def sorted_median(sorted_lanes: FloatArray) -> FloatArray:
     if k % 2:
         return np.asarray(sorted_lanes[..., k // 2])
     return np.asarray(0.5 * (sorted_lanes[..., k // 2 - 1] + sorted_lanes[..., k // 2]))
+
+
+STEP_BLOCK = 16
+"""Steps copied at a time by ``copy_steps_last``."""
+
+
+def copy_steps_last(d: FloatArray, out: FloatArray) -> None:
+    """``d [N, R, S]`` copied into ``out [R, S, N]``, a block of steps at a time: one block of
+    the source stays in cache while it is spread over the steps axis, which makes the copy about
+    twice as fast as one strided copy at thousands of ranks."""
+    for start in range(0, d.shape[0], STEP_BLOCK):
+        block = slice(start, start + STEP_BLOCK)
+        np.copyto(out[:, :, block], d[block].transpose(1, 2, 0))
 
 
 def clipped_step_times(
@@ -42,13 +56,12 @@ def clipped_step_times(
     by_rank = d.transpose(0, 2, 1)  # [N, S, R] view
     if baseline == "rank_median":
         per_rank = scratch.reshape(r, s, n)
-        np.copyto(per_rank, d.transpose(1, 2, 0))
-        per_rank.sort(axis=2)
+        copy_steps_last(d, per_rank)
+        per_rank.sort(axis=2)  # lanes of N steps are short: numpy's sort beats a partition here
         base = sorted_median(per_rank).T[None, :, :]  # [1, S, R]
     elif baseline == "cohort_median":
         np.copyto(scratch, by_rank)
-        scratch.sort(axis=2)
-        base = sorted_median(scratch)[:, :, None]  # [N, S, 1]
+        base = partitioned_median(scratch)[:, :, None]  # [N, S, 1]
     else:
         if reference is None:
             raise ValueError("gain_baseline='reference' needs a no-stall reference")

@@ -17,7 +17,15 @@ from typing import Any
 from ..collect.node_store import loopback_store as loopback_store  # importable here too
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
-from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
+from .train import (
+    ERROR_FILE,
+    STACKS_FILE,
+    STEP_CPU,
+    STEP_MARKER,
+    STEP_TIMES,
+    DemoConfig,
+    run_rank,
+)
 
 FORKSERVER_PRELOAD = (
     "torch",
@@ -43,6 +51,8 @@ class DemoRun:
     wall_s: float
     step_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, the measured wall time of each optimizer step (independent of the timer)."""
+    step_cpu_s: dict[int, list[float]] = field(default_factory=dict)
+    """Per rank, the process CPU time of each optimizer step (every thread of the rank)."""
 
 
 def launch(
@@ -69,6 +79,7 @@ def launch(
         "windows.jsonl",
         "losses-rank*.json",
         "step-times-rank*",
+        "step-cpu-rank*",
         "error-rank*",
         "stacks-rank*",
     )
@@ -107,11 +118,14 @@ def launch(
         },
         windows=read_windows(out),
         wall_s=time.monotonic() - start,
-        step_s={
-            rank: json.loads((out / STEP_TIMES.format(rank=rank)).read_text())
-            for rank in range(config.ranks)
-        },
+        step_s=_per_rank(out, STEP_TIMES, config.ranks),
+        step_cpu_s=_per_rank(out, STEP_CPU, config.ranks),
     )
+
+
+def _per_rank(out: Path, name: str, ranks: int) -> dict[int, list[float]]:
+    """Each rank's list from its ``name.format(rank=...)`` JSON file in ``out``."""
+    return {rank: json.loads((out / name.format(rank=rank)).read_text()) for rank in range(ranks)}
 
 
 def run_ranks(
