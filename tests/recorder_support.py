@@ -1,18 +1,30 @@
-"""Shared helpers for the recorder tests: a capturing collector and readers for its outputs."""
+"""Shared helpers for the recorder tests: a step's stages run in turn, a capturing collector and
+readers for its outputs."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import trace_support
+from stagefrontier import StageTimer
 from stagefrontier.record.window import PendingWindow, RankWindow
 
 DATA, FWD, BWD, CALLBACKS, OPTIM, OTHER = trace_support.STAGES
 TIMED = trace_support.TIMED
+
+
+def run_stages(timer: StageTimer, seconds: Mapping[str, float]) -> None:
+    """Enter each stage of ``seconds`` in turn, sleeping its time inside it (none for 0)."""
+    for stage, sleep_s in seconds.items():
+        with timer.stage(stage):
+            if sleep_s:
+                time.sleep(sleep_s)
 
 
 class CaptureCollector:

@@ -19,6 +19,7 @@ from recorder_support import (
     OTHER,
     CaptureCollector,
     read_records,
+    run_stages,
 )
 from stagefrontier import StageTimer
 from stagefrontier.analysis.schema import expand_microsteps, stage_order_hash
@@ -35,14 +36,8 @@ def accumulation_step(timer: StageTimer, factor: int, skip: int | None = None) -
             if i == skip:
                 continue
             with timer.microstep(i):
-                with timer.stage(DATA):
-                    time.sleep(0.2 * MS)
-                with timer.stage(FWD):
-                    time.sleep(1 * MS)
-                with timer.stage(BWD):
-                    time.sleep(2 * MS)
-        with timer.stage(OPTIM):
-            time.sleep(0.5 * MS)
+                run_stages(timer, {DATA: 0.2 * MS, FWD: 1 * MS, BWD: 2 * MS})
+        run_stages(timer, {OPTIM: 0.5 * MS})
 
 
 def test_microsteps_become_indexed_substages_and_fold_back(tmp_path: Path) -> None:
