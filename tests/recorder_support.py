@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,30 @@ def run_stages(timer: StageTimer, seconds: Mapping[str, float]) -> None:
         with timer.stage(stage):
             if sleep_s:
                 time.sleep(sleep_s)
+
+
+def on_disk_and_captured(
+    out_dir: Path, steps: int, step: Callable[[StageTimer], None]
+) -> CaptureCollector:
+    """Run ``step`` ``steps`` times on a timer that writes its window to ``out_dir``, then on one
+    whose window is captured in memory (windows of ``steps``); returns the capturing collector."""
+    collector = CaptureCollector()
+    for timer in (
+        StageTimer(window=steps, out_dir=out_dir),
+        StageTimer(window=steps, collector=collector),
+    ):
+        for _ in range(steps):
+            step(timer)
+        timer.close()
+    return collector
+
+
+def pause_as_listed(timer: StageTimer, step: int, paused: Collection[int]) -> None:
+    """Before ``step``: pause the timer if the step is listed in ``paused``, else resume it."""
+    if step in paused:
+        timer.pause()
+    else:
+        timer.resume()
 
 
 class CaptureCollector:

@@ -28,6 +28,7 @@ from recorder_support import (
     TIMED,
     CaptureCollector,
     column,
+    on_disk_and_captured,
     read_records,
     run_stages,
     wall,
@@ -191,18 +192,11 @@ def test_residual_is_step_wall_minus_timed_spans() -> None:
 
 
 def test_skipped_stages_give_zero(tmp_path: Path) -> None:
-    timer = StageTimer(window=4, out_dir=tmp_path)
-    collector = CaptureCollector()
-    captured = StageTimer(window=4, collector=collector)
-    for t in (timer, captured):
-        for _ in range(4):
-            with t.step():
-                with t.stage(FWD):
-                    time.sleep(1 * MS)
-                with t.stage(OPTIM):
-                    pass
-        t.close()
-    (w,) = collector.windows
+    def forward_and_optimizer(timer: StageTimer) -> None:
+        with timer.step():
+            run_stages(timer, {FWD: 1 * MS, OPTIM: 0})
+
+    (w,) = on_disk_and_captured(tmp_path, 4, forward_and_optimizer).windows
     for stage in (DATA, BWD, CALLBACKS):
         assert np.all(w.durations_ns[:, w.stages.index(stage)] == 0)
     assert w.contract_violations == 0
