@@ -14,7 +14,6 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import join_gloo
 from stagefrontier.demo.launch import run_ranks
 
 RANKS = 2
@@ -57,10 +57,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     )
     timer = StageTimer(window=WINDOW, out_dir=job.out_dir)
     if job.init_process_group:
-        store = dist.TCPStore("127.0.0.1", port, RANKS, is_master=False)
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=RANKS, timeout=timedelta(seconds=60)
-        )
+        join_gloo(rank, RANKS, port)
     for _ in range(STEPS):
         with timer.step(), timer.stage(FWD):
             pass
