@@ -51,8 +51,9 @@ class NodeJob:
     silent_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled."""
     window_barrier: bool = False
-    """The ranks meet (a Gloo barrier, untimed) after each window's last step, so a slow rank
-    never falls more than a window behind the others."""
+    """The ranks meet (Gloo barriers, untimed) before the first step and, all but those in
+    ``die_at_step``, after each window's last step, so a slow rank never falls more than a window
+    behind the others."""
 
     @property
     def ranks(self) -> int:
@@ -89,6 +90,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     from stagefrontier import CollectConfig, StageTimer
 
     join_gloo(rank, job.ranks, port)
+    survivors = [r for r in range(job.ranks) if r not in job.die_at_step]
+    meet = dist.new_group(survivors) if job.window_barrier else None  # every rank creates it
     node = rank // job.per_node
     if rank % job.per_node == 0 and node in job.late_part_s:
         _late_parts(job.late_part_s[node])
@@ -106,6 +109,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
         ),
     )
     x = torch.randn(64, 64)
+    if meet is not None:
+        dist.barrier()  # every rank has built its timer: window 0 starts together
     for step in range(job.steps):
         if job.die_at_step.get(rank) == step:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -116,8 +121,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
                 (x @ x).sum().item()
             with timer.stage(STAGES[2]):
                 pass
-        if job.window_barrier and (step + 1) % job.window == 0:
-            dist.barrier()
+        if meet is not None and rank in survivors and (step + 1) % job.window == 0:
+            dist.barrier(group=meet)
     timer.close()
     Path(job.out_dir, f"done-rank{rank}").write_text("ok")
 

@@ -108,8 +108,17 @@ def test_a_dead_head_of_a_group_costs_only_its_node_its_members_re_parent(
     tmp_path: Path,
 ) -> None:
     # 4 nodes of 2 ranks, fan-in 2: node 2's leader (rank 4) heads nodes 2-3, node 0 the rest.
-    # It dies in window 1; node 3 keeps sending its part, which node 0 then reads itself.
-    job = NodeJob(out_dir=str(tmp_path), nodes=4, fan_in=2, die_at_step={4: 15}, timeout_s=1.5)
+    # It dies in window 1; node 3 keeps sending its part, which node 0 then reads itself. The
+    # ranks start together and the living ones meet at each window's end, so no rank of 8 on a
+    # loaded machine lags past the 1.5 s wait (window 0 once missed one so).
+    job = NodeJob(
+        out_dir=str(tmp_path),
+        nodes=4,
+        fan_in=2,
+        die_at_step={4: 15},
+        timeout_s=1.5,
+        window_barrier=True,
+    )
     windows = launch(job)
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
     assert windows[0]["gather_ok"] and windows[0]["n_ranks_present"] == 8
