@@ -293,7 +293,7 @@ def test_custom_stage_subset(single: Path) -> None:
     [
         (b'{"traceEvents": 3}', "no traceEvents list"),
         (b'{"traceEvents": [', "not a readable JSON trace"),
-        (gzip.compress(b'{"traceEvents": [')[:-6], "not a readable JSON trace"),
+        (gzip.compress(b'{"traceEvents": [', mtime=0)[:-6], "not a readable JSON trace"),
         (b'{"traceEvents": []}', "no step ranges"),
     ],
 )
