@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rank_support import join_gloo
+from rank_support import START_METHOD, join_gloo
 from stagefrontier.demo.launch import run_ranks
 
 RANKS = 2
@@ -70,7 +70,8 @@ def run_rank(rank: int, job: Job, port: int) -> None:
 def _launch(tmp_path: Path, init_process_group: bool) -> Path:
     out = tmp_path / "sf"
     out.mkdir()
-    codes = run_ranks(run_rank, RANKS, Job(str(out), init_process_group), deadline_s=DEADLINE_S)
+    job = Job(str(out), init_process_group)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=DEADLINE_S, start_method=START_METHOD)
     assert all(code == 0 for code in codes.values()), codes
     return out
 
