@@ -20,13 +20,13 @@ incident is written and every rank finished what its phases do.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from rank_support import join_gloo
 
 PAUSED_STEPS = 15
 HUGE_STEPS = 10**6
@@ -144,7 +144,6 @@ def train_step(timer: Any, model: Any, gen: Any, sleep_s: float) -> None:
 
 
 def run_rank(rank: int, job: CaptureJob, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -152,11 +151,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
     from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
     from stagefrontier.demo.train import leave_process_group
 
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)
-    )
+    join_gloo(rank, job.ranks, port, timeout_s=120.0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     gen = torch.Generator().manual_seed(1000 + rank)

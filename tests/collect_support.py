@@ -7,13 +7,13 @@ Faults only sleep or drop windows, so every run reproduces the untimed run's los
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rank_support import START_METHOD, join_gloo
+from recorder_support import pause_as_listed
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.demo.train import leave_process_group
 
@@ -26,6 +26,9 @@ OPTIM = "optim.step_cpu_wall"
 
 @dataclass(frozen=True)
 class Job:
+    """One job's size, collector and faults (each rank gets a copy); rank 0 writes to
+    ``out_dir``."""
+
     out_dir: str
     ranks: int = 2
     steps: int = 30
@@ -151,20 +154,14 @@ def _collector(rank: int, job: Job) -> Any:
 
 
 def run_rank(rank: int, job: Job, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from stagefrontier import StageTimer
 
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=60)
-    )
+    join_gloo(rank, job.ranks, port)
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -187,10 +184,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     paused = job.paused_steps.get(rank, ())
     losses: list[float] = []
     for step in range(job.steps):
-        if step in paused:
-            timer.pause()
-        else:
-            timer.resume()
+        pause_as_listed(timer, step, paused)
         with timer.step():
             with timer.stage(DATA):
                 x = torch.randn(8, 16, generator=gen)
@@ -218,7 +212,7 @@ def launch(job: Job, deadline_s: float = 180.0) -> JobRun:
     """Spawn the ranks around a fresh ephemeral-port store; fail on a rank error or overrun."""
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    codes = run_ranks(run_rank, job.ranks, job, deadline_s=deadline_s)
+    codes = run_ranks(run_rank, job.ranks, job, deadline_s=deadline_s, start_method=START_METHOD)
     assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
     records = out / "windows.jsonl"
     windows = (

@@ -3,7 +3,8 @@
 hierarchically, around an ephemeral-port TCPStore of the parent.
 
 The ranks join a Gloo process group but run no collective in their loop (each step sleeps in the
-data stage), so a rank killed mid-run leaves the others training, as the failure tests need.
+data stage), so a rank killed mid-run leaves the others training, as the failure tests need; a
+healthy job may meet at each window's end (``window_barrier``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rank_support import START_METHOD, join_gloo
 from stagefrontier.demo.launch import run_ranks
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "optim.step_cpu_wall")
@@ -24,6 +25,8 @@ STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "optim.step_cpu_wall")
 
 @dataclass(frozen=True)
 class NodeJob:
+    """One job's layout, pace and faults (each rank gets a copy); rank 0 writes to ``out_dir``."""
+
     out_dir: str
     nodes: int = 2
     per_node: int = 2
@@ -47,6 +50,10 @@ class NodeJob:
     window's part up (a late node)."""
     silent_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled."""
+    window_barrier: bool = False
+    """The ranks meet (Gloo barriers, untimed) before the first step and, all but those in
+    ``die_at_step``, after each window's last step, so a slow rank never falls more than a window
+    behind the others."""
 
     @property
     def ranks(self) -> int:
@@ -82,11 +89,9 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
 
     from stagefrontier import CollectConfig, StageTimer
 
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=60)
-    )
+    join_gloo(rank, job.ranks, port)
+    survivors = [r for r in range(job.ranks) if r not in job.die_at_step]
+    meet = dist.new_group(survivors) if job.window_barrier else None  # every rank creates it
     node = rank // job.per_node
     if rank % job.per_node == 0 and node in job.late_part_s:
         _late_parts(job.late_part_s[node])
@@ -104,6 +109,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
         ),
     )
     x = torch.randn(64, 64)
+    if meet is not None:
+        dist.barrier()  # every rank has built its timer: window 0 starts together
     for step in range(job.steps):
         if job.die_at_step.get(rank) == step:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -114,6 +121,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
                 (x @ x).sum().item()
             with timer.stage(STAGES[2]):
                 pass
+        if meet is not None and rank in survivors and (step + 1) % job.window == 0:
+            dist.barrier(group=meet)
     timer.close()
     Path(job.out_dir, f"done-rank{rank}").write_text("ok")
 
@@ -122,7 +131,14 @@ def launch(job: NodeJob, deadline_s: float = 180.0) -> list[dict[str, Any]]:
     """Run the job; every rank not meant to die must exit cleanly. Rank 0's records, in order."""
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    codes = run_ranks(run_rank, job.ranks, job, deadline_s=deadline_s, may_die=job.die_at_step)
+    codes = run_ranks(
+        run_rank,
+        job.ranks,
+        job,
+        deadline_s=deadline_s,
+        may_die=job.die_at_step,
+        start_method=START_METHOD,
+    )
     bad = {r: c for r, c in codes.items() if c != 0 and r not in job.die_at_step}
     assert not bad, f"rank exit codes {codes}"
     records = out / "windows.jsonl"

@@ -1,18 +1,54 @@
-"""Shared helpers for the recorder tests: a capturing collector and readers for its outputs."""
+"""Shared helpers for the recorder tests: a step's stages run in turn, a capturing collector and
+readers for its outputs."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import trace_support
+from stagefrontier import StageTimer
 from stagefrontier.record.window import PendingWindow, RankWindow
 
 DATA, FWD, BWD, CALLBACKS, OPTIM, OTHER = trace_support.STAGES
 TIMED = trace_support.TIMED
+
+
+def run_stages(timer: StageTimer, seconds: Mapping[str, float]) -> None:
+    """Enter each stage of ``seconds`` in turn, sleeping its time inside it (none for 0)."""
+    for stage, sleep_s in seconds.items():
+        with timer.stage(stage):
+            if sleep_s:
+                time.sleep(sleep_s)
+
+
+def on_disk_and_captured(
+    out_dir: Path, steps: int, step: Callable[[StageTimer], None]
+) -> CaptureCollector:
+    """Run ``step`` ``steps`` times on a timer that writes its window to ``out_dir``, then on one
+    whose window is captured in memory (windows of ``steps``); returns the capturing collector."""
+    collector = CaptureCollector()
+    for timer in (
+        StageTimer(window=steps, out_dir=out_dir),
+        StageTimer(window=steps, collector=collector),
+    ):
+        for _ in range(steps):
+            step(timer)
+        timer.close()
+    return collector
+
+
+def pause_as_listed(timer: StageTimer, step: int, paused: Collection[int]) -> None:
+    """Before ``step``: pause the timer if the step is listed in ``paused``, else resume it."""
+    if step in paused:
+        timer.pause()
+    else:
+        timer.resume()
 
 
 class CaptureCollector:

@@ -4,14 +4,13 @@ stages; the microstep substages stay as detail."""
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stagefrontier as sf
-from recorder_support import BWD, DATA, FWD, OPTIM, read_records
+from recorder_support import BWD, DATA, FWD, OPTIM, read_records, run_stages
 from stagefrontier import StageTimer
 from stagefrontier.analysis.schema import expand_microsteps
 from stagefrontier.formats.run_folder import load_run
@@ -29,15 +28,9 @@ def data_bound_step(timer: StageTimer, stalled_microstep: int | None = None) -> 
     with timer.step():
         for i in range(FACTOR):
             with timer.microstep(i):
-                with timer.stage(DATA):
-                    if stalled_microstep in (None, i):
-                        time.sleep(30 * MS)
-                with timer.stage(FWD):
-                    pass
-                with timer.stage(BWD):
-                    pass
-        with timer.stage(OPTIM):
-            pass
+                stalled = stalled_microstep in (None, i)
+                run_stages(timer, {DATA: 30 * MS if stalled else 0, FWD: 0, BWD: 0})
+        run_stages(timer, {OPTIM: 0})
 
 
 def test_accumulation_loop_routes_and_reports_on_broad_stages(

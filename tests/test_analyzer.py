@@ -494,12 +494,17 @@ def test_forward_event_scope_limited_by_streams() -> None:
     assert_reasons(rep)
 
 
-def test_forward_event_scope_limited_by_ready_ratio() -> None:
+def _forward_bound_with_events(state: np.ndarray) -> WindowReport:
+    """The forward-bound window with these event states; every ready pair measured 400 ms."""
+    ms = np.where(state == EVENT_READY, 400.0, np.nan)
     d = _forward_window(fwd_s=0.5, bwd_s=0.2)
+    return sf.analyze(d, FWD_STAGES, side=SideEvidence(event_ms=ms, event_state=state))
+
+
+def test_forward_event_scope_limited_by_ready_ratio() -> None:
     state = np.full((8, 4), EVENT_READY, dtype=np.int8)
     state[:4] = EVENT_MISSING  # 16 of 32 sampled pairs never completed
-    ms = np.where(state == EVENT_READY, 400.0, np.nan)
-    rep = sf.analyze(d, FWD_STAGES, side=SideEvidence(event_ms=ms, event_state=state))
+    rep = _forward_bound_with_events(state)
     assert rep.forward_event is not None
     assert rep.forward_event["ready_ratio"] == 0.5
     assert "forward_event_scope_limited" in rep.labels
@@ -508,11 +513,9 @@ def test_forward_event_scope_limited_by_ready_ratio() -> None:
 
 
 def test_forward_event_scope_limited_by_few_samples() -> None:
-    d = _forward_window(fwd_s=0.5, bwd_s=0.2)
     state = np.full((8, 4), EVENT_NOT_SAMPLED, dtype=np.int8)
     state[0, :3] = EVENT_READY  # three ready pairs, all sampled ones completed
-    ms = np.where(state == EVENT_READY, 400.0, np.nan)
-    rep = sf.analyze(d, FWD_STAGES, side=SideEvidence(event_ms=ms, event_state=state))
+    rep = _forward_bound_with_events(state)
     assert "forward_event_scope_limited" in rep.labels
     assert "forward_device_supported" not in rep.labels
 

@@ -29,33 +29,28 @@ def test_per_stage_max() -> None:
     np.testing.assert_allclose(bl.per_stage_max(WINDOW), np.array([9.0, 3.0, 8.0]) / 20.0)
 
 
-def test_per_stage_mean() -> None:
-    # Means (8.1/3, 1, 13/3) and (5/3, 4/3, 4/3).
-    np.testing.assert_allclose(
-        bl.per_stage_mean(WINDOW), np.array([13.1, 7.0, 17.0]) / 37.1, rtol=1e-12
-    )
-
-
-def test_rank_spread_odd_ranks() -> None:
-    # max - median: (6 - 1.1, 0, 6.0 - 5.8) and (3 - 1, 2 - 1, 2 - 1).
-    np.testing.assert_allclose(bl.rank_spread(WINDOW), np.array([6.9, 1.0, 1.2]) / 9.1, rtol=1e-12)
+@pytest.mark.parametrize(
+    ("baseline", "expected"),
+    [
+        # Means (8.1/3, 1, 13/3) and (5/3, 4/3, 4/3).
+        (bl.per_stage_mean, np.array([13.1, 7.0, 17.0]) / 37.1),
+        # Odd ranks, max - median: (6 - 1.1, 0, 6.0 - 5.8) and (3 - 1, 2 - 1, 2 - 1).
+        (bl.rank_spread, np.array([6.9, 1.0, 1.2]) / 9.1),
+        # Step 0: rank 0 (8.2) is slowest, step 1: rank 2 (6.0).
+        (bl.slowest_rank, np.array([9.0, 2.0, 3.2]) / 14.2),
+        (bl.rank0_total, np.array([7.0, 3.0, 2.2]) / 12.2),
+    ],
+)
+def test_baseline_shares_of_the_window(
+    baseline: Callable[[np.ndarray], np.ndarray], expected: np.ndarray
+) -> None:
+    np.testing.assert_allclose(baseline(WINDOW), expected, rtol=1e-12)
 
 
 def test_rank_spread_even_ranks() -> None:
     d = np.array([[[1.0, 4.0], [2.0, 4.0], [3.0, 1.0], [10.0, 6.0]]])
     # data: 10 - 2.5 = 7.5; second stage: 6 - 4 = 2.
     np.testing.assert_allclose(bl.rank_spread(d), [7.5 / 9.5, 2.0 / 9.5], rtol=1e-12)
-
-
-def test_slowest_rank() -> None:
-    # Step 0: rank 0 (8.2) is slowest, step 1: rank 2 (6.0).
-    np.testing.assert_allclose(
-        bl.slowest_rank(WINDOW), np.array([9.0, 2.0, 3.2]) / 14.2, rtol=1e-12
-    )
-
-
-def test_rank0_total() -> None:
-    np.testing.assert_allclose(bl.rank0_total(WINDOW), np.array([7.0, 3.0, 2.2]) / 12.2, rtol=1e-12)
 
 
 def test_figure1_per_stage_max_blames_backward_duplicate() -> None:

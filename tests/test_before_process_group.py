@@ -14,7 +14,6 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD, join_gloo
 from stagefrontier.demo.launch import run_ranks
 
 RANKS = 2
@@ -57,10 +57,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     )
     timer = StageTimer(window=WINDOW, out_dir=job.out_dir)
     if job.init_process_group:
-        store = dist.TCPStore("127.0.0.1", port, RANKS, is_master=False)
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=RANKS, timeout=timedelta(seconds=60)
-        )
+        join_gloo(rank, RANKS, port)
     for _ in range(STEPS):
         with timer.step(), timer.stage(FWD):
             pass
@@ -73,7 +70,8 @@ def run_rank(rank: int, job: Job, port: int) -> None:
 def _launch(tmp_path: Path, init_process_group: bool) -> Path:
     out = tmp_path / "sf"
     out.mkdir()
-    codes = run_ranks(run_rank, RANKS, Job(str(out), init_process_group), deadline_s=DEADLINE_S)
+    job = Job(str(out), init_process_group)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=DEADLINE_S, start_method=START_METHOD)
     assert all(code == 0 for code in codes.values()), codes
     return out
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,58 +135,62 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert_one_line_error(code, out, err, "No such file or directory")
 
 
-def test_corrupt_packet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "p.json"
-    path.write_text('{"format": "stagefrontier.formats.packet", "version": 99}')
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "unknown packet version 99")
-
-
-def test_npz_without_d(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "w.npz"
-    np.savez(path, stages=np.array(STAGES))
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "has no 'd' array")
-
-
-def test_npz_with_bad_durations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _nan_window() -> np.ndarray:
     d = small_window()
     d[3, 2, 1] = np.nan
-    path = tmp_path / "w.npz"
-    np.savez(path, d=d, stages=np.array(STAGES))
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "1 NaN duration(s); first at step 3, rank 2, stage 1")
+    return d
 
 
-def test_npz_with_pickled_objects_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "w.npz"
-    np.savez(path, d=small_window(), stages=np.array(list(STAGES), dtype=object))
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "not a readable .npz window")
-
-
-def test_single_npy_array_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "w.npz"
+def _npy(path: Path) -> None:
     with path.open("wb") as handle:
         np.save(handle, small_window())
+
+
+BAD_FILES: dict[str, tuple[str, Callable[[Path], object], str]] = {
+    # name: (file name, what writes it, what the one-line error says)
+    "corrupt_packet": (
+        "p.json",
+        lambda p: p.write_text('{"format": "stagefrontier.formats.packet", "version": 99}'),
+        "unknown packet version 99",
+    ),
+    "npz_without_d": (
+        "w.npz",
+        lambda p: np.savez(p, stages=np.array(STAGES)),
+        "has no 'd' array",
+    ),
+    "npz_with_bad_durations": (
+        "w.npz",
+        lambda p: np.savez(p, d=_nan_window(), stages=np.array(STAGES)),
+        "1 NaN duration(s); first at step 3, rank 2, stage 1",
+    ),
+    "npz_with_pickled_objects": (
+        "w.npz",
+        lambda p: np.savez(p, d=small_window(), stages=np.array(list(STAGES), dtype=object)),
+        "not a readable .npz window",
+    ),
+    "single_npy_array": ("w.npz", _npy, "a single .npy array, not an .npz window"),
+    "unrecognized_file": (
+        "notes.txt",
+        lambda p: p.write_text("hello"),
+        "neither an .npz window nor a stagefrontier packet",
+    ),
+    "stage_count_mismatch": (
+        "w.npz",
+        lambda p: np.savez(p, d=small_window(), stages=np.array(STAGES[:5])),
+        "5 stage names given but the matrix has 6 stages",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_a_bad_input_file_is_refused_in_one_line(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file_name, write, needle = BAD_FILES[name]
+    path = tmp_path / file_name
+    write(path)
     code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "a single .npy array, not an .npz window")
-
-
-def test_unrecognized_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "notes.txt"
-    path.write_text("hello")
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "neither an .npz window nor a stagefrontier packet")
-
-
-def test_stage_count_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "w.npz"
-    np.savez(path, d=small_window(), stages=np.array(STAGES[:5]))
-    code, out, err = run(["analyze", str(path)], capsys)
-    assert_one_line_error(code, out, err, "5 stage names given but the matrix has 6 stages")
+    assert_one_line_error(code, out, err, needle)
 
 
 def test_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,8 @@ from stagefrontier import StageTimer
 from stagefrontier.cli import main
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import Report
-from trace_support import load_events, single_process_trace, write_events
+from trace_support import load_events, write_events
+from trace_support import trace as committed_trace
 
 STEP_PREFIX = "ProfilerStep#"
 
@@ -42,8 +43,8 @@ def assert_one_line_error(code: int, out: str, err: str, needle: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return single_process_trace(tmp_path_factory.mktemp("trace") / "trace.json", steps=4)
+def trace() -> Path:
+    return committed_trace("single-4-steps.json")
 
 
 def edited_trace(trace: Path, path: Path, edit: Any) -> Path:

@@ -16,25 +16,12 @@ from collect_support import DATA, Job, launch, reasons
 from stagefrontier.collect import CollectConfig, CollectorSettings, GlooCollector, make_collector
 
 
-@pytest.fixture(scope="module")
-def untimed_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]]:
-    run = launch(Job(out_dir=str(tmp_path_factory.mktemp("untimed")), collect="off"))
-    assert run.windows == []
-    return run.losses
-
-
 def test_gloo_windows_route_to_the_delayed_rank_and_resync_after_a_drop(
-    tmp_path: Path, untimed_losses: dict[int, list[float]]
+    tmp_path: Path, untimed_job_losses: dict[int, list[float]]
 ) -> None:
     # Rank 1 waits 40 ms per step for data; its hand-off drops window 1 as a full queue would,
     # so it offers window 2 while rank 0 offers window 1.
-    run = launch(
-        Job(
-            out_dir=str(tmp_path),
-            data_delay_s={1: 0.04},
-            drop_windows={1: (1,)},
-        )
-    )
+    run = launch(Job(str(tmp_path), data_delay_s={1: 0.04}, drop_windows={1: (1,)}))
     windows = run.windows
     assert [w["window"] for w in windows] == [0, 1, 2]
     assert all(w["world_size"] == 2 for w in windows)
@@ -51,18 +38,17 @@ def test_gloo_windows_route_to_the_delayed_rank_and_resync_after_a_drop(
     assert any("rank 1 dropped 1 window(s)" in r for r in reasons(windows[2]))
     assert not any("dead" in r for w in windows for r in reasons(w))
     assert len(list((tmp_path / "packets").glob("*.json"))) == 3
-    assert run.losses == untimed_losses
+    assert run.losses == untimed_job_losses
 
 
 def test_gloo_group_dies_after_a_rank_never_joins_and_later_windows_downgrade(
-    tmp_path: Path, untimed_losses: dict[int, list[float]]
+    tmp_path: Path, untimed_job_losses: dict[int, list[float]]
 ) -> None:
     # Rank 1 builds the group but its timer is disabled: rank 0's first window operation times
     # out after 0.5 s, the group is marked dead, and every later window is rank 0's alone.
     run = launch(
         Job(
             out_dir=str(tmp_path),
-            steps=30,
             window=5,
             timeout_s=0.5,
             step_sleep_s=0.03,
@@ -79,7 +65,7 @@ def test_gloo_group_dies_after_a_rank_never_joins_and_later_windows_downgrade(
         assert "telemetry_limited" in w["labels"]
         assert any("gloo collection group dead" in r for r in reasons(w))
     assert any("window 0 exchange failed" in r for r in reasons(windows[0]))
-    assert run.losses == untimed_losses
+    assert run.losses == untimed_job_losses
 
 
 def test_gloo_mode_needs_torch_distributed(tmp_path: Path) -> None:

@@ -55,14 +55,14 @@ def test_full_queue_drops_windows_with_a_count_and_training_completes(tmp_path: 
     assert sorted(gaps) == sorted(dropped)
 
 
-def test_rank_late_beyond_the_deadline_is_reported_missing(tmp_path: Path) -> None:
+def test_rank_late_beyond_the_deadline_is_reported_missing(
+    tmp_path: Path, untimed_job_losses: dict[int, list[float]]
+) -> None:
     """Rank 1's sender thread waits 2 s before each send (a fault injected from outside the
     collector), rank 0 waits 0.5 s: every window is analyzed without rank 1."""
-    untimed = launch(Job(out_dir=str(tmp_path / "untimed"), steps=30, collect="off"))
     run = launch(
         Job(
             out_dir=str(tmp_path / "late"),
-            steps=30,
             window=10,
             collect="store",
             timeout_s=0.5,
@@ -73,4 +73,4 @@ def test_rank_late_beyond_the_deadline_is_reported_missing(tmp_path: Path) -> No
     for w in run.windows:
         assert w["missing_ranks"] == [1]
         assert "telemetry_limited" in w["labels"]
-    assert run.losses == untimed.losses
+    assert run.losses == untimed_job_losses

@@ -14,6 +14,7 @@ import os
 import resource
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -94,37 +95,39 @@ def test_a_compressed_trace_cut_by_a_full_disk_leaves_no_partial_file(tmp_path: 
         '{"traceEvents": [' + ",".join(f'"{os.urandom(32).hex()}"' for _ in range(8000)) + "]}"
     )
     target = tmp_path / "rank0.pt.trace.json.gz"
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from stagefrontier.route.trace_parts import GzipTarget\n"
-        "zipped = GzipTarget(Path(sys.argv[2]))\n"
-        "try:\n"
-        "    zipped.write(Path(sys.argv[1]).read_bytes())\n"
-        "    zipped.commit()\n"
-        "except OSError as exc:\n"
-        "    zipped.discard()\n"
-        "    print(exc.errno)\n"
-    )
+    script = textwrap.dedent("""\
+        import sys
+        from pathlib import Path
+        from stagefrontier.route.trace_parts import GzipTarget
+        zipped = GzipTarget(Path(sys.argv[2]))
+        try:
+            zipped.write(Path(sys.argv[1]).read_bytes())
+            zipped.commit()
+        except OSError as exc:
+            zipped.discard()
+            print(exc.errno)
+    """)
     done = _in_limited_process(script, str(source), str(target), limit=4096)
-    assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(errno.EFBIG), (done.stdout, done.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.json"]
 
 
 def _in_limited_process(script: str, *args: str, limit: int) -> subprocess.CompletedProcess[str]:
-    """``python -c script args`` in a process whose files may not grow past ``limit`` bytes."""
+    """``python -c script args`` in a process whose files may not grow past ``limit`` bytes;
+    the process must exit cleanly."""
 
     def limit_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=120,
         preexec_fn=limit_files,
     )
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def test_an_incident_write_on_a_full_disk_keeps_the_previous_file(tmp_path: Path) -> None:
@@ -137,21 +140,20 @@ def test_an_incident_write_on_a_full_disk_keeps_the_previous_file(tmp_path: Path
     write_incident(folder, new_incident("w00003", "window"))
     write_html(folder, new_incident("w00003", "window"), tmp_path, figures=False)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    script = (
-        "import sys\n"
-        "from stagefrontier.render.incident import new_incident, write_incident\n"
-        "from stagefrontier.route.html import write_html\n"
-        "incident = new_incident('w00003', 'window')\n"
-        "incident['reasons'] = ['a reason that takes room ' * 100] * 50\n"
-        "folder, run = sys.argv[1:]\n"
-        "for write in (write_incident, lambda f, i: write_html(f, i, run, figures=False)):\n"
-        "    try:\n"
-        "        write(folder, incident)\n"
-        "    except OSError as exc:\n"
-        "        print(exc.errno)\n"
-    )
+    script = textwrap.dedent("""\
+        import sys
+        from stagefrontier.render.incident import new_incident, write_incident
+        from stagefrontier.route.html import write_html
+        incident = new_incident('w00003', 'window')
+        incident['reasons'] = ['a reason that takes room ' * 100] * 50
+        folder, run = sys.argv[1:]
+        for write in (write_incident, lambda f, i: write_html(f, i, run, figures=False)):
+            try:
+                write(folder, incident)
+            except OSError as exc:
+                print(exc.errno)
+    """)
     done = _in_limited_process(script, str(folder), str(tmp_path), limit=8192)
-    assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(errno.EFBIG)] * 2, (done.stdout, done.stderr)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 

@@ -12,21 +12,26 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
+from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW
+from rank_support import START_METHOD as FORK
 from stagefrontier import analyze
 from stagefrontier.demo import DeadlineExceeded, DemoConfig, launch, parse_fault
+from stagefrontier.demo.launch import DemoRun
 from stagefrontier.formats.packet import read_packet
 
-STEPS = 30
-WINDOW = 10
-DEADLINE_S = 240.0
+STEPS = DEMO_STEPS
+WINDOW = DEMO_WINDOW
+DEADLINE_S = DEMO_DEADLINE_S
 
 
-def _run(tmp_path: Path, name: str, **kwargs: object) -> object:
-    config = DemoConfig(
+def _config(tmp_path: Path, name: str, **kwargs: object) -> DemoConfig:
+    """The 2-rank demo of STEPS steps in windows of WINDOW, writing to ``tmp_path / name``."""
+    return DemoConfig(
         ranks=kwargs.pop("ranks", 2),  # type: ignore[arg-type]
         steps=STEPS,
         window=WINDOW,
@@ -35,41 +40,51 @@ def _run(tmp_path: Path, name: str, **kwargs: object) -> object:
         quiet=True,
         **kwargs,  # type: ignore[arg-type]
     )
-    return launch(config, deadline_s=DEADLINE_S)
 
 
-@pytest.fixture(scope="module")
-def untimed_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]]:
-    run = _run(tmp_path_factory.mktemp("untimed"), "untimed", timed=False)
-    assert run.windows == []  # type: ignore[attr-defined]
-    return run.losses  # type: ignore[attr-defined, no-any-return]
+def _run(tmp_path: Path, name: str, **kwargs: object) -> DemoRun:
+    return launch(_config(tmp_path, name, **kwargs), deadline_s=DEADLINE_S, start_method=FORK)
+
+
+@pytest.fixture
+def untimed_losses(untimed_demo: DemoRun) -> dict[int, list[float]]:
+    return untimed_demo.losses
 
 
 def _majority(values: list[object]) -> object:
     return Counter(values).most_common(1)[0][0]
 
 
+def _fault_ms(untimed: DemoRun, ranks: int) -> int:
+    """A delay large against the step: four times the median step of this session's untimed
+    2-rank run (at the machine's present load), scaled by the ranks sharing the cores, and at
+    least 120 ms, so a loaded machine's slower all-reduce never outweighs it."""
+    step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
+    return max(120, round(4000 * step_s * ranks / 2))
+
+
 @pytest.mark.parametrize(
-    ("ranks", "fault", "stage", "leader"),
+    ("ranks", "where", "stage", "leader"),
     [
-        (2, "data@1:120ms", "data.next_wait", 1),
-        (4, "data@2:120ms", "data.next_wait", 2),
-        (2, "forward@1:120ms", "model.fwd_loss_cpu_wall", 1),
+        (2, "data@1", "data.next_wait", 1),
+        (4, "data@2", "data.next_wait", 2),
+        (2, "forward@1", "model.fwd_loss_cpu_wall", 1),
         # A host delay inside backward is absorbed by the gradient all-reduce: every rank leaves
         # backward together, so the stage is identified but no single rank leads it.
-        (2, "backward@1:120ms", "model.backward_cpu_wall", None),
+        (2, "backward@1", "model.backward_cpu_wall", None),
     ],
 )
 def test_injected_delay_routes_to_its_stage_and_rank(
     tmp_path: Path,
-    untimed_losses: dict[int, list[float]],
+    untimed_demo: DemoRun,
     ranks: int,
-    fault: str,
+    where: str,
     stage: str,
     leader: int | None,
 ) -> None:
-    run = _run(tmp_path, "fault", ranks=ranks, faults=(parse_fault(fault),))
-    windows = run.windows  # type: ignore[attr-defined]
+    fault = parse_fault(f"{where}:{_fault_ms(untimed_demo, ranks)}ms")
+    run = _run(tmp_path, "fault", ranks=ranks, faults=(fault,))
+    windows = run.windows
     assert len(windows) == STEPS // WINDOW
     assert all(w["gather_ok"] and w["world_size"] == ranks for w in windows)
     assert _majority([w["top1"] for w in windows]) == stage
@@ -77,14 +92,14 @@ def test_injected_delay_routes_to_its_stage_and_rank(
     if leader is not None:
         assert _majority([w["leaders"][stage] for w in windows]) == leader
     if ranks == 2:
-        assert run.losses == untimed_losses  # type: ignore[attr-defined]
+        assert run.losses == untimed_demo.losses
 
 
 def test_packet_reads_back_to_the_identical_report(tmp_path: Path) -> None:
     run = _run(tmp_path, "packets", faults=(parse_fault("data@1:120ms"),))
-    packets = sorted((run.out_dir / "packets").glob("*.json"))  # type: ignore[attr-defined]
+    packets = sorted((run.out_dir / "packets").glob("*.json"))
     assert len(packets) == STEPS // WINDOW
-    for path, record in zip(packets, run.windows, strict=True):  # type: ignore[attr-defined]
+    for path, record in zip(packets, run.windows, strict=True):
         packet = read_packet(path)
         again = analyze(
             packet.d, packet.stages, gates=packet.gates, roles=packet.roles, side=packet.side
@@ -98,7 +113,7 @@ def test_rank_that_never_sends_is_reported_missing(
     tmp_path: Path, untimed_losses: dict[int, list[float]]
 ) -> None:
     run = _run(tmp_path, "silent", untimed_ranks=(1,), collect_timeout_s=1.0)
-    windows = run.windows  # type: ignore[attr-defined]
+    windows = run.windows
     assert len(windows) == STEPS // WINDOW
     for w in windows:
         assert not w["gather_ok"]
@@ -106,35 +121,28 @@ def test_rank_that_never_sends_is_reported_missing(
         assert w["ranks_present"] == [0]
         assert "telemetry_limited" in w["labels"]
         assert any("missing ranks [1]" in r for r in w["reasons"]["telemetry_limited"])
-    assert run.losses == untimed_losses  # type: ignore[attr-defined]
+    assert run.losses == untimed_losses
 
 
 def test_rank_with_a_different_stage_list_is_not_merged(
     tmp_path: Path, untimed_losses: dict[int, list[float]]
 ) -> None:
     run = _run(tmp_path, "mismatch", extra_stage_ranks=(1,))
-    windows = run.windows  # type: ignore[attr-defined]
+    windows = run.windows
     assert len(windows) == STEPS // WINDOW
     for w in windows:
         assert w["mismatched_ranks"] == [1]
         assert w["ranks_present"] == [0]
         assert w["n_ranks"] == 1
         assert any("not merged" in r for r in w["reasons"]["telemetry_limited"])
-    assert run.losses == untimed_losses  # type: ignore[attr-defined]
+    assert run.losses == untimed_losses
 
 
 def test_store_that_dies_mid_run_downgrades_later_windows(
     tmp_path: Path, untimed_losses: dict[int, list[float]]
 ) -> None:
-    config = DemoConfig(
-        ranks=2,
-        steps=STEPS,
-        window=WINDOW,
-        out_dir=str(tmp_path / "dead"),
-        quiet=True,
-        collect_timeout_s=2.0,
-    )
-    run = launch(config, deadline_s=DEADLINE_S, kill_store_after_step=WINDOW + 2)
+    config = _config(tmp_path, "dead", collect_timeout_s=2.0)
+    run = launch(config, deadline_s=DEADLINE_S, kill_store_after_step=WINDOW + 2, start_method=FORK)
     windows = run.windows
     assert len(windows) == STEPS // WINDOW
     assert windows[0]["gather_ok"]
@@ -154,15 +162,11 @@ def test_restart_ignores_and_deletes_the_previous_attempts_keys(tmp_path: Path) 
     def check(store: object) -> None:
         seen.update({key: bool(store.check([key])) for key in stale})  # type: ignore[attr-defined]
 
-    config = DemoConfig(
-        ranks=2,
-        steps=STEPS,
-        window=WINDOW,
-        out_dir=str(tmp_path / "restart"),
-        quiet=True,
-        env={"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "1"},
+    env = {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "1"}
+    config = _config(tmp_path, "restart", collect_timeout_s=10.0, env=env)
+    run = launch(
+        config, deadline_s=DEADLINE_S, store_setup=plant, store_teardown=check, start_method=FORK
     )
-    run = launch(config, deadline_s=DEADLINE_S, store_setup=plant, store_teardown=check)
     assert all(w["gather_ok"] and w["ranks_present"] == [0, 1] for w in run.windows)
     assert not any(
         "rejected" in r for w in run.windows for r in w["reasons"].get("telemetry_limited", [])
@@ -207,20 +211,26 @@ def test_runs_under_torchrun(tmp_path: Path) -> None:
         assert record["gather_ok"]
 
 
-def test_run_past_its_deadline_says_where_each_rank_is_stuck(tmp_path: Path) -> None:
-    """Rank 1 sleeps for a minute in its data stage, rank 0 waits in the gradient all-reduce:
-    at the deadline the launcher collects both ranks' stacks and names where each one is."""
+def test_run_past_its_deadline_says_where_each_rank_is_stuck(
+    tmp_path: Path, untimed_demo: DemoRun
+) -> None:
+    """Rank 1 sleeps for an hour in its data stage, rank 0 waits in the gradient all-reduce:
+    at the deadline the launcher collects both ranks' stacks and names where each one is.
+
+    The deadline is three times the whole untimed demo run of this session (start-up included,
+    at this machine's present load), at least 20 s: both ranks are past their start-up by then.
+    The test costs that deadline (about 20 s on a quiet machine)."""
     config = DemoConfig(
         ranks=2,
         steps=3,
         window=3,
-        faults=(parse_fault("data@1:60000ms"),),
+        faults=(parse_fault("data@1:3600000ms"),),
         out_dir=str(tmp_path / "stuck"),
         timed=False,
         quiet=True,
     )
     with pytest.raises(DeadlineExceeded, match="deadline") as caught:
-        launch(config, deadline_s=20.0)
+        launch(config, deadline_s=max(20.0, 3 * untimed_demo.wall_s), start_method=FORK)
     message = str(caught.value)
     assert "rank 1 stuck at File" in message and "in delay" in message, message
     assert "rank 0 stuck at File" in message, message

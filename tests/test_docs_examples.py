@@ -18,6 +18,7 @@ import ast
 import builtins
 import contextlib
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -114,12 +115,12 @@ def _demo_folder(folder: Path) -> Path:
 
 
 def _profiler_folder(folder: Path) -> Path:
-    """``log/profiler`` holding a real PyTorch Profiler trace of a few steps."""
-    from trace_support import single_process_trace
+    """``log/profiler`` holding a real PyTorch Profiler trace of a few steps (a committed one)."""
+    from trace_support import trace
 
     out = folder / "log" / "profiler"
     out.mkdir(parents=True)
-    single_process_trace(out / "rank0.pt.trace.json", steps=5, data_sleep_s=0.005)
+    shutil.copy(trace("slow-data-4-steps.json"), out / "rank0.pt.trace.json")
     return out
 
 

@@ -40,7 +40,7 @@ from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.text import run_report_text, window_report_text
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import ENUM, SCHEMA, Report
-from trace_support import load_events, single_process_trace
+from trace_support import load_events, trace
 
 EXAMPLES = int(os.environ.get("STAGEFRONTIER_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
@@ -174,10 +174,9 @@ def payload() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def trace_obj(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def trace_obj() -> dict[str, Any]:
     """A real profiler trace cut to its step and annotation ranges (fast to rewrite)."""
-    path = single_process_trace(tmp_path_factory.mktemp("trace") / "t.json", steps=3)
-    header, events = load_events(path)
+    header, events = load_events(trace("single-3-steps.json"))
     header["traceEvents"] = [e for e in events if e.get("cat") == "user_annotation"]
     return header
 

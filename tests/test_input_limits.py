@@ -25,7 +25,8 @@ import stagefrontier as sf
 from stagefrontier.formats.limits import LIMITS, limit, read_capped
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
 from stagefrontier.formats.records import read_records
-from trace_support import load_events, single_process_trace, write_events
+from trace_support import load_events, write_events
+from trace_support import trace as committed_trace
 
 ADDRESS_SPACE = 3 << 30
 """The cap on the CLI process: numpy and the readers fit easily; the old readers took 4-22 GB
@@ -59,8 +60,8 @@ def assert_refused(code: int, err: str, needle: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return single_process_trace(tmp_path_factory.mktemp("trace") / "trace.json", steps=3)
+def trace() -> Path:
+    return committed_trace("single-3-steps.json")
 
 
 def packet_obj(tmp_path: Path) -> dict[str, Any]:

@@ -257,31 +257,22 @@ def test_declared_size_is_checked_before_decompressing(tmp_path: Path) -> None:
         load(obj)
 
 
-def test_bad_shape_declaration(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("shape", [8, -4, 6], "non-negative ints"),
+        ("shape", [32, 6], "expected 3 axes"),
+        ("dtype", "object", "unsupported dtype 'object'"),
+        ("codec", "pickle", "unknown codec 'pickle'"),
+        ("data", "not*base64!", "not valid base64"),
+    ],
+)
+def test_a_bad_field_of_the_matrix_is_refused(
+    tmp_path: Path, field: str, value: object, needle: str
+) -> None:
     obj = packet_obj(tmp_path)
-    obj["d"]["shape"] = [8, -4, 6]
-    with pytest.raises(sf.ReportFormatError, match="non-negative ints"):
-        load(obj)
-    obj["d"]["shape"] = [32, 6]
-    with pytest.raises(sf.ReportFormatError, match="expected 3 axes"):
-        load(obj)
-
-
-def test_bad_dtype_and_codec(tmp_path: Path) -> None:
-    obj = packet_obj(tmp_path)
-    obj["d"]["dtype"] = "object"
-    with pytest.raises(sf.ReportFormatError, match="unsupported dtype 'object'"):
-        load(obj)
-    obj = packet_obj(tmp_path)
-    obj["d"]["codec"] = "pickle"
-    with pytest.raises(sf.ReportFormatError, match="unknown codec 'pickle'"):
-        load(obj)
-
-
-def test_bad_base64(tmp_path: Path) -> None:
-    obj = packet_obj(tmp_path)
-    obj["d"]["data"] = "not*base64!"
-    with pytest.raises(sf.ReportFormatError, match="not valid base64"):
+    obj["d"][field] = value
+    with pytest.raises(sf.ReportFormatError, match=needle):
         load(obj)
 
 

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from recorder_support import DATA, FWD, CaptureCollector, StepClock
+from recorder_support import DATA, FWD, CaptureCollector, StepClock, pause_as_listed
 from stagefrontier import ContractViolation, StageTimer
 from stagefrontier.record import contexts, recorder
+
+THREE_WINDOWS = [(0, 0, 9), (1, 10, 19), (2, 20, 29)]
+"""(window, first step, last step) of the collection tests' job: 30 steps in windows of 10."""
 
 
 def capture(**kwargs: object) -> tuple[StageTimer, CaptureCollector]:
@@ -22,10 +25,7 @@ def capture(**kwargs: object) -> tuple[StageTimer, CaptureCollector]:
 def run(timer: StageTimer, steps: range, paused: set[int]) -> None:
     """Steps with both stages, a microstep and a probe; the listed ones run paused."""
     for step in steps:
-        if step in paused:
-            timer.pause()
-        else:
-            timer.resume()
+        pause_as_listed(timer, step, paused)
         with timer.step():
             with timer.stage(DATA):
                 pass
@@ -139,21 +139,11 @@ def test_ranks_pausing_the_same_steps_stay_merged_window_by_window(tmp_path: Pat
     from collect_support import Job, launch, reasons
 
     paused = (*range(4, 8), 12)
-    run_ = launch(
-        Job(
-            out_dir=str(tmp_path),
-            steps=30,
-            window=10,
-            collect="store",
-            paused_steps={0: paused, 1: paused},
-        )
-    )
-    windows = run_.windows
-    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == [
-        (0, 0, 9),
-        (1, 10, 19),
-        (2, 20, 29),
-    ]
+    # the job's 30 steps in windows of 10
+    windows = launch(
+        Job(str(tmp_path), collect="store", paused_steps={0: paused, 1: paused})
+    ).windows
+    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == THREE_WINDOWS
     assert [w["paused_steps"] for w in windows] == [4, 1, 0]
     assert [w["n_steps"] for w in windows] == [6, 9, 10]
     for w in windows:
@@ -171,21 +161,8 @@ def test_ranks_pausing_different_steps_are_not_merged_for_that_window_only(
     pytest.importorskip("torch")
     from collect_support import Job, launch, reasons
 
-    run_ = launch(
-        Job(
-            out_dir=str(tmp_path),
-            steps=30,
-            window=10,
-            collect="gloo",
-            paused_steps={1: (13, 14)},
-        )
-    )
-    windows = run_.windows
-    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == [
-        (0, 0, 9),
-        (1, 10, 19),
-        (2, 20, 29),
-    ]
+    windows = launch(Job(str(tmp_path), collect="gloo", paused_steps={1: (13, 14)})).windows
+    assert [(w["window"], w["first_step"], w["last_step"]) for w in windows] == THREE_WINDOWS
     apart = windows[1]
     assert apart["ranks_present"] == [0] and apart["mismatched_ranks"] == [1]
     note = "rank 1 paused steps 13-14 of steps 10-19, rank 0 paused no steps: not merged"

@@ -117,8 +117,6 @@ def test_nsight_reports_name_their_ranks(
 
 # --- PyTorch Profiler traces, read directly and through HTA ---------------------------------------
 
-torch_missing = importlib.util.find_spec("torch") is None
-needs_torch = pytest.mark.skipif(torch_missing, reason="profiling a trace needs torch")
 try:
     importlib.import_module("hta.common.trace")
     HTA_MISSING = ""
@@ -127,17 +125,11 @@ except ImportError as exc:
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def traces() -> dict[str, Path]:
     """A slow and a fast single-process trace (the slow one sleeps in its data stage)."""
-    if torch_missing:
-        pytest.skip("profiling a trace needs torch")
-    from trace_support import single_process_trace
+    from trace_support import trace
 
-    folder = tmp_path_factory.mktemp("two_traces")
-    return {
-        "slow": single_process_trace(folder / "slow.json", steps=4, data_sleep_s=0.03),
-        "fast": single_process_trace(folder / "fast.json", steps=4),
-    }
+    return {"slow": trace("slow-data-4-steps.json"), "fast": trace("single-4-steps.json")}
 
 
 def _as_ranks(traces: dict[str, Path], folder: Path, slow: int, fast: int, world_size: int) -> Path:
@@ -153,7 +145,6 @@ def _as_ranks(traces: dict[str, Path], folder: Path, slow: int, fast: int, world
     return folder
 
 
-@needs_torch
 @pytest.mark.parametrize(("slow", "fast"), [(2, 0), (9, 5), (5, 9)])
 @pytest.mark.parametrize("fmt", ["kineto", "hta"])
 def test_profiler_traces_name_their_ranks(
@@ -176,7 +167,6 @@ def test_profiler_traces_name_their_ranks(
     assert f"on rank {slow}." in out
 
 
-@needs_torch
 def test_the_single_trace_an_incident_suggests_names_its_rank(
     traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,7 +200,6 @@ def _incident_folder(traces: dict[str, Path], folder: Path) -> Path:
     return folder
 
 
-@needs_torch
 def test_analyze_reads_an_incident_folder_with_its_ranks(
     traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,7 +222,6 @@ def test_an_incident_without_traces_is_one_clear_line(
     assert "incident w00001 has no trace: nothing was captured" in err and "\n" not in err[:-1]
 
 
-@needs_torch
 def test_analyze_takes_one_path_per_rank(
     traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

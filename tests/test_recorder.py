@@ -28,7 +28,9 @@ from recorder_support import (
     TIMED,
     CaptureCollector,
     column,
+    on_disk_and_captured,
     read_records,
+    run_stages,
     wall,
 )
 from stagefrontier import ContractViolation, StageTimer, WindowReport
@@ -45,16 +47,7 @@ def run_steps(timer: StageTimer, n: int, sleep_s: float = 0.0) -> None:
     """``n`` well-formed steps: all five default stages, ``sleep_s`` in the forward."""
     for _ in range(n):
         with timer.step():
-            with timer.stage(DATA):
-                pass
-            with timer.stage(FWD):
-                time.sleep(sleep_s)
-            with timer.stage(BWD):
-                pass
-            with timer.stage(CALLBACKS):
-                pass
-            with timer.stage(OPTIM):
-                pass
+            run_stages(timer, {DATA: 0, FWD: sleep_s, BWD: 0, CALLBACKS: 0, OPTIM: 0})
 
 
 def capture(**kwargs: Any) -> tuple[StageTimer, CaptureCollector]:
@@ -199,18 +192,11 @@ def test_residual_is_step_wall_minus_timed_spans() -> None:
 
 
 def test_skipped_stages_give_zero(tmp_path: Path) -> None:
-    timer = StageTimer(window=4, out_dir=tmp_path)
-    collector = CaptureCollector()
-    captured = StageTimer(window=4, collector=collector)
-    for t in (timer, captured):
-        for _ in range(4):
-            with t.step():
-                with t.stage(FWD):
-                    time.sleep(1 * MS)
-                with t.stage(OPTIM):
-                    pass
-        t.close()
-    (w,) = collector.windows
+    def forward_and_optimizer(timer: StageTimer) -> None:
+        with timer.step():
+            run_stages(timer, {FWD: 1 * MS, OPTIM: 0})
+
+    (w,) = on_disk_and_captured(tmp_path, 4, forward_and_optimizer).windows
     for stage in (DATA, BWD, CALLBACKS):
         assert np.all(w.durations_ns[:, w.stages.index(stage)] == 0)
     assert w.contract_violations == 0
@@ -269,20 +255,21 @@ def _unknown_stage(timer: StageTimer) -> None:
         pass
 
 
-def _repeated_stage(timer: StageTimer) -> None:
-    with timer.step():
-        with timer.stage(FWD):
-            pass
-        with timer.stage(FWD):
-            pass
+def _one_then_the_other(first: str, second: str) -> Callable[[StageTimer], None]:
+    """A step that runs stage ``first``, then stage ``second``."""
+
+    def step(timer: StageTimer) -> None:
+        with timer.step():
+            with timer.stage(first):
+                pass
+            with timer.stage(second):
+                pass
+
+    return step
 
 
-def _out_of_order(timer: StageTimer) -> None:
-    with timer.step():
-        with timer.stage(BWD):
-            pass
-        with timer.stage(FWD):
-            pass
+_repeated_stage = _one_then_the_other(FWD, FWD)
+_out_of_order = _one_then_the_other(BWD, FWD)
 
 
 def _nested_step(timer: StageTimer) -> None:
@@ -294,8 +281,14 @@ VIOLATIONS: dict[str, tuple[Callable[[StageTimer], None], str]] = {
     "nested_ordered_stage": (_nested_stage, f"stage '{BWD}' nested inside ordered stage '{FWD}'"),
     "stage_outside_step": (_stage_outside_step, f"stage '{FWD}' entered outside step()"),
     "unknown_stage": (_unknown_stage, "unknown stage 'model.fwd'"),
-    "repeated_stage": (_repeated_stage, f"stage '{FWD}' repeated or out of schema order"),
-    "out_of_order_stage": (_out_of_order, f"stage '{FWD}' repeated or out of schema order"),
+    "repeated_stage": (
+        _one_then_the_other(FWD, FWD),
+        f"stage '{FWD}' repeated or out of schema order",
+    ),
+    "out_of_order_stage": (
+        _one_then_the_other(BWD, FWD),
+        f"stage '{FWD}' repeated or out of schema order",
+    ),
     "nested_step": (_nested_step, "step() entered inside another step"),
 }
 
@@ -482,14 +475,22 @@ def _check_alignment(w: Any, consumed: list[int]) -> None:
     assert w.contract_violations == 0
 
 
-def consume_in_a_step(timer: StageTimer, batch: object, consumed: list[object]) -> None:
-    """One step that uses ``batch`` in its forward (1 ms) and has an empty optimizer stage."""
+def consume_in_a_step(
+    timer: StageTimer,
+    batch: object,
+    consumed: list[object],
+    prefetch: Callable[[], object] | None = None,
+) -> object:
+    """One step that uses ``batch`` in its forward (1 ms) and has an empty optimizer stage; with
+    ``prefetch``, the step ends by calling it (the next batch, fetched at the end of this step)
+    and returns what it returned."""
     with timer.step():
         with timer.stage(FWD):
             consumed.append(batch)
             time.sleep(1 * MS)
         with timer.stage(OPTIM):
             pass
+        return None if prefetch is None else prefetch()
 
 
 def test_iter_charges_data_wait_to_the_consuming_step_plain_loop() -> None:
@@ -508,13 +509,8 @@ def test_iter_charges_prefetched_batch_to_the_consuming_step() -> None:
     it = timer.iter(slow_loader(7))
     batch = next(it)  # batch 0, fetched before the loop
     for _ in range(6):
-        with timer.step():
-            with timer.stage(FWD):
-                consumed.append(batch)
-                time.sleep(1 * MS)
-            with timer.stage(OPTIM):
-                pass
-            batch = next(it)  # prefetch batch t+1 at the end of step t
+        # prefetch batch t+1 at the end of step t
+        batch = consume_in_a_step(timer, batch, consumed, prefetch=lambda: next(it))
     timer.close()
     (w,) = collector.windows
     _check_alignment(w, consumed)
@@ -543,13 +539,10 @@ def test_fetch_at_the_end_of_a_step_is_charged_to_the_next_one() -> None:
     consumed = []
     _, batch = timer.fetch(get_batch, 0)
     for k in range(6):
-        with timer.step():
-            with timer.stage(FWD):
-                consumed.append(batch)
-                time.sleep(1 * MS)
-            with timer.stage(OPTIM):
-                pass
-            _, batch = timer.fetch(get_batch, k + 1)  # prefetch batch t+1 at the end of step t
+        # prefetch batch t+1 at the end of step t
+        batch = consume_in_a_step(
+            timer, batch, consumed, prefetch=lambda k=k: timer.fetch(get_batch, k + 1)[1]
+        )
     timer.close()
     (w,) = collector.windows
     _check_alignment(w, consumed)

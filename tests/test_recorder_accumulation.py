@@ -10,18 +10,10 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
-from recorder_support import (
-    BWD,
-    CALLBACKS,
-    DATA,
-    FWD,
-    OPTIM,
-    OTHER,
-    CaptureCollector,
-    read_records,
-)
+from recorder_support import CaptureCollector, on_disk_and_captured, read_records, run_stages
 from stagefrontier import StageTimer
 from stagefrontier.analysis.schema import expand_microsteps, stage_order_hash
+from trace_support import BWD, CALLBACKS, DATA, FWD, OPTIM, OTHER
 
 MS = 1e-3
 AMBIGUOUS = "gradient_accumulation_ambiguous"
@@ -35,25 +27,12 @@ def accumulation_step(timer: StageTimer, factor: int, skip: int | None = None) -
             if i == skip:
                 continue
             with timer.microstep(i):
-                with timer.stage(DATA):
-                    time.sleep(0.2 * MS)
-                with timer.stage(FWD):
-                    time.sleep(1 * MS)
-                with timer.stage(BWD):
-                    time.sleep(2 * MS)
-        with timer.stage(OPTIM):
-            time.sleep(0.5 * MS)
+                run_stages(timer, {DATA: 0.2 * MS, FWD: 1 * MS, BWD: 2 * MS})
+        run_stages(timer, {OPTIM: 0.5 * MS})
 
 
 def test_microsteps_become_indexed_substages_and_fold_back(tmp_path: Path) -> None:
-    timer = StageTimer(window=3, out_dir=tmp_path)
-    collector = CaptureCollector()
-    captured = StageTimer(window=3, collector=collector)
-    for t in (timer, captured):
-        for _ in range(3):
-            accumulation_step(t, 4)
-        t.close()
-
+    collector = on_disk_and_captured(tmp_path, 3, lambda timer: accumulation_step(timer, 4))
     expected = expand_microsteps(sf.DEFAULT_STAGES, 4)
     (w,) = collector.windows
     assert w.stages == expected

@@ -3,6 +3,7 @@ matrix as the direct Kineto reader (skipped, with the reason, where HTA is not i
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import os
 import shutil
@@ -12,8 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-
 from stagefrontier.cli import main
 from stagefrontier.reducers import (
     MissingDependencyError,
@@ -21,7 +20,7 @@ from stagefrontier.reducers import (
     reduce_hta,
     reduce_kineto,
 )
-from trace_support import DATA, SLOW_RANK, gloo_traces, load_events, single_process_trace
+from trace_support import DATA, SLOW_RANK, load_events, trace
 
 try:
     importlib.import_module("hta.common.trace")
@@ -33,13 +32,11 @@ needs_hta = pytest.mark.skipif(bool(HTA_MISSING), reason=HTA_MISSING)
 
 
 @pytest.fixture(scope="module")
-def gloo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return gloo_traces(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return single_process_trace(tmp_path_factory.mktemp("single") / "trace.json.gz", steps=4)
+def single_gz(tmp_path_factory: pytest.TempPathFactory, single: Path) -> Path:
+    """The committed single-process trace, gzipped."""
+    path = tmp_path_factory.mktemp("single") / "trace.json.gz"
+    path.write_bytes(gzip.compress(single.read_bytes()))
+    return path
 
 
 def assert_same(a: Any, b: Any) -> None:
@@ -59,14 +56,14 @@ def test_hta_equals_the_direct_reader_on_a_gloo_job(gloo_dir: Path) -> None:
 
 
 @needs_hta
-def test_hta_equals_the_direct_reader_on_gzip_with_a_rank_mapping(single: Path) -> None:
-    assert_same(reduce_hta(single, ranks={single.name: 0}), reduce_kineto(single))
-    assert_same(reduce_hta(single), reduce_kineto(single))
+def test_hta_equals_the_direct_reader_on_gzip_with_a_rank_mapping(single_gz: Path) -> None:
+    assert_same(reduce_hta(single_gz, ranks={single_gz.name: 0}), reduce_kineto(single_gz))
+    assert_same(reduce_hta(single_gz), reduce_kineto(single_gz))
 
 
 @needs_hta
-def test_hta_equals_the_direct_reader_on_step_annotations(tmp_path: Path) -> None:
-    path = single_process_trace(tmp_path / "t.json", steps=3, step_annotation="stagefrontier.step#")
+def test_hta_equals_the_direct_reader_on_step_annotations() -> None:
+    path = trace("numbered-steps-3.json")
     assert_same(reduce_hta(path), reduce_kineto(path))
 
 

@@ -9,24 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-
 import stagefrontier as sf
 from stagefrontier.cli import main
 from stagefrontier.reducers import AmbiguousStageOrderError, reduce_kineto
 from stagefrontier.reducers.infer import infer_stages
 from stagefrontier.reducers.ranges import RankRanges, Span
-from trace_support import BWD, DATA, FWD, OTHER, load_events, single_process_trace, write_events
+from trace_support import BWD, DATA, FWD, OTHER, THREE_RANGES, load_events, trace, write_events
 
-THREE = (DATA, FWD, BWD)
-DATA_SLEEP_S = 0.03
+THREE = THREE_RANGES
 
 
 @pytest.fixture(scope="module")
-def three_ranges(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def three_ranges() -> Path:
     """A loop whose record_function ranges cover only data, forward and backward."""
-    path = tmp_path_factory.mktemp("three") / "trace.json"
-    return single_process_trace(path, steps=4, data_sleep_s=DATA_SLEEP_S, ranges=THREE)
+    return trace("three-ranges-4-steps.json")
 
 
 def test_cli_reports_the_three_wrapped_stages_and_the_residual(

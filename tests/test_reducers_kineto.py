@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.reducers import (
@@ -33,24 +31,13 @@ from trace_support import (
     STAGES,
     TIMED,
     WORLD,
-    gloo_traces,
     load_events,
     reference_matrix,
-    single_process_trace,
+    trace,
     write_events,
 )
 
 NS = 1e-9
-
-
-@pytest.fixture(scope="module")
-def gloo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return gloo_traces(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return single_process_trace(tmp_path_factory.mktemp("single") / "trace.json", steps=4)
 
 
 def rank_files(folder: Path) -> dict[int, Path]:
@@ -168,7 +155,7 @@ def test_mapping_overrides_distributed_info_with_a_note(gloo_dir: Path) -> None:
 
 
 def test_numbered_step_annotation(tmp_path: Path) -> None:
-    path = single_process_trace(tmp_path / "t.json", steps=3, step_annotation="stagefrontier.step#")
+    path = trace("numbered-steps-3.json")
     reduced = reduce_kineto(path)
     assert reduced.meta["step_kind"] == "annotation"
     assert reduced.step_ids == (0, 1, 2) and not reduced.meta["ordinal_step_ids"]
@@ -183,7 +170,7 @@ def test_numbered_step_annotation(tmp_path: Path) -> None:
 
 
 def test_bare_step_annotation_numbers_steps_in_order(tmp_path: Path) -> None:
-    path = single_process_trace(tmp_path / "t.json", steps=3, step_annotation="my.step")
+    path = trace("bare-steps-3.json")
     with pytest.raises(TraceFormatError, match="no step ranges"):
         reduce_kineto(path)
     reduced = reduce_kineto(path, step_name="my.step")
@@ -194,7 +181,7 @@ def test_bare_step_annotation_numbers_steps_in_order(tmp_path: Path) -> None:
 def test_step_source_profiler_refuses_annotation_only_traces(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = single_process_trace(tmp_path / "t.json", steps=2, step_annotation="stagefrontier.step#")
+    path = trace("numbered-steps-3.json")
     with pytest.raises(TraceFormatError, match=r"no step ranges \(ProfilerStep#N\)"):
         reduce_kineto(path, step_source="profiler")
     assert main(["analyze", str(path), "--step-source", "profiler"]) == 2
@@ -306,7 +293,7 @@ def test_custom_stage_subset(single: Path) -> None:
     [
         (b'{"traceEvents": 3}', "no traceEvents list"),
         (b'{"traceEvents": [', "not a readable JSON trace"),
-        (gzip.compress(b'{"traceEvents": [')[:-6], "not a readable JSON trace"),
+        (gzip.compress(b'{"traceEvents": [', mtime=0)[:-6], "not a readable JSON trace"),
         (b'{"traceEvents": []}', "no step ranges"),
     ],
 )

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier import StageTimer, TimerSettingError
 from stagefrontier.demo.launch import read_windows, run_ranks
 from stagefrontier.render.incident import read_incident
@@ -72,7 +73,8 @@ def test_a_training_and_an_evaluation_timer_keep_every_rank(tmp_path: Path, disa
     """With ``disabled``, rank 1 builds its training timer with ``enabled=False``: its
     evaluation timer must still meet rank 0's (before, it took the first key scope, rank 0's
     training timer's, and every window of both timers lost rank 1 for the wrong reason)."""
-    codes = run_ranks(_rank, RANKS, (str(tmp_path), disabled), deadline_s=240.0)
+    payload = (str(tmp_path), disabled)
+    codes = run_ranks(_rank, RANKS, payload, deadline_s=240.0, start_method=START_METHOD)
     assert codes == {0: 0, 1: 0}
     for name, stages in (("train", TRAIN), ("eval", EVAL)):
         windows = read_windows(tmp_path / name)
@@ -159,7 +161,9 @@ def test_timers_collecting_hierarchically_or_with_routers_keep_their_keys_apart(
     job-store key (one timer's member then sent its windows to the other timer's node store),
     and two timers' routers read one request key (the evaluation timer's router captured the
     training timer's request into its own folder)."""
-    codes = run_ranks(_scoped_rank, RANKS, str(tmp_path), deadline_s=570.0)
+    codes = run_ranks(
+        _scoped_rank, RANKS, str(tmp_path), deadline_s=570.0, start_method=START_METHOD
+    )
     assert codes == {0: 0, 1: 0}
     for name in TIMERS:
         stages = TRAIN if name.endswith("train") else EVAL

@@ -1,22 +1,13 @@
-"""Real PyTorch Profiler traces for the reducer tests, and an independent slow reader of them.
-
-``gloo_traces`` spawns a real 2-rank Gloo DDP job (spawn, OMP_NUM_THREADS=1, an ephemeral-port
-TCPStore created here, a hard deadline) in which every rank profiles a few steps with
-``torch.profiler`` and writes its trace through ``tensorboard_trace_handler``; rank 1 sleeps in
-its data stage. ``single_process_trace`` profiles one process. ``reference_matrix`` reads a trace
-the slow, obvious way (for the tests' expected values).
+"""The committed real PyTorch Profiler traces the reducer tests read (``trace``; made by
+tests/data/make_traces.py), and an independent slow reader of them: ``reference_matrix`` reads a
+trace the slow, obvious way (for the tests' expected values).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
 import re
-import time
-from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,146 +25,23 @@ STAGES = (*TIMED, OTHER)
 WORLD = 2
 SLOW_RANK = 1
 DATA_SLEEP_S = 0.08
-WAIT, WARMUP, ACTIVE = 1, 1, 5
-DEADLINE_S = 240.0
+"""The Gloo job's shape: rank SLOW_RANK sleeps DATA_SLEEP_S in its data stage every step."""
+THREE_RANGES = (DATA, FWD, BWD)
+"""The stages with a range in ``three-ranges-4-steps.json`` (its data stage sleeps 30 ms)."""
 
-_CACHE: dict[str, Path] = {}
-
-
-def _steps(
-    profiler: Any,
-    steps: int,
-    data_sleep_s: float,
-    barrier: Callable[[], None],
-    ranges: tuple[str, ...] = TIMED,
-) -> None:
-    """A tiny training loop with one ``record_function`` range per ordered stage in ``ranges``
-    (the other stages run unwrapped)."""
-    import torch
-    from torch.profiler import record_function
-
-    def stage(name: str) -> Any:
-        return record_function(name) if name in ranges else contextlib.nullcontext()
-
-    model = torch.nn.Linear(32, 32)
-    if barrier is not _no_barrier:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        with stage(DATA):
-            inputs = torch.randn(16, 32)
-            if data_sleep_s:
-                time.sleep(data_sleep_s)
-        with stage(FWD):
-            loss = model(inputs).square().mean()
-        with stage(BWD):
-            loss.backward()
-        with stage(CALLBACKS):
-            barrier()
-        with stage(OPTIM):
-            optimizer.step()
-            optimizer.zero_grad()
-        profiler.step()
+TRACES = Path(__file__).parent / "data" / "traces"
+"""The committed real traces, written by tests/data/make_traces.py (which says how each was
+made): ``gloo-2-ranks/`` (one trace per rank, five profiled steps), ``single-4-steps.json``,
+``single-3-steps.json``, ``slow-data-4-steps.json`` (30 ms data sleep),
+``three-ranges-4-steps.json``, ``numbered-steps-3.json`` (``stagefrontier.step#N`` ranges, no
+profiler steps) and ``bare-steps-3.json`` (``my.step`` ranges)."""
 
 
-def _no_barrier() -> None:
-    return None
-
-
-def profile_rank(rank: int, port: int, out_dir: str) -> None:
-    """Entry point of one spawned rank: Gloo DDP, profiled with a schedule."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
-
-    torch.set_num_threads(1)
-    torch.manual_seed(rank)
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(out_dir, worker_name=f"worker{rank}"),
-    ) as prof:
-        _steps(
-            prof, WAIT + WARMUP + ACTIVE, DATA_SLEEP_S if rank == SLOW_RANK else 0.0, dist.barrier
-        )
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def gloo_traces(tmp_path_factory: Any) -> Path:
-    """A folder with one trace per rank of a real 2-rank Gloo job (made once per session)."""
-    if "gloo" in _CACHE:
-        return _CACHE["gloo"]
-    import torch.multiprocessing as mp
-
-    from stagefrontier.demo.launch import loopback_store
-
-    out = tmp_path_factory.mktemp("gloo_traces")
-    store = loopback_store(WORLD)
-    context = mp.get_context("spawn")
-    procs = [
-        context.Process(target=profile_rank, args=(rank, store.port, str(out)), daemon=True)
-        for rank in range(WORLD)
-    ]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-    codes = [proc.exitcode for proc in procs]
-    assert codes == [0] * WORLD, f"profiled ranks failed or hit the deadline: {codes}"
-    assert len(list(out.glob("*.pt.trace.json"))) == WORLD
-    _CACHE["gloo"] = out
-    return out
-
-
-def single_process_trace(
-    path: Path,
-    steps: int = 4,
-    *,
-    data_sleep_s: float = 0.0,
-    step_annotation: str | None = None,
-    ranges: tuple[str, ...] = TIMED,
-) -> Path:
-    """Profile one process and export its trace to ``path`` (``.json`` or ``.json.gz``).
-
-    With ``step_annotation`` the profiler runs without a schedule (no ``ProfilerStep#N``) and the
-    loop emits that range around every step instead (``"{name}#{i}"`` if it ends with ``#``).
-    Only the stages in ``ranges`` get a ``record_function`` range.
-    """
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
-
-    torch.set_num_threads(1)
-    if step_annotation is None:
-        with profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-        ) as prof:
-            _steps(prof, steps + 1, data_sleep_s, _no_barrier, ranges)
-    else:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i in range(steps):
-                name = f"{step_annotation}{i}" if step_annotation.endswith("#") else step_annotation
-                with record_function(name):
-                    _steps(_NoProfiler(), 1, data_sleep_s, _no_barrier, ranges)
-    prof.export_chrome_trace(str(path))
+def trace(name: str) -> Path:
+    """The committed trace (or folder of traces) ``name``; read it, never write into it."""
+    path = TRACES / name
+    assert path.exists(), f"{path} is missing: run tests/data/make_traces.py"
     return path
-
-
-class _NoProfiler:
-    def step(self) -> None:
-        return None
 
 
 # --- independent reading ------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""What several test files share, made once per session (per worker under pytest-xdist): the
+real-rank runs they assert on (a test that needs one names its fixture instead of launching the
+job again; each is a real spawned Gloo job, skipped without torch) and the committed real
+profiler traces (tests/data/traces, readable without torch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rank_support import START_METHOD
+from trace_support import trace
+
+DEMO_STEPS = 30
+DEMO_WINDOW = 10
+"""The shape of every 2-rank demo run in tests/test_distributed.py."""
+DEMO_DEADLINE_S = 240.0
+
+
+@pytest.fixture(scope="session")
+def untimed_demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The demo's 2-rank DDP run with every timer off (``stagefrontier.demo.launch``): the losses
+    a faulty run must reproduce (faults only sleep), and the wall time of a whole run on this
+    machine at its present load, from which a test derives its deadlines."""
+    pytest.importorskip("torch")
+    from stagefrontier.demo import DemoConfig, launch
+
+    config = DemoConfig(
+        ranks=2,
+        steps=DEMO_STEPS,
+        window=DEMO_WINDOW,
+        out_dir=str(tmp_path_factory.mktemp("untimed-demo")),
+        timed=False,
+        quiet=True,
+    )
+    run = launch(config, deadline_s=DEMO_DEADLINE_S, start_method=START_METHOD)
+    assert run.windows == []
+    return run
+
+
+@pytest.fixture(scope="session")
+def gloo_dir() -> Path:
+    """The committed traces of a real 2-rank Gloo DDP job (``trace_support``), one per rank."""
+    return trace("gloo-2-ranks")
+
+
+@pytest.fixture(scope="session")
+def single() -> Path:
+    """The committed trace of one profiled process, four steps (``trace_support``)."""
+    return trace("single-4-steps.json")
+
+
+@pytest.fixture(scope="session")
+def untimed_job_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]]:
+    """The losses of the collection tests' 2-rank job (``collect_support.Job`` defaults: 30
+    steps) with every timer off; faults only sleep or drop windows, so every timed run of that
+    job must reproduce them."""
+    pytest.importorskip("torch")
+    from collect_support import Job, launch
+
+    run = launch(Job(out_dir=str(tmp_path_factory.mktemp("untimed-job")), collect="off"))
+    assert run.windows == []
+    return run.losses
