@@ -16,6 +16,7 @@ from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
 from .confirm import LiveWindow, confirm, live_slice
+from .decide import MIN_SHARE
 from .opdiff import op_diff, stage_op_times
 from .trace_slice import load_for_reduction
 
@@ -38,6 +39,7 @@ def analyze_traces(
     gates: Any,
     run_dir: str | os.PathLike[str],
     budget_s: float | None = None,
+    min_share: float = MIN_SHARE,
 ) -> float:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
     ``stagefrontier incident`` offline: then only the op diff is computed). An earlier trace
@@ -47,7 +49,8 @@ def analyze_traces(
     ``budget_s``: the CPU the reduction may take (live: the captured steps' own wall time, at
     least ``MIN_BUDGET_S``). The confirmation always runs; the suspect's op diff runs while the
     budget is not spent, and the reference's after it; a part left out is said in a reason
-    (the op diff then lists the suspect's own times)."""
+    (the op diff then lists the suspect's own times). ``min_share``: the share of the step by
+    which the suspect's lead over its reference must hold in the trace (``confirm``)."""
     start = time.thread_time()
     budget = None if budget_s is None else max(budget_s, MIN_BUDGET_S)
 
@@ -61,13 +64,17 @@ def analyze_traces(
         )
         return True
 
-    loaded = _confirm(incident, files, live, gates)
+    loaded = _confirm(incident, files, live, gates, min_share)
     _op_diff(incident, files, loaded, run_dir, over)
     return time.thread_time() - start
 
 
 def _confirm(
-    incident: dict[str, Any], files: dict[int, str], live: list[LiveWindow], gates: Any
+    incident: dict[str, Any],
+    files: dict[int, str],
+    live: list[LiveWindow],
+    gates: Any,
+    min_share: float,
 ) -> Loaded:
     """Confirm the incident against the live windows; returns the traces, each parsed once for
     the confirmation and the op diff."""
@@ -82,7 +89,8 @@ def _confirm(
             logger.debug("stagefrontier: loading %s failed", path, exc_info=True)
     try:
         window = live_slice(live, ranks, steps)
-        result = confirm(files, window, incident["stage"], gates, loaded)
+        lead = (incident["leader_rank"], incident["reference_rank"])
+        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share)
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
