@@ -21,7 +21,9 @@ per-step advance grew beyond its even share of the slowdown (its baseline advanc
 window's slowdown ratio) by at least ``min_increase`` of the baseline step and by more than
 ``noise_factor`` standard errors (``analysis.noise.median_shift``, with the larger spread of the
 two sides: a neighbour makes the window noisier than its baseline), and that excess is at least
-``LOCALIZED_SHARE`` of the whole increase; that stage is the top stage. Otherwise every stage
+``LOCALIZED_SHARE`` of the whole increase (accumulation substages ``name[i]`` are judged
+together, as their broad stage); that stage is the top stage (with substages, the one that grew
+most). Otherwise every stage
 grew with the step: a ``whole_job`` slowdown (a noisy neighbour, CPU throttling, a slower shared
 filesystem or network), reported as such and never worth a trace of one rank.
 
@@ -59,6 +61,7 @@ from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .compare import Side, compare
 from .noise import median_shift
+from .semantic import stage_groups
 from .summary import WindowSummary
 
 RANKS_NAMED = 3
@@ -214,9 +217,13 @@ class RegressionCheck:
         floor = self.config.min_increase * base_median
         best: tuple[float, str] | None = None
         assert self._stages is not None
-        for j, stage in enumerate(self._stages):
-            excess = median_shift(before[:, j] * ratio, now[:, j], floor, self.config.noise_factor)
+        for members in stage_groups(self._stages)[1]:  # accumulation substages judged together
+            was, grown = before[:, members].sum(axis=1), now[:, members].sum(axis=1)
+            excess = median_shift(was * ratio, grown, floor, self.config.noise_factor)
             if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * increase:
+                # the split names the member that grew most
+                growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
+                stage = self._stages[members[int(np.argmax(growth))]]
                 best = max(best or (excess.shift_s, stage), (excess.shift_s, stage))
         return best[1] if best else None
 
