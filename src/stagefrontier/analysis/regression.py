@@ -23,9 +23,9 @@ window's slowdown ratio) by at least ``min_increase`` of the baseline step and b
 two sides: a neighbour makes the window noisier than its baseline), and that excess is at least
 ``LOCALIZED_SHARE`` of the whole increase (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
-most). Otherwise every stage
-grew with the step: a ``whole_job`` slowdown (a noisy neighbour, CPU throttling, a slower shared
-filesystem or network), reported as such and never worth a trace of one rank.
+most). Otherwise every stage grew with the step: a ``whole_job`` slowdown (a noisy neighbour,
+CPU throttling, a slower shared filesystem or network), reported as such and never worth a trace
+of one rank.
 
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which

@@ -79,9 +79,9 @@ def _throttled() -> tuple[int, float] | None:
 
 
 def load_average() -> float | None:
-    text = _read(LOADAVG)
+    fields = (_read(LOADAVG) or "").split()
     try:
-        return float(text.split()[0]) if text else None
+        return float(fields[0]) if fields else None
     except ValueError:
         return None
 
