@@ -17,11 +17,12 @@ baseline (a lasting change is reported for that long, then taken as the new norm
 regression is split exactly into stage advance changes with ``analysis.compare``.
 
 A flagged regression is then placed (``kind``). It is a ``stage`` regression when one stage's
-per-step advance grew beyond its even share of the slowdown (its baseline advances scaled by the
-window's slowdown ratio) by at least ``min_increase`` of the baseline step and by more than
-``noise_factor`` standard errors (``analysis.noise.median_shift``, with the larger spread of the
-two sides: a neighbour makes the window noisier than its baseline), and that excess is at least
-``LOCALIZED_SHARE`` of the whole increase (accumulation substages ``name[i]`` are judged
+mean advance per step grew beyond its even share of the slowdown (its baseline advances scaled
+by the ratio of the mean steps) by at least ``min_increase`` of the baseline's median step and
+by more than ``noise_factor`` standard errors of the difference of the means, taken over blocks
+of ``BLOCK_STEPS`` steps (``analysis.noise.mean_shift``: means, because a stall that falls on
+one step in a few moves a mean, not a median), and that excess is at least ``LOCALIZED_SHARE``
+of the window's mean increase (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
 most). Otherwise every stage grew with the step: a ``whole_job`` slowdown (a noisy neighbour,
 CPU throttling, a slower shared filesystem or network), reported as such and never worth a trace
@@ -60,11 +61,14 @@ import numpy as np
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .compare import Side, compare
-from .noise import median_shift
+from .noise import block_means, mean_shift, median_shift
 from .semantic import stage_groups
 from .summary import WindowSummary
 
 RANKS_NAMED = 3
+BLOCK_STEPS = 4
+"""Steps per block when a stage's growth is judged against the steps' noise: a DataLoader with
+up to 4 workers hands its batches over together, so its wait falls on one step in a few."""
 LOCALIZED_SHARE = 0.5
 """The least part of a window's increase that one stage's growth beyond its even share must
 explain for the regression to be that stage's rather than the whole job's."""
@@ -191,7 +195,7 @@ class RegressionCheck:
             return None, True  # against a baseline still filling: two large jumps in a row
         if not self._above and increase <= 2 * threshold:
             return None, True
-        top = self._localize(entry, base, increase)
+        top = self._localize(entry, base)
         split = (
             self._split(entry, stages, top)
             if entry.d is not None
@@ -207,20 +211,22 @@ class RegressionCheck:
         }
         return found, True
 
-    def _localize(self, entry: _Healthy, base: FloatArray, increase: float) -> str | None:
+    def _localize(self, entry: _Healthy, base: FloatArray) -> str | None:
         """The stage whose per-step advance grew beyond its even share of the slowdown, as the
         module docstring says (None: the whole job slowed)."""
         before = np.concatenate([_entry_advances(h) for h in self._healthy])
         now = _entry_advances(entry)
-        base_median = float(np.median(base))
-        ratio = float(np.median(entry.exposed)) / base_median if base_median > 0 else 1.0
-        floor = self.config.min_increase * base_median
+        base_mean = float(np.mean(base))
+        ratio = float(np.mean(entry.exposed)) / base_mean if base_mean > 0 else 1.0
+        mean_increase = float(np.mean(entry.exposed)) - base_mean
+        floor = self.config.min_increase * float(np.median(base))
         best: tuple[float, str] | None = None
         assert self._stages is not None
         for members in stage_groups(self._stages)[1]:  # accumulation substages judged together
-            was, grown = before[:, members].sum(axis=1), now[:, members].sum(axis=1)
-            excess = median_shift(was * ratio, grown, floor, self.config.noise_factor)
-            if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * increase:
+            was = block_means(before[:, members].sum(axis=1) * ratio, BLOCK_STEPS)
+            grown = block_means(now[:, members].sum(axis=1), BLOCK_STEPS)
+            excess = mean_shift(was, grown, floor, self.config.noise_factor)
+            if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * mean_increase:
                 # the split names the member that grew most
                 growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
                 stage = self._stages[members[int(np.argmax(growth))]]
