@@ -125,31 +125,18 @@ def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(
     assert run.losses == healthy.losses
 
 
-def test_a_slowdown_of_every_rank_opens_a_regression_capture(tmp_path: Path) -> None:
-    """Every rank's data loading slows by 100 ms from step 40: no rank leads, so no window is
-    actionable by itself, but the live regression check flags the first slowed window and the
-    router captures the rank whose data time grew most. With no earlier trace to compare with,
-    the op list is that rank's own time per operator, and the delay is its top entry."""
+def test_a_slowdown_of_every_rank_is_named_and_never_captured(tmp_path: Path) -> None:
+    """Every rank's data loading slows by 100 ms from step 40: no rank leads, the live
+    regression check flags the first slowed window as the data stage's, on every rank, and the
+    router captures nothing: no rank is left to serve as the suspect's reference."""
     run = _run(tmp_path, "every", ("data@all:100ms,from=40",), steps=70)
     records = [
         json.loads(line) for line in (run.out_dir / "windows.jsonl").read_text().split("\n") if line
     ]
-    flagged = [r["window"] for r in records if r.get("regression")]
-    assert flagged and flagged[0] in (4, 5), flagged
-    incidents = list_incidents(run.out_dir)
-    assert len(incidents) == 1, [i["reasons"] for i in incidents]
-    incident = incidents[0]
-    assert incident["trigger"] == "regression"
-    assert incident["window"] == flagged[0]
-    assert incident["stage"] == "data.next_wait"
-    assert incident["regression"]["all_ranks"] and incident["regression"]["top_stage"] == (
-        "data.next_wait"
-    )
-    suspect = incident["leader_rank"]
-    assert incident["requested_ranks"] == [suspect] and incident["ranks"] == [suspect]
-    assert incident["reference_capture"] is None
-    assert any("no earlier trace of rank" in r for r in incident["reasons"])
-    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
-    top = incident["op_diff"][0]
-    assert "faults.py" in top["name"] and "delay" in top["name"], top
-    assert top["suspect_ms_per_step"] > 90 and top["reference_ms_per_step"] == 0
+    flagged = [r for r in records if r.get("regression")]
+    assert flagged and flagged[0]["window"] in (4, 5), flagged
+    regression = flagged[0]["regression"]
+    assert regression["kind"] == "stage" and regression["top_stage"] == "data.next_wait"
+    assert regression["all_ranks"], regression
+    assert list_incidents(run.out_dir) == []
+    assert _traces(run.out_dir) == []

@@ -59,6 +59,16 @@ def unsteady_lead(
     return ""
 
 
+def block_sums(d: npt.NDArray[np.float64], size: int) -> npt.NDArray[np.float64]:
+    """``d`` summed over consecutive blocks of ``size`` steps along its first axis (a last
+    partial block left out)."""
+    blocks = d.shape[0] // size
+    summed: npt.NDArray[np.float64] = (
+        d[: blocks * size].reshape(blocks, size, *d.shape[1:]).sum(axis=1)
+    )
+    return summed
+
+
 def block_lead(
     d: npt.NDArray[np.float64],
     stages: Sequence[str],
@@ -72,10 +82,10 @@ def block_lead(
     fit or ``size`` is under 2. The direct gains play no part in a lead, so the blocks are
     analyzed with each rank's own median as the gains' baseline: a no-stall reference of
     single steps does not describe a block's sum."""
-    blocks = d.shape[0] // size if size >= 2 else 0
-    if blocks < MIN_BLOCKS:
+    if size < 2 or d.shape[0] // size < MIN_BLOCKS:
         return None
-    summed = d[: blocks * size].reshape(blocks, size, *d.shape[1:]).sum(axis=1)
+    summed = block_sums(d, size)
+    blocks = summed.shape[0]
     g = replace(gates, gain_baseline="rank_median")
     report = analyze(summed, stages, gates=g, rank_ids=list(rank_ids))
     loc = report.semantic_localization[stage]

@@ -16,6 +16,18 @@ the next ones; after ``baseline_windows`` windows in a row above it, those windo
 baseline (a lasting change is reported for that long, then taken as the new normal). A
 regression is split exactly into stage advance changes with ``analysis.compare``.
 
+A flagged regression is then placed (``kind``). It is a ``stage`` regression when one stage's
+mean advance per step grew beyond its even share of the slowdown (its baseline advances scaled
+by the ratio of the mean steps) by at least ``min_increase`` of the baseline's median step and
+by more than ``noise_factor`` standard errors of the difference of the means, taken over blocks
+of ``BLOCK_STEPS`` steps (``analysis.noise.mean_shift``: means, because a stall that falls on
+one step in a few moves a mean, not a median), and that excess is at least ``LOCALIZED_SHARE``
+of the window's mean increase (accumulation substages ``name[i]`` are judged
+together, as their broad stage); that stage is the top stage (with substages, the one that grew
+most). Otherwise every stage grew with the step: a ``whole_job`` slowdown (a noisy neighbour,
+CPU throttling, a slower shared filesystem or network), reported as such and never worth a trace
+of one rank.
+
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
 node summaries combine exactly (to their stated rounding). Which ranks grew needs each rank's
@@ -47,14 +59,23 @@ from typing import Any
 import numpy as np
 
 from ..errors import StageFrontierError
-from .accounting import FloatArray, advances_from_frontier, frontier
+from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .compare import Side, compare
+from .noise import block_means, mean_shift, median_shift
+from .semantic import stage_groups
 from .summary import WindowSummary
 
-MAD_TO_SIGMA = 1.4826
-MEDIAN_SE = 1.2533
-"""Standard error of a sample median, in units of sigma / sqrt(n), for normal noise."""
 RANKS_NAMED = 3
+BLOCK_STEPS = 4
+"""Steps per block when a stage's growth is judged against the steps' noise: a DataLoader with
+up to 4 workers hands its batches over together, so its wait falls on one step in a few."""
+LOCALIZED_SHARE = 0.5
+"""The least part of a window's increase that one stage's growth beyond its even share must
+explain for the regression to be that stage's rather than the whole job's."""
+WHOLE_JOB = "whole_job"
+STAGE = "stage"
+STEAL_SHARE = 0.05
+"""CPU steal at or above this share of the CPU time is named as a cause."""
 
 
 @dataclass(frozen=True)
@@ -174,22 +195,53 @@ class RegressionCheck:
             return None, True  # against a baseline still filling: two large jumps in a row
         if not self._above and increase <= 2 * threshold:
             return None, True
+        top = self._localize(entry, base)
+        split = (
+            self._split(entry, stages, top)
+            if entry.d is not None
+            else self._split_summary(entry, top)
+        )
         found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
             "median_increase_ms_per_step": increase * 1e3,
-            **(self._split(entry, stages) if entry.d is not None else self._split_summary(entry)),
+            "kind": STAGE if top is not None else WHOLE_JOB,
+            # the mean step's growth, as the window line's +ms/step is the mean's
+            "slowdown": split["delta_exposed_ms_per_step"] / (float(np.mean(base)) * MS),
+            **split,
         }
         return found, True
 
-    def _split(self, entry: _Healthy, stages: tuple[str, ...]) -> dict[str, Any]:
-        """The change split into stages, and the ranks whose own time grew, from every rank's
-        columns."""
+    def _localize(self, entry: _Healthy, base: FloatArray) -> str | None:
+        """The stage whose per-step advance grew beyond its even share of the slowdown, as the
+        module docstring says (None: the whole job slowed)."""
+        before = np.concatenate([_entry_advances(h) for h in self._healthy])
+        now = _entry_advances(entry)
+        base_mean = float(np.mean(base))
+        ratio = float(np.mean(entry.exposed)) / base_mean if base_mean > 0 else 1.0
+        mean_increase = float(np.mean(entry.exposed)) - base_mean
+        floor = self.config.min_increase * float(np.median(base))
+        best: tuple[float, str] | None = None
+        assert self._stages is not None
+        for members in stage_groups(self._stages)[1]:  # accumulation substages judged together
+            was = block_means(before[:, members].sum(axis=1) * ratio, BLOCK_STEPS)
+            grown = block_means(now[:, members].sum(axis=1), BLOCK_STEPS)
+            excess = mean_shift(was, grown, floor, self.config.noise_factor)
+            if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * mean_increase:
+                # the split names the member that grew most
+                growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
+                stage = self._stages[members[int(np.argmax(growth))]]
+                best = max(best or (excess.shift_s, stage), (excess.shift_s, stage))
+        return best[1] if best else None
+
+    def _split(self, entry: _Healthy, stages: tuple[str, ...], top: str | None) -> dict[str, Any]:
+        """The change split into stages, and the ranks whose own time grew in ``top`` (by
+        default the stage whose advance grew most), from every rank's columns."""
         assert entry.d is not None
         result = compare(
             Side.from_windows("baseline", [h.d for h in self._healthy if h.d is not None], stages),
             Side.from_windows(f"window {entry.window}", [entry.d], stages),
         )
-        top = result.top_stage
+        top = top or result.top_stage
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
@@ -204,7 +256,7 @@ class RegressionCheck:
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
         }
 
-    def _split_summary(self, entry: _Healthy) -> dict[str, Any]:
+    def _split_summary(self, entry: _Healthy, top: str | None) -> dict[str, Any]:
         """``_split`` from node summaries (see the module docstring)."""
         now = entry.summary
         assert now is not None
@@ -213,7 +265,7 @@ class RegressionCheck:
         new_adv = _advances(now)
         deltas = (new_adv.mean(axis=0) - base_adv.mean(axis=0)) * MS
         delta_advance = {s: float(v) for s, v in zip(now.stages, deltas, strict=True)}
-        top = max(delta_advance, key=lambda s: delta_advance[s])
+        top = top or max(delta_advance, key=lambda s: delta_advance[s])
         j = now.stages.index(top)
         half = 0.5 * delta_advance[top]
         steps = np.array([b.n_steps for b in base], dtype=np.float64)
@@ -244,15 +296,21 @@ class RegressionCheck:
         """How much the median of ``exposed`` exceeds that of ``base``, and the threshold past
         which that is a slowdown (see the module doc)."""
         cfg = self.config
-        base_median = float(np.median(base))
-        spread = MAD_TO_SIGMA * float(np.median(np.abs(base - base_median)))
-        error = MEDIAN_SE * spread * float(np.sqrt(1.0 / exposed.size + 1.0 / base.size))
-        threshold = max(cfg.min_increase * base_median, cfg.noise_factor * error)
-        return float(np.median(exposed)) - base_median, threshold
+        floor = cfg.min_increase * float(np.median(base))
+        shift = median_shift(base, exposed, floor, cfg.noise_factor, noisy_now=False)
+        return shift.shift_s, shift.threshold_s
 
 
 def _advances(summary: WindowSummary) -> FloatArray:
     return advances_from_frontier(summary.top_prefix[:, :, 0])
+
+
+def _entry_advances(entry: _Healthy) -> FloatArray:
+    """Per-step frontier advances ``[N, S]`` of a kept window, from its columns or summary."""
+    if entry.d is not None:
+        return advances(entry.d)
+    assert entry.summary is not None
+    return _advances(entry.summary)
 
 
 def _baseline_mean_bound(
@@ -274,20 +332,51 @@ def _baseline_mean_bound(
 
 def regression_text(regression: dict[str, Any]) -> str:
     """A few words for the window line: ``+38 ms/step vs windows 4-8: data.next_wait +35 ms,
-    all ranks``."""
+    all ranks``, or for a slowdown of the whole job ``+41 ms/step vs windows 4-8: the whole job
+    slowed 38% evenly over ranks and stages: the cause is outside the training code`` and what
+    rank 0's host signals say."""
     first, last = regression["baseline_windows"]
     top = regression["top_stage"]
     delta = regression["delta_advance_ms_per_step"][top]
     ranks = regression["ranks"]
-    if regression["all_ranks"]:
-        who = "all ranks"
-    else:
-        shown = ",".join(str(r) for r in ranks[:RANKS_NAMED])
-        who = (
-            ("rank " if len(ranks) == 1 else "ranks ") + shown + (",..." if len(ranks) > 3 else "")
-        )
+    shown = ",".join(str(r) for r in ranks[:RANKS_NAMED]) + (",..." if len(ranks) > 3 else "")
+    named = ("rank " if len(ranks) == 1 else "ranks ") + shown
     span = f"window {first}" if first == last else f"windows {first}-{last}"
-    return (
-        f"{regression['delta_exposed_ms_per_step']:+.0f} ms/step vs {span}: "
-        f"{top} {delta:+.0f} ms, {who}"
-    )
+    head = f"{regression['delta_exposed_ms_per_step']:+.0f} ms/step vs {span}: "
+    if regression.get("kind") == WHOLE_JOB:
+        where = "ranks and stages" if regression["all_ranks"] else f"its stages (most on {named})"
+        return (
+            head + f"the whole job slowed {regression['slowdown']:.0%} evenly over {where}: "
+            "the cause is outside the training code" + host_text(regression.get("host"))
+        )
+    who = "all ranks" if regression["all_ranks"] else named
+    return head + f"{top} {delta:+.0f} ms, {who}"
+
+
+def host_text(host: dict[str, Any] | None) -> str:
+    """What rank 0's host signals (``collect.host_signals``) say of a slowdown, in a few words:
+    the ones that changed, else the ones read."""
+    if not host:
+        return ""
+    now, before = host.get("now", {}), host.get("before", {})
+    said: list[str] = []
+    load, was = now.get("load_average"), before.get("load_average")
+    if load is not None and was is not None and load >= 1.5 * was and load - was >= 1:
+        said.append(f"other work competes for the CPUs (load average {load:.1f}, was {was:.1f})")
+    if now.get("steal_share", 0.0) >= STEAL_SHARE:
+        said.append(f"the hypervisor took {now['steal_share']:.0%} of the CPU time (steal)")
+    if now.get("throttled_periods", 0) > 0:
+        said.append(
+            f"the cgroup's CPU quota throttled it {now['throttled_periods']} times "
+            f"({now.get('throttled_ms', 0.0):.0f} ms)"
+        )
+    cpu, cpu_was = now.get("cpu_per_wall"), before.get("cpu_per_wall")
+    if cpu is not None and cpu_was is not None and cpu < 0.8 * cpu_was:
+        said.append(f"rank 0's process got {cpu:.2f} s of CPU per second, was {cpu_was:.2f}")
+    if said:
+        return " (" + "; ".join(said) + ")"
+    read = [f"load average {load:.1f}" if load is not None else ""]
+    read.append(f"CPU steal {now['steal_share']:.0%}" if "steal_share" in now else "")
+    read.append("no CPU throttling" if now.get("throttled_periods") == 0 else "")
+    shown = ", ".join(x for x in read if x)
+    return f" (no host signal says which{': ' + shown if shown else ''})"

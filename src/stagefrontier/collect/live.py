@@ -12,15 +12,24 @@ window-local gains stay reproducible with ``RegressionConfig`` off (``regression
 Only complete windows (every rank present and merged) are checked or join the baseline. A window
 collected as node summaries is checked on its combined summary (``RegressionCheck.check_summary``);
 its direct gains keep each rank's own median, since the ranks' columns stay on their nodes.
+
+A regression carries ``host``: rank 0's host signals over the window (``host_signals``) and
+their median over the healthy windows before it, which name the likely cause of a slowdown of
+the whole job.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
+from typing import Any
+
+import numpy as np
 
 from ..analysis.gates import Gates
 from ..analysis.regression import RegressionCheck, RegressionConfig
 from ..record.window import AnalyzedWindow, MergedWindow, analyze_merged
+from . import host_signals
 
 
 class LiveAnalysis:
@@ -29,6 +38,9 @@ class LiveAnalysis:
     def __init__(self, gates: Gates | None, regression: RegressionConfig | None) -> None:
         self.gates = gates
         self._check = None if regression is None else RegressionCheck(regression)
+        self._host = host_signals.snapshot()
+        kept = regression.baseline_windows if regression is not None else 1
+        self._healthy_hosts: deque[dict[str, Any]] = deque(maxlen=kept)
 
     def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
         check = self._check
@@ -40,7 +52,7 @@ class LiveAnalysis:
         if (self.gates or Gates()).gain_baseline == "rank_median":
             reference = check.reference(stages, len(merged.ranks))
         analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
-        regression = check.check(merged.reference.window, analyzed.d, stages)
+        regression = self._with_host(check.check(merged.reference.window, analyzed.d, stages))
         return replace(
             analyzed,
             regression=regression,
@@ -54,4 +66,19 @@ class LiveAnalysis:
         if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
             return analyzed
         regression = check.check_summary(analyzed.merged.reference.window, summary)
-        return replace(analyzed, regression=regression)
+        return replace(analyzed, regression=self._with_host(regression))
+
+    def _with_host(self, regression: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The regression with the host's signals over this window and the healthy ones; a
+        healthy window's signals join the typical ones."""
+        now = host_signals.snapshot()
+        signals = host_signals.between(self._host, now)
+        self._host = now
+        if regression is None:
+            self._healthy_hosts.append(signals)
+            return None
+        before = {
+            name: float(np.median([h[name] for h in self._healthy_hosts if name in h]))
+            for name in {n for h in self._healthy_hosts for n in h}
+        }
+        return {**regression, "host": {"now": signals, "before": before}}

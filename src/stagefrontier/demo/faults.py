@@ -156,9 +156,17 @@ class FaultInjector:
         self.step = 0
 
     def delay(self, kind: str) -> None:
-        for fault in self.faults:
-            if fault.kind == kind and fault.active(self.rank, self.step, self.node):
-                time.sleep(fault.delay_s)
+        delay_s = self.delay_s(kind, self.step)
+        if delay_s:
+            time.sleep(delay_s)
+
+    def delay_s(self, kind: str, step: int) -> float:
+        """The seconds the faults of ``kind`` add at ``step`` on this rank."""
+        return sum(
+            f.delay_s
+            for f in self.faults
+            if f.kind == kind and f.active(self.rank, step, self.node)
+        )
 
     def barrier_now(self) -> bool:
         """callback_sync faults put a barrier on every rank at the faulty rank's steps."""

@@ -99,6 +99,7 @@ def launch(
             store_setup=store_setup,
             store_teardown=store_teardown,
             kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
+            daemon=not config.loader_workers,  # a daemonic process may start no workers
         )
     except DeadlineExceeded as exc:
         raise DeadlineExceeded(
@@ -139,6 +140,7 @@ def run_ranks(
     store_teardown: Callable[[Any], None] | None = None,
     kill_store: Callable[[], bool] | None = None,
     may_die: Collection[int] = (),
+    daemon: bool = True,
 ) -> dict[int, int | None]:
     """Start ``target(rank, payload, store_port)`` in ``ranks`` processes around a fresh
     ephemeral-port TCPStore (on loopback only, see ``loopback_store``) and wait for them; returns
@@ -149,7 +151,8 @@ def run_ranks(
     stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
     run: when it returns True the store server is shut down (a store that dies mid-run). The
     ranks in ``may_die`` are expected to end early (a killed process): their exit does not stop
-    the wait.
+    the wait. ``daemon=False`` lets a rank start processes of its own (DataLoader workers);
+    the ranks are still terminated when the wait ends, however it ends.
     """
     import torch.multiprocessing as mp
 
@@ -160,7 +163,7 @@ def run_ranks(
     if start_method == "forkserver":
         context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     procs = [
-        context.Process(target=target, args=(rank, payload, store.port), daemon=True)
+        context.Process(target=target, args=(rank, payload, store.port), daemon=daemon)
         for rank in range(ranks)
     ]
     start = time.monotonic()

@@ -72,6 +72,12 @@ class DemoConfig:
     """The router's ``capture_timeout_s``."""
     router_off_ranks: tuple[int, ...] = ()
     """Ranks whose timer has no router (they never see a request: a disabled rank)."""
+    loader_workers: int = 0
+    """DataLoader worker processes that make the batches (``demo.loader``; a data fault then
+    sleeps in the workers); 0: the training loop makes them itself."""
+    router_capture: tuple[int, ...] = ()
+    """Ranks rank 0 asks its router to capture by hand (``request_capture``: suspect first,
+    then its reference) once the first window is handed off; empty: none."""
     paused_steps: tuple[int, ...] = ()
     """Steps every rank runs with its timer paused (``timer.pause()`` before them, ``resume()``
     before the others): the off blocks of an in-run A/B of the timer's cost."""
@@ -164,8 +170,13 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     if any(f.kind == "comm" for f in config.faults):
         # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
         model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
-    timer = _make_timer(rank, config)
+    timer, router = _make_timer(rank, config)
     accumulation = config.accumulation
+    batches: Iterator[tuple[Any, Any]] = data
+    if config.loader_workers:
+        from .loader import worker_batches
+
+        batches = worker_batches(data, faults, accumulation, config.loader_workers, config.seed)
 
     markers = Path(config.out_dir) / ".markers"
     losses, step_times, step_cpu = [], [], []
@@ -176,13 +187,16 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
             timer.pause()
         else:
             timer.resume()
+        if router is not None and rank == 0 and config.router_capture and step == config.window:
+            router.request_capture(list(config.router_capture))
         started, cpu_started = time.perf_counter(), time.process_time()
         with timer.step():
             for micro in range(accumulation):
                 with _microstep(timer, micro, config), _gradient_sync(model, micro, config):
                     with timer.stage(schema.DATA_STAGE):
-                        inputs, targets = next(data)
-                        faults.delay("data")
+                        inputs, targets = next(batches)
+                        if not config.loader_workers:  # else the workers sleep
+                            faults.delay("data")
                     with timer.stage(schema.FORWARD_STAGE):
                         logits = model(inputs)
                         loss = F.cross_entropy(
@@ -279,7 +293,7 @@ def _fsdp_no_sync(model: Any) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
+def _make_timer(rank: int, config: DemoConfig) -> tuple[StageTimer, ProfilerRouter | None]:
     enabled = config.timed and rank not in config.untimed_ranks
     stages = list(schema.DEFAULT_STAGES)
     if rank in config.extra_stage_ranks:
@@ -289,7 +303,7 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
         router = ProfilerRouter(
             steps=config.router_steps, capture_timeout_s=config.router_timeout_s
         )
-    return StageTimer(
+    timer = StageTimer(
         stages,
         window=config.window,
         collect=CollectConfig(
@@ -302,6 +316,7 @@ def _make_timer(rank: int, config: DemoConfig) -> StageTimer:
         enabled=enabled,
         router=router,
     )
+    return timer, router
 
 
 def launched_node(rank: int, world_size: int) -> int | None:

@@ -1,6 +1,7 @@
 """Does the trace say what the live signal said? The captured ranks' traces, reduced with the
 Kineto reducer and analyzed by the one analyzer, against the live matrix restricted to the same
-ranks and steps and analyzed the same way."""
+ranks and steps and analyzed the same way; and does the suspect's lead over its reference hold
+in the trace, by a material share of the step and above the captured steps' noise?"""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.gates import Gates
+from ..analysis.noise import mean_excess
 from ..analysis.semantic import stage_groups
 from ..reducers import reduce_kineto
+from ..reducers.result import ReducedTrace
+
+CONFIRM_T = 1.0
+"""Standard errors of the mean per-step lead the captured steps must clear. A handful of steps,
+where a DataLoader's bursts put a rank's whole wait on one step in a few, carries no stronger
+test; the materiality floor does most of the work, and the window that opened the incident
+passed the full test over its own steps."""
 
 
 @dataclass(frozen=True)
@@ -103,9 +112,15 @@ def confirm(
     stage: str | None,
     gates: Gates | None = None,
     loaded: Mapping[Path, tuple[dict[str, Any], list[Any]]] | None = None,
+    lead: tuple[int, int] | None = None,
+    min_share: float = 0.0,
 ) -> Confirmation:
-    """``confirmed`` when the trace's top stage is the live top stage (and the routed one) and
-    every share differs by less than ``Gates.share_tie``; ``disagrees`` (False) otherwise."""
+    """``confirmed`` when the trace's top stage is the live top stage (and the routed one),
+    every share differs by less than ``Gates.share_tie`` and, where ``lead`` names a suspect
+    and a distinct reference the trace holds, the suspect's time in ``stage`` (by default the
+    trace's top stage) exceeds the
+    reference's by at least ``min_share`` of the step on average and by ``CONFIRM_T`` standard
+    errors over the captured steps; ``disagrees`` (False) otherwise."""
     g = gates or Gates()
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
@@ -134,13 +149,39 @@ def confirm(
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
     agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
+    weak = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
     return Confirmation(
-        confirmed=bool(agree and max_diff < g.share_tie),
+        confirmed=bool(agree and max_diff < g.share_tie and not weak),
         max_share_diff=round(max_diff, 6),
         trace_shares={k: round(v, 6) for k, v in trace_report.shares.items()},
         live_shares={k: round(v, 6) for k, v in live_report.shares.items()},
         trace_top=trace_report.top1,
         live_top=live_report.top1,
         steps=tuple(common),
-        notes=tuple(reduced.notes),
+        notes=(*reduced.notes, *((weak,) if weak else ())),
+    )
+
+
+def _weak_lead(
+    reduced: ReducedTrace, stage: str | None, lead: tuple[int, int] | None, min_share: float
+) -> str:
+    """Why the suspect's lead over its reference in the trace's steps is no confirmation
+    (empty when it is one, or when the trace lacks a stage, a suspect or a distinct reference
+    to judge it by)."""
+    if lead is None or stage not in reduced.stages:
+        return ""
+    suspect, reference = lead
+    if suspect == reference or not {suspect, reference} <= set(reduced.ranks):
+        return ""
+    j = reduced.stages.index(stage)
+    mine, theirs = reduced.ranks.index(suspect), reduced.ranks.index(reference)
+    diffs = reduced.d[:, mine, j] - reduced.d[:, theirs, j]
+    step = float(np.median(reduced.d[:, [mine, theirs], :].sum(axis=2).max(axis=1)))
+    excess = mean_excess(diffs, min_share * step, CONFIRM_T)
+    if excess.stands_out:
+        return ""
+    return (
+        f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
+        f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
+        f"{excess.shortfall()}"
     )

@@ -192,11 +192,16 @@ class Coordinator:
             return
         if self.captures >= self.config.max_captures or index < self.next_window:
             return
-        decision, why = decide(window, self.config.gates)
+        decision, why = decide(
+            window,
+            self.config.gates,
+            min_share=self.config.min_share,
+            noise_factor=self.config.noise_factor,
+        )
         if decision is not None:
             self._open(decision, "window", [decision.suspect_rank, decision.reference_rank])
             return
-        regressed = regression_decision(window, traced=self.traces)
+        regressed = regression_decision(window)
         if regressed is None:
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
             return
@@ -204,8 +209,7 @@ class Coordinator:
 
     def _open_regression(self, decision: Decision, regression: dict[str, Any]) -> None:
         """A regression's capture: the suspect alone when it has a trace from the baseline
-        windows (the reference), else the suspect and a rank that did not grow, else (every
-        rank grew) the suspect alone against its latest earlier trace, if it has one."""
+        windows (the reference), else the suspect and a rank that did not grow."""
         suspect = decision.suspect_rank
         first, last = regression["baseline_windows"]
         earlier = self.traces.get(suspect, [])
@@ -216,27 +220,14 @@ class Coordinator:
         ]
         reasons = list(decision.reasons)
         reference: dict[str, Any] | None = None
-        ranks = [suspect]
+        ranks = [suspect, decision.reference_rank]
         if in_baseline:
             reference = in_baseline[-1].as_reference(baseline=True)
+            ranks = [suspect]
             reasons.append(
                 f"reference: rank {suspect}'s own trace of steps {reference['steps'][0]}-"
                 f"{reference['steps'][1]} (incident {reference['incident']}), taken in the "
                 "baseline windows"
-            )
-        elif decision.reference_rank != suspect:
-            ranks.append(decision.reference_rank)
-        elif earlier:
-            reference = earlier[-1].as_reference(baseline=False)
-            reasons.append(
-                f"reference: rank {suspect}'s latest earlier trace, steps "
-                f"{reference['steps'][0]}-{reference['steps'][1]} (incident "
-                f"{reference['incident']}); none was taken in the baseline windows"
-            )
-        else:
-            reasons.append(
-                f"no earlier trace of rank {suspect} to compare with: the op list shows its own "
-                "time per operator, and this capture is the reference for its next one"
             )
         decision = replace(decision, reasons=tuple(reasons))
         self._open(
@@ -326,8 +317,16 @@ class Coordinator:
         extra: dict[str, Any] | None = None,
         manual_id: str | None = None,
     ) -> None:
-        attempt = current_attempt()[1]
         window = decision.window
+        if trigger != "manual" and decision.suspect_rank == decision.reference_rank:
+            logger.info(
+                "stagefrontier router: no capture for window %d: suspect rank %d would be its "
+                "own reference",
+                window,
+                decision.suspect_rank,
+            )
+            return
+        attempt = current_attempt()[1]
         incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
         incident_id += f"-manual{self.captures}" if trigger == "manual" else ""
         steps = steps or self.config.steps
@@ -494,7 +493,9 @@ class Coordinator:
         steps = incident["steps"][1] - incident["steps"][0] + 1
         step_ms = incident["capture_step_ms"] or self.step_s * 1e3
         budget = steps * step_ms / 1e3 if math.isfinite(step_ms) else None
-        analyze_traces(incident, local, live, self.config.gates, self.out_dir, budget)
+        analyze_traces(
+            incident, local, live, self.config.gates, self.out_dir, budget, self.config.min_share
+        )
         worker_findings(incident, self.live)
         return time.thread_time() - start
 

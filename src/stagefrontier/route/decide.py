@@ -12,7 +12,13 @@ rank columns, the typical rank the node parts carry: ``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
-most, and a reference (a rank that did not grow, or the suspect's own earlier capture).
+most, and a rank that did not grow as the reference. A slowdown of the whole job (every stage,
+or every rank, grew alike) asks for none: no rank's trace against another's can show its cause.
+
+Both act only on a difference that is material and above the run's noise
+(``analysis.noise``): the suspect's time in the stage minus the reference's, per step (per block
+of steps where the lead was judged over blocks), must average at least ``min_share`` of the
+step and stand ``noise_factor`` standard errors above zero over the window's steps.
 
 When ranks play different roles the decision is taken inside one role, on that role's own
 report: the role named by ``role=``, or else the one the window says bounds the step
@@ -23,15 +29,16 @@ role; a window whose bounding role is open asks for no capture.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..analysis.across_roles import bounding_role
-from ..analysis.block_lead import unsteady_lead
+from ..analysis.block_lead import block_sums, unsteady_lead
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
+from ..analysis.noise import mean_excess
+from ..analysis.regression import WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..record.loader_workers import loader_block_lead
 from ..record.window import AnalyzedWindow
@@ -43,6 +50,12 @@ REQUEST_LATENCY_S = 0.5
 
 UNKNOWN_STEP_S = 0.1
 """The step time assumed for a manual request before any window was analyzed."""
+MIN_SHARE = 0.1
+"""The least share of the step by which a suspect's time in the stage must exceed its
+reference's (``ProfilerRouter.min_share``)."""
+NOISE_FACTOR = 4.0
+"""Standard errors of the mean per-step difference it must clear
+(``ProfilerRouter.noise_factor``)."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +70,19 @@ class Decision:
 
 
 def decide(
-    window: AnalyzedWindow, gates: Gates | None = None, role: str | None = None
+    window: AnalyzedWindow,
+    gates: Gates | None = None,
+    role: str | None = None,
+    *,
+    min_share: float = MIN_SHARE,
+    noise_factor: float = NOISE_FACTOR,
 ) -> tuple[Decision | None, str]:
     """The capture decision for one analyzed window, or None with the reason it is not one.
     With several roles it is taken inside ``role`` (default: the role that bounds the step)."""
     report = window.report
     g = gates or report.gates
+    if (window.regression or {}).get("kind") == WHOLE_JOB:
+        return None, "the whole job slowed evenly: no rank's trace can show the cause"
     ranks = [w.rank for w in window.merged.ranks]
     positions = list(range(len(ranks)))
     if report.role_reports and window.summary is not None:
@@ -118,6 +138,18 @@ def decide(
         others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
         reference = others[(len(others) - 1) // 2][1]
         chosen = f"the median total time in {stage} among the other ranks"
+        lead = (
+            window.d[:, ranks.index(suspect), columns]
+            - window.d[:, ranks.index(reference), columns]
+        )
+        burst = block.size if block is not None else 1
+        per_step = block_sums(lead.sum(axis=1), burst) / burst
+        excess = mean_excess(per_step, min_share * report.exposed_s / n, noise_factor)
+        if not excess.stands_out:
+            return None, (
+                f"rank {suspect} exceeds reference rank {reference} in {stage} by "
+                f"{excess.shift_s * 1e3:.1f} ms/step, {excess.shortfall()}"
+            )
     else:
         reference, chosen = typical_reference(window, stage, suspect)
     reasons: tuple[str, ...] = (
@@ -163,39 +195,29 @@ def start_margin(step_s: float, poll_s: float) -> int:
     return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2
 
 
-def regression_decision(window: AnalyzedWindow, traced: Collection[int] = ()) -> Decision | None:
+def regression_decision(window: AnalyzedWindow) -> Decision | None:
     """The capture for a window that regressed against the run's healthy baseline (None when
-    it did not): the ranks whose own time in the grown stage grew most. The suspect is the rank
-    that grew most; where the slowdown hit every rank alike, one that already has a trace in
-    ``traced`` is preferred, so its earlier capture can serve as the reference. The reference
-    rank is the rank that grew least, when the slowdown is not on every rank (a healthy rank of
-    the same window), else the suspect itself (compared with its own earlier capture)."""
+    it did not, or when no trace of one rank against another can show the cause): the regression
+    must be localized to a stage (not a slowdown of the whole job) and to some ranks (not every
+    rank alike), so that a rank that did not grow can be the reference. The suspect is the rank
+    that grew most; the reference the rank that grew least."""
     regression = window.regression
-    if not regression:
+    if not regression or regression.get("kind") == WHOLE_JOB or regression["all_ranks"]:
         return None
     stage = regression["top_stage"]
     deltas = {int(rank): float(ms) for rank, ms in regression["rank_delta_ms_per_step"].items()}
     grown = [int(rank) for rank in regression["ranks"]]
-    if not grown:
-        return None
-    suspect = grown[0]
-    if regression["all_ranks"]:
-        suspect = next((rank for rank in grown if rank in traced), suspect)
     healthy = [rank for rank in sorted(deltas, key=lambda r: deltas[r]) if rank not in grown]
-    reference = suspect if regression["all_ranks"] or not healthy else healthy[0]
+    if not grown or not healthy:
+        return None
+    suspect, reference = grown[0], healthy[0]
     first, last = regression["baseline_windows"]
     reasons = (
         f"window slower than windows {first}-{last} by "
         f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, most of it in {stage} "
         f"({regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step)",
-        f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, float('nan')):.1f} ms/step"
-        + (" (every rank grew alike)" if regression["all_ranks"] else ""),
-        f"reference rank {reference}: "
-        + (
-            "its own earlier capture, taken while the run was healthy, if one exists"
-            if reference == suspect
-            else f"the rank whose {stage} grew least in this window"
-        ),
+        f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, float('nan')):.1f} ms/step",
+        f"reference rank {reference}: the rank whose {stage} grew least in this window",
     )
     broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
     share = window.report.semantic_shares.get(broad, float("nan"))

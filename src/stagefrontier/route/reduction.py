@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.gates import Gates
 from ..failures import reason, say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
 from ..record.window import AnalyzedWindow
 from .confirm import Confirmation, LiveWindow, confirm, live_slice
+from .decide import MIN_SHARE
 from .opdiff import op_diff, stage_op_times
 from .trace_slice import load_for_reduction
 
@@ -39,6 +41,7 @@ def analyze_traces(
     gates: Any,
     run_dir: str | os.PathLike[str],
     budget_s: float | None = None,
+    min_share: float = MIN_SHARE,
 ) -> float:
     """Confirm and diff an incident's local traces in place (live windows may be empty, as in
     ``stagefrontier incident`` offline: then only the op diff is computed). An earlier trace
@@ -48,7 +51,8 @@ def analyze_traces(
     ``budget_s``: the CPU the reduction may take (live: the captured steps' own wall time, at
     least ``MIN_BUDGET_S``). The confirmation always runs; the suspect's op diff runs while the
     budget is not spent, and the reference's after it; a part left out is said in a reason
-    (the op diff then lists the suspect's own times)."""
+    (the op diff then lists the suspect's own times). ``min_share``: the share of the step by
+    which the suspect's lead over its reference must hold in the trace (``confirm``)."""
     start = time.thread_time()
     budget = None if budget_s is None else max(budget_s, MIN_BUDGET_S)
 
@@ -62,13 +66,17 @@ def analyze_traces(
         )
         return True
 
-    loaded = _confirm(incident, files, live, gates)
+    loaded = _confirm(incident, files, live, gates, min_share)
     _op_diff(incident, files, loaded, run_dir, over)
     return time.thread_time() - start
 
 
 def _confirm(
-    incident: dict[str, Any], files: dict[int, str], live: list[LiveWindow], gates: Any
+    incident: dict[str, Any],
+    files: dict[int, str],
+    live: list[LiveWindow],
+    gates: Any,
+    min_share: float,
 ) -> Loaded:
     """Confirm the incident against the live windows; returns the traces, each parsed once for
     the confirmation and the op diff."""
@@ -83,7 +91,8 @@ def _confirm(
             logger.debug("stagefrontier: loading %s failed", path, exc_info=True)
     try:
         window = live_slice(live, ranks, steps)
-        result = confirm(files, window, incident["stage"], gates, loaded)
+        lead = (incident["leader_rank"], incident["reference_rank"])
+        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share)
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
@@ -92,17 +101,24 @@ def _confirm(
         )
         incident["reasons"].extend(result.notes)
         if result.confirmed is False:
-            incident["reasons"].append(not_confirmed_text(result, incident["stage"]))
+            tie = (gates or Gates()).share_tie
+            text = not_confirmed_text(result, incident["stage"], tie)
+            if text:  # empty when the lead's own note (in ``notes``) is the only reason
+                incident["reasons"].append(text)
     except Exception as exc:
         say_failed(logger, f"confirming incident {incident['id']}", exc, "it stays unconfirmed")
         incident["reasons"].append(f"confirmation failed: {reason(exc)}")
     return loaded
 
 
-def not_confirmed_text(result: Confirmation, stage: str | None) -> str:
+def not_confirmed_text(
+    result: Confirmation, stage: str | None, tie: float = Gates.share_tie
+) -> str:
     """Why a capture did not confirm its incident, in words that match what was compared: the
     trace and the live steps name different top stages; or they agree on the top stage, but it
-    is not the routed one, or a share differs by more than ``Gates.share_tie``."""
+    is not the routed one, or a share differs by more than ``tie`` (``Gates.share_tie``). Empty
+    when they agree within ``tie``: the suspect's lead in the trace was too small, which
+    ``confirm`` says in its own note."""
     diff = result.max_share_diff
     if result.trace_top != result.live_top:
         return (
@@ -115,6 +131,8 @@ def not_confirmed_text(result: Confirmation, stage: str | None) -> str:
             f"{agree}, largest share difference {diff}), but the routed stage {stage} is not on "
             "top in the captured steps: not confirmed"
         )
+    if diff is not None and diff < tie:
+        return ""
     return f"{agree}), but a share differs by {diff}, more than the tie tolerance: not confirmed"
 
 

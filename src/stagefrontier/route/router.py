@@ -35,6 +35,7 @@ from ..render.escape import first_line, printable
 from . import profiler_session
 from .capture import RankCapture
 from .coordinator import Coordinator
+from .decide import MIN_SHARE, NOISE_FACTOR
 from .relay import RETRY_MAX_S, RequestRelay, request_poll_s
 from .requests import (
     MAX_CAPTURE_STEPS,
@@ -51,6 +52,7 @@ MAX_COUNT = 1_000_000
 MAX_TRACE_MB = 1_000_000.0
 """A terabyte: a larger trace limit is a mistake (and an infinite one overflows)."""
 MAX_POLL_S = 60.0
+MAX_NOISE_FACTOR = 100.0
 
 
 @dataclass
@@ -71,6 +73,11 @@ class ProfilerRouter:
         capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
             rank's answer before recording the incident as not captured; [0, 86400] seconds.
         with_stack: record Python stacks (needed for the op diff to name user functions).
+        min_share: the least share of the step by which the suspect's time in the stage must
+            exceed its reference's, on average over the steps, to open an incident (and over
+            the captured steps in the trace, to confirm it); [0, 1].
+        noise_factor: how many standard errors of that mean per-step difference it must also
+            clear in a window (the run's own step-to-step noise); >= 0.
         gates: the gates of the decision and the confirmation; the window's own by default.
         store: the store to clone for the router's connections; the job's by default.
 
@@ -87,6 +94,8 @@ class ProfilerRouter:
     poll_s: float = 0.05
     capture_timeout_s: float = 30.0
     with_stack: bool = True
+    min_share: float = MIN_SHARE
+    noise_factor: float = NOISE_FACTOR
     gates: Gates | None = None
     store: Any = None
     _runtime: RouterRuntime | None = field(default=None, init=False, repr=False, compare=False)
@@ -101,6 +110,8 @@ class ProfilerRouter:
         check_number(name("poll_s"), self.poll_s, 0.0, MAX_POLL_S, open_low=True)
         check_number(name("capture_timeout_s"), self.capture_timeout_s, 0.0, MAX_TIMEOUT_S)
         check_flag(name("with_stack"), self.with_stack)
+        check_number(name("min_share"), self.min_share, 0.0, 1.0)
+        check_number(name("noise_factor"), self.noise_factor, 0.0, MAX_NOISE_FACTOR)
         if self.gates is not None and not isinstance(self.gates, Gates):
             raise TimerSettingError(
                 f"ProfilerRouter gates must be a Gates or None, got {self.gates!r:.60}"

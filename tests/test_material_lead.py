@@ -1,0 +1,43 @@
+"""A confirmation needs a lead that matters: in a real 4-rank Gloo DDP run where every rank
+sleeps 10 ms in its forward and rank 3 1 ms more (as in a healthy loop whose ranks differ by a
+millisecond), no window opens an incident, and a capture of rank 3 against rank 2 (asked for by
+hand after the first window) is captured and its traces agree with the live windows, but rank
+3's lead of about 1 ms per step is far under the material share of the step: the incident is
+not confirmed, and says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stagefrontier.demo import DemoConfig, launch, parse_fault
+from stagefrontier.route import list_incidents
+
+
+def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
+    run = launch(
+        DemoConfig(
+            ranks=4,
+            steps=40,
+            window=10,
+            faults=(parse_fault("forward@all:10ms"), parse_fault("forward@3:1ms")),
+            out_dir=str(tmp_path / "lead"),
+            collect_timeout_s=10.0,
+            quiet=True,
+            router=True,
+            router_timeout_s=20.0,
+            router_capture=(3, 2),
+        ),
+        deadline_s=300.0,
+    )
+    incidents = list_incidents(run.out_dir)
+    assert len(incidents) == 1, [i["reasons"] for i in incidents]
+    incident = incidents[0]
+    assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
+    assert (incident["leader_rank"], incident["reference_rank"]) == (3, 2)
+    assert incident["confirmed"] is False, incident["reasons"]
+    said = [r for r in incident["reasons"] if r.startswith("not confirmed: in the trace rank 3's")]
+    assert said and "under the material floor" in said[0], incident["reasons"]

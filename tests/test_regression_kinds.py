@@ -1,0 +1,46 @@
+"""Where a flagged window's slowdown lies: every stage of every rank slower by the same factor is
+the whole job's; a stall in every microstep of one rank's data wait is that stage's, though no
+single microstep holds half of it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stagefrontier import DEFAULT_STAGES
+from stagefrontier.analysis.regression import RegressionCheck, regression_text
+
+STAGES = tuple(DEFAULT_STAGES)
+TYPICAL = np.array([0.004, 0.030, 0.055, 0.002, 0.012, 0.0005])
+MICROSTEPS = 4
+SUBSTAGES = tuple(f"{name}[{i}]" for i in range(MICROSTEPS) for name in STAGES[:3]) + STAGES[3:]
+
+
+def window(rng: np.random.Generator, typical: np.ndarray, steps: int = 20) -> np.ndarray:
+    d: np.ndarray = typical * rng.lognormal(0.0, 0.05, size=(steps, 4, typical.size))
+    return d
+
+
+def test_every_stage_slower_by_the_same_factor_is_the_whole_jobs() -> None:
+    rng = np.random.default_rng(3)
+    check = RegressionCheck()
+    for w in range(4):
+        assert check.check(w, window(rng, TYPICAL), STAGES) is None
+    found = check.check(4, window(rng, TYPICAL) * 1.5, STAGES)
+    assert found is not None and found["kind"] == "whole_job", found
+    assert abs(found["slowdown"] - 0.5) < 0.05
+    text = regression_text(found)
+    assert "the whole job slowed 5" in text and "evenly over ranks and stages" in text, text
+    assert text.endswith("the cause is outside the training code")
+
+
+def test_a_stall_in_every_microstep_of_one_rank_is_its_stages() -> None:
+    rng = np.random.default_rng(4)
+    typical = np.concatenate([np.tile(TYPICAL[:3] / MICROSTEPS, MICROSTEPS), TYPICAL[3:]])
+    check = RegressionCheck()
+    for w in range(4):
+        assert check.check(w, window(rng, typical), SUBSTAGES) is None
+    stalled = window(rng, typical)
+    stalled[:, 2, 0 : 3 * MICROSTEPS : 3] += 0.030  # data.next_wait[i] on rank 2
+    found = check.check(4, stalled, SUBSTAGES)
+    assert found is not None and found["kind"] == "stage", found
+    assert found["top_stage"].startswith("data.next_wait[") and found["ranks"] == [2]
