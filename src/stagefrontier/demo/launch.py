@@ -17,7 +17,15 @@ from typing import Any
 from ..collect.node_store import loopback_store as loopback_store  # importable here too
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
-from .train import ERROR_FILE, STACKS_FILE, STEP_MARKER, STEP_TIMES, DemoConfig, run_rank
+from .train import (
+    CLOSE_TIME,
+    ERROR_FILE,
+    STACKS_FILE,
+    STEP_MARKER,
+    STEP_TIMES,
+    DemoConfig,
+    run_rank,
+)
 
 FORKSERVER_PRELOAD = (
     "torch",
@@ -43,6 +51,8 @@ class DemoRun:
     wall_s: float
     step_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, the measured wall time of each optimizer step (independent of the timer)."""
+    close_s: dict[int, float] = field(default_factory=dict)
+    """Per rank, the wall time of its ``timer.close()`` (the end of the run's cost)."""
 
 
 def launch(
@@ -69,6 +79,7 @@ def launch(
         "windows.jsonl",
         "losses-rank*.json",
         "step-times-rank*",
+        "close-time-rank*",
         "error-rank*",
         "stacks-rank*",
     )
@@ -109,6 +120,10 @@ def launch(
         wall_s=time.monotonic() - start,
         step_s={
             rank: json.loads((out / STEP_TIMES.format(rank=rank)).read_text())
+            for rank in range(config.ranks)
+        },
+        close_s={
+            rank: json.loads((out / CLOSE_TIME.format(rank=rank)).read_text())
             for rank in range(config.ranks)
         },
     )

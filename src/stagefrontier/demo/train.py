@@ -104,6 +104,8 @@ for them before terminating a run that overran its deadline)."""
 STEP_TIMES = "step-times-rank{rank}.json"
 """Each rank's wall time per optimizer step (seconds, ``time.perf_counter``), measured around the
 whole step independently of the timer, so logger-off and logger-on runs compare equally."""
+CLOSE_TIME = "close-time-rank{rank}.json"
+"""Each rank's wall time in ``timer.close()`` (seconds): what the end of the run cost it."""
 
 
 def run_rank(rank: int, config: DemoConfig, port: int | None) -> None:
@@ -201,7 +203,10 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         if rank == 0:
             markers.mkdir(parents=True, exist_ok=True)
             (markers / STEP_MARKER.format(step=step)).touch()
+    closing = time.perf_counter()
     timer.close()
+    close_s = time.perf_counter() - closing
+    Path(config.out_dir, CLOSE_TIME.format(rank=rank)).write_text(json.dumps(close_s))
     Path(config.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
     Path(config.out_dir, STEP_TIMES.format(rank=rank)).write_text(json.dumps(step_times))
     del model, optimizer

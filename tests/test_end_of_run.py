@@ -1,0 +1,52 @@
+"""The end of a run with an incident just closed, on real Gloo ranks around the job's real
+TCPStore (``end_of_run_support``): rank 0 settles the incident as its timer closes, leaves its
+reduction to the process it starts after the run, and that process confirms it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from end_of_run_support import CLOSE_FILE, STAGE, SUSPECT, EndJob, run_rank
+from stagefrontier.demo.launch import run_ranks
+from stagefrontier.render.incident import list_incidents, summary_line
+
+RANKS = 3
+AFTER_RUN_WAIT_S = 300.0
+"""How long the test waits for the after-run process (it starts as the job ends)."""
+
+
+def test_a_reduction_pending_at_close_is_done_by_the_after_run_process(tmp_path: Path) -> None:
+    """Before: rank 0 confirmed and op-diffed the traces on its router thread as its timer
+    closed (1.5 s under load in the demo), and its close waited for it. Now the incident is
+    written pending, with no reduction on the job's threads, and the process rank 0 starts as
+    it closes reduces it: its record ends confirmed (or not), saying it was reduced after the
+    run."""
+    job = EndJob(out_dir=str(tmp_path), ranks=RANKS)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0)
+    assert codes == dict.fromkeys(range(RANKS), 0), f"rank exit codes {codes}"
+    for rank in range(RANKS):
+        assert json.loads(Path(job.out_dir, CLOSE_FILE.format(rank=rank)).read_text()) >= 0
+    end = time.monotonic() + AFTER_RUN_WAIT_S
+    incidents = list_incidents(job.out_dir)
+    while time.monotonic() < end and [i["confirmed"] for i in incidents] == [None]:
+        time.sleep(0.5)  # until the after-run process has reduced it (or rank 0 had)
+        incidents = list_incidents(job.out_dir)
+    assert len(incidents) == 1
+    incident = incidents[0]
+    assert incident["captured"], incident["reasons"]
+    assert (incident["stage"], incident["leader_rank"]) == (STAGE, SUSPECT)
+    assert incident.get("reduced") == "after the run", incident["reasons"]
+    assert isinstance(incident["confirmed"], bool), incident["reasons"]
+    assert incident["trace_shares"] and incident["op_diff"], incident["reasons"]
+    pending = [r for r in incident["reasons"] if "left to a process of its own" in r]
+    assert len(pending) == 1, incident["reasons"]
+    assert "reduced after the run by `stagefrontier incident`" in incident["reasons"][-1]
+    # rank 0 spent no CPU on a reduction: the job's threads never ran one
+    assert not (incident.get("router_cpu_s") or {}).get("reduction"), incident["router_cpu_s"]
+    assert "not reduced yet" not in summary_line(incident)
