@@ -4,7 +4,8 @@ the test of the end of a run with an incident just closed (``test_end_of_run``).
 Rank 0 asks for a capture of ranks 1 and 0 on ``data.next_wait`` (rank 1's data stage sleeps
 longer) a few steps in; the windows are longer than the run, so no window covers the captured
 steps before the timers close: the ranks stop together once rank 0's router holds both
-answers, and rank 0 settles the incident as its timer closes. Each rank writes the wall time of
+answers, and rank 0 settles the incident as its timer closes. Rank 0 writes what the
+``stagefrontier`` logger said (``log-rank0.txt``); each rank writes the wall time of
 its ``timer.close()`` (``close-rank<r>.json``: for a reader, never asserted on).
 """
 
@@ -20,8 +21,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from capture_support import train_step
+from router_trust_support import _log_to_file
 
 CLOSE_FILE = "close-rank{rank}.json"
+LOG_FILE = "log-rank0.txt"
 STAGE = "data.next_wait"
 SUSPECT = 1
 
@@ -43,6 +46,8 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
     from stagefrontier.demo.train import leave_process_group
 
     torch.set_num_threads(1)
+    if rank == 0:
+        _log_to_file(Path(job.out_dir, LOG_FILE))
     store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)

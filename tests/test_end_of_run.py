@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-from end_of_run_support import CLOSE_FILE, STAGE, SUSPECT, EndJob, run_rank
+from end_of_run_support import CLOSE_FILE, LOG_FILE, STAGE, SUSPECT, EndJob, run_rank
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.render.incident import list_incidents, summary_line
 
@@ -50,3 +50,8 @@ def test_a_reduction_pending_at_close_is_done_by_the_after_run_process(tmp_path:
     # rank 0 spent no CPU on a reduction: the job's threads never ran one
     assert not (incident.get("router_cpu_s") or {}).get("reduction"), incident["router_cpu_s"]
     assert "not reduced yet" not in summary_line(incident)
+    # the line rank 0 logged as it settled claims no confirmation that had not happened
+    log = Path(job.out_dir, LOG_FILE).read_text(encoding="utf-8")
+    settled = [line for line in log.splitlines() if "incident w" in line and " | " in line]
+    assert len(settled) == 1, log
+    assert "not reduced yet" in settled[0] and "confirmed" not in settled[0], settled[0]
