@@ -90,7 +90,7 @@ def render(runs: list[dict[str, Any]], steps: int, load_start: str, load_end: st
         met = "yes" if max(close.values()) <= TARGET_S else "no"
         incidents = run["incidents"]
         what = "; ".join(
-            f"{x['id']} {x['steps'][0]}-{x['steps'][1]}, {x['reduced']}" for x in incidents
+            f"{x['id']} {x['steps'][0]}-{x['steps'][1]}, {x['reduced'] or '-'}" for x in incidents
         )
         verdicts = "; ".join(x["verdict"] for x in incidents)
         lines.append(
@@ -105,7 +105,9 @@ def render(runs: list[dict[str, Any]], steps: int, load_start: str, load_end: st
         "and on rank 0 the open incident's settling). An incident that settles as the run ends "
         "is written `pending` and reduced by the process rank 0 starts as it closes "
         "(`stagefrontier incident` on its folder), which also draws the pages' figures; the "
-        "last column is when the script saw that process's result.",
+        "last column is when the script saw that process's result, after the job's processes "
+        "had exited (0.0: already there). `-`: a record with no `reduced` field (a revision "
+        "that reduced every incident live on rank 0).",
         "",
     ]
     return "\n".join(lines)
