@@ -55,3 +55,42 @@ def test_a_reduction_pending_at_close_is_done_by_the_after_run_process(tmp_path:
     settled = [line for line in log.splitlines() if "incident w" in line and " | " in line]
     assert len(settled) == 1, log
     assert "not reduced yet" in settled[0] and "confirmed" not in settled[0], settled[0]
+
+
+def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a closing timer waited up to ``capture_timeout_s`` + 60 s for its router thread.
+    Now it waits ``JOIN_S`` and goes on, saying so in one line (the thread is kept busy here by
+    a job of its own queue that outlasts a shortened bound)."""
+    import logging
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier.route import router as router_module
+
+    caplog.set_level(logging.INFO, logger="stagefrontier")
+    monkeypatch.setattr(router_module, "JOIN_S", 0.2)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+    router = ProfilerRouter(store=store)
+    timer = StageTimer(
+        window=5, collect=CollectConfig("local", out_dir=tmp_path, regression=None), router=router
+    )
+    with timer.step(), timer.stage("data.next_wait"):
+        pass
+    runtime = router._runtime
+    assert runtime is not None
+    release = threading.Event()
+    runtime._jobs.put(lambda: release.wait(60))
+    timer.close()
+    release.set()
+    runtime._thread.join(60)
+    busy = [r for r in caplog.records if "router thread was still busy" in r.getMessage()]
+    assert len(busy) == 1 and busy[0].levelno == logging.WARNING, caplog.text
+    assert "\n" not in busy[0].getMessage() and busy[0].exc_info is None
+    assert not runtime._thread.is_alive()
