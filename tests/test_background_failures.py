@@ -21,6 +21,7 @@ from stagefrontier.render.incident import new_incident
 from stagefrontier.route.confirm import LiveWindow
 from stagefrontier.route.reduction import analyze_traces
 from test_route_inputs import store  # noqa: F401  (the fixture: a loopback TCPStore)
+from trace_support import settled_incidents
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "stagefrontier"
 
@@ -126,6 +127,6 @@ def test_a_failing_router_job_is_one_line_and_the_router_goes_on(
     assert [w for w in _warnings(caplog) if "router thread job" in w] == [
         "stagefrontier: a router thread job failed (KeyError: 'route/request'); the router goes on"
     ]
-    (incident,) = list_incidents(tmp_path)
+    (incident,) = settled_incidents(tmp_path)
     assert incident["trigger"] == "manual"
     _no_traceback(caplog)

@@ -14,8 +14,8 @@ pytest.importorskip("torch")
 
 from capture_support import PAUSED_STEPS, USER_TRACE, WARM_FILE, CaptureJob, run_rank
 from stagefrontier.demo.launch import read_windows, run_ranks
-from stagefrontier.route import list_incidents
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS
+from trace_support import settled_incidents
 
 PHASES = ("foreign", "capped", "paused")
 RANKS = 2
@@ -32,7 +32,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> CaptureJob:
 
 def _incident(job: CaptureJob, phase: str) -> dict[str, Any]:
     suffix = f"-manual{PHASES.index(phase)}"
-    (incident,) = [i for i in list_incidents(job.out_dir) if i["id"].endswith(suffix)]
+    (incident,) = [i for i in settled_incidents(job.out_dir) if i["id"].endswith(suffix)]
     return incident
 
 

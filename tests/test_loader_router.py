@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 
 from recorder_support import read_records
 from stagefrontier.render.incident import summary_line
-from stagefrontier.route import list_incidents
+from trace_support import settled_incidents
 
 RANKS = 4
 STALL = 2
@@ -60,7 +60,7 @@ def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str
     out = tmp_path / mode
     out.mkdir()
     run_job(out, mode)
-    return read_records(out), list_incidents(out)
+    return read_records(out), settled_incidents(out)
 
 
 def _incident(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("torch")
 
 from recorder_support import read_records
-from stagefrontier.route import list_incidents
 from test_loader_router import run_job
+from trace_support import settled_incidents
 
 STALL = 2
 LATE_FROM = 20  # loader_job.py: the first slow step
@@ -34,7 +34,7 @@ def test_a_stall_in_the_workers_reads_as_one_story(tmp_path: Path) -> None:
     assert "Traceback" not in output and "SideEvidenceError" not in output, output[-6000:]
 
     records = {r["window"]: r for r in read_records(tmp_path)}
-    incidents = list_incidents(tmp_path)
+    incidents = settled_incidents(tmp_path)
     # The first incident opened on a window of the stall (the job's router has no cooldown: an
     # incident of the start-up windows, while the workers start, does not hold it back).
     stalled = [i for i in incidents if records[i["window"]]["first_step"] >= LATE_FROM]

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from stagefrontier.demo import DemoConfig, launch, parse_fault
-from stagefrontier.route import list_incidents
+from trace_support import settled_incidents
 
 
 def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
         ),
         deadline_s=300.0,
     )
-    incidents = list_incidents(run.out_dir)
+    incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1, [i["reasons"] for i in incidents]
     incident = incidents[0]
     assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]

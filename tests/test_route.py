@@ -227,6 +227,13 @@ def _train(timer: Any, steps: int, done: Any = None) -> int:
     return steps
 
 
+def _settled(out_dir: Path) -> Any:
+    """Whether the run's first manual incident is written: settled while training runs, so
+    reduced on rank 0's router thread (one settled as the timer closes is reduced after the
+    run, by a process of its own)."""
+    return lambda: any(Path(out_dir).glob("incidents/w*-manual0/incident.json"))
+
+
 @pytest.fixture
 def store() -> Any:
     dist = pytest.importorskip("torch.distributed")
@@ -253,7 +260,7 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     # The stage is named: without it the request takes the last analyzed window's top stage,
     # and on a loaded machine the router can serve the request before window 0 reaches it.
     router.request_capture([0], stage="data.next_wait")
-    _train(timer, 40)
+    _train(timer, UNTIL_DONE, done=_settled(tmp_path))  # reduced live, not after the run
     timer.close()
     incident = read_incident(manual_incident(tmp_path))
     assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
@@ -300,14 +307,18 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
         collect=CollectConfig("local", out_dir=tmp_path, regression=None),
         router=router,
     )
-    # 150 steps: at ~10 ms a step the capture starts some 60 steps after the request (the start
-    # margin covers the store polls and the request latency, about 0.6 s)
-    loader = DataLoader(Samples(4 * 150, delay_s=0.005), batch_size=4, num_workers=2)
+    # until the incident is written (reduced live, not after the run): at ~10 ms a step the
+    # capture starts some 60 steps after the request (the start margin covers the store polls
+    # and the request latency, about 0.6 s)
+    loader = DataLoader(Samples(4 * UNTIL_DONE, delay_s=0.005), batch_size=4, num_workers=2)
+    settled = _settled(tmp_path)
     for step, _batch in enumerate(timer.iter(loader)):
         if step == 5:
             router.request_capture([0])
         with timer.step(), timer.stage("model.fwd_loss_cpu_wall"):
             time.sleep(0.005)
+        if settled():
+            break
     timer.close()
     incident = read_incident(manual_incident(tmp_path))
     assert incident["captured"], incident["reasons"]

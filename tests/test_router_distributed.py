@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 
 from stagefrontier.demo import DemoConfig, launch, parse_fault
-from stagefrontier.route import list_incidents
 from stagefrontier.route.offline import reduce_offline
+from trace_support import settled_incidents
 
 RANKS = 4
 STEPS = 30
@@ -54,7 +54,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_a_run_without_a_fault_opens_no_incident(healthy: Any) -> None:
     assert len(healthy.windows) == STEPS // WINDOW
-    assert list_incidents(healthy.out_dir) == []
+    assert settled_incidents(healthy.out_dir) == []
     assert _traces(healthy.out_dir) == []
 
 
@@ -69,7 +69,7 @@ def test_a_stall_opens_one_confirmed_incident_on_its_rank(
     tmp_path: Path, healthy: Any, fault: str, stage: str, suspect: int
 ) -> None:
     run = _run(tmp_path, "stall", (fault,))
-    incidents = list_incidents(run.out_dir)
+    incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1, incidents
     incident = incidents[0]
     assert incident["window"] is not None and incident["window"] < 3  # the stall starts at 0
@@ -113,7 +113,7 @@ def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(
     """Rank 2 runs without a router (disabled): it never answers. Rank 0 records the incident
     as not captured with the reason, after the timeout; every rank trains as without it."""
     run = _run(tmp_path, "disabled", ("data@2:120ms",), router_off_ranks=(2,), router_timeout_s=2.0)
-    incidents = list_incidents(run.out_dir)
+    incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1
     incident = incidents[0]
     assert incident["leader_rank"] == 2
@@ -138,5 +138,5 @@ def test_a_slowdown_of_every_rank_is_named_and_never_captured(tmp_path: Path) ->
     regression = flagged[0]["regression"]
     assert regression["kind"] == "stage" and regression["top_stage"] == "data.next_wait"
     assert regression["all_ranks"], regression
-    assert list_incidents(run.out_dir) == []
+    assert settled_incidents(run.out_dir) == []
     assert _traces(run.out_dir) == []

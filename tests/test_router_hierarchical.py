@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 from stagefrontier.demo.launch import read_windows
 from stagefrontier.demo.scale_check import main
-from stagefrontier.route import list_incidents
+from trace_support import settled_incidents
 
 NODES, PER_NODE = 2, 2
 STEPS, WINDOW = 60, 10  # room for a decision made late, on a loaded machine
@@ -38,9 +38,9 @@ def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
     assert [w["window"] for w in windows] == list(range(STEPS // WINDOW))
     for w in windows:  # collected as node summaries: no rank columns reached rank 0
         assert "ranks_present" not in w and w["nodes"]["nodes"] == NODES, w
-    flat = list_incidents(tmp_path / "flat")
+    flat = settled_incidents(tmp_path / "flat")
     assert len(flat) == 1 and flat[0]["confirmed"] is True, flat
-    incidents = list_incidents(tmp_path / "hierarchical")
+    incidents = settled_incidents(tmp_path / "hierarchical")
     assert len(incidents) == 1, incidents
     incident = incidents[0]
     assert incident["trigger"] == "window" and incident["stage"] == "data.next_wait"

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 
 from recorder_support import read_records
 from stagefrontier.demo.torchrun import free_port
-from stagefrontier.route import list_incidents
+from trace_support import settled_incidents
 
 JOB = Path(__file__).resolve().parent / "router_paths_job.py"
 RANKS = 4
@@ -76,7 +76,7 @@ def _run(out: Path, path: str, fault: str) -> list[dict[str, Any]]:
         command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return list_incidents(out)
+    return settled_incidents(out)
 
 
 PATHS = [

@@ -28,9 +28,9 @@ from router_trust_support import (
 )
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.render.incident import summary_line
-from stagefrontier.route import list_incidents
 from stagefrontier.route.capture import LEAD_IN_STEPS
 from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
+from trace_support import settled_incidents
 
 RANKS = 3
 FIGURES_WAIT_S = 180.0
@@ -60,7 +60,7 @@ def test_a_request_deleted_while_a_rank_reads_it_leaves_its_router_on(job: RaceJ
     first incident closed), the ``get`` waited the store's 30 s timeout, and rank 1 logged
     "router store unavailable, router off" and never answered the second capture."""
     assert _schedule(job, 1)["held"] == 1  # the schedule ran: the key went during the read
-    incidents = sorted(list_incidents(job.out_dir), key=lambda i: i["id"])
+    incidents = sorted(settled_incidents(job.out_dir), key=lambda i: i["id"])
     assert len(incidents) == CAPTURES
     for incident in incidents:
         assert incident["captured"], incident["reasons"]
@@ -80,7 +80,7 @@ def test_failed_reads_back_off_and_are_said_once(job: RaceJob) -> None:
     assert "backing off" in warnings[0]
     assert f"injected store failure 1 of {FLAKY_READS}" in warnings[0]
     assert f"readable again after {FLAKY_READS} failed read(s)" in log
-    second = max(list_incidents(job.out_dir), key=lambda i: i["id"])
+    second = max(settled_incidents(job.out_dir), key=lambda i: i["id"])
     assert second["captured"] and 2 in second["ranks"], second["reasons"]
 
 
@@ -92,7 +92,7 @@ def test_a_capture_stops_its_profiler_a_step_at_a_time(job: RaceJob) -> None:
     trace is still one file holding every captured step."""
     for rank in range(RANKS):
         assert _schedule(job, rank)["sessions"] == CAPTURES * (CAPTURE_STEPS + LEAD_IN_STEPS)
-    for incident in list_incidents(job.out_dir):
+    for incident in settled_incidents(job.out_dir):
         folder = Path(job.out_dir, "incidents", incident["id"])
         assert sorted(p.name for p in folder.glob("*.tmp")) == []  # no part left behind
         first, last = incident["steps"]
@@ -110,7 +110,7 @@ def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
     """Before: the line gave only the router threads' CPU, while the window line showed the
     capture's (larger) time on the training thread. Now each captured rank's answer carries the
     capture's time on its training thread, and the line states it for every rank."""
-    for incident in list_incidents(job.out_dir):
+    for incident in settled_incidents(job.out_dir):
         spent = incident["training_thread_s"]
         assert sorted(spent) == [str(r) for r in range(RANKS)]
         assert all(value > 0 for value in spent.values())
@@ -133,7 +133,7 @@ def test_the_incident_figures_are_drawn_after_the_run_by_a_process_of_their_own(
         assert not _schedule(job, rank)["matplotlib"], rank
     pages = [
         Path(job.out_dir, "incidents", incident["id"], "incident.html")
-        for incident in list_incidents(job.out_dir)
+        for incident in settled_incidents(job.out_dir)
     ]
     end = time.monotonic() + FIGURES_WAIT_S
     while time.monotonic() < end and not all(_drawn(page) for page in pages):

@@ -8,10 +8,13 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from stagefrontier.render.incident import list_incidents
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"
@@ -111,3 +114,24 @@ def manual_incident(out_dir: Path, index: int = 0) -> Path:
     found = sorted((Path(out_dir) / "incidents").glob(f"w*-manual{index}"))
     assert len(found) == 1, found
     return found[0]
+
+
+AFTER_RUN_DEADLINE_S = 300.0
+"""How long ``settled_incidents`` waits for the after-run process: generous, since it starts
+Python and imports the reducers on a machine that may be busy."""
+
+
+def settled_incidents(
+    out_dir: Path, deadline_s: float = AFTER_RUN_DEADLINE_S
+) -> list[dict[str, Any]]:
+    """The run's incidents once none is left to the after-run process: an incident that
+    settles as rank 0's timer closes is recorded ``reduced: "pending"`` and confirmed by a
+    process of its own (``route.html.draw_later``), which may still run when the job's ranks
+    have exited. Polls until that process has rewritten every such record (atomically), or
+    the deadline passes; the records are returned as they are then."""
+    end = time.monotonic() + deadline_s
+    while True:
+        incidents = list_incidents(out_dir)
+        if all(i.get("reduced") != "pending" for i in incidents) or time.monotonic() > end:
+            return incidents
+        time.sleep(0.2)

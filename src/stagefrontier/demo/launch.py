@@ -18,6 +18,7 @@ from ..collect.node_store import loopback_store as loopback_store  # importable 
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
 from .train import (
+    CLOSE_TIME,
     ERROR_FILE,
     STACKS_FILE,
     STEP_CPU,
@@ -53,6 +54,8 @@ class DemoRun:
     """Per rank, the measured wall time of each optimizer step (independent of the timer)."""
     step_cpu_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, the process CPU time of each optimizer step (every thread of the rank)."""
+    close_s: dict[int, float] = field(default_factory=dict)
+    """Per rank, the wall time of its ``timer.close()`` (the end of the run's cost)."""
 
 
 def launch(
@@ -80,6 +83,7 @@ def launch(
         "losses-rank*.json",
         "step-times-rank*",
         "step-cpu-rank*",
+        "close-time-rank*",
         "error-rank*",
         "stacks-rank*",
     )
@@ -121,10 +125,11 @@ def launch(
         wall_s=time.monotonic() - start,
         step_s=_per_rank(out, STEP_TIMES, config.ranks),
         step_cpu_s=_per_rank(out, STEP_CPU, config.ranks),
+        close_s=_per_rank(out, CLOSE_TIME, config.ranks),
     )
 
 
-def _per_rank(out: Path, name: str, ranks: int) -> dict[int, list[float]]:
+def _per_rank(out: Path, name: str, ranks: int) -> dict[int, Any]:
     """Each rank's list from its ``name.format(rank=...)`` JSON file in ``out``."""
     return {rank: json.loads((out / name.format(rank=rank)).read_text()) for rank in range(ranks)}
 

@@ -114,6 +114,8 @@ STEP_CPU = "step-cpu-rank{rank}.json"
 """Each rank's process CPU time per optimizer step (seconds, ``time.process_time``: every thread
 of the rank, the timer's background threads and rank 0's analysis included), measured like
 ``STEP_TIMES``. Unlike wall time, it does not grow while other processes hold the cores."""
+CLOSE_TIME = "close-time-rank{rank}.json"
+"""Each rank's wall time in ``timer.close()`` (seconds): what the end of the run cost it."""
 
 
 def run_rank(rank: int, config: DemoConfig, port: int | None) -> None:
@@ -220,7 +222,10 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         if rank == 0:
             markers.mkdir(parents=True, exist_ok=True)
             (markers / STEP_MARKER.format(step=step)).touch()
+    closing = time.perf_counter()
     timer.close()
+    close_s = time.perf_counter() - closing
+    Path(config.out_dir, CLOSE_TIME.format(rank=rank)).write_text(json.dumps(close_s))
     Path(config.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
     Path(config.out_dir, STEP_TIMES.format(rank=rank)).write_text(json.dumps(step_times))
     Path(config.out_dir, STEP_CPU.format(rank=rank)).write_text(json.dumps(step_cpu))

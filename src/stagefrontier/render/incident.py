@@ -175,6 +175,18 @@ _REFERENCE_CAPTURE = _object(
     optional=("incident", "from_baseline"),
 )
 
+REDUCED = ("live", "pending", "after the run", "offline")
+"""Where an incident's traces were reduced (``reduced``): on rank 0's router thread as the
+capture settled, not yet (the run ended as it settled: left to the process started after the
+run), by that process, or by a later ``stagefrontier incident``."""
+
+REDUCED_WORDS = {
+    "pending": "not yet: the run ended as the capture settled, a process of its own reduces it",
+    "after the run": "after the run, by a process of its own (the run ended as it settled)",
+    "offline": "offline, by `stagefrontier incident`",
+}
+"""How ``detail_facts`` states where the traces were reduced, other than live on rank 0."""
+
 _FIELDS: dict[str, Check] = {
     "id": lambda v: "" if is_plain_name(v) else "a plain name",
     "trigger": lambda v: "" if v in TRIGGERS else f"one of {', '.join(TRIGGERS)}",
@@ -210,6 +222,7 @@ _OPTIONAL_FIELDS: dict[str, Check] = {
     "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
     "loader_advice": _none_or(_text),
     "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
+    "reduced": _none_or(lambda v: "" if v in REDUCED else f"one of {', '.join(REDUCED)}"),
     "baseline_steps": _none_or(
         lambda v: "" if _steps_of_windows(v) and v[0] <= v[1] <= MAX_STEP else "[first, last]"
     ),
@@ -336,6 +349,8 @@ def verdict(incident: dict[str, Any]) -> str:
         top = max(trace, key=trace.__getitem__) if trace else None
         if top is not None and live and top == max(live, key=live.__getitem__):
             return f"not confirmed (the trace and the live steps agree: top {top})"
+    if incident["confirmed"] is None and incident.get("reduced") == "pending":
+        return "not reduced yet (a process of its own reduces it after the run)"
     return {True: "confirmed", False: "disagrees", None: "not reduced"}[incident["confirmed"]]
 
 
@@ -516,6 +531,9 @@ def detail_facts(incident: dict[str, Any]) -> list[tuple[str, str]]:
             + _ms(incident["baseline_step_ms"]),
         ),
     ]
+    reduced = incident.get("reduced")
+    if incident["captured"] and reduced in REDUCED_WORDS:
+        facts.append(("reduced", REDUCED_WORDS[reduced]))
     return facts
 
 

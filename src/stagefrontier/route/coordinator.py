@@ -32,7 +32,7 @@ from .capture import incident_dir
 from .confirm import LiveWindow
 from .decide import Decision, decide, regression_decision, start_margin
 from .html import draw_later, write_html
-from .reduction import analyze_traces, live_windows
+from .reduction import analyze_traces, leave_for_after_run, live_windows
 from .requests import (
     MANUAL_KEY,
     MAX_CAPTURE_STEPS,
@@ -98,10 +98,12 @@ class Coordinator:
         current_step: Callable[[], int],
         world_size: Callable[[], int] | None = None,
         request_poll_s: float | None = None,
+        run_ending: Callable[[], bool] = lambda: False,
     ) -> None:
         """``request_poll_s``: the longest a request waits between polls on its way to a rank
         (``relay.request_poll_s``; the router's poll by default), what the start margin
-        covers."""
+        covers. ``run_ending``: whether the timer is closing (its last window can settle an
+        incident before ``finish`` is called)."""
         self.config = config
         self.request_poll_s = config.poll_s if request_poll_s is None else request_poll_s
         self.out_dir = out_dir
@@ -117,6 +119,7 @@ class Coordinator:
         self.next_window = 0  # the first window index the cooldown allows
         self.step_s = float("nan")
         self.closing = False
+        self.run_ending = run_ending
         self._stale_checked = False
         self.traces: dict[int, list[_Trace]] = {}  # rank -> its earlier local traces, oldest first
         self.window_steps: dict[int, tuple[int, int]] = {}
@@ -472,7 +475,10 @@ class Coordinator:
         live = [block for w in self.live for block in live_windows(w)]
         self._cost(incident, request, live)
         if incident["captured"] and len(local) == len(files):
-            reduction = self._reduce(incident, local, live)
+            if self.closing or self.run_ending():  # by the process ``finish`` starts
+                leave_for_after_run(incident)
+            else:
+                reduction = self._reduce(incident, local, live)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
@@ -496,6 +502,7 @@ class Coordinator:
         analyze_traces(
             incident, local, live, self.config.gates, self.out_dir, budget, self.config.min_share
         )
+        incident["reduced"] = "live"
         worker_findings(incident, self.live)
         return time.thread_time() - start
 

@@ -119,7 +119,8 @@ def draw_later(folders: Sequence[Path]) -> None:
         )
     except OSError as exc:
         logger.warning(
-            "stagefrontier: the incident pages keep no figures (run `stagefrontier incident` "
-            "on their folders to draw them): the process to draw them did not start: %s",
+            "stagefrontier: the incident pages keep no figures and a reduction left pending "
+            "stays so (run `stagefrontier incident` on their folders): the process to draw "
+            "them did not start: %s",
             exc,
         )

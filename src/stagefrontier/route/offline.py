@@ -96,7 +96,14 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
         return incident, False
     out_dir = run_folder(folder)
     analyze_traces(incident, files, packet_windows(out_dir), gates, out_dir)
-    incident["reasons"].append("reduced offline by `stagefrontier incident`")
+    if incident.get("reduced") == "pending":
+        incident["reduced"] = "after the run"
+        incident["reasons"].append(
+            "reduced after the run by `stagefrontier incident`, against the run's packets"
+        )
+    else:
+        incident["reduced"] = "offline"
+        incident["reasons"].append("reduced offline by `stagefrontier incident`")
     write_incident(folder, incident)
     write_html(folder, incident, out_dir)
     return incident, True

@@ -71,6 +71,18 @@ def analyze_traces(
     return time.thread_time() - start
 
 
+def leave_for_after_run(incident: dict[str, Any]) -> None:
+    """The run ends as the incident's capture settles: mark its reduction pending, for the
+    process rank 0 starts as it closes (``html.draw_later``, which runs ``stagefrontier
+    incident`` on the folder) to confirm and diff it, so that no rank's exit waits for it."""
+    incident["reduced"] = "pending"
+    incident["reasons"].append(
+        "the run ended as the capture settled: its confirmation and op diff are left to a "
+        "process of its own started after the run (`stagefrontier incident` on this folder), "
+        "so that no rank's exit waits for them"
+    )
+
+
 def _confirm(
     incident: dict[str, Any],
     files: dict[int, str],

@@ -52,6 +52,13 @@ MAX_COUNT = 1_000_000
 MAX_TRACE_MB = 1_000_000.0
 """A terabyte: a larger trace limit is a mistake (and an infinite one overflows)."""
 MAX_POLL_S = 60.0
+END_WAIT_S = 0.5
+"""At the timer's close, the longest rank 0 waits for the open incident's answers (ranks
+answer as their own timers close) before settling it with what arrived (a capture setting,
+``capture_timeout_s``, may be shorter)."""
+JOIN_S = 10.0
+"""The longest a closing timer waits for its router thread (a last export, and on rank 0
+the bounded settle above); past it the rank exits without it, said in one line."""
 MAX_NOISE_FACTOR = 100.0
 
 
@@ -201,6 +208,7 @@ class RouterRuntime:
             current_step=lambda: int(self._timer._step_index),
             world_size=lambda: int(self._timer.world_size),
             request_poll_s=request_poll_s(collector, self.config.poll_s),
+            run_ending=lambda: bool(getattr(self._timer, "_closed", False)),
         )
         sinks = getattr(collector, "sinks", None)
         if isinstance(sinks, list):
@@ -228,7 +236,14 @@ class RouterRuntime:
         thread export, answer and (rank 0) settle the open incident, bounded."""
         self.capture.finish(int(self._timer._step_index))
         self._jobs.put(None)
-        self._thread.join(self.config.capture_timeout_s + 60.0)
+        self._thread.join(JOIN_S)
+        if self._thread.is_alive():
+            logger.warning(
+                "stagefrontier: rank %d's router thread was still busy %.0f s after its timer "
+                "closed; the rank goes on without it (a last trace or incident may be missing)",
+                self.rank,
+                JOIN_S,
+            )
         release_scope(self._scope, "router")
 
     # ------------------------------------------------------------------ router thread
@@ -245,7 +260,8 @@ class RouterRuntime:
             self._safely(job)
         self._safely(self._refuse_late)
         if self.coordinator is not None:
-            self._safely(lambda: self.coordinator.finish(self.config.capture_timeout_s))  # type: ignore[union-attr]
+            wait = min(self.config.capture_timeout_s, END_WAIT_S)
+            self._safely(lambda: self.coordinator.finish(wait))  # type: ignore[union-attr]
         self._safely(self._relay.close)
 
     def _safely(self, job: Callable[[], None]) -> None:
