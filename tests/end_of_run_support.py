@@ -12,16 +12,14 @@ its ``timer.close()`` (``close-rank<r>.json``: for a reader, never asserted on).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from capture_support import train_step
-from router_trust_support import _log_to_file
+from rank_support import join_gloo, log_to_file
 
 CLOSE_FILE = "close-rank{rank}.json"
 LOG_FILE = "log-rank0.txt"
@@ -31,27 +29,26 @@ SUSPECT = 1
 
 @dataclass(frozen=True)
 class EndJob:
+    """A job whose rank 0 asks for one manual capture of rank ``SUSPECT`` at step
+    ``request_at`` and closes its timer as soon as every rank has answered, so the incident
+    settles as the timer closes (its windows are longer than the run)."""
+
     out_dir: str
     ranks: int = 3
     request_at: int = 3
-    max_steps: int = 3000
+    max_steps: int = 3000  # a bound only: the ranks stop together once the capture is answered
 
 
 def run_rank(rank: int, job: EndJob, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     from torch import nn
 
     from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
     from stagefrontier.demo.train import leave_process_group
 
-    torch.set_num_threads(1)
     if rank == 0:
-        _log_to_file(Path(job.out_dir, LOG_FILE))
-    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)
-    )
+        log_to_file(Path(job.out_dir, LOG_FILE))
+    join_gloo(rank, job.ranks, port, timeout_s=120.0)
     router = ProfilerRouter(
         steps=3,
         poll_s=0.02,

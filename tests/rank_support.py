@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 START_METHOD = "forkserver"
 """The ranks are forked from a server that imported torch once per test session
@@ -13,9 +16,10 @@ about a second, where two spawned ranks each import torch first (13 to 22 s a jo
 2-core machine). Each rank still sets itself up (seeds, environment, process group)."""
 
 
-def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> None:
+def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> Any:
     """Join the job's Gloo process group as ``rank`` through the parent's TCPStore on ``port``
-    (``stagefrontier.demo.launch.run_ranks`` made it); ``timeout_s`` bounds every collective."""
+    (``stagefrontier.demo.launch.run_ranks`` made it); ``timeout_s`` bounds every collective.
+    Returns this rank's client of that store."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -29,3 +33,13 @@ def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) ->
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    return store
+
+
+def log_to_file(path: Path) -> None:
+    """The library's log lines (INFO and up) of this rank, written to ``path`` for the test."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("stagefrontier")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)

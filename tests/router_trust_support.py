@@ -19,8 +19,6 @@ sessions its captures ran and whether it imported matplotlib (``schedule-rank<r>
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from capture_support import train_step
+from rank_support import join_gloo, log_to_file
 from stagefrontier.route.requests import REQUEST_KEY
 
 FLAKY_READS = 4
@@ -44,11 +43,14 @@ CAPTURE_STEPS = 3
 
 @dataclass(frozen=True)
 class RaceJob:
+    """A job of ``CAPTURES`` manual captures in a row, whose ranks 1 and 2 read the request
+    through a store that races rank 0's delete (rank 1) or fails ``FLAKY_READS`` reads (rank 2)."""
+
     out_dir: str
     ranks: int = 3
     window: int = 10
-    step_sleep_s: float = 0.01
-    max_steps: int = 3000
+    step_sleep_s: float = 0.01  # each step's work beside the tiny model's
+    max_steps: int = 3000  # a bound only: the ranks stop together after the last capture
 
 
 class Schedule:
@@ -130,16 +132,7 @@ class ScheduledStore(dist.Store):
         return int(self.inner.add(key, amount))
 
 
-def _log_to_file(path: Path) -> None:
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    log = logging.getLogger("stagefrontier")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-
-
 def run_rank(rank: int, job: RaceJob, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     from torch import nn
 
@@ -147,12 +140,8 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     from stagefrontier.demo.train import leave_process_group
     from stagefrontier.route import profiler_session
 
-    torch.set_num_threads(1)
-    _log_to_file(Path(job.out_dir, LOG_FILE.format(rank=rank)))
-    store = dist.TCPStore("127.0.0.1", port, job.ranks, is_master=False)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.ranks, timeout=timedelta(seconds=120)
-    )
+    log_to_file(Path(job.out_dir, LOG_FILE.format(rank=rank)))
+    store = join_gloo(rank, job.ranks, port, timeout_s=120.0)
     schedule = Schedule({1: "race", 2: "flaky"}.get(rank, "plain"))
     router = ProfilerRouter(
         steps=CAPTURE_STEPS,
