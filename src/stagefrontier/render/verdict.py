@@ -81,11 +81,17 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
 
 
+MIN_LEAD_STEPS = 4
+"""A window of fewer steps names no rank as a stage's leader: a run's last window can hold a
+single step (what was left when the timer closed), and one step's front rank is jitter."""
+
+
 def single_leader(report: WindowReport, stage: str) -> int | None:
     """The one rank that leads ``stage``: the only leading rank, or the rank that led at least
-    half of the stage's advance alone; None when the lead is shared or keeps changing."""
+    half of the stage's advance alone; None when the lead is shared or keeps changing, or the
+    window has fewer than :data:`MIN_LEAD_STEPS` steps."""
     loc = report.semantic_localization.get(stage)
-    if loc is None or loc.leader_rank is None:
+    if loc is None or loc.leader_rank is None or report.n_steps < MIN_LEAD_STEPS:
         return None
     if report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates):
         return None
@@ -185,6 +191,11 @@ def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
 
 def _caveats(report: WindowReport) -> str:
     notes = []
+    if report.n_ranks > 1 and report.n_steps < MIN_LEAD_STEPS:
+        notes.append(
+            f"this window holds only {report.n_steps} step{'s' if report.n_steps > 1 else ''}, "
+            "too few to name a leading rank, so treat this as provisional"
+        )
     if report.has(TELEMETRY_LIMITED):
         first = report.reasons.get(TELEMETRY_LIMITED, ["incomplete telemetry"])[0]
         notes.append(f"telemetry is incomplete ({first}), so treat this as provisional")
