@@ -65,6 +65,9 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
     table = report.split("Per window:")[1].split("Routing set")[0]
     assert f" {DATA} (" in table and "[" not in table
     assert f"Routing set (most common, 1/1 windows): {DATA}" in report
+    # Each method's top stage is a broad stage too, as the window line reads it.
+    assert "top-1 stage per method (windows where it was top-1) (accumulation microsteps " in report
+    assert f"  frontier   {DATA} (1/1)" in report, report
 
 
 def test_the_stalled_microstep_stays_visible_as_detail(tmp_path: Path) -> None:

@@ -68,6 +68,22 @@ def test_steady_one_rank_stall_says_who_what_where_and_why_the_gain_is_zero() ->
     assert withheld.startswith("not emitted: co_critical: data.next_wait's direct gain is 0.0%")
 
 
+def test_a_stall_already_in_the_runs_baseline_is_not_called_a_no_stall_reference() -> None:
+    """A stall present from the run's first step is in the healthy windows rank 0's live
+    analysis clips the gains to: the caveat names those windows, not a stall-free reference."""
+    d = steady_data_stall()
+    side = sf.SideEvidence(no_stall_reference_s=np.median(d, axis=0))
+    report = sf.analyze(d, STAGES, gates=sf.Gates(gain_baseline="reference"), side=side)
+    assert report.has("co_critical") and report.direct_gain[DATA_STAGE] < 0.01
+    text = verdict(report, {"gain_reference_windows": [0, 1]})
+    assert "Next: profile data loading (data.next_wait) on rank 2." in text
+    assert "no-stall" not in text
+    assert (
+        "its direct gain is only 0% because the run's baseline (windows 0-1) already had it: "
+        "clipping each rank to its durations there removes little." in text
+    )
+
+
 def test_asserted_wait_model_says_the_rank_holds_every_rank_back() -> None:
     gates = sf.Gates(model_fit_stages=frozenset({DATA_STAGE}))
     report = sf.analyze(steady_data_stall(), STAGES, gates=gates)

@@ -32,6 +32,7 @@ from .text import (
     lead_text,
     report_windows,
     self_cost_text,
+    summary_window,
 )
 from .verdict import ranks_text, single_leader, verdict
 
@@ -53,10 +54,10 @@ def run_html(run: RunWindows, path: Path) -> str:
     windows = report_windows(run)
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))
     colors = stage_colors(stages)
-    last_report, last_meta = windows[-1]
+    last_report, last_meta = summary_window(windows)
     body = [
         f"<h1>StageFrontier run report: {esc(run.folder)}</h1>",
-        f"<p><b>Verdict</b> (last window, {esc(index_text(last_meta))}): "
+        f"<p><b>Verdict</b> (last full window, {esc(index_text(last_meta))}): "
         f"{esc(verdict(last_report, last_meta))}</p>",
         "<h2>Run</h2>",
         facts(_run_facts(run, windows)),

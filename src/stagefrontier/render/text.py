@@ -11,12 +11,20 @@ from typing import Any
 import numpy as np
 
 from ..analysis.regression import regression_text
-from ..analysis.routing import rank_order
+from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
 from .escape import printable, printable_lines
-from .verdict import block_leader, node_lead, rank_name, ranks_phrase, single_leader, verdict
+from .verdict import (
+    MIN_LEAD_STEPS,
+    block_leader,
+    node_lead,
+    rank_name,
+    ranks_phrase,
+    single_leader,
+    verdict,
+)
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",
@@ -149,6 +157,8 @@ def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
     block = block_leader(record, top)
     if block is not None:
         return f"led by {rank_name(block[0], record)} over blocks of {block[1]} steps"
+    if report.n_steps < MIN_LEAD_STEPS:
+        return f"no leader named over {report.n_steps} step{'s' if report.n_steps > 1 else ''}"
     loc = report.semantic_localization[top]
     ranks = loc.leading_ranks or loc.tied_ranks
     if len(ranks) == 1:  # one rank leads, but the lead keeps changing hands
@@ -268,8 +278,8 @@ def _schema_report_text(run: RunWindows) -> str:
         )
     windows = report_windows(run)
     lines += ["", *window_table(windows), "", *_labels(windows)]
-    report, meta = windows[-1]
-    lines += ["", f"Verdict (last window, {index_text(meta)}): {verdict(report, meta)}"]
+    report, meta = summary_window(windows)
+    lines += ["", f"Verdict (last full window, {index_text(meta)}): {verdict(report, meta)}"]
     lines += _incidents(run)
     return printable_lines(lines)
 
@@ -295,6 +305,16 @@ def report_windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]
     if run.packets:
         return [(p.report, p.meta) for p in run.packets]
     return [(WindowReport.from_dict(r), r) for r in run.records]
+
+
+def summary_window(
+    windows: Sequence[tuple[WindowReport, dict[str, Any]]],
+) -> tuple[WindowReport, dict[str, Any]]:
+    """The window a run's report sums up with: the last one as long as the run's longest. The
+    window the timer closes on holds what was left (one step, say), too few to judge a run by."""
+    longest = max(report.n_steps for report, _ in windows)
+    full = [(report, meta) for report, meta in windows if report.n_steps == longest]
+    return full[-1]
 
 
 def _title(run: RunWindows) -> str:
@@ -324,12 +344,23 @@ def _comparison(run: RunWindows) -> list[str]:
     for j, stage in enumerate(stages):
         lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
     lines += ["", *METHOD_LEGEND, ""]
-    lines.append("top-1 stage per method (windows where it was top-1):")
+    broad = [semantic_stage(s) for s in stages]
+    folded = " (accumulation microsteps folded into their stage)" if broad != stages else ""
+    lines.append(f"top-1 stage per method (windows where it was top-1){folded}:")
     for m in methods:
-        tops = Counter(stages[rank_order(w[m])[0]] for w in per_window)
+        tops = Counter(_broad_top(broad, w[m]) for w in per_window)
         stage, count = tops.most_common(1)[0]
         lines.append(f"  {METHOD_TITLES[m]:<10} {stage} ({count}/{len(per_window)})")
     return lines
+
+
+def _broad_top(broad: Sequence[str], shares: np.ndarray) -> str:
+    """The broad stage with the largest share once each microstep's substage is summed into its
+    stage: a data wait split over four microsteps is one stage, as the window line reads it."""
+    total: dict[str, float] = {}
+    for name, share in zip(broad, shares.tolist(), strict=True):
+        total[name] = total.get(name, 0.0) + share
+    return max(total, key=total.__getitem__)
 
 
 def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
@@ -369,8 +400,8 @@ def _labels(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
     lines.append(
         "Labels: " + ", ".join(f"{label} {n}/{len(reports)}" for label, n in counts.items())
     )
-    last, meta = windows[-1]
-    lines.append(f"Reasons (last window, {index_text(meta)}):")
+    last, meta = summary_window(windows)
+    lines.append(f"Reasons (last full window, {index_text(meta)}):")
     for label in last.labels:
         for reason in last.reasons.get(label, []):
             lines.append(f"  {label}: {reason}")

@@ -81,11 +81,17 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
 
 
+MIN_LEAD_STEPS = 4
+"""A window of fewer steps names no rank as a stage's leader: a run's last window can hold a
+single step (what was left when the timer closed), and one step's front rank is jitter."""
+
+
 def single_leader(report: WindowReport, stage: str) -> int | None:
     """The one rank that leads ``stage``: the only leading rank, or the rank that led at least
-    half of the stage's advance alone; None when the lead is shared or keeps changing."""
+    half of the stage's advance alone; None when the lead is shared or keeps changing, or the
+    window has fewer than :data:`MIN_LEAD_STEPS` steps."""
     loc = report.semantic_localization.get(stage)
-    if loc is None or loc.leader_rank is None:
+    if loc is None or loc.leader_rank is None or report.n_steps < MIN_LEAD_STEPS:
         return None
     if report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates):
         return None
@@ -185,6 +191,11 @@ def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
 
 def _caveats(report: WindowReport) -> str:
     notes = []
+    if report.n_ranks > 1 and report.n_steps < MIN_LEAD_STEPS:
+        notes.append(
+            f"this window holds only {report.n_steps} step{'s' if report.n_steps > 1 else ''}, "
+            "too few to name a leading rank, so treat this as provisional"
+        )
     if report.has(TELEMETRY_LIMITED):
         first = report.reasons.get(TELEMETRY_LIMITED, ["incomplete telemetry"])[0]
         notes.append(f"telemetry is incomplete ({first}), so treat this as provisional")
@@ -218,7 +229,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
             f"~{ms(gain)} ms/step. Next: {target}."
         )
     if report.has(CO_CRITICAL):
-        return _co_critical_verdict(report, top, cost, lead, target)
+        return _co_critical_verdict(report, record, top, cost, lead, target)
     if share > report.gates.share_dominance:  # strong labels withheld by the limits above
         return f"{plain(top)} takes {cost}. Next: {target}."
     stages = ", ".join(f"{plain(s)} {report.semantic_shares[s]:.0%}" for s in report.routing_set)
@@ -229,7 +240,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
 
 
 def _co_critical_verdict(
-    report: WindowReport, top: str, cost: str, lead: _Lead, target: str
+    report: WindowReport, record: Mapping[str, Any], top: str, cost: str, lead: _Lead, target: str
 ) -> str:
     loc = report.semantic_localization[top]
     steady = bool(lead.who) and loc.delta_lag_mean_s >= report.gates.share_tie * report.mean_step_s
@@ -243,7 +254,7 @@ def _co_critical_verdict(
                 if waits
                 else ""
             )
-            + f". Next: {target}. {_steady_caveat(report, top, lead.who)}"
+            + f". Next: {target}. {_steady_caveat(report, record, top, lead.who)}"
         )
     spread = _end_lag_ms(report)
     quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
@@ -285,9 +296,21 @@ def _co_critical_verdict(
     return f"{plain(top)} takes {cost} ({_short_cause(report)}). Next: {target}."
 
 
-def _steady_caveat(report: WindowReport, top: str, who: str) -> str:
+def _baseline_windows(record: Mapping[str, Any]) -> str:
+    """``windows 0-1``: the healthy windows the live analysis clipped the gains to; empty when
+    the record does not say."""
+    windows = record.get("gain_reference_windows")
+    if not (isinstance(windows, Sequence) and len(windows) == 2):
+        return ""
+    first, last = windows
+    return f"window {first}" if first == last else f"windows {first}-{last}"
+
+
+def _steady_caveat(report: WindowReport, record: Mapping[str, Any], top: str, who: str) -> str:
     """Why a clear, steady one-rank stall is labeled ``co_critical`` rather than a wait or a
-    direct exposure, said after the finding."""
+    direct exposure, said after the finding. When rank 0's live analysis clipped to the run's
+    baseline windows (``gain_reference_windows``), the sentence names them: a stall present
+    from the run's start is in that baseline too, so it is no stall-free reference."""
     gain = report.semantic_gain[top]
     g = report.gates
     if gain >= g.gain_threshold or top in g.model_fit_stages:
@@ -296,6 +319,11 @@ def _steady_caveat(report: WindowReport, top: str, who: str) -> str:
         low = (
             f"the stall is steady, so it is {who}'s usual time and clipping each rank to its own "
             "median removes nothing"
+        )
+    elif g.gain_baseline == "reference" and _baseline_windows(record):
+        low = (
+            f"the run's baseline ({_baseline_windows(record)}) already had it: clipping each "
+            "rank to its durations there removes little"
         )
     else:
         low = (
