@@ -40,10 +40,15 @@ def test_a_stall_in_the_workers_reads_as_one_story(tmp_path: Path) -> None:
     stalled = [i for i in incidents if records[i["window"]]["first_step"] >= LATE_FROM]
     assert stalled, [i["reasons"] for i in incidents]
     incident = stalled[0]
-    # The router's own decision on a window (its lead judged over the workers' bursts).
-    assert incident["trigger"] == "window", incident["reasons"]
+    # Opened by the router's lead over the workers' bursts or by the live regression check,
+    # whichever judges the stalled window first: both name the stalled rank, and which one is
+    # first depends on how a busy machine spreads the blocks of that window.
+    assert incident["trigger"] in ("window", "regression"), incident["reasons"]
     assert incident["stage"] == "data.next_wait" and incident["leader_rank"] == STALL
-    assert incident["captured"], incident["reasons"]
+    # Confirmed: by the traces, or, where the main thread's wait is missing from the few
+    # captured steps (the workers' bursts, the capture's own pace), by the workers' own
+    # profile. Before, such an incident stayed "not confirmed".
+    assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
 
     lines = {int(m.group(1)): m.group(0) for m in LINE.finditer(done.stderr)}
     assert sorted(lines) == sorted(records), (sorted(lines), sorted(records))

@@ -503,7 +503,7 @@ class Coordinator:
             incident, local, live, self.config.gates, self.out_dir, budget, self.config.min_share
         )
         incident["reduced"] = "live"
-        worker_findings(incident, self.live)
+        worker_findings(incident, self.live, self.config.min_share)
         return time.thread_time() - start
 
     def _why_not_captured(self, request: CaptureRequest, files: dict[int, str]) -> str:

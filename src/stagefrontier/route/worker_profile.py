@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..analysis.schema import DATA_STAGE
 from ..failures import say_failed
 from ..formats.packet import atomic_file, write_bytes_atomically
 from ..record.loader_workers import PROFILE_NAME
@@ -220,9 +221,10 @@ def worker_op_diff(
     return rows
 
 
-def worker_findings(incident: dict[str, Any], live: Sequence[Any]) -> None:
+def worker_findings(incident: dict[str, Any], live: Sequence[Any], min_share: float) -> None:
     """Add the workers' op diff and the loader's advice (from the live windows' records) to a
-    captured incident, in place; nothing when the suspect rank's workers were not profiled."""
+    captured incident, in place, and confirm a data wait the traces could not
+    (``confirm_by_workers``); nothing when the suspect rank's workers were not profiled."""
     files = incident["trace_files"]
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
     if str(suspect) not in files:
@@ -240,6 +242,39 @@ def worker_findings(incident: dict[str, Any], live: Sequence[Any]) -> None:
     advice = loader_sentence(figures, suspect, slow) if figures else ""
     if advice:
         incident["loader_advice"] = advice[0].upper() + advice[1:]
+    confirm_by_workers(incident, rows, int(figures.get("workers", 0)), min_share)
+
+
+def confirm_by_workers(
+    incident: dict[str, Any], rows: list[dict[str, Any]], workers: int, min_share: float
+) -> None:
+    """Confirm a data-wait incident that its traces left unconfirmed when the suspect's
+    DataLoader workers show the stall themselves. Workers hand over their batches in bursts, and
+    a capture changes the pace of the steps it records, so the main thread's wait, the live
+    evidence, can be missing from a handful of captured steps while the workers are still slow.
+    Their own profile holds it: confirmed when the function that grew most takes, per batch and
+    divided among the ``workers``, at least ``min_share`` of the usual step more on the suspect
+    than on the reference (the trigger's own materiality floor)."""
+    step_ms = incident.get("baseline_step_ms")
+    if incident.get("confirmed") is not False or incident["stage"] != DATA_STAGE or not rows:
+        return
+    if not step_ms or workers < 1:
+        return
+    top = rows[0]
+    mine, theirs = top["suspect_ms_per_batch"], top["reference_ms_per_batch"]
+    per_step = (mine - theirs) / workers
+    if per_step < min_share * step_ms:
+        return
+    capture_ms = incident.get("capture_step_ms")
+    captured = f" ({capture_ms:.1f} ms a step during the capture)" if capture_ms else ""
+    incident["confirmed"] = True
+    incident["reasons"].append(
+        f"confirmed by the DataLoader workers' profile: `{top['name']}` takes {mine:.1f} ms per "
+        f"batch on rank {incident['leader_rank']} against {theirs:.1f} ms on rank "
+        f"{incident['reference_rank']}, {per_step:.1f} ms per step among its {workers} workers "
+        f"(at least {min_share:.0%} of the usual {step_ms:.1f} ms step), though the main "
+        f"thread's wait did not stand out in the captured steps{captured}"
+    )
 
 
 def _figures(records: list[dict[str, Any]], window: int | None, rank: int) -> dict[str, Any]:
