@@ -44,3 +44,20 @@ def test_a_stall_in_every_microstep_of_one_rank_is_its_stages() -> None:
     found = check.check(4, stalled, SUBSTAGES)
     assert found is not None and found["kind"] == "stage", found
     assert found["top_stage"].startswith("data.next_wait[") and found["ranks"] == [2]
+
+
+def test_a_stall_in_a_stage_that_already_held_most_of_the_step_is_its_stages() -> None:
+    """Short windows of a loop whose data wait already held 55% of the step (2 blocks of 4 steps
+    a window), then a 480 ms stall in it on one rank: the data wait can grow beyond its even share
+    by at most the 45% the other stages held, which once fell short of half the increase and
+    read as "the whole job slowed 2310% evenly" with no capture."""
+    rng = np.random.default_rng(5)
+    typical = np.array([0.015, 0.004, 0.008, 0.0005, 0.0005, 0.0])
+    check = RegressionCheck()
+    for w in range(2):
+        assert check.check(w, window(rng, typical, steps=8), STAGES) is None
+    stalled = window(rng, typical, steps=8)
+    stalled[:, 2, 0] += 0.480
+    found = check.check(2, stalled, STAGES)
+    assert found is not None and found["kind"] == "stage", found
+    assert found["top_stage"] == "data.next_wait" and found["ranks"] == [2], found

@@ -22,7 +22,9 @@ by the ratio of the mean steps) by at least ``min_increase`` of the baseline's m
 by more than ``noise_factor`` standard errors of the difference of the means, taken over blocks
 of ``BLOCK_STEPS`` steps (``analysis.noise.mean_shift``: means, because a stall that falls on
 one step in a few moves a mean, not a median), and that excess is at least ``LOCALIZED_SHARE``
-of the window's mean increase (accumulation substages ``name[i]`` are judged
+of the most it could be: the window's mean increase times the part of the baseline step the
+stage did not already hold (a stall in a stage that held most of the step leaves the others
+little share to give up) (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
 most). Otherwise every stage grew with the step: a ``whole_job`` slowdown (a noisy neighbour,
 CPU throttling, a slower shared filesystem or network), reported as such and never worth a trace
@@ -70,8 +72,9 @@ BLOCK_STEPS = 4
 """Steps per block when a stage's growth is judged against the steps' noise: a DataLoader with
 up to 4 workers hands its batches over together, so its wait falls on one step in a few."""
 LOCALIZED_SHARE = 0.5
-"""The least part of a window's increase that one stage's growth beyond its even share must
-explain for the regression to be that stage's rather than the whole job's."""
+"""The least part of the most a stage's growth beyond its even share could be (the window's
+increase times the baseline step's share the stage did not hold) that it must reach for the
+regression to be that stage's rather than the whole job's."""
 WHOLE_JOB = "whole_job"
 STAGE = "stage"
 STEAL_SHARE = 0.05
@@ -222,11 +225,16 @@ class RegressionCheck:
         floor = self.config.min_increase * float(np.median(base))
         best: tuple[float, str] | None = None
         assert self._stages is not None
+        before_step = float(np.mean(before.sum(axis=1)))
         for members in stage_groups(self._stages)[1]:  # accumulation substages judged together
             was = block_means(before[:, members].sum(axis=1) * ratio, BLOCK_STEPS)
             grown = block_means(now[:, members].sum(axis=1), BLOCK_STEPS)
             excess = mean_shift(was, grown, floor, self.config.noise_factor)
-            if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * mean_increase:
+            # Beyond its even share, a stage can grow by at most the rest of the step's share:
+            # a stall in a stage that already held most of the step is still that stage's.
+            share = float(np.mean(was)) / ratio / before_step if before_step > 0 else 0.0
+            room = max(1.0 - share, 0.0)
+            if excess.stands_out and excess.shift_s >= LOCALIZED_SHARE * room * mean_increase:
                 # the split names the member that grew most
                 growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
                 stage = self._stages[members[int(np.argmax(growth))]]

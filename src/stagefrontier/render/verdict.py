@@ -81,7 +81,7 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
 
 
-MIN_LEAD_STEPS = 4
+MIN_LEAD_STEPS = 2
 """A window of fewer steps names no rank as a stage's leader: a run's last window can hold a
 single step (what was left when the timer closed), and one step's front rank is jitter."""
 

@@ -81,7 +81,10 @@ def decide(
     With several roles it is taken inside ``role`` (default: the role that bounds the step)."""
     report = window.report
     g = gates or report.gates
-    if (window.regression or {}).get("kind") == WHOLE_JOB:
+    regression = window.regression or {}
+    if regression.get("kind") == WHOLE_JOB and regression.get("all_ranks", True):
+        # every rank slowed alike; a slowdown concentrated on some ranks is left to the lead
+        # test below, which names a rank only on a material lead above the window's noise
         return None, "the whole job slowed evenly: no rank's trace can show the cause"
     ranks = [w.rank for w in window.merged.ranks]
     positions = list(range(len(ranks)))
