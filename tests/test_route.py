@@ -288,8 +288,8 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     real_findings, real_traces = coordinator.worker_findings, coordinator.analyze_traces
     spent: list[float] = []
 
-    def findings_then_cpu(incident: dict[str, Any], live: Any) -> None:
-        real_findings(incident, live)
+    def findings_then_cpu(incident: dict[str, Any], live: Any, min_share: float) -> None:
+        real_findings(incident, live, min_share)
         start = time.thread_time()
         while time.thread_time() - start < 0.3:
             pass
