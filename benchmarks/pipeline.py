@@ -39,7 +39,7 @@ from stagefrontier.analysis.across_roles import bounding_role, is_communication
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import COMPUTE_PROBE, PipelineConfig, run_pipeline
-from stagefrontier.render.text import window_line
+from stagefrontier.render.headline import Headlines
 
 STALL = "120ms"
 SCENARIOS: dict[str, tuple[str, ...]] = {
@@ -89,7 +89,8 @@ def _log_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["## Log lines (rank 0, one per window)", ""]
     for name, windows in runs.items():
         lines += [f"{name} ({', '.join(SCENARIOS[name]) or 'no fault'}):", "", "```"]
-        lines += [window_line(_report(w), w) for w in windows]
+        headlines = Headlines()
+        lines += [headlines.line(_report(w), w) for w in windows]
         lines += ["```", ""]
     return lines
 

@@ -13,6 +13,7 @@ must supply a batch every ~25 ms.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -92,7 +93,8 @@ def main(out_dir: str, mode: str) -> None:
     # The live regression check is off (but in ``late``): these jobs test the router's own
     # decision on a window, and on a shared machine a swing in load is a real slowdown that
     # check may rightly capture.
-    if late:
+    if late:  # each window's headline and, at DEBUG, its details line
+        logging.getLogger("stagefrontier").setLevel(logging.DEBUG)
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0)
     else:
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from recorder_support import read_records
 from stagefrontier.analysis.window_report import WindowReport
-from stagefrontier.render.text import window_line
+from stagefrontier.render.text import window_details
 from test_router_paths import STALL_FROM, _run
 
 DATA = "data.next_wait"
@@ -35,7 +35,7 @@ def test_each_microsteps_fetch_is_charged_to_its_own_microstep(tmp_path: Path) -
         parts = [record["shares"][f"{DATA}[{k}]"] for k in range(MICROSTEPS)]
         assert record["top1"] == DATA, record["semantic_shares"]
         assert all(0 < part <= total / 2 for part in parts), (record["window"], parts, total)
-        line = window_line(WindowReport.from_dict(record), record)
+        line = window_details(WindowReport.from_dict(record), record)
         assert "most of it in microstep" not in line, line
     assert len(incidents) == 1, [(i["id"], i["reasons"]) for i in incidents]
     (incident,) = incidents

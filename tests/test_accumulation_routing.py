@@ -36,7 +36,7 @@ def data_bound_step(timer: StageTimer, stalled_microstep: int | None = None) -> 
 def test_accumulation_loop_routes_and_reports_on_broad_stages(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="stagefrontier")
+    caplog.set_level(logging.DEBUG, logger="stagefrontier")
     timer = StageTimer(window=3, out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
     for _ in range(3):
         data_bound_step(timer)
@@ -56,7 +56,11 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
     assert all(f"{DATA}[" not in r for rs in record["reasons"].values() for r in rs)
     assert record["lead"]["stage"] == DATA
 
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("window ")]
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.DEBUG and r.getMessage().startswith("window ")
+    ]
     assert f"| top {DATA} " in line and f"| route {DATA} |" in line
     sentence = line.rsplit(" | ", 1)[1]
     assert "data loading" in sentence and "microstep" not in sentence  # all four stall alike

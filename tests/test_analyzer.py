@@ -12,7 +12,7 @@ import reference as ref
 import stagefrontier as sf
 from stagefrontier import Gates, SideEvidence, WindowReport
 from stagefrontier.analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
-from stagefrontier.render.text import window_line
+from stagefrontier.render.text import window_details
 from window_support import random_window
 
 ST3 = ["data", "fwd", "bwd"]
@@ -270,7 +270,7 @@ def test_role_aware_needed_when_roles_differ() -> None:
     assert rep.role_shares is not None and set(rep.role_shares) == {"pp0", "pp1"}
     # No global attribution across roles: no ranking, no routing set, per-role tops instead.
     assert rep.top1 is None and rep.top2 is None and rep.routing_set == []
-    assert "per role: pp0 top " in window_line(rep) and "; pp1 top " in window_line(rep)
+    assert "per role: pp0 top " in window_details(rep) and "; pp1 top " in window_details(rep)
     assert sf.WindowReport.from_dict(rep.to_dict()) == rep
     assert "direct_exposure" not in rep.labels
     assert any("role_aware_needed" in r for r in rep.reasons["direct_exposure"])
@@ -546,7 +546,7 @@ def test_zero_window_has_undefined_shares_without_warnings() -> None:
         warnings.simplefilter("error")
         rep = sf.analyze(d, ST3)
         text = rep.to_json()
-        summary = window_line(rep)
+        summary = window_details(rep)
     assert rep.shares_defined is False
     assert rep.exposed_s == 0.0
     assert rep.advances == dict.fromkeys(ST3, 0.0)

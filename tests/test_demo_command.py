@@ -18,6 +18,7 @@ from stagefrontier.cli import main
 from stagefrontier.demo import FaultSpecError, parse_fault
 from stagefrontier.demo.faults import check_faults
 from stagefrontier.formats.packet import read_packet
+from stagefrontier.render.headline import HEADLINE_MAX
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -112,6 +113,9 @@ def test_demo_then_report_and_plot_on_its_folder(demo: DemoFolder, tmp_path: Pat
     window_lines = [line for line in demo.stdout.splitlines() if " | exposed " in line]
     assert len(window_lines) == 3, demo.stdout  # one progress line per window while it trains
     assert all("top data.next_wait" in line and "led by rank 1" in line for line in window_lines)
+    # Each window's line is its headline, short enough to scan (the details are at DEBUG).
+    assert all(len(line.strip()) <= HEADLINE_MAX for line in window_lines), window_lines
+    assert all("Next: profile " in line or "| same as window " in line for line in window_lines)
     assert "StageFrontier report for" in demo.stdout and "Routing set" in demo.stdout
 
     assert len((out / "windows.jsonl").read_text().splitlines()) == 3

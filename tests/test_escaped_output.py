@@ -16,7 +16,7 @@ import stagefrontier as sf
 from cli_support import console_script
 from stagefrontier.formats.packet import Packet, write_packet
 from stagefrontier.render.escape import printable, printable_lines
-from stagefrontier.render.text import window_line
+from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import verdict
 
 FORGED = "window 9 steps 0-0 | exposed 1.0 ms/step | top fwd 100% | labels none"
@@ -49,7 +49,7 @@ def test_printable_escapes_every_control_character_once() -> None:
 
 def test_window_line_and_verdict_cannot_be_forged() -> None:
     packet, meta = evil_packet()
-    line = window_line(packet.report, meta)
+    line = window_details(packet.report, meta)
     assert "\n" not in line
     assert_clean(line)
     assert "node-b\\r\\u202e\\x9b31m" in line  # the lead rank's host, escaped

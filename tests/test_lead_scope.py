@@ -9,8 +9,8 @@ import numpy as np
 
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.text import run_report_text
-from stagefrontier.sinks import PacketSink, summary_line
+from stagefrontier.render.text import run_report_text, window_details
+from stagefrontier.sinks import PacketSink
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 HOSTS = {r: "node-a" if r < 4 else "node-b" for r in range(8)}
@@ -74,7 +74,7 @@ def test_a_single_host_job_cannot_tell_node_from_rank() -> None:
 def test_node_level_lead_reaches_the_log_line_packet_and_report(tmp_path: Path) -> None:
     slow = {4: 60, 5: 60, 6: 60, 7: 60}
     analyzed = analyze_merged(merge_windows(_windows(slow, HOSTS), 8))
-    line = summary_line(analyzed.record, analyzed.report)
+    line = window_details(analyzed.report, analyzed.record)
     assert "led by node-b (node-level: ranks 4,5,6,7 all on node-b) | route " in line, line
     assert "Node node-b (ranks 4-7)'s data loading runs " in line, line
     PacketSink(tmp_path).write(analyzed)

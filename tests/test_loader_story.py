@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 from recorder_support import read_records
+from stagefrontier.render.headline import HEADLINE_MAX
 from test_loader_router import run_job
 from trace_support import settled_incidents
 
@@ -50,8 +51,11 @@ def test_a_stall_in_the_workers_reads_as_one_story(tmp_path: Path) -> None:
     # profile. Before, such an incident stayed "not confirmed".
     assert incident["captured"] and incident["confirmed"] is True, incident["reasons"]
 
-    lines = {int(m.group(1)): m.group(0) for m in LINE.finditer(done.stderr)}
-    assert sorted(lines) == sorted(records), (sorted(lines), sorted(records))
+    found = [(int(m.group(1)), m.group(0)) for m in LINE.finditer(done.stderr)]
+    heads = {index: text for index, text in found if "| labels " not in text}
+    lines = {index: text for index, text in found if "| labels " in text}  # details, at DEBUG
+    assert sorted(lines) == sorted(heads) == sorted(records), (sorted(lines), sorted(records))
+    assert all(len(text) <= HEADLINE_MAX for text in heads.values()), heads
     # Each stalled window's line states the lead over the workers' blocks whenever that lead is
     # steady (the judgment the router acts on), with the worker count; the window the router
     # acted on names its suspect.
@@ -68,6 +72,7 @@ def test_a_stall_in_the_workers_reads_as_one_story(tmp_path: Path) -> None:
         assert f"rank {lead['rank']}'s 2 dataloader workers" in line.lower(), line
     opened = records[incident["window"]]
     assert f"led by rank {STALL}" in lines[incident["window"]], lines[incident["window"]]
+    assert f"led by rank {STALL}" in heads[incident["window"]], heads[incident["window"]]
     assert opened["block_lead"]["rank"] == STALL or opened["block_lead"]["why"], opened
 
     # The capture is compared with steps of the stalled regime only.

@@ -17,7 +17,7 @@ from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.record.loader_workers import loader_block_lead
 from stagefrontier.render.incident import new_incident, verdict
-from stagefrontier.render.text import window_line
+from stagefrontier.render.text import window_details
 from stagefrontier.route.confirm import Confirmation
 from stagefrontier.route.decide import decide
 from stagefrontier.route.reduction import not_confirmed_text
@@ -76,7 +76,7 @@ def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
         report.gates,
     )
     assert lead is not None and lead.rank == STALL and lead.why == ""
-    line = window_line(report, {"block_lead": lead.to_dict()})
+    line = window_details(report, {"block_lead": lead.to_dict()})
     decision, _ = decide(window)
     assert decision is not None and decision.suspect_rank == lead.rank
     assert f"led by rank {STALL} over blocks of 2 steps" in line, line

@@ -20,7 +20,7 @@ from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.plots import plot_shares_over_time
-from stagefrontier.render.text import run_report_text, window_line
+from stagefrontier.render.text import run_report_text, window_details
 
 W = 6  # steps per window
 FAULTS = (
@@ -58,14 +58,16 @@ def test_pipeline_roles_route_inside_the_slowed_role(
     pp1 = one.role_reports["pp1"]
     assert pp1.top1 == "data.next_wait" and pp1.routing_set[0] == "data.next_wait"
     assert pp1.semantic_localization["data.next_wait"].leading_ranks == [3]
-    assert "pp1 top data.next_wait" in window_line(one) and "led by rank 3" in window_line(one)
-    assert "pp1 bounds the step" in window_line(one)
+    assert "pp1 top data.next_wait" in window_details(one) and "led by rank 3" in window_details(
+        one
+    )
+    assert "pp1 bounds the step" in window_details(one)
 
     both = WindowReport.from_dict(windows[2])
     assert both.role_reports is not None
     assert both.role_reports["pp0"].top1 == "data.next_wait"
     assert both.role_reports["pp1"].top1 == "pp.schedule"
-    assert "pp0 bounds the step" in window_line(both)
+    assert "pp0 bounds the step" in window_details(both)
 
     # A compute stall inside the schedule: still routed within pp1 to rank 3, but its pipeline
     # partner waits for it inside pp.schedule too, so which role bounds the step stays open.
@@ -73,7 +75,7 @@ def test_pipeline_roles_route_inside_the_slowed_role(
     assert compute.role_reports is not None
     pp1 = compute.role_reports["pp1"]
     assert pp1.top1 == "pp.schedule" and pp1.leaders["pp.schedule"] == 3
-    assert "cannot tell which role the others wait for" in window_line(compute)
+    assert "cannot tell which role the others wait for" in window_details(compute)
 
     run = load_run(tmp_path)
     table = run_report_text(run)
@@ -90,9 +92,9 @@ def _fault_facts(records: list[dict[str, Any]]) -> list[Any]:
     pp1 = one.role_reports["pp1"]
     schedule = compute.role_reports["pp1"]
     bounds = [
-        "pp1 bounds the step" in window_line(one),
-        "pp0 bounds the step" in window_line(both),
-        "cannot tell which role the others wait for" in window_line(compute),
+        "pp1 bounds the step" in window_details(one),
+        "pp0 bounds the step" in window_details(both),
+        "cannot tell which role the others wait for" in window_details(compute),
     ]
     return [
         (pp1.top1, pp1.leaders["data.next_wait"]),

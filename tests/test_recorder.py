@@ -38,6 +38,7 @@ from stagefrontier.analysis.schema import SCHEMA_VERSION, stage_order_hash
 from stagefrontier.analysis.window_report import REPORT_FORMAT
 from stagefrontier.collect import LocalCollector
 from stagefrontier.record.window import AnalyzedWindow, PendingWindow
+from stagefrontier.render.headline import HEADLINE_MAX
 from stagefrontier.sinks import JsonlSink
 
 MS = 1e-3
@@ -61,7 +62,7 @@ def capture(**kwargs: Any) -> tuple[StageTimer, CaptureCollector]:
 def test_windows_jsonl_record_and_one_log_line_per_window(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="stagefrontier")
+    caplog.set_level(logging.DEBUG, logger="stagefrontier")
     timer = StageTimer(window=4, out_dir=tmp_path)
     run_steps(timer, 10, sleep_s=10 * MS)
     timer.close()
@@ -98,15 +99,18 @@ def test_windows_jsonl_record_and_one_log_line_per_window(
         assert 0.0 <= report.residual_share < 1.0
         assert report.residual_share == pytest.approx(report.shares[OTHER])
 
-    lines = [r.getMessage() for r in caplog.records if r.name == "stagefrontier"]
-    window_lines = [line for line in lines if line.startswith("window ")]
+    logged = [r for r in caplog.records if r.name == "stagefrontier"]
+    headlines = [r.getMessage() for r in logged if r.levelno == logging.INFO]
+    details = [r.getMessage() for r in logged if r.levelno == logging.DEBUG]
+    window_lines = [line for line in headlines if line.startswith("window ")]
     assert len(window_lines) == 3
     for line, steps in zip(window_lines, ("0-3", "4-7", "8-9"), strict=True):
         assert f"steps {steps}" in line
         assert f"top {FWD}" in line
         assert "led by rank 0" in line
-        assert "labels " in line
-        assert "\n" not in line
+        assert "\n" not in line and len(line) <= HEADLINE_MAX
+    window_details = [line for line in details if line.startswith("window ")]
+    assert len(window_details) == 3 and all("| labels " in line for line in window_details)
 
 
 def test_window_boundaries_exact_multiple_and_empty(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import RolesError
 from stagefrontier.record.mesh_roles import mesh_roles
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.text import window_line, window_report_text
+from stagefrontier.render.text import window_details, window_report_text
 from stagefrontier.render.verdict import verdict
 
 STAGES = ["data.next_wait", "pp.schedule", "dp.grad_sync", "step.other_cpu_wall"]
@@ -134,7 +134,7 @@ def test_a_role_with_no_ranks_in_the_window_is_named() -> None:
 
 def test_log_line_report_and_verdict_name_each_roles_top_stage_and_leader() -> None:
     report = sf.analyze(two_roles(), STAGES, roles=ROLES)
-    line = window_line(report)
+    line = window_details(report)
     assert "per role: pp0 top pp.schedule 80% led by rank 0" in line
     assert "pp1 top data.next_wait 50% led by rank 2" in line
     text = window_report_text(report)

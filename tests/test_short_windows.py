@@ -9,8 +9,8 @@ import numpy as np
 
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.text import run_report_text
-from stagefrontier.sinks import PacketSink, summary_line
+from stagefrontier.render.text import run_report_text, window_details
+from stagefrontier.sinks import PacketSink
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 RANKS = 4
@@ -42,7 +42,7 @@ def test_a_one_step_window_names_no_rank_and_the_report_sums_up_a_full_one(
     tail = analyze_merged(merge_windows(_window(1, 40, 1, seed=1), RANKS))
     sink.write(tail)
 
-    line = summary_line(tail.record, tail.report)
+    line = window_details(tail.report, tail.record)
     assert "no leader named over 1 step |" in line, line
     assert "This window holds only 1 step, too few to name a leading rank" in line, line
     assert "rank 1" not in line.lower(), line

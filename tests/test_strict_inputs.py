@@ -14,7 +14,7 @@ import stagefrontier as sf
 from stagefrontier.analysis.side import _KEY_KINDS
 from stagefrontier.analysis.window_report import REPORT_VERSION
 from stagefrontier.formats.packet import Packet, packet_dict, packet_from_bytes, packet_from_dict
-from stagefrontier.render.text import window_line, window_report_text
+from stagefrontier.render.text import window_details, window_report_text
 
 ST3 = ["data", "fwd", "bwd"]
 
@@ -62,7 +62,7 @@ def test_complex_durations_are_refused_without_a_warning() -> None:
 def test_a_window_with_nothing_exposed_names_no_top_stage() -> None:
     report = sf.analyze(np.zeros((4, 2, 3)), ST3)
     assert (report.top1, report.top2, report.routing_set) == (None, None, [])
-    assert "no exposed time" in window_line(report)
+    assert "no exposed time" in window_details(report)
     assert "top-1: -    top-2 (second stage): -" in window_report_text(report)
     assert sf.WindowReport.from_json(report.to_json()) == report
 

@@ -9,7 +9,7 @@ import pytest
 import stagefrontier as sf
 from stagefrontier.analysis.schema import BACKWARD_STAGE, DATA_STAGE, RESIDUAL_STAGE
 from stagefrontier.analysis.validation import direct_exposure_fixture
-from stagefrontier.render.text import window_line, window_report_text
+from stagefrontier.render.text import window_details, window_report_text
 from stagefrontier.render.verdict import listing, ranks_text, verdict
 
 STAGES = sf.DEFAULT_STAGES
@@ -100,7 +100,7 @@ def test_healthy_window_reads_quiet_and_names_no_leader() -> None:
     text = verdict(report)
     assert text.startswith("No single rank leads: ranks 0-3 share the lead in backward, which")
     assert "no rank holds the others back" in text
-    line = window_line(report)
+    line = window_details(report)
     assert "led by" not in line
     assert "top model.backward_cpu_wall" in line and "no single leader (ranks 0-3 share it)" in line
     assert line.endswith(text)

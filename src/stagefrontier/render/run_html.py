@@ -21,6 +21,7 @@ from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
+from .headline import Headlines
 from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
 from .plots import RESIDUAL_COLOR, stage_colors
 from .text import (
@@ -267,8 +268,12 @@ def leaders_view(
 
 
 def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
+    """One row per window; a window that found what the one before it found says ``same as
+    window N`` instead of repeating its verdict."""
     rows = []
+    headlines = Headlines()
     for report, meta in windows:
+        same = headlines.same_as(report, meta)
         top = report.top1
         share = f"{report.semantic_shares[top]:.0%}" if top and report.shares_defined else "n/a"
         labels = ", ".join(label for label in report.labels if label != "frontier_accounting")
@@ -280,7 +285,7 @@ def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
                 f"<code>{esc(top or '-')}</code> {share}<br>"
                 f"{esc(lead_text(report, meta) if top else '')}",
                 esc(labels or "-"),
-                esc(verdict(report, meta)),
+                esc(f"same as window {same}" if same else verdict(report, meta)),
             ]
         )
     return table(

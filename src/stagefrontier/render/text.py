@@ -1,5 +1,6 @@
-"""Every piece of report text: the window line, ``stagefrontier analyze``'s window report, the
-per-window table and a run folder's report. Each ends with the verdict sentence."""
+"""Every piece of report text: a window's details line, ``stagefrontier analyze``'s window report,
+the per-window table and a run folder's report. Each ends with the verdict sentence (a window's
+short headline is ``render.headline``)."""
 
 from __future__ import annotations
 
@@ -65,16 +66,13 @@ step time (the record's ``self_cost.fraction.max``); below it the line leaves it
 # --- one window -----------------------------------------------------------------------------------
 
 
-def window_line(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
-    """``window 3 steps 60-79 | exposed 182.9 ms/step over 20 steps | top ... | labels ... |
-    verdict``; the window index, hosts, lead scope and missing ranks come from ``record`` (a
+def window_details(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+    """Everything a window line can say, on one line (logged at DEBUG under the headline):
+    ``window 3 steps 60-79 | exposed 182.9 ms/step over 20 steps | top ... | route ... | labels
+    ... | verdict``; the window index, hosts, lead scope and missing ranks come from ``record`` (a
     ``windows.jsonl`` object) when given."""
     record = record or {}
-    parts = []
-    if "window" in record:
-        parts.append(
-            f"window {record['window']} steps {record['first_step']}-{record['last_step']}"
-        )
+    parts = [window_title(record)] if "window" in record else []
     parts.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step over {report.n_steps} steps")
     if report.top1 is not None and report.shares_defined:
         top = report.top1
@@ -378,6 +376,11 @@ def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str
         ms = report.mean_step_s * 1e3
         lines.append(f"  {index_text(meta):>6}  {span:<9} {ms:>8.1f}  {cell}  {flags}")
     return lines
+
+
+def window_title(record: Mapping[str, Any]) -> str:
+    """``window 3 steps 60-79`` (``window 1/3 ...`` after a torchelastic restart)."""
+    return f"window {index_text(record)} steps {record['first_step']}-{record['last_step']}"
 
 
 def index_text(meta: Mapping[str, Any]) -> str:

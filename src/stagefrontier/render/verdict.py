@@ -149,27 +149,54 @@ def ms(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
 
 
+@dataclass(frozen=True)
+class Said:
+    """A verdict in its parts: what it finds, the next step (empty when there is none to take)
+    and what it adds after that step (why a label was chosen, the DataLoader's figures)."""
+
+    finding: str
+    next_step: str = ""
+    after: str = ""
+
+    def text(self) -> str:
+        said = self.finding + (f". Next: {self.next_step}." if self.next_step else ".")
+        return said + (f" {self.after}" if self.after else "")
+
+
 def verdict(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
     """The plain verdict (a sentence or three) that ends every window line and report.
     ``record`` is the window's ``windows.jsonl`` object or packet metadata, for hosts and the
     lead scope; without it ranks are named without hosts."""
-    if not report.shares_defined:
-        text = "no exposed step time in this window: nothing to attribute."
-    elif report.top1 is None:
-        text = _caveats(report) + _roles_verdict(report, record or {})
-    else:
-        text = _caveats(report) + _main_verdict(report, record or {})
-        lead = _lead(report, record or {}, report.top1)
-        stepwise = single_leader(report, report.top1) is not None
-        for extra in (
-            "" if stepwise else block_note(record or {}, report.top1),
-            window_loader_sentence(record or {}, report.top1, lead.ranks),
-        ):
-            text += f" {extra}" if extra else ""
+    caveats = _caveats(report) if report.shares_defined else ""
+    text = caveats + verdict_parts(report, record).text()
     return printable(text[0].upper() + text[1:])
 
 
-def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
+def next_step(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+    """The verdict's next step alone (``profile data loading (data.next_wait) on rank 2``);
+    empty when the verdict names none."""
+    return printable(verdict_parts(report, record).next_step)
+
+
+def verdict_parts(report: WindowReport, record: Mapping[str, Any] | None = None) -> Said:
+    """The verdict without its caveats, in its parts."""
+    record = record or {}
+    if not report.shares_defined:
+        return Said("no exposed step time in this window: nothing to attribute")
+    if report.top1 is None:
+        return _roles_verdict(report, record)
+    said = _main_verdict(report, record)
+    lead = _lead(report, record, report.top1)
+    stepwise = single_leader(report, report.top1) is not None
+    extras = (
+        said.after,
+        "" if stepwise else block_note(record, report.top1),
+        window_loader_sentence(record, report.top1, lead.ranks),
+    )
+    return Said(said.finding, said.next_step, " ".join(extra for extra in extras if extra))
+
+
+def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     """Each role's top stage and leader, then which role bounds the step, or why that is open."""
     tops = []
     for role, rep in (report.role_reports or {}).items():
@@ -180,13 +207,15 @@ def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
         leader = single_leader(rep, top)
         who = "no single leader" if leader is None else f"led by {rank_name(leader, record)}"
         tops.append(f"{role}: {plain(top)} {rep.semantic_shares[top]:.0%}, {who}")
-    text = "ranks play different roles, so no global verdict: per role, " + "; ".join(tops) + "."
+    text = "ranks play different roles, so no global verdict: per role, " + "; ".join(tops)
     bound = bounding_role(report)
     if bound is None:
-        return text
+        return Said(text)
     if bound.role is None:
-        return f"{text} Which role the others wait for is open: {bound.reason}."
-    return f"{text} {bound.role} bounds the step: {bound.reason}; profile it within {bound.role}."
+        return Said(f"{text}. Which role the others wait for is open: {bound.reason}")
+    return Said(
+        f"{text}. {bound.role} bounds the step: {bound.reason}", f"profile it within {bound.role}"
+    )
 
 
 def _caveats(report: WindowReport) -> str:
@@ -204,7 +233,7 @@ def _caveats(report: WindowReport) -> str:
     return "".join(f"{note}; " for note in notes)
 
 
-def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
+def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     top = str(report.top1)
     step_ms = report.mean_step_s * 1e3
     share = report.semantic_shares[top]
@@ -215,46 +244,48 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> str:
     target = f"profile {named} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
         waits = _wait_stages(report, top)
-        return (
+        return Said(
             f"{lead.who or 'the leading rank'}'s {plain(top)} holds every rank back by "
             f"{_behind(report, top)}; it costs {cost}"
-            + (f" and the others wait in {waits}" if waits else "")
-            + f". Next: {target}."
+            + (f" and the others wait in {waits}" if waits else ""),
+            target,
         )
     if report.has(DIRECT_EXPOSURE):
         gain = report.semantic_gain[top] * step_ms
         what = f"{lead.who}'s {plain(top)}" if lead.who else f"the {plain(top)} stage"
-        return (
+        return Said(
             f"{what} costs {cost}; clipping it to its usual duration would save "
-            f"~{ms(gain)} ms/step. Next: {target}."
+            f"~{ms(gain)} ms/step",
+            target,
         )
     if report.has(CO_CRITICAL):
         return _co_critical_verdict(report, record, top, cost, lead, target)
     if share > report.gates.share_dominance:  # strong labels withheld by the limits above
-        return f"{plain(top)} takes {cost}. Next: {target}."
+        return Said(f"{plain(top)} takes {cost}", target)
     stages = ", ".join(f"{plain(s)} {report.semantic_shares[s]:.0%}" for s in report.routing_set)
-    return (
-        f"no stage dominates the {ms(step_ms)} ms step ({stages}). "
-        f"Next: profile {listing(report.routing_set)}."
+    return Said(
+        f"no stage dominates the {ms(step_ms)} ms step ({stages})",
+        f"profile {listing(report.routing_set)}",
     )
 
 
 def _co_critical_verdict(
     report: WindowReport, record: Mapping[str, Any], top: str, cost: str, lead: _Lead, target: str
-) -> str:
+) -> Said:
     loc = report.semantic_localization[top]
     steady = bool(lead.who) and loc.delta_lag_mean_s >= report.gates.share_tie * report.mean_step_s
     if steady:
         waits = _wait_stages(report, top)
-        return (
+        return Said(
             f"{lead.who}'s {plain(top)} runs {_behind(report, top)}; {plain(top)}, which "
             f"{lead.who} finishes last, accounts for {cost}"
             + (
                 f"; the other ranks make up the gap in {waits}, most likely waiting for it"
                 if waits
                 else ""
-            )
-            + f". Next: {target}. {_steady_caveat(report, record, top, lead.who)}"
+            ),
+            target,
+            _steady_caveat(report, record, top, lead.who),
         )
     spread = _end_lag_ms(report)
     quiet = spread < report.gates.share_tie * report.mean_step_s * 1e3
@@ -262,7 +293,7 @@ def _co_critical_verdict(
     named = listing([top, *others])
     if len(lead.ranks) > 1:
         how = "alternate at the front of" if lead.switching else "share the lead in"
-        return (
+        return Said(
             f"no single rank leads: {ranks_phrase(lead.ranks, report.n_ranks)} {how} "
             f"{plain(top)}, which "
             f"takes {cost}"
@@ -272,8 +303,8 @@ def _co_critical_verdict(
                 "rank holds the others back"
                 if quiet
                 else ""
-            )
-            + f". Next: profile {named} on any rank to shorten the step."
+            ),
+            f"profile {named} on any rank to shorten the step",
         )
     if quiet or report.n_ranks == 1:
         gain = report.semantic_gain[top]
@@ -284,16 +315,18 @@ def _co_critical_verdict(
             else f"nothing stalls (ranks end their steps within ~{ms(spread)} ms of the median "
             "rank): "
         )
-        return (
+        return Said(
             f"{opening}{plain(top)} takes {cost}{behind} at about its usual duration (clipping "
-            f"it to that removes {gain:.0%}). Next: profile {named} to shorten the step."
+            f"it to that removes {gain:.0%})",
+            f"profile {named} to shorten the step",
         )
     if others:
-        return (
+        return Said(
             f"{plain(top)} takes {cost}, but {named} stay jointly plausible bottlenecks "
-            f"({_short_cause(report)}). Next: profile {named}."
+            f"({_short_cause(report)})",
+            f"profile {named}",
         )
-    return f"{plain(top)} takes {cost} ({_short_cause(report)}). Next: {target}."
+    return Said(f"{plain(top)} takes {cost} ({_short_cause(report)})", target)
 
 
 def _baseline_windows(record: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""The log sink: one concise line per window on the ``stagefrontier`` logger."""
+"""The log sink: a short headline per window on the ``stagefrontier`` logger, and at DEBUG a
+second line with everything else the window says."""
 
 from __future__ import annotations
 
@@ -8,26 +9,33 @@ from typing import Any
 from ..analysis.window_report import WindowReport
 from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
-from ..render.text import window_line
+from ..render.headline import Headlines, window_headline
+from ..render.text import window_details
 
 logger = logging.getLogger("stagefrontier")
 
 
 class LogSink:
-    """One concise line per window on the ``stagefrontier`` logger (on stderr when the
-    application configured no logging, see ``stagefrontier.logs``)."""
+    """One headline per window on the ``stagefrontier`` logger (on stderr when the application
+    configured no logging, see ``stagefrontier.logs``): ``window 3 steps 60-79 | exposed ... |
+    top ... led by rank 2 | Next: ...``, or ``same as window 2`` when it says what the window
+    before it said. The details line follows at DEBUG."""
 
     def __init__(self, level: int = logging.INFO) -> None:
         self.level = level
+        self.headlines = Headlines()
 
     def write(self, window: AnalyzedWindow) -> None:
         show_window_lines()
-        logger.log(self.level, "%s", summary_line(window.record, window.report))
+        logger.log(self.level, "%s", self.headlines.line(window.report, window.record))
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s", window_details(window.report, window.record))
 
     def close(self) -> None:
         return None
 
 
 def summary_line(record: dict[str, Any], report: WindowReport) -> str:
-    """``window 3 steps 300-399 | exposed 212.4 ms/step ... | top ... led by rank 2@host ...``"""
-    return window_line(report, record)
+    """A window's headline on its own (no ``same as`` against earlier windows):
+    ``window 3 steps 300-399 | exposed 212.4 ms/step | top ... led by rank 2 | Next: ...``."""
+    return window_headline(report, record)

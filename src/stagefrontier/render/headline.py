@@ -1,0 +1,108 @@
+"""A window's headline: the one short line a person scans in a terminal.
+
+What holds the step back, who sets it, how much it costs and the next step, in at most
+:data:`HEADLINE_MAX` characters. The rest (routing set, labels, regression, StageFrontier's own
+cost, the verdict with its reasons) is the window's details line (``render.text.window_details``),
+its ``windows.jsonl`` record and the run report. A window that says what the one before it said
+is headed ``same as window N``, N being the first window that said it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..analysis.labels import TELEMETRY_LIMITED
+from ..analysis.window_report import WindowReport
+from .escape import printable
+from .text import index_text, lead_text, window_title
+from .verdict import MIN_LEAD_STEPS, ms, next_step, ranks_text
+
+HEADLINE_MAX = 160
+"""The most characters a headline takes; a longer one (long stage or host names) is cut, the
+details line keeping it whole."""
+CUT = "..."
+
+
+def window_headline(
+    report: WindowReport, record: Mapping[str, Any] | None = None, same_as: str | None = None
+) -> str:
+    """``window 3 steps 60-79 | exposed 203.2 ms/step | top data.next_wait 61% (~125 ms) led by
+    rank 2 | Next: profile data loading (data.next_wait) on rank 2``; with ``same_as``, the
+    qualifiers and the next step are replaced by ``same as window <same_as>``."""
+    record = record or {}
+    parts = [window_title(record)] if "window" in record else []
+    parts.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step")
+    parts.append(_what(report, record))
+    if same_as is not None:
+        parts.append(f"same as window {same_as}")
+    else:
+        parts += _flags(report, record)
+        step = next_step(report, record)
+        if step:
+            parts.append(f"Next: {step}")
+    line = printable(" | ".join(part for part in parts if part))
+    return line if len(line) <= HEADLINE_MAX else line[: HEADLINE_MAX - len(CUT)] + CUT
+
+
+def saying(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a headline says, without the numbers that move from window to window (step time,
+    shares): two windows of the same saying read the same to a person."""
+    top = report.top1 if report.shares_defined else None
+    who = lead_text(report, record) if top is not None else ""
+    return (str(top), who, *_flags(report, record), next_step(report, record))
+
+
+class Headlines:
+    """The headlines of one run's windows in order: a window that says what the window before it
+    said is headed ``same as window N`` (N the first of that run of windows)."""
+
+    def __init__(self) -> None:
+        self._said: tuple[tuple[str, ...], str] | None = None
+
+    def same_as(self, report: WindowReport, record: Mapping[str, Any]) -> str | None:
+        """The window this one repeats, or None (and this window is remembered as the one that
+        said it first)."""
+        key = saying(report, record)
+        if self._said is not None and self._said[0] == key and report.top1 is not None:
+            return self._said[1]
+        self._said = (key, index_text(record))
+        return None
+
+    def line(self, report: WindowReport, record: Mapping[str, Any]) -> str:
+        return window_headline(report, record, self.same_as(report, record))
+
+
+def _what(report: WindowReport, record: Mapping[str, Any]) -> str:
+    """``top data.next_wait 61% (~125 ms) led by rank 2``, or each role's top stage."""
+    if not report.shares_defined:
+        return "no exposed time"
+    top = report.top1
+    if top is None:
+        tops = []
+        for role, rep in (report.role_reports or {}).items():
+            if rep.top1 is None or not rep.shares_defined:
+                tops.append(f"{role} no exposed time")
+            else:
+                share = rep.semantic_shares[rep.top1]
+                tops.append(f"{role} top {rep.top1} {share:.0%} {lead_text(rep, record)}")
+        return "per role: " + "; ".join(tops)
+    share = report.semantic_shares[top]
+    cost = ms(share * report.mean_step_s * 1e3)
+    return f"top {top} {share:.0%} (~{cost} ms) {lead_text(report, record)}"
+
+
+def _flags(report: WindowReport, record: Mapping[str, Any]) -> list[str]:
+    """What qualifies the finding, a word or two each: provisional, missing ranks, slower than
+    the run's baseline."""
+    flags = []
+    short = report.n_ranks > 1 and report.n_steps < MIN_LEAD_STEPS
+    if report.has(TELEMETRY_LIMITED) or short:
+        flags.append("provisional")
+    missing = record.get("missing_ranks")
+    if not record.get("gather_ok", True) and isinstance(missing, list) and missing:
+        flags.append(f"missing ranks {ranks_text([int(r) for r in missing])}")
+    regression = record.get("regression")
+    if isinstance(regression, Mapping):
+        flags.append(f"slower {regression.get('delta_exposed_ms_per_step', 0.0):+.0f} ms/step")
+    return flags
