@@ -35,12 +35,12 @@ STAGES = (
 )
 
 
-def _run(tmp_path: Path) -> RunWindows:
+def _run(tmp_path: Path, stages: tuple[str, ...] = STAGES) -> RunWindows:
     """Two windows of 9 steps on 3 ranks; rank 1's data wait grows with the step, and step 4 of
     the second window is the slowest of the run."""
     rng = np.random.default_rng(0)
     folder = tmp_path / "packets"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for w in range(2):
         d = rng.uniform(0.001, 0.004, size=(9, 3, len(STAGES)))
         d[:, 1, 0] += 0.02 + 0.002 * np.arange(9)
@@ -48,7 +48,7 @@ def _run(tmp_path: Path) -> RunWindows:
             d[4, 1, 0] += 0.2
         meta = {"window": w, "first_step": 9 * w, "last_step": 9 * w + 8}
         meta["ranks_present"] = [0, 1, 2]
-        packet = Packet.of_window(d, analyze(d, STAGES), meta=meta)
+        packet = Packet.of_window(d, analyze(d, stages), meta=meta)
         write_packet(folder / f"window-{w:06d}.json", packet)
     packets = [read_packet(p) for p in sorted(folder.iterdir())]
     return RunWindows(tmp_path, packets, [])
@@ -133,3 +133,29 @@ def test_beyond_eight_ranks_the_leaders_and_the_median_rank_stand_out() -> None:
     }
     assert styles[9]["color"] != styles[4]["color"] != styles[8]["color"]
     assert all(s["color"] == OTHER_RANK for r, s in enumerate(styles) if r not in labeled)
+
+
+def test_figure_titles_and_labels_break_their_lines_and_escape_names(tmp_path: Path) -> None:
+    """The figure's own line breaks are line breaks (they were drawn as a literal ``\\n``);
+    a control character in a stage name is still shown escaped."""
+    import matplotlib
+
+    from stagefrontier.formats.run_folder import load_run
+    from test_html_pages import simulated_run, with_incident
+
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    with_incident(folder, slow=2)  # window 1's steps were captured: left out of the worst step
+    run = load_run(folder)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # the text kept as text
+        worst = plot_worst_step(run, tmp_path / "worst.svg").read_text()
+        shares = plot_shares_over_time(run, tmp_path / "shares.svg").read_text()
+    for svg in (worst, shares):
+        assert "\\n" not in svg
+    assert "worst step of the run: step" in worst
+    assert "window(s) 1 left out: the profiler router" in worst
+    assert ">exposed<" in shares and ">ms/step<" in shares
+
+    evil = _run(tmp_path / "evil", stages=("data\nnext\x1b[2J", *STAGES[1:]))
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        text = plot_shares_over_time(evil, tmp_path / "evil.svg").read_text()
+    assert "data\\nnext\\x1b[2J" in text

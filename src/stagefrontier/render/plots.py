@@ -53,12 +53,13 @@ def stage_colors(stages: Sequence[str]) -> list[str]:
 
 def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     """Write the figure, its text escaped as every text output's is (a stage name's control
-    characters shown as ``\\x1b``, not as a missing glyph); tick labels, which matplotlib
-    writes again when it draws, are escaped where they are set."""
+    characters shown as ``\\x1b``, not as a missing glyph) but for the line breaks the figure
+    itself puts in a title or label; names are escaped where they enter a text, and tick
+    labels, which matplotlib writes again when it draws, where they are set."""
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
-        text.set_text(printable(text.get_text()))
+        text.set_text("\n".join(printable(line) for line in text.get_text().split("\n")))
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)
@@ -210,7 +211,7 @@ def _draw_step(ax: Any, d: FloatArray, ranks: list[int], stages: list[str]) -> f
         ax.text(
             arrow_x + 0.12,
             y,
-            f"{stages[j]} +{advance:.1f} ms, rank {ranks[setters[j]]}",
+            f"{printable(stages[j])} +{advance:.1f} ms, rank {ranks[setters[j]]}",
             va="center",
             fontsize=8,
             color=styles[setters[j]]["color"],
@@ -336,7 +337,7 @@ def _stacked_shares(
     tops: list[tuple[float, float]] = [(0.0, 0.0)] * len(reports)
     for j, stage in enumerate(stages):
         values = np.array([_broad_shares(r).get(stage, 0.0) if r else 0.0 for r in reports])
-        ax.bar(x, values, bottom=bottom, color=colors[j], label=stage, width=0.8)
+        ax.bar(x, values, bottom=bottom, color=colors[j], label=printable(stage), width=0.8)
         for i, r in enumerate(reports):
             if r.get("top1") == stage:
                 tops[i] = (float(bottom[i]), float(values[i]))
@@ -401,7 +402,7 @@ def _plot_role_shares(
             if o:
                 _label_leader(ax, i, tops[i], o, vertical=len(reports) > 6)
         ax.set_ylim(0, 1)
-        ax.set_title(f"role {role}")
+        ax.set_title(f"role {printable(role)}")
         ax.set_xticks(x, names, rotation=45 if len(x) > 6 else 0, fontsize=8)
         ax.set_xlabel("window (steps)")
     first = np.atleast_1d(axes)[0]
