@@ -66,7 +66,7 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
     assert "data loading" in sentence and "microstep" not in sentence  # all four stall alike
 
     report = run_report_text(load_run(tmp_path))
-    table = report.split("Per window:")[1].split("Routing set")[0]
+    table = report.split("Per window (times of day in UTC):")[1].split("Routing set")[0]
     assert f" {DATA} (" in table and "[" not in table
     assert f"Routing set (most common, 1/1 windows): {DATA}" in report
     # Each method's top stage is a broad stage too, as the window line reads it.

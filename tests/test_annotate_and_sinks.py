@@ -138,5 +138,5 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
     ]
     order = [(p.meta["attempt"], p.meta["window"], p.report.top1) for p in run.packets]
     assert order == [(a, w, slow[a]) for a in (0, 1) for w in (0, 1)]
-    table = run_report_text(run).split("Per window:")[1]
+    table = run_report_text(run).split("Per window (times of day in UTC):")[1]
     assert "\n       0  0-2" in table and "\n     1/0  0-2" in table, table

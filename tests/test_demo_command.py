@@ -4,6 +4,7 @@ spawned Gloo DDP ranks, with the profiler router on as ``make demo`` runs it), a
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -142,6 +143,11 @@ def test_the_demo_ends_with_the_router_incident(demo: DemoFolder) -> None:
     assert "delay › <built-in function sleep>` takes" in demo.stdout
     page = (demo.out / "incidents" / "w00000" / "incident.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<table>" in page
+    incident = json.loads((demo.out / "incidents" / "w00000" / "incident.json").read_text())
+    opened, written = incident["wall_clock"]["start"], incident["wall_clock"]["end"]
+    assert opened <= written and "<b>opened, last written</b>" in page
+    records = [json.loads(line) for line in (demo.out / "windows.jsonl").read_text().splitlines()]
+    assert records[0]["wall_clock"]["start"] <= opened <= records[-1]["wall_clock"]["end"]
     report = _cli("report", str(demo.out))
     assert "Incidents (1;" in report and "incident w00000 | data.next_wait on rank 1" in report
     incident = _cli("incident", str(demo.out))

@@ -15,6 +15,7 @@ from typing import Any
 from ..analysis.evidence import StageLocalization
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError
+from .wall_clock import wall_clock_problem
 
 Check = Callable[[Any], bool]
 
@@ -167,6 +168,7 @@ _META: dict[str, Check] = {
             and (v.get("rank") is None or (_int(v["rank"]) and v["rank"] >= 0))
         )
     ),
+    "wall_clock": lambda v: not wall_clock_problem(v),
 }
 
 

@@ -162,8 +162,12 @@ class TimerState:
         # step to begin (its start is moved back by the wait); a fetch made inside a step is
         # taken out of that step's wall time (its start is moved forward).
         self._pending_data_ns = 0
-        # Work for the next step's beginning: a data wait to import, or event pairs to poll.
-        self._step_hooks = False
+        # Work for the next step's beginning: a data wait to import, event pairs to poll, or
+        # the wall clock of the run's first step to read.
+        self._step_hooks = True
+        # The wall clock (ns since the epoch) at the open window's first step: read as the
+        # run's first step begins, then at each hand-off (the next window begins there).
+        self._window_started_ns = 0
         # The DataLoader ``timer.iter`` was last given: its workers' counters, or why none.
         self._loader_workers: WorkerCounters | None = None
         self._loader_note = ""
@@ -207,8 +211,11 @@ class TimerState:
     def _begin_hooks(self, row: int) -> int:
         """The rare work at the beginning of a step. A data wait fetched through ``timer.iter``
         is charged to this step, as the first stage of microstep 0; it is returned, to extend
-        the step's wall time over it. Pending CUDA-event pairs are polled."""
+        the step's wall time over it. Pending CUDA-event pairs are polled. The run's first step
+        reads the wall clock its first window starts at."""
         pending = self._pending_data_ns
+        if not self._window_started_ns:  # the run's first step: its data wait included
+            self._window_started_ns = time.time_ns() - pending
         if pending:
             self._pending_data_ns = 0
             self._buf[row + 1] = pending
@@ -300,6 +307,7 @@ class TimerState:
         skipped, so that the next window keeps the index of the other ranks' next window.
         """
         start = _now()
+        ended_ns = time.time_ns()
         first = self._first_step
         collector = self._collector
         rank_window = None
@@ -307,7 +315,7 @@ class TimerState:
             try:
                 if collector is None:
                     collector = self._open_collector()
-                rank_window = self._snapshot(n, first, carry_row)
+                rank_window = self._snapshot(n, first, carry_row, ended_ns)
             except Exception as exc:  # never let a telemetry bug reach the training loop
                 say_failed(
                     logger, f"building window {self._window_index}", exc, "that window is lost"
@@ -317,6 +325,7 @@ class TimerState:
         elif n:
             self._handed_windows += 1
         self._first_step = first + n + self._paused
+        self._window_started_ns = ended_ns
         self._buf = [0] * len(self._buf)  # the snapshot took the old one
         self._last = 0
         self._window_index += 1
@@ -344,8 +353,9 @@ class TimerState:
                 self._dropped += 1
         self._cost.handoff_ns = _now() - start
 
-    def _snapshot(self, n: int, first: int, carry_row: int | None) -> WindowSnapshot:
-        """Copy the window's rows and bookkeeping; the collector builds the RankWindow."""
+    def _snapshot(self, n: int, first: int, carry_row: int | None, ended_ns: int) -> WindowSnapshot:
+        """Copy the window's rows and bookkeeping; the collector builds the RankWindow.
+        ``ended_ns``: the wall clock as the window's last step ended."""
         events = self._events
         event_ms, event_state = (
             events.drain(n, self._step_index, carry_row) if events.fraction else (None, None)
@@ -366,6 +376,8 @@ class TimerState:
             "first_step": first,
             "last_step": first + n + self._paused - 1,
             "paused_ranges": tuple(map(tuple, self._paused_ranges)),
+            "started_unix_ns": self._window_started_ns,
+            "ended_unix_ns": ended_ns,
             "handoff_ns": self._cost.handoff_ns,
             "event_ms": event_ms,
             "event_state": event_state,

@@ -29,6 +29,7 @@ from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
 from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
+from ..formats.wall_clock import wall_clock
 from .attempt import current_attempt
 from .loader_workers import loader_block_lead, loader_record
 from .self_cost import CostMeter, self_cost_summary
@@ -96,6 +97,10 @@ class RankWindow:
     loader: dict[str, Any] = field(default_factory=dict, metadata=_meta("loader"))
     """A DataLoader's worker counts over the window (``record.loader_workers``), or a note
     saying why there are none; empty when the data does not come through ``timer.iter``."""
+    started_unix_ns: int = field(default=0, metadata=_meta("count"))
+    """The wall clock (ns since the epoch) as the window's first step began; 0 when unknown."""
+    ended_unix_ns: int = field(default=0, metadata=_meta("count"))
+    """The wall clock as the window's last step ended."""
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_meta("positive"))
 
     @property
@@ -371,6 +376,7 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         "loader_workers": loader_record(merged.ranks, ref.stages[0]),
+        "wall_clock": window_wall_clock(merged.ranks),
         **per_rank_fields(merged.ranks),
         "lead": lead_scope(report, node_names(merged.ranks)),
     }
@@ -408,9 +414,18 @@ def summary_record(
         "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
         "overlap_error_s": side.overlap_error_s,
         "contract_violations": side.contract_violations,
+        "wall_clock": window_wall_clock([merged.reference]),
     }
     record.update(report.to_dict())
     return record
+
+
+def window_wall_clock(ranks: Sequence[RankWindow]) -> dict[str, str]:
+    """When the window ran: from the earliest first step to begin to the latest last step to
+    end over the ranks given (each rank's own clock), or an empty object when no rank said."""
+    starts = [w.started_unix_ns for w in ranks if w.started_unix_ns > 0]
+    ends = [w.ended_unix_ns for w in ranks if w.ended_unix_ns > 0]
+    return wall_clock(min(starts), max(ends)) if starts and ends else {}
 
 
 def summary_node_names(

@@ -24,6 +24,7 @@ from ..formats.limits import (
 )
 from ..formats.names import is_plain_name
 from ..formats.packet import write_bytes_atomically
+from ..formats.wall_clock import span_text, wall_clock_problem
 from .command import cli_command
 from .escape import printable, printable_lines
 from .loader_text import WORKER_ROW_NUMBERS, worker_line
@@ -223,6 +224,7 @@ _OPTIONAL_FIELDS: dict[str, Check] = {
     "loader_advice": _none_or(_text),
     "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
     "reduced": _none_or(lambda v: "" if v in REDUCED else f"one of {', '.join(REDUCED)}"),
+    "wall_clock": _none_or(wall_clock_problem),
     "baseline_steps": _none_or(
         lambda v: "" if _steps_of_windows(v) and v[0] <= v[1] <= MAX_STEP else "[first, last]"
     ),
@@ -513,6 +515,9 @@ def detail_facts(incident: dict[str, Any]) -> list[tuple[str, str]]:
     steps = incident["steps"]
     trigger = TRIGGER_WORDS.get(incident["trigger"], incident["trigger"])
     facts = [("trigger", f"{trigger} (window {incident['window']})")]
+    when = span_text(incident, dated=True)
+    if when != "?":  # incidents written before the times were kept have none
+        facts.append(("opened, last written", when))
     if incident.get("regression"):
         facts.append(("slower than the baseline", regression_text(incident["regression"])))
     facts += [

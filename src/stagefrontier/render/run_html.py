@@ -20,6 +20,7 @@ from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
 from ..formats.run_folder import RunWindows, method_shares
+from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .headline import Headlines
 from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
@@ -111,6 +112,9 @@ def _run_facts(
         items.append(("run id", str(first["run_id"])))
     steps = f"{first.get('first_step', '?')}-{last.get('last_step', '?')}"
     items.append(("windows", f"{len(windows)} (steps {steps})"))
+    when = span_text(run_clock([meta for _, meta in windows]), dated=True)
+    if when != "?":
+        items.append(("time", when))
     world = first.get("world_size")
     items.append(("ranks", f"{ranks}" + (f" of world size {world}" if world else "")))
     hosts = first.get("hosts")
@@ -281,6 +285,7 @@ def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
             [
                 esc(index_text(meta)),
                 esc(f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"),
+                esc(clock_cell(meta)),
                 f"{report.mean_step_s * 1e3:.1f}",
                 f"<code>{esc(top or '-')}</code> {share}<br>"
                 f"{esc(lead_text(report, meta) if top else '')}",
@@ -289,7 +294,9 @@ def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
             ]
         )
     return table(
-        ["window", "steps", "ms/step", "top stage", "labels", "verdict"], rows, numeric=(2,)
+        ["window", "steps", "time (UTC)", "ms/step", "top stage", "labels", "verdict"],
+        rows,
+        numeric=(3,),
     )
 
 

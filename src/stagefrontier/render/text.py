@@ -15,6 +15,7 @@ from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows, method_shares
+from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .escape import printable, printable_lines
 from .verdict import (
@@ -322,8 +323,10 @@ def _title(run: RunWindows) -> str:
     if "first_step" in first and "last_step" in last:
         steps = f", steps {first['first_step']}-{last['last_step']}"
     ranks = max(report.n_ranks for report, _ in windows)
+    when = span_text(run_clock([meta for _, meta in windows]), dated=True)
     return (
         f"StageFrontier report for {run.folder}: {len(windows)} window(s){steps}, {ranks} rank(s)"
+        + (f", {when}" if when != "?" else "")
     )
 
 
@@ -363,7 +366,10 @@ def _broad_top(broad: Sequence[str], shares: np.ndarray) -> str:
 
 def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
     """One row per window: steps, ms/step, the top stage with its share and leader, labels."""
-    lines = ["Per window:", "  window  steps      ms/step  top-1 (share, leader)  labels"]
+    lines = [
+        "Per window (times of day in UTC):",
+        "  window  steps      time               ms/step  top-1 (share, leader)  labels",
+    ]
     for report, meta in windows:
         top = report.top1
         share = f"{report.semantic_shares[top]:.0%}" if top and report.shares_defined else "n/a"
@@ -374,7 +380,8 @@ def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str
         flags = ",".join(_flags(report.labels)) or "-"
         span = f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"
         ms = report.mean_step_s * 1e3
-        lines.append(f"  {index_text(meta):>6}  {span:<9} {ms:>8.1f}  {cell}  {flags}")
+        clock = clock_cell(meta)
+        lines.append(f"  {index_text(meta):>6}  {span:<9}  {clock:<17} {ms:>8.1f}  {cell}  {flags}")
     return lines
 
 

@@ -24,6 +24,7 @@ from ..errors import ReportFormatError
 from ..failures import say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.packet import remove_temporaries
+from ..formats.wall_clock import iso_utc, wall_clock
 from ..record.attempt import current_attempt
 from ..record.window import AnalyzedWindow
 from ..render.escape import printable
@@ -337,7 +338,9 @@ class Coordinator:
         first = self.current_step() + margin
         request = CaptureRequest(incident_id, tuple(ranks), first, steps, decision.stage or None)
         incident = new_incident(incident_id, trigger)
+        opened_ns = time.time_ns()
         incident.update(
+            wall_clock=wall_clock(opened_ns, opened_ns),
             window=window if window >= 0 else None,
             steps=[request.first_step, request.last_step],
             stage=decision.stage or None,
@@ -547,6 +550,8 @@ class Coordinator:
         """``incident.json`` and ``.md``, and the page without its figures (drawn after the
         run by a process of their own: ``finish``)."""
         folder = incident_dir(self.out_dir, incident["id"])
+        if incident.get("wall_clock"):  # opened, and last written now
+            incident["wall_clock"]["end"] = iso_utc(time.time_ns())
         try:
             write_incident(folder, incident)
         except Exception as exc:

@@ -94,4 +94,5 @@ PACKET_META = (
     "n_ranks_present",
     "loader_workers",
     "block_lead",
+    "wall_clock",
 )
