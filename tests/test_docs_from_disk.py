@@ -1,0 +1,93 @@
+"""The documentation site opened from disk (``file://``) in a real headless browser: the
+navigation reaches the pages (``.html`` files, not folders a browser lists), and the site's
+search box finds pages with no network and no server.
+
+The site is built here (``mkdocs build``, about 20 s) and read back through Chromium's
+``--dump-dom``, which prints a page's DOM after its scripts ran. Without Chromium on the PATH
+(``apt-get install chromium`` on Debian) the test is skipped, saying so; CI installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+NAV_LINK = re.compile(r'<a href="([^"#?]+)"[^>]*class="md-nav__link')
+RESULT_LINK = re.compile(r'<a href="file://([^"#?]+)[^"]*" class="md-search-result__link"')
+
+
+def _browser() -> str:
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip(f"no headless browser on the PATH (looked for {', '.join(BROWSERS)})")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mkdocs", reason="the docs extra builds the site")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    return out
+
+
+def _dom(browser: str, url: str, profile: Path) -> str:
+    """The page's DOM once its scripts ran (virtual time lets the index worker finish)."""
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",  # run as root in CI
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_site_opened_from_disk_navigates_to_pages_and_finds_them(
+    site: Path, tmp_path: Path
+) -> None:
+    browser = _browser()
+    index = _dom(browser, (site / "index.html").as_uri(), tmp_path / "profile")
+    links = sorted(set(NAV_LINK.findall(index)))
+    assert len(links) >= 10, links
+    # Every navigation link is a page file that exists, not a folder.
+    assert all(link.endswith(".html") and (site / link).is_file() for link in links), links
+    assert "getting-started.html" in links
+
+    page = _dom(browser, (site / "getting-started.html").as_uri(), tmp_path / "profile")
+    assert "<h1" in page and "Getting started" in page and "make demo" in page
+
+    # The search box, given a query in the address (?q=), lists matching pages from disk.
+    found = _dom(browser, (site / "index.html").as_uri() + "?q=frontier", tmp_path / "profile")
+    count = re.search(r'md-search-result__meta">(\d+) matching document', found)
+    assert count and int(count.group(1)) >= 3, found[-3000:]
+    results = RESULT_LINK.findall(found)
+    assert results and all(Path(link).is_file() for link in results), results
+    # Nothing the pages load comes from the network.
+    for html in site.glob("*.html"):
+        assert "unpkg.com/iframe-worker" not in html.read_text(encoding="utf-8"), html.name
