@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,11 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--out", default="stagefrontier")
     args = parser.parse_args()
+    if "RANK" not in os.environ:  # run directly: say how to launch it, not torch's traceback
+        sys.exit(
+            "ddp_torchrun.py runs under torchrun, one process per rank: torchrun --standalone "
+            "--nproc-per-node 4 examples/ddp_torchrun.py"
+        )
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # torchrun provides RANK, WORLD_SIZE, MASTER_ADDR/PORT

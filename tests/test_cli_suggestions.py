@@ -122,3 +122,16 @@ def test_the_report_explains_its_columns(tmp_path: Path) -> None:
         assert column in header
         assert re.search(rf"^  {column} +\w", legend, re.MULTILINE), column
     assert "gain_threshold=0.1" not in text
+
+
+def test_a_mistyped_command_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reprot", "some-folder"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert (
+        captured.err == "stagefrontier: error: unknown command 'reprot'; did you mean 'report'?\n"
+    )
+    # Nothing close: argparse's own answer, with the list of commands.
+    with pytest.raises(SystemExit):
+        main(["zzz"])
+    assert "invalid choice: 'zzz' (choose from " in capsys.readouterr().err

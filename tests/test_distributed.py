@@ -211,6 +211,22 @@ def test_runs_under_torchrun(tmp_path: Path) -> None:
         assert record["gather_ok"]
 
 
+def test_run_without_torchrun_it_says_how_to_launch_it_in_one_line(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "ddp_torchrun.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run(
+        [sys.executable, str(example), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=env,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "torchrun --standalone --nproc-per-node 4 examples/ddp_torchrun.py" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_past_its_deadline_says_where_each_rank_is_stuck(
     tmp_path: Path, untimed_demo: DemoRun
 ) -> None:

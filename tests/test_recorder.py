@@ -356,14 +356,24 @@ def test_unknown_stage_is_logged_once_per_name_with_a_suggestion(
     assert any("did you mean 'data.next_wait'" in r for r in w.violation_reasons)
 
 
-def test_many_violations_are_counted_exactly_with_distinct_reasons() -> None:
+def test_many_violations_are_counted_exactly_with_distinct_reasons(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
     timer, collector = capture(window=5)
     for _ in range(5):
         _repeated_stage(timer)
     timer.close()
     (w,) = collector.windows
     assert w.contract_violations == 5
-    assert w.violation_reasons == (f"stage '{FWD}' repeated or out of schema order within a step",)
+    reason = f"stage '{FWD}' repeated or out of schema order within a step"
+    assert w.violation_reasons == (reason,)
+    # Said once on the rank where it happened (as the troubleshooting page says), then counted.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"stagefrontier: rank 0: {reason}; such calls are counted in each window's "
+        "contract_violations and not said again (StageTimer(strict=True) raises instead)"
+    ]
 
 
 def test_rejected_nested_entry_records_the_outer_span_whole() -> None:

@@ -11,6 +11,7 @@ Errors print one line to stderr, never a traceback. Nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -540,9 +541,32 @@ def _warn(message: str) -> None:
     print(f"stagefrontier: warning: {printable(message)}", file=sys.stderr)
 
 
+def _mistyped_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """``unknown command 'reprot'; did you mean 'report'?`` when the first argument is meant as
+    a command but is none, and one is close to it; None otherwise (argparse answers the rest)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    commands = next(
+        action.choices
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    if argv[0] in commands:
+        return None
+    close = difflib.get_close_matches(argv[0], list(commands), n=1, cutoff=0.6)
+    if not close:
+        return None
+    return f"unknown command {argv[0]!r}; did you mean {close[0]!r}?"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    mistyped = _mistyped_command(parser, sys.argv[1:] if argv is None else argv)
+    if mistyped:
+        print(f"stagefrontier: error: {printable(mistyped)}", file=sys.stderr)
+        return EXIT_ERROR
+    args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:
         status = handler(args)

@@ -43,6 +43,8 @@ logger = logging.getLogger("stagefrontier")
 
 MAX_REASONS = 8
 """Distinct violation messages kept per window (the count is always exact)."""
+MAX_WARNED = 32
+"""Distinct contract violations a rank logs at WARNING, each once (the count is always exact)."""
 SUGGESTION_CUTOFF = 0.8
 """How alike (difflib's ratio) an unknown stage name and a stage must be for "did you mean"."""
 
@@ -157,6 +159,7 @@ class TimerState:
         self._violations = 0
         self._reasons: list[str] = []
         self._unknown_names: dict[str, str] = {}  # unknown stage name -> its violation reason
+        self._warned: set[str] = set()  # the violations already logged on this rank
         self._dropped = 0
         # Prefetch-aware data wait (timer.iter, timer.fetch): each fetch is charged to the next
         # step to begin (its start is moved back by the wait); a fetch made inside a step is
@@ -440,6 +443,14 @@ class TimerState:
             raise ContractViolation(reason)
         self._violations += 1
         self._note(reason)
+        if reason not in self._warned and len(self._warned) < MAX_WARNED:
+            self._warned.add(reason)  # each kind of violation said once, then only counted
+            logger.warning(
+                "stagefrontier: rank %d: %s; such calls are counted in each window's "
+                "contract_violations and not said again (StageTimer(strict=True) raises instead)",
+                self.rank,
+                reason,
+            )
 
     def _note(self, reason: str) -> None:
         if len(self._reasons) < MAX_REASONS and reason not in self._reasons:
@@ -461,6 +472,7 @@ class TimerState:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             stages = ", ".join(self.stages)
             reason = self._unknown_names[name] = f"unknown stage {name!r}{hint} (schema: {stages})"
+            self._warned.add(reason)  # said here, in its own words
             logger.warning(
                 "stagefrontier: unknown stage %r on rank %d%s Its time is counted in %s; "
                 "the stages are: %s",
