@@ -8,6 +8,7 @@ falls in, so a reduced trace agrees with the live matrix. One process, a real pr
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from stagefrontier.analysis.wait_rule import (
     parse_wait_range,
     wait_range_name,
 )
+from stagefrontier.cli import main
 from stagefrontier.reducers import reduce_kineto
 from stagefrontier.render.incident import read_incident, summary_line
 from stagefrontier.route.opdiff import stage_op_times
@@ -147,7 +149,7 @@ def _loop(timer: Any, path: str, steps: int) -> None:
 
 @pytest.mark.parametrize("path", ["iter", "prefetch", "hooks"])
 def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
-    tmp_path: Path, store: Any, path: str
+    tmp_path: Path, store: Any, path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from stagefrontier import ProfilerRouter, StageTimer
 
@@ -167,6 +169,13 @@ def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
     cost = incident["router_cpu_s"]
     assert set(cost["export"]) == {"0"} and cost["export"]["0"] > 0 and cost["reduction"] > 0
     assert "capture and reduction took" in summary_line(incident)
+    # `stagefrontier analyze INCIDENT_DIR` reads the traces back as the live incident did: the
+    # stages, the wait's among them, from incident.json (inferred from the ranges, the wait,
+    # which has no range of its own, was left out and another stage came out on top).
+    assert main(["analyze", str(manual_incident(tmp_path)), "--json"]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["stages"] == list(incident["trace_shares"]) and offline["top1"] == DATA
+    assert offline["shares"][DATA] == pytest.approx(incident["trace_shares"][DATA], abs=0.05)
 
 
 def test_a_capture_scheduled_after_the_last_step_says_training_ended_first(

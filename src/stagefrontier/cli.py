@@ -155,7 +155,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
     paths: list[Path] = args.paths
     trace = _trace_options(args)
     if len(paths) == 1 and (paths[0] / INCIDENT_FILE).is_file():
-        paths, trace = _incident_input(paths[0], trace)
+        paths, trace, incident_stages = _incident_input(paths[0], trace)
+        stages = stages or incident_stages
     steps = None if args.steps is None else _int_pair(args.steps, ":", "--steps", "FIRST:LAST")
     loaded = load_window(
         paths,
@@ -175,17 +176,19 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _incident_input(folder: Path, trace: TraceOptions) -> tuple[list[Path], TraceOptions]:
+def _incident_input(
+    folder: Path, trace: TraceOptions
+) -> tuple[list[Path], TraceOptions, list[str] | None]:
     """An incident folder's traces, each with the rank the incident gives it (a --rank given
     on the command line wins), the job's other ranks allowed to be missing: a capture holds
-    only the ranks it was asked for."""
+    only the ranks it was asked for; and the stages the live incident read them with."""
     from .route.offline import incident_traces
 
-    files = incident_traces(folder)
+    files, stages = incident_traces(folder)
     ranks: dict[PathLike, int] = {path: rank for rank, path in files.items()}
     ranks.update(trace.ranks or {})
     paths = [Path(files[rank]) for rank in sorted(files)]
-    return paths, replace(trace, ranks=ranks, missing_ranks="allow")
+    return paths, replace(trace, ranks=ranks, missing_ranks="allow"), stages
 
 
 # --- validate -------------------------------------------------------------------------------------

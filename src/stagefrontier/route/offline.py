@@ -41,8 +41,12 @@ def local_traces(folder: Path, incident: dict[str, Any]) -> dict[int, str]:
     return files
 
 
-def incident_traces(folder: Path) -> dict[int, str]:
-    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank.
+def incident_traces(folder: Path) -> tuple[dict[int, str], list[str] | None]:
+    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank, and the stages the
+    live incident read them with (those of its shares), None when it was not reduced. With
+    them, a between-step wait (``timer.iter``: a range ``data.next_wait@step#N``, never a stage
+    range of its own) is charged to its stage as it was live, where inferring the stages from
+    the ranges would leave it out.
 
     Raises:
         ReportFormatError: an unreadable incident, or one with no trace in the folder.
@@ -52,7 +56,8 @@ def incident_traces(folder: Path) -> dict[int, str]:
     if not files:
         why = "nothing was captured" if not incident["captured"] else "its traces are not here"
         raise ReportFormatError(f"{folder}: incident {incident['id']} has no trace: {why}")
-    return files
+    stages = list(incident["trace_shares"] or incident["live_shares"]) or None
+    return files, stages
 
 
 def run_folder(incident_folder: Path) -> Path:
