@@ -183,6 +183,10 @@ def test_the_run_report_page_has_every_section(
     assert page.count("<rect ") == 4 * 3  # three stages with a share in each of four windows
     assert "href='incidents/w00001/incident.html'" in page and LONG_OP in text
     # The verdicts: each window's own, or the earlier window whose verdict it repeats.
+    # The window whose steps the router captured is named as the router's cost, not hidden
+    # behind "no window was slower".
+    regressions = text.split("Regressions")[1].split("StageFrontier next to")[0]
+    assert "window 1 ran " in regressions and "router's capture slowed it" in regressions
     verdicts = text.split("Verdict per window")[1].split("Regressions")[0]
     said = re.findall(rf"Rank {slow}@node\d+'s data loading", verdicts)
     assert said and len(said) + len(re.findall(r"same as window \d+", verdicts)) >= 3, verdicts
@@ -201,3 +205,32 @@ def test_report_html_refuses_a_name_that_is_not_a_page(
     assert "name a *.html" in capsys.readouterr().err
     assert main(["report", str(folder), "--html", str(tmp_path / "new" / "r.html")]) == 0
     assert (tmp_path / "new" / "r.html").is_file()
+
+
+def test_the_cost_sentence_and_table_state_the_same_figures(tmp_path: Path) -> None:
+    """Window 1 paid for a capture: 900 ms on the training thread and 110 ms of the router's
+    threads, in a 1.016 s budget. The sentence and the table give the same share of step time
+    (the router's threads left out of both, in a column of their own)."""
+    from stagefrontier.formats.run_folder import load_run
+    from stagefrontier.render.run_html import run_html
+
+    run = load_run(simulated_run(tmp_path / "run", 4, 2, slow=2))
+    part = {"max": 0.002, "median": 0.001}
+    run.packets[1].meta["self_cost"] = {
+        "hot_path_s": part,
+        "handoff_s": part,
+        "threads_cpu_s": part,
+        "capture_s": {"max": 0.9, "median": 0.0},
+        "router_cpu_s": {"max": 0.11, "median": 0.0},
+        "total_s": {"max": 1.016, "median": 0.1},
+        "fraction": {"max": 0.2, "median": 0.02},
+    }
+    page = run_html(run, tmp_path / "report.html")
+    section = page.split("<h2>StageFrontier's own cost</h2>")[1]
+    said = re.search(r"stagefrontier cost ([\d.]+)% of step time", section)
+    shown = re.search(r"<tr><td>1</td><td class='num'>([\d.]+)%</td>", section)
+    assert said and shown, section[:2000]
+    assert float(said.group(1)) == pytest.approx(float(shown.group(1)), abs=0.05)
+    assert float(shown.group(1)) == pytest.approx(100 * 0.2 * 0.906 / 1.016, abs=0.005)
+    assert "profiler capture 900.0 ms on the training thread" in section
+    assert "<td class='num'>900.0</td><td class='num'>110.0</td></tr>" in section

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
@@ -33,6 +35,7 @@ from .text import (
     index_text,
     lead_text,
     report_windows,
+    self_cost,
     self_cost_text,
     summary_window,
 )
@@ -72,7 +75,7 @@ def run_html(run: RunWindows, path: Path) -> str:
         leaders_view(windows, stages, colors),
         "<h2>Verdict per window</h2>",
         _verdict_table(windows),
-        _regressions(windows),
+        _regressions(windows, run),
         _comparison(run),
         _incidents(run, path),
         "<h2>StageFrontier's own cost</h2>",
@@ -300,15 +303,43 @@ def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
     )
 
 
-def _regressions(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
+def _regressions(windows: list[tuple[WindowReport, dict[str, Any]]], run: RunWindows) -> str:
     rows = [
         [esc(index_text(meta)), esc(regression_text(meta["regression"]))]
         for _, meta in windows
         if isinstance(meta.get("regression"), dict)
     ]
+    slowed = slowed_by_router(windows, run)
     if not rows:
-        return "<h2>Regressions</h2><p>No window was slower than the run's healthy windows.</p>"
-    return "<h2>Regressions</h2>" + table(["window", "slower than the baseline"], rows)
+        found = "No window was slower than the run's healthy windows"
+        return f"<h2>Regressions</h2><p>{found}{', but' if slowed else '.'}</p>{slowed}"
+    return "<h2>Regressions</h2>" + table(["window", "slower than the baseline"], rows) + slowed
+
+
+def slowed_by_router(windows: list[tuple[WindowReport, dict[str, Any]]], run: RunWindows) -> str:
+    """A note naming the windows the profiler router's capture slowed, with their step time
+    against the other windows': they are the router's cost, not the training's; empty when
+    none was (or the folder has no packets to tell)."""
+    from .plots import router_windows
+
+    slowed = sorted(router_windows(run)) if run.packets else []
+    others = [w[0].mean_step_s for i, w in enumerate(windows) if i not in slowed]
+    if not slowed or not others:
+        return ""
+    typical = float(np.median(others)) * 1e3
+    said = ", ".join(
+        f"window {index_text(windows[i][1])} ran {windows[i][0].mean_step_s * 1e3:.1f} ms/step"
+        for i in slowed
+    )
+    return note(
+        f"{said}, against {typical:.1f} ms/step for the median other window: the profiler "
+        "router's capture slowed "
+        + ("it" if len(slowed) == 1 else "them")
+        + " (its captured steps, its trace export and reduction), which is the router's cost, "
+        "not the training's, so the frontier figure's worst step leaves "
+        + ("it" if len(slowed) == 1 else "them")
+        + " out too."
+    )
 
 
 def _comparison(run: RunWindows) -> str:
@@ -363,47 +394,38 @@ def _relative(target: Path, start: Path) -> str:
 
 
 def _self_cost(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
-    rows = []
-    for _, meta in windows:
-        cost = meta.get("self_cost")
-        if not isinstance(cost, Mapping):
-            continue
-
-        def most(key: str, cost: Mapping[str, Any] = cost) -> float:
-            value = cost.get(key, {})
-            return float(value.get("max", 0.0)) if isinstance(value, Mapping) else 0.0
-
-        rows.append(
-            [
-                esc(index_text(meta)),
-                f"{most('fraction'):.2%}",
-                f"{most('hot_path_s') * 1e3:.1f}",
-                f"{most('handoff_s') * 1e3:.1f}",
-                f"{most('threads_cpu_s') * 1e3:.1f}",
-                f"{most('router_cpu_s') * 1e3:.1f}",
-            ]
-        )
-    if not rows:
+    """The cost per window, in the same figures as the sentence above it and the window line:
+    the share of step time leaves the router's background threads out (their own column)."""
+    costs = [(meta, cost) for _, meta in windows if (cost := self_cost(meta)) is not None]
+    if not costs:
         return "<p>The windows carry no self-cost figures.</p>"
-    worst = max(windows, key=lambda w: _fraction(w[1]))[1]
-    summary = self_cost_text(worst) or "under 1% of step time in every window"
-    return f"<p>The most it cost a rank: {esc(summary)}.</p>" + table(
+    rows = [
         [
-            "window",
-            "of step time (rank max)",
-            "hot path ms",
-            "hand-off ms",
-            "collection ms",
-            "profiler router ms",
-        ],
-        rows,
-        numeric=(1, 2, 3, 4, 5),
+            esc(index_text(meta)),
+            f"{cost.fraction:.2%}",
+            *(f"{value * 1e3:.1f}" for value in cost.spent.values()),
+            f"{cost.capture_s * 1e3:.1f}",
+            f"{cost.router_s * 1e3:.1f}",
+        ]
+        for meta, cost in costs
+    ]
+    worst = max(costs, key=lambda pair: pair[1].fraction)[0]
+    summary = self_cost_text(worst) or "under 1% of step time in every window"
+    return (
+        f"<p>The most it cost a rank: {esc(summary)}. The profiler router's background threads "
+        "(trace export and reduction, an incident's one-off) are left out of that share and "
+        "shown in the last column.</p>"
+        + table(
+            [
+                "window",
+                "of step time (rank max)",
+                "hot path ms",
+                "hand-off ms",
+                "collection ms",
+                "profiler capture ms (training thread)",
+                "profiler router ms (its threads)",
+            ],
+            rows,
+            numeric=(1, 2, 3, 4, 5, 6),
+        )
     )
-
-
-def _fraction(meta: Mapping[str, Any]) -> float:
-    cost = meta.get("self_cost")
-    if not isinstance(cost, Mapping):
-        return 0.0
-    fraction = cost.get("fraction", {})
-    return float(fraction.get("max", 0.0)) if isinstance(fraction, Mapping) else 0.0

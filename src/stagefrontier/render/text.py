@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -95,32 +96,63 @@ def window_details(report: WindowReport, record: Mapping[str, Any] | None = None
     return printable(" | ".join(parts))
 
 
+@dataclass(frozen=True)
+class SelfCost:
+    """What the library cost one window, as the window line and the report both state it: the
+    most any rank spent per part, and the share of step time without the profiler router's
+    background threads (an incident's one-off, said in the incident's own line)."""
+
+    fraction: float
+    """Of step time, on the rank where it was largest, the router's threads left out."""
+    spent: dict[str, float]
+    """Seconds per part: hot path, hand-off, collection (the most on any rank)."""
+    capture_s: float
+    """The training thread's time in profiler captures."""
+    router_s: float
+    """The profiler router's background threads' CPU (left out of ``fraction``)."""
+
+    @property
+    def collection_s(self) -> float:
+        return sum(self.spent.values()) + self.capture_s
+
+
+def self_cost(record: Mapping[str, Any]) -> SelfCost | None:
+    """The window's :class:`SelfCost`, None when its record has none (written before it was
+    kept) or its step time is unknown."""
+    cost = record.get("self_cost")
+    if not isinstance(cost, Mapping):
+        return None
+
+    def most(key: str) -> float:
+        value = cost.get(key, {})
+        return float(value.get("max", 0.0)) if isinstance(value, Mapping) else 0.0
+
+    fraction, total = most("fraction"), most("total_s")
+    parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "collection": "threads_cpu_s"}
+    spent = {name: most(key) for name, key in parts.items()}
+    found = SelfCost(0.0, spent, most("capture_s"), most("router_cpu_s"))
+    if not (fraction > 0 and total > 0):
+        return found
+    # The same step time, without the router's threads.
+    return replace(found, fraction=fraction * min(1.0, found.collection_s / total))
+
+
 def self_cost_text(record: Mapping[str, Any]) -> str:
     """``stagefrontier cost 1.4% of step time (up to 4.1 ms in this window on one rank; the most
     any rank spent per part: hot path 0.1 ms, ...)`` when what the collection costs exceeds
     :data:`SELF_COST_LINE_FRACTION` of the step time, else empty. The profiler router's CPU is
     left out: an incident's capture and reduction is a one-off, said once in the incident's own
     line (``render.incident.router_cost_text``)."""
-    cost = record.get("self_cost")
-    if not isinstance(cost, Mapping):
+    cost = self_cost(record)
+    if cost is None or not cost.fraction > SELF_COST_LINE_FRACTION:
         return ""
-    fraction = cost.get("fraction", {}).get("max", 0.0)
-    total = cost.get("total_s", {}).get("max", 0.0)
-    parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "collection": "threads_cpu_s"}
-    spent = {name: cost.get(key, {}).get("max", 0.0) for name, key in parts.items()}
-    collection = sum(spent.values()) + cost.get("capture_s", {}).get("max", 0.0)
-    if not (fraction > 0 and total > 0):
-        return ""
-    fraction = fraction * min(1.0, collection / total)  # the same step time, without the router
-    if not fraction > SELF_COST_LINE_FRACTION:
-        return ""
-    split = ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in spent.items())
-    capture = cost.get("capture_s", {}).get("max", 0.0)
-    if capture > 0:
-        split += f", profiler capture {capture * 1e3:.1f} ms on the training thread"
+    split = ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in cost.spent.items())
+    if cost.capture_s > 0:
+        split += f", profiler capture {cost.capture_s * 1e3:.1f} ms on the training thread"
     return (
-        f"stagefrontier cost {fraction:.1%} of step time (up to {collection * 1e3:.1f} ms in "
-        f"this window on one rank; the most any rank spent per part: {split})"
+        f"stagefrontier cost {cost.fraction:.1%} of step time (up to "
+        f"{cost.collection_s * 1e3:.1f} ms in this window on one rank; the most any rank spent "
+        f"per part: {split})"
     )
 
 
