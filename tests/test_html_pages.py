@@ -142,8 +142,32 @@ def test_without_matplotlib_the_incident_page_says_its_figures_are_missing(
     page = write_html(folder / "incidents" / "w00001", incident, folder).read_text()
     assert "data:image/png" not in page
     text = "".join(parsed(page).text)
-    assert "Figures not drawn (Frontier of the worst step, Shares over time)" in text
+    assert "Figures not drawn (Frontier of the captured steps 24-28, Shares over time)" in text
     assert "pip install 'stagefrontier[plot]'" in text and " incident " in text
+
+
+def test_the_incident_page_shows_what_differs_and_the_workers_functions(tmp_path: Path) -> None:
+    """The op diff lists the rows whose sides differ, then counts the rest; the suspect's
+    DataLoader workers' functions are on the page, as in incident.md."""
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    incident = with_incident(folder, slow=2)
+    same = [
+        {"name": f"op{i}", "suspect_ms_per_step": 0.005 * i, "reference_ms_per_step": 0.0}
+        for i in range(17)
+    ]
+    worker = {"name": "slow_sample", "suspect_ms_per_batch": 240.0}
+    incident["op_diff"] += same
+    incident["worker_op_diff"] = [
+        {**worker, "reference_ms_per_batch": 0.5, "calls_per_batch": 8.0},
+        {"name": "collate", "suspect_ms_per_batch": 0.2, "reference_ms_per_batch": 0.2,
+         "calls_per_batch": 1.0},
+    ]  # fmt: skip
+    page = write_html(folder / "incidents" / "w00001", incident, folder, figures=False)
+    text = "".join(parsed(page.read_text()).text)
+    assert LONG_OP in text and "op3" not in text
+    assert "17 more rows under 0.1 ms (incident.json lists them all)." in text
+    assert "Rank 2's DataLoader workers" in text and "slow_sample240.000.508" in text
+    assert "1 more row under 0.1 ms" in text and "collate" not in text
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")

@@ -14,6 +14,7 @@ from stagefrontier.formats.run_folder import RunWindows
 from stagefrontier.render.plots import (
     OTHER_RANK,
     _spread,
+    captured_steps,
     leader_text,
     plot_shares_over_time,
     plot_worst_step,
@@ -159,3 +160,16 @@ def test_figure_titles_and_labels_break_their_lines_and_escape_names(tmp_path: P
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         text = plot_shares_over_time(evil, tmp_path / "evil.svg").read_text()
     assert "data\\nnext\\x1b[2J" in text
+
+
+def test_an_incidents_figure_shows_its_captured_steps(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    packet, shown = captured_steps(run, (10, 12))  # window 1 holds steps 9-17
+    assert packet.meta["window"] == 1
+    exposed = packet.d.sum(axis=2).max(axis=1)
+    (_, first), (slowest, what) = shown
+    assert slowest in (1, 2, 3) and exposed[slowest] == exposed[1:4].max()
+    assert what == "slowest captured step (steps 10-12 were captured)" and "typical" in first
+    # Steps no packet holds: the run's worst step, saying so.
+    packet, shown = captured_steps(run, (500, 504))
+    assert shown[-1][1].endswith("\nno packet holds the captured steps 500-504")

@@ -135,25 +135,78 @@ def swatch_key(colors: Sequence[tuple[str, str]]) -> str:
     )
 
 
+MIN_SHOWN_DIFF_MS = 0.1
+"""An op diff row whose two sides differ by less than this (ms per step or batch) is counted
+under the table, not listed."""
+
+
 def op_diff_table(incident: dict[str, Any], limit: int | None = None) -> str:
-    """The op diff inside the incident's stage as a table (its first ``limit`` rows); empty
-    without one."""
-    rows = incident["op_diff"][:limit]
+    """The op diff inside the incident's stage as a table: the rows whose sides differ by
+    :data:`MIN_SHOWN_DIFF_MS` or more (at most ``limit``), then how many more there are; empty
+    without an op diff."""
+    rows = incident["op_diff"]
     if not rows:
         return ""
+    differ = [r for r in rows if _differs(r["suspect_ms_per_step"], r["reference_ms_per_step"])]
+    shown = differ[:limit]
     cells = [
         [
             f"<code>{esc(r['name'])}</code>",
             f"{r['suspect_ms_per_step']:.2f}",
             f"{r['reference_ms_per_step']:.2f}",
         ]
-        for r in rows
+        for r in shown
     ]
     header = [
         "op / function",
         f"rank {esc(incident['leader_rank'])} ms/step",
         f"{esc(reference_text(incident))} ms/step",
     ]
-    return f"<h2>Op diff inside {esc(incident['stage'])}</h2>" + table(
-        header, cells, numeric=(1, 2)
-    )
+    title = f"<h2>Op diff inside {esc(incident['stage'])}</h2>"
+    return title + (table(header, cells, numeric=(1, 2)) if cells else "") + _more(rows, shown)
+
+
+def worker_op_diff_table(incident: dict[str, Any]) -> str:
+    """The suspect's DataLoader workers' functions against the reference's, per batch (as
+    ``incident.md`` lists them); empty when the capture profiled no workers."""
+    rows = incident.get("worker_op_diff") or []
+    if not rows:
+        return ""
+    differ = [r for r in rows if _differs(r["suspect_ms_per_batch"], r["reference_ms_per_batch"])]
+    cells = [
+        [
+            f"<code>{esc(r['name'])}</code>",
+            f"{r['suspect_ms_per_batch']:.2f}",
+            f"{r['reference_ms_per_batch']:.2f}",
+            f"{r['calls_per_batch']:g}",
+        ]
+        for r in differ
+    ]
+    header = [
+        "worker function",
+        f"rank {esc(incident['leader_rank'])} ms/batch",
+        f"rank {esc(incident['reference_rank'])} ms/batch",
+        "calls/batch",
+    ]
+    title = f"<h2>Rank {esc(incident['leader_rank'])}'s DataLoader workers</h2>"
+    body = table(header, cells, numeric=(1, 2, 3)) if cells else ""
+    return title + body + _more(rows, differ)
+
+
+def _differs(suspect: float, reference: float) -> bool:
+    return abs(suspect - reference) >= MIN_SHOWN_DIFF_MS
+
+
+def _more(rows: list[Any], shown: list[Any]) -> str:
+    """``17 more rows under 0.1 ms`` (or ``3 more rows``, when a limit cut rows that differ)."""
+    hidden = len(rows) - len(shown)
+    if not hidden:
+        return ""
+    small = sum(1 for r in rows if r not in shown and not _row_differs(r))
+    under = f" under {MIN_SHOWN_DIFF_MS:g} ms" if small == hidden else ""
+    return f"<p>{hidden} more row{'s' * (hidden > 1)}{under} (incident.json lists them all).</p>"
+
+
+def _row_differs(row: dict[str, Any]) -> bool:
+    unit = "step" if "suspect_ms_per_step" in row else "batch"
+    return _differs(row[f"suspect_ms_per_{unit}"], row[f"reference_ms_per_{unit}"])

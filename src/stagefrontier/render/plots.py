@@ -67,10 +67,13 @@ def _save(plt: Any, fig: Any, path: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------- frontier of a step
-def plot_worst_step(run: RunWindows, path: str | Path) -> Path:
+def plot_worst_step(
+    run: RunWindows, path: str | Path, captured: tuple[int, int] | None = None
+) -> Path:
     """Each rank's prefix curve and the frontier of the run's worst step (the largest exposed
-    time), below the typical step of the same window (its median exposed time) for scale."""
-    packet, shown = steps_to_show(run)
+    time), below the typical step of the same window (its median exposed time) for scale; with
+    ``captured`` (an incident's first and last step), the slowest of those steps instead."""
+    packet, shown = steps_to_show(run) if captured is None else captured_steps(run, captured)
     plt = _pyplot()
     fig, axes = plt.subplots(
         len(shown),
@@ -133,6 +136,27 @@ def steps_to_show(run: RunWindows) -> tuple[Packet, list[tuple[int, str]]]:
     if typical != worst:
         shown.insert(0, (typical, "typical step (median exposed time of its window)"))
     return run.packets[worst_packet], shown
+
+
+def captured_steps(
+    run: RunWindows, captured: tuple[int, int]
+) -> tuple[Packet, list[tuple[int, str]]]:
+    """As ``steps_to_show``, for an incident: the slowest of its captured steps, after the
+    typical step of their window; the run's worst step, saying so, when no packet holds them."""
+    first, last = captured
+    for packet in run.packets:
+        rows = [t for t in range(packet.d.shape[0]) if first <= _step_index(packet, t) <= last]
+        if rows:
+            exposed = packet.d.sum(axis=2).max(axis=1)
+            slowest = max(rows, key=lambda t: float(exposed[t]))
+            typical = int(np.argsort(exposed, kind="stable")[len(exposed) // 2])
+            shown = [(slowest, f"slowest captured step (steps {first}-{last} were captured)")]
+            if typical != slowest:
+                shown.insert(0, (typical, "typical step (median exposed time of its window)"))
+            return packet, shown
+    packet, shown = steps_to_show(run)
+    t, what = shown[-1]
+    return packet, [*shown[:-1], (t, f"{what}\nno packet holds the captured steps {first}-{last}")]
 
 
 ROUTER_SLOWED_FRACTION = 0.01

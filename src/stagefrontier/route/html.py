@@ -15,7 +15,17 @@ from typing import Any
 
 from ..formats.packet import write_bytes_atomically
 from ..render.command import cli_command
-from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
+from ..render.html_page import (
+    drawn_figures,
+    esc,
+    facts,
+    note,
+    op_diff_table,
+    page,
+    pre,
+    table,
+    worker_op_diff_table,
+)
 from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
@@ -45,7 +55,8 @@ def write_html(
         f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
         f"<p>{esc(summary_line(incident))}</p>",
         op_diff_table(incident),
-        _figures(Path(folder), Path(out_dir))
+        worker_op_diff_table(incident),
+        _figures(Path(folder), Path(out_dir), incident)
         if figures
         else note(
             "The figures are added to this page after the run, by a process of their own "
@@ -80,9 +91,9 @@ def write_html(
     return write_bytes_atomically(Path(folder) / "incident.html", text.encode())
 
 
-def _figures(folder: Path, out_dir: Path) -> str:
-    """The frontier figure of the worst step and the share timeline, or a note saying why
-    they are missing."""
+def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> str:
+    """The frontier figure of the captured steps (the run's worst step when the incident
+    captured none) and the share timeline, or a note saying why they are missing."""
     from ..formats.run_folder import load_run
     from ..render.plots import plot_shares_over_time, plot_worst_step
 
@@ -91,9 +102,15 @@ def _figures(folder: Path, out_dir: Path) -> str:
     except Exception as exc:  # the page must never fail for its figures
         return note(f"Figures not drawn: the run's windows cannot be read ({exc}).")
     redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to write this page again"
+    steps = tuple(incident["steps"]) if incident["captured"] and incident["steps"] else None
     html, _ = drawn_figures(
         [
-            ("Frontier of the worst step", lambda path: plot_worst_step(run, path)),
+            (
+                f"Frontier of the captured steps {steps[0]}-{steps[1]}"
+                if steps
+                else "Frontier of the worst step",
+                lambda path: plot_worst_step(run, path, steps),
+            ),
             ("Shares over time", lambda path: plot_shares_over_time(run, path)),
         ],
         redraw,
