@@ -17,7 +17,7 @@ from stagefrontier.cli import DEMO_EXAMPLES, main
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.command import cli_command
-from stagefrontier.render.incident import new_incident, open_commands, write_incident
+from stagefrontier.render.incident import HERE, new_incident, open_commands, write_incident
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink
 
@@ -89,9 +89,16 @@ def test_the_report_and_the_incident_suggest_the_working_command(tmp_path: Path)
     write_incident(trace.parent, incident)
     text = run_report_text(load_run(folder))
     assert f"`{cli_command()} incident {shlex.quote(str(folder))}`" in text
+    # The incident's commands run in its folder: right on a copy, with no path of this machine.
     commands = open_commands(incident)
-    assert f"{cli_command()} incident {shlex.quote(str(trace.parent))}" in commands
-    assert f"{cli_command()} analyze {shlex.quote(str(trace.parent))}" in "\n".join(commands)
+    assert commands[1] == HERE and f"{cli_command()} incident ." in commands
+    assert f"{cli_command()} analyze .  # every captured rank" in "\n".join(commands)
+    assert str(tmp_path) not in "\n".join(commands)
+    program = (
+        "from hta.trace_analysis import TraceAnalysis; t = TraceAnalysis(trace_files="
+        "{2: 'rank2.pt.trace.json.gz'}, trace_dir='.'); print(t.t.get_trace(2))"
+    )
+    assert commands[-1].endswith(f' -c "{program}"'), commands[-1]  # no '"'"' runs
 
 
 def test_the_demo_help_shows_what_make_demo_runs() -> None:

@@ -466,33 +466,40 @@ def router_cost_text(incident: dict[str, Any]) -> str:
     )
 
 
+HERE = "# in the incident's folder (the one holding incident.json), wherever it was copied:"
+"""The line above the commands: they name the folder as ``.`` and the traces by file name."""
+
+
 def open_commands(incident: dict[str, Any]) -> list[str]:
     """Shell commands to look at the traces: Perfetto / the trace viewer, the reduction and op
     diff again, the captured ranks through the analyzer (Kineto or HTA reader), the events in
-    HTA (given as files: the folder also holds ``incident.json``). Each command is spelled so
-    that it runs as printed (``render.command``), every path quoted for the shell
-    (``shlex.quote``; Python literals inside the ``-c`` program): a space or a ``$(...)`` in a
-    path is pasted as part of the path."""
+    HTA (given as files: the folder also holds ``incident.json``). They are run in the
+    incident's folder (``.``, the traces by file name), so they stay right on a copied folder;
+    each is spelled so that it runs as printed (``render.command``). The HTA program is in
+    double quotes when the file names are plain (nothing the shell would expand), each name
+    otherwise quoted for the shell (``shlex.quote``) with the program."""
     files = incident["trace_files"]
     if not files:
         return []
-    quote = shlex.quote
-    folder = str(Path(next(iter(files.values()))).parent)
-    suspect = str(incident["leader_rank"])
-    rank = int(suspect) if suspect in files else int(next(iter(files)))
-    ranks = ", ".join(f"{int(r)}: {p!r}" for r, p in sorted(files.items()))
+    names = {int(rank): Path(path).name for rank, path in files.items()}
+    suspect = int(incident["leader_rank"]) if incident["leader_rank"] is not None else -1
+    rank = suspect if suspect in names else min(names)
+    ranks = ", ".join(f"{r}: {name!r}" for r, name in sorted(names.items()))
     hta = (
         "from hta.trace_analysis import TraceAnalysis; "
-        f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir={folder!r}); "
+        f"t = TraceAnalysis(trace_files={{{ranks}}}, trace_dir='.'); "
         f"print(t.t.get_trace({rank}))"
     )
+    plain = all(is_plain_name(name) for name in names.values())
+    program = f'"{hta}"' if plain else shlex.quote(hta)
     command = cli_command()
     return [
         "# open in https://ui.perfetto.dev (or chrome://tracing): drag in "
-        + " ".join(quote(Path(p).name) for p in files.values()),
-        f"{command} incident {quote(folder)}",
-        f"{command} analyze {quote(folder)}  # every captured rank; or --format hta",
-        f"{quote(sys.executable)} -c {quote(hta)}",
+        + " ".join(shlex.quote(name) for name in names.values()),
+        HERE,
+        f"{command} incident .",
+        f"{command} analyze .  # every captured rank; or --format hta",
+        f"{shlex.quote(sys.executable)} -c {program}",
     ]
 
 
