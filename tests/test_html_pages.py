@@ -26,9 +26,10 @@ MS = 1_000_000
 LONG_OP = "stagefrontier/demo/faults.py(158): delay › <built-in function sleep>" * 3
 
 
-def simulated_run(folder: Path, ranks: int, windows: int, slow: int) -> Path:
+def simulated_run(folder: Path, ranks: int, windows: int, slow: int, captured_ms: int = 0) -> Path:
     """``windows`` windows of 20 steps on ``ranks`` ranks, 8 per host; rank ``slow`` waits
-    40 ms more for data from the second window on."""
+    40 ms more for data from the second window on, and ``captured_ms`` more in the second
+    window's steps 24-28 (those ``with_incident`` captures)."""
     rng = np.random.default_rng(ranks)
     sinks = [PacketSink(folder), JsonlSink(folder)]
     for w in range(windows):
@@ -38,6 +39,8 @@ def simulated_run(folder: Path, ranks: int, windows: int, slow: int) -> Path:
             d[:, -1] = 0
             if w >= 1 and rank == slow:
                 d[:, 0] += 40 * MS
+            if w == 1 and rank == slow:
+                d[4:9, 0] += captured_ms * MS
             parts.append(
                 RankWindow(
                     w,
@@ -207,10 +210,6 @@ def test_the_run_report_page_has_every_section(
     assert page.count("<rect ") == 4 * 3  # three stages with a share in each of four windows
     assert "href='incidents/w00001/incident.html'" in page and LONG_OP in text
     # The verdicts: each window's own, or the earlier window whose verdict it repeats.
-    # The window whose steps the router captured is named as the router's cost, not hidden
-    # behind "no window was slower".
-    regressions = text.split("Regressions")[1].split("StageFrontier next to")[0]
-    assert "window 1 ran " in regressions and "router's capture slowed it" in regressions
     verdicts = text.split("Verdict per window")[1].split("Regressions")[0]
     said = re.findall(rf"Rank {slow}@node\d+'s data loading", verdicts)
     assert said and len(said) + len(re.findall(r"same as window \d+", verdicts)) >= 3, verdicts
@@ -258,3 +257,19 @@ def test_the_cost_sentence_and_table_state_the_same_figures(tmp_path: Path) -> N
     assert float(shown.group(1)) == pytest.approx(100 * 0.2 * 0.906 / 1.016, abs=0.005)
     assert "profiler capture 900.0 ms on the training thread" in section
     assert "<td class='num'>900.0</td><td class='num'>110.0</td></tr>" in section
+
+
+def test_a_window_the_router_slowed_is_named_in_the_regressions(tmp_path: Path) -> None:
+    """Its captured steps ran 400 ms slower: named as the router's cost, not hidden behind "no
+    window was slower"; a window it captured in at the usual pace is not named."""
+    from stagefrontier.formats.run_folder import load_run
+    from stagefrontier.render.run_html import run_html
+
+    for captured_ms, named in ((400, True), (0, False)):
+        folder = simulated_run(tmp_path / str(captured_ms), 4, 4, slow=2, captured_ms=captured_ms)
+        with_incident(folder, slow=2)
+        page = run_html(load_run(folder), folder / "report.html")
+        text = "".join(parsed(page).text)
+        regressions = text.split("Regressions")[1].split("StageFrontier next to")[0]
+        said = "router's capture slowed it" in regressions and "window 1 ran " in regressions
+        assert said == named, regressions

@@ -316,17 +316,27 @@ def _regressions(windows: list[tuple[WindowReport, dict[str, Any]]], run: RunWin
     return "<h2>Regressions</h2>" + table(["window", "slower than the baseline"], rows) + slowed
 
 
+SLOWED = 1.1
+"""A window the profiler router worked in is named as slowed by it when its step time exceeds
+the median other window's by this factor."""
+
+
 def slowed_by_router(windows: list[tuple[WindowReport, dict[str, Any]]], run: RunWindows) -> str:
-    """A note naming the windows the profiler router's capture slowed, with their step time
-    against the other windows': they are the router's cost, not the training's; empty when
-    none was (or the folder has no packets to tell)."""
+    """A note naming the windows the profiler router's capture slowed (:data:`SLOWED`), with
+    their step time against the other windows': they are the router's cost, not the
+    training's; empty when none was (or the folder has no packets to tell)."""
     from .plots import router_windows
 
-    slowed = sorted(router_windows(run)) if run.packets else []
-    others = [w[0].mean_step_s for i, w in enumerate(windows) if i not in slowed]
-    if not slowed or not others:
+    captured = router_windows(run) if run.packets else set()
+    others = [w[0].mean_step_s for i, w in enumerate(windows) if i not in captured]
+    if not others:
         return ""
     typical = float(np.median(others)) * 1e3
+    slowed = [  # those it did slow: a window it captured in may have run at the usual pace
+        i for i in sorted(captured) if windows[i][0].mean_step_s * 1e3 > SLOWED * typical
+    ]
+    if not slowed:
+        return ""
     said = ", ".join(
         f"window {index_text(windows[i][1])} ran {windows[i][0].mean_step_s * 1e3:.1f} ms/step"
         for i in slowed
