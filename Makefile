@@ -19,14 +19,16 @@ STAMP := $(VENV)/.stagefrontier-installed
 
 # install(extras, what it is for, rough time): the venv, torch when none is importable (an
 # existing install is kept; the pinned 2.13.0 resolves to the CPU build on the registries this
-# project's machines use), then the project in editable mode with the given extras.
+# project's machines use), then the project in editable mode with the given extras. Each step
+# says what it does and pip shows what it collects and installs (SETUP_PIP_FLAGS=-q quiets it).
+SETUP_PIP_FLAGS ?= --progress-bar on
 define install
 	@test -x $(PY) || { echo "setup: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@$(PY) -c "import torch" 2>/dev/null || { \
 	  echo "setup: installing $(TORCH_SPEC) (CPU build: about 0.9 GB installed, 20 s from a local wheel, longer to download)"; \
-	  $(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"; }
+	  $(PY) -m pip install $(SETUP_PIP_FLAGS) $(TORCH_INDEX) "$(TORCH_SPEC)"; }
 	@echo "setup: installing stagefrontier[$(1)] for $(2) ($(3))"
-	@$(PY) -m pip install -q -e ".[$(1)]"
+	@$(PY) -m pip install $(SETUP_PIP_FLAGS) -e ".[$(1)]"
 	@echo "setup: done"
 endef
 
