@@ -48,6 +48,11 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
         }
         assert "telemetry_limited" not in w["labels"]
         assert w["top1"] == "data.next_wait" and w["lead"]["ranks"] == [3]
+        # When it ran: rank 0 saw its own rank's window only, and its times are those.
+        assert w["wall_clock"]["start"] < w["wall_clock"]["end"]
+    assert [w["wall_clock"]["end"] for w in windows[:-1]] == [
+        w["wall_clock"]["start"] for w in windows[1:]
+    ]
     assert not (tmp_path / "node-windows").exists()  # kept only when asked
     # The packets hold the combined summary, not rank columns, and read back to the report.
     packets = sorted((tmp_path / "packets").glob("*.json"))
@@ -56,6 +61,7 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
         packet = read_summary_packet(path)
         assert packet.summary.n_ranks == 4 and packet.report.top1 == record["top1"]
         assert packet.meta["nodes"]["present"] == 2
+        assert packet.meta["wall_clock"] == record["wall_clock"]
 
 
 def test_a_rank_missing_inside_a_node_is_named_by_its_node(tmp_path: Path) -> None:
