@@ -2,10 +2,10 @@
 
 Runs the pipeline demo (``stagefrontier.demo.pipeline``: ``torch.distributed.pipelining`` with
 ``ScheduleGPipe`` over a ``("pp", "dp")`` mesh on CPU Gloo, roles read from the mesh) once per
-scenario and prints rank 0's log line per window. Scenarios: no fault; a 120 ms stall in one
-replica of pipeline stage 1 (rank 3); the same stall on both replicas of stage 0 (ranks 0 and
-1). The stall sits in the stage module's forward (compute inside the schedule) or, with the
-``-data`` scenarios, in the data stage (outside the schedule).
+scenario and prints rank 0's details line per window (its role verdict in full). Scenarios: no
+fault; a 120 ms stall in one replica of pipeline stage 1 (rank 3); the same stall on both
+replicas of stage 0 (ranks 0 and 1). The stall sits in the stage module's forward (compute
+inside the schedule) or, with the ``-data`` scenarios, in the data stage (outside the schedule).
 
 Besides each role's report it measures the candidate across-roles signals on the last window
 of every run (the first window holds start-up):
@@ -39,7 +39,7 @@ from stagefrontier.analysis.across_roles import bounding_role, is_communication
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import COMPUTE_PROBE, PipelineConfig, run_pipeline
-from stagefrontier.render.headline import Headlines
+from stagefrontier.render.text import window_details
 
 STALL = "120ms"
 SCENARIOS: dict[str, tuple[str, ...]] = {
@@ -89,8 +89,7 @@ def _log_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["## Log lines (rank 0, one per window)", ""]
     for name, windows in runs.items():
         lines += [f"{name} ({', '.join(SCENARIOS[name]) or 'no fault'}):", "", "```"]
-        headlines = Headlines()
-        lines += [headlines.line(_report(w), w) for w in windows]
+        lines += [window_details(_report(w), w) for w in windows]
         lines += ["```", ""]
     return lines
 

@@ -19,6 +19,7 @@ from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
 from stagefrontier.formats.run_folder import load_run
+from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.plots import plot_shares_over_time
 from stagefrontier.render.text import run_report_text, window_details
 
@@ -62,6 +63,11 @@ def test_pipeline_roles_route_inside_the_slowed_role(
         one
     )
     assert "pp1 bounds the step" in window_details(one)
+    # The headline names the role's stage to profile where the role bounds the step.
+    headline = window_headline(one, windows[1])
+    assert len(headline) <= HEADLINE_MAX, headline
+    assert "| role pp1 bounds the step: top data.next_wait " in headline
+    assert headline.endswith("| Next: profile data loading (data.next_wait) within pp1")
 
     both = WindowReport.from_dict(windows[2])
     assert both.role_reports is not None

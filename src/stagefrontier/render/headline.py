@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..analysis.across_roles import bounding_role
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.window_report import WindowReport
 from .escape import printable
@@ -22,6 +23,9 @@ HEADLINE_MAX = 160
 """The most characters a headline takes; a longer one (long stage or host names) is cut, the
 details line keeping it whole."""
 CUT = "..."
+MIN_FINDING = 24
+"""The fewest characters of the finding kept when a headline is too long: with less room, the
+line is cut at its end instead."""
 
 
 def window_headline(
@@ -31,17 +35,19 @@ def window_headline(
     rank 2 | Next: profile data loading (data.next_wait) on rank 2``; with ``same_as``, the
     qualifiers and the next step are replaced by ``same as window <same_as>``."""
     record = record or {}
-    parts = [window_title(record)] if "window" in record else []
-    parts.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step")
-    parts.append(_what(report, record))
+    head = [window_title(record)] if "window" in record else []
+    head.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step")
+    what = printable(_what(report, record))
     if same_as is not None:
-        parts.append(f"same as window {same_as}")
+        tail = [f"same as window {same_as}"]
     else:
-        parts += _flags(report, record)
         step = next_step(report, record)
-        if step:
-            parts.append(f"Next: {step}")
-    line = printable(" | ".join(part for part in parts if part))
+        tail = [*_flags(report, record), *([f"Next: {step}"] if step else [])]
+    fixed = printable(" | ".join([*head, "", *tail]))
+    room = HEADLINE_MAX - len(fixed)  # what is left for the finding
+    if len(what) > room:  # long names: the finding is cut before the next step is
+        what = what[: max(room - len(CUT), MIN_FINDING)] + CUT
+    line = printable(" | ".join([*head, what, *tail]))
     return line if len(line) <= HEADLINE_MAX else line[: HEADLINE_MAX - len(CUT)] + CUT
 
 
@@ -74,10 +80,16 @@ class Headlines:
 
 
 def _what(report: WindowReport, record: Mapping[str, Any]) -> str:
-    """``top data.next_wait 61% (~125 ms) led by rank 2``, or each role's top stage."""
+    """``top data.next_wait 61% (~125 ms) led by rank 2``; with roles, the role that bounds the
+    step and its top stage, or when that is open each role's top stage."""
     if not report.shares_defined:
         return "no exposed time"
     top = report.top1
+    bound = bounding_role(report) if top is None else None
+    if bound is not None and bound.role is not None:  # one role's stage bounds the step
+        return f"role {bound.role} bounds the step: " + _what(
+            (report.role_reports or {})[bound.role], record
+        )
     if top is None:
         tops = []
         for role, rep in (report.role_reports or {}).items():

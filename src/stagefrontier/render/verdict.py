@@ -50,6 +50,12 @@ def plain(stage: str) -> str:
     return PLAIN_NAMES.get(stage, stage)
 
 
+def both_names(stage: str) -> str:
+    """``data loading (data.next_wait)``: the plain name and the stage's own, or the one name
+    when they are the same."""
+    return plain(stage) if plain(stage) == stage else f"{plain(stage)} ({stage})"
+
+
 def listing(stages: Sequence[str]) -> str:
     """``backward``, ``forward+loss and backward``, ``a, b and c``: plain names, joined."""
     names = [plain(s) for s in stages]
@@ -213,8 +219,15 @@ def _roles_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
         return Said(text)
     if bound.role is None:
         return Said(f"{text}. Which role the others wait for is open: {bound.reason}")
+    top = (report.role_reports or {})[bound.role].top1
+    named = (
+        "its top stage"
+        if top is None
+        else (plain(top) if plain(top) == top else f"{plain(top)} ({top})")
+    )
     return Said(
-        f"{text}. {bound.role} bounds the step: {bound.reason}", f"profile it within {bound.role}"
+        f"{text}. {bound.role} bounds the step: {bound.reason}",
+        f"profile {named} within {bound.role}",
     )
 
 
@@ -240,8 +253,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     cost = f"~{ms(share * step_ms)} ms of the {ms(step_ms)} ms step ({share:.0%})"
     cost += _microstep_note(report, top)
     lead = _lead(report, record, top)
-    named = plain(top) if plain(top) == top else f"{plain(top)} ({top})"
-    target = f"profile {named} " + (f"on {lead.who}" if lead.who else "on any rank")
+    target = f"profile {both_names(top)} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
         waits = _wait_stages(report, top)
         return Said(
