@@ -16,6 +16,7 @@ from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.record.loader_workers import loader_block_lead
+from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import new_incident, verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.route.confirm import Confirmation
@@ -82,6 +83,21 @@ def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
     assert f"led by rank {STALL} over blocks of 2 steps" in line, line
     assert "no single rank leads" not in line.lower() and "on any rank" not in line, line
     assert f"on rank {STALL}" in line, line
+    # The headline too, within its 160 characters, a regression's "slower" included (the
+    # longest such line of the loader story cut the lead off before).
+    record = {
+        "window": 2,
+        "first_step": 20,
+        "last_step": 29,
+        "block_lead": lead.to_dict(),
+        "regression": {"delta_exposed_ms_per_step": 74.0},
+    }
+    headline = window_headline(report, record)
+    assert len(headline) <= HEADLINE_MAX, headline
+    assert f"led by rank {STALL} in 2-step blocks | slower +74 ms/step | Next: profile data " in (
+        headline
+    )
+    assert headline.endswith(f"on rank {STALL}"), headline
 
 
 def _confirmation(trace_top: str, live_top: str, diff: float) -> Confirmation:

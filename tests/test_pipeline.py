@@ -67,7 +67,13 @@ def test_pipeline_roles_route_inside_the_slowed_role(
     headline = window_headline(one, windows[1])
     assert len(headline) <= HEADLINE_MAX, headline
     assert "| role pp1 bounds the step: top data.next_wait " in headline
-    assert headline.endswith("| Next: profile data loading (data.next_wait) within pp1")
+    # (by its plain name alone when the line would pass 160 characters with both names)
+    assert headline.endswith(
+        (
+            "| Next: profile data loading (data.next_wait) within pp1",
+            "| Next: profile data loading within pp1",
+        )
+    ), headline
 
     both = WindowReport.from_dict(windows[2])
     assert both.role_reports is not None

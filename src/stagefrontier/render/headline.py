@@ -17,7 +17,7 @@ from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.window_report import WindowReport
 from .escape import printable
 from .text import index_text, lead_text, window_title
-from .verdict import MIN_LEAD_STEPS, ms, next_step, ranks_text
+from .verdict import MIN_LEAD_STEPS, both_names, ms, next_step, plain, ranks_text
 
 HEADLINE_MAX = 160
 """The most characters a headline takes; a longer one (long stage or host names) is cut, the
@@ -37,18 +37,39 @@ def window_headline(
     record = record or {}
     head = [window_title(record)] if "window" in record else []
     head.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step")
-    what = printable(_what(report, record))
-    if same_as is not None:
-        tail = [f"same as window {same_as}"]
-    else:
-        step = next_step(report, record)
-        tail = [*_flags(report, record), *([f"Next: {step}"] if step else [])]
-    fixed = printable(" | ".join([*head, "", *tail]))
-    room = HEADLINE_MAX - len(fixed)  # what is left for the finding
-    if len(what) > room:  # long names: the finding is cut before the next step is
-        what = what[: max(room - len(CUT), MIN_FINDING)] + CUT
+    step = next_step(report, record) if same_as is None else ""
+    flags = _flags(report, record) if same_as is None else []
+    same = [f"same as window {same_as}"] if same_as is not None else []
+    stage = _named_stage(report)
+    # The fullest form that fits: then without the stage's cost, then the next step naming the
+    # stage by its plain name alone (the finding names it), then the finding cut.
+    for cost, plain_step in ((True, False), (False, False), (False, True)):
+        said = _plain_step(step, stage) if plain_step else step
+        tail = [*flags, *([f"Next: {said}"] if said else []), *same]
+        what = printable(_what(report, record, cost))
+        line = printable(" | ".join([*head, what, *tail]))
+        if len(line) <= HEADLINE_MAX:
+            return line
+    room = HEADLINE_MAX - len(printable(" | ".join([*head, "", *tail])))
+    what = what[: max(room - len(CUT), MIN_FINDING)] + CUT  # long names: cut the finding
     line = printable(" | ".join([*head, what, *tail]))
     return line if len(line) <= HEADLINE_MAX else line[: HEADLINE_MAX - len(CUT)] + CUT
+
+
+def _named_stage(report: WindowReport) -> str | None:
+    """The stage the headline's finding names: the top stage, or the bounding role's."""
+    if report.top1 is not None or not report.shares_defined:
+        return report.top1
+    bound = bounding_role(report)
+    if bound is None or bound.role is None:
+        return None
+    return (report.role_reports or {})[bound.role].top1
+
+
+def _plain_step(step: str, stage: str | None) -> str:
+    """The next step with the stage said by its plain name only: ``profile data loading on
+    rank 2``."""
+    return step if stage is None else step.replace(both_names(stage), plain(stage))
 
 
 def saying(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, ...]:
@@ -79,16 +100,17 @@ class Headlines:
         return window_headline(report, record, self.same_as(report, record))
 
 
-def _what(report: WindowReport, record: Mapping[str, Any]) -> str:
-    """``top data.next_wait 61% (~125 ms) led by rank 2``; with roles, the role that bounds the
-    step and its top stage, or when that is open each role's top stage."""
+def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) -> str:
+    """``top data.next_wait 61% (~125 ms) led by rank 2`` (the cost per step left out without
+    ``cost``); with roles, the role that bounds the step and its top stage, or when that is
+    open each role's top stage."""
     if not report.shares_defined:
         return "no exposed time"
     top = report.top1
     bound = bounding_role(report) if top is None else None
     if bound is not None and bound.role is not None:  # one role's stage bounds the step
         return f"role {bound.role} bounds the step: " + _what(
-            (report.role_reports or {})[bound.role], record
+            (report.role_reports or {})[bound.role], record, cost
         )
     if top is None:
         tops = []
@@ -97,11 +119,12 @@ def _what(report: WindowReport, record: Mapping[str, Any]) -> str:
                 tops.append(f"{role} no exposed time")
             else:
                 share = rep.semantic_shares[rep.top1]
-                tops.append(f"{role} top {rep.top1} {share:.0%} {lead_text(rep, record)}")
+                lead = lead_text(rep, record, short=True)
+                tops.append(f"{role} top {rep.top1} {share:.0%} {lead}")
         return "per role: " + "; ".join(tops)
     share = report.semantic_shares[top]
-    cost = ms(share * report.mean_step_s * 1e3)
-    return f"top {top} {share:.0%} (~{cost} ms) {lead_text(report, record)}"
+    spent = f" (~{ms(share * report.mean_step_s * 1e3)} ms)" if cost else ""
+    return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"
 
 
 def _flags(report: WindowReport, record: Mapping[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from .verdict import (
     node_lead,
     rank_name,
     ranks_phrase,
+    ranks_text,
     single_leader,
     verdict,
 )
@@ -173,21 +174,31 @@ def role_tops(report: WindowReport, record: Mapping[str, Any] | None = None) -> 
     return out
 
 
-def lead_text(report: WindowReport, record: Mapping[str, Any] | None = None) -> str:
+def lead_text(
+    report: WindowReport, record: Mapping[str, Any] | None = None, short: bool = False
+) -> str:
     """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4,5,6,7 all on node-b)`` or
-    ``no single leader (ranks 0-3 share it)`` for the top stage."""
+    ``no single leader (ranks 0-3 share it)`` for the top stage; ``short`` (for a headline):
+    ``led by node node-b (ranks 4-7)``, ``led by rank 2 in 2-step blocks``."""
     record = record or {}
     top = str(report.top1)
     node = node_lead(record)
     if node is not None:
         host, ranks = node
+        if short:
+            return f"led by node {host} (ranks {ranks_text(ranks)})"
         return f"led by {host} (node-level: ranks {','.join(map(str, ranks))} all on {host})"
     leader = single_leader(report, top)
     if leader is not None:
         return f"led by {rank_name(leader, record)}"
     block = block_leader(record, top)
     if block is not None:
-        return f"led by {rank_name(block[0], record)} over blocks of {block[1]} steps"
+        rank, size = rank_name(block[0], record), block[1]
+        return (
+            f"led by {rank} in {size}-step blocks"
+            if short
+            else (f"led by {rank} over blocks of {size} steps")
+        )
     if report.n_steps < MIN_LEAD_STEPS:
         return f"no leader named over {report.n_steps} step{'s' if report.n_steps > 1 else ''}"
     loc = report.semantic_localization[top]
