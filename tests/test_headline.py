@@ -97,3 +97,13 @@ def _rank_windows(d: np.ndarray, index: int) -> list[RankWindow]:
         wall = durations.sum(axis=1)
         out.append(RankWindow(index, first, first + n_steps - 1, rank, STAGES, durations, wall))
     return out
+
+
+def test_a_whole_job_slowdown_says_so_in_the_headline() -> None:
+    report = sf.analyze(synchronized(healthy()), STAGES)
+    record = {**_record(5), "regression": {"kind": "whole_job", "delta_exposed_ms_per_step": 41.2}}
+    line = window_headline(report, record)
+    assert line.endswith("| whole job slower +41 ms/step | Next: look outside the training code")
+    assert len(line) <= HEADLINE_MAX and "top model.backward_cpu_wall " in line
+    stage = {**_record(5), "regression": {"kind": "stage", "delta_exposed_ms_per_step": 41.2}}
+    assert "| slower +41 ms/step |" in window_headline(report, stage)

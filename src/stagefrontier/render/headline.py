@@ -14,6 +14,7 @@ from typing import Any
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.labels import TELEMETRY_LIMITED
+from ..analysis.regression import WHOLE_JOB
 from ..analysis.window_report import WindowReport
 from .escape import printable
 from .text import index_text, lead_text, window_title
@@ -23,6 +24,8 @@ HEADLINE_MAX = 160
 """The most characters a headline takes; a longer one (long stage or host names) is cut, the
 details line keeping it whole."""
 CUT = "..."
+WHOLE_JOB_STEP = "look outside the training code"
+"""The next step when the whole job slowed alike (its details line says what the host showed)."""
 MIN_FINDING = 24
 """The fewest characters of the finding kept when a headline is too long: with less room, the
 line is cut at its end instead."""
@@ -37,7 +40,9 @@ def window_headline(
     record = record or {}
     head = [window_title(record)] if "window" in record else []
     head.append(f"exposed {report.mean_step_s * 1e3:.1f} ms/step")
-    step = next_step(report, record) if same_as is None else ""
+    step = "" if same_as is not None else next_step(report, record)
+    if step and _whole_job(record):
+        step = WHOLE_JOB_STEP
     flags = _flags(report, record) if same_as is None else []
     same = [f"same as window {same_as}"] if same_as is not None else []
     stage = _named_stage(report)
@@ -54,6 +59,13 @@ def window_headline(
     what = what[: max(room - len(CUT), MIN_FINDING)] + CUT  # long names: cut the finding
     line = printable(" | ".join([*head, what, *tail]))
     return line if len(line) <= HEADLINE_MAX else line[: HEADLINE_MAX - len(CUT)] + CUT
+
+
+def _whole_job(record: Mapping[str, Any]) -> bool:
+    """Every rank and stage slowed alike (``analysis.regression``): the cause is outside the
+    training code, and the next step is to look there, not at a stage."""
+    regression = record.get("regression")
+    return isinstance(regression, Mapping) and regression.get("kind") == WHOLE_JOB
 
 
 def _named_stage(report: WindowReport) -> str | None:
@@ -139,5 +151,6 @@ def _flags(report: WindowReport, record: Mapping[str, Any]) -> list[str]:
         flags.append(f"missing ranks {ranks_text([int(r) for r in missing])}")
     regression = record.get("regression")
     if isinstance(regression, Mapping):
-        flags.append(f"slower {regression.get('delta_exposed_ms_per_step', 0.0):+.0f} ms/step")
+        slower = f"slower {regression.get('delta_exposed_ms_per_step', 0.0):+.0f} ms/step"
+        flags.append(f"whole job {slower}" if _whole_job(record) else slower)
     return flags

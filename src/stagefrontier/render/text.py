@@ -179,7 +179,8 @@ def lead_text(
 ) -> str:
     """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4,5,6,7 all on node-b)`` or
     ``no single leader (ranks 0-3 share it)`` for the top stage; ``short`` (for a headline):
-    ``led by node node-b (ranks 4-7)``, ``led by rank 2 in 2-step blocks``."""
+    ``led by node node-b (ranks 4-7)``, ``led by rank 2 in 2-step blocks``, ``no single
+    leader``."""
     record = record or {}
     top = str(report.top1)
     node = node_lead(record)
@@ -205,6 +206,8 @@ def lead_text(
     ranks = loc.leading_ranks or loc.tied_ranks
     if len(ranks) == 1:  # one rank leads, but the lead keeps changing hands
         return f"no steady leader ({rank_name(ranks[0], record)} most often)"
+    if short:
+        return "no single leader"
     return (
         f"no single leader ({ranks_phrase(ranks, report.n_ranks)} share it)"
         if ranks
