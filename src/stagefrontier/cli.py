@@ -4,7 +4,8 @@ Subcommands register themselves in ``COMMANDS``: each entry is a function that a
 to the subparsers and sets ``handler`` (``Namespace -> exit status``) as a default. A new
 subcommand (``demo``, ``report``, ``plot``, ...) is one more such function.
 
-Exit status: 0 on success, 1 when ``validate`` finds a failing check, 2 on bad input or usage.
+Exit status: 0 on success, 1 when ``validate`` finds a failing check or ``compare``'s gate
+fails, 2 on bad input or usage, 3 when the gate cannot judge the two runs.
 Errors print one line to stderr, never a traceback. Nothing here imports torch.
 """
 
@@ -27,6 +28,7 @@ from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
+from .render.gate_report import add_gate_arguments
 from .render.incident import INCIDENT_FILE
 from .render.last_resort import last_resort_line
 from .render.text import window_report_text
@@ -328,6 +330,7 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also write a bar figure here")
+    add_gate_arguments(parser)
     parser.set_defaults(handler=_run_compare)
 
 
@@ -335,8 +338,11 @@ def _run_compare(args: argparse.Namespace) -> int:
     from .analysis.compare import compare
     from .formats.sides import load_side
     from .render.compare_text import render_comparison
+    from .render.gate_report import gate_asked, gate_request, run_gate
 
     stages = _stage_list(args.stages)
+    if gate_asked(args):
+        return run_gate(gate_request(args, stages))
     result = compare(load_side(args.base), load_side(args.new), stages)
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_comparison(result))
     if args.plot:
