@@ -66,8 +66,8 @@ def untimed_job_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, li
     return run.losses
 
 
-GATE_STEPS = 60
-GATE_WINDOW = 10
+GATE_STEPS = 100
+GATE_WINDOW = 20
 GATE_STALL = "data@1:120ms"
 
 
