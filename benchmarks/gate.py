@@ -146,14 +146,15 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(rows: list[dict[str, Any]], steps: int, command: str, started_load: str) -> str:
+def render(rows: list[dict[str, Any]], steps: int, command: str, environment: list[str]) -> str:
     lines = hc.result_header("The step-time gate on healthy and stalled demo runs", command)
-    lines += hc.environment()
+    lines += environment
     lines += [f"- Load average (1/5/15 min) at the end: {hc.load_text()}", ""]
     lines += [
         f"Each round: three 2-rank demo jobs of {steps} steps (windows of {WINDOW}) launched at "
-        f"once, two healthy and one with `{STALL}`; the gate at {BAR} "
-        f"(load when the script started: {started_load}).",
+        f"once, two healthy and one with `{STALL}`; the gate at {BAR}. `quiet`: no burners "
+        "added (the shared machine's own load is in the last column); `burners`: two "
+        "CPU-burning processes per CPU beside the round.",
         "",
         "## Summary",
         "",
@@ -193,10 +194,10 @@ def main() -> None:
     args = parser.parse_args()
     hc.prepare_process()
     rounds, loads = (2, ("quiet",)) if args.quick else (args.rounds, ("quiet", "burners"))
-    started_load = hc.load_text()
+    environment = hc.environment()  # the load as the script starts
     with hc.work_dir(None) as work:
         rows = collect(rounds, args.steps, loads, work)
-    args.out.write_text(render(rows, args.steps, hc.command_line(), started_load), encoding="utf-8")
+    args.out.write_text(render(rows, args.steps, hc.command_line(), environment), encoding="utf-8")
     args.out.with_name(args.out.stem + "-rows.json").write_text(
         json.dumps(rows, indent=1) + "\n", encoding="utf-8"
     )
