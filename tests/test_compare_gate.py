@@ -167,3 +167,40 @@ def test_bad_gate_options_exit_2_in_one_line(tmp_path: Path, args: list[str], me
 
 def test_percentages_are_read_with_or_without_sign_and_percent() -> None:
     assert [parse_percent(x) for x in ("10%", "+10%", "10", " 2.5 % ")] == [10, 10, 10, 2.5]
+
+
+def test_a_stage_grown_on_every_rank_alike_is_said_so(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
+    slower = [healthy(2), healthy(3)]
+    for d in slower:
+        d[:, :, 2] *= 1.5  # backward, on all four ranks
+    new = write_run(tmp_path / "new", slower)
+    proc = gate(str(base), str(new), "--fail-above", "10%")
+    assert proc.returncode == FAIL, proc.stdout
+    line = proc.stdout.strip().splitlines()[-1]
+    assert re.search(
+        r"grew: model\.backward_cpu_wall \+\d+\.\d ms/step \(\d+\.\d% of the change; "
+        r"(rank \d \+\d+\.\d ms, ){3}rank \d \+\d+\.\d ms: every rank alike, "
+        r"as on a slower host\)$",
+        line,
+    ), line
+
+
+def test_stage_names_are_escaped_in_every_output(tmp_path: Path) -> None:
+    stages = ("data\x1b[31m|`x", *[f"s{i}" for i in range(1, 6)])
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)], stages=stages)
+    stalled = [healthy(2), healthy(3)]
+    for d in stalled:
+        d[:, 2, 0] += 0.120
+    new = write_run(tmp_path / "new", stalled, stages=stages)
+    md, xml = tmp_path / "gate.md", tmp_path / "gate.xml"
+    proc = gate(
+        str(base), str(new), "--fail-above", "10%", "--markdown", str(md), "--junit", str(xml)
+    )
+    assert proc.returncode == FAIL, proc.stdout
+    assert "\x1b" not in proc.stdout + md.read_text() + xml.read_text()
+    assert "grew: data\\x1b[31m|`x +" in proc.stdout
+    assert "- **data\\x1b[31m\\|`x** +" in md.read_text()
+    assert "| data\\x1b[31m\\|`x | " in md.read_text()
+    failure = ET.parse(xml).getroot().find("testsuite/testcase/failure")
+    assert failure is not None and "data\\x1b[31m|`x" in (failure.text or "")

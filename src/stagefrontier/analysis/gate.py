@@ -100,6 +100,9 @@ class Growth:
     delta_ms: float
     share: float
     ranks: tuple[tuple[int, float], ...]
+    every_rank: bool = False
+    """Every rank of a multi-rank job grew in it alike (a slower host, or a heavier step, looks
+    like this; a straggler does not)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class Verdict:
                     "delta_ms_per_step": g.delta_ms,
                     "share_of_change": g.share,
                     "ranks": [{"rank": r, "delta_ms_per_step": ms} for r, ms in g.ranks],
+                    "every_rank": g.every_rank,
                 }
                 for g in self.growth
             ],
@@ -239,11 +243,10 @@ def grown_stages(c: Comparison) -> tuple[Growth, ...]:
     named: list[Growth] = []
     held = 0.0
     for stage in grew[:MAX_STAGES]:
-        named.append(
-            Growth(
-                stage, deltas[stage], deltas[stage] / change if change else 0.0, _ranks(c, stage)
-            )
-        )
+        ranks = _ranks(c, stage)
+        share = deltas[stage] / change if change else 0.0
+        every = len(ranks) == len(c.rank_deltas) > 1
+        named.append(Growth(stage, deltas[stage], share, ranks, every))
         held += deltas[stage]
         if held >= NAMED_SHARE * total:
             break

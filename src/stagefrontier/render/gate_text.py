@@ -30,6 +30,8 @@ def gate_line(v: Verdict, base: str, new: str) -> str:
 
 def _growth(g: Growth) -> str:
     ranks = ", ".join(f"rank {r} {ms:+.1f} ms" for r, ms in g.ranks) or "no single rank"
+    if g.every_rank:
+        ranks += ": every rank alike, as on a slower host"
     return f"{g.delta_ms:+.1f} ms/step ({g.share:.1%} of the change; {ranks})"
 
 
