@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from .analysis.validation import check_rows, run_validation
 from .demo.faults import HOST_KINDS
 from .errors import StageFrontierError
 from .formats.load import load_window
+from .logs import shown_on_stderr
 from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
@@ -543,6 +545,11 @@ def _warn(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script exits with it)."""
     args = build_parser().parse_args(argv)
+    with shown_on_stderr(logging.WARNING):  # the library's warnings, one line each
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     try:
         status = handler(args)
