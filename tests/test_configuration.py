@@ -3,7 +3,6 @@ and the configuration page lists every setting of the tree and every variable, f
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
 import re
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import stagefrontier
+from source_support import SRC, string_constants
 from stagefrontier import CollectConfig, Gates, ProfilerRouter, RegressionConfig, StageTimer
 from stagefrontier.environment import VARIABLES
 from stagefrontier.errors import ReportFormatError
@@ -20,20 +19,16 @@ from stagefrontier.formats.limits import limit
 from stagefrontier.record.attempt import current_attempt
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-SRC = Path(stagefrontier.__file__).parent
 NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")
 
 
 def test_only_the_environment_module_names_a_variable_as_a_string() -> None:
     """A variable's name as a value of its own (a key read from ``os.environ``) stands in
     ``environment.py`` only; elsewhere names appear in prose (messages, docstrings)."""
-    named = []
-    for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            text = node.value if isinstance(node, ast.Constant) else None
-            if isinstance(text, str) and NAME.fullmatch(text):
-                named.append(f"{path.relative_to(SRC)}:{node.lineno} {node.value}")
-    assert all(entry.startswith("environment.py:") for entry in named), named
+    named = [
+        (module, line, text) for module, line, text in string_constants() if NAME.fullmatch(text)
+    ]
+    assert named and {module for module, _, _ in named} == {"environment.py"}, named
 
 
 def test_every_variable_mentioned_is_registered() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import stagefrontier
 from html_support import STAGES, simulated_run, with_incident
+from source_support import source_nodes, string_constants
 from stagefrontier.cli import main
 from stagefrontier.route.html import write_html
 
@@ -91,17 +91,12 @@ def test_markup_in_names_and_paths_is_text_on_every_page(
 def test_no_module_writes_markup_or_escapes_it_itself() -> None:
     """Markup lives in the templates only: no string of the library's code holds a page's tag,
     and no module calls ``html.escape`` (the template engine escapes)."""
-    src = Path(stagefrontier.__file__).parent
     tag = re.compile(r"</?(html|body|table|tr|td|th|h[1-6]|p|ul|li|div|span|svg|rect|pre|img)\b")
-    found = []
-    for path in sorted(src.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            text = node.value if isinstance(node, ast.Constant) else None
-            if isinstance(text, str) and tag.search(text):
-                found.append(f"{path.relative_to(src)}:{node.lineno}")
-            imported = (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            ) + ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            if "html" in imported:
-                found.append(f"{path.relative_to(src)}:{node.lineno} imports html")
+    found = [f"{module}:{line}" for module, line, text in string_constants() if tag.search(text)]
+    for module, node in source_nodes():
+        imported = (
+            [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        ) + ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        if "html" in imported:
+            found.append(f"{module}:{node.lineno} imports html")
     assert found == []
