@@ -22,10 +22,16 @@ from ..logs import shown_on_stderr
 from ..render.escape import printable
 from ..render.last_resort import last_resort_line
 from .common import EXIT_ERROR, EXIT_OK, Handler, Subparsers
-from .demo_command import add_demo
-from .router_commands import add_capture, add_incident
-from .run_commands import add_compare, add_plot, add_report
-from .window_commands import add_analyze, add_validate
+from .parsers import (
+    add_analyze,
+    add_capture,
+    add_compare,
+    add_demo,
+    add_incident,
+    add_plot,
+    add_report,
+    add_validate,
+)
 
 COMMANDS: list[Callable[[Subparsers], None]] = [
     add_analyze,

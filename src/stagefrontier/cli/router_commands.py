@@ -4,27 +4,13 @@ running job."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import StageFrontierError
 from ..render.escape import printable
-from .common import EXIT_FAILED, EXIT_OK, Subparsers, warn
+from .common import EXIT_FAILED, EXIT_OK, warn
 
 
-def add_incident(sub: Subparsers) -> None:
-    parser = sub.add_parser(
-        "incident",
-        help="print the profiler router's incidents (reducing traces not reduced live)",
-        description="Print an incident folder (out_dir/incidents/<id>) or every incident of an "
-        "output folder, and write its incident.html again. A captured incident whose traces "
-        "were not reduced live (another host, or the run ended first) is reduced now against "
-        "the run's packets, and its files rewritten.",
-    )
-    parser.add_argument("dir", type=Path, metavar="DIR")
-    parser.set_defaults(handler=_run_incident)
-
-
-def _run_incident(args: argparse.Namespace) -> int:
+def handle_incident(args: argparse.Namespace) -> int:
     from ..render.incident import render_markdown
     from ..route.html import write_html
     from ..route.offline import incident_folders, reduce_offline, run_folder
@@ -45,33 +31,7 @@ def _run_incident(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_capture(sub: Subparsers) -> None:
-    parser = sub.add_parser(
-        "capture",
-        help="ask a running job's profiler router for a capture on some ranks",
-        description="Write a capture request into a running job's c10d store; rank 0's router "
-        "schedules it a few steps ahead on the named ranks and answers with the incident "
-        "folder. Needs torch.",
-    )
-    parser.add_argument("--store", required=True, metavar="HOST:PORT")
-    parser.add_argument("--ranks", required=True, metavar="R[,R]", help="e.g. 2,0")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--stage", default=None, help="the stage to diff (default: live top)")
-    parser.add_argument("--run-id", default=None, help="the job's run id (TORCHELASTIC_RUN_ID)")
-    parser.add_argument("--attempt", type=int, default=0, help="the job's restart count")
-    parser.add_argument("--wait", type=float, default=120.0, metavar="SECONDS")
-    parser.add_argument(
-        "--router",
-        type=int,
-        default=0,
-        metavar="K",
-        help="which router of each process to ask: 0 the first opened (default), 1 the second "
-        "(an evaluation timer's, say)",
-    )
-    parser.set_defaults(handler=_run_capture)
-
-
-def _run_capture(args: argparse.Namespace) -> int:
+def handle_capture(args: argparse.Namespace) -> int:
     from ..route.manual import request_capture
 
     host, _, port = args.store.rpartition(":")

@@ -10,73 +10,11 @@ from pathlib import Path
 from ..analysis.validation import check_rows, run_validation
 from ..errors import StageFrontierError
 from ..formats.load import load_window
-from ..reducers.detect import FORMATS
 from ..reducers.files import PathLike
 from ..reducers.options import TraceOptions
 from ..render.incident import INCIDENT_FILE
 from ..render.text import window_report_text
-from .common import EXIT_FAILED, EXIT_OK, Subparsers, int_pair, stage_list, warn, window_option
-
-
-def add_analyze(sub: Subparsers) -> None:
-    parser = sub.add_parser(
-        "analyze",
-        help="analyze one window (.npz, evidence packet, output folder, or a profiler trace)",
-        description="Frontier accounting, localization and labels for one window. PATH is an "
-        ".npz with arrays d [steps, ranks, stages] and stages (optional roles), an evidence "
-        "packet written by stagefrontier, an output folder, its packets/ or its windows.jsonl "
-        "(with --window), PyTorch Profiler traces (.json/.json.gz files or a folder of them, "
-        "one per rank) or an Nsight Systems SQLite export. A trace is reduced to the ordered "
-        "stage matrix from its step ranges and its stage ranges. Several PATHs are the traces "
-        "of one window, a file or folder per rank; an incident folder (incidents/<id>) is read "
-        "as its traces, the ranks it captured.",
-    )
-    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="auto",
-        help="input kind (default: told by content; a folder is read as PyTorch Profiler "
-        "traces unless it is an output folder); hta reads PyTorch Profiler traces through "
-        "Holistic Trace Analysis",
-    )
-    parser.add_argument(
-        "--window",
-        metavar="N",
-        help="output folders and windows.jsonl: the window to analyze, N or ATTEMPT/N after a "
-        "restart (as `stagefrontier report` lists them)",
-    )
-    trace = parser.add_argument_group("traces")
-    trace.add_argument(
-        "--stages",
-        metavar="A,B,...",
-        help="ordered stage names the trace's ranges carry (default: inferred from the ranges "
-        "on the step thread, the default stage names first)",
-    )
-    trace.add_argument(
-        "--rank",
-        action="append",
-        default=[],
-        metavar="FILE=RANK",
-        help="rank of a trace file that does not say it (repeatable)",
-    )
-    trace.add_argument(
-        "--steps", metavar="FIRST:LAST", help="analyze only step ids FIRST..LAST (inclusive)"
-    )
-    trace.add_argument(
-        "--step-source",
-        choices=("auto", "profiler", "annotation"),
-        default="auto",
-        help="step ranges: ProfilerStep#N (profiler), the stagefrontier.step ranges "
-        "(annotation), or the first of them present (auto, the default)",
-    )
-    trace.add_argument(
-        "--allow-missing-ranks",
-        action="store_true",
-        help="analyze the ranks present when the world size names more (labels are downgraded)",
-    )
-    parser.set_defaults(handler=_run_analyze)
+from .common import EXIT_FAILED, EXIT_OK, int_pair, stage_list, warn, window_option
 
 
 def _trace_options(args: argparse.Namespace) -> TraceOptions:
@@ -94,7 +32,7 @@ def _trace_options(args: argparse.Namespace) -> TraceOptions:
     )
 
 
-def _run_analyze(args: argparse.Namespace) -> int:
+def handle_analyze(args: argparse.Namespace) -> int:
     window, attempt = window_option(args.window)
     stages = stage_list(args.stages)
     paths: list[Path] = args.paths
@@ -133,19 +71,7 @@ def _incident_input(folder: Path, trace: TraceOptions) -> tuple[list[Path], Trac
     return paths, replace(trace, ranks=ranks, missing_ranks="allow")
 
 
-def add_validate(sub: Subparsers) -> None:
-    parser = sub.add_parser(
-        "validate",
-        help="run the algorithmic validation suite",
-        description="Regenerate the algorithmic validation checks (telescoping, bounds, "
-        "stability, sync-wait and direct-exposure recovery, downgrade fixtures) from seeded "
-        "fixtures. Exit status 0 only when every check holds.",
-    )
-    parser.add_argument("--json", action="store_true", help="print the result dict as JSON")
-    parser.set_defaults(handler=_run_validate)
-
-
-def _run_validate(args: argparse.Namespace) -> int:
+def handle_validate(args: argparse.Namespace) -> int:
     result = run_validation()
     if args.json:
         print(json.dumps(result, indent=2))

@@ -34,14 +34,8 @@ from ..errors import GlooProtocolError as GlooProtocolError  # defined there, im
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import close_sinks, collector_sinks, start_sinks
-from .base import (
-    BackgroundWorker,
-    CollectorSettings,
-    Consumers,
-    analyze_received,
-    merge_received,
-    publish,
-)
+from . import base
+from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
 from .live import LiveAnalysis
 from .wire import WIRE_VERSION, decode_window, encode_window
 
@@ -78,7 +72,7 @@ class GlooCollector:
                 self._mark_dead(f"creating the gloo collection group failed: {_describe(exc)}")
         self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
-        self.consumers = Consumers()
+        self.consumers = base.Consumers()
         join_timeout_s = settings.join_timeout_s
         self._worker = BackgroundWorker(
             "stagefrontier-gloo",
@@ -127,7 +121,7 @@ class GlooCollector:
             merged = merge_received(windows, self.world_size, notes)
             analyzed = analyze_received(merged, self.live.analyze)
             if analyzed is not None:
-                publish(self.sinks, self.consumers, analyzed)
+                base.publish(self.sinks, self.consumers, analyzed)
 
     def _exchange(self, window: RankWindow, arrived: list[RankWindow], notes: list[str]) -> None:
         """The two operations of one window (more while ranks disagree on the window index)."""
