@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import re
 import shlex
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -100,3 +102,21 @@ def test_no_module_writes_markup_or_escapes_it_itself() -> None:
         if "html" in imported:
             found.append(f"{module}:{node.lineno} imports html")
     assert found == []
+
+
+def test_jinja2_loads_with_the_first_page_or_the_router_not_the_library() -> None:
+    """A job without pages never imports Jinja2; a router imports it as it starts (StageTimer's
+    construction), not on its thread at the first incident."""
+    pytest.importorskip("torch")
+    script = (
+        "import sys\n"
+        "import stagefrontier\n"
+        "from stagefrontier.route import profiler_session\n"
+        "before = 'jinja2' in sys.modules\n"
+        "profiler_session.warm_up()\n"
+        "print(before, 'jinja2' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.split() == ["False", "True"], done.stdout

@@ -11,32 +11,42 @@ plain values to their templates, which share ``page.html.j2`` (the page and its 
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.util
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from .incident import reference_text
 
+if TYPE_CHECKING:
+    import jinja2
+
 logger = logging.getLogger("stagefrontier")
 
-_TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("stagefrontier.render", "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+
+@functools.cache
+def templates() -> jinja2.Environment:
+    """The pages' templates, escaping every value. Built at the first page (Jinja2 is not
+    imported with the library: a job without pages never loads it), or by the profiler router
+    as it starts (``route.profiler_session.warm_up``), before its thread writes a page."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("stagefrontier.render", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def render(template: str, **values: Any) -> str:
     """The page ``template`` (a file of ``templates/``) with ``values``, every one escaped."""
-    return _TEMPLATES.get_template(template).render(**values)
+    return templates().get_template(template).render(**values)
 
 
 @dataclass(frozen=True)
