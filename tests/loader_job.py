@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from loader_support import Samples
 from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+from stagefrontier.logs import show_on_stderr
 
 STALL_RANK = 2
 SAMPLE_S = 0.03
@@ -93,8 +94,8 @@ def main(out_dir: str, mode: str) -> None:
     # The live regression check is off (but in ``late``): these jobs test the router's own
     # decision on a window, and on a shared machine a swing in load is a real slowdown that
     # check may rightly capture.
-    if late:  # each window's headline and, at DEBUG, its details line
-        logging.getLogger("stagefrontier").setLevel(logging.DEBUG)
+    if late:  # each window's headline and, at DEBUG, its details line, on stderr
+        show_on_stderr(logging.DEBUG)
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0)
     else:
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)

@@ -141,8 +141,8 @@ def test_figure_titles_and_labels_break_their_lines_and_escape_names(tmp_path: P
     a control character in a stage name is still shown escaped."""
     import matplotlib
 
+    from html_support import simulated_run, with_incident
     from stagefrontier.formats.run_folder import load_run
-    from test_html_pages import simulated_run, with_incident
 
     folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
     with_incident(folder, slow=2)  # window 1's steps were captured: left out of the worst step

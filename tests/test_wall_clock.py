@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from html_support import simulated_run, with_incident
 from stagefrontier import StageTimer
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
@@ -24,7 +25,6 @@ from stagefrontier.formats.wall_clock import clock_cell, iso_utc, span_text
 from stagefrontier.render.incident import check_incident, render_markdown
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink
-from test_html_pages import simulated_run, with_incident
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall"]
 

@@ -1,6 +1,7 @@
 """``incident.html``: one self-contained page (figures embedded as base64 PNG, no external
-file), for a person who opens the incident folder in a browser. Built from the shared pieces in
-``render/html_page.py``; a figure that cannot be drawn is said on the page."""
+file), for a person who opens the incident folder in a browser: the template
+``render/templates/incident.html.j2``, rendered with autoescaping by ``render/html_page.py``; a
+figure that cannot be drawn is said on the page."""
 
 from __future__ import annotations
 
@@ -15,17 +16,7 @@ from typing import Any
 
 from ..formats.packet import write_bytes_atomically
 from ..render.command import cli_command
-from ..render.html_page import (
-    drawn_figures,
-    esc,
-    facts,
-    note,
-    op_diff_table,
-    page,
-    pre,
-    table,
-    worker_op_diff_table,
-)
+from ..render.html_page import Figure, drawn_figures, op_diff, render, worker_op_diff
 from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
@@ -51,47 +42,27 @@ def write_html(
     leaves the figures out with a note: a live router has them drawn by a process of their
     own when the run ends (``draw_later``), since drawing takes seconds of CPU a running job
     should keep, and its ranks' exit should not wait for."""
-    body = [
-        f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
-        f"<p>{esc(summary_line(incident))}</p>",
-        op_diff_table(incident),
-        worker_op_diff_table(incident),
-        _figures(Path(folder), Path(out_dir), incident)
-        if figures
-        else note(
-            "The figures are added to this page after the run, by a process of their own "
-            "(`stagefrontier incident` on this folder draws them again)."
-        ),
-    ]
-    commands = open_commands(incident)
-    if commands:
-        body.append("<h2>Open the traces</h2>" + pre("\n".join(commands)))
-    body.append("<h2>Details</h2>" + facts(detail_facts(incident)))
-    if incident["trace_shares"]:
-        rows = [
-            [
-                f"<code>{esc(stage)}</code>",
-                f"{share:.1%}",
-                f"{incident['live_shares'].get(stage, float('nan')):.1%}",
-            ]
+    text = render(
+        "incident.html.j2",
+        title=f"StageFrontier incident {incident['id']}",
+        incident_id=incident["id"],
+        verdict=verdict(incident),
+        summary=summary_line(incident),
+        diff=op_diff(incident),
+        workers=worker_op_diff(incident),
+        shown=_figures(Path(folder), Path(out_dir), incident) if figures else None,
+        commands=open_commands(incident),
+        details=detail_facts(incident),
+        share_rows=[
+            (stage, f"{share:.1%}", f"{incident['live_shares'].get(stage, float('nan')):.1%}")
             for stage, share in incident["trace_shares"].items()
-        ]
-        body.append(
-            "<p>Each stage's share of the exposed step time in the trace and in the live "
-            "windows of the same steps:</p>"
-            + table(["stage", "trace share", "live share"], rows, numeric=(1, 2))
-        )
-    if incident["reasons"]:
-        body.append(
-            "<p>Reasons:</p><ul>"
-            + "".join(f"<li>{esc(reason)}</li>" for reason in incident["reasons"])
-            + "</ul>"
-        )
-    text = page(f"StageFrontier incident {incident['id']}", "".join(body))
+        ],
+        reasons=incident["reasons"],
+    )
     return write_bytes_atomically(Path(folder) / "incident.html", text.encode())
 
 
-def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> str:
+def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> list[Figure]:
     """The frontier figure of the captured steps (the run's worst step when the incident
     captured none) and the share timeline, or a note saying why they are missing."""
     from ..formats.run_folder import load_run
@@ -100,10 +71,11 @@ def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> str:
     try:
         run = load_run(out_dir)
     except Exception as exc:  # the page must never fail for its figures
-        return note(f"Figures not drawn: the run's windows cannot be read ({exc}).")
+        missing = f"Figures not drawn: the run's windows cannot be read ({exc})."
+        return [Figure("Figures", note=missing)]
     redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to write this page again"
     steps = tuple(incident["steps"]) if incident["captured"] and incident["steps"] else None
-    html, _ = drawn_figures(
+    return drawn_figures(
         [
             (
                 f"Frontier of the captured steps {steps[0]}-{steps[1]}"
@@ -115,7 +87,6 @@ def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> str:
         ],
         redraw,
     )
-    return html
 
 
 def draw_later(folders: Sequence[Path]) -> None:

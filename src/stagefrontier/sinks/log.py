@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from ..analysis.window_report import WindowReport
-from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
 from ..render.headline import Headlines, window_headline
 from ..render.text import window_details
@@ -16,17 +15,16 @@ logger = logging.getLogger("stagefrontier")
 
 
 class LogSink:
-    """One headline per window on the ``stagefrontier`` logger (on stderr when the application
-    configured no logging, see ``stagefrontier.logs``): ``window 3 steps 60-79 | exposed ... |
-    top ... led by rank 2 | Next: ...``, or ``same as window 2`` when it says what the window
-    before it said. The details line follows at DEBUG."""
+    """One headline per window on the ``stagefrontier`` logger (shown where the application's
+    logging configuration sends its INFO records, see ``stagefrontier.logs``): ``window 3
+    steps 60-79 | exposed ... | top ... led by rank 2 | Next: ...``, or ``same as window 2``
+    when it says what the window before it said. The details line follows at DEBUG."""
 
     def __init__(self, level: int = logging.INFO) -> None:
         self.level = level
         self.headlines = Headlines()
 
     def write(self, window: AnalyzedWindow) -> None:
-        show_window_lines()
         logger.log(self.level, "%s", self.headlines.line(window.report, window.record))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s", window_details(window.report, window.record))
