@@ -8,15 +8,16 @@ op diff can name the user's function), swaps the timer's stage contexts for anno
 ``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
 of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
 (``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step
-closes the previous step's range and starts a fresh profiler session; after the last step it
-stops, puts the contexts back and hands the trace to the router thread.
+closes the previous step's range and opens its own; after the last step it stops the session,
+saves its JSON (``trace_parts``), puts the contexts back and hands the trace to the router thread.
 
-One session a step, not one for the whole capture: a session's stop turns its events into
-Kineto's form on this thread and its JSON export holds the GIL wherever it runs; over five steps
-of the demo both made the step after the capture two to four times the median (and every rank
-waited for it under DDP). Stopped and saved a step at a time, each step carries a step's share
-(``trace_parts``): the router thread appends each session's events to the rank's gzipped trace
-as the session ends, and closes the trace once the capture is over.
+One session for the whole capture, started and stopped once on this thread. A session a step
+spread the stop's cost over the captured steps, but it also started and stopped the profiler
+(its Python tracer, which hooks every Python thread of the process) once a step while the
+router and analysis threads ran, and under load that killed ranks (SIGSEGV in the lifecycle
+test's 100-step capture); it also made a long capture several times slower. The stop converts
+every captured event on this thread, holding the GIL, so the step after the capture carries it
+(see ``docs/router.md``, the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -199,7 +200,6 @@ class RankCapture:
             self._note = over
             self._stop(request, step - 1)
             return
-        self._next_session()
         self._open_step_range(step)
 
     def _over_budget(self, step: int) -> str:
@@ -270,17 +270,6 @@ class RankCapture:
         prof.start()
         self._session = profiler_session.started()
         return prof
-
-    def _next_session(self) -> None:
-        """Stop the running session, save its events as the trace's next part (the router
-        thread appends it to the trace) and go on in a fresh session."""
-        prof, parts = self._prof, self._parts
-        assert parts is not None
-        prof.stop()
-        self._prof = None  # a failed start below leaves no stopped session to stop again
-        part = parts.save(prof)
-        self._submit(lambda: parts.append(part))
-        self._prof = self._new_session()
 
     def _stop(self, request: CaptureRequest, last: int) -> None:
         foreign = profiler_session.foreign(self._session)
