@@ -46,6 +46,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .instrumentation import Instrumentation
 from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
@@ -86,7 +87,7 @@ class Router(Protocol):
     """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
     the router lives on a floor above the recorder, which only calls what it is given."""
 
-    def attach(self, timer: Any) -> AttachedRouter: ...
+    def attach(self, timer: Instrumentation) -> AttachedRouter: ...
 
 
 class StageTimer(TimerState):
@@ -246,7 +247,9 @@ class StageTimer(TimerState):
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
-        self._router = None if router is None else router.attach(self)
+        self.instrumentation = Instrumentation(self)
+        """What the router (and other recorders alongside the timer) read and drive of it."""
+        self._router = None if router is None else router.attach(self.instrumentation)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
