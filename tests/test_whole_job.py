@@ -39,6 +39,12 @@ SPREAD = tuple(
     for kind in ("data", "forward", "backward", "callback_host")
 )
 """From step 60: three healthy windows make the baseline."""
+STRAGGLER = tuple(
+    parse_fault(f"{kind}@2:300ms,from=60")
+    for kind in ("data", "forward", "backward", "callback_host")
+)
+"""Rank 2 alone slower in each of its stages, as ``SPREAD`` slows every rank: 1.2 s a step,
+far above what a busy machine's own swings move the other ranks' stages."""
 
 
 def test_a_slowdown_of_every_stage_and_rank_is_the_whole_jobs_and_opens_no_incident(
@@ -146,6 +152,31 @@ def test_cpu_burning_neighbours_slow_the_whole_job_and_open_no_incident(tmp_path
     assert [f["kind"] for f in flagged if f["kind"] != "whole_job"] == [], flagged
     assert any("the whole job slowed" in regression_text(f) for f in flagged), (started, flagged)
     assert list_incidents(out) == [], [i["reasons"] for i in list_incidents(out)]
+
+
+def test_one_rank_slower_in_all_its_stages_is_not_the_whole_jobs(tmp_path: Path) -> None:
+    """Rank 2 alone sleeps 300 ms in each of four stages from step 60 on: the frontier grows in
+    every stage, which read as "the whole job slowed evenly over its stages (most on rank 2)",
+    with no capture. The other ranks grew only in backward, where they wait for rank 2's
+    gradients: a stage regression on rank 2."""
+    out = tmp_path / "straggler"
+    launch(
+        DemoConfig(
+            ranks=4,
+            steps=STEPS,
+            window=WINDOW,
+            faults=STRAGGLER,
+            out_dir=str(out),
+            collect_timeout_s=10.0,
+            quiet=True,
+        ),
+        deadline_s=500.0,
+    )
+    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    flagged = [r["regression"] for r in records if r.get("regression")]
+    on_rank_2 = [f for f in flagged if f["kind"] == "stage" and f["ranks"] == [2]]
+    assert on_rank_2, flagged
+    assert "whole job" not in regression_text(on_rank_2[0])
 
 
 def test_a_capture_whose_suspect_is_its_own_reference_is_refused(

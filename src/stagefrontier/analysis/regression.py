@@ -28,13 +28,13 @@ little share to give up) (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
 most). Otherwise every stage grew with the step. That is a ``whole_job`` slowdown (a noisy
 neighbour, CPU throttling, a slower shared filesystem or network), reported as such and never
-worth a trace of one rank, only when it is spread over the ranks as well: at least half of them
-(two at least) grew outside their own largest stage by half the most any rank did
-(``_rank_spread``; from node summaries, which keep only the top stage's largest rank means, half
-the ranks grew in the top stage by half the most any did). A rank slower in every stage than
-the others (a stall in every microstep of its data wait, a straggler host) holds them up only
-in its next collective's stage, where their own growth then sits: it is a ``stage`` regression
-of that rank's largest stage.
+worth a trace of one rank, only when it is spread over the ranks as well: more than half of
+them (two at least) grew outside their own largest stage by half the most any rank did
+(``_rank_spread``; from node summaries, which keep only the top stage's largest rank means,
+more than half the ranks grew in the top stage by half the most any did). A rank slower in
+every stage than the others (a stall in every microstep of its data wait, a straggler host)
+holds them up only in the collectives they meet it in, where their own growth then sits: it is
+a ``stage`` regression of a stage that rank grew in beyond the others.
 
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
@@ -327,42 +327,45 @@ class RegressionCheck:
 
 
 def spread_over_ranks(rank_deltas: dict[str, float], n_ranks: int) -> bool:
-    """Whether a slowdown's top stage grew on enough ranks to be the whole job's: at least half
-    the ranks, and two at least, grew in it by half the most any rank did (``rank_deltas``: each
-    rank's growth of its own time there, the largest ones where a summary kept only those). A
-    stall on one rank leaves the others' own time in that stage as it was, however evenly its
-    stages grew; one rank's data alone cannot tell, so it is spread."""
+    """Whether a slowdown grew on enough ranks to be the whole job's: more than half the ranks,
+    and two at least, grew by half the most any rank did (``rank_deltas``: each rank's growth,
+    the largest ones where a summary kept only those). One rank's data alone cannot tell, so
+    it is spread."""
     deltas = sorted(rank_deltas.values(), reverse=True)
     if n_ranks < 2 or not deltas or deltas[0] <= 0:
         return True
     grown = sum(1 for delta in deltas if delta >= SPREAD_SHARE * deltas[0])
-    return grown >= max(2, -(-n_ranks // 2))
+    return grown >= max(2, n_ranks // 2 + 1)
 
 
 def _rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
     """Whether a slowdown that grew every stage with the step is spread over the ranks as well,
     and the stage to name. Each rank's own growth is summed per broad stage; what it grew
     outside its own largest stage is its spread growth. A rank that stalls in its stages holds
-    the others up only in its next collective, so their growth sits in that one stage and the
-    stalled rank alone grew in several: the growth is spread over the ranks when at least half
-    of them (two at least) grew outside their largest stage by half the most any rank did
-    (``spread_over_ranks``). Where it is not, the stage named is the largest of the rank that
-    grew most outside it; else the stage whose advance grew most."""
+    the others up only in the collectives they meet it in (a DDP backward's all-reduce, the
+    buffers' broadcast in rank 0's forward), so their growth sits in one or two stages while
+    the stalled rank grew in all of its own: the growth is spread over the ranks when more than
+    half of them (two at least) grew outside their largest stage by half the most any rank did
+    (``spread_over_ranks``). Where it is not, the stage named is, of those where the rank that
+    grew most outside its largest stage grew beyond every other rank (by half the most it did
+    in any), the one that grew most on the frontier."""
     names, members = stage_groups(result.stages)
-    outside: dict[str, float] = {}
-    largest: dict[str, str] = {}
+    growth: dict[str, list[float]] = {}
     for row in result.rank_deltas:
         own = row["delta_ms_per_step"]
-        grown = [max(sum(own[result.stages[j]] for j in group), 0.0) for group in members]
-        top = int(np.argmax(grown))
-        outside[str(row["rank"])] = sum(grown) - grown[top]
-        largest[str(row["rank"])] = names[top]
+        growth[str(row["rank"])] = [
+            max(sum(own[result.stages[j]] for j in group), 0.0) for group in members
+        ]
+    outside = {rank: sum(g) - max(g) for rank, g in growth.items()}
     if spread_over_ranks(outside, n_ranks):
         return True, result.top_stage
     rank = max(outside, key=lambda r: outside[r])
-    group = members[names.index(largest[rank])]
-    # the substage that grew most on the frontier, as the stage rule names one
-    return False, max((result.stages[j] for j in group), key=lambda st: result.delta_advance_ms[st])
+    others = [g for r, g in growth.items() if r != rank] or [[0.0] * len(names)]
+    beyond = [growth[rank][k] - max(g[k] for g in others) for k in range(len(names))]
+    alone = [k for k in range(len(names)) if beyond[k] >= SPREAD_SHARE * max(beyond)]
+    # of the stages it grew in alone, the one (and its substage) that grew most on the frontier
+    stages = [result.stages[j] for k in alone for j in members[k]]
+    return False, max(stages, key=lambda stage: result.delta_advance_ms[stage])
 
 
 def _advances(summary: WindowSummary) -> FloatArray:
