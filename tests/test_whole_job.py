@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,25 +48,32 @@ STRAGGLER = tuple(
 far above what a busy machine's own swings move the other ranks' stages."""
 
 
-def test_a_slowdown_of_every_stage_and_rank_is_the_whole_jobs_and_opens_no_incident(
-    tmp_path: Path,
-) -> None:
-    out = tmp_path / "spread"
+def run_demo(out: Path, faults: tuple[Any, ...] = (), router: bool = True) -> list[dict[str, Any]]:
+    """A 4-rank Gloo DDP demo run of ``STEPS`` steps in windows of ``WINDOW`` into ``out``; its
+    window records."""
     run = launch(
         DemoConfig(
             ranks=4,
             steps=STEPS,
             window=WINDOW,
-            faults=SPREAD,
+            faults=faults,
             out_dir=str(out),
             collect_timeout_s=10.0,
             quiet=True,
-            router=True,
+            router=router,
         ),
-        deadline_s=400.0,
+        deadline_s=500.0,
     )
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
     assert len(records) == STEPS // WINDOW == len(run.windows)
+    return records
+
+
+def test_a_slowdown_of_every_stage_and_rank_is_the_whole_jobs_and_opens_no_incident(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "spread"
+    records = run_demo(out, SPREAD)
     flagged = [r["regression"] for r in records if r.get("regression")]
     assert flagged, "the slowed windows were not flagged"
     assert [f["kind"] for f in flagged] == ["whole_job"] * len(flagged), flagged
@@ -134,20 +142,8 @@ def test_cpu_burning_neighbours_slow_the_whole_job_and_open_no_incident(tmp_path
     slowed, none names a stage or a rank, and the router opens no incident."""
     out = tmp_path / "neighbour"
     with neighbour(out / ".markers", 4) as started:
-        launch(
-            DemoConfig(
-                ranks=4,
-                steps=STEPS,
-                window=WINDOW,
-                out_dir=str(out),
-                collect_timeout_s=10.0,
-                quiet=True,
-                router=True,
-            ),
-            deadline_s=400.0,
-        )
+        records = run_demo(out)
     assert started, "the run ended before the neighbour's first step"
-    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
     flagged = [r["regression"] for r in records if r.get("regression")]
     assert [f["kind"] for f in flagged if f["kind"] != "whole_job"] == [], flagged
     assert any("the whole job slowed" in regression_text(f) for f in flagged), (started, flagged)
@@ -159,20 +155,7 @@ def test_one_rank_slower_in_all_its_stages_is_not_the_whole_jobs(tmp_path: Path)
     every stage, which read as "the whole job slowed evenly over its stages (most on rank 2)",
     with no capture. The other ranks grew only in backward, where they wait for rank 2's
     gradients: a stage regression on rank 2."""
-    out = tmp_path / "straggler"
-    launch(
-        DemoConfig(
-            ranks=4,
-            steps=STEPS,
-            window=WINDOW,
-            faults=STRAGGLER,
-            out_dir=str(out),
-            collect_timeout_s=10.0,
-            quiet=True,
-        ),
-        deadline_s=500.0,
-    )
-    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    records = run_demo(tmp_path / "straggler", STRAGGLER, router=False)
     flagged = [r["regression"] for r in records if r.get("regression")]
     on_rank_2 = [f for f in flagged if f["kind"] == "stage" and f["ranks"] == [2]]
     assert on_rank_2, flagged
