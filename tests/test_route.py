@@ -18,12 +18,8 @@ import pytest
 
 from stagefrontier import analyze
 from stagefrontier.errors import ReportFormatError
-from stagefrontier.render.incident import (
-    check_incident,
-    new_incident,
-    read_incident,
-    write_incident,
-)
+from stagefrontier.formats.incident import check_incident, new_incident, read_incident
+from stagefrontier.render.incident import write_incident
 from stagefrontier.route.decide import decide, start_margin
 from stagefrontier.route.opdiff import op_diff, stage_op_times
 from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest

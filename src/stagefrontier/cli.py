@@ -22,12 +22,12 @@ from . import __version__
 from .analysis.validation import check_rows, run_validation
 from .demo.faults import HOST_KINDS
 from .errors import StageFrontierError
-from .formats.load import load_window
+from .formats.incident import INCIDENT_FILE
+from .load import load_window
 from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
 from .render.escape import printable
-from .render.incident import INCIDENT_FILE
 from .render.last_resort import last_resort_line
 from .render.text import window_report_text
 

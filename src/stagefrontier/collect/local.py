@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
-from ..record.window import PendingWindow
 from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
+from ..window.rank import PendingWindow
 from .base import BackgroundWorker, analyze_received, merge_received
 from .live import LiveAnalysis
 

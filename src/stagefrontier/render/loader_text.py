@@ -10,14 +10,6 @@ from typing import Any
 from ..analysis.block_lead import BlockLead
 from ..analysis.schema import DATA_STAGE
 
-WORKER_ROW_NUMBERS = (
-    "suspect_ms_per_batch",
-    "reference_ms_per_batch",
-    "suspect_ms_per_call",
-    "reference_ms_per_call",
-    "calls_per_batch",
-)
-"""The numbers of a worker op diff row (checked when an incident is read)."""
 BUSY_SHOWN = 0.5
 """Saturated workers' busy fraction is said when at least this (lower, the window mostly holds
 their start-up)."""

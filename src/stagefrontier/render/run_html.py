@@ -322,7 +322,8 @@ def _comparison(run: RunWindows) -> str:
 
 
 def _incidents(run: RunWindows, page_path: Path) -> str:
-    from .incident import list_incidents, summary_line
+    from ..formats.incident import list_incidents
+    from .incident import summary_line
 
     incidents = list_incidents(run.folder)
     if not incidents:

@@ -9,7 +9,8 @@ traces against the live signal (``confirm``), ranks the operators inside the rou
 configuration and each rank's thread.
 """
 
-from ..render.incident import list_incidents, read_incident, summary_line
+from ..formats.incident import list_incidents, read_incident
+from ..render.incident import summary_line
 from .router import ProfilerRouter, RouterRuntime
 
 __all__ = ["ProfilerRouter", "RouterRuntime", "list_incidents", "read_incident", "summary_line"]

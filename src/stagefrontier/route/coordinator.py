@@ -22,12 +22,13 @@ import numpy as np
 from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..failures import say_failed
+from ..formats.incident import new_incident
 from ..formats.limits import regular_file_inside
 from ..formats.packet import remove_temporaries
-from ..record.attempt import current_attempt
-from ..record.window import AnalyzedWindow
 from ..render.escape import printable
-from ..render.incident import new_incident, summary_line, write_incident
+from ..render.incident import summary_line, write_incident
+from ..window.attempt import current_attempt
+from ..window.merged import AnalyzedWindow
 from .capture import incident_dir
 from .confirm import LiveWindow
 from .decide import Decision, decide, regression_decision, start_margin

@@ -7,8 +7,8 @@ from typing import Any
 
 from ..analysis.window_report import WindowReport
 from ..logs import show_window_lines
-from ..record.window import AnalyzedWindow
 from ..render.text import window_line
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 
