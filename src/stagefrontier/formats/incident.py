@@ -1,281 +1,232 @@
-"""``incidents/<id>/incident.json``: its fields, versioned and checked on read and before
-writing, its reader and its writer (the text beside it comes from ``render.incident``)."""
+"""``incidents/<id>/incident.json``: its typed record (``Incident``, checked on read and before
+writing by its declaration, ``formats.typed``), its reader and its writer (the text beside it
+comes from ``render.incident``). Its JSON Schema is ``docs/schemas/incident.json``."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final, Literal
 
-from ..analysis.values import check_document, is_int, is_real
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ..analysis.values import check_document
 from ..errors import ReportFormatError
-from .limits import (
-    MAX_CAPTURE_STEPS,
-    MAX_NAMED_RANKS,
-    MAX_STEP,
-    MAX_TEXT,
-    limit,
-    read_capped,
-)
-from .names import is_plain_name
+from .limits import MAX_CAPTURE_STEPS, MAX_NAMED_RANKS, limit, read_capped
 from .packet import write_bytes_atomically
+from .typed import (
+    Amount,
+    Count,
+    Number,
+    PlainName,
+    Rank,
+    RankList,
+    Step,
+    Text,
+    check,
+    check_ranks,
+    decode_json,
+)
 
-INCIDENT_FORMAT = "stagefrontier.incident"
-INCIDENT_VERSION = 1
+INCIDENT_FORMAT: Final = "stagefrontier.incident"
+INCIDENT_VERSION: Final = 1
 INCIDENT_FILE = "incident.json"
-TRIGGERS = ("window", "regression", "manual")
 MAX_LIST = 1000
 """The most reasons, op diff rows or stage shares an incident may hold."""
-WORKER_ROW_NUMBERS = (
-    "suspect_ms_per_batch",
-    "reference_ms_per_batch",
-    "suspect_ms_per_call",
-    "reference_ms_per_call",
-    "calls_per_batch",
-)
-"""The numbers of a worker op diff row (checked when an incident is read)."""
-
-Check = Callable[[Any], str]
-"""A field's check: what is wrong with the value, or "" when it is fine."""
-
-
-def _none_or(check: Check) -> Check:
-    return lambda v: "" if v is None else check(v)
-
-
-def _text(v: Any) -> str:
-    return "" if isinstance(v, str) and len(v) <= MAX_TEXT else f"text of at most {MAX_TEXT}"
-
-
-def _whole(low: int, high: int) -> Check:
-    return lambda v: "" if is_int(v) and low <= v <= high else f"an integer in {low}..{high}"
-
-
-def _number(v: Any) -> str:
-    return "" if is_real(v) and math.isfinite(v) else "a finite number"
-
-
-def _amount(v: Any) -> str:
-    return "" if is_real(v) and math.isfinite(v) and v >= 0 else "a finite number >= 0"
-
-
-def _flag(v: Any) -> str:
-    return "" if isinstance(v, bool) else "true or false"
-
-
-def _rank(v: Any) -> str:
-    return _whole(0, limit("world_size") - 1)(v) and "a rank number"
-
-
-def _ranks(v: Any) -> str:
-    ok = isinstance(v, list) and len(v) <= MAX_NAMED_RANKS and not any(map(_rank, v))
-    return "" if ok else f"a list of at most {MAX_NAMED_RANKS} rank numbers"
-
-
-def _list_of(check: Check, most: int = MAX_LIST) -> Check:
-    def checked(v: Any) -> str:
-        if not isinstance(v, list) or len(v) > most:
-            return f"a list of at most {most} items"
-        return next((f"item {i}: {p}" for i, p in enumerate(map(check, v)) if p), "")
-
-    return checked
-
-
-def _map_of(key: Check, value: Check, most: int = MAX_LIST) -> Check:
-    def checked(v: Any) -> str:
-        if not isinstance(v, dict) or len(v) > most:
-            return f"an object of at most {most} entries"
-        for k, x in v.items():
-            problem = key(k) or value(x)
-            if problem:
-                return f"entry {str(k)[:40]!r}: {problem}"
-        return ""
-
-    return checked
-
-
-def _rank_key(v: Any) -> str:
-    return "" if isinstance(v, str) and v.isdigit() and not _rank(int(v)) else "a rank number"
-
-
-def _steps(v: Any, allow_empty: bool = True) -> str:
-    if allow_empty and v == []:
-        return ""
-    if (
-        isinstance(v, list)
-        and len(v) == 2
-        and all(is_int(x) and 0 <= x <= MAX_STEP for x in v)
-        and 0 <= v[1] - v[0] < MAX_CAPTURE_STEPS
-    ):
-        return ""
-    return f"[first, last] steps, first <= last, spanning at most {MAX_CAPTURE_STEPS} steps"
-
-
-def _object(fields: dict[str, Check], optional: tuple[str, ...] = ()) -> Check:
-    def checked(v: Any) -> str:
-        if not isinstance(v, dict):
-            return "an object"
-        for name, check in fields.items():
-            if name not in v:
-                if name in optional:
-                    continue
-                return f"lacks {name!r}"
-            problem = check(v[name])
-            if problem:
-                return f"{name!r} must be {problem}"
-        return ""
-
-    return checked
-
-
-_OP_ROW = _object(
-    {
-        "name": _text,
-        "suspect_ms_per_step": _number,
-        "reference_ms_per_step": _number,
-        "diff_ms_per_step": _number,
-        "call_path": _list_of(_text),
-    },
-    optional=("diff_ms_per_step", "call_path"),
-)
-_SHARES = _map_of(_text, _number)
-_WORKER_ROW = _object({"name": _text, **dict.fromkeys(WORKER_ROW_NUMBERS, _number)})
-
-
-def _regression(v: Any) -> str:
-    """What ``regression_text`` reads: the baseline windows, the top stage and its delta, the
-    ranks."""
-    problem = _object(
-        {
-            "baseline_windows": lambda w: "" if _steps_of_windows(w) else "[first, last] windows",
-            "top_stage": _text,
-            "delta_exposed_ms_per_step": _number,
-            "delta_advance_ms_per_step": _SHARES,
-            "ranks": _ranks,
-            "all_ranks": _flag,
-        }
-    )(v)
-    if not problem and v["top_stage"] not in v["delta_advance_ms_per_step"]:
-        problem = "its top stage must have a delta"
-    return problem
-
-
-def _steps_of_windows(w: Any) -> bool:
-    return isinstance(w, list) and len(w) == 2 and all(is_int(x) and x >= 0 for x in w)
-
-
-_REFERENCE_CAPTURE = _object(
-    {
-        "path": _text,
-        "rank": _rank,
-        "steps": lambda v: _steps(v, allow_empty=False),
-        "incident": _text,
-        "from_baseline": _flag,
-    },
-    optional=("incident", "from_baseline"),
-)
-
-REDUCED = ("live", "pending", "after the run", "offline")
+Reduced = Literal["live", "pending", "after the run", "offline"]
 """Where an incident's traces were reduced (``reduced``): on rank 0's router thread as the
 capture settled, not yet (the run ended as it settled: left to the process started after the
 run), by that process, or by a later ``stagefrontier incident``."""
 
-_FIELDS: dict[str, Check] = {
-    "id": lambda v: "" if is_plain_name(v) else "a plain name",
-    "trigger": lambda v: "" if v in TRIGGERS else f"one of {', '.join(TRIGGERS)}",
-    "window": _none_or(_whole(0, MAX_STEP)),
-    "steps": _steps,
-    "stage": _none_or(_text),
-    "leader_rank": _none_or(_rank),
-    "reference_rank": _none_or(_rank),
-    "requested_ranks": _ranks,
-    "ranks": _ranks,
-    "trace_files": _map_of(_rank_key, _text, MAX_NAMED_RANKS),
-    "trace_hosts": _map_of(_rank_key, _text, MAX_NAMED_RANKS),
-    "trace_bytes": _map_of(_rank_key, _whole(0, 2**62), MAX_NAMED_RANKS),
-    "captured": _flag,
-    "confirmed": _none_or(_flag),
-    "max_share_diff": _none_or(_amount),
-    "trace_shares": _SHARES,
-    "live_shares": _SHARES,
-    "op_diff": _list_of(_OP_ROW),
-    "capture_step_ms": _none_or(_amount),
-    "baseline_step_ms": _none_or(_amount),
-    "time_to_confirmation_s": _none_or(_amount),
-    "reasons": _list_of(_text),
-}
-"""Every field of an incident and its check (type and range), run on read and before writing."""
-_OPTIONAL_FIELDS: dict[str, Check] = {
-    "regression": _none_or(_regression),
-    "reference_capture": _none_or(_REFERENCE_CAPTURE),
-    "router_cpu_s": _none_or(
-        _object({"export": _map_of(_rank_key, _amount), "reduction": _amount})
-    ),
-    "training_thread_s": _none_or(_map_of(_rank_key, _amount)),
-    "worker_op_diff": _none_or(_list_of(_WORKER_ROW)),
-    "loader_advice": _none_or(_text),
-    "loader": _none_or(_object({"saturated": _flag}, optional=("saturated",))),
-    "reduced": _none_or(lambda v: "" if v in REDUCED else f"one of {', '.join(REDUCED)}"),
-    "baseline_steps": _none_or(
-        lambda v: "" if _steps_of_windows(v) and v[0] <= v[1] <= MAX_STEP else "[first, last]"
-    ),
-}
-"""Fields a regression's incident adds (the regression object; the earlier trace diffed
-against), checked when present: incidents written before them still read."""
+RankKey = Annotated[str, msgspec.Meta(pattern="^[0-9]{1,7}(?![\\s\\S])")]
+"""A rank number as an object key (within the world size limit: ``_check_rank_keys``)."""
+Shares = Annotated[dict[Text, Number], msgspec.Meta(max_length=MAX_LIST)]
+Texts = Annotated[list[Text], msgspec.Meta(max_length=MAX_LIST)]
+Span = Annotated[list[Step], msgspec.Meta(max_length=2)]
+"""``[first, last]`` (checked by ``_check_span``)."""
+
+
+def _check_span(span: list[int], what: str, allow_empty: bool, most: int | None) -> None:
+    """Raise ValueError unless ``span`` is ``[first, last]`` with first <= last (spanning fewer
+    than ``most`` when given), or empty where ``allow_empty``."""
+    if allow_empty and not span:
+        return
+    if len(span) != 2 or span[0] > span[1] or (most is not None and span[1] - span[0] >= most):
+        at_most = f", spanning at most {most}" if most is not None else ""
+        raise ValueError(f"{what} must be [first, last], first <= last{at_most}")
+
+
+def _check_rank_keys(what: str, *maps: dict[str, Any] | None) -> None:
+    check_ranks((int(k) for m in maps if m for k in m), what)
+
+
+class OpRow(msgspec.Struct):
+    """One op of the op diff: its time per step on the suspect and the reference rank."""
+
+    name: Text
+    suspect_ms_per_step: Number
+    reference_ms_per_step: Number
+    diff_ms_per_step: Number | UnsetType = UNSET
+    call_path: Texts | UnsetType = UNSET
+
+
+class WorkerRow(msgspec.Struct):
+    """One function of the suspect's DataLoader workers against the reference's."""
+
+    name: Text
+    suspect_ms_per_batch: Number
+    reference_ms_per_batch: Number
+    suspect_ms_per_call: Number
+    reference_ms_per_call: Number
+    calls_per_batch: Number
+
+
+WorkerRows = Annotated[list[WorkerRow], msgspec.Meta(max_length=MAX_LIST)]
+
+
+class Regression(msgspec.Struct):
+    """What ``analysis.regression.regression_text`` reads of a regression (it holds more)."""
+
+    baseline_windows: Annotated[list[Count], msgspec.Meta(min_length=2, max_length=2)]
+    top_stage: Text
+    delta_exposed_ms_per_step: Number
+    delta_advance_ms_per_step: Shares
+    ranks: RankList
+    all_ranks: bool
+
+    def __post_init__(self) -> None:
+        check_ranks(self.ranks, "ranks")
+        if self.top_stage not in self.delta_advance_ms_per_step:
+            raise ValueError("its top stage must have a delta")
+
+
+class ReferenceCapture(msgspec.Struct):
+    """The earlier trace a regression's capture was diffed against."""
+
+    path: Text
+    rank: Rank
+    steps: Span
+    incident: Text | UnsetType = UNSET
+    from_baseline: bool | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        check_ranks((self.rank,), "rank")
+        _check_span(self.steps, "steps", allow_empty=False, most=MAX_CAPTURE_STEPS)
+
+
+class RouterCpu(msgspec.Struct):
+    """CPU seconds of the router's threads: each rank's trace export, rank 0's reduction."""
+
+    export: Annotated[dict[RankKey, Amount], msgspec.Meta(max_length=MAX_NAMED_RANKS)]
+    reduction: Amount
+
+    def __post_init__(self) -> None:
+        _check_rank_keys("export", self.export)
+
+
+class LoaderState(msgspec.Struct):
+    saturated: bool | UnsetType = UNSET
+
+
+class Incident(msgspec.Struct):
+    """An incident as ``incident.json`` holds it (format ``stagefrontier.incident``, version 1).
+    The fields after ``reasons`` came later: an incident written before them still reads."""
+
+    format: Literal["stagefrontier.incident"]
+    version: Literal[1]
+    id: PlainName
+    trigger: Literal["window", "regression", "manual"]
+    window: Step | None
+    steps: Span
+    stage: Text | None
+    leader_rank: Rank | None
+    reference_rank: Rank | None
+    requested_ranks: RankList
+    ranks: RankList
+    trace_files: Annotated[dict[RankKey, Text], msgspec.Meta(max_length=MAX_NAMED_RANKS)]
+    trace_hosts: Annotated[dict[RankKey, Text], msgspec.Meta(max_length=MAX_NAMED_RANKS)]
+    trace_bytes: Annotated[dict[RankKey, Count], msgspec.Meta(max_length=MAX_NAMED_RANKS)]
+    captured: bool
+    confirmed: bool | None
+    max_share_diff: Amount | None
+    trace_shares: Shares
+    live_shares: Shares
+    op_diff: Annotated[list[OpRow], msgspec.Meta(max_length=MAX_LIST)]
+    capture_step_ms: Amount | None
+    baseline_step_ms: Amount | None
+    time_to_confirmation_s: Amount | None
+    reasons: Texts
+    regression: Regression | None = None
+    reference_capture: ReferenceCapture | None = None
+    router_cpu_s: RouterCpu | None = None
+    training_thread_s: dict[RankKey, Amount] | UnsetType | None = UNSET
+    worker_op_diff: (
+        Annotated[list[WorkerRow], msgspec.Meta(max_length=MAX_LIST)] | UnsetType | None
+    ) = UNSET
+    loader_advice: Text | UnsetType | None = UNSET
+    loader: LoaderState | UnsetType | None = UNSET
+    reduced: Reduced | UnsetType | None = UNSET
+    baseline_steps: Span | UnsetType | None = UNSET
+
+    def __post_init__(self) -> None:
+        for name in ("leader_rank", "reference_rank"):
+            rank = getattr(self, name)
+            check_ranks(() if rank is None else (rank,), name)
+        check_ranks(self.requested_ranks, "requested_ranks")
+        check_ranks(self.ranks, "ranks")
+        for name in ("trace_files", "trace_hosts", "trace_bytes"):
+            _check_rank_keys(name, getattr(self, name))
+        if isinstance(self.training_thread_s, dict):
+            _check_rank_keys("training_thread_s", self.training_thread_s)
+        _check_span(self.steps, "steps", allow_empty=True, most=MAX_CAPTURE_STEPS)
+        if isinstance(self.baseline_steps, list):
+            _check_span(self.baseline_steps, "baseline_steps", allow_empty=False, most=None)
 
 
 def new_incident(incident_id: str, trigger: str) -> dict[str, Any]:
-    return {
-        "format": INCIDENT_FORMAT,
-        "version": INCIDENT_VERSION,
-        "id": incident_id,
-        "trigger": trigger,
-        "window": None,
-        "steps": [],
-        "stage": None,
-        "leader_rank": None,
-        "reference_rank": None,
-        "requested_ranks": [],
-        "ranks": [],
-        "trace_files": {},
-        "trace_hosts": {},
-        "trace_bytes": {},
-        "captured": False,
-        "confirmed": None,
-        "max_share_diff": None,
-        "trace_shares": {},
-        "live_shares": {},
-        "op_diff": [],
-        "capture_step_ms": None,
-        "baseline_step_ms": None,
-        "time_to_confirmation_s": None,
-        "reasons": [],
-        "regression": None,
-        "reference_capture": None,
-        "router_cpu_s": None,
-    }
+    """A new incident's fields, every one at its empty value, as the JSON object it is written
+    as (the router fills it in)."""
+    empty = Incident(
+        format=INCIDENT_FORMAT,
+        version=INCIDENT_VERSION,
+        id=incident_id,
+        trigger=trigger,  # type: ignore[arg-type]  # checked when it is written
+        window=None,
+        steps=[],
+        stage=None,
+        leader_rank=None,
+        reference_rank=None,
+        requested_ranks=[],
+        ranks=[],
+        trace_files={},
+        trace_hosts={},
+        trace_bytes={},
+        captured=False,
+        confirmed=None,
+        max_share_diff=None,
+        trace_shares={},
+        live_shares={},
+        op_diff=[],
+        capture_step_ms=None,
+        baseline_step_ms=None,
+        time_to_confirmation_s=None,
+        reasons=[],
+    )
+    return msgspec.to_builtins(empty)  # type: ignore[no-any-return]
 
 
 def check_incident(data: Any, source: str = "incident") -> dict[str, Any]:
-    """The incident, validated: format, version, and every field's type and range (ids are
-    plain names, step spans bounded, numbers finite), so that nothing a reader or renderer does
-    with it can fail or grow with what a crafted file states.
+    """The incident, checked: format, version, and every field's type and range as ``Incident``
+    declares them (ids are plain names, step spans bounded, numbers finite), so that nothing a
+    reader or renderer does with it can fail or grow with what a crafted file states.
 
     Raises:
         ReportFormatError: naming the first field that is wrong and what it must be.
     """
     document = check_document(data, INCIDENT_FORMAT, INCIDENT_VERSION, "incident", source=source)
-    for name, check in {**_FIELDS, **_OPTIONAL_FIELDS}.items():
-        if name not in document:
-            if name in _OPTIONAL_FIELDS:
-                continue
-            raise ReportFormatError(f"{source}: incident is missing field {name!r}")
-        problem = check(document[name])
-        if problem:
-            raise ReportFormatError(f"{source}: incident field {name!r} must be {problem}")
+    check(document, Incident, source)
     return document
 
 
@@ -296,25 +247,19 @@ def write_incident_files(
 
 def read_incident(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read an incident from its folder or its ``incident.json`` (a regular file within the
-    ``incident_bytes`` limit); raises ReportFormatError."""
+    ``incident_bytes`` limit, nested at most ``formats.typed.MAX_DEPTH`` deep); raises
+    ReportFormatError."""
     p = Path(path)
     if p.is_dir():
         p = p / INCIDENT_FILE
     try:
-        data = json.loads(read_capped(p, "incident_bytes"))
+        data = read_capped(p, "incident_bytes")
     except ReportFormatError as exc:
         raise ReportFormatError(f"{p}: {exc}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ReportFormatError(f"{p}: not a readable incident: {_why(exc)}") from None
-    return check_incident(data, str(p))
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return str(exc)
+    except OSError as exc:
+        raise ReportFormatError(f"{p}: not a readable incident: {exc.strerror or exc}") from None
+    document = decode_json(data, str(p), "incident", limit("incident_bytes"))
+    return check_incident(document, str(p))
 
 
 def scan_incidents(
