@@ -1,4 +1,4 @@
-"""What a window's DataLoader worker figures (``record.loader_workers``) say about a data wait,
+"""What a window's DataLoader worker figures (``window.loader``) say about a data wait,
 in the loader's own terms: raise ``num_workers`` or speed up the dataset when the workers are
 saturated; look after the workers (pin_memory, transfer, IPC, the main process) when they idle."""
 
