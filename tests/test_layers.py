@@ -170,6 +170,55 @@ def split_floors(floors: Mapping[str, int]) -> list[str]:
     return found
 
 
+FLOW_CALL = re.compile(r"([a-z_]+(?:/[a-z_]*(?:<[a-z|]+>)?)?)(?:\.[A-Za-z_]+)* \[(\d+)\]")
+"""A module named in a drawn flow with its floor: ``window/rank [3]``, ``collect/<a|b> [10]``
+(a folder's modules), ``logs [8]``."""
+PASSED_IN = "◄ passed in"
+
+
+def flows_from_doc(text: str) -> dict[str, list[str]]:
+    """Title -> the lines of the first code block under each ``### The flow of ...`` heading."""
+    found = {}
+    for part in text.split("\n### The flow of ")[1:]:
+        title = part.split("\n", 1)[0]
+        found[title] = part.split("```\n", 1)[1].split("```", 1)[0].splitlines()
+    return found
+
+
+def flow_problems(
+    lines: list[str], floors: Mapping[str, int], package: Path = PACKAGE
+) -> list[str]:
+    """Each call of a drawn flow whose stated floor is not its module's, names no module, or
+    climbs above its caller (the nearest line above it indented less) without being marked as
+    passed in. A blank line or an unindented caption starts a new part of the flow."""
+    known = modules(package)
+    problems: list[str] = []
+    callers: list[tuple[int, int]] = []  # (indent, floor) of the lines that call
+    for number, line in enumerate(lines, 1):
+        calls = FLOW_CALL.findall(line)
+        indent = len(line) - len(line.lstrip())
+        if not calls:
+            if not line.strip() or indent <= 1:
+                callers.clear()
+            continue
+        while callers and callers[-1][0] >= indent:
+            callers.pop()
+        for path, stated in calls:
+            module = ".".join([NAME, *re.sub(r"<.*>", "", path).strip("/").split("/")])
+            if module not in known:
+                problems.append(f"line {number}: {path} is no module")
+            elif floor_of(module, floors) != int(stated):
+                problems.append(
+                    f"line {number}: {path} is on floor {floor_of(module, floors)}, not {stated}"
+                )
+            if callers and int(stated) > callers[-1][1] and PASSED_IN not in line:
+                problems.append(
+                    f"line {number}: {path} [{stated}] climbs above its caller [{callers[-1][1]}]"
+                )
+        callers.append((indent, int(calls[0][1])))
+    return problems
+
+
 def circles(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     """Each circle of imports as a path ``[a, b, ..., a]``: one per strongly connected set of
     modules (Tarjan's algorithm, iterative)."""
@@ -274,6 +323,15 @@ def test_no_package_imports_itself_around_a_circle(graph: Graph) -> None:
     assert not found, "package circles:\n" + "\n".join(found)
 
 
+def test_the_drawn_flows_state_true_floors_and_never_climb(floors: dict[str, int]) -> None:
+    flows = flows_from_doc(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert set(flows) == {"a window", "an incident"}
+    for title, lines in flows.items():
+        assert sum(bool(FLOW_CALL.search(line)) for line in lines) > 10, title
+        problems = flow_problems(lines, floors)
+        assert not problems, f"the flow of {title}:\n" + "\n".join(problems)
+
+
 def test_every_package_stands_on_one_floor(floors: dict[str, int]) -> None:
     split = split_floors(floors)
     assert not split, "the floors table splits or joins packages:\n" + "\n".join(split)
@@ -341,6 +399,25 @@ def test_the_checker_finds_a_circle_of_packages_no_module_circle_shows(tmp_path:
         "floor 4 holds high/, top.py",
     ]
     assert split_floors({"errors.py": 1, "top.py": 1, "low/": 2, "high/": 3}) == []
+
+
+def test_the_flow_checker_finds_a_climb_a_wrong_floor_and_no_module() -> None:
+    floors = {"errors.py": 1, "analysis/": 2, "window/": 3, "record/": 11, "route/": 12}
+    lines = [
+        " record/recorder [11]   a caller",
+        "   window/rank [3]      a call down",
+        "     route/router [12]  a call up",
+        "     record/self_cost [11]  " + PASSED_IN,
+        "   analysis/nowhere [2]",
+        "   analysis/accounting [5]",
+        "",
+        " window/merged [3]      a new part: no caller above it",
+    ]
+    assert flow_problems(lines, floors) == [
+        "line 3: route/router [12] climbs above its caller [3]",
+        "line 5: analysis/nowhere is no module",
+        "line 6: analysis/accounting is on floor 2, not 5",
+    ]
 
 
 def test_the_floors_table_is_read_most_specific_first() -> None:
