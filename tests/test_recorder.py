@@ -37,8 +37,9 @@ from stagefrontier import ContractViolation, StageTimer, WindowReport
 from stagefrontier.analysis.schema import SCHEMA_VERSION, stage_order_hash
 from stagefrontier.analysis.window_report import REPORT_FORMAT
 from stagefrontier.collect import LocalCollector
-from stagefrontier.record.window import AnalyzedWindow, PendingWindow
 from stagefrontier.sinks import JsonlSink
+from stagefrontier.window.merged import AnalyzedWindow
+from stagefrontier.window.rank import PendingWindow
 
 MS = 1e-3
 
