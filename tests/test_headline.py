@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.headline import HEADLINE_MAX, Headlines, window_headline
 from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import next_step, verdict, verdict_parts
 from stagefrontier.sinks import LogSink
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 from test_verdict import STAGES, healthy, steady_data_stall, synchronized
 
 

@@ -11,37 +11,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
-_ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
-_OFFSET = re.compile(r"[+-]\d\d:\d\d")
+import msgspec
+from msgspec import UNSET, UnsetType
+
+UTC_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$"
+"""A ``wall_clock`` time: UTC to the millisecond, ``2026-11-27T20:20:19.123Z``."""
+UTC_OFFSET = r"^[+-]\d\d:\d\d$"
+"""A ``wall_clock`` offset from UTC: ``+01:00``."""
+_ISO = re.compile(UTC_TIME)
+_OFFSET = re.compile(UTC_OFFSET)
+
+
+class WallClock(msgspec.Struct, forbid_unknown_fields=True):
+    """A ``wall_clock`` object as a window record, packet or incident holds it, checked on
+    read; an empty one (the start unknown) holds no field."""
+
+    start: Annotated[str, msgspec.Meta(pattern=UTC_TIME)] | UnsetType = UNSET
+    end: Annotated[str, msgspec.Meta(pattern=UTC_TIME)] | UnsetType = UNSET
+    utc_offset: Annotated[str, msgspec.Meta(pattern=UTC_OFFSET)] | UnsetType = UNSET
+
+
 KEYS = ("start", "end", "utc_offset")
-
-
-def iso_utc(unix_ns: int) -> str:
-    """``2026-11-27T20:20:19.123Z``: a wall-clock time in nanoseconds since the epoch, in UTC."""
-    moment = datetime.fromtimestamp(unix_ns / 1e9, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def local_offset(unix_ns: int) -> str:
-    """``+01:00``: how far this host's local time was from UTC at that moment."""
-    offset = datetime.fromtimestamp(unix_ns / 1e9).astimezone().utcoffset()
-    minutes = int(offset.total_seconds() // 60) if offset is not None else 0
-    sign = "+" if minutes >= 0 else "-"
-    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-
-
-def wall_clock(start_ns: int, end_ns: int) -> dict[str, str]:
-    """The ``wall_clock`` object of a span (an empty one when the start is unknown)."""
-    if start_ns <= 0 or end_ns < start_ns:
-        return {}
-    return {
-        "start": iso_utc(start_ns),
-        "end": iso_utc(end_ns),
-        "utc_offset": local_offset(start_ns),
-    }
 
 
 def wall_clock_problem(value: Any) -> str:

@@ -7,9 +7,9 @@ import logging
 from typing import Any
 
 from ..analysis.window_report import WindowReport
-from ..record.window import AnalyzedWindow
 from ..render.headline import Headlines, window_headline
 from ..render.text import window_details
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 
