@@ -101,3 +101,67 @@ def test_report_reads_a_record_an_older_writer_left_torn_and_says_so(
     assert code == 0, err
     assert "windows.jsonl:4: a record cut short" in caplog.text
     assert "5 window(s)" in out
+
+
+def test_report_names_the_windows_a_full_disk_lost(
+    full_disk_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Window 3 met the full disk: its record was cut off. Before: "5 window(s)" listing windows
+    0, 1, 2, 4 and 5 without a word about window 3."""
+    lost = "1 window(s) are missing, neither in windows.jsonl nor in packets/ (3: lost"
+    for argv in (["report"], ["report", "--html", str(tmp_path / "run.html")], ["plot"]):
+        code = main([*argv, str(full_disk_run)])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert lost in err, (argv, err)
+
+
+@pytest.fixture(scope="module")
+def packet_lost(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder of four windows whose packet of window 1 is gone (its record is there)."""
+    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier.sinks import PacketSink
+
+    out = tmp_path_factory.mktemp("packet-lost")
+    sinks = (PacketSink(out),)  # after windows.jsonl, as under distributed collection
+    timer = StageTimer(
+        window=5,
+        collect=CollectConfig("local", out_dir=out, regression=None, log=False, sinks=sinks),
+    )
+    for _ in range(20):
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                sum(range(2000))
+            with timer.stage("model.fwd_loss_cpu_wall"):
+                sum(range(4000))
+    timer.close()
+    (out / "packets" / "window-000001.json").unlink()
+    return out
+
+
+def test_a_window_without_a_packet_is_reported_from_its_record_and_said(
+    packet_lost: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``report`` and ``report --html`` showed 3 windows (0, 2, 3) and ``compare`` took
+    3, none of them saying window 1 had no packet."""
+    said = "1 window(s) of windows.jsonl have no packet (1: not written"
+    code = main(["report", str(packet_lost)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert said in err
+    assert "4 window(s), steps 0-19" in out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("       ")] == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
+    assert f"({said}" in out  # beside the shares the baselines were computed from
+    page = tmp_path / "run.html"
+    assert main(["report", "--html", str(page), str(packet_lost)]) == 0
+    assert said in capsys.readouterr().err
+    assert said in page.read_text()
+    assert main(["compare", str(packet_lost), f"{packet_lost}:0-2"]) == 0
+    err = capsys.readouterr().err
+    assert f"{packet_lost}: {said}" in err
+    assert f"{packet_lost}:0-2: {said}" in err

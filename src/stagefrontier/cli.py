@@ -337,7 +337,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from .render.compare_text import render_comparison
 
     stages = _stage_list(args.stages)
-    result = compare(load_side(args.base), load_side(args.new), stages)
+    result = compare(load_side(args.base, _warn), load_side(args.new, _warn), stages)
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_comparison(result))
     if args.plot:
         from .render.compare_plot import plot_comparison

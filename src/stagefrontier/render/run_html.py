@@ -19,7 +19,7 @@ from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
-from ..formats.run_folder import RunWindows, method_shares
+from ..formats.run_folder import RunWindows, method_shares, packetless_line
 from .command import cli_command
 from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
 from .plots import RESIDUAL_COLOR, stage_colors
@@ -318,7 +318,14 @@ def _comparison(run: RunWindows) -> str:
             numeric=tuple(range(1, len(methods) + 1)),
         )
         + f"<div class='muted'>{legend}</div>"
+        + _packetless_note(run)
     )
+
+
+def _packetless_note(run: RunWindows) -> str:
+    if not run.packetless:
+        return ""
+    return note(f"{packetless_line(run.packetless)}: left out of these shares and the figure.")
 
 
 def _incidents(run: RunWindows, page_path: Path) -> str:

@@ -22,21 +22,22 @@ class JsonlSink:
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.path = Path(out_dir) / "windows.jsonl"
         self._fd: int | None = None
-        self._end = 0
-        """The file's size after its last whole record."""
+        self._cut_at: int | None = None
+        """Where the record a failed write left cut short begins."""
 
     def write(self, window: AnalyzedWindow) -> None:
         data = (json.dumps(window.record, allow_nan=False) + "\n").encode("utf-8")
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
-            self._end = _whole_records_end(self._fd)
-        if os.fstat(self._fd).st_size != self._end:
-            os.ftruncate(self._fd, self._end)  # a record an earlier write left cut short
+            self._cut_at = _whole_records_end(self._fd)
+        if self._cut_at is not None and os.fstat(self._fd).st_size > self._cut_at:
+            os.ftruncate(self._fd, self._cut_at)
+        self._cut_at = os.fstat(self._fd).st_size
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]
-        self._end += len(data)
+        self._cut_at = None  # whole: a write that raised left it at the record's start
 
     def close(self) -> None:
         if self._fd is not None:
