@@ -33,6 +33,7 @@ from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..collect.store import release_scope
+from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import RolesError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
@@ -437,8 +438,10 @@ class StageTimer(TimerState):
                 self.rank,
                 self._dropped,
             )
-        if self._collector is not None:
-            self._collector.close()
+        if self._collector is not None:  # its last windows and the sinks' close, bounded
+            call_within(
+                self._collector.close, CLOSE_DEADLINE_S - ROUTER_CLOSE_S, "the collector", logger
+            )
         if self._router is not None:
             self._router.close()
 

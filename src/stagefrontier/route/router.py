@@ -21,6 +21,7 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..collect.hierarchical import NodeLeader
 from ..collect.store import claim_scope, release_scope
+from ..deadline import ROUTER_CLOSE_S
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from ..record.settings import (
@@ -56,7 +57,7 @@ END_WAIT_S = 0.5
 """At the timer's close, the longest rank 0 waits for the open incident's answers (ranks
 answer as their own timers close) before settling it with what arrived (a capture setting,
 ``capture_timeout_s``, may be shorter)."""
-JOIN_S = 10.0
+JOIN_S = ROUTER_CLOSE_S
 """The longest a closing timer waits for its router thread (a last export, and on rank 0
 the bounded settle above); past it the rank exits without it, said in one line."""
 MAX_NOISE_FACTOR = 100.0

@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..analysis.window_metrics import WindowMetrics
 from ..errors import SinkSettingError
@@ -22,6 +23,9 @@ logger = logging.getLogger("stagefrontier")
 DEFAULT_EXPORT_INTERVAL_S = 15.0
 DEFAULT_EXPORT_TIMEOUT_S = 10.0
 DEFAULT_MAX_LEADER_VALUES = 32
+MAX_RESPONSE_BYTES = 64 * 1024
+"""The most of a receiver's response body read (an OTLP answer is a few bytes); the rest of a
+larger one is never read."""
 OTHER_LEADER = "other"
 """The ``leader_rank`` attribute of a leader beyond the first ``max_leader_values`` of a run."""
 NO_LEADER_VALUE = "none"
@@ -108,6 +112,10 @@ class OtelSink:
                 or not 0 < value <= 86400
             ):
                 raise SinkSettingError(f"OtelSink {name} must be in (0, 86400] seconds: {value!r}")
+        if endpoint is not None and not _is_http_url(endpoint):
+            raise SinkSettingError(
+                f"OtelSink endpoint must be an http:// or https:// URL with a host: {endpoint!r}"
+            )
         if (
             isinstance(max_leader_values, bool)
             or not isinstance(max_leader_values, int)
@@ -225,7 +233,12 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
 
     class CountingExporter(OTLPMetricExporter):  # type: ignore[misc]
         def __init__(self) -> None:
-            super().__init__(endpoint=endpoint, headers=dict(headers) or None, timeout=timeout_s)
+            super().__init__(
+                endpoint=endpoint,
+                headers=dict(headers) or None,
+                timeout=timeout_s,
+                session=_bounded_session(),
+            )
             self.target = endpoint or getattr(self, "_endpoint", None) or "the OTLP default"
             self.failures = 0
             self.first_error: str | None = None
@@ -250,6 +263,36 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
             return result
 
     return CountingExporter()
+
+
+def _is_http_url(endpoint: object) -> bool:
+    if not isinstance(endpoint, str):
+        return False
+    try:
+        parts = urlsplit(endpoint)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port out of range or not a number
+        return False
+
+
+def _bounded_session() -> Any:
+    """A requests session that reads at most ``MAX_RESPONSE_BYTES`` of a response body and
+    closes the connection on the rest (before: a 300 MB answer was read into memory)."""
+    import requests
+
+    class BoundedSession(requests.Session):
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs["stream"] = True
+            response = super().request(*args, **kwargs)
+            try:
+                body = response.raw.read(MAX_RESPONSE_BYTES, decode_content=True)
+                response._content = body or b""
+                response._content_consumed = True
+            finally:
+                response.close()
+            return response
+
+    return BoundedSession()
 
 
 def _instruments(meter: Any, sink: OtelSink) -> None:
