@@ -50,6 +50,7 @@ from .contexts import (
 from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
+from .on_sigterm import close_on_sigterm, closed
 from .probe import Probe
 from .self_cost import CostMeter
 from .settings import (
@@ -248,6 +249,7 @@ class StageTimer(TimerState):
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
         self._router = None if router is None else router.attach(self)
+        close_on_sigterm(self)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
@@ -419,6 +421,7 @@ class StageTimer(TimerState):
         if self._closed:
             return
         self._closed = True
+        closed(self)
         if self._out_dir_held is not None:
             _OUT_DIRS.pop(self._out_dir_held, None)
         if not self.enabled:
