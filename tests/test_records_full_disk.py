@@ -165,3 +165,41 @@ def test_a_window_without_a_packet_is_reported_from_its_record_and_said(
     err = capsys.readouterr().err
     assert f"{packet_lost}: {said}" in err
     assert f"{packet_lost}:0-2: {said}" in err
+
+
+FULL_TO_THE_END = textwrap.dedent("""\
+    import resource, sys, time
+    from pathlib import Path
+    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier.sinks import PacketSink
+
+    out = Path(sys.argv[1])
+    sinks = (PacketSink(out),)
+    timer = StageTimer(
+        window=5, collect=CollectConfig("local", out_dir=out, regression=None, sinks=sinks)
+    )
+    for step in range(30):
+        if step == 5:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                time.sleep(0.001)
+    timer.close()
+""")
+
+
+def test_a_disk_full_to_the_end_is_said_once_per_sink(tmp_path: Path) -> None:
+    """Item 12: before, every window logged a failure from each sink (28 lines for 7 windows)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_TO_THE_END, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    failed = [line for line in done.stderr.splitlines() if "failed" in line]
+    assert sorted(line.split(" failed")[0] for line in failed) == [
+        "stagefrontier: writing to sink JsonlSink",
+        "stagefrontier: writing to sink PacketSink",
+    ], done.stderr
+    assert "Traceback" not in done.stderr

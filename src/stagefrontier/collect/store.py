@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..errors import ReportFormatError
+from ..errors import ReportFormatError, StageFrontierError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow
 from ..sinks import close_sinks, collector_sinks, emit, start_sinks
@@ -134,7 +134,13 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
         else:
             conn.set_timeout(timedelta(seconds=timeout_s))
             return conn
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    try:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        raise StageFrontierError(
+            "no store to use: no process group, no store given, and MASTER_ADDR/MASTER_PORT "
+            "not set (a single process has no store unless one is given)"
+        ) from None
     return dist.TCPStore(
         host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
     )
