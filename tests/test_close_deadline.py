@@ -100,9 +100,11 @@ def huge_answer_receiver() -> Iterator[str]:
     yield from _serve(answer)
 
 
-def _train_and_close(out: str, url: str) -> subprocess.CompletedProcess[str]:
+def _train_and_close(
+    out: str, url: str, script: str = TRAIN_AND_CLOSE
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", TRAIN_AND_CLOSE, out, url],
+        [sys.executable, "-c", script, out, url],
         capture_output=True,
         text=True,
         timeout=CLOSE_DEADLINE_S + 120,
@@ -139,3 +141,36 @@ def test_a_huge_answer_is_not_read_into_memory(huge_answer_receiver: str, tmp_pa
 def test_an_endpoint_that_is_not_an_http_url_is_refused(endpoint: str) -> None:
     with pytest.raises(SinkSettingError, match="must be an http:// or https:// URL"):
         OtelSink(endpoint)
+
+
+DEAD_ENDPOINT = textwrap.dedent("""\
+    import sys, time
+    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier.sinks import OtelSink
+
+    sink = OtelSink(sys.argv[2], export_interval_s=0.2, export_timeout_s=1)
+    timer = StageTimer(
+        window=5,
+        collect=CollectConfig("local", out_dir=sys.argv[1], log=False, sinks=(sink,)),
+    )
+    end = time.monotonic() + 3  # about 15 exports, each failing
+    while time.monotonic() < end:
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                time.sleep(0.01)
+    timer.close()
+""")
+
+
+def test_failed_exports_are_said_in_the_librarys_words_only(tmp_path: Path) -> None:
+    """Item 12: before, the OpenTelemetry SDK logged its own line on every failed export (and
+    every retry) beside the sink's one line."""
+    free = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{free.getsockname()[1]}/v1/metrics"
+    free.close()  # nothing listens there now: every export is refused
+    done = _train_and_close(str(tmp_path), url, DEAD_ENDPOINT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith(f"stagefrontier: OpenTelemetry export to {url} failed")
+    assert "OpenTelemetry export(s) to" in lines[1] and "failed in this run" in lines[1]

@@ -85,7 +85,8 @@ class OtelSink:
     full URL of the metrics path; without it the SDK reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``
     or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (default ``http://localhost:4318/v1/metrics``). A failed
     export is logged once on the ``stagefrontier`` logger with the reason, and the count of
-    failures at close; training never sees it.
+    failures at close; training never sees it. The SDK's own line about each failed or retried
+    metrics export is dropped (a filter on its exporter loggers, from the sink's start).
 
     Needs ``pip install 'stagefrontier[otel]'``.
     """
@@ -146,6 +147,7 @@ class OtelSink:
         with self._lock:
             if self._provider is not None:
                 return
+            _quiet_sdk_export_failures()
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
             from opentelemetry.sdk.resources import Resource
@@ -263,6 +265,29 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
             return result
 
     return CountingExporter()
+
+
+SDK_EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+)
+"""The OpenTelemetry loggers that log each failed metrics export (and each retry) themselves."""
+
+
+class _MetricsExportFailures(logging.Filter):
+    """Drops the SDK's own line about a failed or retried metrics export: the sink says the
+    first failure in its words and counts the rest at close. Other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING or "metrics batch" not in record.getMessage()
+
+
+_METRICS_EXPORT_FAILURES = _MetricsExportFailures()
+
+
+def _quiet_sdk_export_failures() -> None:
+    for name in SDK_EXPORT_LOGGERS:
+        logging.getLogger(name).addFilter(_METRICS_EXPORT_FAILURES)  # a set: added once
 
 
 def _is_http_url(endpoint: object) -> bool:
