@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .escape import printable
 from .incident import reference_text
 
 logger = logging.getLogger("stagefrontier")
@@ -47,7 +48,10 @@ spaces, and a table wider than the window scrolls inside its own box."""
 
 
 def esc(value: Any) -> str:
-    return html.escape(str(value))
+    """``value`` as HTML text, each control character, line separator or bidirectional control
+    written as a backslash escape first (``escape.printable``): a name cannot hide or forge text
+    on the page, as on the terminal."""
+    return html.escape(printable(str(value)))
 
 
 def page(title: str, body: str) -> str:
@@ -86,7 +90,7 @@ def facts(items: Sequence[tuple[str, str]]) -> str:
 
 def pre(text: str) -> str:
     """Preformatted text that wraps at the window's edge (commands, paths)."""
-    return f"<pre>{esc(text)}</pre>"
+    return "<pre>" + "\n".join(esc(line) for line in text.split("\n")) + "</pre>"
 
 
 def note(text: str) -> str:
