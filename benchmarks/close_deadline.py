@@ -152,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines += [
         "",
         "The silent receiver holds the sink's last export past the collector's 20 s share of the "
-        "deadline, and so does an absent one (the exporter retries a refused connection, backing "
-        "off, until its export timeout): close() returns then and says so in one line, leaving "
-        "the export to its daemon thread. A receiver's answer is read up to 64 KiB.",
+        "deadline: close() returns then and says so in one line, leaving the export to its "
+        "daemon thread. An absent receiver's failed export is retried for the first 2 s of the "
+        "close only. A receiver's answer is read up to 64 KiB.",
         "",
     ]
     text = "\n".join(lines)

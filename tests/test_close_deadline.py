@@ -174,3 +174,18 @@ def test_failed_exports_are_said_in_the_librarys_words_only(tmp_path: Path) -> N
     assert len(lines) == 2, done.stderr
     assert lines[0].startswith(f"stagefrontier: OpenTelemetry export to {url} failed")
     assert "OpenTelemetry export(s) to" in lines[1] and "failed in this run" in lines[1]
+
+
+def test_a_receiver_that_is_not_there_is_not_retried_past_the_first_seconds_of_close(
+    tmp_path: Path,
+) -> None:
+    """Before: the SDK retried the last export, backing off, until its export timeout (the
+    collector's whole 20 s share of the deadline here, 10-13 s with the default timeout)."""
+    free = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{free.getsockname()[1]}/v1/metrics"
+    free.close()
+    done = _train_and_close(str(tmp_path), url)
+    assert done.returncode == 0, done.stderr
+    assert "closed;" in done.stdout
+    assert "into close()" not in done.stderr  # returned before its bound, not cut by it
+    assert "OpenTelemetry export(s) to" in done.stderr

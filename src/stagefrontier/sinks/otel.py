@@ -23,6 +23,9 @@ logger = logging.getLogger("stagefrontier")
 DEFAULT_EXPORT_INTERVAL_S = 15.0
 DEFAULT_EXPORT_TIMEOUT_S = 10.0
 DEFAULT_MAX_LEADER_VALUES = 32
+CLOSE_RETRIES_S = 2.0
+"""How long into its close the sink still retries a failed export (the SDK retries, backing off,
+until its export timeout: 10 s by default, when the receiver is absent)."""
 MAX_RESPONSE_BYTES = 64 * 1024
 """The most of a receiver's response body read (an OTLP answer is a few bytes); the rest of a
 larger one is never read."""
@@ -176,12 +179,16 @@ class OtelSink:
 
     def close(self) -> None:
         """Stop the export thread, export the latest window once more on this thread and shut
-        the provider down; each export is bounded by ``export_timeout_s``."""
+        the provider down. A request under way is bounded by ``export_timeout_s``; retries of a
+        failed one (a receiver that is not there) end ``CLOSE_RETRIES_S`` into the close."""
         with self._lock:
             provider, self._provider = self._provider, None
         if provider is None:
             return
         self._stop.set()
+        no_more_retries = threading.Timer(CLOSE_RETRIES_S, self._exporter.shutdown)
+        no_more_retries.daemon = True
+        no_more_retries.start()
         thread = self._thread
         if thread is not None:
             thread.join(timeout=2 * self.export_timeout_s + 1)
@@ -193,6 +200,7 @@ class OtelSink:
                     2 * self.export_timeout_s + 1,
                 )
         self._export_once()
+        no_more_retries.cancel()
         provider.shutdown(timeout_millis=self.export_timeout_s * 1e3)
         failures = self._exporter.failures
         if failures:
@@ -243,9 +251,17 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
             )
             self.target = endpoint or getattr(self, "_endpoint", None) or "the OTLP default"
             self.failures = 0
+            self.shut = False
             self.first_error: str | None = None
 
+        def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+            if not self.shut:  # once: the sink's close may have ended its retries already
+                self.shut = True
+                super().shutdown(timeout_millis, **kw)
+
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
+            if self.shut:  # the sink closed: nothing more to send
+                return MetricExportResult.FAILURE
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **kw)
             except Exception as exc:  # an exporter bug must not end the export thread
