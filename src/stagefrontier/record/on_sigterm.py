@@ -6,9 +6,10 @@ steps of the window being recorded, the windows queued for analysis and rank 0's
 it. The first enabled timer built on the main thread, in a process that still has that default,
 installs a handler that closes every open timer (each ``close()`` bounded by its deadline,
 ``deadline.CLOSE_DEADLINE_S``) and then ends the process by the signal as before, so its exit
-status is still the signal's. A handler the application installed is left alone, and so is the
-signal under ``STAGEFRONTIER_SIGTERM=0``. A process forked from the one that installed it (a
-DataLoader worker) ends at once, as by default.
+status is still the signal's; a second SIGTERM during that close ends it at once. A handler
+the application installed is left alone, and so is the signal under
+``STAGEFRONTIER_SIGTERM=0``. A process forked from the one that installed it (a DataLoader
+worker) ends at once, as by default.
 """
 
 from __future__ import annotations
