@@ -26,10 +26,11 @@ from stagefrontier.errors import SinkSettingError
 from stagefrontier.sinks import OtelSink
 
 TRAIN_AND_CLOSE = textwrap.dedent("""\
-    import resource, sys, time
+    import logging, resource, sys, time
     from stagefrontier import CollectConfig, StageTimer
     from stagefrontier.sinks import OtelSink
 
+    logging.basicConfig(format="%(message)s")  # the application shows warnings on stderr
     sink = OtelSink(sys.argv[2], export_interval_s=86400, export_timeout_s=86400)
     timer = StageTimer(
         window=5,
@@ -144,10 +145,11 @@ def test_an_endpoint_that_is_not_an_http_url_is_refused(endpoint: str) -> None:
 
 
 DEAD_ENDPOINT = textwrap.dedent("""\
-    import sys, time
+    import logging, sys, time
     from stagefrontier import CollectConfig, StageTimer
     from stagefrontier.sinks import OtelSink
 
+    logging.basicConfig(format="%(message)s")  # the SDK's loggers would show here too
     sink = OtelSink(sys.argv[2], export_interval_s=0.2, export_timeout_s=1)
     timer = StageTimer(
         window=5,

@@ -171,11 +171,12 @@ def test_a_window_without_a_packet_is_reported_from_its_record_and_said(
 
 
 FULL_TO_THE_END = textwrap.dedent("""\
-    import resource, sys, time
+    import logging, resource, sys, time
     from pathlib import Path
     from stagefrontier import CollectConfig, StageTimer
     from stagefrontier.sinks import PacketSink
 
+    logging.basicConfig(format="%(message)s")  # the application shows warnings on stderr
     out = Path(sys.argv[1])
     sinks = (PacketSink(out),)
     timer = StageTimer(

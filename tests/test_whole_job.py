@@ -70,6 +70,7 @@ def test_a_capture_whose_suspect_is_its_own_reference_is_refused(
     from stagefrontier import ProfilerRouter
     from stagefrontier.route.coordinator import Coordinator
     from stagefrontier.route.decide import Decision
+    from stagefrontier.route.policy import Plan
     from stagefrontier.route.requests import REQUEST_KEY, RequestChannel
 
     store = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10))
@@ -79,7 +80,7 @@ def test_a_capture_whose_suspect_is_its_own_reference_is_refused(
     )
     decision = Decision("data.next_wait", 1, 1, 0.5, 4, ("every rank grew alike",))
     with caplog.at_level(logging.INFO, logger="stagefrontier"):
-        coordinator._open(decision, "regression", [1])
+        coordinator._open(Plan(decision, "regression", [1]))
     assert coordinator.open is None and coordinator.captures == 0
     assert channel.read(REQUEST_KEY) is None
     assert not (tmp_path / "incidents").exists()

@@ -22,6 +22,8 @@ import weakref
 from types import FrameType
 from typing import Any
 
+from ..environment import closes_on_sigterm
+
 logger = logging.getLogger("stagefrontier")
 
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -33,7 +35,7 @@ def close_on_sigterm(timer: Any) -> None:
     """Have ``timer`` (anything with ``close()``) closed by a SIGTERM while it is open."""
     global _installed_in
     _open.add(timer)
-    if _installed_in is not None or os.environ.get("STAGEFRONTIER_SIGTERM") == "0":
+    if _installed_in is not None or not closes_on_sigterm():
         return
     if threading.current_thread() is not threading.main_thread():
         return

@@ -110,8 +110,8 @@ class StageTimer(TimerState):
             CSV, see ``stagefrontier.sinks``), after ``windows.jsonl`` and the log; the collector
             starts them and closes them after its last window.
         gates: the labeler's :class:`~stagefrontier.Gates` for the live analysis.
-        log: rank 0's one-line summary per window on the ``stagefrontier`` logger (on stderr
-            when the application configured no logging); False leaves it out. Default True.
+        log: rank 0's one-line summary per window on the ``stagefrontier`` logger (an INFO
+            record, shown where the application's logging sends those); False leaves it out.
         cuda_event_fraction: fraction q of steps whose forward region is bracketed by CUDA events.
         enabled: False gives a timer whose contexts do nothing.
         strict: raise ContractViolation instead of counting (for tests and development).

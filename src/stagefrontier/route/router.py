@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..collect.base import Consumers
 from ..collect.hierarchical import NodeLeader
 from ..collect.store import claim_scope, release_scope
 from ..deadline import ROUTER_CLOSE_S
@@ -202,8 +203,9 @@ class RouterRuntime:
         return int(self._timer.rank)
 
     def _attach_coordinator(self) -> None:
-        """On rank 0, add the coordinator to the collector's sinks, once the collector exists (a
-        timer built before ``init_process_group`` builds it at its first window boundary)."""
+        """On rank 0, register the coordinator with the collector's analysis thread, once the
+        collector exists (a timer built before ``init_process_group`` builds it at its first
+        window boundary)."""
         collector = self._timer._collector
         if self._attached or collector is None:
             return
@@ -220,11 +222,11 @@ class RouterRuntime:
             request_poll_s=request_poll_s(collector, self.config.poll_s),
             run_ending=lambda: bool(getattr(self._timer, "_closed", False)),
         )
-        sinks = getattr(collector, "sinks", None)
-        if isinstance(sinks, list):
-            sinks.append(self.coordinator)
+        consumers = getattr(collector, "consumers", None)
+        if isinstance(consumers, Consumers):
+            consumers.register(self.coordinator)
         else:
-            logger.warning("stagefrontier: this collector takes no sinks; the router is idle")
+            logger.warning("stagefrontier: this collector hands no windows on; the router is idle")
 
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
