@@ -4,7 +4,9 @@
 its store, its peers or its router do: the collector's close (its last windows, the sinks' own
 close: a last OTLP export, a file's flush) gets ``CLOSE_DEADLINE_S - ROUTER_CLOSE_S`` on a
 thread of its own, and the router's thread ``ROUTER_CLOSE_S``. Work still running at its bound
-is left to its daemon thread, said in one line; nothing of it reaches the caller.
+is left to its daemon thread, said in one line; nothing of it reaches the caller. While the
+PyTorch profiler runs, the recorder closes its collector on the calling thread instead (a thread
+started under the profiler's Python tracer crashed it): unbounded then.
 """
 
 from __future__ import annotations

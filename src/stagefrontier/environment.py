@@ -48,8 +48,8 @@ RUN_ID = Variable(
 )
 SIGTERM = Variable(
     "STAGEFRONTIER_SIGTERM",
-    "1",
-    "0 leaves SIGTERM alone (else a timer closes every open timer on it before the process ends)",
+    "0",
+    "1: SIGTERM closes every open timer before the process ends (record.on_sigterm)",
 )
 VARIABLES: dict[str, Variable] = {v.name: v for v in (*LIMITS.values(), RUN_ID, SIGTERM)}
 
@@ -85,5 +85,5 @@ def restart_count() -> int:
 
 
 def closes_on_sigterm() -> bool:
-    """Whether a timer may install its SIGTERM handler (``STAGEFRONTIER_SIGTERM`` is not 0)."""
-    return os.environ.get(SIGTERM.name, "").strip() != "0"
+    """Whether a timer installs its SIGTERM handler (``STAGEFRONTIER_SIGTERM=1``)."""
+    return os.environ.get(SIGTERM.name, "").strip() == "1"

@@ -1,15 +1,17 @@
-"""SIGTERM closes every open timer before the process ends.
+"""SIGTERM closes every open timer before the process ends (``STAGEFRONTIER_SIGTERM=1``).
 
 A launcher ends a job's processes with SIGTERM: torchrun when a rank fails, Slurm at the time
 limit, a scheduler's preemption. The signal's default action ends the process at once, and the
 steps of the window being recorded, the windows queued for analysis and rank 0's sinks go with
-it. The first enabled timer built on the main thread, in a process that still has that default,
-installs a handler that closes every open timer (each ``close()`` bounded by its deadline,
-``deadline.CLOSE_DEADLINE_S``) and then ends the process by the signal as before, so its exit
-status is still the signal's; a second SIGTERM during that close ends it at once. A handler
-the application installed is left alone, and so is the signal under
-``STAGEFRONTIER_SIGTERM=0``. A process forked from the one that installed it (a DataLoader
-worker) ends at once, as by default.
+it. With ``STAGEFRONTIER_SIGTERM=1``, the first enabled timer built on the main thread, in a
+process that still has that default, installs a handler that closes every open timer (each
+``close()`` bounded by its deadline, ``deadline.CLOSE_DEADLINE_S``) and then ends the process by
+the signal as before, so its exit status is still the signal's; a second SIGTERM during that
+close ends it at once. A handler the application installed is left alone. A process forked
+from the one that installed it (a DataLoader worker) ends at once, as by default. It is off by
+default: with the handler installed, a rank running a profiler capture with Python stacks
+(``ProfilerRouter(with_stack=True)``) was seen to crash (SIGSEGV) in this project's tests, cause
+not found yet.
 """
 
 from __future__ import annotations

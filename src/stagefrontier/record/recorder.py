@@ -441,7 +441,11 @@ class StageTimer(TimerState):
                 self.rank,
                 self._dropped,
             )
-        if self._collector is not None:  # its last windows and the sinks' close, bounded
+        if self._collector is not None and _profiler_running():
+            # A thread started while the profiler traces Python (a capture still running as
+            # training ends) can crash its tracer: the collector closes on this thread then.
+            self._collector.close()
+        elif self._collector is not None:  # its last windows and the sinks' close, bounded
             call_within(
                 self._collector.close, CLOSE_DEADLINE_S - ROUTER_CLOSE_S, "the collector", logger
             )
@@ -467,6 +471,20 @@ class StageTimer(TimerState):
         self.stage = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.probe = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.microstep = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+
+
+def _profiler_running() -> bool:
+    """Whether the PyTorch profiler runs in this process (torch imported: the recorder never
+    imports it for this)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:  # a torch without it
+        return False
 
 
 _OUT_DIRS: dict[str, weakref.ref[StageTimer]] = {}
