@@ -27,7 +27,7 @@ def test_a_pause_at_the_captures_first_step_still_writes_the_incident(
     import torch.distributed as dist
 
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
-    from stagefrontier.render.incident import read_incident
+    from stagefrontier.formats.incident import read_incident
 
     caplog.set_level(logging.WARNING, logger="stagefrontier")
     store = dist.TCPStore(

@@ -18,8 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from ..record.window import RankWindow
 from ..sinks import JsonlSink, PacketSink
+from ..window.rank import RankWindow
 from .local import LocalCollector
 from .store_keys import MAX_UNCOLLECTED
 

@@ -68,7 +68,7 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 RECORD_START = b'{"run_id": '
-"""How every record the library writes begins (``record.window``: the run id comes first)."""
+"""How every record the library writes begins (``window``: the run id comes first)."""
 
 
 def _after_torn_record(line: bytes, label: str, exc: Exception) -> Any:

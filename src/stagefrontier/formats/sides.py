@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..analysis.compare import CompareError, Side
-from ..errors import TraceFormatError
-from ..reducers.detect import detect_format
 from .limits import LIMITS, limit
 from .packet import Packet
 from .records import WINDOWS_FILE, read_records
@@ -30,7 +28,7 @@ def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
     said in one line to ``warn``."""
     path, first, last = parse_side(spec)
     if path.is_file():
-        chosen = [_packet_file(path)]
+        chosen = [read_named_packet(path)]
         held = _windows(chosen)
     elif path.is_dir():
         chosen, held = _folder_side(spec, path, first, last)
@@ -49,29 +47,6 @@ def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
     return Side.from_windows(
         spec, [p.d for p in chosen], chosen[0].stages, [p.report.labels for p in chosen]
     )
-
-
-def _packet_file(path: Path) -> Packet:
-    """The packet at ``path``; a file of another kind (a trace, a ``windows.jsonl``) is named
-    as such, not read as a broken packet."""
-    try:
-        kind = detect_format(path)
-    except TraceFormatError:
-        kind = "packet"  # unknown: read as a packet, whose error names the defect
-    if kind != "packet":
-        raise CompareError(
-            f"{path} is a {KIND_NAMES.get(kind, kind)}, not an evidence packet: compare takes "
-            "packets and output folders (`stagefrontier analyze` reads the other kinds)"
-        )
-    return read_named_packet(path)
-
-
-KIND_NAMES = {
-    "windows": "windows.jsonl",
-    "npz": ".npz window",
-    "kineto": "PyTorch Profiler trace",
-    "nsys": "Nsight Systems export",
-}
 
 
 def _folder_side(

@@ -32,6 +32,15 @@ from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
+from ..collect.settings import (
+    MAX_WINDOW,
+    check_flag,
+    check_has_methods,
+    check_int,
+    check_number,
+    check_optional_callable,
+    check_optional_text,
+)
 from ..collect.store import release_scope
 from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
@@ -47,21 +56,13 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .instrumentation import Instrumentation
 from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .on_sigterm import close_on_sigterm, closed
 from .probe import Probe
 from .self_cost import CostMeter
-from .settings import (
-    MAX_WINDOW,
-    check_flag,
-    check_has_methods,
-    check_int,
-    check_number,
-    check_optional_callable,
-    check_optional_text,
-)
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
 logger = logging.getLogger("stagefrontier")
@@ -88,7 +89,7 @@ class Router(Protocol):
     """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
     the router lives on a floor above the recorder, which only calls what it is given."""
 
-    def attach(self, timer: Any) -> AttachedRouter: ...
+    def attach(self, timer: Instrumentation) -> AttachedRouter: ...
 
 
 class StageTimer(TimerState):
@@ -248,7 +249,9 @@ class StageTimer(TimerState):
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
-        self._router = None if router is None else router.attach(self)
+        self.instrumentation = Instrumentation(self)
+        """What the router (and other recorders alongside the timer) read and drive of it."""
+        self._router = None if router is None else router.attach(self.instrumentation)
         close_on_sigterm(self)
 
     # ------------------------------------------------------------------ public contexts

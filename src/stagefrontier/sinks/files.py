@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 
 class JsonlSink:
