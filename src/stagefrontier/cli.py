@@ -23,6 +23,7 @@ from .analysis.validation import check_rows, run_validation
 from .demo.faults import HOST_KINDS
 from .errors import StageFrontierError
 from .formats.load import load_window
+from .launch import command as run_command
 from .reducers.detect import FORMATS
 from .reducers.files import PathLike
 from .reducers.options import TraceOptions
@@ -520,6 +521,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], N
     _add_demo,
     _add_incident,
     _add_capture,
+    run_command.add_parser,
 ]
 """Subcommand registrars, in help order."""
 
@@ -542,7 +544,8 @@ def _warn(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(run_command.separate(words))
     handler: Handler = args.handler
     try:
         status = handler(args)

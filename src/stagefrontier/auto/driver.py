@@ -1,0 +1,334 @@
+"""``AutoDriver``: drives a StageTimer from PyTorch's hooks, for a training script left as it is.
+
+The driver watches the first optimizer step without timing it, to learn the loop's shape: which
+optimizer steps, how many backward calls run per step (more than one: gradient accumulation,
+timed as microsteps), and which module is the model (the first module called, in training mode
+with gradients on, while no other module runs: the DDP or FSDP wrapper, or the plain model).
+From the second step on it times, through the timer's public contexts (``HookClock``):
+
+==========================  =====================================================================
+stage                       from -> to
+==========================  =====================================================================
+``data.next_wait``          each ``next()`` of a DataLoader iterator, through ``timer.fetch``
+                            (charged to the step that consumes the batch; with accumulation, a
+                            fetch after a backward opens the next microstep and is its own)
+``model.fwd_loss_cpu_wall`` the model's forward pre-hook -> the backward call (the loss included)
+``model.backward_cpu_wall`` the backward call, start to return
+``optim.step_cpu_wall``     the optimizer's step pre-hook -> its post-hook, which ends the step
+``step.other_cpu_wall``     the rest of the step (device transfer, clipping, logging)
+==========================  =====================================================================
+
+A loop that does not fit is said in one line on rank 0 and left untimed, or timed with what
+the line names as lumped: two optimizers, no optimizer step, no backward call seen. Every method
+here runs in the training loop: it never raises (a failure is said once and timing stops).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..analysis.schema import (
+    BACKWARD_STAGE,
+    DATA_STAGE,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+from ..failures import say_failed
+from ..integrations._timer import HookClock, TimerArguments
+from ..record.recorder import StageTimer
+from .patches import LOADER, Patches
+
+logger = logging.getLogger("stagefrontier")
+
+AUTO_STAGES: tuple[str, ...] = (
+    DATA_STAGE,
+    FORWARD_STAGE,
+    BACKWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+"""The ordered schema of the automatic hooks."""
+
+LEARN, TIME, OFF = "learn", "time", "off"
+
+
+def say(message: str) -> None:
+    """One line on rank 0 (every rank finds the same, so one says it)."""
+    if os.environ.get("RANK", "0") == "0":
+        logger.warning("stagefrontier: %s", message)
+
+
+class AutoDriver:
+    """The state of the automatic hooks in one worker process (see the module doc)."""
+
+    def __init__(self, arguments: TimerArguments) -> None:
+        import torch
+
+        self._arguments = arguments
+        self._grad_on: Callable[[], bool] = torch.is_grad_enabled
+        self._torch = torch
+        self.phase = LEARN
+        self.framework: str | None = None  # a framework whose callback took over
+        self.timer: StageTimer | None = None
+        self._clock: HookClock | None = None
+        self._patches = Patches(self)
+        self._handles: list[Any] = []
+        self._learn_handles: list[Any] = []
+        # what the first step shows
+        self._depth = 0
+        self.model: Any = None
+        self._stepped: list[Any] = []  # the optimizers that stepped, in order
+        self._learn_backwards = 0
+        self._forwards = 0
+        # while timing
+        self._optimizer: Any = None
+        self.accumulate = False
+        self._in_optimizer = False
+        self._in_backward = False
+        self._after_backward = False
+        self._stage: str | None = None
+        self._loader: Any = None  # the training DataLoader, once known
+        self._counters: Any = None  # its worker counters, when watched
+        self._fetched_from: Any = None  # the loader of the last batch fetched
+
+    # ------------------------------------------------------------------ set up and tear down
+    def install(self) -> None:
+        from torch.nn.modules import module
+        from torch.optim import optimizer
+
+        self._patches.install()
+        self._handles += [
+            optimizer.register_optimizer_step_pre_hook(self._optimizer_begins),
+            optimizer.register_optimizer_step_post_hook(self._optimizer_ends),
+        ]
+        self._learn_handles += [
+            module.register_module_forward_pre_hook(self._learn_forward),
+            module.register_module_forward_hook(self._learn_forward_done, always_call=True),
+        ]
+
+    def hand_over(self, framework: str) -> None:
+        """A framework's own callback times the run instead: stop, keep nothing open."""
+        if self.framework is None:
+            self.framework = framework
+            say(f"{framework} Trainer found: its StageFrontierCallback times the run")
+        self.stop()
+
+    def stop(self) -> None:
+        """Remove every hook and close the timer (its last window is written)."""
+        self.phase = OFF
+        for handle in self._handles + self._learn_handles:
+            handle.remove()
+        self._handles, self._learn_handles = [], []
+        self._patches.remove()
+        self.close()
+
+    def close(self) -> None:
+        """End the open step and close the timer; safe to call twice."""
+        if self.phase == LEARN and self._forwards and not self._stepped:
+            say(
+                f"{self._forwards} training forward call(s) and no optimizer step: nothing was "
+                "timed (a loop that updates its parameters without optimizer.step() needs "
+                "timer.step() and timer.stage() by hand)"
+            )
+        clock, self._clock = self._clock, None
+        if clock is not None and clock.step_open:
+            clock.end_step()
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            try:
+                timer.close()
+            except Exception as exc:
+                say_failed(logger, "closing the automatic timer", exc, "its last window is lost")
+
+    def closing(self) -> None:
+        """The process group is about to go: close the timer while its store still works."""
+        self.close()
+        if self.phase != OFF:
+            self.phase = OFF
+
+    # ------------------------------------------------------------------ the first step
+    def _learn_forward(self, module: Any, args: Any) -> None:
+        depth, self._depth = self._depth, self._depth + 1
+        if depth or not module.training or not self._grad_on():
+            return
+        self._forwards += 1
+        if self._stepped:
+            self._start_timing()
+            if self.phase == TIME and module is self.model:
+                self._forward(module, args)  # its own hook starts with its next call
+        elif self.model is None:
+            self.model = module
+
+    def _learn_forward_done(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _start_timing(self) -> None:
+        """The second step begins: judge what the first showed, build the timer, time."""
+        for handle in self._learn_handles:
+            handle.remove()
+        self._learn_handles = []
+        optimizers = list({id(o): o for o in self._stepped}.values())
+        if len(optimizers) > 1:
+            names = ", ".join(type(o).__name__ for o in optimizers)
+            say(
+                f"{len(optimizers)} optimizers step in each training step ({names}): the "
+                "automatic hooks cannot tell one step's stages apart; nothing is timed (time "
+                "the loop by hand with timer.step() and timer.stage())"
+            )
+            self.stop()
+            return
+        self._optimizer = optimizers[0]
+        if self._learn_backwards == 0:
+            say(
+                "no backward call seen in the first step (a custom backward?): the forward "
+                "stage also holds the backward (wrap it in timer.stage('model.backward_cpu_wall') "
+                "by hand to split them)"
+            )
+        if self.model is None:
+            say("no training forward of an nn.Module seen: the forward counts in the residual")
+        else:
+            self._handles.append(self.model.register_forward_pre_hook(self._forward))
+        self.accumulate = self._learn_backwards > 1
+        if self._ensure_timer():
+            self.phase = TIME
+
+    def _ensure_timer(self) -> bool:
+        if self.timer is not None:
+            return True
+        try:
+            self.timer = self._arguments.make_timer(AUTO_STAGES)
+            self._clock = HookClock(self.timer, gap_waits=False)
+        except Exception as exc:
+            say_failed(logger, "building the automatic timer", exc, "the run is not timed")
+            self.stop()
+            return False
+        if self._loader is not None:
+            self._watch(self._loader)
+        return True
+
+    def _process_group_ready(self) -> bool:
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return True
+        dist = self._torch.distributed
+        return bool(dist.is_available() and dist.is_initialized())
+
+    # ------------------------------------------------------------------ the hooks
+    def _forward(self, module: Any, args: Any) -> None:
+        clock = self._clock
+        if self.phase != TIME or clock is None or not module.training or not self._grad_on():
+            return
+        if not clock.step_open:
+            fetched = self._fetched_from
+            if fetched is not None and fetched is not self._loader:
+                self._loader = fetched  # the loop trains on another loader now (a new epoch's)
+                self._watch(fetched)
+            clock.begin_step(FORWARD_STAGE, microsteps=self.accumulate)
+            self._after_backward = False
+        elif self._after_backward:
+            self._after_backward = False
+            if self.accumulate:
+                clock.microstep(clock.microstep_index + 1, FORWARD_STAGE)
+            else:
+                clock.switch(FORWARD_STAGE)  # a second forward: the contract counts it
+        elif self._stage != FORWARD_STAGE:
+            clock.switch(FORWARD_STAGE)
+        self._stage = FORWARD_STAGE
+
+    def backward(self, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        clock = self._clock
+        if self._in_backward or self.phase == OFF:
+            return call(*args, **kwargs)
+        if self.phase == LEARN:
+            self._learn_backwards += 1
+            return call(*args, **kwargs)
+        self._in_backward = True
+        try:
+            if clock is not None and clock.step_open:
+                clock.switch(BACKWARD_STAGE)
+                self._stage = BACKWARD_STAGE
+            return call(*args, **kwargs)
+        finally:
+            self._in_backward = False
+            if clock is not None and self._stage == BACKWARD_STAGE:
+                clock.close_stage()
+                self._stage = None
+                self._after_backward = True
+
+    def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._in_optimizer or self.phase == OFF:
+            return
+        self._in_optimizer = True
+        if self.phase == LEARN:
+            return
+        if optimizer is not self._optimizer:
+            say(
+                f"a second optimizer ({type(optimizer).__name__}) steps besides "
+                f"{type(self._optimizer).__name__}: the automatic hooks cannot tell one step's "
+                "stages apart; timing stops here (time the loop by hand with timer.step())"
+            )
+            self.stop()
+            return
+        clock = self._clock
+        if clock is None:
+            return
+        if not clock.step_open:
+            clock.begin_step(OPTIMIZER_STAGE)
+        else:
+            clock.switch(OPTIMIZER_STAGE)
+        self._stage = OPTIMIZER_STAGE
+
+    def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._in_optimizer:
+            return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
+        if self.phase == LEARN:
+            if optimizer is not None:
+                self._stepped.append(optimizer)
+            self._in_optimizer = False
+            return
+        self._in_optimizer = False
+        clock = self._clock
+        if self.phase == TIME and clock is not None:
+            clock.end_step()
+            self._stage = None
+            self._after_backward = False
+
+    # ------------------------------------------------------------------ the data
+    def loader_starts(self, loader: Any) -> None:
+        """A DataLoader starts an epoch: watch its workers when it is the training loader."""
+        if self.phase == OFF or not self._grad_on():
+            return
+        if self._loader is None:
+            self._loader = loader
+        if loader is not self._loader:
+            return
+        if self.timer is None and self._process_group_ready():
+            self._ensure_timer()
+        elif self.timer is not None:
+            self._watch(loader)
+
+    def _watch(self, loader: Any) -> None:
+        timer = self.timer
+        if timer is not None and hasattr(loader, "num_workers"):
+            self._counters = timer.watch_dataloader(loader)
+
+    def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
+        """One ``next()`` of a DataLoader iterator."""
+        if self.phase == LEARN and self._stepped and self._grad_on():
+            self._start_timing()
+        clock = self._clock
+        if self.phase != TIME or clock is None or not self._grad_on():
+            return next_batch(iterator)
+        loader = self._fetched_from = getattr(iterator, LOADER, None)
+        if self.accumulate and self._after_backward and clock.step_open:
+            clock.microstep(clock.microstep_index + 1)  # the next micro-batch's own wait
+            self._after_backward = False
+            self._stage = None
+        batch = clock.timer.fetch(next_batch, iterator)
+        counters = self._counters
+        if counters is not None and loader is self._loader:
+            counters.consumed += 1
+        return batch

@@ -1,0 +1,123 @@
+"""The settings of an automatically instrumented run, carried to every worker in its environment.
+
+``stagefrontier run`` writes them into the environment torchrun hands its workers; a launcher
+that cannot be wrapped (Slurm ``srun``, a Kubernetes PyTorchJob, Ray) sets the same variables
+itself. Each worker reads them back with :func:`read_env`:
+
+=============================  ==================================================================
+variable                       meaning
+=============================  ==================================================================
+``STAGEFRONTIER_AUTO``         ``1``: instrument this process's training script (``0``: off)
+``STAGEFRONTIER_OUT``          rank 0's output folder (default ``stagefrontier``)
+``STAGEFRONTIER_WINDOW``       steps per window (default 100)
+``STAGEFRONTIER_ROUTER``       ``1``: the profiler router captures the suspect and a reference
+``STAGEFRONTIER_SINKS``        extra sinks, comma-separated: ``csv:PATH``, ``tensorboard[:DIR]``,
+                               ``prometheus[:PORT]``
+=============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TimerSettingError
+from ..record.settings import MAX_WINDOW
+
+SWITCH = "STAGEFRONTIER_AUTO"
+OUT = "STAGEFRONTIER_OUT"
+WINDOW = "STAGEFRONTIER_WINDOW"
+ROUTER = "STAGEFRONTIER_ROUTER"
+SINKS = "STAGEFRONTIER_SINKS"
+SINK_KINDS = ("csv", "tensorboard", "prometheus")
+DEFAULT_OUT = "stagefrontier"
+DEFAULT_WINDOW = 100
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """What the automatic hooks build their timer with (see the module doc)."""
+
+    out: str = DEFAULT_OUT
+    window: int = DEFAULT_WINDOW
+    router: bool = False
+    sinks: tuple[str, ...] = field(default=())
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise TimerSettingError(f"--window must be in [1, {MAX_WINDOW}], got {self.window}")
+        for spec in self.sinks:
+            kind, _, value = spec.partition(":")
+            if kind not in SINK_KINDS:
+                raise TimerSettingError(
+                    f"--sink {spec!r}: the kind must be one of {', '.join(SINK_KINDS)}"
+                )
+            if kind == "prometheus" and value and not value.isdigit():
+                raise TimerSettingError(f"--sink {spec!r}: the port must be a whole number")
+
+    def env(self) -> dict[str, str]:
+        """The variables that carry these options to a worker."""
+        return {
+            SWITCH: "1" if self.enabled else "0",
+            OUT: self.out,
+            WINDOW: str(self.window),
+            ROUTER: "1" if self.router else "0",
+            SINKS: ",".join(self.sinks),
+        }
+
+    def timer_arguments(self) -> tuple[list[Any], Any, dict[str, Any]]:
+        """``(sinks, router, timer keywords)`` for ``integrations._timer.TimerArguments`` and
+        the framework callbacks."""
+        from ..route.router import ProfilerRouter
+
+        router = ProfilerRouter() if self.router else None
+        keywords = {"window": self.window, "out_dir": self.out}
+        return [make_sink(spec) for spec in self.sinks], router, keywords
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> AutoOptions:
+    """The options in ``environ`` (the process's environment by default); a malformed value
+    raises TimerSettingError naming its variable."""
+    env = os.environ if environ is None else environ
+    try:
+        window = int(env.get(WINDOW) or DEFAULT_WINDOW)
+    except ValueError:
+        raise TimerSettingError(f"{WINDOW} must be a whole number, got {env[WINDOW]!r}") from None
+    return AutoOptions(
+        out=env.get(OUT) or DEFAULT_OUT,
+        window=window,
+        router=env.get(ROUTER, "0") == "1",
+        sinks=_split(env.get(SINKS, "")),
+        enabled=env.get(SWITCH, "1") != "0",
+    )
+
+
+def switched_on(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment switch asks for instrumentation."""
+    env = os.environ if environ is None else environ
+    return env.get(SWITCH) == "1"
+
+
+def make_sink(spec: str) -> Any:
+    """The sink a ``--sink`` spec names: ``csv:PATH``, ``tensorboard[:DIR]`` or
+    ``prometheus[:PORT]``."""
+    from .. import sinks
+
+    kind, _, value = spec.partition(":")
+    if kind == "csv":
+        return sinks.CsvSink(value or "stagefrontier.csv")
+    if kind == "tensorboard":
+        return sinks.TensorBoardSink(value or None)
+    return sinks.PrometheusSink(int(value)) if value else sinks.PrometheusSink()
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part for part in (p.strip() for p in text.split(",")) if part)
+
+
+def sink_list(specs: Sequence[str]) -> tuple[str, ...]:
+    """``--sink`` given several times, each possibly comma-separated, as one tuple."""
+    return tuple(part for spec in specs for part in _split(spec))
