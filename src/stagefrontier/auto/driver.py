@@ -173,13 +173,7 @@ class AutoDriver:
         self._learn_handles = []
         optimizers = list({id(o): o for o in self._stepped}.values())
         if len(optimizers) > 1:
-            names = ", ".join(type(o).__name__ for o in optimizers)
-            say(
-                f"{len(optimizers)} optimizers step in each training step ({names}): the "
-                "automatic hooks cannot tell one step's stages apart; nothing is timed (time "
-                "the loop by hand with timer.step() and timer.stage())"
-            )
-            self.stop()
+            self._not_one_optimizer(optimizers)
             return
         self._optimizer = optimizers[0]
         if self._learn_backwards == 0:
@@ -195,6 +189,15 @@ class AutoDriver:
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
+
+    def _not_one_optimizer(self, optimizers: list[Any]) -> None:
+        names = ", ".join(type(o).__name__ for o in optimizers)
+        say(
+            f"{len(optimizers)} optimizers step in one training loop ({names}): the automatic "
+            f"hooks cannot tell which step each stage belongs to, so timing stops here; time "
+            "the loop by hand with timer.step() and timer.stage()"
+        )
+        self.stop()
 
     def _ensure_timer(self) -> bool:
         if self.timer is not None:
@@ -265,12 +268,7 @@ class AutoDriver:
         if self.phase == LEARN:
             return
         if optimizer is not self._optimizer:
-            say(
-                f"a second optimizer ({type(optimizer).__name__}) steps besides "
-                f"{type(self._optimizer).__name__}: the automatic hooks cannot tell one step's "
-                "stages apart; timing stops here (time the loop by hand with timer.step())"
-            )
-            self.stop()
+            self._not_one_optimizer([self._optimizer, optimizer])
             return
         clock = self._clock
         if clock is None:
