@@ -4,7 +4,8 @@ The driver watches the first optimizer step without timing it, to learn the loop
 optimizer steps, how many backward calls run per step (more than one: gradient accumulation,
 timed as microsteps), and which module is the model (the first module called, in training mode
 with gradients on, while no other module runs: the DDP or FSDP wrapper, or the plain model).
-From the second step on it times, through the timer's public contexts (``HookClock``):
+From the second step on it times, entering and leaving the timer's public contexts
+(``timer.step()``, ``timer.microstep(i)``, ``timer.stage(name)``, ``timer.fetch``) at each hook:
 
 ==========================  =====================================================================
 stage                       from -> to
@@ -38,7 +39,7 @@ from ..analysis.schema import (
     RESIDUAL_STAGE,
 )
 from ..failures import say_failed
-from ..integrations._timer import HookClock, TimerArguments
+from ..integrations._timer import TimerArguments
 from ..record.recorder import StageTimer
 from .patches import LOADER, Patches
 
@@ -74,7 +75,6 @@ class AutoDriver:
         self.phase = LEARN
         self.framework: str | None = None  # a framework whose callback took over
         self.timer: StageTimer | None = None
-        self._clock: HookClock | None = None
         self._patches = Patches(self)
         self._handles: list[Any] = []
         self._learn_handles: list[Any] = []
@@ -90,7 +90,11 @@ class AutoDriver:
         self._in_optimizer = False
         self._in_backward = False
         self._after_backward = False
-        self._stage: str | None = None
+        self._step: Any = None  # the open step context, or None
+        self._micro: Any = None  # the open microstep context, or None
+        self._micro_index = -1
+        self._open: Any = None  # the open stage context, or None
+        self._open_name = ""
         self._loader: Any = None  # the training DataLoader, once known
         self._counters: Any = None  # its worker counters, when watched
         self._fetched_from: Any = None  # the loader of the last batch fetched
@@ -134,9 +138,8 @@ class AutoDriver:
                 "timed (a loop that updates its parameters without optimizer.step() needs "
                 "timer.step() and timer.stage() by hand)"
             )
-        clock, self._clock = self._clock, None
-        if clock is not None and clock.step_open:
-            clock.end_step()
+        if self._step is not None:
+            self._end_step()
         timer, self.timer = self.timer, None
         if timer is not None:
             try:
@@ -204,7 +207,6 @@ class AutoDriver:
             return True
         try:
             self.timer = self._arguments.make_timer(AUTO_STAGES)
-            self._clock = HookClock(self.timer, gap_waits=False)
         except Exception as exc:
             say_failed(logger, "building the automatic timer", exc, "the run is not timed")
             self.stop()
@@ -221,45 +223,48 @@ class AutoDriver:
 
     # ------------------------------------------------------------------ the hooks
     def _forward(self, module: Any, args: Any) -> None:
-        clock = self._clock
-        if self.phase != TIME or clock is None or not module.training or not self._grad_on():
+        if self.phase != TIME or not module.training or not self._grad_on():
             return
-        if not clock.step_open:
-            fetched = self._fetched_from
-            if fetched is not None and fetched is not self._loader:
-                self._loader = fetched  # the loop trains on another loader now (a new epoch's)
-                self._watch(fetched)
-            clock.begin_step(FORWARD_STAGE, microsteps=self.accumulate)
-            self._after_backward = False
-        elif self._after_backward:
-            self._after_backward = False
-            if self.accumulate:
-                clock.microstep(clock.microstep_index + 1, FORWARD_STAGE)
-            else:
-                clock.switch(FORWARD_STAGE)  # a second forward: the contract counts it
-        elif self._stage != FORWARD_STAGE:
-            clock.switch(FORWARD_STAGE)
-        self._stage = FORWARD_STAGE
+        try:
+            if self._step is None:
+                fetched = self._fetched_from
+                if fetched is not None and fetched is not self._loader:
+                    self._loader = fetched  # the loop trains on another loader (a new epoch's)
+                    self._watch(fetched)
+                self._begin_step()
+            elif self._after_backward:
+                self._after_backward = False
+                if self.accumulate:
+                    self._next_microstep()
+            elif self._open_name == FORWARD_STAGE:
+                return  # the model called twice in one forward stage
+            self._enter(FORWARD_STAGE)
+        except Exception as exc:
+            self._fail(exc)
 
-    def backward(self, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        clock = self._clock
-        if self._in_backward or self.phase == OFF:
-            return call(*args, **kwargs)
-        if self.phase == LEARN:
-            self._learn_backwards += 1
+    def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._in_backward or self.phase != TIME or self._step is None:
+            if self.phase == LEARN and not self._in_backward:
+                self._learn_backwards += 1
             return call(*args, **kwargs)
         self._in_backward = True
         try:
-            if clock is not None and clock.step_open:
-                clock.switch(BACKWARD_STAGE)
-                self._stage = BACKWARD_STAGE
+            self._enter(BACKWARD_STAGE)
+        except Exception as exc:
+            self._fail(exc)
+        try:
             return call(*args, **kwargs)
         finally:
             self._in_backward = False
-            if clock is not None and self._stage == BACKWARD_STAGE:
-                clock.close_stage()
-                self._stage = None
+            opened = self._open
+            if opened is not None and self._open_name == BACKWARD_STAGE:
+                self._open = None
+                self._open_name = ""
                 self._after_backward = True
+                try:
+                    opened.__exit__(None, None, None)
+                except Exception as exc:
+                    self._fail(exc)
 
     def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._in_optimizer or self.phase == OFF:
@@ -270,29 +275,75 @@ class AutoDriver:
         if optimizer is not self._optimizer:
             self._not_one_optimizer([self._optimizer, optimizer])
             return
-        clock = self._clock
-        if clock is None:
-            return
-        if not clock.step_open:
-            clock.begin_step(OPTIMIZER_STAGE)
-        else:
-            clock.switch(OPTIMIZER_STAGE)
-        self._stage = OPTIMIZER_STAGE
+        try:
+            if self._step is None:
+                self._begin_step()
+            self._enter(OPTIMIZER_STAGE)
+        except Exception as exc:
+            self._fail(exc)
 
     def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._in_optimizer:
             return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
+        self._in_optimizer = False
         if self.phase == LEARN:
             if optimizer is not None:
                 self._stepped.append(optimizer)
-            self._in_optimizer = False
-            return
-        self._in_optimizer = False
-        clock = self._clock
-        if self.phase == TIME and clock is not None:
-            clock.end_step()
-            self._stage = None
-            self._after_backward = False
+        elif self._step is not None:
+            try:
+                self._end_step()
+            except Exception as exc:
+                self._fail(exc)
+
+    # ------------------------------------------------------------------ the timer's contexts
+    def _enter(self, stage: str) -> None:
+        """Close the open stage and open ``stage``."""
+        opened = self._open
+        if opened is not None:
+            opened.__exit__(None, None, None)
+        ctx = self._open = self.timer.stage(stage)  # type: ignore[union-attr]
+        self._open_name = stage
+        ctx.__enter__()
+
+    def _begin_step(self) -> None:
+        timer: Any = self.timer
+        step = self._step = timer.step()
+        step.__enter__()
+        self._after_backward = False
+        if self.accumulate:
+            self._micro_index = -1
+            self._next_microstep()
+
+    def _next_microstep(self) -> None:
+        """Close the open stage and microstep; open the next microstep, no stage in it."""
+        self._close_open()
+        micro = self._micro
+        if micro is not None:
+            micro.__exit__(None, None, None)
+        self._micro_index += 1
+        micro = self._micro = self.timer.microstep(self._micro_index)  # type: ignore[union-attr]
+        micro.__enter__()
+
+    def _end_step(self) -> None:
+        self._close_open()
+        micro, self._micro = self._micro, None
+        if micro is not None:
+            micro.__exit__(None, None, None)
+        step, self._step = self._step, None
+        self._after_backward = False
+        if step is not None:
+            step.__exit__(None, None, None)
+
+    def _close_open(self) -> None:
+        opened, self._open = self._open, None
+        self._open_name = ""
+        if opened is not None:
+            opened.__exit__(None, None, None)
+
+    def _fail(self, exc: BaseException) -> None:
+        say_failed(logger, "driving the timer from the automatic hooks", exc, "timing stops")
+        self._step = self._micro = self._open = None
+        self.stop()
 
     # ------------------------------------------------------------------ the data
     def loader_starts(self, loader: Any) -> None:
@@ -317,15 +368,18 @@ class AutoDriver:
         """One ``next()`` of a DataLoader iterator."""
         if self.phase == LEARN and self._stepped and self._grad_on():
             self._start_timing()
-        clock = self._clock
-        if self.phase != TIME or clock is None or not self._grad_on():
+        timer = self.timer
+        if self.phase != TIME or timer is None or not self._grad_on():
             return next_batch(iterator)
         loader = self._fetched_from = getattr(iterator, LOADER, None)
-        if self.accumulate and self._after_backward and clock.step_open:
-            clock.microstep(clock.microstep_index + 1)  # the next micro-batch's own wait
+        if self.accumulate and self._after_backward and self._step is not None:
             self._after_backward = False
-            self._stage = None
-        batch = clock.timer.fetch(next_batch, iterator)
+            try:
+                self._next_microstep()  # the next micro-batch's own wait
+            except Exception as exc:
+                self._fail(exc)
+                return next_batch(iterator)
+        batch = timer.fetch(next_batch, iterator)
         counters = self._counters
         if counters is not None and loader is self._loader:
             counters.consumed += 1

@@ -115,7 +115,6 @@ class HookClock:
 
     __slots__ = (
         "_broken",
-        "_gap_waits",
         "_loader",
         "_mark",
         "_micro",
@@ -125,9 +124,8 @@ class HookClock:
         "microstep_index",
     )
 
-    def __init__(self, timer: StageTimer, *, gap_waits: bool = True) -> None:
+    def __init__(self, timer: StageTimer) -> None:
         self._timer = timer
-        self._gap_waits = gap_waits
         self._step: Any = None  # the open step context, or None
         self._micro: Any = None  # the open microstep context, or None
         self._stage: Any = None  # the open stage context, or None
@@ -169,7 +167,7 @@ class HookClock:
 
     def mark(self) -> None:
         """The next step's data wait starts now (unless a step is open)."""
-        if self._step is None and self._gap_waits:
+        if self._step is None:
             self._mark = _now()
             waits = self._timer._wait_ranges
             if waits is not None:  # the router captures: the wait is a profiler range too
@@ -211,15 +209,6 @@ class HookClock:
             ctx = self._timer.stage(stage)
             ctx.__enter__()
             self._stage = ctx
-        except Exception as exc:
-            self._fail(exc)
-
-    def close_stage(self) -> None:
-        """Close the open stage: what runs until the next stage is the step's residual."""
-        if self._broken:
-            return
-        try:
-            self._close_stage()
         except Exception as exc:
             self._fail(exc)
 
