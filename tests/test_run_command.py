@@ -57,6 +57,7 @@ def test_the_script_is_started_through_the_bootstrap() -> None:
 def test_options_travel_in_the_environment_and_are_checked() -> None:
     options = AutoOptions(out="o", window=7, router=True, sinks=("csv:w.csv",))
     assert read_env(options.env()) == options
+    assert read_env(AutoOptions(enabled=False).env()).enabled is False  # --disable
     with pytest.raises(TimerSettingError, match="--window"):
         AutoOptions(window=0)
     with pytest.raises(TimerSettingError, match="one of csv"):

@@ -3,9 +3,9 @@ scripts with no StageFrontier in them (examples/unmodified), 4 real Gloo ranks o
 launcher: the stages come from PyTorch's hooks, and a stall is routed to its stage and rank and
 confirmed by an incident naming the function that stalls.
 
-Cost: the two stalled jobs are session fixtures (tests/conftest.py, about 30 s each on a loaded
-2-core machine); the healthy job with accumulation, the Lightning and the Hugging
-Face runs about 27 s each (143 s for the file, load ~10). Nothing asserts a duration.
+Cost: the two stalled jobs are session fixtures (tests/conftest.py), 30 to 40 s each on a
+loaded 2-core machine; the healthy job with accumulation, the Lightning and the Hugging Face
+runs 25 to 47 s each (the file: 143 s at load ~10, 240 s at load ~20). Nothing asserts a duration.
 """
 
 from __future__ import annotations
