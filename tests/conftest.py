@@ -69,7 +69,8 @@ def untimed_job_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, li
 @pytest.fixture(scope="session")
 def forward_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``stagefrontier run --router`` on examples/unmodified/train_ddp.py, 4 ranks, no
-    DataLoader workers, rank 1's forward 120 ms slow (``slow_forward``), 50 steps; 30 to 40 s on a loaded 2-core machine."""
+    DataLoader workers, rank 1's forward 120 ms slow (``slow_forward``), 50 steps; 30 to 40 s
+    on a loaded 2-core machine."""
     pytest.importorskip("torch")
     from auto_support import run_unmodified
 
