@@ -66,6 +66,29 @@ def test_options_travel_in_the_environment_and_are_checked() -> None:
         read_env({"STAGEFRONTIER_WINDOW": "ten"})
 
 
+def test_sink_specs_build_their_sinks(tmp_path: Path) -> None:
+    from stagefrontier.launch.options import make_sink
+    from stagefrontier.sinks import CsvSink
+
+    sink = make_sink(f"csv:{tmp_path / 'w.csv'}")
+    assert isinstance(sink, CsvSink)
+    with pytest.raises(TimerSettingError, match="whole number"):
+        AutoOptions(sinks=("prometheus:http",))
+
+
+def test_a_launch_line_torchrun_refuses_is_said_in_one_line() -> None:
+    pytest.importorskip("torch")
+    from stagefrontier.errors import StageFrontierError
+    from stagefrontier.launch.command import torchrun_args
+
+    with pytest.raises(StageFrontierError, match="no SCRIPT given"):
+        torchrun_args(["--"])
+    with pytest.raises(StageFrontierError, match="torchrun does not accept its options: "):
+        torchrun_args(["--nproc-per-node"])
+    with pytest.raises(StageFrontierError, match="cannot wrap --no-python"):
+        torchrun_args(["--no-python", "train.sh"])
+
+
 def test_the_switch_installs_only_in_a_worker_running_a_script() -> None:
     assert _runs_a_script(["python", "-u", "train.py"])
     assert _runs_a_script(["python", "-X", "dev", "-m", "pkg.train"])

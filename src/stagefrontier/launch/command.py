@@ -10,6 +10,8 @@ hooks before the script runs. The options reach the workers in their environment
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 from collections.abc import Sequence
 
@@ -22,7 +24,8 @@ EXAMPLES = """examples:
   stagefrontier run --standalone --nproc-per-node 4 train.py --epochs 3
   stagefrontier run --out sf --window 50 --router --standalone --nproc-per-node 4 train.py
   stagefrontier run --sink csv:sf.csv --nnodes 2 --rdzv-backend c10d --rdzv-endpoint H:29400 t.py
-  STAGEFRONTIER_AUTO=1 srun python train.py       # where the launcher cannot be wrapped"""
+  STAGEFRONTIER_AUTO=1 srun python train.py       # where the launcher cannot be wrapped
+  srun python -m stagefrontier.run train.py       # the same, the switch not installed"""
 
 
 OWN_VALUED = ("--out", "--window", "--sink")
@@ -66,7 +69,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def add_options(parser: argparse.ArgumentParser) -> None:
     """StageFrontier's options of ``run``; the rest of the line is torchrun's."""
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help="rank 0's output folder")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="steps per window")
+    parser.add_argument(
+        "--window", type=int, default=DEFAULT_WINDOW, metavar="N", help="steps per window"
+    )
     parser.add_argument(
         "--router",
         action="store_true",
@@ -119,11 +124,17 @@ def torchrun_args(words: list[str]) -> list[str]:
         raise StageFrontierError(f"stagefrontier run needs torch ({exc})") from None
     if words[:1] == ["--"]:
         words = words[1:]
+    if not words:
+        raise StageFrontierError("stagefrontier run: no SCRIPT given (see stagefrontier run -h)")
+    said = io.StringIO()
     try:
-        parsed = get_args_parser().parse_args(words)
+        with contextlib.redirect_stderr(said):
+            parsed = get_args_parser().parse_args(words)
     except SystemExit:
+        lines = said.getvalue().strip().splitlines() or ["(no reason given)"]
+        reason = lines[-1].split("error: ", 1)[-1]
         raise StageFrontierError(
-            "stagefrontier run: torchrun did not accept its options (see torchrun --help)"
+            f"stagefrontier run: torchrun does not accept its options: {reason}"
         ) from None
     if parsed.no_python:
         raise StageFrontierError("stagefrontier run cannot wrap --no-python: it runs Python")

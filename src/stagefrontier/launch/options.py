@@ -1,7 +1,7 @@
 """The settings of an automatically instrumented run, carried to every worker in its environment.
 
 ``stagefrontier run`` writes them into the environment torchrun hands its workers; a launcher
-that cannot be wrapped (Slurm ``srun``, a Kubernetes PyTorchJob, Ray) sets the same variables
+that cannot be wrapped (Slurm ``srun``, a Kubernetes PyTorchJob) sets the same variables
 itself. Each worker reads them back with :func:`read_env`:
 
 =============================  ==================================================================
