@@ -55,6 +55,9 @@ AUTO_STAGES: tuple[str, ...] = (
 """The ordered schema of the automatic hooks."""
 
 LEARN, TIME, OFF = "learn", "time", "off"
+LEARN_CALLS = 1000
+"""Outermost module calls with no optimizer step after which the hooks stop waiting for one:
+no real loop accumulates that many micro-batches into its first step."""
 
 
 def say(message: str) -> None:
@@ -84,6 +87,7 @@ class AutoDriver:
         self._stepped: list[Any] = []  # the optimizers that stepped, in order
         self._learn_backwards = 0
         self._forwards = 0
+        self._calls = 0  # outermost module calls while learning, in any mode
         # while timing
         self._optimizer: Any = None
         self.accumulate = False
@@ -156,7 +160,13 @@ class AutoDriver:
     # ------------------------------------------------------------------ the first step
     def _learn_forward(self, module: Any, args: Any) -> None:
         depth, self._depth = self._depth, self._depth + 1
-        if depth or not module.training or not self._grad_on():
+        if depth:
+            return
+        self._calls += 1
+        if self._calls > LEARN_CALLS and not self._stepped:
+            self._give_up_learning()
+            return
+        if not module.training or not self._grad_on():
             return
         self._forwards += 1
         if self._stepped:
@@ -165,6 +175,18 @@ class AutoDriver:
                 self._forward(module, args)  # its own hook starts with its next call
         elif self.model is None:
             self.model = module
+
+    def _give_up_learning(self) -> None:
+        """No optimizer step after ``LEARN_CALLS`` outermost module calls: say so, and take the
+        global module hooks away (they slow every module call while they are installed)."""
+        if self._forwards:
+            self.close()  # says what was seen
+        else:
+            say(
+                f"{LEARN_CALLS} calls of the outermost module and no training step (an "
+                "evaluation-only script?): nothing was timed"
+            )
+        self.stop()
 
     def _learn_forward_done(self, module: Any, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
