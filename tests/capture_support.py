@@ -64,9 +64,13 @@ class _Phases:
         self.resume_at = -1
         self.seen: set[str] = set()
         self.warm: dict[str, Any] = {}
+        self.sessions: dict[str, int] = {}  # profiler sessions started during each phase's capture
+        self._counting: tuple[str, int] | None = None  # (phase, the count before its capture)
 
     def before(self, step: int) -> None:
         import torch
+
+        from stagefrontier.route import profiler_session
 
         request = self.capture._request
         running = request is not None and self.capture._prof is not None
@@ -75,6 +79,12 @@ class _Phases:
         self._inductor_before = "torch._inductor.config" in sys.modules
         if running and request.id not in self.seen:
             self.seen.add(request.id)
+            # the capture's session started at the previous step's start
+            self._counting = (_phase(request, self.job.phases), profiler_session.started() - 1)
+        if not running and self._counting is not None:
+            phase, before = self._counting
+            self.sessions[phase] = profiler_session.started() - before
+            self._counting = None
         phase = _phase(request, self.job.phases) if running else None
         if phase == "foreign" and step == request.first_step + 1 and self.user is None:
             self.user = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -190,6 +200,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
             break
         train_step(timer, model, gen, job.step_sleep_s)
     timer.close()
-    Path(job.out_dir, WARM_FILE.format(rank=rank)).write_text(json.dumps(phases.warm))
+    record = {**phases.warm, "sessions": phases.sessions}
+    Path(job.out_dir, WARM_FILE.format(rank=rank)).write_text(json.dumps(record))
     del model
     leave_process_group()

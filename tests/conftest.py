@@ -87,3 +87,44 @@ def data_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     out = tmp_path_factory.mktemp("data-stall")
     return run_unmodified(out, "train_ddp.py", "--stall", "data@2", "--workers", "2")
+
+
+GATE_STEPS = 100
+GATE_WINDOW = 20
+GATE_STALL = "data@1:120ms"
+
+
+@pytest.fixture(scope="session")
+def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Output folders of the demo's 2-rank DDP job for the compare gate: ``base`` and
+    ``healthy`` (no fault) and ``stalled`` (a 120 ms data stall on rank 1 every step), launched
+    side by side so that the three share the machine's load, then ``three_ranks`` (a healthy
+    3-rank run, another world size)."""
+    pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stagefrontier.demo import DemoConfig, launch, parse_fault
+
+    root = tmp_path_factory.mktemp("gate-runs")
+
+    def run(name: str, ranks: int = 2, fault: str | None = None) -> Path:
+        config = DemoConfig(
+            ranks=ranks,
+            steps=GATE_STEPS,
+            window=GATE_WINDOW,
+            faults=(parse_fault(fault),) if fault else (),
+            out_dir=str(root / name),
+            quiet=True,
+            collect_timeout_s=30.0,
+        )
+        launch(config, deadline_s=DEMO_DEADLINE_S, start_method=START_METHOD)
+        return root / name
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = {
+            name: pool.submit(run, name, fault=fault)
+            for name, fault in (("base", None), ("healthy", None), ("stalled", GATE_STALL))
+        }
+        runs = {name: future.result() for name, future in futures.items()}
+    runs["three_ranks"] = run("three_ranks", ranks=3)
+    return runs

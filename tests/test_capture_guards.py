@@ -31,7 +31,7 @@ class Rank:
         self.jobs: list[Callable[[], None]] = []
         self.answers: list[CaptureStatus] = []
         self.capture = RankCapture(
-            self.timer,
+            self.timer.instrumentation,
             out_dir=str(out_dir),
             with_stack=False,
             max_trace_bytes=max_trace_bytes,

@@ -241,7 +241,7 @@ def test_validate_failure_exits_1(
         "downgrade_fixtures": {"co_critical": True},
         "ok": False,
     }
-    monkeypatch.setattr("stagefrontier.cli.run_validation", lambda: failing)
+    monkeypatch.setattr("stagefrontier.cli.window_commands.run_validation", lambda: failing)
     code, out, _ = run(["validate"], capsys)
     assert code == 1
     rows = {line.split("  ")[0]: line.split()[-1] for line in out.splitlines()[1:-1]}

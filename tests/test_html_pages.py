@@ -10,77 +10,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
+from html_support import LONG_OP, simulated_run, with_incident
 from stagefrontier.cli import main
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render import html_page
-from stagefrontier.render.incident import new_incident, write_incident
 from stagefrontier.route.html import write_html
-from stagefrontier.sinks import PacketSink
-from stagefrontier.sinks.files import JsonlSink
-
-STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
-MS = 1_000_000
-LONG_OP = "stagefrontier/demo/faults.py(158): delay › <built-in function sleep>" * 3
-
-
-def simulated_run(folder: Path, ranks: int, windows: int, slow: int) -> Path:
-    """``windows`` windows of 20 steps on ``ranks`` ranks, 8 per host; rank ``slow`` waits
-    40 ms more for data from the second window on."""
-    rng = np.random.default_rng(ranks)
-    sinks = [PacketSink(folder), JsonlSink(folder)]
-    for w in range(windows):
-        parts = []
-        for rank in range(ranks):
-            d = rng.integers(8 * MS, 12 * MS, size=(20, len(STAGES)))
-            d[:, -1] = 0
-            if w >= 1 and rank == slow:
-                d[:, 0] += 40 * MS
-            parts.append(
-                RankWindow(
-                    w,
-                    20 * w,
-                    20 * w + 19,
-                    rank,
-                    STAGES,
-                    d,
-                    d.sum(axis=1),
-                    hostname=f"node{rank // 8}",
-                    local_rank=rank % 8,
-                )
-            )
-        analyzed = analyze_merged(merge_windows(parts, ranks))
-        for sink in sinks:
-            sink.write(analyzed)
-    return folder
-
-
-def with_incident(folder: Path, slow: int) -> dict[str, Any]:
-    incident = new_incident("w00001", "window")
-    trace = folder / "incidents" / "w00001" / f"rank{slow}.pt.trace.json.gz"
-    incident.update(
-        window=1,
-        steps=[24, 28],
-        stage="data.next_wait",
-        leader_rank=slow,
-        reference_rank=0,
-        requested_ranks=[slow, 0],
-        ranks=[0, slow],
-        captured=True,
-        confirmed=True,
-        max_share_diff=0.01,
-        trace_files={str(slow): str(trace)},
-        trace_shares={"data.next_wait": 0.6, "model.backward_cpu_wall": 0.4},
-        live_shares={"data.next_wait": 0.61, "model.backward_cpu_wall": 0.39},
-        op_diff=[{"name": LONG_OP, "suspect_ms_per_step": 40.1, "reference_ms_per_step": 0.0}],
-        capture_step_ms=60.0,
-        baseline_step_ms=50.0,
-        reasons=["a reason"],
-    )
-    write_incident(trace.parent, incident)
-    return incident
 
 
 class _Text(HTMLParser):

@@ -61,3 +61,19 @@ def test_a_stall_in_a_stage_that_already_held_most_of_the_step_is_its_stages() -
     found = check.check(2, stalled, STAGES)
     assert found is not None and found["kind"] == "stage", found
     assert found["top_stage"] == "data.next_wait" and found["ranks"] == [2], found
+
+
+def test_one_rank_slower_in_every_stage_is_that_ranks_not_the_whole_jobs() -> None:
+    """Rank 2 alone slower by the same factor in each of its stages (a straggler): every stage's
+    advance grew evenly, which once read "the whole job slowed 100% evenly over its stages (most
+    on rank 2)" with no capture; the other ranks' own time did not grow."""
+    rng = np.random.default_rng(6)
+    check = RegressionCheck()
+    for w in range(4):
+        assert check.check(w, window(rng, TYPICAL), STAGES) is None
+    stalled = window(rng, TYPICAL)
+    stalled[:, 2, :] *= 2.0
+    found = check.check(4, stalled, STAGES)
+    assert found is not None and found["kind"] == "stage", found
+    assert found["ranks"] == [2], found
+    assert "whole job" not in regression_text(found)

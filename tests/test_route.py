@@ -283,9 +283,9 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
 
     from loader_support import Samples
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
-    from stagefrontier.route import coordinator
+    from stagefrontier.route import incident_writer
 
-    real_findings, real_traces = coordinator.worker_findings, coordinator.analyze_traces
+    real_findings, real_traces = incident_writer.worker_findings, incident_writer.analyze_traces
     spent: list[float] = []
 
     def findings_then_cpu(incident: dict[str, Any], live: Any, min_share: float) -> None:
@@ -299,8 +299,8 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
         spent.append(real_traces(*args))
         return spent[-1]
 
-    monkeypatch.setattr(coordinator, "worker_findings", findings_then_cpu)
-    monkeypatch.setattr(coordinator, "analyze_traces", traces)
+    monkeypatch.setattr(incident_writer, "worker_findings", findings_then_cpu)
+    monkeypatch.setattr(incident_writer, "analyze_traces", traces)
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
     timer = StageTimer(
         window=5,
@@ -518,7 +518,7 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
     host = socket.gethostname()
     for index in range(11):
         step[0] = 10 * index + 10
-        coordinator.write(_indexed(index))
+        coordinator.take(_indexed(index))
         coordinator.tick()
         if REQUEST_KEY in channel.keys:
             request = CaptureRequest.decode(channel.keys[REQUEST_KEY])
@@ -616,7 +616,7 @@ def test_a_regression_is_captured_and_diffed_against_the_suspects_baseline_trace
         )
         window.regression = check.check(index, d, STAGES)
         step[0] = 10 * index + 10
-        coordinator.write(window)
+        coordinator.take(window)
         coordinator.tick()
 
     def answer(sleep_us: float) -> CaptureRequest:

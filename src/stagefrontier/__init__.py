@@ -1,5 +1,7 @@
 """StageFrontier: synchronization-aware stage accounting for distributed training."""
 
+import logging
+
 from .analysis import baselines
 from .analysis.accounting import advances, frontier, prefixes, slack
 from .analysis.analyzer import analyze, analyze_summary
@@ -57,6 +59,9 @@ from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, red
 from .route import ProfilerRouter
 
 __version__ = "0.1.0"
+
+# The library shows nothing by itself: the application's logging configuration decides.
+logging.getLogger("stagefrontier").addHandler(logging.NullHandler())
 
 __all__ = [
     "ALL_LABELS",

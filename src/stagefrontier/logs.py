@@ -1,90 +1,69 @@
-"""Rank 0's window line on stderr when the application configured no logging.
+"""Where the ``stagefrontier`` logger's records go: nowhere, unless someone says so.
 
-The line is an INFO record of the ``stagefrontier`` logger. Python shows nothing below WARNING
-until logging is configured, so when the first line is written and neither that logger nor the
-root logger has a handler, a stderr handler is added to the ``stagefrontier`` logger (and its
-level set to INFO if it had none). Once the application gives the root logger a handler, the
-added one removes itself and the application's configuration decides alone: no line is ever
-written twice. Nothing happens at import.
+The library installs no handler of its own: the package gives its logger a
+``logging.NullHandler`` at import, and the application's logging configuration decides what is
+shown (the window line is an INFO record; a failure said in one line is a WARNING). The
+``stagefrontier`` command and the demo are applications: they call ``show_on_stderr`` (or its
+context manager ``shown_on_stderr``) for the lines they print.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 from .render.escape import printable
 
 logger = logging.getLogger("stagefrontier")
 
-_lock = threading.Lock()
-_installed: _UntilConfigured | None = None
 
-
-class _Prefixed(logging.Formatter):
-    """``stagefrontier: <message>``, without doubling a prefix the message has already."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        return text if text.startswith("stagefrontier") else f"stagefrontier: {text}"
+class _OneLine(logging.Formatter):
+    """The record's message kept on its line: it may quote names another rank sent."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        # The message may quote names another rank sent: keep it on its line (a traceback,
-        # added after this, keeps its own lines).
         return printable(super().formatMessage(record))
 
 
-class _FallbackHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The stderr handler; ``set_level``: whether the logger's level was NOTSET and set to INFO
-    when it was added."""
+class _CurrentStderr(logging.Handler):
+    """Writes each record to ``sys.stderr`` as it is at that moment (as logging's own last
+    resort does), so a replaced ``sys.stderr`` is honoured."""
 
-    def __init__(self, set_level: bool) -> None:
-        super().__init__()
-        self.set_level = set_level
-        self.setFormatter(_Prefixed("%(message)s"))
-
-
-class _UntilConfigured(logging.Filter):
-    """The logger's filter that goes with the handler: while no other handler would show the
-    logger's records it passes every record; once the application adds one (to the root logger
-    or to this one), it retires the handler (and itself) and passes only what the
-    application's levels let through."""
-
-    def __init__(self, handler: _FallbackHandler) -> None:
-        super().__init__()
-        self.handler = handler
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not logging.root.handlers and logger.handlers == [self.handler]:
-            return True
-        _retire()
-        return logger.isEnabledFor(record.levelno)
+    def emit(self, record: logging.LogRecord) -> None:
+        stream: TextIO = sys.stderr
+        try:
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # a closed stderr: logging's own policy for a handler that fails
+            self.handleError(record)
 
 
-def show_window_lines() -> None:
-    """Make the ``stagefrontier`` logger's INFO lines visible if nothing else would show them
-    (called before each window line; cheap when a handler exists)."""
-    global _installed
-    if _installed is not None or logger.hasHandlers():
-        return
-    with _lock:
-        if _installed is not None or logger.hasHandlers():
-            return
-        handler = _FallbackHandler(set_level=logger.level == logging.NOTSET)
-        if handler.set_level:
-            logger.setLevel(logging.INFO)
-        _installed = _UntilConfigured(handler)
-        logger.addHandler(handler)
-        logger.addFilter(_installed)
+def show_on_stderr(level: int = logging.WARNING, fmt: str = "%(message)s") -> logging.Handler:
+    """Show the ``stagefrontier`` logger's records at ``level`` and above on stderr, one line
+    each; returns the handler (``stop_showing`` removes it). For applications, never called by
+    the library itself."""
+    handler = _CurrentStderr(level)
+    handler.setFormatter(_OneLine(fmt))
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    return handler
 
 
-def _retire() -> None:
-    global _installed
-    with _lock:
-        installed, _installed = _installed, None
-        if installed is None:
-            return
-        logger.removeFilter(installed)
-        logger.removeHandler(installed.handler)
-        if installed.handler.set_level and logger.level == logging.INFO:
-            logger.setLevel(logging.NOTSET)
+def stop_showing(handler: logging.Handler) -> None:
+    """Remove a handler ``show_on_stderr`` added."""
+    logger.removeHandler(handler)
+
+
+@contextmanager
+def shown_on_stderr(level: int = logging.WARNING, fmt: str = "%(message)s") -> Iterator[None]:
+    """``show_on_stderr`` for the duration of a block (the command line's one command)."""
+    before = logger.level
+    handler = show_on_stderr(level, fmt)
+    try:
+        yield
+    finally:
+        stop_showing(handler)
+        logger.setLevel(before)

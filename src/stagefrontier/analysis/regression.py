@@ -26,9 +26,15 @@ of the most it could be: the window's mean increase times the part of the baseli
 stage did not already hold (a stall in a stage that held most of the step leaves the others
 little share to give up) (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
-most). Otherwise every stage grew with the step: a ``whole_job`` slowdown (a noisy neighbour,
-CPU throttling, a slower shared filesystem or network), reported as such and never worth a trace
-of one rank.
+most). Otherwise every stage grew with the step. That is a ``whole_job`` slowdown (a noisy
+neighbour, CPU throttling, a slower shared filesystem or network), reported as such and never
+worth a trace of one rank, only when it is spread over the ranks as well: more than half of
+them (two at least) grew outside their own largest stage by half the most any rank did
+(``_rank_spread``; from node summaries, which keep only the top stage's largest rank means,
+more than half the ranks grew in the top stage by half the most any did). A rank slower in
+every stage than the others (a stall in every microstep of its data wait, a straggler host)
+holds them up only in the collectives they meet it in, where their own growth then sits: it is
+a ``stage`` regression of a stage that rank grew in beyond the others.
 
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
@@ -62,7 +68,7 @@ import numpy as np
 
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
-from .compare import Side, compare
+from .compare import Comparison, Side, compare
 from .noise import block_means, mean_shift, median_shift
 from .semantic import stage_groups
 from .summary import WindowSummary
@@ -76,6 +82,9 @@ LOCALIZED_SHARE = 0.5
 increase times the baseline step's share the stage did not hold) that it must reach for the
 regression to be that stage's rather than the whole job's."""
 WHOLE_JOB = "whole_job"
+SPREAD_SHARE = 0.5
+"""A rank counts among those a whole-job slowdown spread over when its own time in the top stage
+grew by at least this share of the most any rank's did (``spread_over_ranks``)."""
 STAGE = "stage"
 STEAL_SHARE = 0.05
 """CPU steal at or above this share of the CPU time is named as a cause."""
@@ -204,10 +213,11 @@ class RegressionCheck:
             if entry.d is not None
             else self._split_summary(entry, top)
         )
+        whole = top is None and split.pop("spread_over_ranks")
         found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
             "median_increase_ms_per_step": increase * 1e3,
-            "kind": STAGE if top is not None else WHOLE_JOB,
+            "kind": WHOLE_JOB if whole else STAGE,
             # the mean step's growth, as the window line's +ms/step is the mean's
             "slowdown": split["delta_exposed_ms_per_step"] / (float(np.mean(base)) * MS),
             **split,
@@ -249,7 +259,10 @@ class RegressionCheck:
             Side.from_windows("baseline", [h.d for h in self._healthy if h.d is not None], stages),
             Side.from_windows(f"window {entry.window}", [entry.d], stages),
         )
-        top = top or result.top_stage
+        spread = True
+        if top is None:
+            # every stage grew with the step: the whole job's only if the ranks did too
+            spread, top = _rank_spread(result, entry.n_ranks)
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
@@ -262,6 +275,7 @@ class RegressionCheck:
             "ranks": grown or [row["rank"] for row in grew[:1]],
             "all_ranks": len(grown) == len(grew) > 1,
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
+            "spread_over_ranks": spread,
         }
 
     def _split_summary(self, entry: _Healthy, top: str | None) -> dict[str, Any]:
@@ -288,6 +302,8 @@ class RegressionCheck:
         largest_before = float(np.dot(steps, largest) / steps.sum())
         every = now.n_ranks > 1 and (float(now.mean_min[j]) - largest_before) * MS >= half
         grown = [r for r in ordered if grew[r] >= half]
+        # only the top stage's largest rank means are kept: its spread stands for the window's
+        spread = spread_over_ranks({str(r): grew[r] for r in ordered}, now.n_ranks)
         return {
             "delta_exposed_ms_per_step": float(
                 (new_adv.sum(axis=1).mean() - base_adv.sum(axis=1).mean()) * MS
@@ -298,6 +314,7 @@ class RegressionCheck:
             "all_ranks": bool(every),
             "rank_delta_ms_per_step": {str(r): grew[r] for r in ordered},
             "rank_deltas_exact": exact,
+            "spread_over_ranks": spread,
         }
 
     def _shift(self, base: FloatArray, exposed: FloatArray) -> tuple[float, float]:
@@ -307,6 +324,48 @@ class RegressionCheck:
         floor = cfg.min_increase * float(np.median(base))
         shift = median_shift(base, exposed, floor, cfg.noise_factor, noisy_now=False)
         return shift.shift_s, shift.threshold_s
+
+
+def spread_over_ranks(rank_deltas: dict[str, float], n_ranks: int) -> bool:
+    """Whether a slowdown grew on enough ranks to be the whole job's: more than half the ranks,
+    and two at least, grew by half the most any rank did (``rank_deltas``: each rank's growth,
+    the largest ones where a summary kept only those). One rank's data alone cannot tell, so
+    it is spread."""
+    deltas = sorted(rank_deltas.values(), reverse=True)
+    if n_ranks < 2 or not deltas or deltas[0] <= 0:
+        return True
+    grown = sum(1 for delta in deltas if delta >= SPREAD_SHARE * deltas[0])
+    return grown >= max(2, n_ranks // 2 + 1)
+
+
+def _rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
+    """Whether a slowdown that grew every stage with the step is spread over the ranks as well,
+    and the stage to name. Each rank's own growth is summed per broad stage; what it grew
+    outside its own largest stage is its spread growth. A rank that stalls in its stages holds
+    the others up only in the collectives they meet it in (a DDP backward's all-reduce, the
+    buffers' broadcast in rank 0's forward), so their growth sits in one or two stages while
+    the stalled rank grew in all of its own: the growth is spread over the ranks when more than
+    half of them (two at least) grew outside their largest stage by half the most any rank did
+    (``spread_over_ranks``). Where it is not, the stage named is, of those where the rank that
+    grew most outside its largest stage grew beyond every other rank (by half the most it did
+    in any), the one that grew most on the frontier."""
+    names, members = stage_groups(result.stages)
+    growth: dict[str, list[float]] = {}
+    for row in result.rank_deltas:
+        own = row["delta_ms_per_step"]
+        growth[str(row["rank"])] = [
+            max(sum(own[result.stages[j]] for j in group), 0.0) for group in members
+        ]
+    outside = {rank: sum(g) - max(g) for rank, g in growth.items()}
+    if spread_over_ranks(outside, n_ranks):
+        return True, result.top_stage
+    rank = max(outside, key=lambda r: outside[r])
+    others = [g for r, g in growth.items() if r != rank] or [[0.0] * len(names)]
+    beyond = [growth[rank][k] - max(g[k] for g in others) for k in range(len(names))]
+    alone = [k for k in range(len(names)) if beyond[k] >= SPREAD_SHARE * max(beyond)]
+    # of the stages it grew in alone, the one (and its substage) that grew most on the frontier
+    stages = [result.stages[j] for k in alone for j in members[k]]
+    return False, max(stages, key=lambda stage: result.delta_advance_ms[stage])
 
 
 def _advances(summary: WindowSummary) -> FloatArray:

@@ -1,5 +1,6 @@
 """The collector interface the recorder hands windows to, and the shared analysis worker,
-and what rank 0 does with the windows it received: merge them and analyze them."""
+and what rank 0 does with the windows it received: merge them, analyze them, and hand each
+analyzed window to the sinks, then to the consumers registered with the analysis thread."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..record.window import (
     RankWindow,
     merge_windows,
 )
-from ..sinks.base import Sink
+from ..sinks.base import Sink, emit
 
 logger = logging.getLogger("stagefrontier")
 
@@ -54,12 +55,50 @@ class CollectorSettings:
     regression: RegressionConfig | None = DEFAULT_REGRESSION
 
 
+class WindowConsumer(Protocol):
+    """Takes every window rank 0 analyzed, on the analysis thread, after the sinks (the
+    profiler router's coordinator is one). ``take`` must return at once: it hands the window
+    to a thread of its own."""
+
+    def take(self, window: AnalyzedWindow) -> None: ...
+
+
+class Consumers:
+    """The consumers registered with one collector's analysis thread, in the order they
+    registered. ``register`` may be called from any thread; a consumer that raises is said in
+    one line and the others still take the window."""
+
+    def __init__(self) -> None:
+        self._registered: tuple[WindowConsumer, ...] = ()
+        self._lock = threading.Lock()
+
+    def register(self, consumer: WindowConsumer) -> None:
+        with self._lock:  # a new tuple: the analysis thread iterates the one it read
+            self._registered = (*self._registered, consumer)
+
+    def deliver(self, window: AnalyzedWindow) -> None:
+        for consumer in self._registered:
+            try:
+                consumer.take(window)
+            except Exception as exc:
+                name = type(consumer).__name__
+                say_failed(logger, f"handing a window to {name}", exc, "the others go on")
+
+
+def publish(sinks: Sequence[Sink], consumers: Consumers, window: AnalyzedWindow) -> None:
+    """An analyzed window to the sinks, then to the consumers."""
+    emit(sinks, window)
+    consumers.deliver(window)
+
+
 class Collector(Protocol):
     """Receives this rank's completed windows. ``submit`` is called on the training thread and
-    must return at once: True when the window was queued, False when it was dropped."""
+    must return at once: True when the window was queued, False when it was dropped. On rank 0,
+    ``consumers`` take every analyzed window after the sinks."""
 
     rank: int
     world_size: int
+    consumers: Consumers
 
     def submit(self, window: PendingWindow) -> bool: ...
 

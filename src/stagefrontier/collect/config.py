@@ -59,8 +59,8 @@ class CollectConfig:
         regression: when rank 0 calls a window slower than the run's recent healthy windows,
             and the baseline for the direct gains (``analysis.regression``); None turns both
             off, leaving the gains relative to each window's own medians.
-        log: write rank 0's one-line window summary to the ``stagefrontier`` logger (shown on
-            stderr when the application configured no logging); False leaves it out.
+        log: write rank 0's one-line window summary to the ``stagefrontier`` logger (an INFO
+            record: shown where the application's logging sends those); False leaves it out.
         keep_node_windows: under hierarchical collection, each node leader also writes the
             exact windows its node's part was built from under ``out_dir/node-windows/`` (for
             checking the combined analysis against the flat one on the same data); off by

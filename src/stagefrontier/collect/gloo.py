@@ -33,7 +33,8 @@ import numpy as np
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
-from ..sinks import close_sinks, collector_sinks, emit, start_sinks
+from ..sinks import close_sinks, collector_sinks, start_sinks
+from . import base
 from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
 from .live import LiveAnalysis
 from .wire import WIRE_VERSION, decode_window, encode_window
@@ -71,6 +72,7 @@ class GlooCollector:
                 self._mark_dead(f"creating the gloo collection group failed: {_describe(exc)}")
         self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
+        self.consumers = base.Consumers()
         join_timeout_s = settings.join_timeout_s
         self._worker = BackgroundWorker(
             "stagefrontier-gloo",
@@ -119,7 +121,7 @@ class GlooCollector:
             merged = merge_received(windows, self.world_size, notes)
             analyzed = analyze_received(merged, self.live.analyze)
             if analyzed is not None:
-                emit(self.sinks, analyzed)
+                base.publish(self.sinks, self.consumers, analyzed)
 
     def _exchange(self, window: RankWindow, arrived: list[RankWindow], notes: list[str]) -> None:
         """The two operations of one window (more while ranks disagree on the window index)."""

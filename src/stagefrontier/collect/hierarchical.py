@@ -30,8 +30,7 @@ from typing import Any
 
 from ..errors import ReportFormatError
 from ..record.window import PendingWindow, RankWindow
-from ..sinks import emit
-from .base import CollectorSettings
+from .base import CollectorSettings, publish
 from .launcher import warn_once
 from .node import NodeIdentity, host_layout, node_of
 from .node_payload import (
@@ -175,7 +174,7 @@ class NodeLeader(StoreCollector):
             self._worker.activity = f"analyzing window {own.window}"
             analyzed = analyze_group(group, own, self.world_size, self.node.size, self.gates)
             if analyzed is not None:
-                emit(self.sinks, self.live.check_summary(analyzed))
+                publish(self.sinks, self.consumers, self.live.check_summary(analyzed))
         else:
             self._send_up(group)
         if self.levels:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..record.window import PendingWindow
-from ..sinks import Sink, close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, analyze_received, merge_received
+from ..sinks import Sink, close_sinks, collector_sinks, start_sinks
+from .base import BackgroundWorker, Consumers, analyze_received, merge_received, publish
 from .live import LiveAnalysis
 
 
@@ -37,6 +37,7 @@ class LocalCollector:
         self.gates = gates
         self.live = LiveAnalysis(gates, regression)
         start_sinks(self.sinks)
+        self.consumers = Consumers()
         self._worker = BackgroundWorker(
             "stagefrontier-analysis",
             self._process,
@@ -52,7 +53,7 @@ class LocalCollector:
         merged = merge_received([window.build()], world_size=1)
         analyzed = analyze_received(merged, self.live.analyze)
         if analyzed is not None:
-            emit(self.sinks, analyzed)
+            publish(self.sinks, self.consumers, analyzed)
 
     def close(self) -> None:
         """Let queued windows finish (bounded), then close the sinks (on the analysis thread

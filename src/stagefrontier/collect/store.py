@@ -38,8 +38,15 @@ from typing import Any
 from ..errors import ReportFormatError
 from ..record.attempt import current_attempt
 from ..record.window import PendingWindow, RankWindow
-from ..sinks import close_sinks, collector_sinks, emit, start_sinks
-from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
+from ..sinks import close_sinks, collector_sinks, start_sinks
+from .base import (
+    BackgroundWorker,
+    CollectorSettings,
+    Consumers,
+    analyze_received,
+    merge_received,
+    publish,
+)
 from .live import LiveAnalysis
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 from .wire import decode_window, encode_window
@@ -198,6 +205,7 @@ class StoreCollector:
         self._sent = SentKeys(lambda index: window_key(index, rank))  # sender's keys
         self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
+        self.consumers = Consumers()
         handler = self._collect if collects else self._send
         join_timeout_s = settings.join_timeout_s
         if join_timeout_s is None:
@@ -272,7 +280,7 @@ class StoreCollector:
         merged = merge_received(windows, self.world_size, notes)
         analyzed = analyze_received(merged, self.live.analyze)
         if analyzed is not None:
-            emit(self.sinks, analyzed)
+            publish(self.sinks, self.consumers, analyzed)
         self._release_window(own.window, read)
 
     def _gather_window(

@@ -22,9 +22,7 @@ rank's own compute inside the schedule apart from its waits.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,7 +33,7 @@ from ..errors import DemoError
 from ..record.recorder import StageTimer
 from .faults import Fault, FaultInjector
 from .launch import read_windows, run_ranks
-from .train import leave_process_group
+from .train import leave_process_group, show_rank_lines
 
 PIPELINE_STAGES = (DATA_STAGE, "pp.schedule", "dp.grad_sync", OPTIMIZER_STAGE, RESIDUAL_STAGE)
 PP, DP = 2, 2
@@ -88,9 +86,7 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
-    if rank == 0 and not config.quiet:
-        logging.basicConfig(stream=sys.stdout, format="  %(message)s")
-        logging.getLogger("stagefrontier").setLevel(logging.INFO)
+    show_rank_lines(rank, config.quiet)
     store = dist.TCPStore(
         "127.0.0.1", port, PP * DP, is_master=False, timeout=timedelta(seconds=60)
     )

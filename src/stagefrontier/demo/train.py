@@ -25,6 +25,7 @@ from ..analysis import schema
 from ..collect.config import CollectConfig
 from ..collect.node import node_of
 from ..errors import DemoSettingsError
+from ..logs import show_on_stderr
 from ..record.recorder import StageTimer
 from ..route import ProfilerRouter
 from .faults import Fault, FaultInjector
@@ -138,6 +139,17 @@ def run_rank(rank: int, config: DemoConfig, port: int | None) -> None:
                 stacks_path.unlink()
 
 
+def show_rank_lines(rank: int, quiet: bool) -> None:
+    """The demo is an application, so it configures logging: rank 0's window lines (INFO) on
+    stdout, indented under the demo's own output, unless quiet; every other rank's (and a quiet
+    rank 0's) warnings on stderr, one line each."""
+    if rank == 0 and not quiet:
+        logging.basicConfig(stream=sys.stdout, format="  %(message)s")
+        logging.getLogger("stagefrontier").setLevel(logging.INFO)
+    else:
+        show_on_stderr(logging.WARNING)
+
+
 def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     """One rank's job: join the Gloo group, build the model and train it, timed by StageTimer."""
     os.environ.update(config.env)
@@ -149,9 +161,7 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     from .model import CharData, TinyDecoder, load_corpus
 
     torch.set_num_threads(1)
-    if rank == 0 and not config.quiet:
-        logging.basicConfig(stream=sys.stdout, format="  %(message)s")
-        logging.getLogger("stagefrontier").setLevel(logging.INFO)
+    show_rank_lines(rank, config.quiet)
     timeout = timedelta(seconds=config.collective_timeout_s)
     if port is None:
         dist.init_process_group("gloo", timeout=timeout)

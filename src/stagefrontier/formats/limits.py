@@ -3,7 +3,8 @@
 A file must never cost more than a small multiple of its size in memory, and a small file must
 never declare its way into a large allocation. Every reader therefore checks a file's size (and
 a compressed file's inflated size) before parsing it, and every declared shape before building
-the array. Each limit has a default and an environment variable that overrides it:
+the array. Each limit has a default and an environment variable that overrides it (both
+in ``environment.VARIABLES``):
 
 =================================  ==========  =================================================
 variable                           default     bounds
@@ -29,6 +30,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..environment import LIMITS as LIMIT_VARIABLES
+from ..environment import positive_int
 from ..errors import ReportFormatError
 
 MiB = 1 << 20
@@ -36,28 +39,13 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Limit:
-    """One bound: its environment variable, default and what it bounds (for messages)."""
+    """One bound: its environment variable (``environment.LIMITS``) and what it bounds."""
 
     env: str
-    default: int
     what: str
 
 
-LIMITS = {
-    "packet_bytes": Limit("STAGEFRONTIER_MAX_PACKET_BYTES", 64 * MiB, "bytes for a packet"),
-    "records_bytes": Limit(
-        "STAGEFRONTIER_MAX_RECORDS_BYTES", 256 * MiB, "bytes for a windows.jsonl"
-    ),
-    "incident_bytes": Limit(
-        "STAGEFRONTIER_MAX_INCIDENT_BYTES", 16 * MiB, "bytes for an incident.json"
-    ),
-    "trace_bytes": Limit("STAGEFRONTIER_MAX_TRACE_BYTES", 1024 * MiB, "bytes for a JSON trace"),
-    "inflate_ratio": Limit(
-        "STAGEFRONTIER_MAX_INFLATE_RATIO", 50, "times the compressed size when inflated"
-    ),
-    "cells": Limit("STAGEFRONTIER_MAX_CELLS", 1 << 25, "steps x ranks x stages in a window"),
-    "world_size": Limit("STAGEFRONTIER_MAX_WORLD_SIZE", 1 << 17, "ranks in a world"),
-}
+LIMITS = {name: Limit(variable.name, variable.what) for name, variable in LIMIT_VARIABLES.items()}
 MAX_CAPTURE_STEPS = 100
 """The most steps one profiler capture spans: the profiler holds every event in memory until it
 stops. A request for more is refused where a person makes it (``request_capture``,
@@ -80,14 +68,7 @@ def limit(name: str) -> int:
     Raises:
         ReportFormatError: the variable is set to anything but a positive integer.
     """
-    spec = LIMITS[name]
-    text = os.environ.get(spec.env)
-    if text is None or not text.strip():
-        return spec.default
-    value = text.strip().replace("_", "")
-    if not value.isdigit() or int(value) < 1:
-        raise ReportFormatError(f"{spec.env}={text!r}: expected a positive integer")
-    return int(value)
+    return positive_int(LIMITS[name].env)
 
 
 def over_limit(

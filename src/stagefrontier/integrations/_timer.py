@@ -169,12 +169,10 @@ class HookClock:
         """The next step's data wait starts now (unless a step is open)."""
         if self._step is None:
             self._mark = _now()
-            waits = self._timer._wait_ranges
-            if waits is not None:  # the router captures: the wait is a profiler range too
-                try:
-                    waits.open_gap()
-                except Exception as exc:
-                    self._fail(exc)
+            try:  # while the router captures, the wait is a profiler range too
+                self._timer.instrumentation.open_wait_gap()
+            except Exception as exc:
+                self._fail(exc)
 
     def begin_step(self, stage: str | None = None, *, microsteps: bool = False) -> None:
         """Open a step whose data wait ran from the last mark to now; then ``stage``."""
@@ -186,9 +184,7 @@ class HookClock:
             mark, self._mark = self._mark, None
             if mark is not None:
                 charge_data_wait(self._timer, _now() - mark)
-            waits = self._timer._wait_ranges
-            if waits is not None:
-                waits.close_gap()
+            self._timer.instrumentation.close_wait_gap()
             step = self._timer.step()
             step.__enter__()
             self._step = step

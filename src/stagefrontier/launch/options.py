@@ -18,22 +18,17 @@ variable                       meaning
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..environment import AUTO, auto_env, auto_settings
 from ..errors import TimerSettingError
 from ..record.settings import MAX_WINDOW
 
-SWITCH = "STAGEFRONTIER_AUTO"
-OUT = "STAGEFRONTIER_OUT"
-WINDOW = "STAGEFRONTIER_WINDOW"
-ROUTER = "STAGEFRONTIER_ROUTER"
-SINKS = "STAGEFRONTIER_SINKS"
 SINK_KINDS = ("csv", "tensorboard", "prometheus")
-DEFAULT_OUT = "stagefrontier"
-DEFAULT_WINDOW = 100
+DEFAULT_OUT = str(AUTO["out"].default)
+DEFAULT_WINDOW = int(AUTO["window"].default)
 
 
 @dataclass(frozen=True)
@@ -60,13 +55,15 @@ class AutoOptions:
 
     def env(self) -> dict[str, str]:
         """The variables that carry these options to a worker."""
-        return {
-            SWITCH: "1" if self.enabled else "0",
-            OUT: self.out,
-            WINDOW: str(self.window),
-            ROUTER: "1" if self.router else "0",
-            SINKS: ",".join(self.sinks),
-        }
+        return auto_env(
+            {
+                "switch": "1" if self.enabled else "0",
+                "out": self.out,
+                "window": str(self.window),
+                "router": "1" if self.router else "0",
+                "sinks": ",".join(self.sinks),
+            }
+        )
 
     def timer_arguments(self) -> tuple[list[Any], Any, dict[str, Any]]:
         """``(sinks, router, timer keywords)`` for ``integrations._timer.TimerArguments`` and
@@ -81,24 +78,24 @@ class AutoOptions:
 def read_env(environ: Mapping[str, str] | None = None) -> AutoOptions:
     """The options in ``environ`` (the process's environment by default); a malformed value
     raises TimerSettingError naming its variable."""
-    env = os.environ if environ is None else environ
+    got = auto_settings(environ)
     try:
-        window = int(env.get(WINDOW) or DEFAULT_WINDOW)
+        window = int(got.get("window") or DEFAULT_WINDOW)
     except ValueError:
-        raise TimerSettingError(f"{WINDOW} must be a whole number, got {env[WINDOW]!r}") from None
+        name = AUTO["window"].name
+        raise TimerSettingError(f"{name} must be a whole number, got {got['window']!r}") from None
     return AutoOptions(
-        out=env.get(OUT) or DEFAULT_OUT,
+        out=got.get("out") or DEFAULT_OUT,
         window=window,
-        router=env.get(ROUTER, "0") == "1",
-        sinks=_split(env.get(SINKS, "")),
-        enabled=env.get(SWITCH, "1") != "0",
+        router=got.get("router", "0") == "1",
+        sinks=_split(got.get("sinks", "")),
+        enabled=got.get("switch", "1") != "0",
     )
 
 
 def switched_on(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment switch asks for instrumentation."""
-    env = os.environ if environ is None else environ
-    return env.get(SWITCH) == "1"
+    return auto_settings(environ).get("switch") == "1"
 
 
 def make_sink(spec: str) -> Any:

@@ -15,12 +15,14 @@ workers, tools). Without the variable the line only reads the environment.
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import sys
 from collections.abc import Sequence
 
 from ..errors import StageFrontierError
+from ..logs import show_on_stderr
 from .options import read_env, switched_on
 
 USAGE = "usage: python -m stagefrontier.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
@@ -38,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(USAGE)
     from ..auto import install
 
-    install(read_env())
+    if install(read_env()) is not None:
+        show_lines()
     target, sys.argv = args[0], args
     if module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -54,9 +57,17 @@ def start_from_env() -> None:
     from ..auto import install
 
     try:
-        install(read_env())
+        if install(read_env()) is not None:
+            show_lines()
     except StageFrontierError as exc:  # a malformed setting: said, the script runs untimed
         print(f"stagefrontier: {exc}; the script runs untimed", file=sys.stderr)
+
+
+def show_lines() -> None:
+    """The bootstrap runs the script as an application would (like the ``stagefrontier``
+    command): it shows the hooks' lines on stderr, rank 0's window lines (INFO) and every
+    rank's warnings, one line each; the script's own logging configuration is not touched."""
+    show_on_stderr(logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
 
 
 def _runs_a_script(argv: Sequence[str]) -> bool:

@@ -5,11 +5,10 @@ and tells the records and packets of one attempt from another's in the same outp
 
 from __future__ import annotations
 
-import os
+from ..environment import restart_count, run_id
 
 
 def current_attempt() -> tuple[str, int]:
     """``(run id, restart count)``: ``TORCHELASTIC_RUN_ID`` (else ``STAGEFRONTIER_RUN_ID``, else
     ``"run"``) and ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchelastic)."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("STAGEFRONTIER_RUN_ID") or "run"
-    return run, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return run_id(), restart_count()

@@ -46,6 +46,7 @@ from .contexts import (
     StageTable,
     StepContext,
 )
+from .instrumentation import Instrumentation
 from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
@@ -86,7 +87,7 @@ class Router(Protocol):
     """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
     the router lives on a floor above the recorder, which only calls what it is given."""
 
-    def attach(self, timer: Any) -> AttachedRouter: ...
+    def attach(self, timer: Instrumentation) -> AttachedRouter: ...
 
 
 class StageTimer(TimerState):
@@ -108,8 +109,8 @@ class StageTimer(TimerState):
             CSV, see ``stagefrontier.sinks``), after ``windows.jsonl`` and the log; the collector
             starts them and closes them after its last window.
         gates: the labeler's :class:`~stagefrontier.Gates` for the live analysis.
-        log: rank 0's one-line summary per window on the ``stagefrontier`` logger (on stderr
-            when the application configured no logging); False leaves it out. Default True.
+        log: rank 0's one-line summary per window on the ``stagefrontier`` logger (an INFO
+            record, shown where the application's logging sends those); False leaves it out.
         cuda_event_fraction: fraction q of steps whose forward region is bracketed by CUDA events.
         enabled: False gives a timer whose contexts do nothing.
         strict: raise ContractViolation instead of counting (for tests and development).
@@ -246,7 +247,9 @@ class StageTimer(TimerState):
         self._micro_ctx: dict[int, MicrostepContext] = {}
         if cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
-        self._router = None if router is None else router.attach(self)
+        self.instrumentation = Instrumentation(self)
+        """What the router (and other recorders alongside the timer) read and drive of it."""
+        self._router = None if router is None else router.attach(self.instrumentation)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:

@@ -15,7 +15,7 @@ def render_comparison(c: Comparison) -> str:
         f"base: {c.base.name} ({base_n} steps, {c.base.d.shape[1]} ranks)",
         f"new:  {c.new.name} ({new_n} steps)",
         f"exposed time per step: {c.base_exposed_ms:.1f} ms -> {c.new_exposed_ms:.1f} ms "
-        f"({c.delta_exposed_ms:+.1f} ms{_percent(c.delta_exposed_ms, c.base_exposed_ms)})",
+        f"({c.delta_exposed_ms:+.1f} ms{percent_change(c.delta_exposed_ms, c.base_exposed_ms)})",
         "",
     ]
     width = max(len(s) for s in c.delta_advance_ms) + 2
@@ -50,7 +50,8 @@ def render_comparison(c: Comparison) -> str:
     return printable_lines(lines)
 
 
-def _percent(delta: float, base: float) -> str:
+def percent_change(delta: float, base: float) -> str:
+    """``", +12%"``: the change as a share of ``base`` (empty when ``base`` is not positive)."""
     return f", {delta / base:+.0%}" if base > 0 else ""
 
 

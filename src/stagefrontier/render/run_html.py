@@ -3,15 +3,18 @@
 The share timeline and the leaders view are inline SVG and HTML drawn here (no matplotlib
 needed, readable at any number of ranks: the leaders view lists only the ranks that ever set the
 frontier); the frontier figure of the worst step is embedded when matplotlib is installed, and
-said missing otherwise. Built from the shared pieces of ``render/html_page.py``, as the incident
-pages are.
+said missing otherwise. This module computes the page's values; the template
+``templates/run_report.html.j2`` lays them out, escaped by ``render/html_page.py``'s
+autoescaping environment, as the incident pages are.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
 from ..formats.run_folder import RunWindows, method_shares
 from .command import cli_command
-from .html_page import drawn_figures, esc, facts, note, op_diff_table, page, swatch_key, table
+from .html_page import Figure, OpDiff, drawn_figures, op_diff, render
 from .plots import RESIDUAL_COLOR, stage_colors
 from .text import (
     METHOD_INTRO,
@@ -55,27 +58,7 @@ def run_html(run: RunWindows, path: Path) -> str:
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))
     colors = stage_colors(stages)
     last_report, last_meta = summary_window(windows)
-    body = [
-        f"<h1>StageFrontier run report: {esc(run.folder)}</h1>",
-        f"<p><b>Verdict</b> (last full window, {esc(index_text(last_meta))}): "
-        f"{esc(verdict(last_report, last_meta))}</p>",
-        "<h2>Run</h2>",
-        facts(_run_facts(run, windows)),
-        "<h2>Share of exposed step time per window</h2>",
-        "<p>Each bar is one window: how much of the step time each stage holds every rank back "
-        "by (the frontier's advance in that stage). The line above is the exposed step time.</p>",
-        share_timeline_svg(windows, stages, colors),
-        swatch_key(list(zip(stages, colors, strict=True))),
-        "<h2>Who sets the frontier</h2>",
-        leaders_view(windows, stages, colors),
-        "<h2>Verdict per window</h2>",
-        _verdict_table(windows),
-        _regressions(windows),
-        _comparison(run),
-        _incidents(run, path),
-        "<h2>StageFrontier's own cost</h2>",
-        _self_cost(windows),
-    ]
+    shown: list[Figure] | None = None
     if run.packets:
         from .plots import plot_worst_step
 
@@ -83,18 +66,26 @@ def run_html(run: RunWindows, path: Path) -> str:
             f"run `{cli_command()} report {shlex.quote(str(run.folder))} --html` "
             "to write this page again"
         )
-        figure, _ = drawn_figures(
+        shown = drawn_figures(
             [("Frontier of the worst step", lambda p: plot_worst_step(run, p))], redraw
         )
-        body.append(figure)
-    else:
-        body.append(
-            note(
-                "No frontier figure: the folder holds no per-rank packets (a run collected "
-                "hierarchically keeps the [steps, ranks, stages] matrix on its nodes)."
-            )
-        )
-    return page(f"StageFrontier report: {run.folder}", "".join(body))
+    return render(
+        "run_report.html.j2",
+        title=f"StageFrontier report: {run.folder}",
+        folder=str(run.folder),
+        last_index=index_text(last_meta),
+        last_verdict=verdict(last_report, last_meta),
+        run_facts=_run_facts(run, windows),
+        timeline=share_timeline(windows, stages, colors),
+        key=list(zip(stages, colors, strict=True)),
+        leaders=leaders_view(windows, stages, colors),
+        verdicts=_verdict_rows(windows),
+        regressions=_regressions(windows),
+        comparison=_comparison(run),
+        incidents=_incidents(run, path),
+        self_cost=_self_cost(windows),
+        shown=shown,
+    )
 
 
 # --- run facts ------------------------------------------------------------------------------------
@@ -139,10 +130,44 @@ def _version() -> str:
 # --- the share timeline ---------------------------------------------------------------------------
 
 
-def share_timeline_svg(
+@dataclass(frozen=True)
+class Bar:
+    """One stage's part of one window's bar (SVG user units; ``tip``: its hover text)."""
+
+    x: str
+    y: str
+    width: str
+    height: str
+    color: str
+    tip: str
+
+
+@dataclass(frozen=True)
+class Label:
+    x: str
+    y: str
+    text: str
+    middle: bool = False
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The share timeline's geometry: the exposed ms/step line above (``points``), the
+    stacked bars below, and the axes' labels."""
+
+    width: int
+    height: int
+    top: int
+    points: str
+    peak_label: str
+    bars: list[Bar]
+    labels: list[Label]
+
+
+def share_timeline(
     windows: list[tuple[WindowReport, dict[str, Any]]], stages: list[str], colors: list[str]
-) -> str:
-    """Stacked shares per window under the exposed ms/step, as inline SVG."""
+) -> Timeline:
+    """Stacked shares per window under the exposed ms/step, laid out for inline SVG."""
     n = len(windows)
     width, left, right = 960, 56, 12
     top_h, gap, bar_h, label_h = 90, 14, 240, 46
@@ -151,25 +176,15 @@ def share_timeline_svg(
     bar_w = max(step * 0.8, 1.0)
     ms = [report.mean_step_s * 1e3 for report, _ in windows]
     peak = max(max(ms), 1e-9) * 1.15
-    parts = [
-        f"<svg viewBox='0 0 {width} {height}' width='{width}' role='img' "
-        "aria-label='share of exposed step time per window' "
-        "style='font:11px sans-serif' xmlns='http://www.w3.org/2000/svg'>"
-    ]
-    points = []
-    for i, value in enumerate(ms):
-        x = left + step * (i + 0.5)
-        y = top_h - value / peak * top_h
-        points.append(f"{x:.1f},{y:.1f}")
-    parts.append(
-        f"<polyline fill='none' stroke='#222' stroke-width='1.5' points='{' '.join(points)}'/>"
+    points = " ".join(
+        f"{left + step * (i + 0.5):.1f},{top_h - value / peak * top_h:.1f}"
+        for i, value in enumerate(ms)
     )
-    parts.append(f"<text x='4' y='12'>ms/step</text><text x='4' y='{top_h}'>0</text>")
-    parts.append(f"<text x='4' y='26'>{max(ms):.0f}</text>")
     base = top_h + gap
+    bars = []
     for i, (report, meta) in enumerate(windows):
         x = left + step * i + (step - bar_w) / 2
-        y = base + bar_h
+        y = float(base + bar_h)
         shares = report.semantic_shares if report.shares_defined else {}
         for stage, color in zip(stages, colors, strict=True):
             h = float(shares.get(stage, 0.0)) * bar_h
@@ -177,26 +192,21 @@ def share_timeline_svg(
                 continue
             y -= h
             tip = f"window {index_text(meta)}: {stage} {shares[stage]:.0%}"
-            parts.append(
-                f"<rect x='{x:.1f}' y='{y:.1f}' width='{bar_w:.1f}' height='{h:.1f}' "
-                f"fill='{color}'><title>{esc(tip)}</title></rect>"
-            )
-    for frac in (0.0, 0.5, 1.0):
-        y = base + bar_h - frac * bar_h
-        parts.append(f"<text x='4' y='{y + 4:.0f}'>{frac:.0%}</text>")
+            bars.append(Bar(f"{x:.1f}", f"{y:.1f}", f"{bar_w:.1f}", f"{h:.1f}", color, tip))
+    labels = [
+        Label("4", f"{base + bar_h - frac * bar_h + 4:.0f}", f"{frac:.0%}")
+        for frac in (0.0, 0.5, 1.0)
+    ]
     every = max(1, n // 24)  # at most ~24 window labels, whatever the run's length
-    for i, (_, meta) in enumerate(windows):
-        if i % every == 0 or i == n - 1:
-            x = left + step * (i + 0.5)
-            parts.append(
-                f"<text x='{x:.1f}' y='{base + bar_h + 16}' text-anchor='middle'>"
-                f"{esc(index_text(meta))}</text>"
-            )
-    parts.append(
-        f"<text x='{left + (width - left - right) / 2:.0f}' y='{height - 8}' "
-        "text-anchor='middle'>window</text></svg>"
+    labels += [
+        Label(f"{left + step * (i + 0.5):.1f}", str(base + bar_h + 16), index_text(meta), True)
+        for i, (_, meta) in enumerate(windows)
+        if i % every == 0 or i == n - 1
+    ]
+    labels.append(
+        Label(f"{left + (width - left - right) / 2:.0f}", str(height - 8), "window", True)
     )
-    return "<div class='wide'>" + "".join(parts) + "</div>"
+    return Timeline(width, height, top_h, points, f"{max(ms):.0f}", bars, labels)
 
 
 # --- the leaders view -----------------------------------------------------------------------------
@@ -219,9 +229,30 @@ def window_leaders(report: WindowReport) -> dict[int, tuple[str, float]]:
     return out
 
 
+@dataclass(frozen=True)
+class LeaderCell:
+    """A rank's cell in a window where it sets the frontier: its stage's colour and share."""
+
+    tip: str
+    color: str
+    share: str
+
+
+@dataclass(frozen=True)
+class Leaders:
+    """The leaders view: ``rows`` are (rank, one cell or None per window) for the ranks that
+    ever lead (at most ``MAX_LEADER_ROWS``; ``hidden`` more left out), of ``ranks``."""
+
+    leading: int
+    ranks: int
+    hidden: int
+    windows: list[str]
+    rows: list[tuple[int, list[LeaderCell | None]]]
+
+
 def leaders_view(
     windows: list[tuple[WindowReport, dict[str, Any]]], stages: list[str], colors: list[str]
-) -> str:
+) -> Leaders:
     """Rank by window: a coloured cell where the rank sets the frontier, in the colour of the
     stage it leads, with that stage's share. Only ranks that ever lead are listed."""
     color = dict(zip(stages, colors, strict=True))
@@ -230,127 +261,130 @@ def leaders_view(
     for leaders in per_window:
         for rank in leaders:
             count[rank] = count.get(rank, 0) + 1
-    if not count:
-        return "<p>No rank leads a stage in any window (no exposed time, or roles).</p>"
-    ranks = sorted(count, key=lambda r: (-count[r], r))[:MAX_LEADER_ROWS]
-    ranks.sort()
-    n_ranks = max(report.n_ranks for report, _ in windows)
-    header = ["rank", *(esc(index_text(meta)) for _, meta in windows)]
-    rows = []
+    ranks = sorted(sorted(count, key=lambda r: (-count[r], r))[:MAX_LEADER_ROWS])
+    rows: list[tuple[int, list[LeaderCell | None]]] = []
     for rank in ranks:
-        cells = [f"<b>{rank}</b>"]
+        cells: list[LeaderCell | None] = []
         for (_, meta), leaders in zip(windows, per_window, strict=True):
-            if rank in leaders:
-                stage, share = leaders[rank]
-                tip = f"window {index_text(meta)}: rank {rank} sets {stage} ({share:.0%})"
-                cells.append(
-                    f"<span title='{esc(tip)}' style='display:block;background:"
-                    f"{color.get(stage, RESIDUAL_COLOR)};color:#fff;text-align:center;"
-                    f"font-weight:bold'>{share:.0%}</span>"
-                )
-            else:
-                cells.append("")
-        rows.append(cells)
-    hidden = len(count) - len(ranks)
-    intro = (
-        f"<p>{len(count)} of {n_ranks} rank(s) set the frontier in some window: each coloured "
-        "cell is the stage that rank leads in that window, and that stage's share of the "
-        "exposed time. Ranks that never lead are not listed; a window where no single rank "
-        "leads a stage (the lead is shared or keeps changing) has no cell."
-        + (f" {hidden} more rank(s) led fewer windows and are left out." if hidden else "")
-        + "</p>"
+            if rank not in leaders:
+                cells.append(None)
+                continue
+            stage, share = leaders[rank]
+            tip = f"window {index_text(meta)}: rank {rank} sets {stage} ({share:.0%})"
+            cells.append(LeaderCell(tip, color.get(stage, RESIDUAL_COLOR), f"{share:.0%}"))
+        rows.append((rank, cells))
+    return Leaders(
+        leading=len(count),
+        ranks=max(report.n_ranks for report, _ in windows),
+        hidden=len(count) - len(ranks),
+        windows=[index_text(meta) for _, meta in windows],
+        rows=rows,
     )
-    return intro + table(header, rows)
 
 
 # --- tables ---------------------------------------------------------------------------------------
 
 
-def _verdict_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
+def _verdict_rows(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[dict[str, str]]:
     rows = []
     for report, meta in windows:
         top = report.top1
         share = f"{report.semantic_shares[top]:.0%}" if top and report.shares_defined else "n/a"
         labels = ", ".join(label for label in report.labels if label != "frontier_accounting")
         rows.append(
-            [
-                esc(index_text(meta)),
-                esc(f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}"),
-                f"{report.mean_step_s * 1e3:.1f}",
-                f"<code>{esc(top or '-')}</code> {share}<br>"
-                f"{esc(lead_text(report, meta) if top else '')}",
-                esc(labels or "-"),
-                esc(verdict(report, meta)),
-            ]
+            {
+                "index": index_text(meta),
+                "steps": f"{meta.get('first_step', '?')}-{meta.get('last_step', '?')}",
+                "ms": f"{report.mean_step_s * 1e3:.1f}",
+                "top": top or "-",
+                "share": share,
+                "lead": lead_text(report, meta) if top else "",
+                "labels": labels or "-",
+                "verdict": verdict(report, meta),
+            }
         )
-    return table(
-        ["window", "steps", "ms/step", "top stage", "labels", "verdict"], rows, numeric=(2,)
-    )
+    return rows
 
 
-def _regressions(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
-    rows = [
-        [esc(index_text(meta)), esc(regression_text(meta["regression"]))]
+def _regressions(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[tuple[str, str]]:
+    return [
+        (index_text(meta), regression_text(meta["regression"]))
         for _, meta in windows
         if isinstance(meta.get("regression"), dict)
     ]
-    if not rows:
-        return "<h2>Regressions</h2><p>No window was slower than the run's healthy windows.</p>"
-    return "<h2>Regressions</h2>" + table(["window", "slower than the baseline"], rows)
 
 
-def _comparison(run: RunWindows) -> str:
+@dataclass(frozen=True)
+class Comparison:
+    """Each stage's mean share under StageFrontier and the rank-local timers, and the legend."""
+
+    titles: list[str]
+    rows: list[list[str]]
+    intro: str
+    notes: list[tuple[str, str]]
+    outro: str
+
+
+def _comparison(run: RunWindows) -> Comparison | None:
     if not run.packets:
-        return ""
+        return None
     per_window = [method_shares(p) for p in run.packets]
     methods = list(METHOD_TITLES)
     rows = []
     for j, stage in enumerate(run.stages):
         mean = [sum(w[m][j] for w in per_window) / len(per_window) for m in methods]
-        rows.append([f"<code>{esc(stage)}</code>", *(f"{v:.1%}" for v in mean)])
-    notes = "".join(f"<li><b>{esc(t)}</b>: {esc(text)}</li>" for t, text in METHOD_NOTES.items())
-    legend = f"{esc(METHOD_INTRO)}<ul>{notes}</ul>{esc(METHOD_OUTRO)}"
-    return (
-        "<h2>StageFrontier next to rank-local timers</h2>"
-        + table(
-            ["stage", *(METHOD_TITLES[m] for m in methods)],
-            rows,
-            numeric=tuple(range(1, len(methods) + 1)),
-        )
-        + f"<div class='muted'>{legend}</div>"
+        rows.append([stage, *(f"{v:.1%}" for v in mean)])
+    return Comparison(
+        titles=[METHOD_TITLES[m] for m in methods],
+        rows=rows,
+        intro=METHOD_INTRO,
+        notes=list(METHOD_NOTES.items()),
+        outro=METHOD_OUTRO,
     )
 
 
-def _incidents(run: RunWindows, page_path: Path) -> str:
+@dataclass(frozen=True)
+class IncidentEntry:
+    """An incident on the run's page: the link to its own page, its line, its op diff."""
+
+    id: str
+    link: str
+    summary: str
+    diff: OpDiff
+
+
+def _incidents(run: RunWindows, page_path: Path) -> list[IncidentEntry]:
     from .incident import list_incidents, summary_line
 
-    incidents = list_incidents(run.folder)
-    if not incidents:
-        return "<h2>Incidents</h2><p>The profiler router opened no incident.</p>"
-    out = [f"<h2>Incidents ({len(incidents)})</h2>"]
-    for incident in incidents:
-        target = run.folder / "incidents" / incident["id"] / "incident.html"
-        link = _relative(target, page_path.parent)
-        out.append(
-            f"<h3><a href='{esc(link)}'>Incident {esc(incident['id'])}</a></h3>"
-            f"<p>{esc(summary_line(incident))}</p>"
+    return [
+        IncidentEntry(
+            id=str(incident["id"]),
+            link=_relative(
+                run.folder / "incidents" / incident["id"] / "incident.html", page_path.parent
+            ),
+            summary=summary_line(incident),
+            diff=op_diff(incident, limit=5),
         )
-        out.append(
-            op_diff_table(incident, limit=5).replace("<h2>", "<h4>").replace("</h2>", "</h4>")
-        )
-    return "".join(out)
+        for incident in list_incidents(run.folder)
+    ]
 
 
 def _relative(target: Path, start: Path) -> str:
-    import os
-
     try:
         return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
     except ValueError:  # another drive
         return target.resolve().as_uri()
 
 
-def _self_cost(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
+@dataclass(frozen=True)
+class SelfCost:
+    """The most the telemetry cost a rank (``summary``) and the per-window table's rows."""
+
+    summary: str
+    rows: list[list[str]]
+
+
+def _self_cost(windows: list[tuple[WindowReport, dict[str, Any]]]) -> SelfCost:
     rows = []
     for _, meta in windows:
         cost = meta.get("self_cost")
@@ -363,7 +397,7 @@ def _self_cost(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
 
         rows.append(
             [
-                esc(index_text(meta)),
+                index_text(meta),
                 f"{most('fraction'):.2%}",
                 f"{most('hot_path_s') * 1e3:.1f}",
                 f"{most('handoff_s') * 1e3:.1f}",
@@ -371,22 +405,8 @@ def _self_cost(windows: list[tuple[WindowReport, dict[str, Any]]]) -> str:
                 f"{most('router_cpu_s') * 1e3:.1f}",
             ]
         )
-    if not rows:
-        return "<p>The windows carry no self-cost figures.</p>"
     worst = max(windows, key=lambda w: _fraction(w[1]))[1]
-    summary = self_cost_text(worst) or "under 1% of step time in every window"
-    return f"<p>The most it cost a rank: {esc(summary)}.</p>" + table(
-        [
-            "window",
-            "of step time (rank max)",
-            "hot path ms",
-            "hand-off ms",
-            "collection ms",
-            "profiler router ms",
-        ],
-        rows,
-        numeric=(1, 2, 3, 4, 5),
-    )
+    return SelfCost(self_cost_text(worst) or "under 1% of step time in every window", rows)
 
 
 def _fraction(meta: Mapping[str, Any]) -> float:

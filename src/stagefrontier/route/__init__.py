@@ -5,8 +5,10 @@ the live regression check flagged), writes one capture request to the job's stor
 (``requests``); the named ranks profile the agreed steps (``capture``); rank 0 confirms the
 traces against the live signal (``confirm``), ranks the operators inside the routed stage
 (``opdiff``; both run from ``reduction``, live or offline) and writes the incident
-(``incident``, ``html``). ``coordinator`` runs rank 0's side, ``router`` holds the public
-configuration and each rank's thread.
+(``incident``, ``html``). ``coordinator`` runs rank 0's side, a consumer of the analysis
+thread: ``policy`` decides (and keeps the cooldown and the budget), ``capture_session`` does
+the store's reads and writes and settles the answers, ``incident_writer`` reduces and writes.
+``router`` holds the public configuration and each rank's thread.
 """
 
 from ..render.incident import list_incidents, read_incident, summary_line

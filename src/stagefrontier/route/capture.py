@@ -1,22 +1,23 @@
 """A named rank's capture: the profiler around the agreed steps, on the training thread.
 
-The router thread arms a capture (``arm``) by storing the request and setting the timer's
-``_capture`` flag; ``StageTimer.step()`` tests that flag once at each step's start and calls
-``on_step`` only while it is set. One step before the request's first step (``LEAD_IN_STEPS``)
-this starts ``torch.profiler.profile`` (CPU, plus CUDA when available, with Python stacks so the
-op diff can name the user's function), swaps the timer's stage contexts for annotated ones (the
-``record_function`` ranges of ``StageTimer(annotate=True)``), makes the between-step data waits
-of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks ranges too
-(``record.annotate.WaitRanges``) and opens a ``stagefrontier.step#<n>`` range; each later step
-closes the previous step's range and starts a fresh profiler session; after the last step it
-stops, puts the contexts back and hands the trace to the router thread.
+The router thread arms a capture (``arm``) by storing the request and asking the timer to be
+told of steps (``TimerHandle.tell_steps``: one flag ``StageTimer.step()`` tests at each step's
+start); ``on_step`` is called only while it is set. One step before the request's first step
+(``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available,
+with Python stacks so the op diff can name the user's function), has the timer record its
+stages, its steps' ends and the between-step data waits of ``timer.iter``, ``timer.fetch`` and
+the callbacks' hook clocks as profiler ranges (``TimerHandle.record_ranges``) and opens a
+``stagefrontier.step#<n>`` range; each later step closes the previous step's range and opens its
+own; after the last step it stops the session, saves its JSON (``trace_parts``), has the timer
+stop the ranges and hands the trace to the router thread.
 
-One session a step, not one for the whole capture: a session's stop turns its events into
-Kineto's form on this thread and its JSON export holds the GIL wherever it runs; over five steps
-of the demo both made the step after the capture two to four times the median (and every rank
-waited for it under DDP). Stopped and saved a step at a time, each step carries a step's share
-(``trace_parts``): the router thread appends each session's events to the rank's gzipped trace
-as the session ends, and closes the trace once the capture is over.
+One session for the whole capture, started and stopped once on this thread. A session a step
+spread the stop's cost over the captured steps, but it also started and stopped the profiler
+(its Python tracer, which hooks every Python thread of the process) once a step while the
+router and analysis threads ran, and under load that killed ranks (SIGSEGV in the lifecycle
+test's 100-step capture); it also made a long capture several times slower. The stop converts
+every captured event on this thread, holding the GIL, so the step after the capture carries it
+(see ``docs/router.md``, the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -38,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from ..failures import reason, say_failed
-from ..record.annotate import ProfilerRanges, WaitRanges, step_range_name
+from ..record.annotate import step_range_name
 from ..render.escape import first_line
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from .timer_handle import TimerHandle
 from .trace_parts import TraceParts
 from .worker_profile import WorkerCapture
 
@@ -67,7 +69,7 @@ class RankCapture:
 
     def __init__(
         self,
-        timer: Any,
+        timer: TimerHandle,
         *,
         out_dir: str,
         with_stack: bool,
@@ -86,7 +88,6 @@ class RankCapture:
         self._prof: Any = None
         self._parts: TraceParts | None = None  # the running capture's trace, part by part
         self._step_scope: Any = None
-        self._saved: dict[str, Any] | None = None
         self._host = socket.gethostname()
         self._session = 0  # ``profiler_session.started()`` right after our start
         self._rss_start: int | None = None
@@ -106,7 +107,7 @@ class RankCapture:
             self._answer(self._status(request, "skipped", "another capture is in progress"))
             return
         self._request = request
-        self._timer._capture = True
+        self._timer.tell_steps(True)
 
     def pending(self) -> str | None:
         """The id of the armed request that has not started yet (read on the router thread: a
@@ -149,7 +150,7 @@ class RankCapture:
         request = self._request
         try:
             if request is None:
-                self._timer._capture = False
+                self._timer.tell_steps(False)
             elif self._prof is not None:
                 self._close_step_range()
                 self._note = f"the timer was paused at step {step}: the capture ends before it"
@@ -164,13 +165,13 @@ class RankCapture:
     def _charge(self, start_ns: int) -> None:
         """Add the time since ``start_ns`` to the timer's self-cost and to this capture's."""
         spent = time.perf_counter_ns() - start_ns
-        self._timer._cost.capture_ns += spent
+        self._timer.charge(spent)
         self._spent_ns += spent
 
     def _on_step(self, step: int) -> None:
         request = self._request
         if request is None:
-            self._timer._capture = False
+            self._timer.tell_steps(False)
             return
         if self._prof is None:
             withdrawn = self._withdrawn
@@ -199,7 +200,6 @@ class RankCapture:
             self._note = over
             self._stop(request, step - 1)
             return
-        self._next_session()
         self._open_step_range(step)
 
     def _over_budget(self, step: int) -> str:
@@ -253,7 +253,7 @@ class RankCapture:
         self._prof = self._new_session()
         self._rss_start = resident_bytes()
         self._workers.started()
-        self._swap_stages()
+        self._timer.record_ranges()
         if step < request.first_step or request.steps == 1:
             self._open_step_range(step)
         else:  # the request came too late for the lead-in: this step's data wait is untraced
@@ -271,24 +271,13 @@ class RankCapture:
         self._session = profiler_session.started()
         return prof
 
-    def _next_session(self) -> None:
-        """Stop the running session, save its events as the trace's next part (the router
-        thread appends it to the trace) and go on in a fresh session."""
-        prof, parts = self._prof, self._parts
-        assert parts is not None
-        prof.stop()
-        self._prof = None  # a failed start below leaves no stopped session to stop again
-        part = parts.save(prof)
-        self._submit(lambda: parts.append(part))
-        self._prof = self._new_session()
-
     def _stop(self, request: CaptureRequest, last: int) -> None:
         foreign = profiler_session.foreign(self._session)
         prof, self._prof = self._prof, None
         parts, self._parts = self._parts, None
         self._request = None
-        self._restore_stages()
-        self._timer._capture = False
+        self._timer.stop_ranges()
+        self._timer.tell_steps(False)
         self._workers.stopped()
         note, self._note = self._note, ""
         assert parts is not None
@@ -305,7 +294,7 @@ class RankCapture:
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
-        self._timer._capture = False
+        self._timer.tell_steps(False)
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
 
@@ -315,11 +304,11 @@ class RankCapture:
         if parts is not None:
             self._submit(parts.discard)
         request, self._request = self._request, None
-        self._timer._capture = False
+        self._timer.tell_steps(False)
         self._note = ""
         try:
             self._workers.stopped()
-            self._restore_stages()
+            self._timer.stop_ranges()
             if prof is not None and profiler_session.foreign(self._session) is None:
                 prof.stop()
         except Exception as exc:
@@ -339,41 +328,6 @@ class RankCapture:
         scope, self._step_scope = self._step_scope, None
         if scope is not None:
             scope.__exit__(None, None, None)
-
-    def _swap_stages(self) -> None:
-        """Annotated stage contexts while capturing (unless the timer annotates already), and
-        the between-step waits as ranges."""
-        from ..record.contexts import AnnotatedStageContext, CapturedStepContext, StepContext
-
-        timer = self._timer
-        if type(timer._step_ctx) is StepContext:  # same slots: the step in flight keeps its exit
-            timer._step_ctx.__class__ = CapturedStepContext
-        ranges = ProfilerRanges()
-        waits = WaitRanges(timer, ranges)
-        timer._wait_ranges = waits
-        timer._next_item = waits.next_item
-        timer.fetch = waits.fetch
-        table = timer._stage_ctx
-        if any(isinstance(ctx, AnnotatedStageContext) for ctx in table.values()):
-            return
-        self._saved = dict(table)
-        for name, ctx in self._saved.items():
-            table[name] = AnnotatedStageContext(timer, ctx._column, name, ranges)
-
-    def _restore_stages(self) -> None:
-        from ..record.contexts import CapturedStepContext, StepContext
-
-        timer = self._timer
-        if type(timer._step_ctx) is CapturedStepContext:
-            timer._step_ctx.__class__ = StepContext  # type: ignore[assignment]
-        waits, timer._wait_ranges = timer._wait_ranges, None
-        if waits is not None:
-            waits.close_gap()
-        timer._next_item = next
-        vars(timer).pop("fetch", None)
-        saved, self._saved = self._saved, None
-        if saved is not None:
-            timer._stage_ctx.update(saved)
 
     # ------------------------------------------------------------------ router thread
     def _export(

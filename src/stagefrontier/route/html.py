@@ -1,6 +1,7 @@
 """``incident.html``: one self-contained page (figures embedded as base64 PNG, no external
-file), for a person who opens the incident folder in a browser. Built from the shared pieces in
-``render/html_page.py``; a figure that cannot be drawn is said on the page."""
+file), for a person who opens the incident folder in a browser: the template
+``render/templates/incident.html.j2``, rendered with autoescaping by ``render/html_page.py``; a
+figure that cannot be drawn is said on the page."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..formats.packet import write_bytes_atomically
 from ..render.command import cli_command
-from ..render.html_page import drawn_figures, esc, facts, note, op_diff_table, page, pre, table
+from ..render.html_page import Figure, drawn_figures, op_diff, render
 from ..render.incident import detail_facts, open_commands, summary_line, verdict
 
 logger = logging.getLogger("stagefrontier")
@@ -41,46 +42,26 @@ def write_html(
     leaves the figures out with a note: a live router has them drawn by a process of their
     own when the run ends (``draw_later``), since drawing takes seconds of CPU a running job
     should keep, and its ranks' exit should not wait for."""
-    body = [
-        f"<h1>Incident {esc(incident['id'])}: {esc(verdict(incident))}</h1>",
-        f"<p>{esc(summary_line(incident))}</p>",
-        op_diff_table(incident),
-        _figures(Path(folder), Path(out_dir))
-        if figures
-        else note(
-            "The figures are added to this page after the run, by a process of their own "
-            "(`stagefrontier incident` on this folder draws them again)."
-        ),
-    ]
-    commands = open_commands(incident)
-    if commands:
-        body.append("<h2>Open the traces</h2>" + pre("\n".join(commands)))
-    body.append("<h2>Details</h2>" + facts(detail_facts(incident)))
-    if incident["trace_shares"]:
-        rows = [
-            [
-                f"<code>{esc(stage)}</code>",
-                f"{share:.1%}",
-                f"{incident['live_shares'].get(stage, float('nan')):.1%}",
-            ]
+    text = render(
+        "incident.html.j2",
+        title=f"StageFrontier incident {incident['id']}",
+        incident_id=incident["id"],
+        verdict=verdict(incident),
+        summary=summary_line(incident),
+        diff=op_diff(incident),
+        shown=_figures(Path(folder), Path(out_dir)) if figures else None,
+        commands=open_commands(incident),
+        details=detail_facts(incident),
+        share_rows=[
+            (stage, f"{share:.1%}", f"{incident['live_shares'].get(stage, float('nan')):.1%}")
             for stage, share in incident["trace_shares"].items()
-        ]
-        body.append(
-            "<p>Each stage's share of the exposed step time in the trace and in the live "
-            "windows of the same steps:</p>"
-            + table(["stage", "trace share", "live share"], rows, numeric=(1, 2))
-        )
-    if incident["reasons"]:
-        body.append(
-            "<p>Reasons:</p><ul>"
-            + "".join(f"<li>{esc(reason)}</li>" for reason in incident["reasons"])
-            + "</ul>"
-        )
-    text = page(f"StageFrontier incident {incident['id']}", "".join(body))
+        ],
+        reasons=incident["reasons"],
+    )
     return write_bytes_atomically(Path(folder) / "incident.html", text.encode())
 
 
-def _figures(folder: Path, out_dir: Path) -> str:
+def _figures(folder: Path, out_dir: Path) -> list[Figure]:
     """The frontier figure of the worst step and the share timeline, or a note saying why
     they are missing."""
     from ..formats.run_folder import load_run
@@ -89,16 +70,16 @@ def _figures(folder: Path, out_dir: Path) -> str:
     try:
         run = load_run(out_dir)
     except Exception as exc:  # the page must never fail for its figures
-        return note(f"Figures not drawn: the run's windows cannot be read ({exc}).")
+        missing = f"Figures not drawn: the run's windows cannot be read ({exc})."
+        return [Figure("Figures", note=missing)]
     redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to write this page again"
-    html, _ = drawn_figures(
+    return drawn_figures(
         [
             ("Frontier of the worst step", lambda path: plot_worst_step(run, path)),
             ("Shares over time", lambda path: plot_shares_over_time(run, path)),
         ],
         redraw,
     )
-    return html
 
 
 def draw_later(folders: Sequence[Path]) -> None:

@@ -21,6 +21,8 @@ import importlib
 import threading
 from typing import Any
 
+from ..render.html_page import templates
+
 _lock = threading.Lock()
 _started = 0
 _installed: bool | None = None  # None: not tried yet; False: this torch has no hook
@@ -60,7 +62,8 @@ incident's CPU on the router threads."""
 def warm_up() -> None:
     """Import what a first profiler start imports when nothing did yet (``torch._inductor``,
     which a ``torch.optim`` optimizer or DDP imports anyway: a second or more without them),
-    and what the router thread imports (the ``router`` extra's modules among them), and start
+    and what the router thread imports (the ``router`` extra's modules and the pages' templates
+    among them), and start
     counting sessions. Run where the router is attached (StageTimer's construction), so that
     the first capture does not stall a step.
 
@@ -72,6 +75,7 @@ def warm_up() -> None:
     for optional in ROUTER_EXTRA_MODULES:
         with contextlib.suppress(ImportError):  # not installed: the standard library serves
             importlib.import_module(optional)
+    templates()  # the incident pages' (Jinja2 is imported at the first page otherwise)
     watch()
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.gates import Gates
+from ..collect.base import Consumers
 from ..collect.hierarchical import NodeLeader
 from ..collect.store import claim_scope, release_scope
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
@@ -44,6 +45,7 @@ from .requests import (
     RequestChannel,
     status_key,
 )
+from .timer_handle import TimerHandle
 
 logger = logging.getLogger("stagefrontier")
 
@@ -126,7 +128,7 @@ class ProfilerRouter:
         if self.store is not None:
             check_has_methods(name("store"), self.store, "set", "get", "check", "delete_key")
 
-    def attach(self, timer: Any) -> RouterRuntime:
+    def attach(self, timer: TimerHandle) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
         self._runtime = RouterRuntime(self, timer)
         return self._runtime
@@ -155,14 +157,12 @@ class ProfilerRouter:
 class RouterRuntime:
     """One rank's router: the thread, the capture state and, on rank 0, the coordinator."""
 
-    def __init__(self, config: ProfilerRouter, timer: Any) -> None:
+    def __init__(self, config: ProfilerRouter, timer: TimerHandle) -> None:
         self.config = config
         self._timer = timer
         self._scope = claim_scope("router")
         self._channel = RequestChannel(config.store, scope=self._scope)
-        self._relay = RequestRelay(
-            self._channel, config.poll_s, closing=lambda: bool(getattr(timer, "_closed", False))
-        )
+        self._relay = RequestRelay(self._channel, config.poll_s, closing=lambda: timer.closed)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
@@ -192,9 +192,10 @@ class RouterRuntime:
         return int(self._timer.rank)
 
     def _attach_coordinator(self) -> None:
-        """On rank 0, add the coordinator to the collector's sinks, once the collector exists (a
-        timer built before ``init_process_group`` builds it at its first window boundary)."""
-        collector = self._timer._collector
+        """On rank 0, register the coordinator with the collector's analysis thread, once the
+        collector exists (a timer built before ``init_process_group`` builds it at its first
+        window boundary)."""
+        collector = self._timer.collector
         if self._attached or collector is None:
             return
         self._attached = True
@@ -205,16 +206,16 @@ class RouterRuntime:
             self.config,
             out_dir=self._timer.out_dir,
             channel=self._channel,
-            current_step=lambda: int(self._timer._step_index),
-            world_size=lambda: int(self._timer.world_size),
+            current_step=lambda: self._timer.step,
+            world_size=lambda: self._timer.world_size,
             request_poll_s=request_poll_s(collector, self.config.poll_s),
-            run_ending=lambda: bool(getattr(self._timer, "_closed", False)),
+            run_ending=lambda: self._timer.closed,
         )
-        sinks = getattr(collector, "sinks", None)
-        if isinstance(sinks, list):
-            sinks.append(self.coordinator)
+        consumers = getattr(collector, "consumers", None)
+        if isinstance(consumers, Consumers):
+            consumers.register(self.coordinator)
         else:
-            logger.warning("stagefrontier: this collector takes no sinks; the router is idle")
+            logger.warning("stagefrontier: this collector hands no windows on; the router is idle")
 
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
@@ -234,7 +235,7 @@ class RouterRuntime:
     def close(self) -> None:
         """On the training thread at the timer's close: stop a running capture, then let the
         thread export, answer and (rank 0) settle the open incident, bounded."""
-        self.capture.finish(int(self._timer._step_index))
+        self.capture.finish(self._timer.step)
         self._jobs.put(None)
         self._thread.join(JOIN_S)
         if self._thread.is_alive():
@@ -296,7 +297,7 @@ class RouterRuntime:
         if request is None or request.id in self._seen:
             return
         self._seen.add(request.id)
-        collector = self._timer._collector
+        collector = self._timer.collector
         if isinstance(collector, NodeLeader):  # its node's part carries the named ranks' rows
             collector.want_rows(request.ranks, request.first_step, request.last_step)
         if self.rank in request.ranks:
@@ -347,7 +348,7 @@ class RouterRuntime:
     def _refuse_late(self) -> None:
         """A request that names this rank after its training ended is answered, not left to
         time out."""
-        self._relay.bind(self._timer._collector)  # built at the last hand-off, if not before
+        self._relay.bind(self._timer.collector)  # built at the last hand-off, if not before
         request = self._decode(self._read_request())
         if request is None:
             return

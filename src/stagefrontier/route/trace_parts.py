@@ -1,14 +1,13 @@
-"""A capture's trace written in parts, one per profiler session, into one gzipped file.
+"""A capture's trace: its profiler session's JSON saved on the training thread, gzipped into the
+rank's trace file on the router thread.
 
-Stopping a ``torch.profiler`` session turns every event it recorded into Kineto's form, on the
-thread that started it (the session is that thread's) and holding the GIL; writing its JSON
-holds the GIL too, and so does much of compressing it. One session over a whole capture thus
-stalled the step after it by all three, and under DDP every rank waited. A capture therefore
-runs one session per step (see ``capture``): each stop handles one step's events and writes
-their JSON as a part (``TraceParts.save``, on the training thread: one thread uses the
-profiler), and the router thread appends the part's events to the trace under way
-(``TraceParts.append``); the step after the capture is left with the last step's share and the
-end of the file (``TraceParts.join``).
+The session belongs to the thread that started it: its stop and its JSON export run there, one
+after the other, and no other thread touches the profiler (with the export on the router thread
+while the training thread started a session, a rank of a test job died of SIGSEGV). The router
+thread then reads the saved JSON, gzips it into the trace under way and removes it
+(``TraceParts.append``), and ends the file (``TraceParts.join``). A capture runs one session
+(see ``capture``); the file is written as parts so that a capture split into several sessions
+joins into one trace.
 
 Kineto writes a trace as one JSON object whose ``traceEvents`` array is followed only by its
 ``traceName``. Parts are joined as text, without parsing them: the first part's head, every
@@ -96,8 +95,7 @@ def base_time(data: bytes, events_at: int) -> bytes:
 class TraceParts:
     """One capture's trace, a part at a time: ``save`` writes a stopped session's JSON (on the
     training thread), ``append`` adds its events to the gzipped trace under way and ``join``
-    ends it (on the router thread). Compressing each part as it comes spreads that work over
-    the captured steps, where the sessions stop, instead of the step after the last one.
+    ends it (on the router thread).
 
     A part that fails is not retried: the capture's trace is then reported failed, with the
     first error, and nothing of it is kept."""

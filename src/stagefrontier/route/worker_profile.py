@@ -52,7 +52,7 @@ class WorkerCapture:
 
     def started(self) -> None:
         """Training thread, the capture's first step: the workers profile from now on."""
-        counters = getattr(self._timer, "_loader_workers", None)
+        counters = self._timer.loader_workers
         self._counters = counters
         if counters is None:
             return

@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 from ..analysis.window_report import WindowReport
-from ..logs import show_window_lines
 from ..record.window import AnalyzedWindow
 from ..render.text import window_line
 
@@ -14,14 +13,13 @@ logger = logging.getLogger("stagefrontier")
 
 
 class LogSink:
-    """One concise line per window on the ``stagefrontier`` logger (on stderr when the
-    application configured no logging, see ``stagefrontier.logs``)."""
+    """One concise line per window on the ``stagefrontier`` logger (shown where the
+    application's logging configuration sends its INFO records, see ``stagefrontier.logs``)."""
 
     def __init__(self, level: int = logging.INFO) -> None:
         self.level = level
 
     def write(self, window: AnalyzedWindow) -> None:
-        show_window_lines()
         logger.log(self.level, "%s", summary_line(window.record, window.report))
 
     def close(self) -> None:

@@ -1,0 +1,209 @@
+"""The step-time gate (``stagefrontier compare --fail-above``) on healthy and stalled demo runs.
+
+Each round launches three 2-rank demo jobs at once (so that they share the machine's load): two
+healthy ones and one with a 120 ms data stall on rank 1 every step. The gate judges, at 10%:
+
+- the two healthy runs of a round, side by side (they should pass);
+- the first healthy run of a round against the second of the next round, one after the other
+  (how much the machine's drift between two runs moves the verdict);
+- the stalled run against its round's first healthy run (it should fail and name
+  ``data.next_wait`` and rank 1).
+
+Every round runs once on the machine as it is and once beside CPU-burning processes (two per
+CPU, started before the round's jobs and stopped after them).
+
+Usage::
+
+    python benchmarks/gate.py               # 10 rounds each way: about 10 minutes on 2 busy cores
+    python benchmarks/gate.py --quick       # 2 rounds, quiet only: a smoke run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import harness_common as hc
+from stagefrontier.analysis.compare import compare
+from stagefrontier.analysis.gate import Threshold, judge
+from stagefrontier.demo import parse_fault
+from stagefrontier.formats.sides import load_side
+
+STEPS = 60
+WINDOW = 10
+STALL = "data@1:120ms"
+STALL_STAGE = "data.next_wait"
+STALL_RANK = 1
+BAR = Threshold(percent=10.0)
+RUNS = ("base", "healthy", "stalled")
+
+
+@contextmanager
+def burners(on: bool) -> Iterator[int]:
+    """Two CPU-burning processes per CPU while the block runs (none when ``on`` is False)."""
+    procs = []
+    if on:
+        for _ in range(2 * (os.cpu_count() or 1)):
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+    try:
+        yield len(procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def launch_round(folder: Path, steps: int) -> dict[str, Path]:
+    """The round's three jobs, launched at once; their output folders."""
+
+    def run(name: str) -> Path:
+        faults = (parse_fault(STALL),) if name == "stalled" else ()
+        config = hc.demo_config(
+            ranks=2, steps=steps, window=WINDOW, faults=faults, out_dir=str(folder / name)
+        )
+        hc.launch_run(config)
+        return folder / name
+
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        return dict(zip(RUNS, pool.map(run, RUNS), strict=True))
+
+
+def verdict_row(kind: str, load: str, round_: int, base: Path, new: Path) -> dict[str, Any]:
+    v = judge(compare(load_side(str(base)), load_side(str(new))), BAR)
+    top = v.growth[0] if v.growth else None
+    return {
+        "load": load,
+        "kind": kind,
+        "round": round_,
+        "outcome": v.outcome,
+        "base_median_ms": v.base_median_ms,
+        "new_median_ms": v.new_median_ms,
+        "shift_ms": v.shift_ms,
+        "bar_ms": v.bar_ms,
+        "noise_ms": v.noise_ms,
+        "top_stage": top.stage if top else None,
+        "top_ranks": [r for r, _ in top.ranks] if top else [],
+        "load_1min": hc.load_1min(),
+    }
+
+
+def collect(rounds: int, steps: int, loads: tuple[str, ...], work: Path) -> list[dict[str, Any]]:
+    progress = hc.Progress(rounds * len(loads))
+    rows: list[dict[str, Any]] = []
+    for load in loads:
+        with burners(load == "burners"):
+            runs = []
+            for i in range(rounds):
+                started = time.monotonic()
+                runs.append(launch_round(work / load / f"round{i}", steps))
+                progress.line(f"{load} round {i}", "3 jobs", time.monotonic() - started)
+                rows.append(verdict_row("healthy side by side", load, i, *_pair(runs[i])))
+                rows.append(verdict_row("stalled", load, i, runs[i]["base"], runs[i]["stalled"]))
+                if i:
+                    rows.append(
+                        verdict_row(
+                            "healthy one after the other",
+                            load,
+                            i,
+                            runs[i - 1]["base"],
+                            runs[i]["healthy"],
+                        )
+                    )
+    return rows
+
+
+def _pair(run: dict[str, Path]) -> tuple[Path, Path]:
+    return run["base"], run["healthy"]
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for load in dict.fromkeys(r["load"] for r in rows):
+        for kind in ("healthy side by side", "healthy one after the other", "stalled"):
+            chosen = [r for r in rows if r["load"] == load and r["kind"] == kind]
+            if not chosen:
+                continue
+            counts = {o: sum(r["outcome"] == o for r in chosen) for o in ("pass", "fail")}
+            refused = len(chosen) - counts["pass"] - counts["fail"]
+            text = (
+                f"- {load}, {kind}: {counts['pass']} pass, {counts['fail']} fail, "
+                f"{refused} not comparable of {len(chosen)}"
+            )
+            if kind == "stalled":
+                named = sum(
+                    r["top_stage"] == STALL_STAGE and r["top_ranks"] == [STALL_RANK] for r in chosen
+                )
+                text += f"; {named} of {len(chosen)} name {STALL_STAGE} and rank {STALL_RANK} alone"
+            lines.append(text)
+    return lines
+
+
+def render(rows: list[dict[str, Any]], steps: int, command: str, environment: list[str]) -> str:
+    lines = hc.result_header("The step-time gate on healthy and stalled demo runs", command)
+    lines += environment
+    lines += [f"- Load average (1/5/15 min) at the end: {hc.load_text()}", ""]
+    lines += [
+        f"Each round: three 2-rank demo jobs of {steps} steps (windows of {WINDOW}) launched at "
+        f"once, two healthy and one with `{STALL}`; the gate at {BAR}. `quiet`: no burners "
+        "added (the shared machine's own load is in the last column); `burners`: two "
+        "CPU-burning processes per CPU beside the round.",
+        "",
+        "## Summary",
+        "",
+        *summary(rows),
+        "",
+        "## Every verdict",
+        "",
+    ]
+    headers = ["load", "pair", "round", "outcome", "base ms", "new ms", "shift ms", "bar ms"]
+    headers += ["noise ms", "named", "load 1 min"]
+    lines += hc.table(
+        headers,
+        (
+            [
+                r["load"],
+                r["kind"],
+                r["round"],
+                r["outcome"],
+                f"{r['base_median_ms']:.1f}",
+                f"{r['new_median_ms']:.1f}",
+                f"{r['shift_ms']:+.1f}",
+                f"{r['bar_ms']:.1f}",
+                f"{r['noise_ms']:.1f}",
+                f"{r['top_stage']} {r['top_ranks']}" if r["top_stage"] else "-",
+                "n/a" if r["load_1min"] is None else f"{r['load_1min']:.1f}",
+            ]
+            for r in rows
+        ),
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = hc.script_parser("gate", __doc__, quick="2 rounds, quiet only")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds per load")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps of every job")
+    args = parser.parse_args()
+    hc.prepare_process()
+    rounds, loads = (2, ("quiet",)) if args.quick else (args.rounds, ("quiet", "burners"))
+    environment = hc.environment()  # the load as the script starts
+    with hc.work_dir(None) as work:
+        rows = collect(rounds, args.steps, loads, work)
+    args.out.write_text(render(rows, args.steps, hc.command_line(), environment), encoding="utf-8")
+    args.out.with_name(args.out.stem + "-rows.json").write_text(
+        json.dumps(rows, indent=1) + "\n", encoding="utf-8"
+    )
+    print("\n".join(summary(rows)))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

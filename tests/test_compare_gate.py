@@ -1,0 +1,206 @@
+"""``stagefrontier compare --fail-above``: the performance gate, on real demo runs (the session's
+``gate_runs``: a healthy base, a second healthy run and a run with a 120 ms data stall on rank 1,
+launched side by side; a 3-rank run) and on packet folders for the refusals and bad inputs.
+
+``benchmarks/gate.py`` runs ten healthy pairs, quiet and beside CPU-burning processes; here one
+pair is judged both ways round."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cli_support import console_script
+from stagefrontier.analysis.gate import parse_percent
+from test_compare import DATA, healthy, write_run
+
+PASS, FAIL, BAD_INPUT, NOT_COMPARABLE = 0, 1, 2, 3
+
+
+def gate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*console_script(), "compare", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def gate_json(base: Path | str, new: Path | str, *args: str) -> tuple[int, dict[str, object]]:
+    proc = gate(str(base), str(new), "--json", *args)
+    assert proc.returncode != BAD_INPUT, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_a_data_stall_on_rank_1_fails_at_10_percent_and_is_named(
+    gate_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    md, xml, png = tmp_path / "gate.md", tmp_path / "gate.xml", tmp_path / "gate.png"
+    proc = gate(
+        str(gate_runs["base"]),
+        str(gate_runs["stalled"]),
+        *("--fail-above", "10%", "--markdown", str(md), "--junit", str(xml), "--plot", str(png)),
+    )
+    assert proc.returncode == FAIL, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("GATE FAIL: "))
+    # The stage first, with its exact share of the change and rank 1 alone in it (a busy
+    # machine may add a stage that grew on every rank after it).
+    grew = re.search(
+        r"grew: data\.next_wait \+(\d+\.\d) ms/step \((\d+\.\d)% of the change; ([^)]*)\)", line
+    )
+    assert grew, line
+    assert float(grew[1]) == pytest.approx(120, rel=0.15)
+    assert re.fullmatch(r"rank 1 \+\d+\.\d ms", grew[3]), line
+    assert "past the 10% bar" in line
+    assert md.read_text().startswith("### Step-time gate failed (10%)")
+    assert "**data.next_wait**" in md.read_text()
+    case = ET.parse(xml).getroot().find("testsuite/testcase")
+    assert case is not None and case.find("failure") is not None
+    assert png.read_bytes().startswith(b"\x89PNG")
+    status, data = gate_json(gate_runs["base"], gate_runs["stalled"], "--fail-above", "10")
+    verdict = data["gate"]
+    assert status == FAIL and isinstance(verdict, dict) and verdict["outcome"] == "fail"
+    top = verdict["grew"][0]
+    assert top["stage"] == DATA and [r["rank"] for r in top["ranks"]] == [1]
+    # The share is compare's exact split: the stage's delta over the exposed delta.
+    delta = data["delta_advance_ms_per_step"]
+    assert isinstance(delta, dict)
+    assert top["share_of_change"] == pytest.approx(
+        delta[DATA] / data["delta_exposed_ms_per_step"], rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("order", ["base first", "healthy first"])
+def test_two_healthy_runs_do_not_fail(gate_runs: dict[str, Path], order: str) -> None:
+    pair = [gate_runs["base"], gate_runs["healthy"]]
+    if order == "healthy first":
+        pair.reverse()
+    status, data = gate_json(*pair, "--fail-above", "10%")
+    verdict = data["gate"]
+    assert isinstance(verdict, dict)
+    # A healthy pair passes wherever its steps resolve the 10% bar. On a machine busy enough
+    # that a shift past the bar stays inside the steps' noise, the gate refuses to judge, and
+    # says so (never a failure): that refusal is checked against the numbers it rests on.
+    assert status in (PASS, NOT_COMPARABLE), verdict
+    if status == NOT_COMPARABLE:
+        assert verdict["bar_ms"] < verdict["median_shift_ms"] <= verdict["noise_ms"], verdict
+        assert "steps a side would resolve it" in str(verdict["reason"])
+    else:
+        assert verdict["median_shift_ms"] <= verdict["bar_ms"], verdict
+    assert verdict["grew"] == []
+
+
+def test_a_different_world_size_is_refused(gate_runs: dict[str, Path], tmp_path: Path) -> None:
+    xml = tmp_path / "gate.xml"
+    proc = gate(str(gate_runs["base"]), str(gate_runs["three_ranks"]), "--fail-above", "10%")
+    assert proc.returncode == NOT_COMPARABLE, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        f"GATE NOT COMPARABLE: {gate_runs['base']} -> {gate_runs['three_ranks']}: world sizes "
+        "differ (2 ranks in BASE, 3 in NEW): a step of another world size is another job"
+    ]
+    gate(
+        str(gate_runs["base"]),
+        str(gate_runs["three_ranks"]),
+        "--fail-above",
+        "10%",
+        "--junit",
+        str(xml),
+    )
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert suite is not None and suite.get("errors") == "1" and suite.get("failures") == "0"
+
+
+def test_an_absolute_bar_and_the_larger_of_two(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
+    slower = [healthy(2) * 1.2, healthy(3) * 1.2]
+    new = write_run(tmp_path / "new", slower)
+    # 20% slower, little noise: fails at 10% or at 5 ms; passes at 10% and 50 ms together.
+    assert gate_json(base, new, "--fail-above", "+10%")[0] == FAIL
+    assert gate_json(base, new, "--fail-above-ms", "5")[0] == FAIL
+    status, data = gate_json(base, new, "--fail-above", "10%", "--fail-above-ms", "50")
+    assert status == PASS and data["gate"]["bar_ms"] == 50  # type: ignore[index]
+
+
+def test_refusals_schema_and_too_few_steps(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
+    renamed = write_run(
+        tmp_path / "renamed", [healthy(2)], stages=(*[f"s{i}" for i in range(5)], "other")
+    )
+    status, data = gate_json(base, renamed, "--fail-above", "10%")
+    assert status == NOT_COMPARABLE and "stage schemas differ" in str(data["gate"])
+    short = write_run(tmp_path / "short", [healthy(3, steps=5)])
+    status, data = gate_json(base, short, "--fail-above", "10%")
+    assert status == NOT_COMPARABLE
+    assert "NEW holds 5 steps, too few to resolve any bar (at least 8 a side)" in str(data["gate"])
+
+
+def test_a_shift_past_the_bar_inside_the_noise_is_not_judged(tmp_path: Path) -> None:
+    # Steps that vary by half their length: 12% slower on 24 steps a side cannot be told apart.
+    noisy = [healthy(i) * (1 + (i % 2) * 0.5) for i in range(2)]
+    base = write_run(tmp_path / "base", noisy)
+    new = write_run(tmp_path / "new", [d * 1.12 for d in noisy[::-1]])
+    status, data = gate_json(base, new, "--fail-above", "10%")
+    verdict = data["gate"]
+    assert status == NOT_COMPARABLE and isinstance(verdict, dict), verdict
+    assert re.search(
+        r"inside the steps' noise .*about \d+ steps a side would resolve it", str(verdict["reason"])
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--fail-above", "ten"], "expected a positive percentage"),
+        (["--fail-above=-10%"], "expected a positive percentage"),
+        (["--fail-above-ms", "0"], "expected a positive number"),
+        (["--markdown", "x.md"], "--markdown and --junit report a gate"),
+    ],
+)
+def test_bad_gate_options_exit_2_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    base = write_run(tmp_path / "base", [healthy(0)])
+    proc = gate(str(base), str(base), *args)
+    assert proc.returncode == BAD_INPUT
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_percentages_are_read_with_or_without_sign_and_percent() -> None:
+    assert [parse_percent(x) for x in ("10%", "+10%", "10", " 2.5 % ")] == [10, 10, 10, 2.5]
+
+
+def test_a_stage_grown_on_every_rank_alike_is_said_so(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
+    slower = [healthy(2), healthy(3)]
+    for d in slower:
+        d[:, :, 2] *= 1.5  # backward, on all four ranks
+    new = write_run(tmp_path / "new", slower)
+    proc = gate(str(base), str(new), "--fail-above", "10%")
+    assert proc.returncode == FAIL, proc.stdout
+    line = proc.stdout.strip().splitlines()[-1]
+    assert re.search(
+        r"grew: model\.backward_cpu_wall \+\d+\.\d ms/step \(\d+\.\d% of the change; "
+        r"(rank \d \+\d+\.\d ms, ){3}rank \d \+\d+\.\d ms: every rank alike, "
+        r"as on a slower host\)$",
+        line,
+    ), line
+
+
+def test_stage_names_are_escaped_in_every_output(tmp_path: Path) -> None:
+    stages = ("data\x1b[31m|`x", *[f"s{i}" for i in range(1, 6)])
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)], stages=stages)
+    stalled = [healthy(2), healthy(3)]
+    for d in stalled:
+        d[:, 2, 0] += 0.120
+    new = write_run(tmp_path / "new", stalled, stages=stages)
+    md, xml = tmp_path / "gate.md", tmp_path / "gate.xml"
+    proc = gate(
+        str(base), str(new), "--fail-above", "10%", "--markdown", str(md), "--junit", str(xml)
+    )
+    assert proc.returncode == FAIL, proc.stdout
+    assert "\x1b" not in proc.stdout + md.read_text() + xml.read_text()
+    assert "grew: data\\x1b[31m|`x +" in proc.stdout
+    assert "- **data\\x1b[31m\\|`x** +" in md.read_text()
+    assert "| data\\x1b[31m\\|`x | " in md.read_text()
+    failure = ET.parse(xml).getroot().find("testsuite/testcase/failure")
+    assert failure is not None and "data\\x1b[31m|`x" in (failure.text or "")

@@ -1,0 +1,80 @@
+"""Every ``STAGEFRONTIER_*`` environment variable is named and read in ``environment.py`` only,
+and the configuration page lists every setting of the tree and every variable, from the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from source_support import SRC, string_constants
+from stagefrontier import CollectConfig, Gates, ProfilerRouter, RegressionConfig, StageTimer
+from stagefrontier.environment import VARIABLES
+from stagefrontier.errors import ReportFormatError
+from stagefrontier.formats.limits import limit
+from stagefrontier.record.attempt import current_attempt
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")
+
+
+def test_only_the_environment_module_names_a_variable_as_a_string() -> None:
+    """A variable's name as a value of its own (a key read from ``os.environ``) stands in
+    ``environment.py`` only; elsewhere names appear in prose (messages, docstrings)."""
+    named = [
+        (module, line, text) for module, line, text in string_constants() if NAME.fullmatch(text)
+    ]
+    assert named and {module for module, _, _ in named} == {"environment.py"}, named
+
+
+def test_every_variable_mentioned_is_registered() -> None:
+    mentioned = {m for path in SRC.rglob("*.py") for m in NAME.findall(path.read_text())}
+    assert mentioned <= set(VARIABLES), mentioned - set(VARIABLES)
+
+
+def test_the_variables_are_read_at_each_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert limit("cells") == VARIABLES["STAGEFRONTIER_MAX_CELLS"].default
+    monkeypatch.setenv("STAGEFRONTIER_MAX_CELLS", "1_000")
+    assert limit("cells") == 1000
+    monkeypatch.setenv("STAGEFRONTIER_MAX_CELLS", "many")
+    with pytest.raises(ReportFormatError, match="STAGEFRONTIER_MAX_CELLS='many'"):
+        limit("cells")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("STAGEFRONTIER_RUN_ID", "nightly")
+    assert current_attempt()[0] == "nightly"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")
+    assert current_attempt()[0] == "elastic"
+
+
+def _reference() -> str:
+    sys.path.insert(0, str(DOCS / "hooks"))
+    try:
+        import config_reference
+
+        return config_reference.config_reference_markdown()
+    finally:
+        sys.path.remove(str(DOCS / "hooks"))
+
+
+def test_the_configuration_page_lists_every_setting_and_variable() -> None:
+    page = (DOCS / "configuration.md").read_text()
+    assert "<!-- config-reference -->" in page
+    reference = _reference()
+    sections = dict(
+        (part.split("\n", 1)[0], part) for part in reference.split("### ")[1:]
+    )  # heading -> its table
+    timer = [p for p in inspect.signature(StageTimer.__init__).parameters if p != "self"]
+    expected = {"StageTimer": timer}
+    for cls in (CollectConfig, Gates, RegressionConfig, ProfilerRouter):
+        expected[cls.__name__] = [f.name for f in dataclasses.fields(cls) if f.init]
+    for heading, names in expected.items():
+        assert all(f"| `{name}` |" in sections[heading] for name in names), heading
+    variables = sections["Environment variables"]
+    for variable in VARIABLES.values():
+        assert f"| `{variable.name}` | `{variable.default!r}` |" in variables
+    for cls in (CollectConfig, Gates, RegressionConfig):  # the page's tree names each part
+        assert f"{cls.__name__}(" in page
