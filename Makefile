@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.stagefrontier-demo
 STAMP := $(VENV)/.stagefrontier-installed
 
-.PHONY: setup demo test lint typecheck docs bench clean
+.PHONY: setup demo test lint typecheck docs schemas bench clean
 
 # install(extras, what it is for, rough time): the venv, torch when none is importable (an
 # existing install is kept; the pinned 2.13.0 resolves to the CPU build on the registries this
@@ -54,6 +54,9 @@ typecheck: $(STAMP)
 
 # The documentation site (mkdocs.yml): --strict fails on a broken link, a missing API reference
 # or a docstring the reference cannot parse. Written to site/.
+schemas: $(STAMP)
+	PYTHONPATH=src $(VENV)/bin/python tests/schema_support.py
+
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 

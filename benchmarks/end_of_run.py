@@ -28,7 +28,8 @@ from typing import Any
 
 from harness_common import command_line, load_text, result_header, script_parser
 from stagefrontier.demo import DemoConfig, launch, parse_fault
-from stagefrontier.render.incident import list_incidents, verdict
+from stagefrontier.formats.incident import list_incidents
+from stagefrontier.render.incident import verdict
 
 RANKS = 4
 AFTER_RUN_WAIT_S = 300.0

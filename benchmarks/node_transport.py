@@ -33,7 +33,7 @@ from stagefrontier.collect.node_payload import combine_groups, node_group
 from stagefrontier.collect.node_store import loopback_store
 from stagefrontier.collect.store_keys import PeerWait, SentKeys, get_payload
 from stagefrontier.collect.wire import encode_window
-from stagefrontier.record.window import RankWindow
+from stagefrontier.window.rank import RankWindow
 
 COMMAND = "python benchmarks/node_transport.py"
 STEPS = 20

@@ -56,7 +56,7 @@ from stagefrontier.collect.node_payload import (
 )
 from stagefrontier.collect.node_tree import DEFAULT_FAN_IN, headed_levels, top_level
 from stagefrontier.collect.wire import decode_window, encode_window
-from stagefrontier.record.window import RankWindow
+from stagefrontier.window.rank import RankWindow
 
 FULL_RANKS = (8, 16, 32, 64, 128, 256, 512, 1_000, 4_000, 16_000, 50_000, 100_000)
 QUICK_RANKS = (8, 64, 512)

@@ -7,10 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
-from stagefrontier.render.incident import new_incident, write_incident
+from stagefrontier.formats.incident import new_incident
+from stagefrontier.render.incident import write_incident
 from stagefrontier.sinks import PacketSink
 from stagefrontier.sinks.files import JsonlSink
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 MS = 1_000_000

@@ -13,7 +13,7 @@ import numpy as np
 
 import trace_support
 from stagefrontier import StageTimer
-from stagefrontier.record.window import PendingWindow, RankWindow
+from stagefrontier.window.rank import PendingWindow, RankWindow
 
 DATA, FWD, BWD, CALLBACKS, OPTIM, OTHER = trace_support.STAGES
 TIMED = trace_support.TIMED

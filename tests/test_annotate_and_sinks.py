@@ -15,8 +15,8 @@ import pytest
 from recorder_support import StepClock
 from stagefrontier import StageTimer
 from stagefrontier.record import contexts
-from stagefrontier.record.window import AnalyzedWindow
 from stagefrontier.reducers import reduce_kineto
+from stagefrontier.window.merged import AnalyzedWindow
 
 torch = pytest.importorskip("torch")
 

@@ -17,7 +17,7 @@ import pytest
 
 from stagefrontier.analysis.gates import Gates
 from stagefrontier.collect.base import BackgroundWorker
-from stagefrontier.render.incident import new_incident
+from stagefrontier.formats.incident import new_incident
 from stagefrontier.route.confirm import LiveWindow
 from stagefrontier.route.reduction import analyze_traces
 from test_route_inputs import store  # noqa: F401  (the fixture: a loopback TCPStore)

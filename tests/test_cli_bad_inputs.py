@@ -248,7 +248,7 @@ def record_with(folder: Path, **changes: Any) -> bytes:
         (b"[1, 2]\n", "windows.jsonl:2: not a window record"),
         ("n_steps", "a report of 0 step(s)"),
         (b"\x89PNG\r\n\x1a\n\x00\xff\xfe\n", "windows.jsonl:2: not JSON"),
-        ("attempt", "window fact 'attempt' is malformed: '1'"),
+        ("attempt", "window facts: Expected `int`, got `str` - at `$.attempt`"),
         (b'{"window": 1, "' + b"[" * 50_000 + b"\n", "windows.jsonl:2: not JSON"),
     ],
 )

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from stagefrontier.cli import DEMO_EXAMPLES, main
+from stagefrontier.formats.incident import new_incident
 from stagefrontier.formats.run_folder import load_run
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.command import cli_command
-from stagefrontier.render.incident import new_incident, open_commands, write_incident
+from stagefrontier.render.incident import open_commands, write_incident
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")

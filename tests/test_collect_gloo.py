@@ -78,7 +78,7 @@ def test_gloo_mode_needs_torch_distributed(tmp_path: Path) -> None:
 def test_gloo_collector_of_one_rank_analyzes_locally(tmp_path: Path) -> None:
     import numpy as np
 
-    from stagefrontier.record.window import RankWindow
+    from stagefrontier.window.rank import RankWindow
 
     collector = GlooCollector(CollectorSettings(0, 1, tmp_path), group=None)
     stages = (DATA, "step.other_cpu_wall")

@@ -16,7 +16,7 @@ from stagefrontier import CollectConfig, Gates, ProfilerRouter, RegressionConfig
 from stagefrontier.environment import VARIABLES
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
-from stagefrontier.record.attempt import current_attempt
+from stagefrontier.window.attempt import current_attempt
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")

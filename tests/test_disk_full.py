@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch")
 
 from stagefrontier.demo.launch import run_ranks
-from stagefrontier.render.incident import read_incident
+from stagefrontier.formats.incident import read_incident
 from trace_support import manual_incident
 
 FILE_LIMIT = 256 * 1024
@@ -133,7 +133,8 @@ def _in_limited_process(script: str, *args: str, limit: int) -> subprocess.Compl
 def test_an_incident_write_on_a_full_disk_keeps_the_previous_file(tmp_path: Path) -> None:
     """``incident.json``, ``incident.md`` and ``incident.html`` are replaced whole or not at
     all: a write that fails part way keeps the previous files and leaves no temporary one."""
-    from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
     from stagefrontier.route.html import write_html
 
     folder = tmp_path / "incidents" / "w00003"
@@ -142,7 +143,8 @@ def test_an_incident_write_on_a_full_disk_keeps_the_previous_file(tmp_path: Path
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     script = textwrap.dedent("""\
         import sys
-        from stagefrontier.render.incident import new_incident, write_incident
+        from stagefrontier.formats.incident import new_incident
+        from stagefrontier.render.incident import write_incident
         from stagefrontier.route.html import write_html
         incident = new_incident('w00003', 'window')
         incident['reasons'] = ['a reason that takes room ' * 100] * 50
@@ -166,7 +168,8 @@ def test_temporary_files_an_interrupted_write_left_are_removed_by_the_next_run(
     import torch.distributed as dist
 
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
-    from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
     from stagefrontier.sinks.files import PacketSink
 
     packets = tmp_path / "packets"

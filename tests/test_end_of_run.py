@@ -14,7 +14,8 @@ pytest.importorskip("torch.distributed")
 
 from end_of_run_support import CLOSE_FILE, LOG_FILE, STAGE, SUSPECT, EndJob, run_rank
 from stagefrontier.demo.launch import run_ranks
-from stagefrontier.render.incident import list_incidents, summary_line
+from stagefrontier.formats.incident import list_incidents
+from stagefrontier.render.incident import summary_line
 
 RANKS = 3
 AFTER_RUN_WAIT_S = 300.0

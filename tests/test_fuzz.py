@@ -33,10 +33,10 @@ import stagefrontier as sf
 from recorder_support import CaptureCollector
 from stagefrontier import StageTimer
 from stagefrontier.collect.wire import decode_window, encode_window
-from stagefrontier.formats.load import load_window
 from stagefrontier.formats.packet import packet_from_bytes
 from stagefrontier.formats.records import read_records
 from stagefrontier.formats.run_folder import load_run
+from stagefrontier.load import load_window
 from stagefrontier.render.text import run_report_text, window_report_text
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import ENUM, SCHEMA, Report
@@ -361,7 +361,7 @@ def test_fuzz_inputs_are_valid_before_mutation(
 @pytest.fixture(scope="module")
 def incident_obj(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An incident as ``stagefrontier incident`` leaves it: captured and reduced offline."""
-    from stagefrontier.render.incident import read_incident
+    from stagefrontier.formats.incident import read_incident
     from stagefrontier.route.offline import reduce_offline
     from test_route_inputs import captured_incident
 
@@ -373,7 +373,8 @@ def incident_obj(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @FUZZ
 @given(data=st.data())
 def test_incident_json_mutations(incident_obj: dict[str, Any], data: st.DataObject) -> None:
-    from stagefrontier.render.incident import read_incident, render_markdown, summary_line
+    from stagefrontier.formats.incident import read_incident
+    from stagefrontier.render.incident import render_markdown, summary_line
 
     obj = mutate_json(data, incident_obj, rounds=4)
     raw = json.dumps(obj).encode()

@@ -2,9 +2,10 @@
 
 Every ``import`` and ``from ... import`` of ``src/stagefrontier`` is read from the module's
 ``ast``: at module level, deferred into a function, or under ``TYPE_CHECKING``. An import of
-another stagefrontier module that sits on a higher floor fails, and so does a set of modules that
-import each other around a circle; both name the two modules of the offending import. Imports of
-other packages (torch, optional extras) are not counted.
+another stagefrontier module that sits on a higher floor fails, and so does a set of modules, or
+of packages, that import each other around a circle; each names the two modules of an offending
+import. The floors table itself gives each package one floor. Imports of other packages (torch,
+optional extras) are not counted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 import re
 from collections import deque
 from collections.abc import Iterator, Mapping
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ NAME = "stagefrontier"
 
 Graph = dict[str, dict[str, int]]
 """module -> {imported module: line of the first such import}."""
+PackageGraph = dict[str, dict[str, str]]
+"""package -> {imported package: the first such import, as "module imports module (line n)"}."""
 
 
 # --- reading the package ---------------------------------------------------------------------
@@ -122,7 +126,100 @@ def upward_imports(graph: Graph, floors: Mapping[str, int]) -> list[str]:
     return found
 
 
-def circles(graph: Graph) -> list[list[str]]:
+def package_of(module: str, package: Path = PACKAGE) -> str:
+    """The package a module lies in, named as the floors table names it: its folder under the
+    root (``collect/``), or the module itself when it sits at the top (``errors.py``,
+    ``__init__.py``)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    return f"{parts[0]}/" if (package / parts[0]).is_dir() else f"{parts[0]}.py"
+
+
+def package_graph(graph: Graph, package: Path = PACKAGE) -> PackageGraph:
+    found: PackageGraph = {}
+    for module, edges in sorted(graph.items()):
+        here = package_of(module, package)
+        imports = found.setdefault(here, {})
+        for target, line in sorted(edges.items()):
+            there = package_of(target, package)
+            if there != here and there not in imports:
+                imports[there] = f"{module} imports {target} (line {line})"
+    return found
+
+
+def package_circle_text(path: list[str], graph: PackageGraph) -> str:
+    steps = "; ".join(graph[a][b] for a, b in pairwise(path))
+    return f"{' -> '.join(path)}: {steps}"
+
+
+def split_floors(floors: Mapping[str, int]) -> list[str]:
+    """Rows of the floors table that do not hold exactly one package: a file inside a package
+    (the package then spans floors), or a row naming two folders or a folder and a file."""
+    found = [
+        f"{pattern} (floor {floor}) is a file inside a package"
+        for pattern, floor in sorted(floors.items())
+        if "/" in pattern.rstrip("/")
+    ]
+    rows: dict[int, list[str]] = {}
+    for pattern, floor in floors.items():
+        rows.setdefault(floor, []).append(pattern)
+    for floor, patterns in sorted(rows.items()):
+        if len(patterns) > 1 and any(p.endswith("/") for p in patterns):
+            found.append(f"floor {floor} holds {', '.join(sorted(patterns))}")
+    return found
+
+
+FLOW_CALL = re.compile(r"([a-z_]+(?:/[a-z_]*(?:<[a-z|]+>)?)?)(?:\.[A-Za-z_]+)* \[(\d+)\]")
+"""A module named in a drawn flow with its floor: ``window/rank [3]``, ``collect/<a|b> [10]``
+(a folder's modules), ``logs [8]``."""
+PASSED_IN = "◄ passed in"
+
+
+def flows_from_doc(text: str) -> dict[str, list[str]]:
+    """Title -> the lines of the first code block under each ``### The flow of ...`` heading."""
+    found = {}
+    for part in text.split("\n### The flow of ")[1:]:
+        title = part.split("\n", 1)[0]
+        found[title] = part.split("```\n", 1)[1].split("```", 1)[0].splitlines()
+    return found
+
+
+def flow_problems(
+    lines: list[str], floors: Mapping[str, int], package: Path = PACKAGE
+) -> list[str]:
+    """Each call of a drawn flow whose stated floor is not its module's, names no module, or
+    climbs above its caller (the nearest line above it indented less) without being marked as
+    passed in. A blank line or an unindented caption starts a new part of the flow."""
+    known = modules(package)
+    problems: list[str] = []
+    callers: list[tuple[int, int]] = []  # (indent, floor) of the lines that call
+    for number, line in enumerate(lines, 1):
+        calls = FLOW_CALL.findall(line)
+        indent = len(line) - len(line.lstrip())
+        if not calls:
+            if not line.strip() or indent <= 1:
+                callers.clear()
+            continue
+        while callers and callers[-1][0] >= indent:
+            callers.pop()
+        for path, stated in calls:
+            module = ".".join([NAME, *re.sub(r"<.*>", "", path).strip("/").split("/")])
+            if module not in known:
+                problems.append(f"line {number}: {path} is no module")
+            elif floor_of(module, floors) != int(stated):
+                problems.append(
+                    f"line {number}: {path} is on floor {floor_of(module, floors)}, not {stated}"
+                )
+            if callers and int(stated) > callers[-1][1] and PASSED_IN not in line:
+                problems.append(
+                    f"line {number}: {path} [{stated}] climbs above its caller [{callers[-1][1]}]"
+                )
+        callers.append((indent, int(calls[0][1])))
+    return problems
+
+
+def circles(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     """Each circle of imports as a path ``[a, b, ..., a]``: one per strongly connected set of
     modules (Tarjan's algorithm, iterative)."""
     index: dict[str, int] = {}
@@ -165,7 +262,7 @@ def circles(graph: Graph) -> list[list[str]]:
     return [_cycle_in(graph, group) for group in groups]
 
 
-def _cycle_in(graph: Graph, group: set[str]) -> list[str]:
+def _cycle_in(graph: Mapping[str, Mapping[str, object]], group: set[str]) -> list[str]:
     """The shortest circle through the group's first module, as ``[a, ..., a]``."""
     start = min(group)
     parent: dict[str, str] = {}
@@ -219,6 +316,27 @@ def test_no_import_circle(graph: Graph) -> None:
     assert not found, "import circles:\n" + "\n".join(found)
 
 
+def test_no_package_imports_itself_around_a_circle(graph: Graph) -> None:
+    packages = package_graph(graph)
+    assert {"window/", "formats/", "record/", "errors.py", "__init__.py"} <= set(packages)
+    found = [package_circle_text(path, packages) for path in circles(packages)]
+    assert not found, "package circles:\n" + "\n".join(found)
+
+
+def test_the_drawn_flows_state_true_floors_and_never_climb(floors: dict[str, int]) -> None:
+    flows = flows_from_doc(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert set(flows) == {"a window", "an incident"}
+    for title, lines in flows.items():
+        assert sum(bool(FLOW_CALL.search(line)) for line in lines) > 10, title
+        problems = flow_problems(lines, floors)
+        assert not problems, f"the flow of {title}:\n" + "\n".join(problems)
+
+
+def test_every_package_stands_on_one_floor(floors: dict[str, int]) -> None:
+    split = split_floors(floors)
+    assert not split, "the floors table splits or joins packages:\n" + "\n".join(split)
+
+
 # --- the checker on a package made to break the rule -------------------------------------------
 
 
@@ -250,6 +368,55 @@ def test_the_checker_names_both_modules_of_an_upward_import_and_a_circle(tmp_pat
         "house.high.b -> house.low.a -> house.high.b",
         "house.low.d imports house.low.c (line 1), closing the circle "
         "house.low.c -> house.low.d -> house.low.c",
+    ]
+
+
+def test_the_checker_finds_a_circle_of_packages_no_module_circle_shows(tmp_path: Path) -> None:
+    """Two packages that lean on each other through different modules (as ``record/`` and
+    ``collect/`` once did) close a circle of packages, though no module imports itself."""
+    pkg = tmp_path / "house"
+    for rel, text in {
+        "__init__.py": "",
+        "top.py": "from .low import c\n",
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from ..high.b import g  # deferred, still counted\n",
+        "low/c.py": "",
+        "high/__init__.py": "",
+        "high/b.py": "from ..low.c import x\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    graph = import_graph(pkg, "house")
+    assert circles(graph) == []
+    packages = package_graph(graph, pkg)
+    assert packages["top.py"] == {"low/": "house.top imports house.low.c (line 1)"}
+    assert [package_circle_text(path, packages) for path in circles(packages)] == [
+        "high/ -> low/ -> high/: house.high.b imports house.low.c (line 1); "
+        "house.low.a imports house.high.b (line 2)"
+    ]
+    assert split_floors({"errors.py": 1, "low/": 2, "low/a.py": 3, "high/": 4, "top.py": 4}) == [
+        "low/a.py (floor 3) is a file inside a package",
+        "floor 4 holds high/, top.py",
+    ]
+    assert split_floors({"errors.py": 1, "top.py": 1, "low/": 2, "high/": 3}) == []
+
+
+def test_the_flow_checker_finds_a_climb_a_wrong_floor_and_no_module() -> None:
+    floors = {"errors.py": 1, "analysis/": 2, "window/": 3, "record/": 11, "route/": 12}
+    lines = [
+        " record/recorder [11]   a caller",
+        "   window/rank [3]      a call down",
+        "     route/router [12]  a call up",
+        "     record/self_cost [11]  " + PASSED_IN,
+        "   analysis/nowhere [2]",
+        "   analysis/accounting [5]",
+        "",
+        " window/merged [3]      a new part: no caller above it",
+    ]
+    assert flow_problems(lines, floors) == [
+        "line 3: route/router [12] climbs above its caller [3]",
+        "line 5: analysis/nowhere is no module",
+        "line 6: analysis/accounting is on floor 2, not 5",
     ]
 
 

@@ -23,7 +23,7 @@ from stagefrontier import StageTimer
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.integrations._timer import train_loader
-from stagefrontier.record.loader_workers import loader_figures
+from stagefrontier.window.loader import loader_figures
 
 BATCH = 4
 

@@ -26,7 +26,8 @@ from stagefrontier.collect.node_wire import (
 )
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "step.other_cpu_wall")
 MS = 1_000_000

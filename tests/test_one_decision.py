@@ -14,13 +14,14 @@ import pytest
 from stagefrontier import Gates, analyze
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import ReportFormatError
+from stagefrontier.formats.incident import new_incident
 from stagefrontier.formats.stored_report import check_window_meta
-from stagefrontier.record.loader_workers import loader_block_lead
-from stagefrontier.render.incident import new_incident, verdict
+from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_line
 from stagefrontier.route.confirm import Confirmation
 from stagefrontier.route.decide import decide
 from stagefrontier.route.reduction import not_confirmed_text
+from stagefrontier.window.loader import loader_block_lead
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
 RANKS = [0, 1, 2, 3]

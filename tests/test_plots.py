@@ -101,7 +101,8 @@ def test_windows_the_router_slowed_are_left_out_of_the_worst_step(tmp_path: Path
 def test_a_captured_incidents_window_is_left_out_and_said_when_every_window_is(
     tmp_path: Path,
 ) -> None:
-    from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
 
     run = _run(tmp_path)
     incident = new_incident("w00001", "window")

@@ -66,8 +66,8 @@ def test_a_capture_keeps_the_range_of_a_stage_named_with_control_characters(
     incident read a false "disagrees")."""
     dist = pytest.importorskip("torch.distributed")
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier.formats.incident import read_incident
     from stagefrontier.reducers import reduce_kineto
-    from stagefrontier.render.incident import read_incident
 
     store = dist.TCPStore(
         "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False

@@ -15,11 +15,12 @@ import pytest
 import stagefrontier as sf
 from stagefrontier.cli import main
 from stagefrontier.errors import DurationsError
-from stagefrontier.formats.load import load_window
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
+from stagefrontier.load import load_window
 from stagefrontier.reducers import reduce_nsys
 from stagefrontier.render.text import window_report_text
 from stagefrontier.sinks import PacketSink
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 from test_reducers_nsys import Report
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
@@ -186,7 +187,8 @@ def test_the_single_trace_an_incident_suggests_names_its_rank(
 def _incident_folder(traces: dict[str, Path], folder: Path) -> Path:
     """An incident folder as the router writes it: its traces (named for another host's folder,
     as after a copy) and ``incident.json`` giving each its rank."""
-    from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
     from trace_support import load_events, write_events
 
     incident = new_incident("w00003", "window")
@@ -214,7 +216,8 @@ def test_analyze_reads_an_incident_folder_with_its_ranks(
 def test_an_incident_without_traces_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stagefrontier.render.incident import new_incident, write_incident
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
 
     write_incident(tmp_path, new_incident("w00001", "window"))
     assert main(["analyze", str(tmp_path)]) == 2

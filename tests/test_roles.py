@@ -13,9 +13,10 @@ from stagefrontier.analysis.across_roles import bounding_role
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import RolesError
 from stagefrontier.record.mesh_roles import mesh_roles
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.text import window_line, window_report_text
 from stagefrontier.render.verdict import verdict
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ["data.next_wait", "pp.schedule", "dp.grad_sync", "step.other_cpu_wall"]
 

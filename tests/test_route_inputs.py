@@ -21,14 +21,8 @@ import pytest
 
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
-from stagefrontier.render.incident import (
-    check_incident,
-    new_incident,
-    open_commands,
-    read_incident,
-    render_markdown,
-    write_incident,
-)
+from stagefrontier.formats.incident import check_incident, new_incident, read_incident
+from stagefrontier.render.incident import open_commands, render_markdown, write_incident
 from stagefrontier.route.requests import (
     MAX_CAPTURE_STEPS,
     CaptureRequest,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.route.decide import decide
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ("data.next_wait", "pp.schedule", "dp.grad_sync", "step.other_cpu_wall")
 

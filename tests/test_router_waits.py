@@ -21,8 +21,9 @@ from stagefrontier.analysis.wait_rule import (
     parse_wait_range,
     wait_range_name,
 )
+from stagefrontier.formats.incident import read_incident
 from stagefrontier.reducers import reduce_kineto
-from stagefrontier.render.incident import read_incident, summary_line
+from stagefrontier.render.incident import summary_line
 from stagefrontier.route.opdiff import stage_op_times
 from trace_support import manual_incident, thread_trace
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from auto_support import ODD_LOOPS, run_one_process, switched_venv
+from stagefrontier.auto.options import AutoOptions, read_env
 from stagefrontier.cli import build_parser
 from stagefrontier.errors import TimerSettingError
 from stagefrontier.launch.command import separate
-from stagefrontier.launch.options import AutoOptions, read_env
 from stagefrontier.launch.worker import _runs_a_script
 
 
@@ -67,7 +67,7 @@ def test_options_travel_in_the_environment_and_are_checked() -> None:
 
 
 def test_sink_specs_build_their_sinks(tmp_path: Path) -> None:
-    from stagefrontier.launch.options import make_sink
+    from stagefrontier.auto.options import make_sink
     from stagefrontier.sinks import CsvSink
 
     sink = make_sink(f"csv:{tmp_path / 'w.csv'}")

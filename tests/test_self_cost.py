@@ -15,10 +15,11 @@ import pytest
 from recorder_support import DATA, FWD, CaptureCollector, read_records
 from stagefrontier import RESIDUAL_STAGE, StageTimer, load_window
 from stagefrontier.formats.packet import read_packet
-from stagefrontier.record.self_cost import COMPONENTS, context_cost_ns, self_cost_summary
-from stagefrontier.record.window import RankWindow
+from stagefrontier.record.self_cost import context_cost_ns
 from stagefrontier.render.text import SELF_COST_LINE_FRACTION, self_cost_text
 from stagefrontier.sinks import CsvSink, PacketSink
+from stagefrontier.window.cost import COMPONENTS, self_cost_summary
+from stagefrontier.window.rank import RankWindow
 
 COST_FIELDS = (
     "contexts_entered",

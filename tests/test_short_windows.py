@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from stagefrontier.formats.run_folder import load_run
-from stagefrontier.record.window import RankWindow, analyze_merged, merge_windows
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink, summary_line
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall", "residual")
 RANKS = 4

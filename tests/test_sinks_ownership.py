@@ -13,7 +13,6 @@ import pytest
 
 from stagefrontier import StageTimer
 from stagefrontier.collect import LocalCollector
-from stagefrontier.record.window import AnalyzedWindow
 from stagefrontier.sinks import (
     CsvSink,
     JsonlSink,
@@ -22,6 +21,7 @@ from stagefrontier.sinks import (
     StartableSink,
     collector_sinks,
 )
+from stagefrontier.window.merged import AnalyzedWindow
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
 

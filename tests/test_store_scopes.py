@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from rank_support import START_METHOD
 from stagefrontier import StageTimer, TimerSettingError
 from stagefrontier.demo.launch import read_windows, run_ranks
-from stagefrontier.render.incident import read_incident
+from stagefrontier.formats.incident import read_incident
 
 RANKS = 2
 STEPS = 20

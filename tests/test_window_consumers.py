@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stagefrontier import CollectConfig, StageTimer
-from stagefrontier.record.window import AnalyzedWindow
+from stagefrontier.window.merged import AnalyzedWindow
 
 
 class _Recorder:

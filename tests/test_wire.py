@@ -12,7 +12,8 @@ import pytest
 
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, ReportFormatError
 from stagefrontier.collect.wire import HEADER_SIZE, decode_window, encode_window
-from stagefrontier.record.window import RankWindow, merge_windows, per_rank_fields, wire_fields
+from stagefrontier.window.merged import merge_windows
+from stagefrontier.window.rank import RankWindow, per_rank_fields, wire_fields
 
 STAGES = (*DEFAULT_STAGES, RESIDUAL_STAGE)
 

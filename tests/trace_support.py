@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stagefrontier.render.incident import list_incidents
+from stagefrontier.formats.incident import list_incidents
 
 DATA = "data.next_wait"
 FWD = "model.fwd_loss_cpu_wall"

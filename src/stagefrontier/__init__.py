@@ -50,10 +50,10 @@ from .errors import (
     TimerSettingError,
     TraceFormatError,
 )
-from .formats.load import LoadedWindow, load_window
 from .formats.packet import Packet, read_packet, write_packet
 from .formats.run_folder import RunWindows, load_run
 from .formats.summary_codec import decode_summary, encode_summary
+from .load import LoadedWindow, load_window
 from .record.recorder import StageTimer
 from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
 from .route import ProfilerRouter

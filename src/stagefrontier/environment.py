@@ -58,7 +58,7 @@ AUTO: dict[str, Variable] = {
     "router": Variable("STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on"),
     "sinks": Variable("STAGEFRONTIER_SINKS", "", "the automatic hooks' extra sinks (a, b, ...)"),
 }
-"""The settings of ``stagefrontier run`` carried to its workers (``launch.options``)."""
+"""The settings of ``stagefrontier run`` carried to its workers (``auto.options``)."""
 VARIABLES: dict[str, Variable] = {v.name: v for v in (*LIMITS.values(), RUN_ID, *AUTO.values())}
 
 

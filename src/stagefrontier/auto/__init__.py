@@ -3,7 +3,7 @@
 - :mod:`.patches`: the one module that patches PyTorch (backward, DataLoader, process group end);
 - :mod:`.driver`: ``AutoDriver``, the optimizer and module hooks driving a ``StageTimer``;
 - :mod:`.frameworks`: a Lightning or Hugging Face ``Trainer`` gets the existing callback;
-- :func:`install`: all of it in this process, from ``launch.options.AutoOptions``.
+- :func:`install`: all of it in this process, from ``auto.options.AutoOptions``.
 
 ``stagefrontier run`` and ``python -m stagefrontier.run`` call :func:`install` in each worker.
 """
@@ -14,8 +14,8 @@ import atexit
 import logging
 
 from ..failures import say_failed
-from ..launch.options import AutoOptions
 from .driver import AUTO_STAGES, AutoDriver
+from .options import AutoOptions
 
 logger = logging.getLogger("stagefrontier")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ..analysis.validation import check_rows, run_validation
 from ..errors import StageFrontierError
-from ..formats.load import load_window
+from ..formats.incident import INCIDENT_FILE
+from ..load import load_window
 from ..reducers.files import PathLike
 from ..reducers.options import TraceOptions
-from ..render.incident import INCIDENT_FILE
 from ..render.text import window_report_text
 from .common import EXIT_FAILED, EXIT_OK, int_pair, stage_list, warn, window_option
 

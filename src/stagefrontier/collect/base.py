@@ -15,14 +15,9 @@ from typing import Protocol
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..failures import say_failed
-from ..record.window import (
-    AnalyzedWindow,
-    MergedWindow,
-    PendingWindow,
-    RankWindow,
-    merge_windows,
-)
 from ..sinks.base import Sink, emit
+from ..window.merged import AnalyzedWindow, MergedWindow, merge_windows
+from ..window.rank import PendingWindow, RankWindow
 
 logger = logging.getLogger("stagefrontier")
 

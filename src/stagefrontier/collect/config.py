@@ -15,7 +15,9 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..errors import StageFrontierError, TimerSettingError
-from ..record.settings import (
+from ..sinks import Sink
+from .node_tree import DEFAULT_FAN_IN
+from .settings import (
     MAX_QUEUE_SIZE,
     MAX_TIMEOUT_S,
     check_flag,
@@ -24,8 +26,6 @@ from ..record.settings import (
     check_number,
     check_path,
 )
-from ..sinks import Sink
-from .node_tree import DEFAULT_FAN_IN
 
 MAX_FAN_IN = 1 << 16
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from ..errors import GlooProtocolError as GlooProtocolError  # defined there, importable here
 from ..errors import ReportFormatError
-from ..record.window import PendingWindow, RankWindow
 from ..sinks import close_sinks, collector_sinks, start_sinks
+from ..window.rank import PendingWindow, RankWindow
 from . import base
 from .base import BackgroundWorker, CollectorSettings, analyze_received, merge_received
 from .live import LiveAnalysis

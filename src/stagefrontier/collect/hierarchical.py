@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ReportFormatError
-from ..record.window import PendingWindow, RankWindow
+from ..window.rank import PendingWindow, RankWindow
 from .base import CollectorSettings, publish
 from .launcher import warn_once
 from .node import NodeIdentity, host_layout, node_of

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..analysis.gates import Gates
 from ..analysis.regression import RegressionCheck, RegressionConfig
-from ..record.window import AnalyzedWindow, MergedWindow, analyze_merged
+from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged
 from . import host_signals
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
-from ..record.window import PendingWindow
 from ..sinks import Sink, close_sinks, collector_sinks, start_sinks
+from ..window.rank import PendingWindow
 from .base import BackgroundWorker, Consumers, analyze_received, merge_received, publish
 from .live import LiveAnalysis
 

@@ -26,8 +26,9 @@ from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
-from ..record.self_cost import self_cost_summary
-from ..record.window import NS, AnalyzedWindow, MergedWindow, RankWindow
+from ..window.cost import self_cost_summary
+from ..window.merged import AnalyzedWindow, MergedWindow
+from ..window.rank import NS, RankWindow
 from .base import merge_received
 from .node import NodeIdentity
 from .node_wire import NodePart, capped_notes, decode_node_part, encode_node_part

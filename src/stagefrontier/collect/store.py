@@ -36,9 +36,9 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ReportFormatError
-from ..record.attempt import current_attempt
-from ..record.window import PendingWindow, RankWindow
 from ..sinks import close_sinks, collector_sinks, start_sinks
+from ..window.attempt import current_attempt
+from ..window.rank import PendingWindow, RankWindow
 from .base import (
     BackgroundWorker,
     CollectorSettings,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ReportFormatError
-from ..record.window import RankWindow, wire_fields
+from ..window.rank import RankWindow, wire_fields
 from .wire_checks import check_meta_value
 
 MAGIC = b"SFW1"

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DemoSettingsError
+from ..formats.incident import list_incidents
 from ..formats.run_folder import load_run
 from ..render.command import cli_command
-from ..render.incident import list_incidents, top_op_line, verdict
+from ..render.incident import top_op_line, verdict
 from ..render.plots import plot_shares_over_time, plot_worst_step
 from ..render.text import run_report_text
 from .faults import check_faults, parse_fault

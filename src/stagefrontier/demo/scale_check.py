@@ -22,8 +22,9 @@ from typing import Any
 
 from ..collect.base import merge_received
 from ..collect.wire import decode_window
-from ..record.window import RankWindow, analyze_merged
 from ..route import list_incidents, summary_line
+from ..window.merged import analyze_merged
+from ..window.rank import RankWindow
 from .faults import check_faults, parse_fault
 from .torchrun import launch_nodes
 from .train import DemoConfig

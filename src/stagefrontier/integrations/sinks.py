@@ -7,7 +7,6 @@ They live in :mod:`stagefrontier.sinks` (one module per backend); this module re
 from __future__ import annotations
 
 from ..analysis.window_metrics import NO_LEADER, WindowMetrics
-from ..record.window import AnalyzedWindow
 from ..sinks import (
     CSV_FIELDS,
     DEFAULT_PROMETHEUS_PORT,
@@ -16,6 +15,7 @@ from ..sinks import (
     TensorBoardSink,
     WandbSink,
 )
+from ..window.merged import AnalyzedWindow
 
 
 def window_metrics(window: AnalyzedWindow) -> WindowMetrics:

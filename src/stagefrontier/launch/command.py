@@ -15,8 +15,8 @@ import io
 import os
 from collections.abc import Sequence
 
+from ..auto.options import DEFAULT_OUT, DEFAULT_WINDOW, AutoOptions, sink_list
 from ..errors import StageFrontierError
-from .options import DEFAULT_OUT, DEFAULT_WINDOW, AutoOptions, sink_list
 
 BOOTSTRAP = "stagefrontier.run"
 

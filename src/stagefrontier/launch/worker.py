@@ -3,7 +3,7 @@
 ``python -m stagefrontier.run SCRIPT [ARGS...]`` (or ``-m MODULE [ARGS...]``) is what
 ``stagefrontier run`` has torchrun start in every worker, and what a launcher that cannot be
 wrapped runs instead of ``python SCRIPT``: the hooks read their settings from the environment
-(``launch.options``), and the script runs as ``__main__`` with its own ``sys.argv``, exactly as
+(``auto.options``), and the script runs as ``__main__`` with its own ``sys.argv``, exactly as
 ``python SCRIPT`` would run it.
 
 The environment switch, ``STAGEFRONTIER_AUTO=1``, does the same without changing the command:
@@ -21,9 +21,9 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from ..auto.options import read_env, switched_on
 from ..errors import StageFrontierError
 from ..logs import show_on_stderr
-from .options import read_env, switched_on
 
 USAGE = "usage: python -m stagefrontier.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 

@@ -32,6 +32,15 @@ from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
+from ..collect.settings import (
+    MAX_WINDOW,
+    check_flag,
+    check_has_methods,
+    check_int,
+    check_number,
+    check_optional_callable,
+    check_optional_text,
+)
 from ..collect.store import release_scope
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import RolesError, StageFrontierError, TimerSettingError
@@ -52,15 +61,6 @@ from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .probe import Probe
 from .self_cost import CostMeter
-from .settings import (
-    MAX_WINDOW,
-    check_flag,
-    check_has_methods,
-    check_int,
-    check_number,
-    check_optional_callable,
-    check_optional_text,
-)
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
 logger = logging.getLogger("stagefrontier")

@@ -1,4 +1,4 @@
-"""What StageFrontier itself costs a rank, per window, and rank 0's summary of it.
+"""What StageFrontier itself costs a rank, per window (rank 0's summary: ``window.cost``).
 
 Three parts, each measured where it is cheap to measure:
 
@@ -25,11 +25,10 @@ fraction of each rank's summed step wall time that the parts add up to.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -160,63 +159,3 @@ class CostMeter:
             "router_cpu_ns": router,
             "capture_ns": capture,
         }
-
-
-COMPONENTS = ("hot_path_s", "handoff_s", "threads_cpu_s", "router_cpu_s", "capture_s", "total_s")
-
-
-class RankCost(Protocol):
-    """The fields of a rank's window (``record.window.RankWindow``) its cost is made of."""
-
-    @property
-    def contexts_entered(self) -> int: ...
-    @property
-    def context_cost_ns(self) -> int: ...
-    @property
-    def handoff_ns(self) -> int: ...
-    @property
-    def thread_cpu_ns(self) -> int: ...
-    @property
-    def router_cpu_ns(self) -> int: ...
-    @property
-    def capture_ns(self) -> int: ...
-    @property
-    def wall_ns(self) -> npt.NDArray[np.int64]: ...
-
-
-def rank_cost_s(w: RankCost) -> dict[str, float]:
-    """One rank's parts and their total, in seconds."""
-    hot = w.contexts_entered * w.context_cost_ns * 1e-9
-    handoff = w.handoff_ns * 1e-9
-    threads = w.thread_cpu_ns * 1e-9
-    router = w.router_cpu_ns * 1e-9
-    capture = w.capture_ns * 1e-9
-    return {
-        "hot_path_s": hot,
-        "handoff_s": handoff,
-        "threads_cpu_s": threads,
-        "router_cpu_s": router,
-        "capture_s": capture,
-        "total_s": hot + handoff + threads + router + capture,
-    }
-
-
-def self_cost_summary(ranks: Sequence[RankCost]) -> dict[str, Any]:
-    """The ``self_cost`` object of a window record: per component the max and median over
-    ``ranks`` (seconds), the calibrated context cost, and the fraction of step time (each rank's
-    total over its own summed step wall time)."""
-    costs = [rank_cost_s(w) for w in ranks]
-    walls = [float(w.wall_ns.sum()) * 1e-9 for w in ranks]
-    fractions = [
-        c["total_s"] / wall if wall > 0 else 0.0 for c, wall in zip(costs, walls, strict=True)
-    ]
-    out: dict[str, Any] = {name: _spread([c[name] for c in costs]) for name in COMPONENTS}
-    out["context_cost_ns"] = _spread([float(w.context_cost_ns) for w in ranks])
-    out["fraction"] = _spread(fractions)
-    return out
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"max": 0.0, "median": 0.0}
-    return {"max": float(max(values)), "median": float(statistics.median(values))}

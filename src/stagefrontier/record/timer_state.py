@@ -33,11 +33,11 @@ from ..collect.launcher import (
 )
 from ..errors import ContractViolation
 from ..failures import say_failed
+from ..window.rank import WindowSnapshot
 from .cuda_events import EventSampler
 from .loader_workers import WorkerCounters
 from .probe import Probe
 from .self_cost import CostMeter
-from .window import WindowSnapshot
 
 logger = logging.getLogger("stagefrontier")
 

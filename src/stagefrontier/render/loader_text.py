@@ -1,4 +1,4 @@
-"""What a window's DataLoader worker figures (``record.loader_workers``) say about a data wait,
+"""What a window's DataLoader worker figures (``window.loader``) say about a data wait,
 in the loader's own terms: raise ``num_workers`` or speed up the dataset when the workers are
 saturated; look after the workers (pin_memory, transfer, IPC, the main process) when they idle."""
 
@@ -10,14 +10,6 @@ from typing import Any
 from ..analysis.block_lead import BlockLead
 from ..analysis.schema import DATA_STAGE
 
-WORKER_ROW_NUMBERS = (
-    "suspect_ms_per_batch",
-    "reference_ms_per_batch",
-    "suspect_ms_per_call",
-    "reference_ms_per_call",
-    "calls_per_batch",
-)
-"""The numbers of a worker op diff row (checked when an incident is read)."""
 BUSY_SHOWN = 0.5
 """Saturated workers' busy fraction is said when at least this (lower, the window mostly holds
 their start-up)."""

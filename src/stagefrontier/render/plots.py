@@ -143,7 +143,7 @@ def router_windows(run: RunWindows) -> set[int]:
     """The positions in ``run.packets`` of the windows the profiler router slowed: those whose
     steps it captured (an incident's steps), and those in which its capture export and trace
     reduction cost a rank more than ``ROUTER_SLOWED_FRACTION`` of the exposed time."""
-    from .incident import list_incidents
+    from ..formats.incident import list_incidents
 
     captured = [i["steps"] for i in list_incidents(run.folder) if i["captured"] and i["steps"]]
     out = set()

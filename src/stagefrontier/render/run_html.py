@@ -354,7 +354,8 @@ class IncidentEntry:
 
 
 def _incidents(run: RunWindows, page_path: Path) -> list[IncidentEntry]:
-    from .incident import list_incidents, summary_line
+    from ..formats.incident import list_incidents
+    from .incident import summary_line
 
     return [
         IncidentEntry(

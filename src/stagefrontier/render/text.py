@@ -287,7 +287,8 @@ def _schema_report_text(run: RunWindows) -> str:
 def _incidents(run: RunWindows) -> list[str]:
     """One line per profiler-router incident in the folder (``stagefrontier incident`` prints
     each in full)."""
-    from .incident import scan_incidents, summary_line
+    from ..formats.incident import scan_incidents
+    from .incident import summary_line
 
     found, skipped = scan_incidents(run.folder)
     if not found and not skipped:

@@ -11,7 +11,8 @@ the store's reads and writes and settles the answers, ``incident_writer`` reduce
 ``router`` holds the public configuration and each rank's thread.
 """
 
-from ..render.incident import list_incidents, read_incident, summary_line
+from ..formats.incident import list_incidents, read_incident
+from ..render.incident import summary_line
 from .router import ProfilerRouter, RouterRuntime
 
 __all__ = ["ProfilerRouter", "RouterRuntime", "list_incidents", "read_incident", "summary_line"]

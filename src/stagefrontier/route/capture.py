@@ -34,15 +34,16 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from ..failures import reason, say_failed
 from ..record.annotate import step_range_name
 from ..render.escape import first_line
 from . import profiler_session
-from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
 from .timer_handle import TimerHandle
 from .trace_parts import TraceParts
 from .worker_profile import WorkerCapture
@@ -298,7 +299,7 @@ class RankCapture:
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
 
-    def _abort(self, reason: str, state: str = "failed") -> None:
+    def _abort(self, reason: str, state: CaptureState = "failed") -> None:
         prof, self._prof = self._prof, None
         parts, self._parts = self._parts, None
         if parts is not None:
@@ -371,7 +372,12 @@ class RankCapture:
         )
 
     def _status(
-        self, request: CaptureRequest, state: str, reason: str, path: str = "", size: int = 0
+        self,
+        request: CaptureRequest,
+        state: CaptureState,
+        reason: str,
+        path: str = "",
+        size: int = 0,
     ) -> CaptureStatus:
         return CaptureStatus(
             id=request.id,

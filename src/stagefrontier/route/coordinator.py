@@ -17,9 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..record.attempt import current_attempt
-from ..record.window import AnalyzedWindow
-from ..render.incident import new_incident, summary_line
+from ..formats.incident import new_incident
+from ..render.incident import summary_line
+from ..window.attempt import current_attempt
+from ..window.merged import AnalyzedWindow
 from .capture import incident_dir
 from .capture_session import CaptureSession, OpenCapture, export_cpu, settle_answers
 from .decide import start_margin

@@ -40,9 +40,9 @@ from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.noise import mean_excess
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.schema import semantic_stage
-from ..record.loader_workers import loader_block_lead
-from ..record.window import AnalyzedWindow
 from ..render.loader_text import block_lead_text
+from ..window.loader import loader_block_lead
+from ..window.merged import AnalyzedWindow
 
 REQUEST_LATENCY_S = 0.5
 """Allowance for a store round trip and for a busy rank's watcher thread to be scheduled."""

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..failures import say_failed
 from ..formats.packet import remove_temporaries
-from ..record.window import AnalyzedWindow
 from ..render.incident import write_incident
+from ..window.merged import AnalyzedWindow
 from .capture import incident_dir
 from .confirm import LiveWindow
 from .html import draw_later, write_html

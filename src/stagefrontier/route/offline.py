@@ -9,9 +9,10 @@ from typing import Any
 
 from ..analysis.gates import Gates
 from ..errors import ReportFormatError, StageFrontierError
+from ..formats.incident import INCIDENT_FILE, read_incident, scan_incidents
 from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
-from ..render.incident import INCIDENT_FILE, read_incident, scan_incidents, write_incident
+from ..render.incident import write_incident
 from .confirm import LiveWindow
 from .html import write_html
 from .reduction import analyze_traces

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 from .decide import Decision, decide, regression_decision
 from .requests import MAX_CAPTURE_STEPS, ManualRequest
 

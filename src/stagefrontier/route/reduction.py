@@ -16,7 +16,7 @@ from ..analysis.gates import Gates
 from ..failures import reason, say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 from .confirm import Confirmation, LiveWindow, confirm, live_slice
 from .decide import MIN_SHARE
 from .opdiff import op_diff, stage_op_times

@@ -12,28 +12,39 @@ request:
   the request, and answers in ``route/manual/answer/<request id>`` (the incident folder, or why
   the request was refused), so two clients never read each other's answer.
 
-Rank 0 deletes the request and the answers when the incident closes. Every value is small JSON,
-validated field by field on read (types, ranges, ids as plain names); nothing is unpickled.
+Rank 0 deletes the request and the answers when the incident closes. Every value is small JSON
+read strictly into its typed record (``formats.typed``: types, ranges, ids as plain names, a
+size and a nesting limit); nothing is unpickled. The records' JSON Schemas are in
+``docs/schemas``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from ..analysis.values import is_int, is_real
+import msgspec
+
 from ..errors import ReportFormatError
 from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
-from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP, MAX_TEXT, limit
-from ..formats.names import plain_name
+from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP
+from ..formats.typed import Count, PlainName, Rank, Step, Text, check_ranks, decode, encode
 
 REQUEST_KEY = "route/request"
 MANUAL_KEY = "route/manual"
 MANUAL_ANSWER_PREFIX = "route/manual/answer/"
 MAX_VALUE_BYTES = 64 << 10
 """A request or answer larger than this is rejected as corrupt before it is parsed."""
+MAX_SECONDS = 86400.0
+
+Ranks = Annotated[tuple[Rank, ...], msgspec.Meta(min_length=1, max_length=MAX_NAMED_RANKS)]
+"""1 to ``MAX_NAMED_RANKS`` rank numbers (within the world size limit; duplicates dropped)."""
+StepCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_STEP)]
+"""Steps to capture; capped at ``MAX_CAPTURE_STEPS`` where they are captured or scheduled."""
+StepOrNone = Annotated[int, msgspec.Meta(ge=-1, le=MAX_STEP)]
+"""A step number, or -1 for none."""
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+CaptureState = Literal["captured", "skipped", "failed"]
 
 
 def status_key(request_id: str, rank: int) -> str:
@@ -47,148 +58,104 @@ def manual_answer_key(request_id: str) -> str:
 M = TypeVar("M", bound="StoreMessage")
 
 
-@dataclass(frozen=True)
-class StoreMessage:
+class StoreMessage(msgspec.Struct, frozen=True):
     """A small JSON value in the job's store: ``encode`` writes its fields (tuples as lists),
-    ``decode`` reads one back through the subclass's ``_read``, which checks every field;
-    ``WHAT`` names the value in the errors."""
+    ``decode`` reads one back strictly as its declared types; ``WHAT`` names the value in the
+    errors."""
 
     WHAT: ClassVar[str]
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
+        return encode(self)
 
     @classmethod
     def decode(cls: type[M], data: bytes) -> M:
-        return cls._read(_load(data, cls.WHAT), cls.WHAT)
-
-    @classmethod
-    def _read(cls: type[M], obj: dict[str, Any], what: str) -> M:
-        raise NotImplementedError
+        """Raises ReportFormatError naming the field that is wrong."""
+        return decode(data, cls, cls.WHAT, MAX_VALUE_BYTES)
 
 
-@dataclass(frozen=True)
-class CaptureRequest(StoreMessage):
+def _unique_ranks(message: CaptureRequest | ManualRequest) -> None:
+    check_ranks(message.ranks, "ranks")
+    msgspec.structs.force_setattr(message, "ranks", tuple(dict.fromkeys(message.ranks)))
+
+
+class CaptureRequest(StoreMessage, frozen=True):
     """Capture ``steps`` steps from global step ``first_step`` on every rank in ``ranks``."""
 
-    WHAT = "capture request"
+    WHAT: ClassVar[str] = "capture request"
 
-    id: str
-    ranks: tuple[int, ...]
-    first_step: int
-    steps: int
-    stage: str | None = None
+    id: PlainName
+    ranks: Ranks
+    first_step: Step
+    steps: StepCount
+    stage: Text | None = None
+
+    def __post_init__(self) -> None:
+        _unique_ranks(self)
 
     @property
     def last_step(self) -> int:
         return self.first_step + self.steps - 1
 
-    @classmethod
-    def _read(cls, obj: dict[str, Any], what: str) -> CaptureRequest:
-        return cls(
-            id=plain_name(_field(obj, "id", what), f"{what} id"),
-            ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
-            first_step=_int(obj, "first_step", what, 0, MAX_STEP),
-            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is captured
-            stage=_text(obj, "stage", what, optional=True),
-        )
 
-
-@dataclass(frozen=True)
-class CaptureStatus(StoreMessage):
+class CaptureStatus(StoreMessage, frozen=True):
     """A named rank's answer: ``state`` is ``captured``, ``skipped`` or ``failed``."""
 
-    WHAT = "capture status"
+    WHAT: ClassVar[str] = "capture status"
 
-    id: str
-    rank: int
-    state: str
-    reason: str = ""
-    path: str = ""
-    size: int = 0
-    host: str = ""
-    first_step: int = -1
-    last_step: int = -1
-    export_cpu_s: float = 0.0
+    id: PlainName
+    rank: Rank
+    state: CaptureState
+    reason: Text = ""
+    path: Text = ""
+    size: Count = 0
+    host: Text = ""
+    first_step: StepOrNone = -1
+    last_step: StepOrNone = -1
+    export_cpu_s: Seconds = 0.0
     """CPU seconds the rank's router thread spent writing the trace."""
-    training_s: float = 0.0
+    training_s: Seconds = 0.0
     """Seconds the capture took on the rank's training thread (starting, stopping and
     restarting the profiler, its ranges): what the window's self-cost calls the profiler
     capture."""
 
-    @classmethod
-    def _read(cls, obj: dict[str, Any], what: str) -> CaptureStatus:
-        return cls(
-            id=plain_name(_field(obj, "id", what), f"{what} id"),
-            rank=_int(obj, "rank", what, 0, limit("world_size") - 1),
-            state=_state(obj, what, ("captured", "skipped", "failed")),
-            reason=_text(obj, "reason", what, default=""),
-            path=_text(obj, "path", what, default=""),
-            size=_int(obj, "size", what, 0, 2**62, default=0),
-            host=_text(obj, "host", what, default=""),
-            first_step=_int(obj, "first_step", what, -1, MAX_STEP, default=-1),
-            last_step=_int(obj, "last_step", what, -1, MAX_STEP, default=-1),
-            export_cpu_s=_seconds(obj, "export_cpu_s", what),
-            training_s=_seconds(obj, "training_s", what),
-        )
+    def __post_init__(self) -> None:
+        check_ranks((self.rank,), "rank")
 
 
-@dataclass(frozen=True)
-class ManualRequest(StoreMessage):
+class ManualRequest(StoreMessage, frozen=True):
     """A request from outside the job: which ranks, how many steps, optionally the stage.
     ``id`` (a plain name the client chose) keys the answer; a request made in rank 0's own
     process (``ProfilerRouter.request_capture``) has none and gets no answer."""
 
-    WHAT = "manual capture request"
+    WHAT: ClassVar[str] = "manual capture request"
 
-    ranks: tuple[int, ...]
-    steps: int
-    stage: str | None = None
-    id: str | None = None
+    ranks: Ranks
+    steps: StepCount
+    stage: Text | None = None
+    id: PlainName | None = None
+
+    def __post_init__(self) -> None:
+        _unique_ranks(self)
 
     @classmethod
-    def _read(cls, obj: dict[str, Any], what: str) -> ManualRequest:
-        return cls(
-            ranks=ranks_field(_field(obj, "ranks", what), f"{what} ranks"),
-            steps=_int(obj, "steps", what, 1, MAX_STEP),  # capped where it is scheduled
-            stage=_text(obj, "stage", what, optional=True),
-            id=plain_name(_field(obj, "id", what), f"{what} id"),
-        )
+    def decode(cls, data: bytes) -> ManualRequest:
+        """A request read from the store names the id its answer goes to."""
+        request = super().decode(data)
+        if request.id is None:
+            raise ReportFormatError(f"{cls.WHAT} lacks 'id'")
+        return request
 
 
-@dataclass(frozen=True)
-class ManualAnswer(StoreMessage):
+class ManualAnswer(StoreMessage, frozen=True):
     """Rank 0's answer to one manual request: ``opened`` (``text`` is the incident folder) or
     ``refused`` (``text`` says why)."""
 
-    WHAT = "manual capture answer"
+    WHAT: ClassVar[str] = "manual capture answer"
 
-    id: str
-    state: str
-    text: str
-
-    @classmethod
-    def _read(cls, obj: dict[str, Any], what: str) -> ManualAnswer:
-        return cls(
-            id=plain_name(_field(obj, "id", what), f"{what} id"),
-            state=_state(obj, what, ("opened", "refused")),
-            text=_text(obj, "text", what, default=""),
-        )
-
-
-def ranks_field(value: Any, what: str) -> tuple[int, ...]:
-    """A non-empty list of at most ``MAX_NAMED_RANKS`` rank numbers within the world size
-    limit, duplicates dropped (first kept)."""
-    top = limit("world_size") - 1
-    if (
-        not isinstance(value, list)
-        or not 0 < len(value) <= MAX_NAMED_RANKS
-        or not all(is_int(r) and 0 <= r <= top for r in value)
-    ):
-        raise ReportFormatError(
-            f"{what} must be a list of 1 to {MAX_NAMED_RANKS} ranks in 0..{top}: {str(value)[:60]}"
-        )
-    return tuple(dict.fromkeys(int(r) for r in value))
+    id: PlainName
+    state: Literal["opened", "refused"]
+    text: Text = ""
 
 
 ABSENT = "\x00stagefrontier: no such key"
@@ -204,75 +171,6 @@ def read_key(store: Any, key: str) -> bytes | None:
     ``ABSENT`` itself when there is none (c10d's TCP, file and hash stores alike)."""
     value = bytes(store.compare_set(key, ABSENT, ABSENT))
     return None if value == ABSENT.encode() else value
-
-
-def _load(data: bytes, what: str) -> dict[str, Any]:
-    if len(data) > MAX_VALUE_BYTES:
-        raise ReportFormatError(f"{what} of {len(data)} bytes exceeds {MAX_VALUE_BYTES}")
-    try:
-        obj = json.loads(bytes(data).decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportFormatError(f"{what} is not JSON: {exc}") from None
-    except RecursionError:
-        raise ReportFormatError(f"{what} is nested too deeply to be a request") from None
-    if not isinstance(obj, dict):
-        raise ReportFormatError(f"{what} must be a JSON object")
-    return obj
-
-
-_MISSING = object()
-
-
-def _field(obj: dict[str, Any], key: str, what: str, default: Any = _MISSING) -> Any:
-    if key in obj:
-        return obj[key]
-    if default is _MISSING:
-        raise ReportFormatError(f"{what} lacks {key!r}")
-    return default
-
-
-def _int(
-    obj: dict[str, Any], key: str, what: str, low: int, high: int, default: Any = _MISSING
-) -> int:
-    value = _field(obj, key, what, default)
-    if not is_int(value) or not low <= value <= high:
-        raise ReportFormatError(f"{what} {key!r} must be an integer in {low}..{high}")
-    return int(value)
-
-
-def _state(obj: dict[str, Any], what: str, states: tuple[str, ...]) -> str:
-    """The ``state`` field: one of ``states``."""
-    value = _field(obj, "state", what)
-    if value not in states:
-        raise ReportFormatError(f"unknown {what} state {str(value)[:40]!r}")
-    return str(value)
-
-
-MAX_SECONDS = 86400.0
-
-
-def _seconds(obj: dict[str, Any], key: str, what: str) -> float:
-    """A duration in seconds, 0 when absent (answers written before the field)."""
-    value = _field(obj, key, what, 0.0)
-    if not is_real(value) or not 0 <= value <= MAX_SECONDS:
-        raise ReportFormatError(f"{what} {key!r} must be a number of seconds in 0..{MAX_SECONDS}")
-    return float(value)
-
-
-def _text(
-    obj: dict[str, Any],
-    key: str,
-    what: str,
-    *,
-    optional: bool = False,
-    default: Any = _MISSING,
-) -> Any:
-    value = _field(obj, key, what, None if optional else default)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise ReportFormatError(f"{what} {key!r} must be text of at most {MAX_TEXT} characters")
-    return value
 
 
 class RequestChannel:

@@ -21,10 +21,7 @@ from typing import Any
 from ..analysis.gates import Gates
 from ..collect.base import Consumers
 from ..collect.hierarchical import NodeLeader
-from ..collect.store import claim_scope, release_scope
-from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
-from ..failures import say_failed
-from ..record.settings import (
+from ..collect.settings import (
     MAX_TIMEOUT_S,
     check_flag,
     check_has_methods,
@@ -32,6 +29,9 @@ from ..record.settings import (
     check_number,
     check_optional_text,
 )
+from ..collect.store import claim_scope, release_scope
+from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
+from ..failures import say_failed
 from ..render.escape import first_line, printable
 from . import profiler_session
 from .capture import RankCapture

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ..failures import say_failed
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.window_metrics import NO_LEADER
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 
 class JsonlSink:

@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from ..analysis.window_report import WindowReport
-from ..record.window import AnalyzedWindow
 from ..render.text import window_line
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 

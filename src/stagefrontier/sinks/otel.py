@@ -14,8 +14,8 @@ from ..analysis.window_metrics import WindowMetrics
 from ..errors import SinkSettingError
 from ..extras import require
 from ..failures import say_failed
-from ..record.attempt import current_attempt
-from ..record.window import AnalyzedWindow
+from ..window.attempt import current_attempt
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 

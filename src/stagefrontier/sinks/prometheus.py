@@ -7,7 +7,7 @@ from typing import Any
 
 from ..analysis.window_metrics import WindowMetrics
 from ..extras import require
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")
 

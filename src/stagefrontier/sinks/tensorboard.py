@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ..extras import require
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 
 class TensorBoardSink:

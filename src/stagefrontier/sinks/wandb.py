@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..extras import require
-from ..record.window import AnalyzedWindow
+from ..window.merged import AnalyzedWindow
 
 
 class WandbSink:

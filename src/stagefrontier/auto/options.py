@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..collect.settings import MAX_WINDOW
 from ..environment import AUTO, auto_env, auto_settings
 from ..errors import TimerSettingError
-from ..record.settings import MAX_WINDOW
 
 SINK_KINDS = ("csv", "tensorboard", "prometheus")
 DEFAULT_OUT = str(AUTO["out"].default)

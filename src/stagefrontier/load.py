@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..analysis.window_report import WindowReport
-from ..errors import ReportFormatError
-from ..reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
-from ..reducers.options import TraceOptions
-from ..reducers.ranges import id_text
-from .limits import read_capped
-from .npz import load_npz
-from .packet import packet_from_dict, packet_json, packet_name
-from .records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
-from .summary_packet import is_summary_packet, summary_packet_from_dict
+from .analysis.window_report import WindowReport
+from .errors import ReportFormatError
+from .formats.limits import read_capped
+from .formats.npz import load_npz
+from .formats.packet import packet_from_dict, packet_json, packet_name
+from .formats.records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
+from .formats.summary_packet import is_summary_packet, summary_packet_from_dict
+from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
+from .reducers.options import TraceOptions
+from .reducers.ranges import id_text
 
 PACKETS_FOLDER = "packets"
 PACKET_GLOB = "window-*.json"
