@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import StageFrontierError
+from ..launch import command as run_command
 from ..logs import shown_on_stderr
 from ..render.escape import printable
 from ..render.last_resort import last_resort_line
@@ -43,6 +44,7 @@ COMMANDS: list[Callable[[Subparsers], None]] = [
     add_demo,
     add_incident,
     add_capture,
+    run_command.add_parser,
 ]
 """Subcommand registrars, in help order."""
 
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(run_command.separate(words))
     with shown_on_stderr(logging.WARNING):  # the library's warnings, one line each
         return _run(args)
 
