@@ -15,20 +15,24 @@ noise, the script times loops of ``n`` uses of
 
 and, apart from the rounds, the window hand-off: the training-thread time of the step exit that
 completes a window (a timer with a real ``LocalCollector``, whose thread analyzes each window
-while the next steps run), as that exit minus the median exit of the window's other steps.
+while the next steps run), as that exit minus the median exit of the window's other steps; and
+the automatic hooks of ``stagefrontier run`` against hand-written contexts on a real training
+loop (``hotpath_hooks``, with torch).
 
 Each figure is nanoseconds per use with the empty loop's cost removed; the reported value is
 the median over repeats of the per-repeat figure, and the ratio divides it by the floor's median.
 
 Targets: stage <= 1.3x the floor, a full step with every feature on (a router attached, pause
 support, self-cost) <= 7.0x the floor, disabled stage <= 0.45x the floor, hand-off <= 50 us
-median. A second table gives what each feature adds to a recording step.
+median, the automatic hooks <= 1.5x the cost of hand-written contexts. A second table gives
+what each feature adds to a recording step.
 
 Usage::
 
     python benchmarks/hotpath.py            # full run, writes benchmarks/results/hotpath.md
     python benchmarks/hotpath.py --quick    # few short repeats, for a smoke check
     python benchmarks/hotpath.py --out PATH # write the markdown somewhere else
+    python benchmarks/hotpath.py --hooks-only  # only the automatic hooks: results/hotpath_hooks.md
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+import hotpath_hooks
 import stagefrontier
 from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer
@@ -81,10 +86,18 @@ class Settings:
     """Uses run before every timed loop (steps also recorded in the timer's window)."""
     handoff_windows: int
     """Windows handed off (the first one not measured) in the hand-off measurement."""
+    hook_rounds: int
+    """Interleaved rounds of the automatic hooks' measurement (``hotpath_hooks``)."""
+    hook_steps: int
+    """Training steps per loop in that measurement."""
 
 
-FULL = Settings(repeats=101, loops=5_000, warmup=500, handoff_windows=201)
-QUICK = Settings(repeats=3, loops=1_000, warmup=100, handoff_windows=6)
+FULL = Settings(
+    repeats=101, loops=5_000, warmup=500, handoff_windows=201, hook_rounds=101, hook_steps=500
+)
+QUICK = Settings(
+    repeats=3, loops=1_000, warmup=100, handoff_windows=6, hook_rounds=3, hook_steps=50
+)
 
 
 class Bare:
@@ -637,6 +650,7 @@ def render(
     quick: bool,
     peer: str,
     loads: tuple[str, str, list[str]],
+    hooks: Sequence[str],
 ) -> str:
     load_start, load_end, quiet = loads
     command = COMMAND + (" --quick" if quick else "")
@@ -683,6 +697,12 @@ def render(
         "",
         *feature_table(features),
         "",
+        "## The automatic hooks (`stagefrontier run`) against hand-written contexts",
+        "",
+        hotpath_hooks.METHOD.format(rounds=settings.hook_rounds, steps=settings.hook_steps),
+        "",
+        *hooks,
+        "",
     ]
     why = explanations(rows)
     if why:
@@ -692,12 +712,52 @@ def render(
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = script_parser("hotpath", __doc__, quick="few short repeats")
+    parser.add_argument(
+        "--hooks-only",
+        action="store_true",
+        help="measure only the automatic hooks against hand-written contexts (default out: "
+        "benchmarks/results/hotpath_hooks.md)",
+    )
     return parser.parse_args(argv)
+
+
+def hooks_only(args: argparse.Namespace, settings: Settings) -> int:
+    """``--hooks-only``: the automatic hooks' measurement alone, in its own results file."""
+    out: Path = args.out
+    if out.name == "hotpath.md":
+        out = out.with_name("hotpath_hooks.md")
+    load_start, load_1min_start = load_text(), load_1min()
+    hooks = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
+    load_end = load_text()
+    quiet = quiet_check([load_1min_start, load_1min()])
+    command = COMMAND + " --hooks-only" + (" --quick" if args.quick else "")
+    text = [
+        *result_header(
+            "The automatic hooks (`stagefrontier run`) vs hand-written contexts", command
+        ),
+        *(
+            line.replace(" (not used by the measured code)", "")
+            for line in environment("not measured here", load_start, load_end)
+        ),
+        *quiet,
+        "",
+        hotpath_hooks.METHOD.format(rounds=settings.hook_rounds, steps=settings.hook_steps),
+        "",
+        *hooks,
+        "",
+    ]
+    print("\n".join(hooks))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(text), encoding="utf-8")
+    print(f"\nwrote {out}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
+    if args.hooks_only:
+        return hooks_only(args, settings)
     load_start, load_1min_start = load_text(), load_1min()
     factory, peer = lightning_profiler()
     if factory is None:
@@ -709,6 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rnd in range(settings.repeats):
         rounds.append(measure_round(settings, factory, rnd, router))
     handoff_us = measure_handoff(settings.handoff_windows)
+    hooks = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
     load_end = load_text()
     quiet = quiet_check([load_1min_start, load_1min()])
     rows = summarize(rounds, settings.loops, peer)
@@ -717,11 +778,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print("\n".join([*verdicts(rows), *handoff_lines(handoff_us), *quiet]))
     print("\n".join(feature_table(features)))
+    print("\n".join(hooks))
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         render(
-            rows, features, handoff_us, settings, args.quick, peer, (load_start, load_end, quiet)
+            rows,
+            features,
+            handoff_us,
+            settings,
+            args.quick,
+            peer,
+            (load_start, load_end, quiet),
+            hooks,
         ),
         encoding="utf-8",
     )

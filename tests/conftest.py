@@ -66,6 +66,29 @@ def untimed_job_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, li
     return run.losses
 
 
+@pytest.fixture(scope="session")
+def forward_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``stagefrontier run --router`` on examples/unmodified/train_ddp.py, 4 ranks, no
+    DataLoader workers, rank 1's forward 120 ms slow (``slow_forward``), 50 steps; 30 to 40 s
+    on a loaded 2-core machine."""
+    pytest.importorskip("torch")
+    from auto_support import run_unmodified
+
+    out = tmp_path_factory.mktemp("forward-stall")
+    return run_unmodified(out, "train_ddp.py", "--stall", "forward@1")
+
+
+@pytest.fixture(scope="session")
+def data_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same with 2 DataLoader workers per rank and rank 2's samples slow
+    (``slow_sample``: 120 ms of stall per step); 30 to 40 s."""
+    pytest.importorskip("torch")
+    from auto_support import run_unmodified
+
+    out = tmp_path_factory.mktemp("data-stall")
+    return run_unmodified(out, "train_ddp.py", "--stall", "data@2", "--workers", "2")
+
+
 GATE_STEPS = 100
 GATE_WINDOW = 20
 GATE_STALL = "data@1:120ms"

@@ -87,3 +87,20 @@ def test_an_error_quoting_a_name_stays_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and not RAW.search(err)
     assert "no\\x1b[2Jsuch\\nfile" in err
+
+
+def test_the_run_page_shows_such_names_escaped(tmp_path: Path) -> None:
+    """Issue 37, item 12: ``report --html`` wrote the stage's ESC bytes and newline raw into
+    the page (the HTML escaping leaves control characters alone)."""
+    from stagefrontier.cli import main
+
+    packet, _ = evil_packet()
+    (tmp_path / "run" / "packets").mkdir(parents=True)
+    write_packet(tmp_path / "run" / "packets" / "window-000000.json", packet)
+    page = tmp_path / "run.html"
+    assert main(["report", "--html", str(page), str(tmp_path / "run")]) == 0
+    text = page.read_text()
+    assert not RAW.search(text), RAW.search(text)
+    assert "data\\x1b[2J\\nwindow 9" in text
+    assert "node-b\\r\\u202e\\x9b31m" in text
+    assert f"\n{FORGED}" not in text

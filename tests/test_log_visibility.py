@@ -84,7 +84,7 @@ def test_nothing_reaches_stderr_when_nothing_is_configured(tmp_path: Path) -> No
 
 def test_no_module_of_the_library_adds_a_handler() -> None:
     """Only ``logs.py`` holds the handler an application asks for (``show_on_stderr``), and
-    only the command line and the demo ask for it."""
+    only the command line, the demo and ``stagefrontier run``'s worker bootstrap ask for it."""
     adders, callers = set(), set()
     for module, node in source_nodes():
         if isinstance(node, ast.Attribute) and node.attr in ("addHandler", "basicConfig"):
@@ -95,7 +95,9 @@ def test_no_module_of_the_library_adds_a_handler() -> None:
                 callers.add(module)
     # __init__.py: the NullHandler; demo/train.py: the demo's basicConfig
     assert adders == {"__init__.py", "logs.py", "demo/train.py"}
-    assert callers == {"logs.py", "cli/main.py", "demo/train.py"}  # logs.py: the context manager
+    # logs.py: the context manager; launch/worker.py: the bootstrap that runs an unmodified
+    # script under stagefrontier run, an application entry like the command line
+    assert callers == {"logs.py", "cli/main.py", "demo/train.py", "launch/worker.py"}
 
 
 def test_configured_logging_shows_each_line_once_in_its_own_format(tmp_path: Path) -> None:

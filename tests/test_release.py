@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def test_the_wheel_and_the_sdist_install_without_torch_and_run(tmp_path: Path) -
     wheel = dist / f"stagefrontier-{version}-py3-none-any.whl"
     sdist = dist / f"stagefrontier-{version}.tar.gz"
     assert wheel.is_file() and sdist.is_file(), sorted(p.name for p in dist.iterdir())
+    with zipfile.ZipFile(wheel) as archive:  # the environment switch, at site-packages' top
+        assert "stagefrontier-auto.pth" in archive.namelist()
 
     with tarfile.open(sdist) as archive:
         names = set(archive.getnames())

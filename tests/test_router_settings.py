@@ -32,6 +32,8 @@ from stagefrontier.route.requests import MAX_CAPTURE_STEPS
         ("max_trace_mb", "200"),
         ("poll_s", math.nan),
         ("poll_s", 0.0),
+        ("poll_s", 1e-6),
+        ("poll_s", 0.009),
         ("poll_s", math.inf),
         ("capture_timeout_s", math.inf),
         ("capture_timeout_s", math.nan),
@@ -52,7 +54,7 @@ def test_a_wrong_router_argument_is_refused_naming_it(name: str, value: Any) -> 
 def test_the_defaults_and_edge_values_are_accepted() -> None:
     ProfilerRouter()
     ProfilerRouter(steps=MAX_CAPTURE_STEPS, max_captures=0, cooldown_windows=0)
-    ProfilerRouter(capture_timeout_s=0, poll_s=0.001, max_trace_mb=0.5, with_stack=False)
+    ProfilerRouter(capture_timeout_s=0, poll_s=0.01, max_trace_mb=0.5, with_stack=False)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ what it sets; the configuration page of the documentation is checked against it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ReportFormatError
@@ -46,7 +47,38 @@ RUN_ID = Variable(
     "run",
     "the run id outside torchelastic (under it, TORCHELASTIC_RUN_ID is used)",
 )
-VARIABLES: dict[str, Variable] = {v.name: v for v in (*LIMITS.values(), RUN_ID)}
+SIGTERM = Variable(
+    "STAGEFRONTIER_SIGTERM",
+    "0",
+    "1: SIGTERM closes every open timer before the process ends (record.on_sigterm)",
+)
+AUTO: dict[str, Variable] = {
+    "switch": Variable(
+        "STAGEFRONTIER_AUTO",
+        "0",
+        "1: a launcher's worker times its script with the automatic hooks (stagefrontier run)",
+    ),
+    "out": Variable("STAGEFRONTIER_OUT", "stagefrontier", "the automatic hooks' output folder"),
+    "window": Variable("STAGEFRONTIER_WINDOW", 100, "the automatic hooks' steps per window"),
+    "router": Variable("STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on"),
+    "sinks": Variable("STAGEFRONTIER_SINKS", "", "the automatic hooks' extra sinks (a, b, ...)"),
+}
+"""The settings of ``stagefrontier run`` carried to its workers (``auto.options``)."""
+VARIABLES: dict[str, Variable] = {
+    v.name: v for v in (*LIMITS.values(), RUN_ID, SIGTERM, *AUTO.values())
+}
+
+
+def auto_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The automatic hooks' settings as set in ``environ`` (the process's by default), by the
+    names of ``AUTO``; those not set are left out."""
+    env = os.environ if environ is None else environ
+    return {key: env[v.name] for key, v in AUTO.items() if v.name in env}
+
+
+def auto_env(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` (by the names of ``AUTO``) as environment variables."""
+    return {AUTO[key].name: value for key, value in settings.items()}
 
 
 def positive_int(name: str) -> int:
@@ -77,3 +109,8 @@ def run_id() -> str:
 def restart_count() -> int:
     """torchelastic's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchelastic)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def closes_on_sigterm() -> bool:
+    """Whether a timer installs its SIGTERM handler (``STAGEFRONTIER_SIGTERM=1``)."""
+    return os.environ.get(SIGTERM.name, "").strip() == "1"

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import StageFrontierError
+from ..launch import command as run_command
 from ..logs import shown_on_stderr
 from ..render.escape import printable
 from ..render.last_resort import last_resort_line
@@ -44,6 +45,7 @@ COMMANDS: list[Callable[[Subparsers], None]] = [
     add_demo,
     add_incident,
     add_capture,
+    run_command.add_parser,
 ]
 """Subcommand registrars, in help order."""
 
@@ -81,11 +83,12 @@ def _mistyped_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> s
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script exits with it)."""
     parser = build_parser()
-    mistyped = _mistyped_command(parser, sys.argv[1:] if argv is None else argv)
+    words = sys.argv[1:] if argv is None else argv
+    mistyped = _mistyped_command(parser, words)
     if mistyped:
         print(f"stagefrontier: error: {printable(mistyped)}", file=sys.stderr)
         return EXIT_ERROR
-    args = parser.parse_args(argv)
+    args = parser.parse_args(run_command.separate(words))
     with shown_on_stderr(logging.WARNING):  # the library's warnings, one line each
         return _run(args)
 

@@ -68,10 +68,42 @@ def handle_compare(args: argparse.Namespace) -> int:
     stages = stage_list(args.stages)
     if gate_asked(args):
         return run_gate(gate_request(args, stages))
-    result = compare(load_side(args.base), load_side(args.new), stages)
+    for side in (args.base, args.new):
+        _refuse_another_kind(side)
+    result = compare(load_side(args.base, warn), load_side(args.new, warn), stages)
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_comparison(result))
     if args.plot:
         from ..render.compare_plot import plot_comparison
 
         print(plot_comparison(result, args.plot), file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
+
+
+KIND_NAMES = {
+    "windows": "windows.jsonl",
+    "npz": ".npz window",
+    "kineto": "PyTorch Profiler trace",
+    "nsys": "Nsight Systems export",
+}
+
+
+def _refuse_another_kind(side: str) -> None:
+    """A file given to ``compare`` that is not a packet (a trace, a ``windows.jsonl``) is named
+    as what it is, not read as a broken packet."""
+    from pathlib import Path
+
+    from ..errors import TraceFormatError
+    from ..reducers.detect import detect_format
+
+    path = Path(side)
+    if not path.is_file():
+        return
+    try:
+        kind = detect_format(path)
+    except TraceFormatError:
+        return  # unknown: read as a packet, whose error names the defect
+    if kind != "packet":
+        raise StageFrontierError(
+            f"{path} is a {KIND_NAMES.get(kind, kind)}, not an evidence packet: compare takes "
+            "packets and output folders (`stagefrontier analyze` reads the other kinds)"
+        )

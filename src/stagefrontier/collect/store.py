@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..errors import ReportFormatError
+from ..errors import ReportFormatError, StageFrontierError
 from ..sinks import close_sinks, collector_sinks, start_sinks
 from ..window.attempt import current_attempt
 from ..window.rank import PendingWindow, RankWindow
@@ -48,6 +48,7 @@ from .base import (
     publish,
 )
 from .live import LiveAnalysis
+from .rank0_watch import Rank0Watch
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 from .wire import decode_window, encode_window
 
@@ -140,7 +141,13 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
         else:
             conn.set_timeout(timedelta(seconds=timeout_s))
             return conn
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    try:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        raise StageFrontierError(
+            "no store to use: no process group, no store given, and MASTER_ADDR/MASTER_PORT "
+            "not set (a single process has no store unless one is given)"
+        ) from None
     return dist.TCPStore(
         host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
     )
@@ -203,6 +210,7 @@ class StoreCollector:
         self._silent_read = 0  # rank 0: announcements read so far
         self._done = 0  # rank 0: the value of the done counter it last published
         self._sent = SentKeys(lambda index: window_key(index, rank))  # sender's keys
+        self._watch = None if collects else Rank0Watch(rank, settings.out_dir, timeout_s)
         self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
         self.consumers = Consumers()
@@ -227,6 +235,8 @@ class StoreCollector:
         connection. The job's store and process groups are untouched; safe twice and with the
         store already gone."""
         self._worker.close()
+        if self._watch is not None:
+            self._watch.close()
         if not self._closed:
             release_scope(self.scope)
         self._closed = True
@@ -266,13 +276,30 @@ class StoreCollector:
 
     def _send(self, item: tuple[PendingWindow, float]) -> None:
         window = item[0].build()
+        if self._watch is not None and self._watch.gone:
+            self._worker.activity = f"keeping window {window.window} on local disk"
+            self._watch.keep(window)
+            return
         if self._dead:
             return
         self._worker.activity = f"sending window {window.window} to the store"
         try:
-            self._sent.send(self._connection(), window.window, encode_window(window))
+            done = self._sent.send(self._connection(), window.window, encode_window(window))
         except Exception as exc:
             self._fail("send", exc)
+            return
+        if self._watch is not None and self._watch.silent(window.window, done):
+            self._take_over(self._watch, done)
+
+    def _take_over(self, watch: Rank0Watch, done: int) -> None:
+        """Rank 0 is gone: this rank keeps its own windows."""
+        kept: list[RankWindow] = []
+        try:
+            for payload in self._sent.take_back(self._connection(), done):
+                kept.append(decode_window(payload))
+        except Exception as exc:  # the store failed too: keep what was read
+            logger.debug("stagefrontier: taking windows back from the store failed: %s", exc)
+        watch.take_over(kept)
 
     def _collect(self, item: tuple[PendingWindow, float]) -> None:
         own, windows, notes, read = self._gather_window(item)

@@ -18,6 +18,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from ..errors import ReportFormatError
@@ -105,14 +106,29 @@ class SentKeys:
         self.key_of = key_of
         self._written: deque[tuple[int, int]] = deque()
 
-    def send(self, conn: Any, window: int, data: bytes) -> None:
-        """Write this window's payload, then free what the collector moved past."""
+    def send(self, conn: Any, window: int, data: bytes) -> int:
+        """Write this window's payload, then free what the collector moved past; returns the
+        collector's done counter (the windows it has finished)."""
         self._written.append((window, put_payload(conn, self.key_of(window), data)))
         done = int(conn.add(DONE_KEY, 0))
         written = self._written
         while written and (written[0][0] < done or len(written) > MAX_UNCOLLECTED):
             index, chunks = written.popleft()
             delete_payload(conn, self.key_of(index), chunks)
+        return done
+
+    def take_back(self, conn: Any, since: int) -> list[bytes]:
+        """The payloads of this sender's windows from ``since`` on still in the store, in
+        order; every key it wrote is deleted (the collector is gone)."""
+        payloads = []
+        while self._written:
+            index, chunks = self._written.popleft()
+            key = self.key_of(index)
+            if index >= since and conn.check([key]):
+                with suppress(ReportFormatError):  # its chunks were half read and deleted
+                    payloads.append(get_payload(conn, key, []))
+            delete_payload(conn, key, chunks)
+        return payloads
 
 
 class PeerWait:

@@ -29,7 +29,9 @@ REPORT_KEYS = frozenset(f.name for f in fields(WindowReport)) | {"format", "vers
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every record of a ``windows.jsonl`` file, in file order (blank lines skipped), each
     checked to be a window record holding a valid report. A last line cut short (no newline and
-    not JSON: a writer stopped mid-line) is skipped with a warning.
+    not JSON: a writer stopped mid-line) is skipped with a warning, and so is a record cut short
+    that a later record was appended onto (a full disk, freed again, under an older writer): the
+    later record is kept.
 
     Raises:
         ReportFormatError: the file is over the size limit (``formats.limits``), or a line is
@@ -56,9 +58,38 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 if not line.endswith(b"\n") and not handle.peek(1):
                     logger.warning("%s: last line is cut short (%s); skipped", label, exc)
                     continue
-                raise ReportFormatError(f"{label}: not JSON: {exc}") from None
+                if not line.startswith(RECORD_START):
+                    raise ReportFormatError(f"{label}: not JSON: {exc}") from None
+                record = _after_torn_record(line, label, exc)
+                if record is None:
+                    continue
             records.append(check_record(record, label))
     return records
+
+
+RECORD_START = b'{"run_id": '
+"""How every record the library writes begins (``window``: the run id comes first)."""
+
+
+def _after_torn_record(line: bytes, label: str, exc: Exception) -> Any:
+    """The whole record a line holds after a record cut short (a write that failed on a full
+    disk, by a writer that did not cut it off), or None when it holds none; either way said in
+    one warning."""
+    start = line.rfind(RECORD_START)
+    if start > 0:
+        try:
+            record = json.loads(line[start:].decode("utf-8"))
+        except (ValueError, RecursionError):
+            pass
+        else:
+            logger.warning(
+                "%s: a record cut short (%s) runs into the next one; the cut record is skipped",
+                label,
+                exc,
+            )
+            return record
+    logger.warning("%s: a record cut short (%s); skipped", label, exc)
+    return None
 
 
 def check_record(record: Any, label: str) -> dict[str, Any]:

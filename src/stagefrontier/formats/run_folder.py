@@ -4,7 +4,8 @@ them as the run report)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..analysis.accounting import FloatArray
 from ..errors import ReportFormatError, StageFrontierError
 from .limits import LIMITS, limit
 from .packet import Packet, read_packet
-from .records import WINDOWS_FILE, read_records
+from .records import WINDOWS_FILE, read_records, window_name
 from .summary_packet import read_summary_packet
 
 PACKET_CELLS = 4096
@@ -26,12 +27,15 @@ report and facts take about 22 kB in memory, as much as this many float64 cells 
 @dataclass(frozen=True)
 class RunWindows:
     """The analyzed windows of one output folder, in (restart attempt, window) order, and one
-    line per packet that could not be read and was left out (``problems``)."""
+    line per packet that could not be read and was left out (``problems``). ``packetless``:
+    the records of windows whose packet is missing while others have one (a packet not
+    written, on a full disk say); they are reported from their record."""
 
     folder: Path
     packets: list[Packet]
     records: list[dict[str, Any]]
     problems: tuple[str, ...] = ()
+    packetless: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def stages(self) -> list[str]:
@@ -47,6 +51,7 @@ class RunWindows:
                 self.folder,
                 [p for p in self.packets if tuple(p.stages) == key],
                 [r for r in self.records if tuple(r["stages"]) == key],
+                packetless=[r for r in self.packetless if tuple(r["stages"]) == key],
             )
             for key in dict.fromkeys(keys)
         ]
@@ -69,12 +74,65 @@ def load_run(folder: str | Path) -> RunWindows:
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
     packets = sorted(_bounded_packets(path), key=lambda packet: window_order(packet.meta))
-    problems = tuple(_unreadable_summaries(path))
+    problems = _unreadable_summaries(path)
     jsonl = path / WINDOWS_FILE
     records = read_records(jsonl) if jsonl.exists() else []
     if not packets and not records:
         raise StageFrontierError(f"{path} holds no windows.jsonl and no packets/")
-    return RunWindows(path, packets, records, problems)
+    lost = lost_windows(
+        [window_order(p.meta) for p in packets] + [window_order(r) for r in records]
+    )
+    if lost:
+        problems.append(f"{path}: {lost}")
+    packetless = without_packet(records, packets)
+    if packetless:
+        problems.append(
+            f"{path}: {packetless_line(packetless)}; the report shows them from windows.jsonl, "
+            "the stage shares next to the baselines and the figures leave them out"
+        )
+    return RunWindows(path, packets, records, tuple(problems), packetless)
+
+
+def without_packet(records: list[dict[str, Any]], packets: list[Packet]) -> list[dict[str, Any]]:
+    """The records whose window has no per-rank packet, when some window has one (a run
+    collected hierarchically writes none, and says so itself)."""
+    if not packets:
+        return []
+    held = {window_order(packet.meta) for packet in packets}
+    return [record for record in records if window_order(record) not in held]
+
+
+def lost_windows(held: list[tuple[int, int]]) -> str:
+    """A line naming the windows missing between the first and last of each restart attempt
+    (neither a record nor a packet: lost on a full disk, or dropped by rank 0), or ``""``.
+    The gaps are counted from the windows held, never by walking the index range."""
+    by_attempt: dict[int, set[int]] = {}
+    for attempt, window in held:
+        by_attempt.setdefault(attempt, set()).add(window)
+    count, named = 0, list[str]()
+    for attempt, windows in sorted(by_attempt.items()):
+        ordered = sorted(windows)
+        for before, after in pairwise(ordered):
+            count += after - before - 1
+            for window in range(before + 1, min(after, before + 1 + 10 - len(named))):
+                named.append(f"{attempt}/{window}" if attempt else str(window))
+    if not count:
+        return ""
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    return (
+        f"{count} window(s) are missing, neither in windows.jsonl nor in packets/ "
+        f"({', '.join(named)}{more}: lost on a full disk, or dropped by rank 0)"
+    )
+
+
+def packetless_line(records: list[dict[str, Any]]) -> str:
+    """``window(s) 3, 7 have no packet (...)``, naming at most ten."""
+    names = [window_name(record) for record in records[:10]]
+    more = f" and {len(records) - 10} more" if len(records) > 10 else ""
+    return (
+        f"{len(records)} window(s) of windows.jsonl have no packet ({', '.join(names)}{more}: "
+        "not written, on a full disk say)"
+    )
 
 
 def _bounded_packets(path: Path) -> list[Packet]:

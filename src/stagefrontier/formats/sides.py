@@ -10,24 +10,30 @@ are read one at a time; those outside the range are dropped as soon as they are 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from ..analysis.compare import CompareError, Side
 from .limits import LIMITS, limit
-from .packet import Packet, read_packet
-from .run_folder import read_named_packet, window_order
+from .packet import Packet
+from .records import WINDOWS_FILE, read_records
+from .run_folder import packetless_line, read_named_packet, window_order, without_packet
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
 
 
-def load_side(spec: str) -> Side:
-    """The packets ``spec`` names, as one comparison side; raises StageFrontierError."""
+def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
+    """The packets ``spec`` names, as one comparison side; raises StageFrontierError. The
+    windows of a folder's ``windows.jsonl`` in the range that have no packet are left out,
+    said in one line to ``warn``."""
     path, first, last = parse_side(spec)
     if path.is_file():
-        chosen = [read_packet(path)]
+        chosen = [read_named_packet(path)]
         held = _windows(chosen)
     elif path.is_dir():
         chosen, held = _folder_side(spec, path, first, last)
+        if warn is not None:
+            _say_packetless(spec, path, chosen, first, last, warn)
     elif path.exists():
         raise CompareError(f"{path} is neither a packet file nor an output folder")
     else:
@@ -72,6 +78,27 @@ def _folder_side(
         )
     chosen.sort(key=lambda p: window_order(p.meta))
     return chosen, _span(indices)
+
+
+def _say_packetless(
+    spec: str,
+    path: Path,
+    chosen: list[Packet],
+    first: int | None,
+    last: int | None,
+    warn: Callable[[str], None],
+) -> None:
+    records = path / WINDOWS_FILE
+    if not chosen or not records.exists():
+        return
+    missing = [
+        record
+        for record in without_packet(read_records(records), chosen)
+        if (first is None or record["window"] >= first)
+        and (last is None or record["window"] <= last)
+    ]
+    if missing:
+        warn(f"{spec}: {packetless_line(missing)}; the comparison leaves them out")
 
 
 def parse_side(spec: str) -> tuple[Path, int | None, int | None]:

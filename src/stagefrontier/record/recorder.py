@@ -42,6 +42,7 @@ from ..collect.settings import (
     check_optional_text,
 )
 from ..collect.store import release_scope
+from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import RolesError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
@@ -59,6 +60,7 @@ from .instrumentation import Instrumentation
 from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
+from .on_sigterm import close_on_sigterm, closed
 from .probe import Probe
 from .self_cost import CostMeter
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
@@ -250,6 +252,7 @@ class StageTimer(TimerState):
         self.instrumentation = Instrumentation(self)
         """What the router (and other recorders alongside the timer) read and drive of it."""
         self._router = None if router is None else router.attach(self.instrumentation)
+        close_on_sigterm(self)
 
     # ------------------------------------------------------------------ public contexts
     def step(self) -> StepContext | NoopContext:
@@ -421,6 +424,7 @@ class StageTimer(TimerState):
         if self._closed:
             return
         self._closed = True
+        closed(self)
         if self._out_dir_held is not None:
             _OUT_DIRS.pop(self._out_dir_held, None)
         if not self.enabled:
@@ -440,8 +444,14 @@ class StageTimer(TimerState):
                 self.rank,
                 self._dropped,
             )
-        if self._collector is not None:
+        if self._collector is not None and _profiler_running():
+            # A thread started while the profiler traces Python (a capture still running as
+            # training ends) can crash its tracer: the collector closes on this thread then.
             self._collector.close()
+        elif self._collector is not None:  # its last windows and the sinks' close, bounded
+            call_within(
+                self._collector.close, CLOSE_DEADLINE_S - ROUTER_CLOSE_S, "the collector", logger
+            )
         if self._router is not None:
             self._router.close()
 
@@ -464,6 +474,20 @@ class StageTimer(TimerState):
         self.stage = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.probe = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.microstep = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
+
+
+def _profiler_running() -> bool:
+    """Whether the PyTorch profiler runs in this process (torch imported: the recorder never
+    imports it for this)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:  # a torch without it
+        return False
 
 
 _OUT_DIRS: dict[str, weakref.ref[StageTimer]] = {}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .escape import printable
 from .incident import reference_text
 
 if TYPE_CHECKING:
@@ -41,7 +42,18 @@ def templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=shown,
     )
+
+
+def shown(value: Any) -> Any:
+    """What a page shows of a value: text with each control character, line separator and
+    bidirectional control written as a backslash escape (``escape.printable``), as the text
+    reports show it, so a name cannot hide or forge text on a page either; markup a page builds
+    (``__html__``: a drawn figure) as it is. Autoescaping follows."""
+    if isinstance(value, str) and not hasattr(value, "__html__"):
+        return printable(value)
+    return value
 
 
 def render(template: str, **values: Any) -> str:

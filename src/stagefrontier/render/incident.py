@@ -35,6 +35,12 @@ def verdict(incident: dict[str, Any]) -> str:
             return f"not confirmed (the trace and the live steps agree: top {top})"
     if incident["confirmed"] is None and incident.get("reduced") == "pending":
         return "not reduced yet (a process of its own reduces it after the run)"
+    if incident["confirmed"] is None and incident.get("reduced") in (
+        "live",
+        "after the run",
+        "offline",
+    ):
+        return "reduced, but neither confirmed nor refuted (the reasons say why)"
     return {True: "confirmed", False: "disagrees", None: "not reduced"}[incident["confirmed"]]
 
 

@@ -24,7 +24,7 @@ from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
-from ..formats.run_folder import RunWindows, method_shares
+from ..formats.run_folder import RunWindows, method_shares, packetless_line
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .headline import Headlines
@@ -371,6 +371,8 @@ class Comparison:
     intro: str
     notes: list[tuple[str, str]]
     outro: str
+    packetless: str = ""
+    """The windows left out of these shares for want of a packet, or ``""``."""
 
 
 def _comparison(run: RunWindows) -> Comparison | None:
@@ -388,6 +390,11 @@ def _comparison(run: RunWindows) -> Comparison | None:
         intro=METHOD_INTRO,
         notes=list(METHOD_NOTES.items()),
         outro=METHOD_OUTRO,
+        packetless=(
+            f"{packetless_line(run.packetless)}: left out of these shares and the figure."
+            if run.packetless
+            else ""
+        ),
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
-from ..formats.run_folder import RunWindows, method_shares
+from ..formats.run_folder import RunWindows, method_shares, packetless_line, window_order
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .escape import printable, printable_lines
@@ -316,6 +316,8 @@ def _schema_report_text(run: RunWindows) -> str:
     lines = [_title(run), ""]
     if run.packets:
         lines += _comparison(run)
+        if run.packetless:
+            lines.append(f"({packetless_line(run.packetless)}; left out of these shares)")
     else:
         lines.append(
             "(no per-rank packets: the baselines need the [steps, ranks, stages] matrix, which a "
@@ -348,9 +350,12 @@ def _incidents(run: RunWindows) -> list[str]:
 
 
 def report_windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:
-    if run.packets:
-        return [(p.report, p.meta) for p in run.packets]
-    return [(WindowReport.from_dict(r), r) for r in run.records]
+    """Every window of the run: from its packet, or from its record where it has none."""
+    if not run.packets:
+        return [(WindowReport.from_dict(r), r) for r in run.records]
+    windows = [(p.report, p.meta) for p in run.packets]
+    windows += [(WindowReport.from_dict(r), r) for r in run.packetless]
+    return sorted(windows, key=lambda window: window_order(window[1]))
 
 
 def summary_window(

@@ -149,6 +149,12 @@ def settle_answers(current: OpenCapture, out_dir: str, why: str) -> Settled:
             continue
         if answer.reason:  # why a capture ended early, or was capped
             reasons.append(f"rank {rank}: {answer.reason}")
+        if answer.last_step < request.first_step:  # paused or closed at the first step
+            reasons.append(
+                f"rank {rank} captured no step: its capture ended before step "
+                f"{request.first_step} did; its trace is left unread"
+            )
+            continue
         if answer.host == host and regular_file_inside(answer.path, out_dir) is None:
             reasons.append(
                 f"rank {rank}'s trace {answer.path} never appeared on disk as a regular "
@@ -169,7 +175,8 @@ def settle_answers(current: OpenCapture, out_dir: str, why: str) -> Settled:
                 "`stagefrontier incident`"
             )
         if answer.last_step < request.last_step:
-            incident["steps"] = [request.first_step, answer.last_step]
+            last = min(incident["steps"][1], answer.last_step)  # the shortest rank's
+            incident["steps"] = [request.first_step, last]
             reasons.append(f"rank {rank} captured only up to step {answer.last_step}")
     incident["trace_files"] = {str(r): p for r, p in files.items()}
     incident["ranks"] = sorted(files)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from ..collect.settings import (
     check_optional_text,
 )
 from ..collect.store import claim_scope, release_scope
+from ..deadline import ROUTER_CLOSE_S
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from ..render.escape import first_line, printable
@@ -40,6 +42,7 @@ from .decide import MIN_SHARE, NOISE_FACTOR
 from .relay import RETRY_MAX_S, RequestRelay, request_poll_s
 from .requests import (
     MAX_CAPTURE_STEPS,
+    MAX_VALUE_BYTES,
     CaptureRequest,
     CaptureStatus,
     RequestChannel,
@@ -54,14 +57,20 @@ MAX_COUNT = 1_000_000
 MAX_TRACE_MB = 1_000_000.0
 """A terabyte: a larger trace limit is a mistake (and an infinite one overflows)."""
 MAX_POLL_S = 60.0
+MIN_POLL_S = 0.01
+"""A faster poll reads the store hundreds of times a second on every rank (at 1e-6 s it cost a
+fifth of the step time) for a request that takes a step to act on."""
 END_WAIT_S = 0.5
 """At the timer's close, the longest rank 0 waits for the open incident's answers (ranks
 answer as their own timers close) before settling it with what arrived (a capture setting,
 ``capture_timeout_s``, may be shorter)."""
-JOIN_S = 10.0
+JOIN_S = ROUTER_CLOSE_S
 """The longest a closing timer waits for its router thread (a last export, and on rank 0
 the bounded settle above); past it the rank exits without it, said in one line."""
 MAX_NOISE_FACTOR = 100.0
+OVERSIZED_REREAD_S = 10.0
+"""How long a rank leaves a request value over ``MAX_VALUE_BYTES`` unread before fetching the
+key again (a store gives no value's size before the value: each read fetches all of it)."""
 
 
 @dataclass
@@ -76,7 +85,7 @@ class ProfilerRouter:
         max_trace_mb: a capture stops once its process grew by this much while profiling (the
             profiler holds every event in memory), and a trace file larger than this is
             deleted and the capture reported failed.
-        poll_s: how often each rank's router thread reads the request key; (0, 60] seconds.
+        poll_s: how often each rank's router thread reads the request key; [0.01, 60] seconds.
             Under hierarchical collection node leaders read the job's store less often once
             there are more than 50 nodes (see ``route.relay``).
         capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
@@ -116,7 +125,7 @@ class ProfilerRouter:
         check_int(name("cooldown_windows"), self.cooldown_windows, 0, MAX_COUNT)
         check_int(name("max_captures"), self.max_captures, 0, MAX_COUNT)
         check_number(name("max_trace_mb"), self.max_trace_mb, 0.0, MAX_TRACE_MB, open_low=True)
-        check_number(name("poll_s"), self.poll_s, 0.0, MAX_POLL_S, open_low=True)
+        check_number(name("poll_s"), self.poll_s, MIN_POLL_S, MAX_POLL_S)
         check_number(name("capture_timeout_s"), self.capture_timeout_s, 0.0, MAX_TIMEOUT_S)
         check_flag(name("with_stack"), self.with_stack)
         check_number(name("min_share"), self.min_share, 0.0, 1.0)
@@ -166,6 +175,7 @@ class RouterRuntime:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._rejected: bytes | None = None  # the last request value refused (warned once)
+        self._oversized_until = 0.0  # an oversized value is not fetched again before then
         self._said: set[tuple[str, str]] = set()  # the thread's failures said so far
         self._store_warned = False  # a failed read of the request was said
         self._store_back = False  # a read answering after failures was said
@@ -278,11 +288,13 @@ class RouterRuntime:
             self.coordinator.tick()
 
     def _watch(self) -> None:
-        if not self._relay.due():
+        if not self._relay.due() or time.monotonic() < self._oversized_until:
             return
         data = self._read_request()
         if self._relay.failures:  # read again after the back-off
             return
+        if data is not None and len(data) > MAX_VALUE_BYTES:  # refused below, warned once
+            self._oversized_until = time.monotonic() + OVERSIZED_REREAD_S
         request = self._decode(data)
         pending = self.capture.pending()
         if pending is not None and (request is None or request.id != pending):

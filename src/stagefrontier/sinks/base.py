@@ -3,7 +3,8 @@
 A sink receives every analyzed window on rank 0's analysis thread. It has ``write(window)`` and
 ``close()``, and may have ``start()``: the collector that owns the sinks calls ``start()`` when it
 is built (to open an endpoint or a file up front rather than at the first window) and ``close()``
-after its last window. A sink that fails is logged and skipped; nothing reaches training.
+after its last window. A sink that fails is logged (once per sink and kind of failure) and
+skipped; nothing reaches training.
 """
 
 from __future__ import annotations
@@ -53,9 +54,15 @@ def close_sinks(sinks: Sequence[Sink]) -> None:
         _guarded("closing", sink, sink.close)
 
 
+_said: dict[int, set[tuple[str, str]]] = {}
+"""Per sink (by identity), the failures said so far: a sink that fails at every window (a full
+disk) is said once per kind of failure, its repeats at DEBUG."""
+
+
 def _guarded(doing: str, sink: Sink, call: Callable[[], None]) -> None:
     try:
         call()
     except Exception as exc:
         name = type(sink).__name__
-        say_failed(logger, f"{doing} sink {name}", exc, "the other sinks go on")
+        said = _said.setdefault(id(sink), set())
+        say_failed(logger, f"{doing} sink {name}", exc, "the other sinks go on", said)

@@ -5,29 +5,59 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from ..window.merged import AnalyzedWindow
 
 
 class JsonlSink:
-    """Appends one JSON object per window to ``out_dir/windows.jsonl``."""
+    """Appends one JSON object per window to ``out_dir/windows.jsonl``.
+
+    A record is whole on disk or absent. A write that fails part way (a full disk) leaves the
+    bytes it wrote; before the next record goes on, the file is cut back to the end of the last
+    whole record, so a disk that filled and was freed again does not leave a torn record run into
+    the next one. A file that an earlier run left ending mid-record is cut back the same way when
+    it is opened.
+    """
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.path = Path(out_dir) / "windows.jsonl"
-        self._file: Any = None
+        self._fd: int | None = None
+        self._cut_at: int | None = None
+        """Where the record a failed write left cut short begins."""
 
     def write(self, window: AnalyzedWindow) -> None:
-        if self._file is None:
+        data = (json.dumps(window.record, allow_nan=False) + "\n").encode("utf-8")
+        if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
-        self._file.write(json.dumps(window.record, allow_nan=False) + "\n")
-        self._file.flush()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+            self._cut_at = _whole_records_end(self._fd)
+        if self._cut_at is not None and os.fstat(self._fd).st_size > self._cut_at:
+            os.ftruncate(self._fd, self._cut_at)
+        self._cut_at = os.fstat(self._fd).st_size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        self._cut_at = None  # whole: a write that raised left it at the record's start
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _whole_records_end(fd: int) -> int:
+    """The offset just past the last newline of the file open at ``fd`` (0 when none): where
+    its whole records end."""
+    size = os.fstat(fd).st_size
+    position = size
+    while position > 0:
+        start = max(0, position - 65536)
+        chunk = os.pread(fd, position - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        position = start
+    return 0
 
 
 class PacketSink:

@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..analysis.window_metrics import WindowMetrics
 from ..errors import SinkSettingError
@@ -22,6 +23,12 @@ logger = logging.getLogger("stagefrontier")
 DEFAULT_EXPORT_INTERVAL_S = 15.0
 DEFAULT_EXPORT_TIMEOUT_S = 10.0
 DEFAULT_MAX_LEADER_VALUES = 32
+CLOSE_RETRIES_S = 2.0
+"""How long into its close the sink still retries a failed export (the SDK retries, backing off,
+until its export timeout: 10 s by default, when the receiver is absent)."""
+MAX_RESPONSE_BYTES = 64 * 1024
+"""The most of a receiver's response body read (an OTLP answer is a few bytes); the rest of a
+larger one is never read."""
 OTHER_LEADER = "other"
 """The ``leader_rank`` attribute of a leader beyond the first ``max_leader_values`` of a run."""
 NO_LEADER_VALUE = "none"
@@ -81,7 +88,8 @@ class OtelSink:
     full URL of the metrics path; without it the SDK reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``
     or ``OTEL_EXPORTER_OTLP_ENDPOINT`` (default ``http://localhost:4318/v1/metrics``). A failed
     export is logged once on the ``stagefrontier`` logger with the reason, and the count of
-    failures at close; training never sees it.
+    failures at close; training never sees it. The SDK's own line about each failed or retried
+    metrics export is dropped (a filter on its exporter loggers, from the sink's start).
 
     Needs ``pip install 'stagefrontier[otel]'``.
     """
@@ -108,6 +116,10 @@ class OtelSink:
                 or not 0 < value <= 86400
             ):
                 raise SinkSettingError(f"OtelSink {name} must be in (0, 86400] seconds: {value!r}")
+        if endpoint is not None and not _is_http_url(endpoint):
+            raise SinkSettingError(
+                f"OtelSink endpoint must be an http:// or https:// URL with a host: {endpoint!r}"
+            )
         if (
             isinstance(max_leader_values, bool)
             or not isinstance(max_leader_values, int)
@@ -138,6 +150,7 @@ class OtelSink:
         with self._lock:
             if self._provider is not None:
                 return
+            _quiet_sdk_export_failures()
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
             from opentelemetry.sdk.resources import Resource
@@ -166,12 +179,16 @@ class OtelSink:
 
     def close(self) -> None:
         """Stop the export thread, export the latest window once more on this thread and shut
-        the provider down; each export is bounded by ``export_timeout_s``."""
+        the provider down. A request under way is bounded by ``export_timeout_s``; retries of a
+        failed one (a receiver that is not there) end ``CLOSE_RETRIES_S`` into the close."""
         with self._lock:
             provider, self._provider = self._provider, None
         if provider is None:
             return
         self._stop.set()
+        no_more_retries = threading.Timer(CLOSE_RETRIES_S, self._exporter.shutdown)
+        no_more_retries.daemon = True
+        no_more_retries.start()
         thread = self._thread
         if thread is not None:
             thread.join(timeout=2 * self.export_timeout_s + 1)
@@ -183,6 +200,7 @@ class OtelSink:
                     2 * self.export_timeout_s + 1,
                 )
         self._export_once()
+        no_more_retries.cancel()
         provider.shutdown(timeout_millis=self.export_timeout_s * 1e3)
         failures = self._exporter.failures
         if failures:
@@ -225,12 +243,25 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
 
     class CountingExporter(OTLPMetricExporter):  # type: ignore[misc]
         def __init__(self) -> None:
-            super().__init__(endpoint=endpoint, headers=dict(headers) or None, timeout=timeout_s)
+            super().__init__(
+                endpoint=endpoint,
+                headers=dict(headers) or None,
+                timeout=timeout_s,
+                session=_bounded_session(),
+            )
             self.target = endpoint or getattr(self, "_endpoint", None) or "the OTLP default"
             self.failures = 0
+            self.shut = False
             self.first_error: str | None = None
 
+        def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+            if not self.shut:  # once: the sink's close may have ended its retries already
+                self.shut = True
+                super().shutdown(timeout_millis, **kw)
+
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
+            if self.shut:  # the sink closed: nothing more to send
+                return MetricExportResult.FAILURE
             try:
                 result = super().export(metrics_data, timeout_millis=timeout_millis, **kw)
             except Exception as exc:  # an exporter bug must not end the export thread
@@ -250,6 +281,59 @@ def _exporter(endpoint: str | None, headers: Mapping[str, str], timeout_s: float
             return result
 
     return CountingExporter()
+
+
+SDK_EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+)
+"""The OpenTelemetry loggers that log each failed metrics export (and each retry) themselves."""
+
+
+class _MetricsExportFailures(logging.Filter):
+    """Drops the SDK's own line about a failed or retried metrics export: the sink says the
+    first failure in its words and counts the rest at close. Other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING or "metrics batch" not in record.getMessage()
+
+
+_METRICS_EXPORT_FAILURES = _MetricsExportFailures()
+
+
+def _quiet_sdk_export_failures() -> None:
+    for name in SDK_EXPORT_LOGGERS:
+        logging.getLogger(name).addFilter(_METRICS_EXPORT_FAILURES)  # a set: added once
+
+
+def _is_http_url(endpoint: object) -> bool:
+    if not isinstance(endpoint, str):
+        return False
+    try:
+        parts = urlsplit(endpoint)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port out of range or not a number
+        return False
+
+
+def _bounded_session() -> Any:
+    """A requests session that reads at most ``MAX_RESPONSE_BYTES`` of a response body and
+    closes the connection on the rest (before: a 300 MB answer was read into memory)."""
+    import requests
+
+    class BoundedSession(requests.Session):
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs["stream"] = True
+            response = super().request(*args, **kwargs)
+            try:
+                body = response.raw.read(MAX_RESPONSE_BYTES, decode_content=True)
+                response._content = body or b""
+                response._content_consumed = True
+            finally:
+                response.close()
+            return response
+
+    return BoundedSession()
 
 
 def _instruments(meter: Any, sink: OtelSink) -> None:

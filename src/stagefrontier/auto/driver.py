@@ -1,0 +1,408 @@
+"""``AutoDriver``: drives a StageTimer from PyTorch's hooks, for a training script left as it is.
+
+The driver watches the first optimizer step without timing it, to learn the loop's shape: which
+optimizer steps, how many backward calls run per step (more than one: gradient accumulation,
+timed as microsteps), and which module is the model (the first module called, in training mode
+with gradients on, while no other module runs: the DDP or FSDP wrapper, or the plain model).
+From the second step on it times, entering and leaving the timer's public contexts
+(``timer.step()``, ``timer.microstep(i)``, ``timer.stage(name)``, ``timer.fetch``) at each hook:
+
+==========================  =====================================================================
+stage                       from -> to
+==========================  =====================================================================
+``data.next_wait``          each ``next()`` of a DataLoader iterator, through ``timer.fetch``
+                            (charged to the step that consumes the batch; with accumulation, a
+                            fetch after a backward opens the next microstep and is its own)
+``model.fwd_loss_cpu_wall`` the model's forward pre-hook -> the backward call (the loss included)
+``model.backward_cpu_wall`` the backward call, start to return
+``optim.step_cpu_wall``     the optimizer's step pre-hook -> its post-hook, which ends the step
+``step.other_cpu_wall``     the rest of the step (device transfer, clipping, logging)
+==========================  =====================================================================
+
+A loop that does not fit is said in one line on rank 0 and left untimed, or timed with what
+the line names as lumped: two optimizers, no optimizer step, no backward call seen. Every method
+here runs in the training loop: it never raises (a failure is said once and timing stops).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..analysis.schema import (
+    BACKWARD_STAGE,
+    DATA_STAGE,
+    FORWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+from ..failures import say_failed
+from ..integrations._timer import TimerArguments
+from ..record.recorder import StageTimer
+from .patches import LOADER, Patches
+
+logger = logging.getLogger("stagefrontier")
+
+AUTO_STAGES: tuple[str, ...] = (
+    DATA_STAGE,
+    FORWARD_STAGE,
+    BACKWARD_STAGE,
+    OPTIMIZER_STAGE,
+    RESIDUAL_STAGE,
+)
+"""The ordered schema of the automatic hooks."""
+
+LEARN, TIME, OFF = "learn", "time", "off"
+LEARN_CALLS = 1000
+"""Outermost module calls with no optimizer step after which the hooks stop waiting for one:
+no real loop accumulates that many micro-batches into its first step."""
+
+
+def say(message: str) -> None:
+    """One line on rank 0 (every rank finds the same, so one says it)."""
+    if os.environ.get("RANK", "0") == "0":
+        logger.warning("stagefrontier: %s", message)
+
+
+class AutoDriver:
+    """The state of the automatic hooks in one worker process (see the module doc)."""
+
+    def __init__(self, arguments: TimerArguments) -> None:
+        import torch
+
+        self._arguments = arguments
+        self._grad_on: Callable[[], bool] = torch.is_grad_enabled
+        self._torch = torch
+        self.phase = LEARN
+        self.framework: str | None = None  # a framework whose callback took over
+        self.timer: StageTimer | None = None
+        self._patches = Patches(self)
+        self._handles: list[Any] = []
+        self._learn_handles: list[Any] = []
+        # what the first step shows
+        self._depth = 0
+        self.model: Any = None
+        self._stepped: list[Any] = []  # the optimizers that stepped, in order
+        self._learn_backwards = 0
+        self._forwards = 0
+        self._calls = 0  # outermost module calls while learning, in any mode
+        # while timing
+        self._optimizer: Any = None
+        self.accumulate = False
+        self._in_optimizer = False
+        self._in_backward = False
+        self._after_backward = False
+        self._step: Any = None  # the open step context, or None
+        self._micro: Any = None  # the open microstep context, or None
+        self._micro_index = -1
+        self._open: Any = None  # the open stage context, or None
+        self._open_name = ""
+        self._loader: Any = None  # the training DataLoader, once known
+        self._counters: Any = None  # its worker counters, when watched
+        self._fetched_from: Any = None  # the loader of the last batch fetched
+
+    # ------------------------------------------------------------------ set up and tear down
+    def install(self) -> None:
+        from torch.nn.modules import module
+        from torch.optim import optimizer
+
+        self._patches.install()
+        self._handles += [
+            optimizer.register_optimizer_step_pre_hook(self._optimizer_begins),
+            optimizer.register_optimizer_step_post_hook(self._optimizer_ends),
+        ]
+        self._learn_handles += [
+            module.register_module_forward_pre_hook(self._learn_forward),
+            module.register_module_forward_hook(self._learn_forward_done, always_call=True),
+        ]
+
+    def hand_over(self, framework: str) -> None:
+        """A framework's own callback times the run instead: stop, keep nothing open."""
+        if self.framework is None:
+            self.framework = framework
+            say(f"{framework} Trainer found: its StageFrontierCallback times the run")
+        self.stop()
+
+    def stop(self) -> None:
+        """Remove every hook and close the timer (its last window is written)."""
+        self.phase = OFF
+        for handle in self._handles + self._learn_handles:
+            handle.remove()
+        self._handles, self._learn_handles = [], []
+        self._patches.remove()
+        self.close()
+
+    def close(self) -> None:
+        """End the open step and close the timer; safe to call twice."""
+        if self.phase == LEARN and self._forwards and not self._stepped:
+            say(
+                f"{self._forwards} training forward call(s) and no optimizer step: nothing was "
+                "timed (a loop that updates its parameters without optimizer.step() needs "
+                "timer.step() and timer.stage() by hand)"
+            )
+        if self._step is not None:
+            self._end_step()
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            try:
+                timer.close()
+            except Exception as exc:
+                say_failed(logger, "closing the automatic timer", exc, "its last window is lost")
+
+    def closing(self) -> None:
+        """The process group is about to go: close the timer while its store still works."""
+        self.close()
+        if self.phase != OFF:
+            self.phase = OFF
+
+    # ------------------------------------------------------------------ the first step
+    def _learn_forward(self, module: Any, args: Any) -> None:
+        depth, self._depth = self._depth, self._depth + 1
+        if depth:
+            return
+        self._calls += 1
+        if self._calls > LEARN_CALLS and not self._stepped:
+            self._give_up_learning()
+            return
+        if not module.training or not self._grad_on():
+            return
+        self._forwards += 1
+        if self._stepped:
+            self._start_timing()
+            if self.phase == TIME and module is self.model:
+                self._forward(module, args)  # its own hook starts with its next call
+        elif self.model is None:
+            self.model = module
+
+    def _give_up_learning(self) -> None:
+        """No optimizer step after ``LEARN_CALLS`` outermost module calls: say so, and take the
+        global module hooks away (they slow every module call while they are installed)."""
+        if self._forwards:
+            self.close()  # says what was seen
+        else:
+            say(
+                f"{LEARN_CALLS} calls of the outermost module and no training step (an "
+                "evaluation-only script?): nothing was timed"
+            )
+        self.stop()
+
+    def _learn_forward_done(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _start_timing(self) -> None:
+        """The second step begins: judge what the first showed, build the timer, time."""
+        for handle in self._learn_handles:
+            handle.remove()
+        self._learn_handles = []
+        optimizers = list({id(o): o for o in self._stepped}.values())
+        if len(optimizers) > 1:
+            self._not_one_optimizer(optimizers)
+            return
+        self._optimizer = optimizers[0]
+        if self._learn_backwards == 0:
+            say(
+                "no backward call seen in the first step (a custom backward?): the forward "
+                "stage also holds the backward (wrap it in timer.stage('model.backward_cpu_wall') "
+                "by hand to split them)"
+            )
+        if self.model is None:
+            say("no training forward of an nn.Module seen: the forward counts in the residual")
+        else:
+            self._handles.append(self.model.register_forward_pre_hook(self._forward))
+        self.accumulate = self._learn_backwards > 1
+        if self._ensure_timer():
+            self.phase = TIME
+
+    def _not_one_optimizer(self, optimizers: list[Any]) -> None:
+        names = ", ".join(type(o).__name__ for o in optimizers)
+        say(
+            f"{len(optimizers)} optimizers step in one training loop ({names}): the automatic "
+            f"hooks cannot tell which step each stage belongs to, so timing stops here; time "
+            "the loop by hand with timer.step() and timer.stage()"
+        )
+        self.stop()
+
+    def _ensure_timer(self) -> bool:
+        if self.timer is not None:
+            return True
+        try:
+            self.timer = self._arguments.make_timer(AUTO_STAGES)
+        except Exception as exc:
+            say_failed(logger, "building the automatic timer", exc, "the run is not timed")
+            self.stop()
+            return False
+        if self._loader is not None:
+            self._watch(self._loader)
+        return True
+
+    def _process_group_ready(self) -> bool:
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return True
+        dist = self._torch.distributed
+        return bool(dist.is_available() and dist.is_initialized())
+
+    # ------------------------------------------------------------------ the hooks
+    def _forward(self, module: Any, args: Any) -> None:
+        if self.phase != TIME or not module.training or not self._grad_on():
+            return
+        try:
+            if self._step is None:
+                fetched = self._fetched_from
+                if fetched is not None and fetched is not self._loader:
+                    self._loader = fetched  # the loop trains on another loader (a new epoch's)
+                    self._watch(fetched)
+                self._begin_step()
+            elif self._after_backward:
+                self._after_backward = False
+                if self.accumulate:
+                    self._next_microstep()
+            elif self._open_name == FORWARD_STAGE:
+                return  # the model called twice in one forward stage
+            self._enter(FORWARD_STAGE)
+        except Exception as exc:
+            self._fail(exc)
+
+    def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._in_backward or self.phase != TIME or self._step is None:
+            if self.phase == LEARN and not self._in_backward:
+                self._learn_backwards += 1
+            return call(*args, **kwargs)
+        self._in_backward = True
+        try:
+            self._enter(BACKWARD_STAGE)
+        except Exception as exc:
+            self._fail(exc)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._in_backward = False
+            opened = self._open
+            if opened is not None and self._open_name == BACKWARD_STAGE:
+                self._open = None
+                self._open_name = ""
+                self._after_backward = True
+                try:
+                    opened.__exit__(None, None, None)
+                except Exception as exc:
+                    self._fail(exc)
+
+    def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._in_optimizer or self.phase == OFF:
+            return
+        self._in_optimizer = True
+        if self.phase == LEARN:
+            return
+        if optimizer is not self._optimizer:
+            self._not_one_optimizer([self._optimizer, optimizer])
+            return
+        try:
+            if self._step is None:
+                self._begin_step()
+            self._enter(OPTIMIZER_STAGE)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._in_optimizer:
+            return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
+        self._in_optimizer = False
+        if self.phase == LEARN:
+            if optimizer is not None:
+                self._stepped.append(optimizer)
+        elif self._step is not None:
+            try:
+                self._end_step()
+            except Exception as exc:
+                self._fail(exc)
+
+    # ------------------------------------------------------------------ the timer's contexts
+    def _enter(self, stage: str) -> None:
+        """Close the open stage and open ``stage``."""
+        opened = self._open
+        if opened is not None:
+            opened.__exit__(None, None, None)
+        ctx = self._open = self.timer.stage(stage)  # type: ignore[union-attr]
+        self._open_name = stage
+        ctx.__enter__()
+
+    def _begin_step(self) -> None:
+        timer: Any = self.timer
+        step = self._step = timer.step()
+        step.__enter__()
+        self._after_backward = False
+        if self.accumulate:
+            self._micro_index = -1
+            self._next_microstep()
+
+    def _next_microstep(self) -> None:
+        """Close the open stage and microstep; open the next microstep, no stage in it."""
+        self._close_open()
+        micro = self._micro
+        if micro is not None:
+            micro.__exit__(None, None, None)
+        self._micro_index += 1
+        micro = self._micro = self.timer.microstep(self._micro_index)  # type: ignore[union-attr]
+        micro.__enter__()
+
+    def _end_step(self) -> None:
+        self._close_open()
+        micro, self._micro = self._micro, None
+        if micro is not None:
+            micro.__exit__(None, None, None)
+        step, self._step = self._step, None
+        self._after_backward = False
+        if step is not None:
+            step.__exit__(None, None, None)
+
+    def _close_open(self) -> None:
+        opened, self._open = self._open, None
+        self._open_name = ""
+        if opened is not None:
+            opened.__exit__(None, None, None)
+
+    def _fail(self, exc: BaseException) -> None:
+        say_failed(logger, "driving the timer from the automatic hooks", exc, "timing stops")
+        self._step = self._micro = self._open = None
+        self.stop()
+
+    # ------------------------------------------------------------------ the data
+    def loader_starts(self, loader: Any) -> None:
+        """A DataLoader starts an epoch: watch its workers when it is the training loader."""
+        if self.phase == OFF or not self._grad_on():
+            return
+        if self._loader is None:
+            self._loader = loader
+        if loader is not self._loader:
+            return
+        if self.timer is None and self._process_group_ready():
+            self._ensure_timer()
+        elif self.timer is not None:
+            self._watch(loader)
+
+    def _watch(self, loader: Any) -> None:
+        timer = self.timer
+        if timer is not None and hasattr(loader, "num_workers"):
+            self._counters = timer.watch_dataloader(loader)
+
+    def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
+        """One ``next()`` of a DataLoader iterator."""
+        if self.phase == LEARN and self._stepped and self._grad_on():
+            self._start_timing()
+        timer = self.timer
+        if self.phase != TIME or timer is None or not self._grad_on():
+            return next_batch(iterator)
+        loader = self._fetched_from = getattr(iterator, LOADER, None)
+        if self.accumulate and self._after_backward and self._step is not None:
+            self._after_backward = False
+            try:
+                self._next_microstep()  # the next micro-batch's own wait
+            except Exception as exc:
+                self._fail(exc)
+                return next_batch(iterator)
+        batch = timer.fetch(next_batch, iterator)
+        counters = self._counters
+        if counters is not None and loader is self._loader:
+            counters.consumed += 1
+        return batch

@@ -1,0 +1,87 @@
+"""The only place the automatic hooks patch PyTorch: where it has no public hook for an event.
+
+PyTorch has public global hooks for the optimizer step (``register_optimizer_step_pre_hook`` and
+``..._post_hook``) and module calls (``register_module_forward_pre_hook``, and per module
+``register_forward_pre_hook``); the automatic hooks use those. Four events have none, and are
+patched here, each by one wrapper that calls the original and tells a listener:
+
+- ``torch.autograd.backward``: the backward call (``Tensor.backward`` calls it, so both count);
+- ``DataLoader.__iter__``: a loader starts an epoch (its workers are watched from then on);
+- ``_BaseDataLoaderIter.__next__``: one batch fetched (every DataLoader iterator inherits it);
+- ``torch.distributed.destroy_process_group``: the timer closes first, while its store works.
+
+``remove`` puts every original back. Nothing else in the package patches PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+LOADER = "_stagefrontier_loader"
+"""The attribute on a DataLoader iterator naming the loader it came from."""
+
+
+class Listener(Protocol):
+    """What the patches tell (``auto.driver.AutoDriver``)."""
+
+    def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def loader_starts(self, loader: Any) -> None: ...
+
+    def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any: ...
+
+    def closing(self) -> None: ...
+
+
+class Patches:
+    """The four wrappers of the module doc, installed on one listener."""
+
+    def __init__(self, listener: Listener) -> None:
+        self._listener = listener
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        import torch.autograd
+        import torch.distributed
+        from torch.utils.data import dataloader
+
+        listener = self._listener
+        # a partial is called from C: no Python frame of its own on each backward
+        patched_backward = functools.partial(listener.backward, torch.autograd.backward)
+
+        make_iterator = dataloader.DataLoader.__iter__
+
+        def patched_iter(loader: Any) -> Any:
+            listener.loader_starts(loader)
+            iterator = make_iterator(loader)
+            with contextlib.suppress(AttributeError):  # an iterator class with slots
+                setattr(iterator, LOADER, loader)
+            return iterator
+
+        next_batch = dataloader._BaseDataLoaderIter.__next__
+
+        def patched_next(iterator: Any) -> Any:
+            return listener.fetch(iterator, next_batch)
+
+        destroy = torch.distributed.destroy_process_group
+
+        def patched_destroy(*args: Any, **kwargs: Any) -> Any:
+            listener.closing()
+            return destroy(*args, **kwargs)
+
+        self._replace(torch.autograd, "backward", patched_backward)
+        self._replace(dataloader.DataLoader, "__iter__", patched_iter)
+        self._replace(dataloader._BaseDataLoaderIter, "__next__", patched_next)
+        self._replace(torch.distributed, "destroy_process_group", patched_destroy)
+
+    def remove(self) -> None:
+        saved, self._saved = self._saved, []
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+    def _replace(self, owner: Any, name: str, wrapper: Any) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, wrapper)

@@ -1,0 +1,99 @@
+"""Running unmodified training scripts under ``stagefrontier run`` (4 real Gloo ranks on
+torchrun's launcher) and, in one process, under ``python -m stagefrontier.run`` or the
+environment switch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recorder_support import read_records
+from trace_support import settled_incidents
+
+ROOT = Path(__file__).resolve().parents[1]
+UNMODIFIED = ROOT / "examples" / "unmodified"
+ODD_LOOPS = ROOT / "tests" / "data" / "scripts" / "odd_loops.py"
+RANKS = 4
+WINDOW = 10
+DEADLINE_S = 420.0
+
+
+@dataclass
+class AutoRun:
+    """One finished ``stagefrontier run`` job: its output folder, what it printed, rank 0's
+    window records and its incidents (settled)."""
+
+    out: Path
+    output: str
+    records: list[dict[str, Any]]
+    incidents: list[dict[str, Any]]
+
+
+def run_unmodified(out: Path, script: str, *args: str, router: bool = True) -> AutoRun:
+    """``stagefrontier run --out OUT --window 10 [--router] --standalone --nproc-per-node 4
+    SCRIPT ARGS`` on a script of examples/unmodified; asserts it ended well."""
+    command = [
+        sys.executable,
+        "-m",
+        "stagefrontier.cli",
+        "run",
+        "--out",
+        str(out),
+        "--window",
+        str(WINDOW),
+        *(["--router"] if router else []),
+        "--standalone",
+        "--nproc-per-node",
+        str(RANKS),
+        "--max-restarts=0",
+        str(UNMODIFIED / script),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    return AutoRun(out, output, read_records(out), settled_incidents(out))
+
+
+def run_one_process(
+    argv: list[str], env: dict[str, str], python: str | Path = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` in one process (no launcher), with ``env`` added to the environment."""
+    return subprocess.run(
+        [str(python), *argv],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+
+
+def switched_venv(where: Path) -> Path:
+    """A virtual environment whose site-packages holds this checkout's ``stagefrontier-auto.pth``
+    and a path file reaching this checkout's sources and the running interpreter's packages
+    (torch), as a wheel installs them; returns its Python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    packages = Path(site)
+    (packages / "paths.pth").write_text(
+        f"{ROOT / 'src'}\n{sysconfig.get_paths()['purelib']}\n", encoding="utf-8"
+    )
+    (packages / "stagefrontier-auto.pth").write_bytes(
+        (ROOT / "src" / "stagefrontier-auto.pth").read_bytes()
+    )
+    return python

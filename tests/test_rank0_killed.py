@@ -1,0 +1,157 @@
+"""Rank 0 killed (SIGKILL) while the job's store stays up, as when the launcher's agent holds
+the store (issue 37, item 4): the other ranks say it once and keep their own windows on local
+disk, the last ones rank 0 never collected included.
+
+Real processes: the store server lives in the test process (the agent's place), rank 0 and
+rank 1 are processes of their own, and rank 0 is killed by signal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+STAGE = "data.next_wait"
+WINDOW = 5
+TIMEOUT_S = 1.0
+DEADLINE_S = 240.0
+GONE = "rank 0 has collected no window"
+
+
+def _timed_steps(timer: Any, steps: int) -> None:
+    for _ in range(steps):
+        with timer.step(), timer.stage(STAGE):
+            time.sleep(0.05)
+
+
+def _timer(rank: int, folder: Path, port: int) -> Any:
+    import torch.distributed as dist
+
+    from stagefrontier import StageTimer
+    from stagefrontier.collect import CollectorSettings, StoreCollector
+
+    client = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+    settings = CollectorSettings(rank, 2, folder, TIMEOUT_S, regression=None)
+    return StageTimer([STAGE], window=WINDOW, collector=StoreCollector(settings, store=client))
+
+
+def _rank0(folder: Path, port: int) -> None:
+    timer = _timer(0, folder, port)
+    records = folder / "windows.jsonl"
+    while not (records.exists() and records.read_bytes().count(b"\n") >= 3):
+        _timed_steps(timer, WINDOW)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rank1(folder: Path, port: int) -> None:
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    logging.getLogger("stagefrontier").addHandler(Keep(logging.WARNING))
+    timer = _timer(1, folder, port)
+    deadline = time.monotonic() + DEADLINE_S / 2
+    while not any(GONE in w for w in warnings) and time.monotonic() < deadline:
+        _timed_steps(timer, WINDOW)
+    _timed_steps(timer, 2 * WINDOW)  # after the take-over: kept here at once
+    timer.close()
+    (folder / "rank1.json").write_text(json.dumps({"warnings": warnings}))
+
+
+def _windows(path: Path) -> list[int]:
+    """The windows of a ``windows.jsonl`` (a record SIGKILL cut short is skipped)."""
+    from stagefrontier.formats.records import read_records
+
+    return [record["window"] for record in read_records(path)]
+
+
+def test_the_other_ranks_say_rank_0_is_gone_once_and_keep_their_windows(tmp_path: Path) -> None:
+    """Before: rank 1 trained on and wrote every window into the store, said nothing, and no
+    window after rank 0's death was kept anywhere."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    rank0 = context.Process(target=_rank0, args=(tmp_path, server.port), daemon=True)
+    rank1 = context.Process(target=_rank1, args=(tmp_path, server.port), daemon=True)
+    rank0.start()
+    rank1.start()
+    try:
+        rank0.join(DEADLINE_S)
+        assert rank0.exitcode == -signal.SIGKILL
+        rank1.join(DEADLINE_S)
+        assert rank1.exitcode == 0, f"rank 1 exit code {rank1.exitcode}"
+    finally:
+        for proc in (rank0, rank1):
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+    warnings = json.loads((tmp_path / "rank1.json").read_text())["warnings"]
+    gone = [w for w in warnings if GONE in w]
+    assert len(gone) == 1, warnings
+    assert str(tmp_path / "rank-1") in gone[0]
+    collected = _windows(tmp_path / "windows.jsonl")
+    kept = _windows(tmp_path / "rank-1" / "windows.jsonl")
+    # every window of rank 1 is somewhere: rank 0's record up to its death, rank 1's own after
+    # (the last one rank 0 wrote may be kept too: rank 0 died before it counted it done)
+    assert collected == list(range(len(collected)))
+    assert kept[0] in (len(collected) - 1, len(collected)), (collected, kept)
+    assert kept == list(range(kept[0], kept[0] + len(kept)))
+    assert len(kept) >= 3
+    assert sorted(p.name for p in (tmp_path / "rank-1" / "packets").glob("window-*.json")) == [
+        f"window-{w:06d}.json" for w in kept
+    ]
+
+
+SIGTERMED = """\
+import os, signal, sys, time
+from stagefrontier import CollectConfig, StageTimer
+
+collect = CollectConfig("local", out_dir=sys.argv[1])
+timer = StageTimer(["data.next_wait"], window=5, collect=collect)
+for step in range(12):
+    with timer.step(), timer.stage("data.next_wait"):
+        time.sleep(0.002)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(60)
+print("the signal did not end the process")
+"""
+
+
+def test_sigterm_writes_the_window_being_recorded_then_ends_the_process(tmp_path: Path) -> None:
+    """With ``STAGEFRONTIER_SIGTERM=1``. Before: SIGTERM ended the process at once; the last two
+    steps, and windows still queued for analysis, were never written."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERMED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STAGEFRONTIER_SIGTERM": "1"},  # off by default
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "did not end" not in done.stdout
+    records = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_bytes().splitlines()]
+    assert [(r["window"], r["first_step"], r["last_step"]) for r in records] == [
+        (0, 0, 4),
+        (1, 5, 9),
+        (2, 10, 11),
+    ]
+    assert "Traceback" not in done.stderr

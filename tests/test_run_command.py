@@ -1,0 +1,149 @@
+"""``stagefrontier run``'s command line, and the automatic hooks in one process: the honest
+line for a loop they cannot time, ``python -m stagefrontier.run`` and the environment switch.
+
+Cost: each one-process test starts Python on a 12-step loop (about 10 s on a loaded 2-core
+machine, torch's import most of it); the environment switch's test runs it twice in a virtual
+environment made without pip (about 17 s); the rest is instant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from auto_support import ODD_LOOPS, run_one_process, switched_venv
+from stagefrontier.auto.options import AutoOptions, read_env
+from stagefrontier.cli import build_parser
+from stagefrontier.errors import TimerSettingError
+from stagefrontier.launch.command import separate
+from stagefrontier.launch.worker import _runs_a_script
+
+
+def test_own_options_come_first_and_torchrun_keeps_the_rest() -> None:
+    words = ["run", "--out", "o", "--router", "--window=5", "--standalone", "t.py", "--out", "x"]
+    args = build_parser().parse_args(separate(words))
+    assert (args.out, args.router, args.window, args.disable) == ("o", True, 5, False)
+    assert args.torchrun == ["--", "--standalone", "t.py", "--out", "x"]
+    # other subcommands are left as they are
+    assert separate(["report", "--out", "o"]) == ["report", "--out", "o"]
+
+
+def test_the_script_is_started_through_the_bootstrap() -> None:
+    pytest.importorskip("torch")
+    from stagefrontier.launch.command import torchrun_args
+
+    line = ["--", "--standalone", "--nproc-per-node", "4", "train.py", "--lr", "1"]
+    assert torchrun_args(line) == [
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "stagefrontier.run",
+        "train.py",
+        "--lr",
+        "1",
+    ]
+    assert torchrun_args(["-m", "pkg.train", "--x"]) == [
+        "-m",
+        "stagefrontier.run",
+        "-m",
+        "pkg.train",
+        "--x",
+    ]
+
+
+def test_options_travel_in_the_environment_and_are_checked() -> None:
+    options = AutoOptions(out="o", window=7, router=True, sinks=("csv:w.csv",))
+    assert read_env(options.env()) == options
+    assert read_env(AutoOptions(enabled=False).env()).enabled is False  # --disable
+    with pytest.raises(TimerSettingError, match="--window"):
+        AutoOptions(window=0)
+    with pytest.raises(TimerSettingError, match="one of csv"):
+        AutoOptions(sinks=("nope",))
+    with pytest.raises(TimerSettingError, match="STAGEFRONTIER_WINDOW"):
+        read_env({"STAGEFRONTIER_WINDOW": "ten"})
+
+
+def test_sink_specs_build_their_sinks(tmp_path: Path) -> None:
+    from stagefrontier.auto.options import make_sink
+    from stagefrontier.sinks import CsvSink
+
+    sink = make_sink(f"csv:{tmp_path / 'w.csv'}")
+    assert isinstance(sink, CsvSink)
+    with pytest.raises(TimerSettingError, match="whole number"):
+        AutoOptions(sinks=("prometheus:http",))
+
+
+def test_a_launch_line_torchrun_refuses_is_said_in_one_line() -> None:
+    pytest.importorskip("torch")
+    from stagefrontier.errors import StageFrontierError
+    from stagefrontier.launch.command import torchrun_args
+
+    with pytest.raises(StageFrontierError, match="no SCRIPT given"):
+        torchrun_args(["--"])
+    with pytest.raises(StageFrontierError, match="torchrun does not accept its options: "):
+        torchrun_args(["--nproc-per-node"])
+    with pytest.raises(StageFrontierError, match="cannot wrap --no-python"):
+        torchrun_args(["--no-python", "train.sh"])
+
+
+def test_the_switch_installs_only_in_a_worker_running_a_script() -> None:
+    assert _runs_a_script(["python", "-u", "train.py"])
+    assert _runs_a_script(["python", "-X", "dev", "-m", "pkg.train"])
+    assert not _runs_a_script(["python", "-c", "from multiprocessing.spawn import spawn_main"])
+    assert not _runs_a_script(["python", "-m", "torch.distributed.run", "train.py"])
+    assert not _runs_a_script(["python", "-m", "stagefrontier.run", "train.py"])
+    assert not _runs_a_script(["python"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("two-optimizers", "2 optimizers step in one training loop (SGD, SGD)"),
+        ("no-step", "12 training forward call(s) and no optimizer step: nothing was timed"),
+        ("custom-backward", "no backward call seen in the first step (a custom backward?)"),
+        ("eval-only", "1000 calls of the outermost module and no training step"),
+    ],
+)
+def test_a_loop_that_does_not_fit_is_said_in_one_line(tmp_path: Path, mode: str, said: str) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "sf"
+    env = {"STAGEFRONTIER_OUT": str(out), "STAGEFRONTIER_WINDOW": "5"}
+    done = run_one_process(["-m", "stagefrontier.run", str(ODD_LOOPS), mode], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if said in line]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("stagefrontier: ")
+    assert f"{mode}: done" in done.stdout
+    if mode == "custom-backward":  # timed, the backward inside the forward stage
+        records = [json.loads(r) for r in (out / "windows.jsonl").read_text().splitlines()]
+        assert [r["n_steps"] for r in records] == [5, 5, 1]  # the first of 12 is not timed
+        assert all(r["contract_violations"] == 0 for r in records)
+    else:
+        assert not (out / "windows.jsonl").exists()
+
+
+def test_the_environment_switch_times_a_script_started_as_it_is(tmp_path: Path) -> None:
+    """``STAGEFRONTIER_AUTO=1 python train.py`` in a worker (``RANK`` set), as under srun: the
+    ``.pth`` line the wheel installs times the script; without the switch it does nothing."""
+    pytest.importorskip("torch")
+    python = switched_venv(tmp_path / "venv")
+    out = tmp_path / "sf"
+    env = {"RANK": "0", "STAGEFRONTIER_OUT": str(out), "STAGEFRONTIER_WINDOW": "5"}
+    off = run_one_process([str(ODD_LOOPS), "plain"], env, python)
+    assert off.returncode == 0 and not out.exists(), off.stderr[-3000:]
+    on = run_one_process([str(ODD_LOOPS), "plain"], {**env, "STAGEFRONTIER_AUTO": "1"}, python)
+    assert on.returncode == 0 and "Traceback" not in on.stderr, on.stderr[-3000:]
+    records = [json.loads(r) for r in (out / "windows.jsonl").read_text().splitlines()]
+    assert [r["n_steps"] for r in records] == [5, 5, 1]
+    assert records[0]["stages"] == [
+        "data.next_wait",
+        "model.fwd_loss_cpu_wall",
+        "model.backward_cpu_wall",
+        "optim.step_cpu_wall",
+        "step.other_cpu_wall",
+    ]
+    assert all(r["contract_violations"] == 0 for r in records)
