@@ -149,16 +149,18 @@ def settle_answers(current: OpenCapture, out_dir: str, why: str) -> Settled:
             continue
         if answer.reason:  # why a capture ended early, or was capped
             reasons.append(f"rank {rank}: {answer.reason}")
-        if answer.last_step < request.first_step:  # paused or closed at the first step
-            reasons.append(
-                f"rank {rank} captured no step: its capture ended before step "
-                f"{request.first_step} did; its trace is left unread"
-            )
-            continue
+        # A trace missing from this host is said first: the reasons after it speak of a trace
+        # that exists ("left unread").
         if answer.host == host and regular_file_inside(answer.path, out_dir) is None:
             reasons.append(
                 f"rank {rank}'s trace {answer.path} never appeared on disk as a regular "
                 "file inside the run folder"
+            )
+            continue
+        if answer.last_step < request.first_step:  # paused or closed at the first step
+            reasons.append(
+                f"rank {rank} captured no step: its capture ended before step "
+                f"{request.first_step} did; its trace is left unread"
             )
             continue
         files[rank] = answer.path
