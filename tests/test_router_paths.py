@@ -24,6 +24,8 @@ pytest.importorskip("torch")
 
 from recorder_support import read_records
 from stagefrontier.demo.torchrun import free_port
+from stagefrontier.render.incident import write_incident
+from stagefrontier.route.offline import reduce_offline
 from trace_support import settled_incidents
 
 JOB = Path(__file__).resolve().parent / "router_paths_job.py"
@@ -143,3 +145,14 @@ def test_the_callbacks_find_the_dataloader_and_profile_its_workers(
     top = incident["worker_op_diff"][0]
     assert "slow_sample" in top["name"], incident["worker_op_diff"][:3]
     assert "slow_sample" in incident["loader_advice"], incident["loader_advice"]
+    # The same incident, had the run ended as its capture settled: the after-run process
+    # (``stagefrontier incident``) diffs the workers' profiles too (it had left them out).
+    folder = out / "incidents" / incident["id"]
+    pending = {**incident, "confirmed": None, "reduced": "pending", "op_diff": []}
+    for field in ("worker_op_diff", "loader_advice", "loader"):
+        pending.pop(field, None)
+    write_incident(folder, pending)
+    after, reduced = reduce_offline(folder)
+    assert reduced and after["reduced"] == "after the run", after["reasons"]
+    assert "slow_sample" in after["worker_op_diff"][0]["name"], after["worker_op_diff"][:3]
+    assert "slow_sample" in after["loader_advice"], after["loader_advice"]

@@ -62,7 +62,7 @@ class IncidentWriter:
             incident, local, live, self.config.gates, self.out_dir, budget, self.config.min_share
         )
         incident["reduced"] = "live"
-        worker_findings(incident, windows, self.config.min_share)
+        worker_findings(incident, [w.record for w in windows], self.config.min_share)
         return time.thread_time() - start
 
     def write(self, incident: dict[str, Any]) -> None:

@@ -12,10 +12,13 @@ from ..errors import ReportFormatError, StageFrontierError
 from ..formats.incident import INCIDENT_FILE, read_incident, scan_incidents
 from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
+from ..formats.records import WINDOWS_FILE, read_records
 from ..render.incident import write_incident
 from .confirm import LiveWindow
+from .decide import MIN_SHARE
 from .html import write_html
 from .reduction import analyze_traces
+from .worker_profile import worker_findings
 
 
 def incident_folders(path: str | os.PathLike[str]) -> tuple[list[Path], list[str]]:
@@ -91,6 +94,15 @@ def packet_windows(out_dir: Path) -> list[LiveWindow]:
     return out
 
 
+def window_records(out_dir: Path) -> list[dict[str, Any]]:
+    """The records of an output folder's ``windows.jsonl`` (none when it is missing or
+    unreadable: the incident then has no loader figures or advice)."""
+    try:
+        return read_records(out_dir / WINDOWS_FILE)
+    except (OSError, ReportFormatError):
+        return []
+
+
 def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, Any], bool]:
     """The incident of ``folder``; when it was captured but not reduced and every trace is
     here, reduce it now and rewrite its files. Returns (incident, whether it was reduced)."""
@@ -102,6 +114,9 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
         return incident, False
     out_dir = run_folder(folder)
     analyze_traces(incident, files, packet_windows(out_dir), gates, out_dir)
+    # the DataLoader workers' profiles, as rank 0 reduces them live (the loader's advice from
+    # ``windows.jsonl``'s figures)
+    worker_findings(incident, window_records(out_dir), MIN_SHARE)
     if incident.get("reduced") == "pending":
         incident["reduced"] = "after the run"
         incident["reasons"].append(

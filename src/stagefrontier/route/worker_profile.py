@@ -221,10 +221,13 @@ def worker_op_diff(
     return rows
 
 
-def worker_findings(incident: dict[str, Any], live: Sequence[Any], min_share: float) -> None:
-    """Add the workers' op diff and the loader's advice (from the live windows' records) to a
-    captured incident, in place, and confirm a data wait the traces could not
-    (``confirm_by_workers``); nothing when the suspect rank's workers were not profiled."""
+def worker_findings(
+    incident: dict[str, Any], records: Sequence[dict[str, Any]], min_share: float
+) -> None:
+    """Add the workers' op diff and the loader's advice (from the windows' ``records``: the
+    live ones, or ``windows.jsonl`` after the run) to a captured incident, in place, and
+    confirm a data wait the traces could not (``confirm_by_workers``); nothing when the suspect
+    rank's workers were not profiled."""
     files = incident["trace_files"]
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
     if str(suspect) not in files:
@@ -236,7 +239,7 @@ def worker_findings(incident: dict[str, Any], live: Sequence[Any], min_share: fl
     theirs = read_workers(folder, reference) if reference != suspect else None
     rows = worker_op_diff(mine, theirs)
     incident["worker_op_diff"] = rows
-    figures = _figures([w.record for w in live], incident["window"], suspect)
+    figures = _figures(list(records), incident["window"], suspect)
     incident["loader"] = figures or None
     slow = _function_of(rows[0]["name"]) if rows else ""
     advice = loader_sentence(figures, suspect, slow) if figures else ""
