@@ -29,7 +29,8 @@ together, as their broad stage); that stage is the top stage (with substages, th
 most). Otherwise every stage grew with the step. That is a ``whole_job`` slowdown (a noisy
 neighbour, CPU throttling, a slower shared filesystem or network), reported as such and never
 worth a trace of one rank, only when it is spread over the ranks as well: more than half of
-them (two at least) grew outside their own largest stage by half the most any rank did
+them (two at least) grew outside their own largest stage by half the most any rank did, or
+every rank by a tenth of it (a neighbour burning CPU slows every rank unevenly)
 (``_rank_spread``; from node summaries, which keep only the top stage's largest rank means,
 more than half the ranks grew in the top stage by half the most any did). A rank slower in
 every stage than the others (a stall in every microstep of its data wait, a straggler host)
@@ -85,6 +86,11 @@ WHOLE_JOB = "whole_job"
 SPREAD_SHARE = 0.5
 """A rank counts among those a whole-job slowdown spread over when its own time in the top stage
 grew by at least this share of the most any rank's did (``spread_over_ranks``)."""
+EVERY_RANK_SHARE = 0.1
+"""A slowdown is spread as well when every rank grew by at least this share of the most any
+rank's did: a neighbour burning CPU slows every rank, unevenly (seen: the least grown at 0.39
+of the most), where a straggler's peers, waiting in a collective, grow outside it by noise
+(seen: 0.001 of the straggler's growth)."""
 STAGE = "stage"
 STEAL_SHARE = 0.05
 """CPU steal at or above this share of the CPU time is named as a cause."""
@@ -328,14 +334,17 @@ class RegressionCheck:
 
 def spread_over_ranks(rank_deltas: dict[str, float], n_ranks: int) -> bool:
     """Whether a slowdown grew on enough ranks to be the whole job's: more than half the ranks,
-    and two at least, grew by half the most any rank did (``rank_deltas``: each rank's growth,
-    the largest ones where a summary kept only those). One rank's data alone cannot tell, so
-    it is spread."""
+    and two at least, grew by half the most any rank did, or every rank grew by
+    ``EVERY_RANK_SHARE`` of it (an uneven neighbour: known only where every rank's growth is)
+    (``rank_deltas``: each rank's growth, the largest ones where a summary kept only those).
+    One rank's data alone cannot tell, so it is spread."""
     deltas = sorted(rank_deltas.values(), reverse=True)
     if n_ranks < 2 or not deltas or deltas[0] <= 0:
         return True
     grown = sum(1 for delta in deltas if delta >= SPREAD_SHARE * deltas[0])
-    return grown >= max(2, n_ranks // 2 + 1)
+    if grown >= max(2, n_ranks // 2 + 1):
+        return True
+    return len(deltas) >= n_ranks and deltas[-1] >= EVERY_RANK_SHARE * deltas[0]
 
 
 def _rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
