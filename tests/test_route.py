@@ -44,7 +44,9 @@ def _window(d: np.ndarray, ranks: list[int], workers: int = 0) -> Any:
     merged = SimpleNamespace(
         ranks=[SimpleNamespace(rank=r, loader=loader) for r in ranks], reference=ref
     )
-    return SimpleNamespace(report=report, merged=merged, d=d, summary=None, regression=None)
+    return SimpleNamespace(
+        report=report, merged=merged, d=d, summary=None, regression=None, record={}
+    )
 
 
 def _matrix(stall_rank: int | None, seed: int = 0) -> np.ndarray:
