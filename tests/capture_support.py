@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rank_support import join_gloo
+from rank_support import join_gloo, stacks_to_file
 
 PAUSED_STEPS = 15
 HUGE_STEPS = 10**6
 WARM_FILE = "warm-rank{rank}.json"
+CRASH_FILE = "crash-rank{rank}.txt"
+"""Every thread's Python stack when the rank crashes (empty when it did not)."""
 USER_TRACE = "user-rank{rank}.json"
 
 
@@ -161,6 +163,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
     from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
     from stagefrontier.demo.train import leave_process_group
 
+    stacks_to_file(Path(job.out_dir, CRASH_FILE.format(rank=rank)))
     join_gloo(rank, job.ranks, port, timeout_s=120.0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))

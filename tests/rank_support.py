@@ -36,6 +36,14 @@ def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) ->
     return store
 
 
+def stacks_to_file(path: Path) -> None:
+    """A crash of this rank (SIGSEGV, SIGABRT) writes every thread's Python stack to ``path``, so
+    a test that sees a rank die has something to read (stderr of a spawned rank is not kept)."""
+    import faulthandler
+
+    faulthandler.enable(file=open(path, "w"), all_threads=True)  # noqa: SIM115 (lives with the rank)
+
+
 def log_to_file(path: Path) -> None:
     """The library's log lines (INFO and up) of this rank, written to ``path`` for the test."""
     handler = logging.FileHandler(path, encoding="utf-8")

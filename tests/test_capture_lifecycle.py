@@ -12,7 +12,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from capture_support import PAUSED_STEPS, USER_TRACE, WARM_FILE, CaptureJob, run_rank
+from capture_support import (
+    CRASH_FILE,
+    PAUSED_STEPS,
+    USER_TRACE,
+    WARM_FILE,
+    CaptureJob,
+    run_rank,
+)
 from stagefrontier.demo.launch import read_windows, run_ranks
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS
 from trace_support import settled_incidents
@@ -26,7 +33,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> CaptureJob:
     out = tmp_path_factory.mktemp("lifecycle")
     job = CaptureJob(out_dir=str(out), phases=PHASES, ranks=RANKS)
     codes = run_ranks(run_rank, RANKS, job, deadline_s=300.0)
-    assert codes == {0: 0, 1: 0}, f"rank exit codes {codes} (-11: SIGSEGV)"
+    stacks = {r: Path(out, CRASH_FILE.format(rank=r)).read_text() for r in range(RANKS)}
+    assert codes == {0: 0, 1: 0}, f"rank exit codes {codes} (-11: SIGSEGV); stacks: {stacks}"
     return job
 
 
