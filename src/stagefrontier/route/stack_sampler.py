@@ -1,0 +1,181 @@
+"""The training thread's Python stack during a capture, sampled by a thread of the router's, and
+written into the trace as the profiler's own Python events would be.
+
+The op diff names the user's function that took the time (``model.py(22): slow_forward``). The
+profiler can record it itself (``with_stack=True``: its Python tracer hooks every call of every
+thread), but its stop then converts every recorded call on the training thread while holding the
+GIL: about a second after a five-step capture of a small model, which the step after the capture
+carries on every rank (the next collective waits for the slowest). The tracer is also the one
+suspect left of a rank that died of SIGSEGV now and then in a test job (a thread starting or
+ending while it hooked every thread).
+
+So a capture runs the profiler without it, and ``StackSampler`` reads the training thread's
+frames (``sys._current_frames``) every ``SAMPLE_INTERVAL_S`` from one daemon thread, started with
+the router and idle between captures (no thread starts or ends while a profiler runs). At the
+export, ``stack_events`` turns the samples into ``python_function`` events of the training thread:
+a frame seen in consecutive samples is one event, from the first of them to the sample that no
+longer shows it, named as the profiler names its Python events (``path(first line): function``,
+the path relative to its ``sys.path`` entry). The op diff reads them as it read the tracer's; a
+function shorter than the interval may be missed, and a builtin (``time.sleep``) is charged to
+the Python function that called it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import CodeType, FrameType
+from typing import Any
+
+from ..failures import say_failed
+
+logger = logging.getLogger("stagefrontier")
+
+SAMPLE_INTERVAL_S = 0.002
+"""Between two samples (the GIL's switch interval, 5 ms, bounds it while the training thread
+runs Python; a wait in C, a sleep or a collective, is sampled at this rate)."""
+MAX_SAMPLES = 100_000
+"""At most this many samples a capture (200 s at the interval): the rest are dropped."""
+MAX_DEPTH = 64
+"""Frames kept of a sample, from the outermost."""
+
+Stack = tuple[CodeType, ...]
+Sample = tuple[int, Stack]
+"""When it was taken (``time.time_ns``) and the frames, outermost first."""
+
+
+@dataclass(frozen=True)
+class SampledStacks:
+    """A capture's samples of one thread, and when sampling ended (``time.time_ns``)."""
+
+    samples: list[Sample]
+    pid: int
+    tid: int
+    """The thread's native id: the profiler's ``tid`` of its events."""
+    end_ns: int
+
+
+class StackSampler:
+    """One daemon thread that samples a thread's Python stack between ``begin`` and ``end``.
+
+    ``begin`` and ``end`` are called on the sampled (training) thread and only set flags; the
+    samples are handed over by ``end``. ``close`` ends the thread (the timer's close)."""
+
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._wake = threading.Condition()
+        self._target: int | None = None  # the thread sampled now (``threading.get_ident``)
+        self._native_id = 0
+        self._samples: list[Sample] = []
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name="stagefrontier-stack-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def begin(self) -> None:
+        """Sample the calling thread from now on."""
+        with self._wake:
+            self._samples = []
+            self._target = threading.get_ident()
+            self._native_id = threading.get_native_id()
+            self._wake.notify()
+
+    def end(self) -> SampledStacks:
+        """Stop sampling; the samples taken since ``begin``, oldest first."""
+        with self._wake:
+            self._target = None
+            samples, self._samples = self._samples, []
+        return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._target = None
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._target is None and not self._closed:
+                    self._wake.wait()
+                target = self._target
+                if target is None:  # closed
+                    return
+                try:
+                    if len(self._samples) < MAX_SAMPLES:
+                        frame = sys._current_frames().get(target)
+                        if frame is not None:
+                            self._samples.append((time.time_ns(), _stack(frame)))
+                except Exception as exc:  # telemetry never fails: this capture has no more
+                    say_failed(logger, "sampling the training thread's stack", exc, "it stops")
+                    self._target = None
+            time.sleep(self._interval_s)
+
+
+def _stack(frame: FrameType | None) -> Stack:
+    codes: list[CodeType] = []
+    while frame is not None:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(reversed(codes))[:MAX_DEPTH]
+
+
+def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
+    """The samples as ``python_function`` events of the sampled thread, timed in microseconds
+    since ``base_ns`` (the trace's ``baseTimeNanoseconds``: the profiler's events count from it
+    on the same wall clock); a frame still open at the last sample ends where sampling ended."""
+    names: dict[CodeType, str] = {}
+    roots = _path_roots()
+    events: list[dict[str, Any]] = []
+    open_frames: list[tuple[CodeType, int]] = []  # (code, start ns), outermost first
+
+    def close_from(depth: int, at_ns: int) -> None:
+        while len(open_frames) > depth:
+            code, start = open_frames.pop()
+            name = names.get(code)
+            if name is None:
+                name = names[code] = frame_name(code, roots)
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "python_function",
+                    "name": name,
+                    "pid": sampled.pid,
+                    "tid": sampled.tid,
+                    "ts": (start - base_ns) / 1e3,
+                    "dur": (at_ns - start) / 1e3,
+                }
+            )
+
+    last_ns = sampled.end_ns
+    for at_ns, stack in sampled.samples:
+        same = 0
+        while same < len(open_frames) and same < len(stack) and open_frames[same][0] is stack[same]:
+            same += 1
+        close_from(same, at_ns)
+        open_frames.extend((code, at_ns) for code in stack[same:])
+        last_ns = max(last_ns, at_ns)
+    close_from(0, last_ns)
+    return events
+
+
+def frame_name(code: CodeType, roots: list[str]) -> str:
+    """``path(first line): function`` with the path relative to the longest ``roots`` entry
+    that holds it (the profiler's Python events are named so)."""
+    path = code.co_filename
+    for root in roots:
+        if path.startswith(root):
+            path = path[len(root) :]
+            break
+    return f"{path}({code.co_firstlineno}): {code.co_name}"
+
+
+def _path_roots() -> list[str]:
+    """The folders of ``sys.path``, longest first, each ending in a separator."""
+    roots = {os.path.join(os.path.abspath(p or os.curdir), "") for p in sys.path}
+    return sorted(roots, key=len, reverse=True)
