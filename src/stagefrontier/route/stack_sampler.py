@@ -40,8 +40,10 @@ SAMPLE_INTERVAL_S = 0.002
 runs Python; a wait in C, a sleep or a collective, is sampled at this rate)."""
 MAX_SAMPLES = 100_000
 """At most this many samples a capture (200 s at the interval): the rest are dropped."""
-MAX_DEPTH = 64
-"""Frames kept of a sample, from the outermost."""
+MAX_DEPTH = 1000
+"""Frames kept of a sample, the innermost (Python's default recursion limit: a stack is rarely
+deeper; a training loop under a launcher and a framework is 60 to 100 frames deep, the user's
+function among the innermost)."""
 
 Stack = tuple[CodeType, ...]
 Sample = tuple[int, Stack]
@@ -119,10 +121,10 @@ class StackSampler:
 
 def _stack(frame: FrameType | None) -> Stack:
     codes: list[CodeType] = []
-    while frame is not None:
+    while frame is not None and len(codes) < MAX_DEPTH:
         codes.append(frame.f_code)
         frame = frame.f_back
-    return tuple(reversed(codes))[:MAX_DEPTH]
+    return tuple(reversed(codes))
 
 
 def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
