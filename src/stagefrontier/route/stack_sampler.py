@@ -130,29 +130,20 @@ def _stack(frame: FrameType | None) -> Stack:
 def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
     """The samples as ``python_function`` events of the sampled thread, timed in microseconds
     since ``base_ns`` (the trace's ``baseTimeNanoseconds``: the profiler's events count from it
-    on the same wall clock); a frame still open at the last sample ends where sampling ended."""
+    on the same wall clock); a frame still open at the last sample ends where sampling ended.
+
+    Ordered by start, longest first, and a caller before the function it called where both
+    span the same samples: the op diff nests a thread's events in that order (a stable sort by
+    start and length), so a caller must come first to be the parent."""
     names: dict[CodeType, str] = {}
     roots = _path_roots()
-    events: list[dict[str, Any]] = []
+    spans: list[tuple[int, int, int, CodeType]] = []  # (start, -end, depth, code), in ns
     open_frames: list[tuple[CodeType, int]] = []  # (code, start ns), outermost first
 
     def close_from(depth: int, at_ns: int) -> None:
         while len(open_frames) > depth:
             code, start = open_frames.pop()
-            name = names.get(code)
-            if name is None:
-                name = names[code] = frame_name(code, roots)
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "python_function",
-                    "name": name,
-                    "pid": sampled.pid,
-                    "tid": sampled.tid,
-                    "ts": (start - base_ns) / 1e3,
-                    "dur": (at_ns - start) / 1e3,
-                }
-            )
+            spans.append((start, -at_ns, len(open_frames), code))
 
     last_ns = sampled.end_ns
     for at_ns, stack in sampled.samples:
@@ -163,6 +154,23 @@ def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
         open_frames.extend((code, at_ns) for code in stack[same:])
         last_ns = max(last_ns, at_ns)
     close_from(0, last_ns)
+    spans.sort(key=lambda span: span[:3])
+    events = []
+    for start, neg_end, _, code in spans:
+        name = names.get(code)
+        if name is None:
+            name = names[code] = frame_name(code, roots)
+        events.append(
+            {
+                "ph": "X",
+                "cat": "python_function",
+                "name": name,
+                "pid": sampled.pid,
+                "tid": sampled.tid,
+                "ts": (start - base_ns) / 1e3,
+                "dur": (-neg_end - start) / 1e3,
+            }
+        )
     return events
 
 
