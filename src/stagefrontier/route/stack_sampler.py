@@ -32,6 +32,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ..failures import say_failed
+from ..record.self_cost import ROUTER_THREAD
 
 logger = logging.getLogger("stagefrontier")
 
@@ -75,7 +76,7 @@ class StackSampler:
         self._samples: list[Sample] = []
         self._closed = False
         self._thread = threading.Thread(
-            target=self._run, name="stagefrontier-stack-sampler", daemon=True
+            target=self._run, name=f"{ROUTER_THREAD}-sampler", daemon=True
         )
         self._thread.start()
 
