@@ -132,8 +132,13 @@ def main() -> int:
         "The end of a capture on the training thread: Python tracer vs sampled stacks",
         hc.command_line(),
     )
-    lines += hc.environment()
-    lines += [f"- Load average at the end: {hc.load_text()} (at the start: {start_load})"]
+    for line in hc.environment():  # read now; its lines on the demo's ranks and its load changed
+        if line.startswith("- CPUs usable"):
+            line = line.split("; torch.distributed")[0] + "; one process, one intra-op thread"
+        elif line.startswith("- Load average"):
+            line = f"- Load average (1/5/15 min) when the script started: {start_load}"
+        lines.append(line)
+    lines += [f"- Load average (1/5/15 min) when the captures ended: {hc.load_text()}"]
     lines += hc.quiet_check(loads)
     lines += [""]
     lines += hc.table(
