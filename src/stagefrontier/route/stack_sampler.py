@@ -4,8 +4,8 @@ written into the trace as the profiler's own Python events would be.
 The op diff names the user's function that took the time (``model.py(22): slow_forward``). The
 profiler can record it itself (``with_stack=True``: its Python tracer hooks every call of every
 thread), but its stop then converts every recorded call on the training thread while holding the
-GIL: about a second after a five-step capture of a small model, which the step after the capture
-carries on every rank (the next collective waits for the slowest). The tracer is also the one
+GIL (0.4 to 0.5 s of the demo's ranks after a five-step capture), which the step after the
+capture carries on every rank (the next collective waits for the slowest). The tracer is also the one
 suspect left of a rank that died of SIGSEGV now and then in a test job (a thread starting or
 ending while it hooked every thread).
 
@@ -15,13 +15,15 @@ the router and idle between captures (no thread starts or ends while a profiler 
 export, ``stack_events`` turns the samples into ``python_function`` events of the training thread:
 a frame seen in consecutive samples is one event, from the first of them to the sample that no
 longer shows it, named as the profiler names its Python events (``path(first line): function``,
-the path relative to its ``sys.path`` entry). The op diff reads them as it read the tracer's; a
-function shorter than the interval may be missed, and a builtin (``time.sleep``) is charged to
-the Python function that called it.
+the path relative to its ``sys.path`` entry), and the line an innermost user frame was at one
+more event inside it. The op diff reads them as it read the tracer's; a function shorter than
+the interval may be missed, and a builtin (``time.sleep``) is charged to the line of the Python
+function that called it.
 """
 
 from __future__ import annotations
 
+import linecache
 import logging
 import os
 import sys
@@ -33,6 +35,7 @@ from typing import Any
 
 from ..failures import say_failed
 from ..record.self_cost import ROUTER_THREAD
+from .opdiff import is_user_frame
 
 logger = logging.getLogger("stagefrontier")
 
@@ -47,8 +50,10 @@ deeper; a training loop under a launcher and a framework is 60 to 100 frames dee
 function among the innermost)."""
 
 Stack = tuple[CodeType, ...]
-Sample = tuple[int, Stack]
-"""When it was taken (``time.time_ns``) and the frames, outermost first."""
+Sample = tuple[int, Stack, int]
+"""When it was taken (``time.time_ns``), the frames (outermost first) and the line the
+innermost one was at."""
+MAX_LINE_CHARS = 80
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ class StackSampler:
                     if len(self._samples) < MAX_SAMPLES:
                         frame = sys._current_frames().get(target)
                         if frame is not None:
-                            self._samples.append((time.time_ns(), _stack(frame)))
+                            self._samples.append((time.time_ns(), _stack(frame), frame.f_lineno))
                 except Exception as exc:  # telemetry never fails: this capture has no more
                     say_failed(logger, "sampling the training thread's stack", exc, "it stops")
                     self._target = None
@@ -133,46 +138,66 @@ def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
     since ``base_ns`` (the trace's ``baseTimeNanoseconds``: the profiler's events count from it
     on the same wall clock); a frame still open at the last sample ends where sampling ended.
 
-    Ordered by start, longest first, and a caller before the function it called where both
-    span the same samples: the op diff nests a thread's events in that order (a stable sort by
-    start and length), so a caller must come first to be the parent."""
-    names: dict[CodeType, str] = {}
+    Where the innermost frame is the user's, the line it was at is one more event inside it
+    (``<line 160: time.sleep(seconds)>``): the op diff then says what the function was doing
+    (the builtin it called, which no sample of Python frames sees) as ``delay › <line ...>``.
+
+    Ordered by start, longest first, and a caller before what it called where both span the
+    same samples: the op diff nests a thread's events in that order (a stable sort by start and
+    length), so a caller must come first to be the parent."""
+    names: dict[Frame, str] = {}
     roots = _path_roots()
-    spans: list[tuple[int, int, int, CodeType]] = []  # (start, -end, depth, code), in ns
-    open_frames: list[tuple[CodeType, int]] = []  # (code, start ns), outermost first
+    spans: list[tuple[int, int, int, Frame]] = []  # (start, -end, depth, frame), in ns
+    open_frames: list[tuple[Frame, int]] = []  # (frame, start ns), outermost first
+
+    def name_of(frame: Frame) -> str:
+        name = names.get(frame)
+        if name is None:
+            name = names[frame] = _name(frame, roots)
+        return name
 
     def close_from(depth: int, at_ns: int) -> None:
         while len(open_frames) > depth:
-            code, start = open_frames.pop()
-            spans.append((start, -at_ns, len(open_frames), code))
+            frame, start = open_frames.pop()
+            spans.append((start, -at_ns, len(open_frames), frame))
 
     last_ns = sampled.end_ns
-    for at_ns, stack in sampled.samples:
+    for at_ns, stack, line in sampled.samples:
+        frames: list[Frame] = list(stack)
+        if stack and is_user_frame(name_of(stack[-1])):
+            frames.append((stack[-1], line))
         same = 0
-        while same < len(open_frames) and same < len(stack) and open_frames[same][0] is stack[same]:
+        while same < min(len(open_frames), len(frames)) and open_frames[same][0] == frames[same]:
             same += 1
         close_from(same, at_ns)
-        open_frames.extend((code, at_ns) for code in stack[same:])
+        open_frames.extend((frame, at_ns) for frame in frames[same:])
         last_ns = max(last_ns, at_ns)
     close_from(0, last_ns)
     spans.sort(key=lambda span: span[:3])
-    events = []
-    for start, neg_end, _, code in spans:
-        name = names.get(code)
-        if name is None:
-            name = names[code] = frame_name(code, roots)
-        events.append(
-            {
-                "ph": "X",
-                "cat": "python_function",
-                "name": name,
-                "pid": sampled.pid,
-                "tid": sampled.tid,
-                "ts": (start - base_ns) / 1e3,
-                "dur": (-neg_end - start) / 1e3,
-            }
-        )
-    return events
+    return [
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": name_of(frame),
+            "pid": sampled.pid,
+            "tid": sampled.tid,
+            "ts": (start - base_ns) / 1e3,
+            "dur": (-neg_end - start) / 1e3,
+        }
+        for start, neg_end, _, frame in spans
+    ]
+
+
+Frame = CodeType | tuple[CodeType, int]
+"""A function's frame, or the line its innermost user frame was at."""
+
+
+def _name(frame: Frame, roots: list[str]) -> str:
+    if isinstance(frame, CodeType):
+        return frame_name(frame, roots)
+    code, line = frame
+    text = linecache.getline(code.co_filename, line).strip()[:MAX_LINE_CHARS]
+    return f"<line {line}: {text}>" if text else f"<line {line}>"
 
 
 def frame_name(code: CodeType, roots: list[str]) -> str:
