@@ -336,6 +336,7 @@ class RankCapture:
     def _open_step_range(self, step: int) -> None:
         import torch
 
+        self._cut_samples()
         self._step_scope = torch.profiler.record_function(step_range_name(step))
         self._step_scope.__enter__()
 
@@ -343,6 +344,11 @@ class RankCapture:
         scope, self._step_scope = self._step_scope, None
         if scope is not None:
             scope.__exit__(None, None, None)
+            self._cut_samples()
+
+    def _cut_samples(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cut()
 
     # ------------------------------------------------------------------ router thread
     def _export(

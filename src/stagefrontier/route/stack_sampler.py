@@ -5,9 +5,9 @@ The op diff names the user's function that took the time (``model.py(22): slow_f
 profiler can record it itself (``with_stack=True``: its Python tracer hooks every call of every
 thread), but its stop then converts every recorded call on the training thread while holding the
 GIL (0.4 to 0.5 s of the demo's ranks after a five-step capture), which the step after the
-capture carries on every rank (the next collective waits for the slowest). The tracer is also the one
-suspect left of a rank that died of SIGSEGV now and then in a test job (a thread starting or
-ending while it hooked every thread).
+capture carries on every rank (the next collective waits for the slowest). The tracer is also
+the one suspect left of a rank that died of SIGSEGV now and then in a test job (a thread
+starting or ending while it hooked every thread).
 
 So a capture runs the profiler without it, and ``StackSampler`` reads the training thread's
 frames (``sys._current_frames``) every ``SAMPLE_INTERVAL_S`` from one daemon thread, started with
@@ -52,7 +52,7 @@ function among the innermost)."""
 Stack = tuple[CodeType, ...]
 Sample = tuple[int, Stack, int]
 """When it was taken (``time.time_ns``), the frames (outermost first) and the line the
-innermost one was at."""
+innermost one was at; no frames at a cut (``StackSampler.cut``)."""
 MAX_LINE_CHARS = 80
 
 
@@ -99,6 +99,15 @@ class StackSampler:
             self._target = None
             samples, self._samples = self._samples, []
         return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
+
+    def cut(self) -> None:
+        """On the sampled thread, where it opens or closes a step's range: every frame open now
+        ends here and starts again at the next sample. The op diff counts an event where it
+        starts, inside the stage's range of a captured step; a frame seen unchanged across
+        steps (a loop sleeping in its data wait every step) would start in the first one only."""
+        with self._wake:
+            if self._target is not None and len(self._samples) < MAX_SAMPLES:
+                self._samples.append((time.time_ns(), (), 0))
 
     def close(self) -> None:
         with self._wake:
