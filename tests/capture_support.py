@@ -114,7 +114,7 @@ class _Phases:
 
 def _request_next(router: Any, requested: int, job: CaptureJob) -> int:
     """On rank 0: the next phase's request once the previous incident is written."""
-    coordinator = router._runtime.coordinator
+    coordinator = router._attached.runtime.coordinator
     if requested >= len(job.phases) or coordinator is None:
         return requested
     if coordinator.open is not None or coordinator.captures != requested:
@@ -189,7 +189,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         finished = False
         if rank == 0:
             requested = _request_next(router, requested, job)
-            coordinator = router._runtime.coordinator  # type: ignore[union-attr]
+            coordinator = router._attached.runtime.coordinator  # type: ignore[union-attr]
             finished = (
                 requested == len(job.phases)
                 and coordinator is not None

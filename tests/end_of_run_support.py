@@ -68,7 +68,7 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
     gen = torch.Generator().manual_seed(1000 + rank)
     for step in range(job.max_steps):
         answered = False
-        coordinator = router._runtime.coordinator if router._runtime else None
+        coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             if step == job.request_at:
                 router.request_capture([SUSPECT, 0], stage=STAGE)

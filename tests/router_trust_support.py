@@ -165,7 +165,7 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     requested = 0
     for _ in range(job.max_steps):
         finished = False
-        coordinator = router._runtime.coordinator if router._runtime else None
+        coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             idle = coordinator.open is None and coordinator.captures == requested
             finished = idle and requested == CAPTURES
