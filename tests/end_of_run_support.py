@@ -43,7 +43,7 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
     import torch
     from torch import nn
 
-    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     if rank == 0:
@@ -56,13 +56,15 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
         with_stack=False,
         gates=Gates(min_confident_fraction=2.0),  # no window is actionable: the manual one only
     )
-    timer = StageTimer(
+    collection = CollectConfig(
+        mode="store", out_dir=job.out_dir, timeout_s=30.0, log=False, regression=None
+    )
+    config = TimerConfig(
         window=job.max_steps + 1,  # no window before the close: none covers the capture
-        collect=CollectConfig(
-            mode="store", out_dir=job.out_dir, timeout_s=30.0, log=False, regression=None
-        ),
+        collection=collection,
         router=router,
     )
+    timer = StageTimer(config=config)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     gen = torch.Generator().manual_seed(1000 + rank)

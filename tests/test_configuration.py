@@ -4,7 +4,6 @@ and the configuration page lists every setting of the tree and every variable, f
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import sys
 from pathlib import Path
@@ -12,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from source_support import SRC, string_constants
-from stagefrontier import CollectConfig, Gates, ProfilerRouter, RegressionConfig, StageTimer
+from stagefrontier import (
+    CollectConfig,
+    Gates,
+    ProfilerRouter,
+    RegressionConfig,
+    SamplingConfig,
+    TimerConfig,
+)
 from stagefrontier.environment import VARIABLES
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
@@ -67,14 +73,35 @@ def test_the_configuration_page_lists_every_setting_and_variable() -> None:
     sections = dict(
         (part.split("\n", 1)[0], part) for part in reference.split("### ")[1:]
     )  # heading -> its table
-    timer = [p for p in inspect.signature(StageTimer.__init__).parameters if p != "self"]
-    expected = {"StageTimer": timer}
-    for cls in (CollectConfig, Gates, RegressionConfig, ProfilerRouter):
+    expected = {}
+    for cls in (
+        TimerConfig,
+        SamplingConfig,
+        CollectConfig,
+        Gates,
+        RegressionConfig,
+        ProfilerRouter,
+    ):
         expected[cls.__name__] = [f.name for f in dataclasses.fields(cls) if f.init]
     for heading, names in expected.items():
         assert all(f"| `{name}` |" in sections[heading] for name in names), heading
     variables = sections["Environment variables"]
     for variable in VARIABLES.values():
         assert f"| `{variable.name}` | `{variable.default!r}` |" in variables
-    for cls in (CollectConfig, Gates, RegressionConfig):  # the page's tree names each part
+        assert not variable.field or f"| `TimerConfig.{variable.field}` |" in variables
+    for cls in (TimerConfig, SamplingConfig, CollectConfig, Gates, RegressionConfig):
+        # the page's tree names each part
         assert f"{cls.__name__}(" in page
+
+
+def test_each_variable_of_the_tree_names_a_field_of_it() -> None:
+    """A variable's ``field`` is a dotted path of fields from a default TimerConfig down."""
+    tree = [v for v in VARIABLES.values() if v.field]
+    assert {v.name for v in tree} >= {"STAGEFRONTIER_OUT", "STAGEFRONTIER_WINDOW"}
+    for variable in tree:
+        *parts, last = variable.field.split(".")
+        part: object = TimerConfig()
+        for name in parts:
+            part = getattr(part, name)
+        assert dataclasses.is_dataclass(part), variable.name
+        assert last in {f.name for f in dataclasses.fields(part)}, variable.name

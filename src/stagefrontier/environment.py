@@ -19,11 +19,14 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Variable:
-    """One environment variable: its name, its default and what it sets."""
+    """One environment variable: its name, its default and what it sets; ``field``: the
+    setting of the timer's configuration tree (``record.config.TimerConfig``) it gives, as a
+    dotted path from ``TimerConfig``, or empty when it sets none (the readers' limits, say)."""
 
     name: str
     default: int | str
     what: str
+    field: str = ""
 
 
 LIMITS: dict[str, Variable] = {
@@ -58,10 +61,24 @@ AUTO: dict[str, Variable] = {
         "0",
         "1: a launcher's worker times its script with the automatic hooks (stagefrontier run)",
     ),
-    "out": Variable("STAGEFRONTIER_OUT", "stagefrontier", "the automatic hooks' output folder"),
-    "window": Variable("STAGEFRONTIER_WINDOW", 100, "the automatic hooks' steps per window"),
-    "router": Variable("STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on"),
-    "sinks": Variable("STAGEFRONTIER_SINKS", "", "the automatic hooks' extra sinks (a, b, ...)"),
+    "out": Variable(
+        "STAGEFRONTIER_OUT",
+        "stagefrontier",
+        "the automatic hooks' output folder",
+        "collection.out_dir",
+    ),
+    "window": Variable(
+        "STAGEFRONTIER_WINDOW", 100, "the automatic hooks' steps per window", "window"
+    ),
+    "router": Variable(
+        "STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on", "router"
+    ),
+    "sinks": Variable(
+        "STAGEFRONTIER_SINKS",
+        "",
+        "the automatic hooks' extra sinks (a, b, ...)",
+        "collection.sinks",
+    ),
 }
 """The settings of ``stagefrontier run`` carried to its workers (``auto.options``)."""
 VARIABLES: dict[str, Variable] = {

@@ -99,8 +99,8 @@ class StageTimer(TimerState):
                     "give every setting in config=TimerConfig(...), not also as StageTimer "
                     f"keywords ({', '.join(keywords)})"
                 )
-            warn_deprecated(list(keywords), stacklevel=2)
             config = config_from_keywords(keywords)
+            warn_deprecated(list(keywords), stacklevel=2)
         elif config is None:
             config = TimerConfig()
         elif not isinstance(config, TimerConfig):
@@ -125,6 +125,7 @@ class StageTimer(TimerState):
             sampling.event_factory,
         )
         self.config = config
+        self._cost = CostMeter(config.annotate, calibration_timer)
         self.enabled = enabled = config.enabled
         self.out_dir = os.fspath(config.collection.out_dir)
         self._closed = False
@@ -152,7 +153,6 @@ class StageTimer(TimerState):
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role, self._role_set = role, role_set
-        self._cost = CostMeter(config.annotate, StageTimer)
         ranges = ProfilerRanges() if config.annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(
@@ -421,6 +421,12 @@ def _profiler_running() -> bool:
         return bool(torch._C._autograd._profiler_enabled())
     except Exception:  # a torch without it
         return False
+
+
+def calibration_timer(annotate: bool, window: int, collector: Collector) -> StageTimer:
+    """The timer whose contexts the self-cost meter times (``record.self_cost``)."""
+    config = TimerConfig(stages=("calibration",), window=window, annotate=annotate)
+    return StageTimer(config=config, collector=collector)
 
 
 def _noop_table() -> collections.defaultdict[Any, NoopContext]:

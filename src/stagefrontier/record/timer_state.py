@@ -180,7 +180,7 @@ class TimerState:
         self._next_item: Callable[[Any], Any] = next
         self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
-        self._cost = CostMeter(False, type(self))  # StageTimer sets its own
+        self._cost = CostMeter(False, type(self))  # StageTimer sets its own calibration
 
     @property
     def _step_index(self) -> int:
