@@ -19,10 +19,9 @@ from stagefrontier import (
     SamplingConfig,
     TimerConfig,
 )
-from stagefrontier.environment import VARIABLES
+from stagefrontier.environment import VARIABLES, current_attempt
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
-from stagefrontier.window.attempt import current_attempt
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")

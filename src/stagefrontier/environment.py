@@ -1,7 +1,7 @@
 """Every ``STAGEFRONTIER_*`` environment variable the library reads, named and read here only.
 
 The limits on what the readers take in (``formats.limits``) and the run id that scopes a job's
-store keys and records (``record.attempt``) come from the environment, read at each use (a
+store keys and records (``current_attempt``) come from the environment, read at each use (a
 test or a launcher may set them at any time). ``VARIABLES`` lists each with its default and
 what it sets; the configuration page of the documentation is checked against it.
 """
@@ -126,6 +126,13 @@ def run_id() -> str:
 def restart_count() -> int:
     """torchelastic's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchelastic)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def current_attempt() -> tuple[str, int]:
+    """Which attempt of a job this process belongs to: ``(run id, restart count)``. A restarted
+    job starts its windows at 0 again, so the attempt scopes the store keys of a window and
+    tells the records and packets of one attempt from another's in the same output folder."""
+    return run_id(), restart_count()
 
 
 def closes_on_sigterm() -> bool:

@@ -1,4 +1,4 @@
-"""What StageFrontier itself costs a rank, per window (rank 0's summary: ``window.cost``).
+"""What StageFrontier itself costs a rank, per window (rank 0 sums it: ``window.rank``).
 
 Three parts, each measured where it is cheap to measure:
 

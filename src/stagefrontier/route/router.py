@@ -34,6 +34,7 @@ from ..collect.store import claim_scope, release_scope
 from ..deadline import ROUTER_CLOSE_S
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
+from ..record.instrumentation import Instrumentation
 from ..render.escape import first_line, printable
 from . import profiler_session
 from .capture import RankCapture
@@ -48,7 +49,6 @@ from .requests import (
     RequestChannel,
     status_key,
 )
-from .timer_handle import TimerHandle
 
 logger = logging.getLogger("stagefrontier")
 
@@ -147,7 +147,7 @@ class ProfilerRouter:
         if self.store is not None:
             check_has_methods(name("store"), self.store, "set", "get", "check", "delete_key")
 
-    def attach(self, timer: TimerHandle) -> RouterRuntime:
+    def attach(self, timer: Instrumentation) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
         runtime = self._attached.runtime = RouterRuntime(self, timer)
         return runtime
@@ -177,7 +177,7 @@ class ProfilerRouter:
 class RouterRuntime:
     """One rank's router: the thread, the capture state and, on rank 0, the coordinator."""
 
-    def __init__(self, config: ProfilerRouter, timer: TimerHandle) -> None:
+    def __init__(self, config: ProfilerRouter, timer: Instrumentation) -> None:
         self.config = config
         self._timer = timer
         self._scope = claim_scope("router")
