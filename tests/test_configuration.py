@@ -10,21 +10,16 @@ from pathlib import Path
 
 import pytest
 
+import stagefrontier as sf
 from source_support import SRC, string_constants
-from stagefrontier import (
-    CollectConfig,
-    Gates,
-    ProfilerRouter,
-    RegressionConfig,
-    SamplingConfig,
-    TimerConfig,
-)
 from stagefrontier.environment import VARIABLES, current_attempt
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")
+PARTS = (sf.TimerConfig, sf.SamplingConfig, sf.CollectConfig, sf.Gates, sf.RegressionConfig)
+"""The dataclasses of the configuration tree (the router's settings are a ProfilerRouter's)."""
 
 
 def test_only_the_environment_module_names_a_variable_as_a_string() -> None:
@@ -72,24 +67,15 @@ def test_the_configuration_page_lists_every_setting_and_variable() -> None:
     sections = dict(
         (part.split("\n", 1)[0], part) for part in reference.split("### ")[1:]
     )  # heading -> its table
-    expected = {}
-    for cls in (
-        TimerConfig,
-        SamplingConfig,
-        CollectConfig,
-        Gates,
-        RegressionConfig,
-        ProfilerRouter,
-    ):
-        expected[cls.__name__] = [f.name for f in dataclasses.fields(cls) if f.init]
+    parts = (*PARTS, sf.ProfilerRouter)
+    expected = {cls.__name__: [f.name for f in dataclasses.fields(cls) if f.init] for cls in parts}
     for heading, names in expected.items():
         assert all(f"| `{name}` |" in sections[heading] for name in names), heading
     variables = sections["Environment variables"]
     for variable in VARIABLES.values():
         assert f"| `{variable.name}` | `{variable.default!r}` |" in variables
         assert not variable.field or f"| `TimerConfig.{variable.field}` |" in variables
-    for cls in (TimerConfig, SamplingConfig, CollectConfig, Gates, RegressionConfig):
-        # the page's tree names each part
+    for cls in PARTS:  # the page's tree names each part
         assert f"{cls.__name__}(" in page
 
 
@@ -99,7 +85,7 @@ def test_each_variable_of_the_tree_names_a_field_of_it() -> None:
     assert {v.name for v in tree} >= {"STAGEFRONTIER_OUT", "STAGEFRONTIER_WINDOW"}
     for variable in tree:
         *parts, last = variable.field.split(".")
-        part: object = TimerConfig()
+        part: object = sf.TimerConfig()
         for name in parts:
             part = getattr(part, name)
         assert dataclasses.is_dataclass(part), variable.name
