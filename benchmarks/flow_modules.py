@@ -49,7 +49,7 @@ class ModulesCalled:
     def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and self._recording:
             path = frame.f_code.co_filename
-            if PACKAGE in path:
+            if PACKAGE in path and path.endswith(".py"):  # not the HTML pages' templates
                 self.seen.add(path.split(PACKAGE, 1)[1].removesuffix(".py"))
 
     def start(self) -> None:
