@@ -161,8 +161,8 @@ DEPRECATED: dict[str, str] = {
     "router": "router",
 }
 """StageTimer's keywords of earlier releases, each with the TimerConfig field that replaces it."""
-_COLLECTION = ("out_dir", "collect_timeout_s", "queue_size", "sinks", "gates", "log")
-_SAMPLING = ("cuda_event_fraction", "event_factory")
+_COLLECTION = tuple(k for k, f in DEPRECATED.items() if f.startswith("collection."))
+_SAMPLING = tuple(k for k, f in DEPRECATED.items() if f.startswith("sampling."))
 
 
 def config_from_keywords(keywords: Mapping[str, Any]) -> TimerConfig:
