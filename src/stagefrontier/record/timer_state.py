@@ -447,7 +447,7 @@ class TimerState:
             self._warned.add(reason)  # each kind of violation said once, then only counted
             logger.warning(
                 "stagefrontier: rank %d: %s; such calls are counted in each window's "
-                "contract_violations and not said again (StageTimer(strict=True) raises instead)",
+                "contract_violations and not said again (TimerConfig(strict=True) raises instead)",
                 self.rank,
                 reason,
             )
