@@ -86,10 +86,10 @@ def _untimed(steps: int) -> int:
 def _hand_written(steps: int) -> int:
     import torch.nn.functional as F
 
-    from stagefrontier import StageTimer
+    from stagefrontier import StageTimer, TimerConfig
 
     model, optimizer, loader = _workload(steps)
-    timer = StageTimer(window=steps + 1, collector=_Drop())
+    timer = StageTimer(config=TimerConfig(window=steps + 1), collector=_Drop())
     step, stage = timer.step, timer.stage
     start = _clock()
     for x, y in timer.iter(loader):
