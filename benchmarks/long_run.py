@@ -14,7 +14,9 @@ as it is.
 
 Each command then runs in a child process of its own (``python -m stagefrontier.cli``); its
 peak memory is the child's maximum resident set size (``os.wait4``'s ``ru_maxrss``), its time
-the wall clock around it. ``compare`` compares the folder's first half with its second half.
+the wall clock around it, and its CPU time (user and system) beside: on a shared machine the
+wall time grows with the other jobs' load, the CPU time much less. ``compare`` compares the
+folder's first half with its second half.
 
 Usage::
 
@@ -102,8 +104,9 @@ def generate(source: Path, out: Path, windows: int) -> None:
         sink.close()
 
 
-def measure(command: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MB, exit code) of ``stagefrontier COMMAND`` in a child."""
+def measure(command: list[str]) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, peak RSS in MB, exit code) of ``stagefrontier COMMAND`` in
+    a child process."""
     start = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", *command],
@@ -117,7 +120,7 @@ def measure(command: list[str]) -> tuple[float, float, int]:
     code = os.waitstatus_to_exitcode(status)
     if code:
         print(f"  {' '.join(command)}: exit {code}: {err.decode(errors='replace')[-400:]}")
-    return wall, usage.ru_maxrss / 1024, code
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
 def commands(folder: Path, windows: int) -> dict[str, list[str]]:
@@ -152,7 +155,7 @@ def main() -> int:
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
             print(f"{windows} windows: folder of {size:.0f} MB made in {made:.0f} s")
             for name, command in commands(folder, windows).items():
-                wall, rss, code = measure(command)
+                wall, cpu, rss, code = measure(command)
                 loads.append(load_1min())
                 extra = ""
                 if name == "report --html":
@@ -165,6 +168,7 @@ def main() -> int:
                         f"{windows:,}",
                         name,
                         f"{wall:.1f}",
+                        f"{cpu:.1f}",
                         f"{rss:.0f}",
                         extra or "-",
                         "ok" if code == 0 else f"exit {code}",
@@ -182,10 +186,22 @@ def main() -> int:
         "",
         f"Targets for 100,000 windows: at most {TARGET_S:.0f} s and {TARGET_MB:.0f} MB per "
         "command. Peak memory is the child process's maximum resident set size (Python, numpy "
-        "and the CLI's imports included; matplotlib's for `plot` and `report --html`).",
+        "and the CLI's imports included; matplotlib's for `plot` and `report --html`); CPU s "
+        "is its user and system time, which the machine's other jobs inflate much less than "
+        "the wall time.",
         "",
         *table(
-            ["windows", "command", "wall s", "peak RSS MB", "page", "exit", "load (1 min)"], rows
+            [
+                "windows",
+                "command",
+                "wall s",
+                "CPU s",
+                "peak RSS MB",
+                "page",
+                "exit",
+                "load (1 min)",
+            ],
+            rows,
         ),
         "",
         "Targets met." if not failed else "Targets missed: " + ", ".join(failed),

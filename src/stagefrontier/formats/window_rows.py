@@ -12,13 +12,14 @@ full (``formats.records.check_record``, ``formats.packet.read_packet``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from ..errors import ReportFormatError
 from .typed import Amount, Count
 
+T = TypeVar("T")
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
@@ -130,18 +131,17 @@ def decode_row(line: bytes) -> WindowRow:
         NotJson: the line is not JSON (a record cut short, say).
         ReportFormatError: it is JSON but not a window record, naming the field.
     """
-    try:
-        return _ROW.decode(line)
-    except msgspec.ValidationError as exc:
-        raise ReportFormatError(f"not a window record: {exc}") from None
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise NotJson(str(exc)) from None
+    return _decoded(_ROW, line)
 
 
 def decode_key(line: bytes) -> WindowKey:
     """A ``windows.jsonl`` line's :class:`WindowKey` (raises as ``decode_row`` does)."""
+    return _decoded(_KEY, line)
+
+
+def _decoded(decoder: msgspec.json.Decoder[T], line: bytes) -> T:
     try:
-        return _KEY.decode(line)
+        return decoder.decode(line)
     except msgspec.ValidationError as exc:
         raise ReportFormatError(f"not a window record: {exc}") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:

@@ -290,15 +290,7 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     n = len(reports)
     x = np.arange(n)
     plt = _pyplot()
-    fig, (top, ax) = plt.subplots(
-        2,
-        1,
-        figsize=(10, 6.4),
-        dpi=110,
-        sharex=True,
-        gridspec_kw={"height_ratios": [1, 3]},
-        layout="constrained",
-    )
+    fig, (top, ax) = _two_panels(plt)
     ms = np.array([r["exposed_s"] / r["n_steps"] * 1e3 for r in reports])
     top.plot(x, ms, color="black", marker="o", lw=1.5)
     top.set_ylim(0, max(float(ms.max()), 1e-9) * 1.25)
@@ -318,6 +310,20 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     return _save(plt, fig, path)
 
 
+def _two_panels(plt: Any) -> tuple[Any, tuple[Any, Any]]:
+    """The shares figures' layout: the exposed ms/step above, the stacked shares below."""
+    fig, axes = plt.subplots(
+        2,
+        1,
+        figsize=(10, 6.4),
+        dpi=110,
+        sharex=True,
+        gridspec_kw={"height_ratios": [1, 3]},
+        layout="constrained",
+    )
+    return fig, (axes[0], axes[1])
+
+
 def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
     """A summarized run's buckets of consecutive windows: each bucket's median exposed ms/step
     with its min-max band above, its mean stage shares stacked below; the title says how many
@@ -329,15 +335,7 @@ def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
     buckets = run.buckets
     x = np.arange(len(buckets))
     plt = _pyplot()
-    fig, (top, ax) = plt.subplots(
-        2,
-        1,
-        figsize=(10, 6.4),
-        dpi=110,
-        sharex=True,
-        gridspec_kw={"height_ratios": [1, 3]},
-        layout="constrained",
-    )
+    fig, (top, ax) = _two_panels(plt)
     low, median, high = (np.array([b.ms[i] for b in buckets]) for i in range(3))
     top.fill_between(x, low, high, color="0.8", step="mid", label="min-max")
     top.plot(x, median, color="black", lw=1.5, label="median")
