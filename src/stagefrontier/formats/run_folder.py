@@ -149,8 +149,8 @@ class _RunReader:
                 position += 1
         for name in sorted(self.packet_names):
             file = self.path / "packets" / name
-            read = _lean_packet(file)
-            row = _named(file, packet_row, read)
+            read = lean_packet(file)
+            row = named(file, packet_row, read)
             self._add(row, Source(position, str(file), packet=file), file, read)
             position += 1
         if not self.digests:
@@ -167,10 +167,10 @@ class _RunReader:
         self.keys[1].append(row.window)
         slowed = digest.add(row, source)
         if packet is not None:
-            read = read if read is not None else _lean_packet(packet)
+            read = read if read is not None else lean_packet(packet)
             if read.stages != row.stages:
                 raise ReportFormatError(f"{packet}: its stages are not its window's record's")
-            d = _packet_matrix(packet, read)
+            d = packet_matrix(packet, read)
             digest.add_packet(row, d, packet, slowed, self.packets_read % self.stride == 0)
             self.packets_read += 1
 
@@ -225,20 +225,20 @@ def _read_source(source: Source) -> tuple[WindowReport, dict[str, Any]]:
     return packet.report, packet.meta
 
 
-def _lean_packet(file: Path) -> Any:
+def lean_packet(file: Path) -> Any:
     """A packet's matrix and stages (``LeanPacket``); one it refuses is read whole, so that
     the refusal names what ``read_packet`` names."""
     try:
-        return _named(file, decode_lean_packet, read_capped(file, "packet_bytes"))
+        return named(file, decode_lean_packet, read_capped(file, "packet_bytes"))
     except ReportFormatError:
         read_named_packet(file)
         raise
 
 
-def _packet_matrix(file: Path, read: Any) -> Any:
+def packet_matrix(file: Path, read: Any) -> Any:
     """A packet's duration matrix: one value per stage on its last axis, finite and not
     negative (the checks ``analysis.accounting.as_window`` makes that its worst step needs)."""
-    d = _named(file, lambda obj: decode_array(obj, "d", ndim=3), read.d)
+    d = named(file, lambda obj: decode_array(obj, "d", ndim=3), read.d)
     with np.errstate(over="ignore", invalid="ignore"):
         fine = d.size and np.isfinite(d.sum()) and d.min() >= 0
     if d.shape[2] != len(read.stages) or not fine:
@@ -249,7 +249,8 @@ def _packet_matrix(file: Path, read: Any) -> Any:
     return d
 
 
-def _named(file: Path, decode: Any, data: Any) -> Any:
+def named(file: Path, decode: Any, data: Any) -> Any:
+    """``decode(data)``, a ReportFormatError it raises prefixed with ``file``."""
     try:
         return decode(data)
     except ReportFormatError as exc:

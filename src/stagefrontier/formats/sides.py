@@ -14,45 +14,56 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
 from .packet import Packet
 from .records import WINDOWS_FILE, iter_records, record_key, window_name
-from .run_folder import packetless_line, read_named_packet
+from .run_folder import lean_packet, named, packet_matrix, packetless_line, read_named_packet
+from .window_rows import packet_labels
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
 
 
-SIDE_CELLS = 1 << 21
-"""About the most steps x ranks x stages one side of a comparison holds (16 MiB of durations):
+SIDE_CELLS = 1 << 20
+"""About the most steps x ranks x stages one side of a comparison holds (8 MiB of durations):
 a longer range is compared on every k-th window; a single window larger than this is taken
 whole (``STAGEFRONTIER_MAX_CELLS`` bounds a window)."""
 _NAME = re.compile(r"^window-(?P<window>\d+)(?:\.attempt-(?P<attempt>\d+))?\.json$")
 
 
 def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
-    """The packets ``spec`` names, as one comparison side; raises StageFrontierError. The
+    """The windows ``spec`` names, as one comparison side; raises StageFrontierError. The
     windows of a folder's ``windows.jsonl`` in the range that have no packet are left out,
-    and a range sampled to :data:`SIDE_CELLS`, each said in one line to ``warn``."""
+    and a range sampled to :data:`SIDE_CELLS`, each said in one line to ``warn``. Of each
+    packet only its matrix, stages and labels are kept."""
     path, first, last = parse_side(spec)
     if path.is_file():
-        chosen = [read_named_packet(path)]
-        if not _in_range(chosen[0], first, last):
-            raise CompareError(
-                f"{spec}: no window in that range (the folder has {_span([_window(chosen[0])])})"
-            )
+        packet = read_named_packet(path)
+        if not _in_range(packet, first, last):
+            held = _span([_window(packet)])
+            raise CompareError(f"{spec}: no window in that range (the folder has {held})")
+        chosen = [SideWindow(packet.d, packet.stages, packet.report.labels)]
     elif path.is_dir():
         chosen = _folder_side(spec, path, first, last, warn or _silent)
     elif path.exists():
         raise CompareError(f"{path} is neither a packet file nor an output folder")
     else:
         raise CompareError(f"{path} does not exist")
-    stages = {p.stages for p in chosen}
-    if len(stages) != 1:
+    if len({w.stages for w in chosen}) != 1:
         raise CompareError(f"{spec}: its windows use different stage schemas")
     return Side.from_windows(
-        spec, [p.d for p in chosen], chosen[0].stages, [p.report.labels for p in chosen]
+        spec, [w.d for w in chosen], chosen[0].stages, [w.labels for w in chosen]
     )
+
+
+class SideWindow(NamedTuple):
+    """What a comparison reads of a window: its matrix, stages and labels."""
+
+    d: FloatArray
+    stages: tuple[str, ...]
+    labels: list[str]
 
 
 def _silent(_: str) -> None:
@@ -61,8 +72,8 @@ def _silent(_: str) -> None:
 
 def _folder_side(
     spec: str, path: Path, first: int | None, last: int | None, warn: Callable[[str], None]
-) -> list[Packet]:
-    """The folder's packets in the range, in window order: every k-th one when they would
+) -> list[SideWindow]:
+    """The folder's windows in the range, in window order: every k-th one when they would
     hold more than :data:`SIDE_CELLS` cells (k from the first packet's size)."""
     files = packet_files(path / "packets")
     if not files:
@@ -79,17 +90,23 @@ def _folder_side(
         held = _span([key[1] for key, _ in files])
         raise CompareError(f"{spec}: no window in that range (the folder has {held})")
     _say_packetless(spec, path, {key for key, _ in in_range}, first, last, warn)
-    head = read_named_packet(in_range[0][1])
+    head = _side_window(in_range[0][1])
     stride = max(1, math.ceil(len(in_range) * head.d.size / SIDE_CELLS))
     picked = in_range[::stride]
     if stride > 1:
         warn(
             f"{spec}: its {len(in_range)} windows hold more than {SIDE_CELLS} steps x ranks x "
             f"stages, the most one side of a comparison holds; comparing one window "
-            f"in {stride} ({len(picked)} windows, evenly spaced; name a range DIR:FIRST-LAST to "
-            "compare every window of it)"
+            f"in {stride} ({len(picked)} windows, evenly spaced; name a narrower range "
+            "DIR:FIRST-LAST to compare every window of it)"
         )
-    return [head, *(read_named_packet(file) for _, file in picked[1:])]
+    return [head, *(_side_window(file) for _, file in picked[1:])]
+
+
+def _side_window(file: Path) -> SideWindow:
+    read = lean_packet(file)
+    labels = named(file, packet_labels, read)
+    return SideWindow(packet_matrix(file, read), tuple(read.stages), labels)
 
 
 def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:

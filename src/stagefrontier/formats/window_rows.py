@@ -115,7 +115,14 @@ class WindowKey(msgspec.Struct):
     attempt: Count = 0
 
 
+class ReportLabels(msgspec.Struct):
+    """A stored report's labels, the rest of it left undecoded."""
+
+    labels: list[str]
+
+
 _ROW = msgspec.json.Decoder(WindowRow)
+_LABELS = msgspec.json.Decoder(ReportLabels)
 _KEY = msgspec.json.Decoder(WindowKey)
 _PACKET = msgspec.json.Decoder(LeanPacket)
 
@@ -154,6 +161,14 @@ def decode_lean_packet(data: bytes) -> LeanPacket:
         return _PACKET.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ReportFormatError(f"not a packet: {exc}") from None
+
+
+def packet_labels(packet: LeanPacket) -> list[str]:
+    """The labels of a packet's report; ReportFormatError when it has none."""
+    try:
+        return _LABELS.decode(packet.report).labels
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ReportFormatError(f"not a window's packet: {exc}") from None
 
 
 def packet_row(packet: LeanPacket) -> WindowRow:
