@@ -27,6 +27,7 @@ here runs in the training loop: it never raises (a failure is said once and timi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -76,6 +77,23 @@ def stepped_module(called: list[Any], optimizer: Any) -> Any:
         if any(id(p) in stepped for p in module.parameters()):
             return module
     return None
+
+
+class ModelHook(functools.partial):  # type: ignore[type-arg]
+    """The model's forward pre-hook: a partial of the driver's, so no Python frame of its own.
+
+    The model's hooks are part of its state, so they travel with it. ``copy.deepcopy(model)``
+    (a best-model copy, an EMA) shares this hook, whose driver ignores any module but the model;
+    ``torch.save(model)`` pickles it as a standard-library stand-in that hands the inputs back
+    unchanged (``dict.get`` on an empty dict returns its default, the inputs), so the file
+    loads where StageFrontier is not installed. Neither pickles the driver, which cannot be.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelHook:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial, (dict.get, {})
 
 
 class AutoDriver:
@@ -227,7 +245,8 @@ class AutoDriver:
                 "optimizer steps: the forward counts in the residual"
             )
         else:
-            self._handles.append(self.model.register_forward_pre_hook(self._forward))
+            hook = ModelHook(self._forward)
+            self._handles.append(self.model.register_forward_pre_hook(hook))
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
@@ -263,8 +282,9 @@ class AutoDriver:
     # ------------------------------------------------------------------ the hooks
     # Each runs once a step: the common case first, with the fewest tests and calls.
     def _forward(self, module: Any, args: Any) -> None:
-        """The model's forward pre-hook (registered on the model alone, while timing)."""
-        if not module.training or not self._grad_on():
+        """The model's forward pre-hook (registered on the model, while timing; a copy of the
+        model shares it)."""
+        if module is not self.model or not module.training or not self._grad_on():
             return
         try:
             if self._step is None:
