@@ -25,6 +25,7 @@ from stagefrontier.formats.incident import check_incident, new_incident, read_in
 from stagefrontier.render.incident import open_commands, render_markdown, write_incident
 from stagefrontier.route.requests import (
     MAX_CAPTURE_STEPS,
+    MAX_VALUE_BYTES,
     CaptureRequest,
     CaptureStatus,
     ManualAnswer,
@@ -506,6 +507,46 @@ def test_a_bad_request_in_the_store_is_warned_about_once(
         timer.close()
     assert len(rejected()) == 2, rejected()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_an_oversized_request_is_fetched_once_then_left_unread_for_a_while(
+    tmp_path: Path, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37 item 8: an 8 MB value in the request key was fetched whole at every poll (the
+    64 KiB check ran after each fetch): 5 to 9% of every rank's step time. Now, once refused, the
+    key is not read again for ``OVERSIZED_REREAD_S``. The router's channel to the real store is
+    wrapped to count the values it fetched."""
+    import logging
+    import time
+
+    from stagefrontier.route.router import OVERSIZED_REREAD_S
+
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    timer = job(tmp_path, store, poll_s=0.01)
+    oversized = b'{"id": "' + b"x" * (1 << 20) + b'"}'
+    channel = timer._router._channel
+    fetched: list[float] = []
+    read = channel.read
+
+    def counted(key: str) -> bytes | None:
+        value = read(key)
+        if value is not None and len(value) > MAX_VALUE_BYTES:
+            fetched.append(time.monotonic())
+        return value
+
+    channel.read = counted
+    write_request(store, oversized)
+    try:
+        train_until(timer, lambda: bool(fetched), then=0)
+        first = fetched[0]
+        train_until(timer, lambda: True, then=25)  # half a second at least: 50 polls
+        # Past its first fetch, at most one more per OVERSIZED_REREAD_S however many polls ran.
+        span = time.monotonic() - first
+        assert len(fetched) <= 1 + int(span / OVERSIZED_REREAD_S), (len(fetched), span)
+    finally:
+        timer.close()
+    rejected = [r.getMessage() for r in caplog.records if "request rejected" in r.getMessage()]
+    assert len(rejected) == 1, rejected
 
 
 def test_a_request_id_that_is_a_path_is_rejected(

@@ -27,7 +27,7 @@ from stagefrontier.formats.wall_clock import clock_cell, span_text
 from stagefrontier.render.incident import render_markdown
 from stagefrontier.render.text import run_report_text
 from stagefrontier.sinks import PacketSink
-from stagefrontier.window.clock import iso_utc
+from stagefrontier.window.merged import iso_utc
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall"]
 
@@ -133,7 +133,7 @@ def test_an_incident_states_when_it_opened_and_an_old_one_reads(tmp_path: Path) 
 def test_the_local_offset_is_the_writing_hosts() -> None:
     """In a process whose local time is India's (UTC+05:30, no daylight saving)."""
     code = (
-        "from stagefrontier.window.clock import wall_clock; "
+        "from stagefrontier.window.merged import wall_clock; "
         "print(wall_clock(1_800_000_000 * 10**9, 1_800_000_005 * 10**9))"
     )
     env = {**os.environ, "TZ": "Asia/Kolkata"}
