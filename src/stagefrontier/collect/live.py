@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.collectives import CollectiveBaseline
 from ..analysis.gates import Gates
 from ..analysis.regression import RegressionCheck, RegressionConfig
 from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged
@@ -41,8 +42,15 @@ class LiveAnalysis:
         self._host = host_signals.snapshot()
         kept = regression.baseline_windows if regression is not None else 1
         self._healthy_hosts: deque[dict[str, Any]] = deque(maxlen=kept)
+        self._collectives = CollectiveBaseline()
 
     def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
+        """The window analyzed, with its regression check and its slow collective."""
+        analyzed = self._analyze(merged)
+        slow = self._collectives.check(merged.reference.window, analyzed.communication)
+        return analyzed if slow is None else replace(analyzed, slow_collective=slow)
+
+    def _analyze(self, merged: MergedWindow) -> AnalyzedWindow:
         check = self._check
         complete = not merged.missing_ranks and not merged.mismatched_ranks
         if check is None or not complete:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .annotate import ProfilerRanges, WaitRanges
 from .contexts import AnnotatedStageContext, CapturedStepContext, StepContext
+from .timer_state import NOT_RECORDING
 
 if TYPE_CHECKING:
     from .loader_workers import WorkerCounters
@@ -63,6 +64,17 @@ class Instrumentation:
         """The counters of the DataLoader workers ``timer.iter`` watches (None when it watches
         none)."""
         return self._timer._loader_workers
+
+    def open_step(self) -> tuple[int, int, str | None] | None:
+        """The recorded step open now, from any thread: its global index, its start on
+        ``time.perf_counter_ns`` and the ordered stage open in it (None when none is); None
+        between steps and while paused."""
+        timer = self._timer
+        active = timer._active
+        if active in NOT_RECORDING:
+            return None
+        start = int(timer._step_ctx._start)  # type: ignore[attr-defined]
+        return timer._step_index, start, None if active is None else active._name
 
     @property
     def capture_ns(self) -> int:

@@ -16,6 +16,7 @@ from ..analysis.across_roles import bounding_role
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.window_report import WindowReport
+from .communication import communication_short
 from .escape import printable
 from .text import index_text, lead_text, window_title
 from .verdict import MIN_LEAD_STEPS, both_names, ms, next_step, plain, ranks_text
@@ -136,7 +137,8 @@ def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) ->
         return "per role: " + "; ".join(tops)
     share = report.semantic_shares[top]
     spent = f" (~{ms(share * report.mean_step_s * 1e3)} ms)" if cost else ""
-    return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"
+    said = communication_short(record, top, plain(top)) or lead_text(report, record, short=True)
+    return f"top {top} {share:.0%}{spent} {said}"
 
 
 def _flags(report: WindowReport, record: Mapping[str, Any]) -> list[str]:
