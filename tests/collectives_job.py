@@ -11,7 +11,8 @@ collectives_job.py OUT``). Windows of 5 steps, each with its own case:
 
 The communication hook is the program's own (``user_hook``), registered after ``watch_ddp``: it
 counts its calls, which each rank writes to ``hook-<rank>.json`` with its parameters' sum (DDP
-still averages the gradients: the sums agree).
+still averages the gradients: the sums agree). A second, unused model whose hook was registered
+before ``watch_ddp`` is left untimed (``early_watched``), and the windows say why.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as types
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from stagefrontier import CollectConfig, StageTimer
 from stagefrontier.demo.faults import FaultInjector, parse_fault
@@ -84,6 +86,9 @@ def main(out_dir: str) -> None:
     collect = CollectConfig(out_dir=out_dir, timeout_s=30.0, regression=None)
     timer = StageTimer(window=WINDOW, collect=collect)
     watched = timer.watch_ddp(model)
+    early = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    early.register_comm_hook(None, allreduce_hook)
+    early_watched = timer.watch_ddp(early)
     state = HookState(injector)
     model.register_comm_hook(state, user_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -102,7 +107,12 @@ def main(out_dir: str) -> None:
                 optimizer.zero_grad()
     timer.close()
     total = float(sum(p.detach().sum() for p in model.parameters()))
-    facts: dict[str, Any] = {"watched": watched, "hook_calls": state.calls, "param_sum": total}
+    facts: dict[str, Any] = {
+        "watched": watched,
+        "early_watched": early_watched,
+        "hook_calls": state.calls,
+        "param_sum": total,
+    }
     Path(out_dir, f"hook-{rank}.json").write_text(json.dumps(facts))
     dist.barrier()
     dist.destroy_process_group()

@@ -10,6 +10,10 @@ through ``register_comm_hook`` (fp16 compression, PowerSGD, their own), runs ins
 hook, which counts from its call until the future the user's hook returns completes; without
 one, the timed hook runs DDP's default all-reduce (``allreduce_hook``, what DDP does itself).
 
+Only a Gloo group's buckets are timed: NCCL (and other device backends) complete the future on
+the host as soon as the collective is queued on the device, so its wait is not visible there;
+such a model is left as it is and the window record says so.
+
 Nothing here blocks or raises into the training loop: a failure to wrap or to time a bucket is
 one line in the log and a reason in the window record (``untimed``), and training goes on.
 The window's log is drained at the hand-off, on the training thread; the done callbacks append
@@ -38,6 +42,10 @@ DEFAULT_FAMILY = "all_reduce"
 EARLY_HOOK = (
     "DDP buckets not timed: a communication hook was registered before watch_ddp could put its "
     "timed hook in place (call timer.watch_ddp(model) before register_comm_hook)"
+)
+DEVICE_COMPLETION = (
+    "DDP buckets not timed: the {backend} backend completes a collective's future on the host "
+    "once the collective is queued on the device, so the host cannot see how long it waited"
 )
 OWN_CALLS = "the program's own torch.distributed calls are not timed (only DDP's buckets)"
 MAX_KEYS = 4096
@@ -135,8 +143,14 @@ def watch_ddp(log: CollectiveLog, model: Any) -> bool:
     ``register_comm_hook`` and ``register_builtin_comm_hook`` through it. Returns whether the
     buckets are timed; when not, the reason is in the log's ``untimed`` and said once."""
     try:
+        import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+        backend = str(dist.get_backend(model.process_group))
+        if backend != "gloo":
+            log.note(DEVICE_COMPLETION.format(backend=backend))
+            logger.warning("stagefrontier: %s", log.untimed[-1])
+            return False
         inner: list[Any] = [default_hooks.allreduce_hook, model.process_group, DEFAULT_FAMILY]
         hook = timed_hook(log, inner)
         if getattr(model, "_comm_hooks", None):
