@@ -83,7 +83,8 @@ def main(out_dir: str) -> None:
 
     net[0].weight.register_hook(late_gradient)
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
-    collect = CollectConfig(out_dir=out_dir, timeout_s=30.0, regression=None)
+    collect = CollectConfig(out_dir=out_dir, timeout_s=30.0)
+    # --8<-- [start:watch-ddp]
     timer = StageTimer(window=WINDOW, collect=collect)
     watched = timer.watch_ddp(model)
     early = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
@@ -91,6 +92,7 @@ def main(out_dir: str) -> None:
     early_watched = timer.watch_ddp(early)
     state = HookState(injector)
     model.register_comm_hook(state, user_hook)
+    # --8<-- [end:watch-ddp]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     for step in range(STEPS):

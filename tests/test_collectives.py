@@ -30,10 +30,15 @@ from stagefrontier.analysis.collectives import (
     CollectiveTimes,
     read_collectives,
 )
+from stagefrontier.analysis.regression import RegressionConfig, regression_text
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.render.headline import window_headline
 from stagefrontier.render.verdict import verdict
+from stagefrontier.route.decide import decide, regression_decision
+from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 RANKS = 4
 JOB = Path(__file__).with_name("collectives_job.py")
@@ -90,6 +95,7 @@ def test_healthy_windows_name_no_late_rank(job: tuple[Path, list[dict[str, Any]]
     for record in job[1][: len(HEALTHY)]:
         comm = record["communication"]
         assert comm["late_rank"] is None and comm["slow"] is None, comm
+        assert "sync_wait_measured" not in record["labels"]
         assert "late" not in _said(record)[0]
 
 
@@ -100,8 +106,10 @@ def test_a_compute_delay_in_backward_names_the_late_rank_at_the_last_bucket(
     comm = record["communication"]
     assert comm["late_rank"] == 1 and comm["late"]["last_bucket"], comm
     assert comm["lateness_ms"] > LATE_MIN_MS
+    assert "sync_wait_measured" in record["labels"]  # a proven synchronization wait
+    assert record["reasons"]["sync_wait_measured"][0].startswith("rank 1 arrives last")
     headline, said = _said(record)
-    assert "rank 1 late" in headline and "into its last bucket" in headline, headline
+    assert "rank 1 late ~" in headline and "into its last bucket" in headline, headline
     assert len(headline) <= 160
     assert said.startswith("Rank 1 reaches backward's last gradient bucket"), said
     assert "Next: profile backward (model.backward_cpu_wall) on rank 1" in said
@@ -125,7 +133,8 @@ def test_a_collective_slow_on_every_rank_names_no_rank(
     assert slow is not None and slow["bucket"] == 0, comm
     assert slow["baseline_windows"][0] == HEALTHY[0]
     headline, said = _said(record)
-    assert "slow collective: bucket 0" in headline and "rank" not in headline, headline
+    assert "slow bucket 0: " in headline and "rank" not in headline, headline
+    assert len(headline) <= 160
     assert "the collective or the network is slow, not a rank" in said, said
 
 
@@ -164,3 +173,71 @@ def test_side_evidence_keeps_the_collectives_and_old_files_read_without_them() -
     old = SideEvidence().to_dict()
     del old["collectives"]
     assert SideEvidence.from_dict(old).collectives is None
+
+
+def _windows(index: int, backward_ms: float, late: int | None) -> list[RankWindow]:
+    """One window of 5 steps on 4 ranks, every rank's backward ``backward_ms`` long (the others
+    wait inside it for ``late``, which reaches bucket 1, the last, 100 ms after them; otherwise a
+    different rank arrives last each step, within 1 ms). Each rank's clock starts
+    elsewhere: only its own durations are compared."""
+    stages = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+    steps, ms = 5, 1_000_000
+    rng = np.random.default_rng(index)
+    out = []
+    for rank in range(RANKS):
+        durations = np.zeros((steps, 4), dtype=np.int64)
+        durations[:, :3] = [2 * ms, 10 * ms, int(backward_ms * ms)]
+        durations[:, :3] += rng.integers(0, ms // 2, (steps, 3))
+        calls = []
+        for step in range(index * steps, (index + 1) * steps):
+            for bucket in (0, 1):
+                delayed = late is not None and bucket == 1
+                last = late if delayed else step % RANKS
+                wait_us = 4_000 + (0 if rank == last else 100_000 if delayed else 1_000)
+                calls.append([step, bucket, 1_000 * bucket, 1_000 * bucket, wait_us])
+        keys = [["all_reduce", b, "model.backward_cpu_wall", 0, 4096] for b in (0, 1)]
+        out.append(
+            RankWindow(
+                window=index,
+                first_step=index * steps,
+                last_step=(index + 1) * steps - 1,
+                rank=rank,
+                stages=(*stages, "step.other_cpu_wall"),
+                durations_ns=durations,
+                wall_ns=durations.sum(axis=1),
+                collectives={"keys": keys, "calls": calls, "untimed": []},
+            )
+        )
+    return out
+
+
+def test_the_router_captures_the_late_rank_the_collectives_name() -> None:
+    """Every rank's backward is as long (the others wait inside it), so only the collectives
+    say who is late: the capture names rank 1 and a reference among the others."""
+    analyzed = analyze_merged(merge_windows(_windows(0, 120.0, late=1), RANKS))
+    decision, why = decide(analyzed)
+    assert decision is not None, why
+    assert decision.suspect_rank == 1 and decision.reference_rank != 1, decision
+    assert decision.stage == "model.backward_cpu_wall"
+    assert "rank 1 arrives last" in decision.reasons[1]
+    healthy = analyze_merged(merge_windows(_windows(0, 120.0, late=None), RANKS))
+    assert healthy.communication is not None and healthy.communication.late is None
+
+
+def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
+    """Every rank's backward grows by 100 ms, which alone reads as the whole job's slowdown:
+    the collectives say rank 1 is late into backward's last bucket, and the regression line,
+    its capture and the live analysis say so."""
+    live = LiveAnalysis(None, RegressionConfig())
+    for index in range(3):
+        healthy = live.analyze(merge_windows(_windows(index, 20.0, late=None), RANKS))
+        assert healthy.regression is None
+    analyzed = live.analyze(merge_windows(_windows(3, 120.0, late=1), RANKS))
+    regression = analyzed.regression
+    assert regression is not None and regression["kind"] == "stage", regression
+    text = regression_text(regression)
+    assert text.startswith("+") and text.endswith(
+        "vs windows 0-2: rank 1 late into model.backward_cpu_wall's last bucket"
+    ), text
+    decision = regression_decision(analyzed)
+    assert decision is not None and decision.suspect_rank == 1, decision

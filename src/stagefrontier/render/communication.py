@@ -72,10 +72,11 @@ def slow_collective(record: Mapping[str, Any], top: str | None) -> Mapping[str, 
 def slow_finding(c: Mapping[str, Any], full: bool) -> str:
     """``every rank reaches the all-reduce of bucket 3 (4.0 MB) within 2 ms, and it takes 140
     ms against 20 ms in windows 0-2: the collective or the network is slow, not a rank``, or
-    ``slow collective: bucket 3 140 vs 20 ms`` for the headline."""
+    ``slow bucket 3: 140 vs 20 ms`` for the headline (short: a slowdown of the whole job
+    adds its flag and next step to it)."""
     if not full:
         took = f"{c['transfer_ms']:.0f} vs {c['baseline_ms']:.0f} ms"
-        return f"slow collective: bucket {c['bucket']} {took}"
+        return f"slow bucket {c['bucket']}: {took}"
     what = f"the {family_text(c)} of bucket {c['bucket']} ({size_text(int(c['nbytes']))})"
     took = f"{c['transfer_ms']:.0f} ms against {c['baseline_ms']:.0f} ms"
     first, last = c["baseline_windows"]

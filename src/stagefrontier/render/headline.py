@@ -137,8 +137,10 @@ def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) ->
         return "per role: " + "; ".join(tops)
     share = report.semantic_shares[top]
     spent = f" (~{ms(share * report.mean_step_s * 1e3)} ms)" if cost else ""
-    said = communication_short(record, top, plain(top)) or lead_text(report, record, short=True)
-    return f"top {top} {share:.0%}{spent} {said}"
+    measured = communication_short(record, top, plain(top))
+    if measured:  # the collectives name the late rank or the slow collective: room for it
+        return f"{plain(top)} {share:.0%}: {measured}"
+    return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"
 
 
 def _flags(report: WindowReport, record: Mapping[str, Any]) -> list[str]:
