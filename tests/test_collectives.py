@@ -34,6 +34,7 @@ from stagefrontier.analysis.regression import RegressionConfig, regression_text
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.collect.live import LiveAnalysis
+from stagefrontier.formats.packet import Packet, read_packet, write_packet
 from stagefrontier.render.headline import window_headline
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
@@ -241,3 +242,15 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     ), text
     decision = regression_decision(analyzed)
     assert decision is not None and decision.suspect_rank == 1, decision
+
+
+def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:
+    analyzed = analyze_merged(merge_windows(_windows(0, 120.0, late=1), RANKS))
+    assert analyzed.report.has("sync_wait_measured")
+    packet = Packet.of_window(analyzed.d, analyzed.report, side=analyzed.side)
+    back = read_packet(write_packet(tmp_path / "w0.json", packet))
+    assert back.side is not None and back.side.collectives is not None
+    sent = analyzed.side.collectives
+    assert sent is not None and back.side.collectives.keys == sent.keys
+    assert np.array_equal(back.side.collectives.wait_ms, sent.wait_ms, equal_nan=True)
+    assert back.reanalyze() == analyzed.report

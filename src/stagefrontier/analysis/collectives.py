@@ -107,7 +107,7 @@ class CollectiveTimes:
         except (TypeError, ValueError) as exc:
             raise ReportFormatError(f"malformed collectives: {exc}") from None
         for name, arr in (("wait_ms", wait), ("reached_ms", reached)):
-            if arr.ndim != 3 or arr.shape[2] != len(keys) or (arr[np.isfinite(arr)] < 0).any():
+            if arr.ndim != 3 or arr.shape[2] != len(keys) or np.isinf(arr).any() or (arr < 0).any():
                 raise ReportFormatError(f"collectives {name} must be [steps, ranks, keys] >= 0")
         if wait.shape != reached.shape:
             raise ReportFormatError("collectives wait_ms and reached_ms differ in shape")
