@@ -1,9 +1,10 @@
 """What a running timer lets other parts of the library drive: its instrumentation.
 
 A timer hands its instrumentation (``StageTimer.instrumentation``) to what records alongside it:
-the profiler router's capture today (``route.capture``), the timing of collectives and the
-zero-code hooks next. Through it they read where the timer stands (its rank, its step, its
-collector, its DataLoader's workers, what their work cost so far), ask to be told of each step's
+the profiler router's capture (``route.capture``), the timing of collectives
+(``record.collectives``, which reads the open step with ``open_step``) and the zero-code hooks
+next. Through it they read where the timer stands (its rank, its step, its collector, its
+DataLoader's workers, what their work cost so far), ask to be told of each step's
 start and end (``tell_steps``), have the timer record its stages, steps and data waits as
 profiler ranges while they need them (``record_ranges`` and ``stop_ranges``), and charge their
 own time on the training thread to the timer's self-cost (``charge``). Nothing outside
