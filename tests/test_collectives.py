@@ -34,7 +34,9 @@ from stagefrontier.analysis.regression import RegressionConfig, regression_text
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.collect.live import LiveAnalysis
+from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
+from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.render.headline import window_headline
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
@@ -90,6 +92,16 @@ def test_every_window_carries_each_ranks_buckets_timed_through_the_users_hook(
         assert {c["family"] for c in comm["collectives"]} == {"user_hook"}
         assert all(c["stage"] == "model.backward_cpu_wall" for c in comm["collectives"])
         assert any("not timed" in u for u in comm["untimed"])  # the program's own calls
+
+
+def test_the_records_communication_is_checked_where_it_is_read(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    for record in job[1]:
+        check_window_meta(record)
+    broken = {**job[1][COMPUTE], "communication": {"late": {"bucket": "last"}}}
+    with pytest.raises(ReportFormatError, match=r"communication\.late"):
+        check_window_meta(broken)
 
 
 def test_healthy_windows_name_no_late_rank(job: tuple[Path, list[dict[str, Any]]]) -> None:
