@@ -38,6 +38,9 @@ FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
 
+DEFAULT_FAMILY = "all_reduce"
+"""The family of DDP's default bucket all-reduce (a user's hook is named by its function)."""
+
 Key = tuple[str, int, "str | None", int]
 """A collective across ranks: (family, bucket, stage, call in the step)."""
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.collectives import DEFAULT_FAMILY
 from ..failures import say_failed
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
 US = 1000
 
-DEFAULT_FAMILY = "all_reduce"
-"""The family of DDP's default bucket all-reduce (a user's hook is named by its function)."""
 EARLY_HOOK = (
     "DDP buckets not timed: a communication hook was registered before watch_ddp could put its "
     "timed hook in place (call timer.watch_ddp(model) before register_comm_hook)"

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..analysis.collectives import DEFAULT_FAMILY
 from ..analysis.schema import semantic_stage
-
-ALL_REDUCE = "all_reduce"
 
 
 def _reading(record: Mapping[str, Any], top: str | None, key: str) -> Mapping[str, Any] | None:
@@ -34,8 +33,8 @@ def bucket_text(c: Mapping[str, Any], plain_stage: str) -> str:
 def family_text(c: Mapping[str, Any]) -> str:
     """``all-reduce``, or the collective of the user's hook, by its name:
     ``fp16_compress_hook's collective``."""
-    family = str(c.get("family", ALL_REDUCE))
-    return "all-reduce" if family == ALL_REDUCE else f"{family}'s collective"
+    family = str(c.get("family", DEFAULT_FAMILY))
+    return "all-reduce" if family == DEFAULT_FAMILY else f"{family}'s collective"
 
 
 def size_text(nbytes: int) -> str:
