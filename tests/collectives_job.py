@@ -1,6 +1,6 @@
 """One rank of a 4-rank Gloo DDP job whose gradient buckets StageTimer times
 (``timer.watch_ddp``), run under torchrun (``python -m torch.distributed.run --nproc-per-node 4
-collectives_job.py OUT``). Windows of 5 steps, each with its own case:
+collectives_job.py OUT``). Windows of 10 steps, each with its own case:
 
 * windows 0-2: healthy (the slow collective's baseline; no late rank);
 * window 3: a 100 ms compute delay in an autograd hook on the first layer's weight gradient of
@@ -32,8 +32,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from stagefrontier import CollectConfig, StageTimer
 from stagefrontier.demo.faults import FaultInjector, parse_fault
 
-WINDOW = 5
-STEPS = 30
+WINDOW = 10
+"""Steps per window: enough that rank 0's own analysis of the window before, which competes
+for the CPUs at the start of each window on a loaded host, delays it in fewer than half."""
+STEPS = 60
 LATE_RANK = 1
 COMPUTE_WINDOW = 3
 COMM_WINDOW = 4

@@ -13,8 +13,9 @@ the late rank (median over steps of the ranks' mean extra wait), how far apart t
 arrived (median of the longest extra wait), and the late rank when one rank arrives last in
 most steps by a margin: its lateness is the median over all steps of how much after the next
 rank it arrived (0 in the steps it was not last), so a rank that is last by chance in a few
-steps is not named. None of it enters the prefix vector: it is side evidence for the labels and
-the verdict.
+steps is not named, and it must stand out against the margin of the steps where another rank
+was last (``NOISE_FACTOR``). None of it enters the prefix vector: it is side evidence for the
+labels and the verdict.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ LATE_MIN_MS = 20.0
 LATE_STEP_FRACTION = 0.05
 """...and the least as a fraction of the median step: scheduling noise on a loaded host stays
 below both."""
+NOISE_FACTOR = 3.0
+"""...and at least this many times the margin by which the last rank arrived last in the steps
+the named rank was not last (the scheduling noise of a loaded host, where the last rank changes
+from step to step: a rank that is last by that much in a few more steps than the others is
+not named)."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -213,7 +219,9 @@ def _read_one(
     behind_next = np.partition(extra, 1, axis=1)[:, 1]  # how long after the next rank
     scores = [float(np.median(np.where(last == r, behind_next, 0.0))) for r in range(len(full[0]))]
     late = int(np.argmax(scores))
-    named = scores[late] >= threshold
+    others = behind_next[last != late]
+    noise = float(np.median(others)) if len(others) else 0.0
+    named = scores[late] >= max(threshold, NOISE_FACTOR * noise)
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -308,8 +316,8 @@ MIN_BASELINE = 2
 SLOW_FACTOR = 2.0
 """A collective is slow when its transfer takes this many times its baseline..."""
 SLOW_MIN_MS = 10.0
-"""...and at least this many milliseconds more, while every rank arrives within the lateness
-threshold (``LATE_MIN_MS``) or a quarter of the transfer, whichever is larger."""
+"""...and at least this many milliseconds more, with no late rank named. The transfer is the
+last rank's wait, so how far apart the ranks arrived does not enter it."""
 
 
 class CollectiveBaseline:
@@ -332,10 +340,8 @@ class CollectiveBaseline:
                 before.append((window, c.transfer_ms))
                 continue
             usual = float(np.median([t for _, t in before]))
-            together = c.spread_ms <= max(LATE_MIN_MS, 0.25 * c.transfer_ms)
             if (
-                together
-                and c.transfer_ms >= SLOW_FACTOR * usual
+                c.transfer_ms >= SLOW_FACTOR * usual
                 and c.transfer_ms - usual >= SLOW_MIN_MS
                 and (slow is None or c.transfer_ms - usual > slow["slower_ms"])
             ):
