@@ -44,13 +44,13 @@ def _variant(timed: bool, steps: int) -> tuple[Any, Any, list[int]]:
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from stagefrontier import StageTimer
+    from stagefrontier import StageTimer, TimerConfig
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     net = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(16)))
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.01)
-    timer = StageTimer(window=1_000_000, collector=_Drop())
+    timer = StageTimer(config=TimerConfig(window=1_000_000), collector=_Drop())
     calls = [0]
 
     def counted(state: Any, bucket: Any) -> Any:

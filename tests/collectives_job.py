@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from stagefrontier import CollectConfig, StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.demo.faults import FaultInjector, parse_fault
 
 WINDOW = 10
@@ -87,7 +87,7 @@ def main(out_dir: str) -> None:
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
     collect = CollectConfig(out_dir=out_dir, timeout_s=30.0)
     # --8<-- [start:watch-ddp]
-    timer = StageTimer(window=WINDOW, collect=collect)
+    timer = StageTimer(config=TimerConfig(window=WINDOW, collection=collect))
     watched = timer.watch_ddp(model)
     early = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     early.register_comm_hook(None, allreduce_hook)
