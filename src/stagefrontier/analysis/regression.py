@@ -408,7 +408,9 @@ def _baseline_mean_bound(
 
 def regression_text(regression: dict[str, Any]) -> str:
     """A few words for the window line: ``+38 ms/step vs windows 4-8: data.next_wait +35 ms,
-    all ranks``, or for a slowdown of the whole job ``+41 ms/step vs windows 4-8: the whole job
+    all ranks``, ``+92 ms/step vs windows 0-1: rank 1 late into model.backward_cpu_wall's last
+    bucket`` when the timed collectives name the late rank (``late``), or for a slowdown of
+    the whole job ``+41 ms/step vs windows 4-8: the whole job
     slowed 38% evenly over ranks and stages: the cause is outside the training code`` and what
     rank 0's host signals say."""
     first, last = regression["baseline_windows"]
@@ -425,6 +427,10 @@ def regression_text(regression: dict[str, Any]) -> str:
             head + f"the whole job slowed {regression['slowdown']:.0%} evenly over {where}: "
             "the cause is outside the training code" + host_text(regression.get("host"))
         )
+    late = regression.get("late")
+    if late:  # the ranks' timed collectives name the rank the others wait for
+        which = "last bucket" if late["last_bucket"] else f"bucket {late['bucket']}"
+        return head + f"rank {late['rank']} late into {late['stage']}'s {which}"
     who = "all ranks" if regression["all_ranks"] else named
     return head + f"{top} {delta:+.0f} ms, {who}"
 

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.collectives import CollectiveBaseline, CommunicationReading
 from ..analysis.gates import Gates
-from ..analysis.regression import RegressionCheck, RegressionConfig
+from ..analysis.regression import STAGE, RegressionCheck, RegressionConfig
+from ..analysis.schema import semantic_stage
 from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged
 from . import host_signals
 
@@ -41,8 +43,18 @@ class LiveAnalysis:
         self._host = host_signals.snapshot()
         kept = regression.baseline_windows if regression is not None else 1
         self._healthy_hosts: deque[dict[str, Any]] = deque(maxlen=kept)
+        self._collectives = CollectiveBaseline()
 
     def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
+        """The window analyzed, with its regression check and its slow collective."""
+        analyzed = self._analyze(merged)
+        reading = analyzed.communication
+        slow = self._collectives.check(merged.reference.window, reading)
+        return replace(
+            analyzed, slow_collective=slow, regression=_late_into(analyzed.regression, reading)
+        )
+
+    def _analyze(self, merged: MergedWindow) -> AnalyzedWindow:
         check = self._check
         complete = not merged.missing_ranks and not merged.mismatched_ranks
         if check is None or not complete:
@@ -82,3 +94,18 @@ class LiveAnalysis:
             for name in {n for h in self._healthy_hosts for n in h}
         }
         return {**regression, "host": {"now": signals, "before": before}}
+
+
+def _late_into(
+    regression: dict[str, Any] | None, reading: CommunicationReading | None
+) -> dict[str, Any] | None:
+    """The regression with ``late``: the rank the timed collectives name late in its stage. A
+    slowdown read as the whole job's (every rank's backward grew, as the others wait inside it)
+    is then that stage's: the late rank holds the others back."""
+    late = None if reading is None else reading.late
+    if not regression or late is None or late.stage is None:
+        return regression
+    if semantic_stage(late.stage) != semantic_stage(regression["top_stage"]):
+        return regression
+    into = {"stage": late.stage, "bucket": late.bucket, "last_bucket": late.last_bucket}
+    return {**regression, "kind": STAGE, "late": {"rank": late.late_rank, **into}}

@@ -181,6 +181,7 @@ class TimerState:
         self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
         self._cost = CostMeter(False, type(self))  # StageTimer sets its own calibration
+        self._collectives: Any = None  # a record.collectives.CollectiveLog once watch_ddp ran
 
     @property
     def _step_index(self) -> int:
@@ -392,6 +393,9 @@ class TimerState:
             "probes": self._drain_probes() if self._probes else {},
             "dropped_windows": self._dropped,
             "loader": self._loader_counts(),
+            "collectives": (
+                {} if self._collectives is None else self._collectives.drain(self._step_index - 1)
+            ),
         }
         return WindowSnapshot(self._buf, n, self._width, self.stages, fields, self._cost)
 

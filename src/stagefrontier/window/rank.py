@@ -94,6 +94,9 @@ class RankWindow:
     loader: dict[str, Any] = field(default_factory=dict, metadata=_meta("loader"))
     """A DataLoader's worker counts over the window (``record.loader_workers``), or a note
     saying why there are none; empty when the data does not come through ``timer.iter``."""
+    collectives: dict[str, Any] = field(default_factory=dict, metadata=_meta("collectives"))
+    """The collectives the rank timed in the window (``record.collectives``): their keys, each
+    call's arrival and wait, and what could not be timed; empty when none are watched."""
     started_unix_ns: int = field(default=0, metadata=_meta("count"))
     """The wall clock (ns since the epoch) as the window's first step began; 0 when unknown."""
     ended_unix_ns: int = field(default=0, metadata=_meta("count"))
