@@ -1,8 +1,10 @@
-"""The collection settings of a StageTimer, grouped in one frozen object.
+"""The collection settings of a StageTimer, grouped in one frozen object: the ``collection``
+part of its configuration tree (``TimerConfig(collection=CollectConfig(mode="store",
+timeout_s=30.0))``, see ``record.config``).
 
-``StageTimer(collect=CollectConfig(mode="store", timeout_s=30.0))`` and the flat keywords
-``StageTimer(collect="store", collect_timeout_s=30.0)`` build the same config; giving a setting
-both ways is an error, never a silent choice.
+The timer's deprecated flat keywords (``StageTimer(collect="store", collect_timeout_s=30.0)``)
+build the same config through ``collect_config``; giving a setting both ways is an error, never
+a silent choice.
 """
 
 from __future__ import annotations
