@@ -423,7 +423,10 @@ def test_trace_ranges_hold_the_range_fields_of_every_event(
         b'{"traceEvents": 3}',
         b'{"events": []}',
         b'{"traceEvents": [',
+        # nested past msgspec's depth: it raised a bare RecursionError (issue 37 item 10)
+        b'{"traceEvents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ],
+    ids=lambda content: f"{content[:40]!r}",
 )
 def test_trace_ranges_fall_back_to_the_standard_library_where_msgspec_does_not_read_the_file(
     tmp_path: Path, content: bytes

@@ -251,7 +251,7 @@ def load_trace_ranges(path: Path) -> tuple[dict[str, Any], list[Any]]:
         parts = decoders.top.decode(text)
         events = decoders.events.decode(parts.pop("traceEvents"))
         header = {key: decoders.value.decode(raw) for key, raw in parts.items()}
-    except (ValueError, KeyError):  # msgspec's errors are ValueErrors: load_trace says why
+    except (ValueError, KeyError, RecursionError):  # load_trace says why, in its words
         return load_trace(path)
     return header, msgspec.to_builtins(events)
 
