@@ -3,7 +3,8 @@
 Every rank trains a tiny MLP whose gradients it all-reduces and applies itself (DDP and
 ``torch.optim`` import ``torch._inductor``, which would hide the profiler's cold start) under a
 StageTimer with a ``ProfilerRouter``. Rank 0 asks for one manual capture of both ranks per
-phase, in order, the next once the previous incident is written; while a capture runs, every
+phase, in order, the next once the previous incident is written and no rank is still busy with
+the previous phase (the application's profiler still running); while a capture runs, every
 rank does what its phase needs, keyed on the capture's own steps, so both ranks act at the same
 steps:
 
@@ -181,11 +182,13 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
     timer = StageTimer(config=TimerConfig(window=job.window, collection=collection, router=router))
     phases = _Phases(rank, job, timer)
     requested = 0
+    busy = False  # a rank was still pausing or profiling at the last step's all-reduce
     for step in range(job.max_steps):
         phases.before(step)
         finished = False
         if rank == 0:
-            requested = _request_next(router, requested, job)
+            if not busy:  # the next phase's capture would meet the application's own profiler
+                requested = _request_next(router, requested, job)
             coordinator = router._attached.runtime.coordinator  # type: ignore[union-attr]
             finished = (
                 requested == len(job.phases)
@@ -196,7 +199,8 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         # Stop together: rank 0's incidents are written and no rank is pausing or profiling.
         flags = torch.tensor([float(finished), float(phases.busy)])
         dist.all_reduce(flags)
-        if flags[0] > 0 and flags[1] == 0:
+        busy = bool(flags[1] > 0)
+        if flags[0] > 0 and not busy:
             break
         train_step(timer, model, gen, job.step_sleep_s)
     timer.close()

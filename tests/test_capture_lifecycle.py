@@ -4,6 +4,7 @@ job runs the three captures in turn (see ``capture_support``)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> CaptureJob:
     out = tmp_path_factory.mktemp("lifecycle")
     job = CaptureJob(out_dir=str(out), phases=PHASES, ranks=RANKS)
     codes = run_ranks(run_rank, RANKS, job, deadline_s=300.0)
-    stacks = {r: Path(out, CRASH_FILE.format(rank=r)).read_text() for r in range(RANKS)}
+    crash = [Path(out, CRASH_FILE.format(rank=r)) for r in range(RANKS)]
+    # no file: the rank died before its first line (its stderr above says why)
+    stacks = {r: path.read_text() if path.exists() else "no file" for r, path in enumerate(crash)}
     assert codes == {0: 0, 1: 0}, f"rank exit codes {codes} (-11: SIGSEGV); stacks: {stacks}"
     return job
 
@@ -112,3 +115,21 @@ def test_the_profiler_is_warm_before_the_first_capture_and_its_cost_is_counted(
         assert warm["inductor_imported_before"] is True, warm
     costs = [w["self_cost"]["capture_s"]["max"] for w in read_windows(job.out_dir)]
     assert any(cost > 0 for cost in costs), costs
+
+
+def test_a_capture_samples_the_training_threads_stack_without_the_python_tracer(
+    job: CaptureJob,
+) -> None:
+    """Before: the profiler ran its Python tracer (``with_stack``), whose stop converted every
+    Python call on the training thread (about a second the step after the capture carried) and
+    which hooks every thread. Now the profiler traces operators only, and the training thread's
+    sampled stack gives the trace its Python events: the job's step function is named, and no
+    builtin call is (the tracer records those; a sample of Python frames cannot)."""
+    traces = [t for phase in ("capped", "paused") for t in _traces(job, _incident(job, phase))]
+    assert len(traces) == 2 * RANKS
+    for trace in traces:
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+        python = {e["name"] for e in events if e.get("cat") == "python_function"}
+        assert any(name.endswith("): train_step") for name in python), sorted(python)[:20]
+        assert not [name for name in python if name.startswith("<built-in")], sorted(python)[:20]
+        assert any(e.get("cat") == "cpu_op" for e in events)

@@ -142,7 +142,9 @@ def test_the_demo_ends_with_the_router_incident(demo: DemoFolder) -> None:
     back through ``report`` and ``incident``, and its page embeds both figures."""
     assert "Profiler router incident w00000: stage data.next_wait, suspect rank 1" in demo.stdout
     assert "confirmed" in demo.stdout and "top op diff: inside data.next_wait, `" in demo.stdout
-    assert "delay › <built-in function sleep>` takes" in demo.stdout
+    # the sampled stack: the function, and the line it was at (the builtin it called)
+    assert "faults.py(158): delay › <line " in demo.stdout
+    assert "time.sleep(delay_s)>` takes" in demo.stdout
     page = (demo.out / "incidents" / "w00000" / "incident.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<table>" in page
     incident = json.loads((demo.out / "incidents" / "w00000" / "incident.json").read_text())

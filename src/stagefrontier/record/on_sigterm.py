@@ -9,9 +9,9 @@ process that still has that default, installs a handler that closes every open t
 the signal as before, so its exit status is still the signal's; a second SIGTERM during that
 close ends it at once. A handler the application installed is left alone. A process forked
 from the one that installed it (a DataLoader worker) ends at once, as by default. It is off by
-default: with the handler installed, a rank running a profiler capture with Python stacks
-(``ProfilerRouter(with_stack=True)``) was seen to crash (SIGSEGV) in this project's tests, cause
-not found yet.
+default: with the handler installed, a rank running a profiler capture under the profiler's
+Python tracer (which captures no longer run: ``route.stack_sampler``) was seen to crash (SIGSEGV)
+in this project's tests, cause not found.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ import numpy.typing as npt
 THREAD_PREFIX = "stagefrontier"
 """Every background thread the library starts is named ``stagefrontier-<job>``."""
 ROUTER_THREAD = "stagefrontier-router"
-"""The profiler router's thread, counted apart (``router_cpu_ns``)."""
+"""The profiler router's threads (this name, or it and ``-<job>``: its stack sampler), counted
+apart (``router_cpu_ns``)."""
 CALIBRATION_STEPS = 200
 """Steps (one stage each: two contexts) per calibration loop; a loop takes ~0.2 ms."""
 CALIBRATION_LOOPS = 5
@@ -115,7 +116,8 @@ class ThreadClock:
             if now is None:
                 continue
             seen[thread.ident] = now
-            spent[thread.name == ROUTER_THREAD] += max(0, now - self._last.get(thread.ident, 0))
+            router = thread.name == ROUTER_THREAD or thread.name.startswith(ROUTER_THREAD + "-")
+            spent[router] += max(0, now - self._last.get(thread.ident, 0))
         self._last = seen
         return spent[0], spent[1]
 

@@ -3,21 +3,22 @@
 The router thread arms a capture (``arm``) by storing the request and asking the timer to be
 told of steps (``Instrumentation.tell_steps``: one flag ``StageTimer.step()`` tests at each step's
 start); ``on_step`` is called only while it is set. One step before the request's first step
-(``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available,
-with Python stacks so the op diff can name the user's function), has the timer record its
-stages, its steps' ends and the between-step data waits of ``timer.iter``, ``timer.fetch`` and
-the callbacks' hook clocks as profiler ranges (``Instrumentation.record_ranges``) and opens a
-``stagefrontier.step#<n>`` range; each later step closes the previous step's range and opens its
-own; after the last step it stops the session, saves its JSON (``trace_parts``), has the timer
-stop the ranges and hands the trace to the router thread.
+(``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available; no
+Python tracer: the training thread's Python stack is sampled instead, ``stack_sampler``, so the op
+diff can name the user's function), has the timer record its stages, its steps' ends and the
+between-step data waits of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks as
+profiler ranges (``Instrumentation.record_ranges``) and opens a ``stagefrontier.step#<n>`` range;
+each later step closes the previous step's range and opens its own; after the last step it
+stops the sampling and the session, saves its JSON (``trace_parts``), has the timer stop the
+ranges and hands the trace and the samples to the router thread.
 
 One session for the whole capture, started and stopped once on this thread. A session a step
 spread the stop's cost over the captured steps, but it also started and stopped the profiler
-(its Python tracer, which hooks every Python thread of the process) once a step while the
-router and analysis threads ran, and under load that killed ranks (SIGSEGV in the lifecycle
-test's 100-step capture); it also made a long capture several times slower. The stop converts
-every captured event on this thread, holding the GIL, so the step after the capture carries it
-(see ``docs/router.md``, the cost of a capture).
+once a step while the router and analysis threads ran, and under load that killed ranks (SIGSEGV
+in the lifecycle test's 100-step capture); it also made a long capture several times slower. The
+stop converts every captured event on this thread, holding the GIL, so the step after the
+capture carries it: without the Python tracer it converts only the operators and ranges (see
+``docs/router.md``, the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -45,6 +46,7 @@ from ..record.instrumentation import Instrumentation
 from ..render.escape import first_line
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
+from .stack_sampler import SampledStacks, StackSampler, stack_events
 from .trace_parts import TraceParts
 from .worker_profile import WorkerCapture
 
@@ -80,7 +82,8 @@ class RankCapture:
     ) -> None:
         self._timer = timer
         self._out_dir = out_dir
-        self._with_stack = with_stack
+        # started here, idle between captures: no thread starts or ends while a profiler runs
+        self._sampler = StackSampler() if with_stack else None
         self._max_trace_bytes = max_trace_bytes
         self._submit = submit  # runs a job on the router thread
         self._answer = answer  # posts a status (on the router thread)
@@ -245,13 +248,12 @@ class RankCapture:
             self._note = f"{request.steps} steps asked: capped at {MAX_CAPTURE_STEPS} steps"
             self._request = request = replace(request, steps=MAX_CAPTURE_STEPS)
         profiler_session.watch()
-        # Kineto prints a start and a stop line on stderr at its default log level; a capture the
-        # job did not ask for should not write into its log. A level the user set is kept.
-        os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
         folder = incident_dir(self._out_dir, request.id)
         self._parts = TraceParts(folder, TRACE_NAME.format(rank=self._rank))
         self._spent_ns = 0
         self._prof = self._new_session()
+        if self._sampler is not None:
+            self._sampler.begin()
         self._rss_start = resident_bytes()
         self._workers.started()
         self._timer.record_ranges()
@@ -267,12 +269,13 @@ class RankCapture:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(activities=activities, with_stack=self._with_stack)
+        prof = torch.profiler.profile(activities=activities)
         prof.start()
         self._session = profiler_session.started()
         return prof
 
     def _stop(self, request: CaptureRequest, last: int) -> None:
+        sampled = self._end_sampling()
         foreign = profiler_session.foreign(self._session)
         prof, self._prof = self._prof, None
         parts, self._parts = self._parts, None
@@ -291,7 +294,17 @@ class RankCapture:
         # what the capture took on this thread, this stop and save included
         spent_s = (self._spent_ns + time.perf_counter_ns() - self._entered_ns) / 1e9
         self._submit(lambda: parts.append(part))
+        if sampled is not None:
+            self._submit(lambda: parts.append_events(lambda base: stack_events(sampled, base)))
         self._submit(lambda: self._export(parts, request, last, note, spent_s))
+
+    def _end_sampling(self) -> SampledStacks | None:
+        return self._sampler.end() if self._sampler is not None else None
+
+    def close(self) -> None:
+        """The timer closed (after ``finish``): the sampling thread ends."""
+        if self._sampler is not None:
+            self._sampler.close()
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
@@ -300,6 +313,7 @@ class RankCapture:
             self._submit(lambda: self._answer(self._status(request, "skipped", reason)))
 
     def _abort(self, reason: str, state: CaptureState = "failed") -> None:
+        self._end_sampling()
         prof, self._prof = self._prof, None
         parts, self._parts = self._parts, None
         if parts is not None:
@@ -322,6 +336,7 @@ class RankCapture:
     def _open_step_range(self, step: int) -> None:
         import torch
 
+        self._cut_samples()
         self._step_scope = torch.profiler.record_function(step_range_name(step))
         self._step_scope.__enter__()
 
@@ -329,6 +344,11 @@ class RankCapture:
         scope, self._step_scope = self._step_scope, None
         if scope is not None:
             scope.__exit__(None, None, None)
+            self._cut_samples()
+
+    def _cut_samples(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cut()
 
     # ------------------------------------------------------------------ router thread
     def _export(

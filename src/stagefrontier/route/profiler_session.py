@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import threading
 from typing import Any
 
@@ -53,6 +54,9 @@ def watch() -> bool:
         return _installed
 
 
+QUIET_KINETO_LOG_LEVEL = "6"
+"""Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
+
 ROUTER_EXTRA_MODULES = ("isal.igzip",)
 """The ``router`` extra's module (the export's compressor), imported where installed: imported
 at its first use, it would add to the first incident's CPU on the router threads. (msgspec, the
@@ -71,6 +75,12 @@ def warm_up() -> None:
     one half-initialized (``torch.distributed`` then aborts the process when imported again)."""
     import torch._inductor.config
     import torch.distributed  # noqa: F401
+
+    # Kineto prints a start and a stop line on stderr at its default log level; a capture the
+    # job did not ask for should not write into its log. A level the user set is kept. Set
+    # here, before the router's threads start: setenv while another thread reads the
+    # environment (C code's getenv) can crash a process.
+    os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
 
     for optional in ROUTER_EXTRA_MODULES:
         with contextlib.suppress(ImportError):  # not installed: the standard library serves

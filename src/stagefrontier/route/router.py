@@ -100,7 +100,8 @@ class ProfilerRouter:
             there are more than 50 nodes (see ``route.relay``).
         capture_timeout_s: how long past the capture's expected end rank 0 waits for a named
             rank's answer before recording the incident as not captured; [0, 86400] seconds.
-        with_stack: record Python stacks (needed for the op diff to name user functions).
+        with_stack: sample the training thread's Python stack during a capture (the op diff
+            names the user's functions from it; see ``route.stack_sampler``).
         min_share: the least share of the step by which the suspect's time in the stage must
             exceed its reference's, on average over the steps, to open an incident (and over
             the captured steps in the trace, to confirm it); [0, 1].
@@ -257,6 +258,7 @@ class RouterRuntime:
         """On the training thread at the timer's close: stop a running capture, then let the
         thread export, answer and (rank 0) settle the open incident, bounded."""
         self.capture.finish(self._timer.step)
+        self.capture.close()
         self._jobs.put(None)
         self._thread.join(JOIN_S)
         if self._thread.is_alive():

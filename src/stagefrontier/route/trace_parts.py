@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import errno
 import gzip
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from ..failures import say_failed
 from ..formats.packet import atomic_file
+
+logger = logging.getLogger("stagefrontier")
 
 TRACE_GZIP_LEVEL = 1
 """Fast compression: the export runs on a training rank's CPU, and a level-1 trace is about a
@@ -170,6 +177,30 @@ class TraceParts:
             self._out.write(events)
             self._events = True
         self._tail = data[end:]
+
+    def append_events(self, make: Callable[[int], list[dict[str, Any]]]) -> None:
+        """On the router thread, after the parts: the events ``make`` builds, given the trace's
+        base time in nanoseconds (0 where the trace counts from the epoch), written after the
+        parts' own (the sampled Python stacks). A failure to build them is said in one line
+        and the trace kept without them."""
+        if self._out is None or self.error is not None:
+            return
+        start = time.thread_time()
+        try:
+            try:
+                events = make(int(self._base or b"0"))
+            except Exception as exc:
+                say_failed(logger, "building the sampled Python stacks", exc, "the trace has none")
+                return
+            if events:
+                body = b",\n".join(map(msgspec.json.Encoder().encode, events))
+                self._out.write((b",\n" if self._events else b"") + body)
+                self._events = True
+        except Exception as exc:
+            self.error = exc
+            self.discard()
+        finally:
+            self.cpu_s += time.thread_time() - start
 
     def join(self) -> Path:
         """End the trace (``folder / name``, in place whole or not at all). Raises what a

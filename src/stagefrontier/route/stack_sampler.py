@@ -1,0 +1,226 @@
+"""The training thread's Python stack during a capture, sampled by a thread of the router's, and
+written into the trace as the profiler's own Python events would be.
+
+The op diff names the user's function that took the time (``model.py(22): slow_forward``). The
+profiler can record it itself (``with_stack=True``: its Python tracer hooks every call of every
+thread), but its stop then converts every recorded call on the training thread while holding the
+GIL (0.4 to 0.5 s of the demo's ranks after a five-step capture), which the step after the
+capture carries on every rank (the next collective waits for the slowest). The tracer is also
+the one suspect left of a rank that died of SIGSEGV now and then in a test job (a thread
+starting or ending while it hooked every thread).
+
+So a capture runs the profiler without it, and ``StackSampler`` reads the training thread's
+frames (``sys._current_frames``) every ``SAMPLE_INTERVAL_S`` from one daemon thread, started with
+the router and idle between captures (no thread starts or ends while a profiler runs). At the
+export, ``stack_events`` turns the samples into ``python_function`` events of the training thread:
+a frame seen in consecutive samples is one event, from the first of them to the sample that no
+longer shows it, named as the profiler names its Python events (``path(first line): function``,
+the path relative to its ``sys.path`` entry), and the line an innermost user frame was at one
+more event inside it. The op diff reads them as it read the tracer's; a function shorter than
+the interval may be missed, and a builtin (``time.sleep``) is charged to the line of the Python
+function that called it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import CodeType, FrameType
+from typing import Any
+
+from ..failures import say_failed
+from ..record.self_cost import ROUTER_THREAD
+from .opdiff import is_user_frame
+
+logger = logging.getLogger("stagefrontier")
+
+SAMPLE_INTERVAL_S = 0.002
+"""Between two samples (the GIL's switch interval, 5 ms, bounds it while the training thread
+runs Python; a wait in C, a sleep or a collective, is sampled at this rate)."""
+MAX_SAMPLES = 100_000
+"""At most this many samples a capture (200 s at the interval): the rest are dropped."""
+MAX_DEPTH = 1000
+"""Frames kept of a sample, the innermost (Python's default recursion limit: a stack is rarely
+deeper; a training loop under a launcher and a framework is 60 to 100 frames deep, the user's
+function among the innermost)."""
+
+Stack = tuple[CodeType, ...]
+Sample = tuple[int, Stack, int]
+"""When it was taken (``time.time_ns``), the frames (outermost first) and the line the
+innermost one was at; no frames at a cut (``StackSampler.cut``)."""
+MAX_LINE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class SampledStacks:
+    """A capture's samples of one thread, and when sampling ended (``time.time_ns``)."""
+
+    samples: list[Sample]
+    pid: int
+    tid: int
+    """The thread's native id: the profiler's ``tid`` of its events."""
+    end_ns: int
+
+
+class StackSampler:
+    """One daemon thread that samples a thread's Python stack between ``begin`` and ``end``.
+
+    ``begin`` and ``end`` are called on the sampled (training) thread and only set flags; the
+    samples are handed over by ``end``. ``close`` ends the thread (the timer's close)."""
+
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._wake = threading.Condition()
+        self._target: int | None = None  # the thread sampled now (``threading.get_ident``)
+        self._native_id = 0
+        self._samples: list[Sample] = []
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"{ROUTER_THREAD}-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def begin(self) -> None:
+        """Sample the calling thread from now on."""
+        with self._wake:
+            self._samples = []
+            self._target = threading.get_ident()
+            self._native_id = threading.get_native_id()
+            self._wake.notify()
+
+    def end(self) -> SampledStacks:
+        """Stop sampling; the samples taken since ``begin``, oldest first."""
+        with self._wake:
+            self._target = None
+            samples, self._samples = self._samples, []
+        return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
+
+    def cut(self) -> None:
+        """On the sampled thread, where it opens or closes a step's range: every frame open now
+        ends here and starts again at the next sample. The op diff counts an event where it
+        starts, inside the stage's range of a captured step; a frame seen unchanged across
+        steps (a loop sleeping in its data wait every step) would start in the first one only."""
+        with self._wake:
+            if self._target is not None and len(self._samples) < MAX_SAMPLES:
+                self._samples.append((time.time_ns(), (), 0))
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._target = None
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._target is None and not self._closed:
+                    self._wake.wait()
+                target = self._target
+                if target is None:  # closed
+                    return
+                try:
+                    if len(self._samples) < MAX_SAMPLES:
+                        frame = sys._current_frames().get(target)
+                        if frame is not None:
+                            self._samples.append((time.time_ns(), _stack(frame), frame.f_lineno))
+                except Exception as exc:  # telemetry never fails: this capture has no more
+                    say_failed(logger, "sampling the training thread's stack", exc, "it stops")
+                    self._target = None
+            time.sleep(self._interval_s)
+
+
+def _stack(frame: FrameType | None) -> Stack:
+    codes: list[CodeType] = []
+    while frame is not None and len(codes) < MAX_DEPTH:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(reversed(codes))
+
+
+def stack_events(sampled: SampledStacks, base_ns: int) -> list[dict[str, Any]]:
+    """The samples as ``python_function`` events of the sampled thread, timed in microseconds
+    since ``base_ns`` (the trace's ``baseTimeNanoseconds``: the profiler's events count from it
+    on the same wall clock); a frame still open at the last sample ends where sampling ended.
+
+    Where the innermost frame is the user's, the line it was at is one more event inside it
+    (``<line 160: time.sleep(seconds)>``): the op diff then says what the function was doing
+    (the builtin it called, which no sample of Python frames sees) as ``delay › <line ...>``.
+
+    Ordered by start, longest first, and a caller before what it called where both span the
+    same samples: the op diff nests a thread's events in that order (a stable sort by start and
+    length), so a caller must come first to be the parent."""
+    names: dict[Frame, str] = {}
+    roots = _path_roots()
+    spans: list[tuple[int, int, int, Frame]] = []  # (start, -end, depth, frame), in ns
+    open_frames: list[tuple[Frame, int]] = []  # (frame, start ns), outermost first
+
+    def name_of(frame: Frame) -> str:
+        name = names.get(frame)
+        if name is None:
+            name = names[frame] = _name(frame, roots)
+        return name
+
+    def close_from(depth: int, at_ns: int) -> None:
+        while len(open_frames) > depth:
+            frame, start = open_frames.pop()
+            spans.append((start, -at_ns, len(open_frames), frame))
+
+    last_ns = sampled.end_ns
+    for at_ns, stack, line in sampled.samples:
+        frames: list[Frame] = list(stack)
+        if stack and is_user_frame(name_of(stack[-1])):
+            frames.append((stack[-1], line))
+        same = 0
+        while same < min(len(open_frames), len(frames)) and open_frames[same][0] == frames[same]:
+            same += 1
+        close_from(same, at_ns)
+        open_frames.extend((frame, at_ns) for frame in frames[same:])
+        last_ns = max(last_ns, at_ns)
+    close_from(0, last_ns)
+    spans.sort(key=lambda span: span[:3])
+    return [
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": name_of(frame),
+            "pid": sampled.pid,
+            "tid": sampled.tid,
+            "ts": (start - base_ns) / 1e3,
+            "dur": (-neg_end - start) / 1e3,
+        }
+        for start, neg_end, _, frame in spans
+    ]
+
+
+Frame = CodeType | tuple[CodeType, int]
+"""A function's frame, or the line its innermost user frame was at."""
+
+
+def _name(frame: Frame, roots: list[str]) -> str:
+    if isinstance(frame, CodeType):
+        return frame_name(frame, roots)
+    code, line = frame
+    text = linecache.getline(code.co_filename, line).strip()[:MAX_LINE_CHARS]
+    return f"<line {line}: {text}>" if text else f"<line {line}>"
+
+
+def frame_name(code: CodeType, roots: list[str]) -> str:
+    """``path(first line): function`` with the path relative to the longest ``roots`` entry
+    that holds it (the profiler's Python events are named so)."""
+    path = code.co_filename
+    for root in roots:
+        if path.startswith(root):
+            path = path[len(root) :]
+            break
+    return f"{path}({code.co_firstlineno}): {code.co_name}"
+
+
+def _path_roots() -> list[str]:
+    """The folders of ``sys.path``, longest first, each ending in a separator."""
+    roots = {os.path.join(os.path.abspath(p or os.curdir), "") for p in sys.path}
+    return sorted(roots, key=len, reverse=True)
