@@ -130,6 +130,9 @@ class StageTimer(TimerState):
             few microseconds per context.
         router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
             rank and a reference rank capture a profiler trace of a few steps (docs/router.md).
+        disk_budget_mb: the most MiB ``out_dir`` may hold (the packets of older windows are
+            deleted past it, flagged windows and a sample kept, listed in ``compacted.jsonl``);
+            default ``STAGEFRONTIER_DISK_BUDGET_MB``, else 1024.
 
     An argument of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
@@ -161,6 +164,7 @@ class StageTimer(TimerState):
         collector: Collector | None = None,
         annotate: bool = False,
         router: Router | None = None,
+        disk_budget_mb: int | None = None,
     ) -> None:
         names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
         role_set: tuple[str, ...] = ()
@@ -186,6 +190,7 @@ class StageTimer(TimerState):
             "sinks": sinks,
             "gates": gates,
             "log": log,
+            "disk_budget_mb": disk_budget_mb,
         }
         config = collect_config(collect, collect_keywords)
         if collector is not None and (config.sinks or config.gates is not None):
