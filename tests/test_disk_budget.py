@@ -18,7 +18,7 @@ import pytest
 from budget_support import BudgetJob, launch
 from stagefrontier.analysis.regression import regression_text
 from stagefrontier.cli.main import main
-from stagefrontier.sinks.disk_budget import folder_bytes
+from stagefrontier.sinks.disk_budget import folder_bytes, listed_windows
 from stagefrontier.sinks.output_folder import next_attempt
 
 BUDGET_MB = 2
@@ -58,17 +58,7 @@ def test_the_folder_stays_within_its_budget_and_lists_what_it_compacted(
         not in held
     )
     listed = [c[key] for c in compactions for key in ("windows", "flagged_windows")]
-    assert without and sorted(w for text in listed for w in _windows(text)) == without
-
-
-def _windows(ranges: str) -> list[tuple[int, int]]:
-    """The (attempt, window) pairs of ``window_ranges``'s text (``0/3-9, 1/4``)."""
-    pairs = []
-    for part in filter(None, ranges.split(", ")):
-        attempt, _, span = part.partition("/")
-        first, _, last = span.partition("-")
-        pairs += [(int(attempt), w) for w in range(int(first), int(last or first) + 1)]
-    return pairs
+    assert without and sorted(w for text in listed for w in listed_windows(text)) == without
 
 
 def test_a_resumed_job_continues_the_folder_as_its_next_attempt(resumed_run: Path) -> None:

@@ -9,8 +9,8 @@ is back under ``LOW_WATER`` of the budget, in this order:
    index), leaving the newest ``RECENT`` packets, and every packet of a window the live
    regression check flagged or an incident was opened on;
 2. while still over, the sample is halved (``sample_every`` doubles) and step 1 runs again;
-3. while still over, the packets of flagged windows, oldest first (the newest ``RECENT`` and the
-   incidents' windows kept; incidents are never deleted).
+3. while still over, what is left of the sample, then the packets of flagged windows, oldest
+   first (the newest ``RECENT`` and the incidents' windows kept; incidents are never deleted).
 
 Each compaction appends one line to ``compacted.jsonl``: when, the budget, the folder's bytes
 before and after, the sample kept, and the windows whose packets it deleted (``attempt/window``
@@ -107,22 +107,30 @@ class DiskBudget:
             dropped += self._drop(packets, kept, flagged=False, target=target)
             if self._bytes <= target or not self._thinner(packets, kept):
                 break
-        if self._bytes > target:
+        if self._bytes > target:  # the sample's last windows (index 0), then the flagged
+            dropped += self._drop(packets, kept, flagged=False, target=target, sample=False)
             dropped += self._drop(packets, kept, flagged=True, target=target)
         self._record(before, dropped)
 
     def _drop(
-        self, packets: dict[str, HeldPacket], kept: set[str], *, flagged: bool, target: int
+        self,
+        packets: dict[str, HeldPacket],
+        kept: set[str],
+        *,
+        flagged: bool,
+        target: int,
+        sample: bool = True,
     ) -> list[HeldPacket]:
         """Delete packets oldest first until the folder is at ``target``: unflagged ones
-        outside the sample, or (``flagged``) flagged ones; never those in ``kept``."""
+        outside the sample (any, without ``sample``), or (``flagged``) flagged ones; never
+        those in ``kept``."""
         dropped = []
         for name, held in sorted(packets.items(), key=lambda item: item[1].order):
             if self._bytes is None or self._bytes <= target:
                 break
             if name in kept or held.flagged != flagged:
                 continue
-            if not flagged and held.order[1] % self.sample_every == 0:
+            if not flagged and sample and held.order[1] % self.sample_every == 0:
                 continue
             held.path.unlink(missing_ok=True)
             del packets[name]
@@ -191,7 +199,7 @@ class DiskBudget:
         if not self._told_compacting and dropped:
             self._told_compacting = True
             logger.info(
-                "stagefrontier: %s reached its disk budget (%.0f MiB): packets of older "
+                "stagefrontier: %s reached its disk budget (%.1f MiB): packets of older "
                 "windows are deleted (flagged windows and one in %d others kept), each "
                 "compaction listed in %s",
                 self.folder,
@@ -202,7 +210,7 @@ class DiskBudget:
         if over and not self._told_over:
             self._told_over = True
             logger.warning(
-                "stagefrontier: %s holds %.0f MiB, over its disk budget of %.0f MiB, in what "
+                "stagefrontier: %s holds %.1f MiB, over its disk budget of %.1f MiB, in what "
                 "is never deleted (windows.jsonl, incidents, the newest packets); raise "
                 "STAGEFRONTIER_DISK_BUDGET_MB or disk_budget_mb",
                 self.folder,
@@ -229,7 +237,8 @@ def folder_bytes(folder: Path) -> int:
 
 
 def window_ranges(orders: list[tuple[int, int]]) -> str:
-    """``0/3-9, 0/11, 1/0-4``: windows (attempt, index) as ranges of consecutive indices."""
+    """``0/3-9, 0/11, 1/0-4``: windows (attempt, index) as ranges of consecutive indices
+    (``listed_windows`` reads it back)."""
     parts = []
     for attempt, group in groupby(orders, key=lambda order: order[0]):
         indices = [index for _, index in group]
@@ -242,6 +251,16 @@ def window_ranges(orders: list[tuple[int, int]]) -> str:
             if index is not None:
                 start = previous = index
     return ", ".join(parts)
+
+
+def listed_windows(ranges: str) -> list[tuple[int, int]]:
+    """The windows (attempt, index) of a ``window_ranges`` text, in its order."""
+    windows = []
+    for part in filter(None, ranges.split(", ")):
+        attempt, _, span = part.partition("/")
+        first, _, last = span.partition("-")
+        windows += [(int(attempt), i) for i in range(int(first), int(last or first) + 1)]
+    return windows
 
 
 def _order(record: dict[str, Any]) -> tuple[int, int]:
