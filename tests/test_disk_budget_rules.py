@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stagefrontier.analysis.regression import RegressionCheck
-from stagefrontier.sinks import JsonlSink, PacketSink
+from stagefrontier.sinks import JsonlSink, PacketSink, Sink
 from stagefrontier.sinks.disk_budget import FIRST_SAMPLE, RECENT, folder_bytes, listed_windows
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
@@ -50,7 +50,7 @@ def _windows() -> list[AnalyzedWindow]:
 
 
 def _write(out: Path, windows: list[AnalyzedWindow], budget: int) -> None:
-    sinks = [JsonlSink(out, budget), PacketSink(out, budget)]
+    sinks: list[Sink] = [JsonlSink(out, budget), PacketSink(out, budget)]
     for window in windows:
         for sink in sinks:
             sink.write(window)
