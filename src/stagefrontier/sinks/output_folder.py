@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from ..environment import disk_budget_bytes
 from ..formats.records import WINDOWS_FILE
 from ..window.attempt import current_attempt
 from ..window.merged import AnalyzedWindow
-from .disk_budget import DiskBudget
+from .disk_budget import COMPACTED_FILE, DiskBudget
 
 logger = logging.getLogger("stagefrontier")
 
@@ -111,6 +112,16 @@ class OutputFolder:
         with open(self.path / ATTEMPTS_FILE, "ab") as handle:
             handle.write(data)
         self.budget.written(None, self.path / ATTEMPTS_FILE, len(data))
+
+
+def clear_run_files(folder: str | os.PathLike[str]) -> None:
+    """Delete what the file sinks of an earlier run wrote into ``folder`` (``windows.jsonl``,
+    ``attempts.jsonl``, ``compacted.jsonl``, ``packets/``), for a caller that starts a new run
+    there rather than continuing it (the demo)."""
+    path = Path(folder)
+    for name in (WINDOWS_FILE, ATTEMPTS_FILE, COMPACTED_FILE):
+        (path / name).unlink(missing_ok=True)
+    shutil.rmtree(path / "packets", ignore_errors=True)
 
 
 def next_attempt(folder: Path, restart_count: int) -> int:
