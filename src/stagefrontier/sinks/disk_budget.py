@@ -15,7 +15,8 @@ is back under ``LOW_WATER`` of the budget, in this order:
 Each compaction appends one line to ``compacted.jsonl``: when, the budget, the folder's bytes
 before and after, the sample kept, and the windows whose packets it deleted (``attempt/window``
 ranges). The first compaction is said in one log line; a folder that its records and incidents
-alone hold over budget is said once too (nothing more can be deleted without losing windows).
+alone hold over budget is said once too (nothing more can be deleted without losing windows),
+and is compacted again only once it has grown by a tenth of its budget.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class DiskBudget:
         self._new: dict[str, HeldPacket] = {}
         """The packets this process wrote before the first compaction."""
         self._writes = 0
+        self._over_at = 0
+        """When the last compaction could not get the folder under its budget: the bytes past
+        which the next one runs (what it left plus the room a compaction makes), else 0."""
         self._said: set[tuple[str, str]] = set()
         self._told_compacting = False
         self._told_over = False
@@ -90,7 +94,7 @@ class DiskBudget:
             self._bytes = folder_bytes(self.folder)
         else:
             self._bytes += size
-        if self._bytes <= self.budget:
+        if self._bytes <= max(self.budget, self._over_at):
             return
         try:
             self._compact()
@@ -196,6 +200,7 @@ class DiskBudget:
         with open(self.folder / COMPACTED_FILE, "ab") as handle:
             handle.write(data)
         self._bytes = after + len(data)
+        self._over_at = self._bytes + self.budget - int(self.budget * LOW_WATER) if over else 0
         if not self._told_compacting and dropped:
             self._told_compacting = True
             logger.info(
