@@ -13,7 +13,14 @@ import pytest
 
 from stagefrontier.analysis.regression import RegressionCheck
 from stagefrontier.sinks import JsonlSink, PacketSink, Sink
-from stagefrontier.sinks.disk_budget import FIRST_SAMPLE, RECENT, folder_bytes, listed_windows
+from stagefrontier.sinks.disk_budget import (
+    FIRST_SAMPLE,
+    LOW_WATER,
+    RECENT,
+    folder_bytes,
+    listed_windows,
+)
+from stagefrontier.sinks.output_folder import shared_folder
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
 
@@ -22,7 +29,8 @@ MS = 1_000_000
 STEPS = 10
 WINDOWS = 40
 SLOW = (15, 27)
-"""The windows whose forward stage takes five times as long: the regression check flags them."""
+"""The regressions the check flags: window 15's forward stage takes five times as long (a stage
+regression), window 27's every stage twice as long (a slowdown of the whole job)."""
 
 
 def _windows() -> list[AnalyzedWindow]:
@@ -35,8 +43,10 @@ def _windows() -> list[AnalyzedWindow]:
         for rank in range(2):
             durations = rng.integers(9 * MS, 11 * MS, size=(STEPS, len(STAGES)))
             durations[:, -1] = 0
-            if index in SLOW:
+            if index == SLOW[0]:
                 durations[:, 1] *= 5
+            elif index == SLOW[1]:
+                durations *= 2
             first = index * STEPS
             ranks.append(
                 RankWindow(
@@ -70,7 +80,12 @@ def test_a_compaction_keeps_the_flagged_the_sample_and_the_newest(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     windows = _windows()
-    assert [w.record["window"] for w in windows if w.regression] == list(SLOW)
+    assert [
+        (w.record["window"], w.record["regression"]["kind"]) for w in windows if w.regression
+    ] == [
+        (SLOW[0], "stage"),
+        (SLOW[1], "whole_job"),
+    ]
     whole = tmp_path / "whole"
     _write(whole, windows, 1 << 30)
     packets = folder_bytes(whole / "packets")
@@ -93,6 +108,33 @@ def test_a_compaction_keeps_the_flagged_the_sample_and_the_newest(
     assert len((out / "windows.jsonl").read_text().splitlines()) == WINDOWS  # every record
 
 
+def test_a_whole_job_slowdown_gives_up_its_packet_before_a_stage_regression(
+    tmp_path: Path,
+) -> None:
+    windows = _windows()
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    size = {
+        int(p.name[len("window-") :][:6]): p.stat().st_size for p in (whole / "packets").iterdir()
+    }
+    # The compaction runs as the last window's record is written, before its packet: it keeps
+    # the newest packets before that one, and room for one flagged packet, not for two.
+    last = WINDOWS - 1
+    kept = set(range(last - RECENT, last)) | {SLOW[0]}
+    target = folder_bytes(whole) - sum(size[w] for w in size if w not in kept | {SLOW[1]})
+    target -= size[SLOW[1]] // 2
+    out = tmp_path / "run"
+    sinks: list[Sink] = [JsonlSink(out, 1 << 30), PacketSink(out)]
+    for window in windows:
+        if window is windows[-1]:
+            shared_folder(out, int(target / LOW_WATER))  # the budget shrinks: one compaction
+        for sink in sinks:
+            sink.write(window)
+    held = _held(out)
+    assert SLOW[0] in held and SLOW[1] not in held and held == kept | {last}
+    assert _compactions(out)[0]["flagged_windows"] == f"0/{SLOW[1]}"
+
+
 def test_a_folder_its_records_hold_over_budget_is_said_once_and_keeps_every_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -101,7 +143,7 @@ def test_a_folder_its_records_hold_over_budget_is_said_once_and_keeps_every_reco
     assert compactions[-1]["over_budget"] is True
     assert _held(tmp_path) == set(range(WINDOWS - RECENT, WINDOWS))  # the newest only
     flagged = [w for c in compactions for _, w in listed_windows(str(c["flagged_windows"]))]
-    assert flagged == list(SLOW)  # deleted last, each listed
+    assert flagged == list(SLOW)  # deleted last (as they left the newest), each listed
     over = [r for r in caplog.records if "over its disk budget" in r.getMessage()]
     assert len(over) == 1 and over[0].levelno == logging.WARNING
     assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS

@@ -10,7 +10,9 @@ is back under ``LOW_WATER`` of the budget, in this order:
    regression check flagged or an incident was opened on;
 2. while still over, the sample is halved (``sample_every`` doubles) and step 1 runs again;
 3. while still over, what is left of the sample, then the packets of flagged windows, oldest
-   first (the newest ``RECENT`` and the incidents' windows kept; incidents are never deleted).
+   first: those flagged as a slowdown of the whole job (a busy machine: no rank's packet
+   shows its cause) before those of a stage or rank regression (the newest ``RECENT`` and the
+   incidents' windows kept; incidents are never deleted).
 
 Each compaction appends one line to ``compacted.jsonl``: when, the budget, the folder's bytes
 before and after, the sample kept, and the windows whose packets it deleted (``attempt/window``
@@ -54,12 +56,17 @@ _INCIDENT_NAME = re.compile(r"^w(\d+)(?:-attempt(\d+))?")
 
 @dataclass
 class HeldPacket:
-    """A packet the folder holds: its window (attempt, index), size and whether it is flagged."""
+    """A packet the folder holds: its window (attempt, index), size and what the regression
+    check flagged it as (``flag_level``)."""
 
     path: Path
     order: tuple[int, int]
     size: int
-    flagged: bool
+    level: int
+
+    @property
+    def flagged(self) -> bool:
+        return self.level > 0
 
 
 class DiskBudget:
@@ -87,7 +94,7 @@ class DiskBudget:
         line of a file), then compact when the folder is over its budget. Never raises: a
         compaction that fails is said in one line and tried again at a later window."""
         if record is not None and path.parent.name == "packets":
-            held = HeldPacket(path, _order(record), size, is_flagged(record))
+            held = HeldPacket(path, _order(record), size, flag_level(record))
             (self._new if self._packets is None else self._packets)[path.name] = held
         self._writes += 1
         if self._bytes is None or self._writes % REMEASURE_EVERY == 0:
@@ -108,12 +115,12 @@ class DiskBudget:
         kept = {name for name, _ in _newest(packets, RECENT)} | self._incident_windows(packets)
         dropped: list[HeldPacket] = []
         while self._bytes > target:
-            dropped += self._drop(packets, kept, flagged=False, target=target)
+            dropped += self._drop(packets, kept, level=0, target=target)
             if self._bytes <= target or not self._thinner(packets, kept):
                 break
         if self._bytes > target:  # the sample's last windows (index 0), then the flagged
-            dropped += self._drop(packets, kept, flagged=False, target=target, sample=False)
-            dropped += self._drop(packets, kept, flagged=True, target=target)
+            for level in (0, WHOLE_JOB_LEVEL, STAGE_LEVEL):
+                dropped += self._drop(packets, kept, level=level, target=target, sample=False)
         self._record(before, dropped)
 
     def _drop(
@@ -121,20 +128,20 @@ class DiskBudget:
         packets: dict[str, HeldPacket],
         kept: set[str],
         *,
-        flagged: bool,
+        level: int,
         target: int,
         sample: bool = True,
     ) -> list[HeldPacket]:
-        """Delete packets oldest first until the folder is at ``target``: unflagged ones
-        outside the sample (any, without ``sample``), or (``flagged``) flagged ones; never
-        those in ``kept``."""
+        """Delete the packets of flag ``level`` oldest first until the folder is at ``target``
+        (unflagged ones only outside the sample, unless not ``sample``); never those in
+        ``kept``."""
         dropped = []
         for name, held in sorted(packets.items(), key=lambda item: item[1].order):
             if self._bytes is None or self._bytes <= target:
                 break
-            if name in kept or held.flagged != flagged:
+            if name in kept or held.level != level:
                 continue
-            if not flagged and sample and held.order[1] % self.sample_every == 0:
+            if not level and sample and held.order[1] % self.sample_every == 0:
                 continue
             held.path.unlink(missing_ok=True)
             del packets[name]
@@ -158,7 +165,7 @@ class DiskBudget:
         """The folder's packets: those on disk (earlier attempts' flagged from their records),
         with this process's own; read once."""
         if self._packets is None:
-            flagged = _flagged_windows(self.folder / WINDOWS_FILE)
+            levels = _flag_levels(self.folder / WINDOWS_FILE)
             self._packets = {}
             for path in sorted((self.folder / "packets").glob("*.json")):
                 match = _PACKET_NAME.match(path.name)
@@ -166,7 +173,7 @@ class DiskBudget:
                     continue
                 order = (int(match[2] or 0), int(match[1]))
                 size = path.stat().st_size
-                self._packets[path.name] = HeldPacket(path, order, size, order in flagged)
+                self._packets[path.name] = HeldPacket(path, order, size, levels.get(order, 0))
             for name, held in self._new.items():
                 if name in self._packets:
                     self._packets[name] = held
@@ -224,9 +231,16 @@ class DiskBudget:
             )
 
 
-def is_flagged(record: dict[str, Any]) -> bool:
-    """Whether the live regression check flagged the record's window."""
-    return bool(record.get("regression"))
+WHOLE_JOB_LEVEL, STAGE_LEVEL = 1, 2
+
+
+def flag_level(record: dict[str, Any]) -> int:
+    """What the live regression check flagged the record's window as: 0 nothing,
+    ``WHOLE_JOB_LEVEL`` a slowdown of the whole job, ``STAGE_LEVEL`` a stage's or a rank's."""
+    regression = record.get("regression")
+    if not isinstance(regression, dict) or not regression:
+        return 0
+    return WHOLE_JOB_LEVEL if regression.get("kind") == "whole_job" else STAGE_LEVEL
 
 
 def folder_bytes(folder: Path) -> int:
@@ -272,9 +286,10 @@ def _order(record: dict[str, Any]) -> tuple[int, int]:
     return int(record.get("attempt", 0)), int(record["window"])
 
 
-def _flagged_windows(records: Path) -> set[tuple[int, int]]:
-    """The (attempt, window) of every record in ``records`` the regression check flagged."""
-    flagged = set()
+def _flag_levels(records: Path) -> dict[tuple[int, int], int]:
+    """The ``flag_level`` of every record in ``records`` the regression check flagged, by
+    (attempt, window)."""
+    flagged: dict[tuple[int, int], int] = {}
     try:
         with open(records, "rb") as handle:
             for line in handle:
@@ -284,8 +299,8 @@ def _flagged_windows(records: Path) -> set[tuple[int, int]]:
                     record = json.loads(line)
                 except (ValueError, RecursionError):
                     continue
-                if isinstance(record, dict) and is_flagged(record):
-                    flagged.add(_order(record))
+                if isinstance(record, dict) and flag_level(record):
+                    flagged[_order(record)] = flag_level(record)
     except FileNotFoundError:
         pass
     return flagged
