@@ -1,7 +1,8 @@
 """A 2-rank Gloo job that runs long enough to outgrow a small disk budget, for
 ``test_disk_budget``: every step times four stages (sleeps, and a real all-reduce in the
-backward stage) under store collection, and the forward stage of the windows named in
-``slow_windows`` sleeps ``slow_s`` longer on every rank (an injected regression). Launched twice
+backward stage) under store collection, and the forward stage of each window named in
+``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
+regression: two windows in a row, which the check flags however loaded the machine). Launched twice
 into one folder, the second launch is a job resumed into the folder of the first."""
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     )
     grad = torch.zeros(64)
     for step in range(job.windows * job.window):
-        slow = step // job.window in job.slow_windows
+        window = step // job.window
+        slow = window in job.slow_windows or window - 1 in job.slow_windows
         with timer.step():
             with timer.stage(STAGES[0]):
                 time.sleep(job.step_s)
