@@ -36,14 +36,13 @@ from stagefrontier.deadline import CLOSE_DEADLINE_S
 
 PROBE = """\
 import json, resource, sys, time
-from stagefrontier import CollectConfig, StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.sinks import OtelSink
 
 url = sys.argv[2]
 sinks = () if url == "-" else (OtelSink(url, export_interval_s=86400, export_timeout_s=60),)
-timer = StageTimer(
-    window=5, collect=CollectConfig("local", out_dir=sys.argv[1], log=False, sinks=sinks)
-)
+collection = CollectConfig("local", out_dir=sys.argv[1], log=False, sinks=sinks)
+timer = StageTimer(config=TimerConfig(window=5, collection=collection))
 for _ in range(10):
     with timer.step():
         with timer.stage("data.next_wait"):

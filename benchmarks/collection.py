@@ -128,7 +128,7 @@ def run_rank(rank: int, config: Config, port: int) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, config.ranks, is_master=False)
@@ -144,8 +144,7 @@ def run_rank(rank: int, config: Config, port: int) -> None:
     sizes: dict[int, list[int]] = {}
     submit_ns: list[int] = []
     timer = StageTimer(
-        window=config.window,
-        out_dir=config.out_dir,
+        config=TimerConfig(window=config.window, collection=CollectConfig(out_dir=config.out_dir)),
         collector=_TimedSubmit(_collector(rank, config, jsonl, done, sizes), submit_ns),
     )
     steps = config.window * (config.windows + 1)

@@ -43,25 +43,22 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(60))
-    timer = StageTimer(
-        STAGES,
-        window=WINDOW,
-        collect=CollectConfig(
-            mode="store",
-            out_dir=job.out_dir,
-            timeout_s=60.0,
-            queue_size=256,
-            log=False,
-            disk_budget_mb=job.budget_mb,
-        ),
+    collection = CollectConfig(
+        mode="store",
+        out_dir=job.out_dir,
+        timeout_s=60.0,
+        queue_size=256,
+        log=False,
+        disk_budget_mb=job.budget_mb,
     )
+    timer = StageTimer(config=TimerConfig(STAGES, window=WINDOW, collection=collection))
     grad = torch.zeros(64)
     for step in range(job.windows * WINDOW):
         window = step // WINDOW

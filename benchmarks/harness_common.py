@@ -46,8 +46,8 @@ from stagefrontier.analysis.schema import (
     FORWARD_STAGE,
 )
 from stagefrontier.analysis.window_report import WindowReport
-from stagefrontier.formats.packet import Packet, read_packet
-from stagefrontier.formats.run_folder import method_shares
+from stagefrontier.formats.packet import read_packet
+from stagefrontier.formats.run_digest import method_shares
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -331,13 +331,10 @@ def pool_windows(
     stages = complete[0].stages
     d = np.concatenate([p.d for p in complete if p.stages == stages], axis=0)
     report = analyze(d, stages)
-    pooled = Packet(
-        d=d, stages=stages, roles=None, side=None, gates=report.gates, meta={}, report=report
-    )
     return Pooled(
         stages=stages,
         report=report,
-        shares=method_shares(pooled),
+        shares=method_shares(d, list(stages), report.shares),
         first_step=complete[0].meta["first_step"],
         last_step=complete[-1].meta["last_step"],
         windows=len(complete),

@@ -54,7 +54,7 @@ import numpy as np
 import hotpath_hooks
 import stagefrontier
 from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
-from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer
+from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer, TimerConfig
 from stagefrontier.record.noop import NOOP
 
 _now = time.perf_counter_ns
@@ -260,7 +260,8 @@ def measure_handoff(windows: int) -> list[float]:
     from stagefrontier.collect.local import LocalCollector
 
     timer = StageTimer(
-        window=HANDOFF_WINDOW, collector=LocalCollector(out_dir=".", sinks=[], queue_size=64)
+        config=TimerConfig(window=HANDOFF_WINDOW),
+        collector=LocalCollector(out_dir=".", sinks=[], queue_size=64),
     )
     step, stage = timer.step, timer.stage
     s0, s1, s2, s3, s4 = (s for s in DEFAULT_STAGES if s != RESIDUAL_STAGE)
@@ -287,13 +288,9 @@ def fresh_timer(
     n: int, stages: Sequence[str] | None, annotate: bool = False, router: Any = None
 ) -> StageTimer:
     """A timer whose window holds the warm-up and the timed loop: no hand-off while timing."""
-    return StageTimer(
-        stages=stages,
-        window=n + 1,
-        collector=DiscardCollector(),
-        annotate=annotate,
-        router=router,
-    )
+    named = DEFAULT_STAGES if stages is None else tuple(stages)
+    config = TimerConfig(stages=named, window=n + 1, annotate=annotate, router=router)
+    return StageTimer(config=config, collector=DiscardCollector())
 
 
 def idle_router() -> Any:
@@ -337,7 +334,7 @@ def measure_round(
     empty = fresh_timer(capacity, ["x"])
     full = fresh_timer(capacity, None)
     annotated = fresh_timer(capacity, None, annotate=True)
-    disabled = StageTimer(stages=["x"], enabled=False)
+    disabled = StageTimer(config=TimerConfig(stages=("x",), enabled=False))
     paused = fresh_timer(capacity + 1, None)
     with paused.step():  # one recorded step: the timer has a window to close with
         pass

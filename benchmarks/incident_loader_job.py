@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 from stagefrontier.analysis import schema
 from stagefrontier.demo.train import STEP_MARKER, leave_process_group
 
@@ -68,7 +68,9 @@ def main(out_dir: str, stall_from: int) -> None:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     collect = CollectConfig(out_dir=out_dir, log=False)
-    timer = StageTimer(window=WINDOW, collect=collect, router=ProfilerRouter())
+    timer = StageTimer(
+        config=TimerConfig(window=WINDOW, collection=collect, router=ProfilerRouter())
+    )
     markers = Path(out_dir, ".markers")
     markers.mkdir(parents=True, exist_ok=True)
     losses = []

@@ -220,11 +220,12 @@ def transformers_hooks(steps: int, out: Path) -> float:
 
 def plain_timer(steps: int, out: Path) -> float:
     """µs per step of a StageTimer driven by ``with`` blocks over five stages: the reference."""
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.analysis.schema import DEFAULT_STAGES
 
     names = DEFAULT_STAGES[:-1]
-    timer = StageTimer(window=steps + 1, out_dir=out, collect="local")
+    collection = CollectConfig(mode="local", out_dir=out)
+    timer = StageTimer(config=TimerConfig(window=steps + 1, collection=collection))
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         with timer.step():

@@ -181,7 +181,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
         tensorboard_trace_handler,
     )
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.demo.model import CharData, TinyDecoder, load_corpus
 
     s = job.settings
@@ -197,7 +197,8 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
     faults = FaultInjector(job.faults, rank)
     model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
-    timer = StageTimer(window=s.scored, out_dir=job.out_dir, collect_timeout_s=60.0)
+    collection = CollectConfig(out_dir=job.out_dir, timeout_s=60.0)
+    timer = StageTimer(config=TimerConfig(window=s.scored, collection=collection))
 
     traces = Path(job.out_dir) / "traces"
     cycles = iter(range(len(s.segments)))

@@ -57,7 +57,7 @@ def run_rank(rank: int, config: Config, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, config.ranks, is_master=False)
@@ -65,10 +65,11 @@ def run_rank(rank: int, config: Config, port: int) -> None:
         "gloo", store=store, rank=rank, world_size=config.ranks, timeout=timedelta(seconds=120)
     )
     timer = StageTimer(
-        ["data.next_wait", "model.fwd_loss_cpu_wall"],
-        window=config.window,
-        out_dir=config.out_dir,
-        log=False,
+        config=TimerConfig(
+            stages=("data.next_wait", "model.fwd_loss_cpu_wall"),
+            window=config.window,
+            collection=CollectConfig(out_dir=config.out_dir, log=False),
+        )
     )
     every = max(1, config.steps // config.samples)
     samples: list[tuple[int, int]] = []

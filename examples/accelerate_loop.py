@@ -48,8 +48,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     slow = accelerator.process_index == args.delay_rank
 
+    collection = stagefrontier.CollectConfig(
+        out_dir=args.out, sinks=(CsvSink(f"{args.out}/windows.csv"),)
+    )
     timer = stagefrontier.StageTimer(
-        window=args.window, out_dir=args.out, sinks=[CsvSink(f"{args.out}/windows.csv")]
+        config=stagefrontier.TimerConfig(window=args.window, collection=collection)
     )
     with timer:
         for x_batch, y_batch in timer.iter(loader):  # data.next_wait, charged to the next step

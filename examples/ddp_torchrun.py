@@ -41,7 +41,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = (torch.randn(32, 64) for _ in range(args.steps))
 
-    with stagefrontier.StageTimer(window=args.window, out_dir=args.out) as timer:
+    collection = stagefrontier.CollectConfig(out_dir=args.out)
+    config = stagefrontier.TimerConfig(window=args.window, collection=collection)
+    with stagefrontier.StageTimer(config=config) as timer:
         for _ in range(args.steps):
             with timer.step():
                 with timer.stage("data.next_wait"):

@@ -17,10 +17,12 @@ from trace_support import settled_incidents
 
 ROOT = Path(__file__).resolve().parents[1]
 UNMODIFIED = ROOT / "examples" / "unmodified"
-ODD_LOOPS = ROOT / "tests" / "data" / "scripts" / "odd_loops.py"
+SCRIPTS = ROOT / "tests" / "data" / "scripts"
+ODD_LOOPS = SCRIPTS / "odd_loops.py"
 RANKS = 4
 WINDOW = 10
 DEADLINE_S = 420.0
+RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @dataclass
@@ -34,10 +36,22 @@ class AutoRun:
     incidents: list[dict[str, Any]]
 
 
-def run_unmodified(out: Path, script: str, *args: str, router: bool = True) -> AutoRun:
-    """``stagefrontier run --out OUT --window 10 [--router] --standalone --nproc-per-node 4
-    SCRIPT ARGS`` on a script of examples/unmodified; asserts it ended well."""
-    command = [
+STANDALONE = ("--standalone", "--nproc-per-node", str(RANKS))
+"""torchrun's options for one node of ``RANKS`` workers."""
+
+
+def run_command(
+    out: Path,
+    script: Path,
+    args: tuple[str, ...],
+    *,
+    router: bool,
+    options: tuple[str, ...] = (),
+    launch: tuple[str, ...] = STANDALONE,
+) -> list[str]:
+    """``stagefrontier run --out OUT --window 10 [--router] OPTIONS LAUNCH --max-restarts=0
+    SCRIPT ARGS`` (LAUNCH: torchrun's options, one node of 4 workers by default)."""
+    return [
         sys.executable,
         "-m",
         "stagefrontier.cli",
@@ -47,20 +61,27 @@ def run_unmodified(out: Path, script: str, *args: str, router: bool = True) -> A
         "--window",
         str(WINDOW),
         *(["--router"] if router else []),
-        "--standalone",
-        "--nproc-per-node",
-        str(RANKS),
+        *options,
+        *launch,
         "--max-restarts=0",
-        str(UNMODIFIED / script),
+        str(script),
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
+
+
+def finished(out: Path, returncode: int, output: str) -> AutoRun:
+    """The run in ``out``, once it ended (asserts it ended well)."""
+    assert returncode == 0, output[-6000:]
     return AutoRun(out, output, read_records(out), settled_incidents(out))
+
+
+def run_unmodified(out: Path, script: str, *args: str, router: bool = True) -> AutoRun:
+    """``stagefrontier run`` (``run_command``) on a script of examples/unmodified."""
+    command = run_command(out, UNMODIFIED / script, args, router=router)
+    done = subprocess.run(
+        command, env=RUN_ENV, capture_output=True, text=True, timeout=DEADLINE_S, check=False
+    )
+    return finished(out, done.returncode, done.stdout + done.stderr)
 
 
 def run_one_process(

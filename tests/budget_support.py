@@ -31,22 +31,19 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     join_gloo(rank, job.ranks, port)
-    timer = StageTimer(
-        STAGES,
-        window=job.window,
-        collect=CollectConfig(
-            mode="store",
-            out_dir=job.out_dir,
-            timeout_s=60.0,
-            queue_size=256,  # every window reaches the analysis however loaded the machine
-            log=False,
-            disk_budget_mb=job.budget_mb,
-        ),
+    collection = CollectConfig(
+        mode="store",
+        out_dir=job.out_dir,
+        timeout_s=60.0,
+        queue_size=256,  # every window reaches the analysis however loaded the machine
+        log=False,
+        disk_budget_mb=job.budget_mb,
     )
+    timer = StageTimer(config=TimerConfig(STAGES, window=job.window, collection=collection))
     grad = torch.zeros(64)
     for step in range(job.windows * job.window):
         window = step // job.window

@@ -114,7 +114,7 @@ class _Phases:
 
 def _request_next(router: Any, requested: int, job: CaptureJob) -> int:
     """On rank 0: the next phase's request once the previous incident is written."""
-    coordinator = router._runtime.coordinator
+    coordinator = router._attached.runtime.coordinator
     if requested >= len(job.phases) or coordinator is None:
         return requested
     if coordinator.open is not None or coordinator.captures != requested:
@@ -160,7 +160,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     stacks_to_file(Path(job.out_dir, CRASH_FILE.format(rank=rank)))
@@ -175,13 +175,10 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         max_captures=len(job.phases),
         gates=Gates(min_confident_fraction=2.0),  # no window is actionable: manual ones only
     )
-    timer = StageTimer(
-        window=job.window,
-        collect=CollectConfig(
-            mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
-        ),
-        router=router,
+    collection = CollectConfig(
+        mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
     )
+    timer = StageTimer(config=TimerConfig(window=job.window, collection=collection, router=router))
     phases = _Phases(rank, job, timer)
     requested = 0
     for step in range(job.max_steps):
@@ -189,7 +186,7 @@ def run_rank(rank: int, job: CaptureJob, port: int) -> None:
         finished = False
         if rank == 0:
             requested = _request_next(router, requested, job)
-            coordinator = router._runtime.coordinator  # type: ignore[union-attr]
+            coordinator = router._attached.runtime.coordinator  # type: ignore[union-attr]
             finished = (
                 requested == len(job.phases)
                 and coordinator is not None

@@ -159,7 +159,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
     join_gloo(rank, job.ranks, port)
     torch.manual_seed(0)
@@ -174,12 +174,12 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     # joins the Gloo collection group, whose creation needs every rank.
     skip = job.collect == "off" or (silent and job.collect != "gloo")
     collector = None if skip else _collector(rank, job)
-    timer = StageTimer(
+    config = TimerConfig(
         window=job.window,
-        out_dir=job.out_dir,
+        collection=CollectConfig(out_dir=job.out_dir),
         enabled=collector is not None and not silent,
-        collector=None if silent else collector,
     )
+    timer = StageTimer(config=config, collector=None if silent else collector)
     delay = job.step_sleep_s + job.data_delay_s.get(rank, 0.0)
     paused = job.paused_steps.get(rank, ())
     losses: list[float] = []

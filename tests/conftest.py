@@ -92,15 +92,20 @@ def data_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 GATE_STEPS = 100
 GATE_WINDOW = 20
 GATE_STALL = "data@1:120ms"
+GATE_BURNERS = 2
+"""CPU-burning processes beside the gate's three jobs (the issue's healthy pairs must pass beside
+them, the stall still fail)."""
 
 
 @pytest.fixture(scope="session")
 def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Output folders of the demo's 2-rank DDP job for the compare gate: ``base`` and
     ``healthy`` (no fault) and ``stalled`` (a 120 ms data stall on rank 1 every step), launched
-    side by side so that the three share the machine's load, then ``three_ranks`` (a healthy
-    3-rank run, another world size)."""
+    side by side so that the three share the machine's load, beside ``GATE_BURNERS`` processes
+    that burn CPU; then ``three_ranks`` (a healthy 3-rank run, another world size)."""
     pytest.importorskip("torch")
+    import subprocess
+    import sys
     from concurrent.futures import ThreadPoolExecutor
 
     from stagefrontier.demo import DemoConfig, launch, parse_fault
@@ -120,11 +125,18 @@ def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         launch(config, deadline_s=DEMO_DEADLINE_S, start_method=START_METHOD)
         return root / name
 
-    with ThreadPoolExecutor(3) as pool:
-        futures = {
-            name: pool.submit(run, name, fault=fault)
-            for name, fault in (("base", None), ("healthy", None), ("stalled", GATE_STALL))
-        }
-        runs = {name: future.result() for name, future in futures.items()}
+    burn = [sys.executable, "-c", "while True: pass"]
+    burners = [subprocess.Popen(burn) for _ in range(GATE_BURNERS)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            futures = {
+                name: pool.submit(run, name, fault=fault)
+                for name, fault in (("base", None), ("healthy", None), ("stalled", GATE_STALL))
+            }
+            runs = {name: future.result() for name, future in futures.items()}
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
     runs["three_ranks"] = run("three_ranks", ranks=3)
     return runs

@@ -43,7 +43,7 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
     import torch
     from torch import nn
 
-    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     if rank == 0:
@@ -56,19 +56,21 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
         with_stack=False,
         gates=Gates(min_confident_fraction=2.0),  # no window is actionable: the manual one only
     )
-    timer = StageTimer(
+    collection = CollectConfig(
+        mode="store", out_dir=job.out_dir, timeout_s=30.0, log=False, regression=None
+    )
+    config = TimerConfig(
         window=job.max_steps + 1,  # no window before the close: none covers the capture
-        collect=CollectConfig(
-            mode="store", out_dir=job.out_dir, timeout_s=30.0, log=False, regression=None
-        ),
+        collection=collection,
         router=router,
     )
+    timer = StageTimer(config=config)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     gen = torch.Generator().manual_seed(1000 + rank)
     for step in range(job.max_steps):
         answered = False
-        coordinator = router._runtime.coordinator if router._runtime else None
+        coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             if step == job.request_at:
                 router.request_capture([SUSPECT, 0], stage=STAGE)

@@ -1,5 +1,6 @@
 """Datasets for the DataLoader worker tests (importable by ``spawn`` workers and by the torchrun
-job): a map-style one whose samples may be slow, an iterable one, one whose worker dies."""
+job): a map-style one whose samples may be slow, an iterable one, one whose worker dies and
+one whose worker hangs."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ class DiesAt(Samples):
     def __getitem__(self, index: int) -> torch.Tensor:
         if index == self.at and get_worker_info() is not None:
             os._exit(0)
+        return super().__getitem__(index)
+
+
+class HangsAt(Samples):
+    """Its worker process stops in sample ``at`` for ``hang_s`` seconds, as on a stuck read (a
+    loader with a ``timeout`` shorter than that raises in the training loop)."""
+
+    def __init__(self, n: int, at: int, hang_s: float = 120.0) -> None:
+        super().__init__(n)
+        self.at = at
+        self.hang_s = hang_s
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.at and get_worker_info() is not None:
+            time.sleep(self.hang_s)
         return super().__getitem__(index)
 
 

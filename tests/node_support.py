@@ -87,7 +87,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
     join_gloo(rank, job.ranks, port)
     survivors = [r for r in range(job.ranks) if r not in job.die_at_step]
@@ -95,11 +95,11 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     node = rank // job.per_node
     if rank % job.per_node == 0 and node in job.late_part_s:
         _late_parts(job.late_part_s[node])
-    timer = StageTimer(
-        list(STAGES),
+    config = TimerConfig(
+        stages=tuple(STAGES),
         window=job.window,
         enabled=rank not in job.silent_ranks,
-        collect=CollectConfig(
+        collection=CollectConfig(
             mode=job.mode,
             out_dir=job.out_dir,
             timeout_s=job.timeout_s,
@@ -108,6 +108,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             regression=None,
         ),
     )
+    timer = StageTimer(config=config)
     x = torch.randn(64, 64)
     if meet is not None:
         dist.barrier()  # every rank has built its timer: window 0 starts together

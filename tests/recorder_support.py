@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 import trace_support
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.window.rank import PendingWindow, RankWindow
 
 DATA, FWD, BWD, CALLBACKS, OPTIM, OTHER = trace_support.STAGES
@@ -34,8 +34,8 @@ def on_disk_and_captured(
     whose window is captured in memory (windows of ``steps``); returns the capturing collector."""
     collector = CaptureCollector()
     for timer in (
-        StageTimer(window=steps, out_dir=out_dir),
-        StageTimer(window=steps, collector=collector),
+        StageTimer(config=TimerConfig(window=steps, collection=CollectConfig(out_dir=out_dir))),
+        StageTimer(config=TimerConfig(window=steps), collector=collector),
     ):
         for _ in range(steps):
             step(timer)

@@ -136,7 +136,7 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     import torch
     from torch import nn
 
-    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, Gates, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
     from stagefrontier.route import profiler_session
 
@@ -152,20 +152,17 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
         gates=Gates(min_confident_fraction=2.0),  # no window is actionable: manual ones only
         store=None if rank == 0 else ScheduledStore(store, schedule),
     )
-    timer = StageTimer(
-        window=job.window,
-        collect=CollectConfig(
-            mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
-        ),
-        router=router,
+    collection = CollectConfig(
+        mode="store", out_dir=job.out_dir, timeout_s=10.0, log=False, regression=None
     )
+    timer = StageTimer(config=TimerConfig(window=job.window, collection=collection, router=router))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     gen = torch.Generator().manual_seed(1000 + rank)
     requested = 0
     for _ in range(job.max_steps):
         finished = False
-        coordinator = router._runtime.coordinator if router._runtime else None
+        coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             idle = coordinator.open is None and coordinator.captures == requested
             finished = idle and requested == CAPTURES

@@ -80,8 +80,8 @@ def test_the_stalled_microstep_stays_visible_as_detail(tmp_path: Path) -> None:
         data_bound_step(timer, stalled_microstep=2)
     timer.close()
     run = load_run(tmp_path)
-    (packet,) = run.packets
-    report = packet.report
+    assert run.count == 1 and run.worst is not None
+    report = run.worst.report
     assert report.top1 == DATA
     substages = {f"{DATA}[{i}]": report.shares[f"{DATA}[{i}]"] for i in range(FACTOR)}
     assert max(substages, key=substages.__getitem__) == f"{DATA}[2]"

@@ -130,13 +130,13 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
         "window-000001.json",
     ]
     run = load_run(tmp_path)
-    assert [(r["run_id"], r["attempt"], r["window"]) for r in run.records] == [
+    assert [(r["run_id"], r["attempt"], r["window"]) for _, r in run.windows] == [
         ("job-7", 0, 0),
         ("job-7", 0, 1),
         ("job-7", 1, 0),
         ("job-7", 1, 1),
     ]
-    order = [(p.meta["attempt"], p.meta["window"], p.report.top1) for p in run.packets]
+    order = [(r["attempt"], r["window"], report.top1) for report, r in run.windows]
     assert order == [(a, w, slow[a]) for a in (0, 1) for w in (0, 1)]
     table = run_report_text(run).split("Per window (times of day in UTC):")[1]
     assert "\n       0  0-2" in table and "\n     1/0  0-2" in table, table

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stagefrontier import DEFAULT_STAGES, StageTimer
+from stagefrontier import DEFAULT_STAGES, CollectConfig, StageTimer, TimerConfig
 from stagefrontier.analysis.baseline_phases import CHANGED_INSIDE, Marks
 from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig
 
@@ -96,7 +96,9 @@ def test_a_rolling_baseline_reports_a_lasting_change_for_fewer_windows() -> None
 
 
 def test_the_phase_reaches_the_record(tmp_path: Path) -> None:
-    timer = StageTimer(["data.next_wait", "model.fwd_loss_cpu_wall"], window=2, out_dir=tmp_path)
+    stages = ("data.next_wait", "model.fwd_loss_cpu_wall")
+    collection = CollectConfig(out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(stages, window=2, collection=collection))
     for step in range(8):
         if step == 2:
             timer.set_phase("evaluation")

@@ -1,9 +1,10 @@
 """``stagefrontier compare --fail-above``: the performance gate, on real demo runs (the session's
 ``gate_runs``: a healthy base, a second healthy run and a run with a 120 ms data stall on rank 1,
-launched side by side; a 3-rank run) and on packet folders for the refusals and bad inputs.
+launched side by side beside two CPU-burning processes; a 3-rank run) and on packet folders for
+the refusals and bad inputs.
 
 ``benchmarks/gate.py`` runs ten healthy pairs, quiet and beside CPU-burning processes; here one
-pair is judged both ways round."""
+pair, beside burners, is judged both ways round."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def test_a_data_stall_on_rank_1_fails_at_10_percent_and_is_named(
         r"grew: data\.next_wait \+(\d+\.\d) ms/step \((\d+\.\d)% of the change; ([^)]*)\)", line
     )
     assert grew, line
-    assert float(grew[1]) == pytest.approx(120, rel=0.15)
+    # At least the stall's 120 ms (less its share of the noise); a busy machine wakes a sleeping
+    # rank late, so it may be more.
+    assert 0.85 * 120 <= float(grew[1]) <= 1.5 * 120, line
     assert re.fullmatch(r"rank 1 \+\d+\.\d ms", grew[3]), line
     assert "past the 10% bar" in line
     assert md.read_text().startswith("### Step-time gate failed (10%)")
@@ -73,23 +76,21 @@ def test_a_data_stall_on_rank_1_fails_at_10_percent_and_is_named(
 
 
 @pytest.mark.parametrize("order", ["base first", "healthy first"])
-def test_two_healthy_runs_do_not_fail(gate_runs: dict[str, Path], order: str) -> None:
+def test_two_healthy_runs_beside_cpu_burners_pass(gate_runs: dict[str, Path], order: str) -> None:
     pair = [gate_runs["base"], gate_runs["healthy"]]
     if order == "healthy first":
         pair.reverse()
     status, data = gate_json(*pair, "--fail-above", "10%")
     verdict = data["gate"]
     assert isinstance(verdict, dict)
-    # A healthy pair passes wherever its steps resolve the 10% bar. On a machine busy enough
-    # that a shift past the bar stays inside the steps' noise, the gate refuses to judge, and
-    # says so (never a failure): that refusal is checked against the numbers it rests on.
-    assert status in (PASS, NOT_COMPARABLE), verdict
-    if status == NOT_COMPARABLE:
-        assert verdict["bar_ms"] < verdict["median_shift_ms"] <= verdict["noise_ms"], verdict
-        assert "steps a side would resolve it" in str(verdict["reason"])
-    else:
-        assert verdict["median_shift_ms"] <= verdict["bar_ms"], verdict
+    # Within the bar, or past it with no stage grown beyond its even share: the burners slowed
+    # the whole job, and the gate says so rather than failing or refusing.
+    assert status == PASS, verdict
     assert verdict["grew"] == []
+    if verdict["median_shift_ms"] > verdict["bar_ms"]:
+        assert verdict["whole_job"] and "the whole job slowed alike" in str(verdict["reason"])
+    else:
+        assert not verdict["whole_job"], verdict
 
 
 def test_a_different_world_size_is_refused(gate_runs: dict[str, Path], tmp_path: Path) -> None:
@@ -114,7 +115,9 @@ def test_a_different_world_size_is_refused(gate_runs: dict[str, Path], tmp_path:
 
 def test_an_absolute_bar_and_the_larger_of_two(tmp_path: Path) -> None:
     base = write_run(tmp_path / "base", [healthy(0), healthy(1)])
-    slower = [healthy(2) * 1.2, healthy(3) * 1.2]
+    slower = [healthy(2), healthy(3)]
+    for d in slower:
+        d[:, :, 2] += 0.021  # the backward, on every rank: a step about 20% slower
     new = write_run(tmp_path / "new", slower)
     # 20% slower, little noise: fails at 10% or at 5 ms; passes at 10% and 50 ms together.
     assert gate_json(base, new, "--fail-above", "+10%")[0] == FAIL
@@ -136,17 +139,42 @@ def test_refusals_schema_and_too_few_steps(tmp_path: Path) -> None:
     assert "NEW holds 5 steps, too few to resolve any bar (at least 8 a side)" in str(data["gate"])
 
 
-def test_a_shift_past_the_bar_inside_the_noise_is_not_judged(tmp_path: Path) -> None:
-    # Steps that vary by half their length: 12% slower on 24 steps a side cannot be told apart.
+def test_an_even_slowdown_passes_as_the_machines_and_strict_refuses_it(tmp_path: Path) -> None:
+    # Steps that vary by half their length, every stage 12% slower on every rank: past the bar,
+    # grown in no stage beyond its even share.
     noisy = [healthy(i) * (1 + (i % 2) * 0.5) for i in range(2)]
     base = write_run(tmp_path / "base", noisy)
     new = write_run(tmp_path / "new", [d * 1.12 for d in noisy[::-1]])
     status, data = gate_json(base, new, "--fail-above", "10%")
     verdict = data["gate"]
+    assert status == PASS and isinstance(verdict, dict), verdict
+    assert verdict["whole_job"] and verdict["median_shift_ms"] > verdict["bar_ms"], verdict
+    assert "spread evenly over every stage and rank" in str(verdict["reason"])
+    status, data = gate_json(base, new, "--fail-above", "10%", "--strict")
+    verdict = data["gate"]
     assert status == NOT_COMPARABLE and isinstance(verdict, dict), verdict
     assert re.search(
-        r"inside the steps' noise .*about \d+ steps a side would resolve it", str(verdict["reason"])
+        r"the whole job slowed alike.*about \d+ steps a side would tell it from the noise\); "
+        r"--strict$",
+        str(verdict["reason"]),
     )
+
+
+def test_one_stage_grown_beyond_its_share_fails_even_inside_the_steps_noise(
+    tmp_path: Path,
+) -> None:
+    # The same noisy steps; one stage, on every rank, 40 ms slower than its even share would be.
+    noisy = [healthy(i) * (1 + (i % 2) * 0.5) for i in range(2)]
+    base = write_run(tmp_path / "base", noisy)
+    slower = [d.copy() for d in noisy[::-1]]
+    for d in slower:
+        d[:, :, 0] += 0.040
+    new = write_run(tmp_path / "new", slower)
+    status, data = gate_json(base, new, "--fail-above", "10%")
+    verdict = data["gate"]
+    assert status == FAIL and isinstance(verdict, dict), verdict
+    assert "grew beyond its even share by more than the bar" in str(verdict["reason"])
+    assert verdict["grew"][0]["stage"] == DATA
 
 
 @pytest.mark.parametrize(
@@ -155,7 +183,8 @@ def test_a_shift_past_the_bar_inside_the_noise_is_not_judged(tmp_path: Path) -> 
         (["--fail-above", "ten"], "expected a positive percentage"),
         (["--fail-above=-10%"], "expected a positive percentage"),
         (["--fail-above-ms", "0"], "expected a positive number"),
-        (["--markdown", "x.md"], "--markdown and --junit report a gate"),
+        (["--markdown", "x.md"], "--markdown, --junit and --strict are the gate's"),
+        (["--strict"], "--markdown, --junit and --strict are the gate's"),
     ],
 )
 def test_bad_gate_options_exit_2_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -4,22 +4,22 @@ and the configuration page lists every setting of the tree and every variable, f
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
+import stagefrontier as sf
 from source_support import SRC, string_constants
-from stagefrontier import CollectConfig, Gates, ProfilerRouter, RegressionConfig, StageTimer
-from stagefrontier.environment import VARIABLES
+from stagefrontier.environment import VARIABLES, current_attempt
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
-from stagefrontier.window.attempt import current_attempt
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NAME = re.compile(r"STAGEFRONTIER_[A-Z_]+")
+PARTS = (sf.TimerConfig, sf.SamplingConfig, sf.CollectConfig, sf.Gates, sf.RegressionConfig)
+"""The dataclasses of the configuration tree (the router's settings are a ProfilerRouter's)."""
 
 
 def test_only_the_environment_module_names_a_variable_as_a_string() -> None:
@@ -67,14 +67,26 @@ def test_the_configuration_page_lists_every_setting_and_variable() -> None:
     sections = dict(
         (part.split("\n", 1)[0], part) for part in reference.split("### ")[1:]
     )  # heading -> its table
-    timer = [p for p in inspect.signature(StageTimer.__init__).parameters if p != "self"]
-    expected = {"StageTimer": timer}
-    for cls in (CollectConfig, Gates, RegressionConfig, ProfilerRouter):
-        expected[cls.__name__] = [f.name for f in dataclasses.fields(cls) if f.init]
+    parts = (*PARTS, sf.ProfilerRouter)
+    expected = {cls.__name__: [f.name for f in dataclasses.fields(cls) if f.init] for cls in parts}
     for heading, names in expected.items():
         assert all(f"| `{name}` |" in sections[heading] for name in names), heading
     variables = sections["Environment variables"]
     for variable in VARIABLES.values():
         assert f"| `{variable.name}` | `{variable.default!r}` |" in variables
-    for cls in (CollectConfig, Gates, RegressionConfig):  # the page's tree names each part
+        assert not variable.field or f"| `TimerConfig.{variable.field}` |" in variables
+    for cls in PARTS:  # the page's tree names each part
         assert f"{cls.__name__}(" in page
+
+
+def test_each_variable_of_the_tree_names_a_field_of_it() -> None:
+    """A variable's ``field`` is a dotted path of fields from a default TimerConfig down."""
+    tree = [v for v in VARIABLES.values() if v.field]
+    assert {v.name for v in tree} >= {"STAGEFRONTIER_OUT", "STAGEFRONTIER_WINDOW"}
+    for variable in tree:
+        *parts, last = variable.field.split(".")
+        part: object = sf.TimerConfig()
+        for name in parts:
+            part = getattr(part, name)
+        assert dataclasses.is_dataclass(part), variable.name
+        assert last in {f.name for f in dataclasses.fields(part)}, variable.name

@@ -6,7 +6,8 @@ are in ``EXAMPLE_NAMES`` below (a tiny real model, an optimizer, an iterator of 
 timer, a run folder made by a real ``StageTimer``, a real profiler trace); any other free name
 fails the test with the block's file and line. A block that is a snippet include
 (``--8<-- "path:section"``) shows code from a module that other tests run: here the section
-must exist. Every ``StageTimer`` a block built is closed afterwards.
+must exist. Every ``StageTimer`` a block built is closed afterwards. A block that still builds
+one with the deprecated flat keywords fails (the pages show ``TimerConfig``).
 
 To add an example to a page: write it so that it runs, with the names above if it needs a
 model or a loop, and run this file.
@@ -20,6 +21,7 @@ import contextlib
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"$')
+DEPRECATED_KEYWORDS = "StageTimer's keywords are deprecated"
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,10 @@ def _batches() -> Iterator[Any]:
 def _timer(folder: Path) -> Any:
     import stagefrontier
 
-    return stagefrontier.StageTimer(window=2, out_dir=str(folder / "timer-out"), log=False)
+    collection = stagefrontier.CollectConfig(out_dir=str(folder / "timer-out"), log=False)
+    return stagefrontier.StageTimer(
+        config=stagefrontier.TimerConfig(window=2, collection=collection)
+    )
 
 
 def _demo_folder(folder: Path) -> Path:
@@ -104,7 +110,9 @@ def _demo_folder(folder: Path) -> Path:
 
     out = folder / "stagefrontier-demo"
     sinks = [PacketSink(out)]  # a one-process run writes no packets by default
-    with stagefrontier.StageTimer(window=20, out_dir=str(out), log=False, sinks=sinks) as timer:
+    collection = stagefrontier.CollectConfig(out_dir=str(out), log=False, sinks=sinks)
+    config = stagefrontier.TimerConfig(window=20, collection=collection)
+    with stagefrontier.StageTimer(config=config) as timer:
         for _ in range(100):
             with timer.step():
                 with timer.stage(stagefrontier.DATA_STAGE):
@@ -272,6 +280,8 @@ def test_documentation_example_runs(
     namespace = _namespace(example, tmp_path)
     with _process_group(example.code), _otlp_receiver(example.code, monkeypatch):
         try:
-            exec(compile(example.code, example.name, "exec"), namespace)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", DEPRECATED_KEYWORDS, DeprecationWarning)
+                exec(compile(example.code, example.name, "exec"), namespace)
         finally:
             _close_timers()

@@ -91,3 +91,9 @@ def test_the_site_opened_from_disk_navigates_to_pages_and_finds_them(
     # Nothing the pages load comes from the network.
     for html in site.glob("*.html"):
         assert "unpkg.com/iframe-worker" not in html.read_text(encoding="utf-8"), html.name
+
+
+def test_the_site_holds_no_build_hook(site: Path) -> None:
+    """The hooks that write parts of the pages at build time are not copied into the site."""
+    assert (site / "index.html").is_file()
+    assert not list(site.rglob("*.py")), sorted(str(p) for p in site.rglob("*.py"))

@@ -84,7 +84,7 @@ def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
     )
     with timer.step(), timer.stage("data.next_wait"):
         pass
-    runtime = router._runtime
+    runtime = router._attached.runtime
     assert runtime is not None
     release = threading.Event()
     runtime._jobs.put(lambda: release.wait(60))

@@ -171,7 +171,7 @@ def test_the_cost_sentence_and_table_state_the_same_figures(tmp_path: Path) -> N
 
     run = load_run(simulated_run(tmp_path / "run", 4, 2, slow=2))
     part = {"max": 0.002, "median": 0.001}
-    run.packets[1].meta["self_cost"] = {
+    run.windows[1][1]["self_cost"] = {
         "hot_path_s": part,
         "handoff_s": part,
         "threads_cpu_s": part,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +191,52 @@ def test_lightning_persistent_workers_are_restarted_once_and_timed(tmp_path: Pat
     # The user's worker_init_fn ran in both sets of workers (2 + 2), and the second set served
     # both epochs.
     assert len(list(marks.iterdir())) == 4
+
+
+def _fit_until_the_loader_fails(tmp_path: Path, dataset: Any, **loader_args: Any) -> Any:
+    """A Lightning fit whose DataLoader raises in the training loop; the one rank's figures of
+    the window the callback closed on."""
+    from torch.utils.data import DataLoader
+
+    from stagefrontier.integrations.lightning import StageFrontierCallback
+
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, **loader_args)
+    callback = StageFrontierCallback(window=100, out_dir=tmp_path / "sf")
+    with pytest.raises((RuntimeError, ConnectionError)):
+        _fit_tiny(tmp_path, loader, callback, max_steps=12)
+    (record,) = _records(tmp_path / "sf")
+    return record["loader_workers"]["0"]
+
+
+@_needs("lightning", "lightning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_lightning_names_a_dataloader_worker_that_dies_in_a_batch(tmp_path: Path) -> None:
+    from loader_support import DiesAt
+
+    # Lightning closes the timer as soon as the loader fails, often while the worker's process
+    # is still inside its exit (its sockets closed, not yet a zombie): it is named all the same.
+    figures = _fit_until_the_loader_fails(tmp_path, DiesAt(48, at=37))
+    assert figures["note"] == "worker(s) 1 exited while in use", figures
+
+
+@_needs("lightning", "lightning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # raised inside Lightning 2.6
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_lightning_says_a_worker_hung_past_the_loader_timeout_and_gives_no_advice(
+    tmp_path: Path,
+) -> None:
+    from loader_support import HangsAt
+    from stagefrontier.render.loader_text import loader_sentence
+
+    figures = _fit_until_the_loader_fails(tmp_path, HangsAt(48, at=37), timeout=2)
+    assert re.fullmatch(r"worker\(s\) 1 hung in one batch for \d+ s", figures["note"]), figures
+    assert figures["hung_s"] >= 2
+    # The window measured the hang, not the workers' speed: no saturation, no worker count.
+    assert not {"saturated", "workers_needed", "busy"} & set(figures), figures
+    sentence = loader_sentence(figures, 0)
+    assert sentence.startswith("rank 0's DataLoader worker(s) 1 hung in one batch for ")
+    assert "num_workers" not in sentence
 
 
 def _hf_run(

@@ -80,5 +80,5 @@ def test_node_level_lead_reaches_the_log_line_packet_and_report(tmp_path: Path) 
     assert "Node node-b (ranks 4-7)'s data loading runs " in line, line
     PacketSink(tmp_path).write(analyzed)
     run = load_run(tmp_path)
-    assert run.packets[0].meta["lead"]["scope"] == "node"
+    assert run.windows[0][1]["lead"]["scope"] == "node"
     assert "node-level: ranks" in run_report_text(run)

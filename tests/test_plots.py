@@ -4,13 +4,14 @@ window, label spacing, and real PNGs from both figures."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from stagefrontier import analyze
-from stagefrontier.formats.packet import Packet, read_packet, write_packet
-from stagefrontier.formats.run_folder import RunWindows
+from stagefrontier.formats.packet import Packet, write_packet
+from stagefrontier.formats.run_folder import RunWindows, load_run
 from stagefrontier.render.plots import (
     OTHER_RANK,
     _spread,
@@ -36,9 +37,11 @@ STAGES = (
 )
 
 
-def _run(tmp_path: Path, stages: tuple[str, ...] = STAGES) -> RunWindows:
+def _folder(
+    tmp_path: Path, stages: tuple[str, ...] = STAGES, costs: dict[int, Any] | None = None
+) -> Path:
     """Two windows of 9 steps on 3 ranks; rank 1's data wait grows with the step, and step 4 of
-    the second window is the slowest of the run."""
+    the second window is the slowest of the run. ``costs``: a window's ``self_cost``."""
     rng = np.random.default_rng(0)
     folder = tmp_path / "packets"
     folder.mkdir(parents=True)
@@ -47,12 +50,29 @@ def _run(tmp_path: Path, stages: tuple[str, ...] = STAGES) -> RunWindows:
         d[:, 1, 0] += 0.02 + 0.002 * np.arange(9)
         if w == 1:
             d[4, 1, 0] += 0.2
-        meta = {"window": w, "first_step": 9 * w, "last_step": 9 * w + 8}
+        meta: dict[str, Any] = {"window": w, "first_step": 9 * w, "last_step": 9 * w + 8}
         meta["ranks_present"] = [0, 1, 2]
+        if costs and w in costs:
+            meta["self_cost"] = costs[w]
         packet = Packet.of_window(d, analyze(d, stages), meta=meta)
         write_packet(folder / f"window-{w:06d}.json", packet)
-    packets = [read_packet(p) for p in sorted(folder.iterdir())]
-    return RunWindows(tmp_path, packets, [])
+    return tmp_path
+
+
+def _run(
+    tmp_path: Path, stages: tuple[str, ...] = STAGES, costs: dict[int, Any] | None = None
+) -> RunWindows:
+    return load_run(_folder(tmp_path, stages, costs))
+
+
+def _captured(tmp_path: Path, steps: list[int]) -> None:
+    """An incident that captured ``steps`` in the folder."""
+    from stagefrontier.formats.incident import new_incident
+    from stagefrontier.render.incident import write_incident
+
+    incident = new_incident("w00001", "window")
+    incident.update(captured=True, steps=steps)
+    write_incident(tmp_path / "incidents" / "w00001", incident)
 
 
 def test_the_frontier_figure_shows_the_worst_step_after_its_windows_typical_step(
@@ -68,7 +88,7 @@ def test_the_frontier_figure_shows_the_worst_step_after_its_windows_typical_step
 
 def test_leader_text_names_the_top_stages_rank_or_says_there_is_none(tmp_path: Path) -> None:
     run = _run(tmp_path)
-    reports = [p.report.to_dict() for p in run.packets]
+    reports = [report.to_dict() for report, _ in run.windows]
     assert [r["top1"] for r in reports] == ["data.next_wait", "data.next_wait"]
     assert [leader_text(r) for r in reports] == ["rank 1", "rank 1"]
     quiet = {"top1": "data.next_wait", "semantic_localization": {}, "leaders": {}}
@@ -89,12 +109,12 @@ def test_both_figures_render_for_seven_stages(tmp_path: Path) -> None:
 
 
 def test_windows_the_router_slowed_are_left_out_of_the_worst_step(tmp_path: Path) -> None:
-    run = _run(tmp_path)  # the worst step (step 4 of window 1) is in a window the router slowed
-    run.packets[1].meta["self_cost"] = {"router_cpu_s": {"max": 2.5, "median": 0.3}}
+    # the worst step (step 4 of window 1) is in a window the router slowed
+    run = _run(tmp_path / "slowed", costs={1: {"router_cpu_s": {"max": 2.5, "median": 0.3}}})
     packet, shown = steps_to_show(run)
     assert packet.meta["window"] == 0
     assert "window(s) 1 left out: the profiler router's capture slowed them" in shown[-1][1]
-    run.packets[1].meta["self_cost"] = {"router_cpu_s": {"max": 1e-6, "median": 0.0}}
+    run = _run(tmp_path / "idle", costs={1: {"router_cpu_s": {"max": 1e-6, "median": 0.0}}})
     assert steps_to_show(run)[0].meta["window"] == 1  # a negligible router cost is not a slowdown
     plot_worst_step(run, tmp_path / "frontier.png")
 
@@ -102,16 +122,11 @@ def test_windows_the_router_slowed_are_left_out_of_the_worst_step(tmp_path: Path
 def test_a_captured_incidents_window_is_left_out_and_said_when_every_window_is(
     tmp_path: Path,
 ) -> None:
-    from stagefrontier.formats.incident import new_incident
-    from stagefrontier.render.incident import write_incident
-
-    run = _run(tmp_path)
-    incident = new_incident("w00001", "window")
-    incident.update(captured=True, steps=[11, 13])  # inside window 1 (steps 9-17)
-    write_incident(tmp_path / "incidents" / "w00001", incident)
-    assert steps_to_show(run)[0].meta["window"] == 0
-    run.packets[0].meta["self_cost"] = {"router_cpu_s": {"max": 1.0, "median": 1.0}}
-    packet, shown = steps_to_show(run)
+    for folder in (tmp_path / "one", tmp_path / "every"):
+        _captured(folder, [11, 13])  # inside window 1 (steps 9-17)
+    assert steps_to_show(_run(tmp_path / "one"))[0].meta["window"] == 0
+    cost = {"router_cpu_s": {"max": 1.0, "median": 1.0}}
+    packet, shown = steps_to_show(_run(tmp_path / "every", costs={0: cost}))
     assert packet.meta["window"] == 1
     assert "every window carries the profiler router's capture cost" in shown[-1][1]
 
@@ -143,7 +158,6 @@ def test_figure_titles_and_labels_break_their_lines_and_escape_names(tmp_path: P
     import matplotlib
 
     from html_support import simulated_run, with_incident
-    from stagefrontier.formats.run_folder import load_run
 
     folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
     with_incident(folder, slow=2)  # window 1's steps were captured: left out of the worst step
@@ -164,6 +178,7 @@ def test_figure_titles_and_labels_break_their_lines_and_escape_names(tmp_path: P
 
 
 def test_an_incidents_figure_shows_its_captured_steps(tmp_path: Path) -> None:
+    _captured(tmp_path, [10, 12])
     run = _run(tmp_path)
     packet, shown = captured_steps(run, (10, 12))  # window 1 holds steps 9-17
     assert packet.meta["window"] == 1

@@ -33,7 +33,14 @@ from recorder_support import (
     run_stages,
     wall,
 )
-from stagefrontier import ContractViolation, StageTimer, WindowReport
+from stagefrontier import (
+    CollectConfig,
+    ContractViolation,
+    SamplingConfig,
+    StageTimer,
+    TimerConfig,
+    WindowReport,
+)
 from stagefrontier.analysis.schema import SCHEMA_VERSION, stage_order_hash
 from stagefrontier.analysis.window_report import REPORT_FORMAT
 from stagefrontier.collect import LocalCollector
@@ -54,7 +61,7 @@ def run_steps(timer: StageTimer, n: int, sleep_s: float = 0.0) -> None:
 
 def capture(**kwargs: Any) -> tuple[StageTimer, CaptureCollector]:
     collector = CaptureCollector()
-    return StageTimer(collector=collector, **kwargs), collector
+    return StageTimer(config=TimerConfig(**kwargs), collector=collector), collector
 
 
 # ------------------------------------------------------------------------------ JSONL and logs
@@ -64,7 +71,7 @@ def test_windows_jsonl_record_and_one_log_line_per_window(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="stagefrontier")
-    timer = StageTimer(window=4, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=4, collection=CollectConfig(out_dir=tmp_path)))
     run_steps(timer, 10, sleep_s=10 * MS)
     timer.close()
 
@@ -125,7 +132,9 @@ def test_window_boundaries_exact_multiple_and_empty(tmp_path: Path) -> None:
         (3, 5, 3),
     ]
 
-    idle = StageTimer(window=3, out_dir=tmp_path / "idle")
+    idle = StageTimer(
+        config=TimerConfig(window=3, collection=CollectConfig(out_dir=tmp_path / "idle"))
+    )
     idle.close()
     assert not (tmp_path / "idle" / "windows.jsonl").exists()
 
@@ -140,7 +149,9 @@ def test_final_partial_window_is_flushed_by_close() -> None:
 
 
 def test_close_twice_and_context_manager(tmp_path: Path) -> None:
-    with StageTimer(window=4, out_dir=tmp_path) as timer:
+    with StageTimer(
+        config=TimerConfig(window=4, collection=CollectConfig(out_dir=tmp_path))
+    ) as timer:
         run_steps(timer, 5)
     records = read_records(tmp_path)
     assert [r["n_steps"] for r in records] == [4, 1]
@@ -149,7 +160,7 @@ def test_close_twice_and_context_manager(tmp_path: Path) -> None:
     assert read_records(tmp_path) == records
 
     collector = CaptureCollector()
-    with StageTimer(window=4, collector=collector) as timer2:
+    with StageTimer(config=TimerConfig(window=4), collector=collector) as timer2:
         run_steps(timer2, 2)
     timer2.close()
     assert collector.closed == 1
@@ -158,13 +169,13 @@ def test_close_twice_and_context_manager(tmp_path: Path) -> None:
 
 def test_constructor_rejects_bad_arguments() -> None:
     with pytest.raises(sf.StageFrontierError, match="window"):
-        StageTimer(window=0, collector=CaptureCollector())
+        TimerConfig(window=0)
     with pytest.raises(sf.StageFrontierError, match="cuda_event_fraction"):
-        StageTimer(cuda_event_fraction=1.5, collector=CaptureCollector())
+        SamplingConfig(cuda_event_fraction=1.5)
     with pytest.raises(sf.StageFrontierError, match="timed stage"):
-        StageTimer(stages=[OTHER], collector=CaptureCollector())
+        TimerConfig(stages=[OTHER])
     with pytest.raises(sf.StageNamesError):
-        StageTimer(stages=["a", "a"], collector=CaptureCollector())
+        TimerConfig(stages=["a", "a"])
 
 
 # ------------------------------------------------------------------------------ closure, probes
@@ -214,7 +225,7 @@ def test_skipped_stages_give_zero(tmp_path: Path) -> None:
 
 def test_probes_are_reported_per_window_and_never_in_the_frontier(tmp_path: Path) -> None:
     probe = "callbacks.image_logging"
-    timer = StageTimer(window=3, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=3, collection=CollectConfig(out_dir=tmp_path)))
     for t in range(6):
         if t == 4:
             with timer.probe("outside.step"):  # a probe needs no step
@@ -301,7 +312,7 @@ VIOLATIONS: dict[str, tuple[Callable[[StageTimer], None], str]] = {
 @pytest.mark.parametrize("case", sorted(VIOLATIONS))
 def test_contract_violation_is_counted_and_downgrades_the_window(case: str, tmp_path: Path) -> None:
     action, reason = VIOLATIONS[case]
-    timer = StageTimer(window=3, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=3, collection=CollectConfig(out_dir=tmp_path)))
     run_steps(timer, 1)
     action(timer)  # never raises into training
     assert timer.violations == 1
@@ -373,7 +384,7 @@ def test_many_violations_are_counted_exactly_with_distinct_reasons(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"stagefrontier: rank 0: {reason}; such calls are counted in each window's "
-        "contract_violations and not said again (StageTimer(strict=True) raises instead)"
+        "contract_violations and not said again (TimerConfig(strict=True) raises instead)"
     ]
 
 
@@ -395,7 +406,11 @@ def test_rejected_nested_entry_records_the_outer_span_whole() -> None:
 
 
 def test_schema_version_and_stage_order_hash_travel_with_every_window(tmp_path: Path) -> None:
-    timer = StageTimer(stages=["load", "compute"], window=2, out_dir=tmp_path)
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=("load", "compute"), window=2, collection=CollectConfig(out_dir=tmp_path)
+        )
+    )
     for _ in range(3):
         with timer.step():
             with timer.stage("load"):
@@ -423,7 +438,14 @@ def test_disabled_timer_records_nothing_and_writes_nothing(
     caplog.set_level(logging.DEBUG, logger="stagefrontier")
     out = tmp_path / "sf"
     threads_before = threading.active_count()
-    timer = StageTimer(window=2, out_dir=out, enabled=False, cuda_event_fraction=1.0)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=2,
+            collection=CollectConfig(out_dir=out),
+            enabled=False,
+            sampling=SamplingConfig(cuda_event_fraction=1.0),
+        )
+    )
     seen = []
     for batch in timer.iter(range(5)):
         with timer.step():
@@ -448,7 +470,7 @@ def test_disabled_timer_records_nothing_and_writes_nothing(
 def test_a_disabled_timers_contexts_let_exceptions_through() -> None:
     # The no-op's enter and exit are C-level callables: the exit must return a false value, or
     # the with statement would swallow the training loop's exception.
-    timer = StageTimer(enabled=False)
+    timer = StageTimer(config=TimerConfig(enabled=False))
     with pytest.raises(ZeroDivisionError), timer.step(), timer.stage(FWD) as entered:
         assert entered is None
         _ = 1 / 0
@@ -591,7 +613,7 @@ def test_fetch_that_raises_charges_nothing_and_disabled_fetch_just_calls() -> No
     (w,) = collector.windows
     assert column(w, DATA).tolist() == [0.0]
     assert w.contract_violations == 0
-    disabled = StageTimer(enabled=False)
+    disabled = StageTimer(config=TimerConfig(enabled=False))
     assert disabled.fetch(get_batch, 1, split="val") == ("val", 1)
     disabled.close()
 
@@ -613,7 +635,7 @@ def test_charge_data_wait_goes_to_the_next_step() -> None:
     assert w.wall_ns[1] >= 40_000_000  # the step's wall time covers the charged wait
     np.testing.assert_array_equal(w.durations_ns.sum(axis=1), w.wall_ns)
     assert w.contract_violations == 0
-    disabled = StageTimer(enabled=False)
+    disabled = StageTimer(config=TimerConfig(enabled=False))
     disabled.charge_data_wait(5)  # a no-op
     disabled.close()
 
@@ -654,7 +676,7 @@ def test_memory_is_bounded_by_the_window_and_returned_at_each_boundary() -> None
     # buffer away: memory may grow within a window, never from one window to the next.
     window = 400
     collector = DroppingCollector()
-    timer = StageTimer(collector=collector, window=window)
+    timer = StageTimer(config=TimerConfig(window=window), collector=collector)
     step, stage, probe = timer.step, timer.stage, timer.probe
     event = timer.cuda_event_sample
     it = timer.iter(iter(int, 1))  # an endless source of zeros
@@ -710,7 +732,7 @@ class BlockingSink:
 def test_full_hand_off_queue_drops_windows_with_a_count(tmp_path: Path) -> None:
     sink = BlockingSink()
     collector = LocalCollector(out_dir=tmp_path, queue_size=1, sinks=[sink, JsonlSink(tmp_path)])
-    timer = StageTimer(window=2, collector=collector)
+    timer = StageTimer(config=TimerConfig(window=2), collector=collector)
     run_steps(timer, 2)  # window 0: taken by the analysis thread, which then blocks
     assert sink.entered.wait(timeout=20)
     run_steps(timer, 2)  # window 1: waits in the queue (size 1)
@@ -738,7 +760,7 @@ def test_a_collector_that_raises_never_reaches_the_training_loop(
         def submit(self, window: Any) -> bool:
             raise RuntimeError("transport down")
 
-    timer = StageTimer(window=2, collector=Broken())
+    timer = StageTimer(config=TimerConfig(window=2), collector=Broken())
     run_steps(timer, 5)
     timer.close()
     assert timer._dropped == 3
@@ -762,7 +784,7 @@ def test_the_capture_step_class_swapped_in_still_ends_each_step() -> None:
     from stagefrontier.record.contexts import CapturedStepContext, StepContext
 
     collector = CaptureCollector()
-    timer = StageTimer(stages=[FWD, BWD], window=4, collector=collector)
+    timer = StageTimer(config=TimerConfig(stages=(FWD, BWD), window=4), collector=collector)
     runtime = StepEnds()
     timer._router = runtime
     step, stage = timer.step, timer.stage

@@ -376,21 +376,20 @@ def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
 
 
 def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
-    tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, store: Any
 ) -> None:
     """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
-    give the same stage matrix and the same op times as the whole trace, from far fewer, and
-    the same whether msgspec decoded them (where installed) or the standard library did."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    (decoded by msgspec, cut to their range fields) give the same stage matrix and the same op
+    times as the whole trace (decoded by the standard library), from far fewer."""
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.analysis.schema import DEFAULT_STAGES
-    from stagefrontier.reducers import kineto, reduce_kineto
+    from stagefrontier.reducers import reduce_kineto
     from stagefrontier.reducers.kineto import load_trace
     from stagefrontier.route.trace_slice import load_for_reduction
 
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(
-        window=5, collect=CollectConfig("local", out_dir=tmp_path, regression=None), router=router
-    )
+    collection = CollectConfig("local", out_dir=tmp_path, regression=None)
+    timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
     _train(timer, 5)
     router.request_capture([0], stage="data.next_wait")
     _train(timer, 40)
@@ -403,13 +402,6 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     whole = load_trace(path)
     kept = load_for_reduction(path, "data.next_wait", steps)
     assert 0 < len(kept[1]) < len(whole[1]) / 2, (len(kept[1]), len(whole[1]))
-    with monkeypatch.context() as without_msgspec:
-        without_msgspec.setattr(kineto, "_range_decoders", lambda: None)
-        kept_stdlib = load_for_reduction(path, "data.next_wait", steps)
-    assert kept_stdlib[0] == kept[0]
-    assert [{k: e[k] for k in kineto.RANGE_FIELDS if k in e} for e in kept_stdlib[1]] == [
-        {k: e[k] for k in kineto.RANGE_FIELDS if k in e} for e in kept[1]
-    ]
     matrices = [
         reduce_kineto(
             [path],
@@ -418,16 +410,12 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
             missing_stages="zero",
             loaded={path: events},
         )
-        for events in (whole, kept, kept_stdlib)
+        for events in (whole, kept)
     ]
-    for other in matrices[1:]:
-        assert other.step_ids == matrices[0].step_ids
-        assert np.array_equal(other.d, matrices[0].d)
-    times = [
-        stage_op_times(path, "data.next_wait", steps, events[1])
-        for events in (whole, kept, kept_stdlib)
-    ]
-    assert times[0] == times[1] == times[2] and times[0].self_s
+    assert matrices[1].step_ids == matrices[0].step_ids
+    assert np.array_equal(matrices[1].d, matrices[0].d)
+    times = [stage_op_times(path, "data.next_wait", steps, events[1]) for events in (whole, kept)]
+    assert times[0] == times[1] and times[0].self_s
 
 
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:

@@ -138,6 +138,8 @@ def test_the_callbacks_find_the_dataloader_and_profile_its_workers(
     timed = [r["loader_workers"] for r in records if "per_batch_s" in r["loader_workers"]["2"]]
     assert timed and any(figures["2"]["saturated"] for figures in timed)
     # The first incident; the stall lasts the whole run, so another may open after the cooldown.
+    seen = [[r.get(k) for k in ("window", "top1", "lead", "block_lead", "labels")] for r in records]
+    assert incidents, f"no incident opened; the windows said {seen}"
     incident = min(incidents, key=lambda i: i["window"])
     assert incident["trigger"] == "window" and incident["leader_rank"] == 2
     assert incident["stage"] == "data.next_wait"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,33 @@ def test_a_member_of_a_dead_leader_reads_the_job_store_and_says_why(
         replaced = CaptureRequest("w00005", (3,), 90, 5).encode()
         rank0.write(REQUEST_KEY, replaced)
         assert follow.read() == replaced and follow_job.reads == 2
+    finally:
+        follow.close()
+        member.close()
+
+
+def test_a_member_whose_leader_died_before_it_connected_is_refused_at_once(
+    job_store: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The member connects to its node's store only at its first read: a dead leader's port
+    refuses it then, where the store's client retried the connection for its whole timeout
+    (twice 10 s for a member of a dead node leader, which was never captured)."""
+    leader, member = _node_pair(job_store, tmp_path)
+    follow, follow_job = _relay(job_store, member)
+    request = CaptureRequest("w00004", (3,), 80, 5).encode()
+    RequestChannel(job_store).write(REQUEST_KEY, request)
+    # The leader dies before the member's first read: its store is gone, its address stays.
+    leader.close()
+    del leader
+    gc.collect()
+    try:
+        with caplog.at_level(logging.WARNING, logger="stagefrontier"):
+            assert follow.read() == request
+        assert follow_job.reads == 1
+        assert re.search(
+            r"node 1's store at [\d.]+:\d+ cannot be reached \(its leader is gone\?\): .*refused",
+            caplog.text,
+        ), caplog.text
     finally:
         follow.close()
         member.close()

@@ -18,8 +18,7 @@ from stagefrontier.formats.packet import read_packet
 from stagefrontier.record.self_cost import context_cost_ns
 from stagefrontier.render.text import SELF_COST_LINE_FRACTION, self_cost_text
 from stagefrontier.sinks import CsvSink, PacketSink
-from stagefrontier.window.cost import COMPONENTS, self_cost_summary
-from stagefrontier.window.rank import RankWindow
+from stagefrontier.window.rank import COMPONENTS, RankWindow, self_cost_summary
 
 COST_FIELDS = (
     "contexts_entered",

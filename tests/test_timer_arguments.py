@@ -12,6 +12,10 @@ import pytest
 
 from stagefrontier import CollectConfig, StageTimer, TimerSettingError
 
+# These tests build timers through StageTimer's flat keywords on purpose (the deprecated path,
+# which must keep working for a release; tests/test_timer_config.py checks its warning).
+pytestmark = pytest.mark.filterwarnings("ignore:StageTimer's keywords are deprecated")
+
 
 @pytest.mark.parametrize(
     ("arguments", "message"),

@@ -28,6 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.analysis.regression import regression_text
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.demo.train import STEP_MARKER
@@ -46,15 +47,22 @@ STRAGGLER = tuple(
 )
 """Rank 2 alone slower in each of its stages, as ``SPREAD`` slows every rank: 1.2 s a step,
 far above what a busy machine's own swings move the other ranks' stages."""
+STRAGGLER_STEPS = 80
+"""The straggler's run ends after one slowed window (steps 60 to 79): its first window is the
+one the regression check flags, and each further one would add 24 s of sleeps."""
 
 
-def run_demo(out: Path, faults: tuple[Any, ...] = (), router: bool = True) -> list[dict[str, Any]]:
-    """A 4-rank Gloo DDP demo run of ``STEPS`` steps in windows of ``WINDOW`` into ``out``; its
-    window records."""
+def run_demo(
+    out: Path, faults: tuple[Any, ...] = (), router: bool = True, steps: int = STEPS
+) -> list[dict[str, Any]]:
+    """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``WINDOW`` into ``out``; its
+    window records. A run without the router forks its ranks from the session's server
+    (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them, as every
+    test whose ranks may start the profiler does."""
     run = launch(
         DemoConfig(
             ranks=4,
-            steps=STEPS,
+            steps=steps,
             window=WINDOW,
             faults=faults,
             out_dir=str(out),
@@ -63,9 +71,10 @@ def run_demo(out: Path, faults: tuple[Any, ...] = (), router: bool = True) -> li
             router=router,
         ),
         deadline_s=500.0,
+        start_method="spawn" if router else START_METHOD,
     )
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
-    assert len(records) == STEPS // WINDOW == len(run.windows)
+    assert len(records) == steps // WINDOW == len(run.windows)
     return records
 
 
@@ -155,7 +164,7 @@ def test_one_rank_slower_in_all_its_stages_is_not_the_whole_jobs(tmp_path: Path)
     every stage, which read as "the whole job slowed evenly over its stages (most on rank 2)",
     with no capture. The other ranks grew only in backward, where they wait for rank 2's
     gradients: a stage regression on rank 2."""
-    records = run_demo(tmp_path / "straggler", STRAGGLER, router=False)
+    records = run_demo(tmp_path / "straggler", STRAGGLER, router=False, steps=STRAGGLER_STEPS)
     flagged = [r["regression"] for r in records if r.get("regression")]
     on_rank_2 = [f for f in flagged if f["kind"] == "stage" and f["ranks"] == [2]]
     assert on_rank_2, flagged

@@ -109,8 +109,11 @@ def reference_matrix(path: Path, timed: tuple[str, ...] = TIMED) -> dict[int, np
 
 
 def manual_incident(out_dir: Path, index: int = 0) -> Path:
-    """The folder of the run's ``index``-th manual incident. Its id starts with the last window
-    the router had analyzed when it served the request, which depends on timing."""
+    """The folder of the run's ``index``-th manual incident, once settled (``settled_incidents``:
+    a capture that settles as the timer closes, as on a busy machine, is reduced by the
+    after-run process). Its id starts with the last window the router had analyzed when it
+    served the request, which depends on timing."""
+    settled_incidents(out_dir)
     found = sorted((Path(out_dir) / "incidents").glob(f"w*-manual{index}"))
     assert len(found) == 1, found
     return found[0]

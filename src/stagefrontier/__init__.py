@@ -54,6 +54,7 @@ from .formats.packet import Packet, read_packet, write_packet
 from .formats.run_folder import RunWindows, load_run
 from .formats.summary_codec import decode_summary, encode_summary
 from .load import LoadedWindow, load_window
+from .record.config import SamplingConfig, TimerConfig
 from .record.recorder import StageTimer
 from .reducers import ReducedTrace, TraceOptions, reduce_hta, reduce_kineto, reduce_nsys
 from .route import ProfilerRouter
@@ -99,6 +100,7 @@ __all__ = [
     "ReportFormatError",
     "RolesError",
     "RunWindows",
+    "SamplingConfig",
     "SideEvidence",
     "SideEvidenceError",
     "SinkSettingError",
@@ -107,6 +109,7 @@ __all__ = [
     "StageNamesError",
     "StageTimer",
     "SummaryError",
+    "TimerConfig",
     "TimerSettingError",
     "TraceFormatError",
     "TraceOptions",

@@ -1,7 +1,7 @@
 """Every ``STAGEFRONTIER_*`` environment variable the library reads, named and read here only.
 
 The limits on what the readers take in (``formats.limits``) and the run id that scopes a job's
-store keys and records (``record.attempt``) come from the environment, read at each use (a
+store keys and records (``current_attempt``) come from the environment, read at each use (a
 test or a launcher may set them at any time). ``VARIABLES`` lists each with its default and
 what it sets; the configuration page of the documentation is checked against it.
 """
@@ -19,11 +19,14 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Variable:
-    """One environment variable: its name, its default and what it sets."""
+    """One environment variable: its name, its default and what it sets; ``field``: the
+    setting of the timer's configuration tree (``record.config.TimerConfig``) it gives, as a
+    dotted path from ``TimerConfig``, or empty when it sets none (the readers' limits, say)."""
 
     name: str
     default: int | str
     what: str
+    field: str = ""
 
 
 LIMITS: dict[str, Variable] = {
@@ -58,10 +61,24 @@ AUTO: dict[str, Variable] = {
         "0",
         "1: a launcher's worker times its script with the automatic hooks (stagefrontier run)",
     ),
-    "out": Variable("STAGEFRONTIER_OUT", "stagefrontier", "the automatic hooks' output folder"),
-    "window": Variable("STAGEFRONTIER_WINDOW", 100, "the automatic hooks' steps per window"),
-    "router": Variable("STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on"),
-    "sinks": Variable("STAGEFRONTIER_SINKS", "", "the automatic hooks' extra sinks (a, b, ...)"),
+    "out": Variable(
+        "STAGEFRONTIER_OUT",
+        "stagefrontier",
+        "the automatic hooks' output folder",
+        "collection.out_dir",
+    ),
+    "window": Variable(
+        "STAGEFRONTIER_WINDOW", 100, "the automatic hooks' steps per window", "window"
+    ),
+    "router": Variable(
+        "STAGEFRONTIER_ROUTER", "0", "1: the automatic hooks' profiler router on", "router"
+    ),
+    "sinks": Variable(
+        "STAGEFRONTIER_SINKS",
+        "",
+        "the automatic hooks' extra sinks (a, b, ...)",
+        "collection.sinks",
+    ),
 }
 """The settings of ``stagefrontier run`` carried to its workers (``auto.options``)."""
 DISK_BUDGET = Variable(
@@ -123,6 +140,13 @@ def run_id() -> str:
 def restart_count() -> int:
     """torchelastic's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchelastic)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def current_attempt() -> tuple[str, int]:
+    """Which attempt of a job this process belongs to: ``(run id, restart count)``. A restarted
+    job starts its windows at 0 again, so the attempt scopes the store keys of a window and
+    tells the records and packets of one attempt from another's in the same output folder."""
+    return run_id(), restart_count()
 
 
 def closes_on_sigterm() -> bool:

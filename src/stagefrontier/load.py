@@ -18,7 +18,13 @@ from .errors import ReportFormatError
 from .formats.limits import read_capped
 from .formats.npz import load_npz
 from .formats.packet import packet_from_dict, packet_json, packet_name
-from .formats.records import WINDOWS_FILE, read_records, record_meta, record_report, select_record
+from .formats.records import (
+    WINDOWS_FILE,
+    record_meta,
+    record_report,
+    records_of_window,
+    select_record,
+)
 from .formats.summary_packet import is_summary_packet, summary_packet_from_dict
 from .reducers.detect import FORMATS, TRACE_FORMATS, detect_format, reduce_trace
 from .reducers.options import TraceOptions
@@ -207,15 +213,14 @@ def _load_from_folder(folder: Path, window: int | None, attempt: int | None) -> 
 
 
 def _load_record(path: Path, window: int | None, attempt: int | None) -> LoadedWindow:
-    records = read_records(path)
+    """One window's record, the file read a line at a time whatever its length."""
+    records, count, held = records_of_window(path, window, attempt)
     if window is None:
-        held = ", ".join(str(r.get("window", "?")) for r in records[:8])
-        more = ", ..." if len(records) > 8 else ""
         raise ReportFormatError(
-            f"{path}: a windows.jsonl of {len(records)} window(s) ({held}{more}); analyze one "
-            f"with --window N, or report them all with `stagefrontier report {path.parent}`"
+            f"{path}: a windows.jsonl of {count} window(s) ({held}); analyze one with --window "
+            f"N, or report them all with `stagefrontier report {path.parent}`"
         )
-    record = select_record(records, window, attempt, str(path))
+    record = select_record(records, window, attempt, str(path), held or "none")
     meta = record_meta(record)
     meta["source"] = f"{path.name} (the stored report; the window's packet re-analyzes it)"
     return LoadedWindow(report=record_report(record, str(path)), meta=meta)

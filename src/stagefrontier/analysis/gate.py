@@ -4,15 +4,23 @@ more than a stated bar, beyond the two runs' step-to-step noise, and where did t
 Three outcomes, each with its exit status:
 
 - **fail** (1): the median of NEW's per-step exposed times lies above BASE's by more than the
-  bar (a share of BASE's median step, or milliseconds, the larger when both are given) and by
-  more than ``NOISE_FACTOR`` standard errors of that shift (``noise.median_shift``, each side's
-  spread from its median absolute deviation). Medians of the steps, not means: one step a busy
-  host preempted moves a mean by its whole length, and a median not at all.
-- **pass** (0): the shift stays at or under the bar.
+  bar (a share of BASE's median step, or milliseconds, the larger when both are given), and
+  either a stage grew beyond its even share of that slowdown by more than the bar and the noise
+  of its own steps (``beyond_even_share``: the rest of the step's growth is the machine's), or
+  the shift stands above
+  ``NOISE_FACTOR`` standard errors (``noise.median_shift``, each side's spread from its median
+  absolute deviation) on a rank slower in every stage than the others. Medians of the steps,
+  not means: one step a busy host preempted moves a mean by its whole length, and a median not
+  at all.
+- **pass** (0): the shift stays at or under the bar; or it is past the bar but no stage grew
+  beyond its even share, and the growth is spread over the ranks (``regression.rank_spread``)
+  or inside the steps' noise: the whole job slowed alike, as on a busier or slower machine (a
+  CPU-burning neighbour, another run on the host), and the code is not what changed. A run
+  whose every stage is heavier (a larger model) reads the same way; ``strict`` refuses there.
 - **not comparable** (3): the sides cannot be judged: different world sizes or stage schemas,
-  fewer than ``MIN_STEPS`` steps a side, or a shift past the bar that the steps are too few
-  (for their noise) to tell from noise. Passing or failing there would be chance; the reason
-  says how many steps a side would resolve it.
+  fewer than ``MIN_STEPS`` steps a side, or, when ``strict``, a slowdown past the bar that
+  the gate reads as the machine's (the reason says which, and how many steps a side would
+  resolve a shift inside the noise).
 
 The failing line's attribution is ``compare``'s exact split of the mean change: the stages that
 grew, largest first, until they hold most of the growth, each with its share of the change and
@@ -32,7 +40,9 @@ import numpy as np
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances
 from .compare import Comparison, Side
-from .noise import median_shift
+from .noise import block_means, mean_shift, median_shift
+from .regression import BLOCK_STEPS, rank_spread
+from .semantic import stage_groups
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -121,6 +131,8 @@ class Verdict:
     bar_ms: float = math.nan
     noise_ms: float = math.nan
     growth: tuple[Growth, ...] = field(default=())
+    whole_job: bool = False
+    """The shift is past the bar, but spread over every stage (and the ranks): the machine's."""
 
     @property
     def outcome(self) -> str:
@@ -139,6 +151,7 @@ class Verdict:
             "median_shift_ms": _finite(self.shift_ms),
             "bar_ms": _finite(self.bar_ms),
             "noise_ms": _finite(self.noise_ms),
+            "whole_job": self.whole_job,
             "grew": [
                 {
                     "stage": g.stage,
@@ -192,8 +205,9 @@ def exposed_ms(side: Side) -> FloatArray:
     return out
 
 
-def judge(c: Comparison, threshold: Threshold) -> Verdict:
-    """The gate's verdict on a comparison of two comparable sides."""
+def judge(c: Comparison, threshold: Threshold, strict: bool = False) -> Verdict:
+    """The gate's verdict on a comparison of two comparable sides (``strict``: refuse, rather
+    than pass, a slowdown past the bar that reads as the whole machine's)."""
     before, after = exposed_ms(c.base), exposed_ms(c.new)
     base_median = float(np.median(before))
     bar = threshold.bar_ms(base_median)
@@ -211,18 +225,59 @@ def judge(c: Comparison, threshold: Threshold) -> Verdict:
         bar_ms=bar,
         noise_ms=noise,
     )
-    if diff.stands_out:
-        reason = f"past the {threshold} bar ({bar:.1f} ms) and the steps' noise ({noise:.1f} ms)"
+    if diff.shift_s <= bar:
+        return measured
+    past = f"past the {threshold} bar ({bar:.1f} ms)"
+    stage = beyond_even_share(c, bar)
+    if stage is not None:
+        reason = f"{past}, and {stage} grew beyond its even share by more than the bar"
         return replace(measured, status=EXIT_FAIL, reason=reason, growth=grown_stages(c))
-    if diff.shift_s > bar:
+    spread = rank_spread(c, int(c.base.d.shape[1]))[0]
+    if diff.stands_out and not spread:
+        reason = f"{past} and the steps' noise ({noise:.1f} ms), on a rank slower in every stage"
+        return replace(measured, status=EXIT_FAIL, reason=reason, growth=grown_stages(c))
+    where = "every stage and rank" if spread else "every stage, inside the steps' noise"
+    reason = (
+        f"{past} but spread evenly over {where}: the whole job slowed alike, as on a busier or "
+        "slower machine, not in any stage of the code"
+    )
+    if not strict:
+        return replace(measured, reason=reason, whole_job=True)
+    if not diff.stands_out:
         needed = _steps_needed(diff.shift_s, noise, c)
-        reason = (
-            f"past the {threshold} bar ({bar:.1f} ms) but inside the steps' noise "
-            f"({noise:.1f} ms): too few steps to tell; about {needed} steps a side would "
-            "resolve it"
+        reason += f" (about {needed} steps a side would tell it from the noise)"
+    return replace(
+        measured, status=EXIT_NOT_COMPARABLE, reason=f"{reason}; --strict", whole_job=True
+    )
+
+
+def beyond_even_share(c: Comparison, floor_ms: float) -> str | None:
+    """The stage that grew most beyond its even share of NEW's slowdown, by more than
+    ``floor_ms`` and ``NOISE_FACTOR`` standard errors; None when every stage grew with the step.
+
+    A stage's even share scales its BASE advance by how much the rest of the step grew: a busier
+    machine slows every stage alike, so the rest of the step measures it, and a stage's own
+    regression (however large a share of the step it holds) stays out of its own yardstick.
+    Judged on means over blocks of ``BLOCK_STEPS`` steps (a DataLoader's batches come in bursts),
+    accumulation substages together as their broad stage."""
+    before, now = advances(c.base.d), advances(c.new.d)
+    best: tuple[float, str] | None = None
+    for members in stage_groups(c.stages)[1]:
+        was, grown = before[:, members].sum(axis=1), now[:, members].sum(axis=1)
+        rest_before = float(before.sum(axis=1).mean() - was.mean())
+        rest_now = float(now.sum(axis=1).mean() - grown.mean())
+        machine = rest_now / rest_before if rest_before > 0 else 1.0
+        excess = mean_shift(
+            block_means(was * machine, BLOCK_STEPS),
+            block_means(grown, BLOCK_STEPS),
+            floor_ms / MS,
+            NOISE_FACTOR,
         )
-        return replace(measured, status=EXIT_NOT_COMPARABLE, reason=reason)
-    return measured
+        if excess.stands_out:
+            growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
+            stage = c.stages[members[int(np.argmax(growth))]]
+            best = max(best or (excess.shift_s, stage), (excess.shift_s, stage))
+    return best[1] if best else None
 
 
 def _steps_needed(shift: float, noise: float, c: Comparison) -> int:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .evidence import StageLocalization, WindowEvidence
+from .evidence import WindowEvidence
 from .gates import Gates
+from .leaders import lead_switches
 from .roles import UNKNOWN_ROLE
 from .routing import rank_order
 from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
@@ -203,15 +204,6 @@ def label_window(x: LabelInputs) -> Labeling:
             f"({loc.confident_steps}/{n} steps) is too weak",
         )
     return out
-
-
-def lead_switches(loc: StageLocalization, n_steps: int, gates: Gates) -> bool:
-    """Whether a stage's lead rank changes too often to name one: enough steps have a clear
-    leader (``min_confident_fraction``) and it changes in more than ``max_switch_rate`` of
-    them."""
-    confident = loc.confident_steps >= gates.min_confident_fraction * n_steps
-    switch_rate = loc.leader_switches / max(loc.confident_steps - 1, 1)
-    return confident and switch_rate > gates.max_switch_rate
 
 
 def _ambiguities(

@@ -33,7 +33,7 @@ neighbour, CPU throttling, a slower shared filesystem or network), reported as s
 worth a trace of one rank, only when it is spread over the ranks as well: more than half of
 them (two at least) grew outside their own largest stage by half the most any rank did, or
 every rank by a tenth of it (a neighbour burning CPU slows every rank unevenly)
-(``_rank_spread``; from node summaries, which keep only the top stage's largest rank means,
+(``rank_spread``; from node summaries, which keep only the top stage's largest rank means,
 more than half the ranks grew in the top stage by half the most any did). A rank slower in
 every stage than the others (a stall in every microstep of its data wait, a straggler host)
 holds them up only in the collectives they meet it in, where their own growth then sits: it is
@@ -312,7 +312,7 @@ class RegressionCheck:
         spread = True
         if top is None:
             # every stage grew with the step: the whole job's only if the ranks did too
-            spread, top = _rank_spread(result, entry.n_ranks)
+            spread, top = rank_spread(result, entry.n_ranks)
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
@@ -391,7 +391,7 @@ def spread_over_ranks(rank_deltas: dict[str, float], n_ranks: int) -> bool:
     return len(deltas) >= n_ranks and deltas[-1] >= EVERY_RANK_SHARE * deltas[0]
 
 
-def _rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
+def rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
     """Whether a slowdown that grew every stage with the step is spread over the ranks as well,
     and the stage to name. Each rank's own growth is summed per broad stage; what it grew
     outside its own largest stage is its spread growth. A rank that stalls in its stages holds

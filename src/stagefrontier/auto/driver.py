@@ -2,8 +2,9 @@
 
 The driver watches the first optimizer step without timing it, to learn the loop's shape: which
 optimizer steps, how many backward calls run per step (more than one: gradient accumulation,
-timed as microsteps), and which module is the model (the first module called, in training mode
-with gradients on, while no other module runs: the DDP or FSDP wrapper, or the plain model).
+timed as microsteps), and which module is the model: of the modules called in training mode with
+gradients on while no other module runs (the DDP or FSDP wrapper, or the plain model, and maybe
+an augmentation module before it), the first that holds a parameter the optimizer steps.
 From the second step on it times, entering and leaving the timer's public contexts
 (``timer.step()``, ``timer.microstep(i)``, ``timer.stage(name)``, ``timer.fetch``) at each hook:
 
@@ -26,6 +27,7 @@ here runs in the training loop: it never raises (a failure is said once and timi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -55,6 +57,8 @@ AUTO_STAGES: tuple[str, ...] = (
 """The ordered schema of the automatic hooks."""
 
 LEARN, TIME, OFF = "learn", "time", "off"
+MAX_CANDIDATES = 8
+"""Distinct outermost modules kept while learning, as candidates for the model."""
 LEARN_CALLS = 1000
 """Outermost module calls with no optimizer step after which the hooks stop waiting for one:
 no real loop accumulates that many micro-batches into its first step."""
@@ -64,6 +68,32 @@ def say(message: str) -> None:
     """One line on rank 0 (every rank finds the same, so one says it)."""
     if os.environ.get("RANK", "0") == "0":
         logger.warning("stagefrontier: %s", message)
+
+
+def stepped_module(called: list[Any], optimizer: Any) -> Any:
+    """The first module of ``called`` holding a parameter that ``optimizer`` steps, or None."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in called:
+        if any(id(p) in stepped for p in module.parameters()):
+            return module
+    return None
+
+
+class ModelHook(functools.partial):  # type: ignore[type-arg]
+    """The model's forward pre-hook: a partial of the driver's, so no Python frame of its own.
+
+    The model's hooks are part of its state, so they travel with it. ``copy.deepcopy(model)``
+    (a best-model copy, an EMA) shares this hook, whose driver ignores any module but the model;
+    ``torch.save(model)`` pickles it as a standard-library stand-in that hands the inputs back
+    unchanged (``dict.get`` on an empty dict returns its default, the inputs), so the file
+    loads where StageFrontier is not installed. Neither pickles the driver, which cannot be.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelHook:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial, (dict.get, {})
 
 
 class AutoDriver:
@@ -84,6 +114,7 @@ class AutoDriver:
         # what the first step shows
         self._depth = 0
         self.model: Any = None
+        self._called: list[Any] = []  # the outermost modules called in training mode
         self._stepped: list[Any] = []  # the optimizers that stepped, in order
         self._learn_backwards = 0
         self._forwards = 0
@@ -152,10 +183,9 @@ class AutoDriver:
                 say_failed(logger, "closing the automatic timer", exc, "its last window is lost")
 
     def closing(self) -> None:
-        """The process group is about to go: close the timer while its store still works."""
-        self.close()
-        if self.phase != OFF:
-            self.phase = OFF
+        """The process group is about to go: close the timer while its store still works (the
+        hooks go too: nothing is timed without the store)."""
+        self.stop()
 
     # ------------------------------------------------------------------ the first step
     def _learn_forward(self, module: Any, args: Any) -> None:
@@ -173,8 +203,8 @@ class AutoDriver:
             self._start_timing()
             if self.phase == TIME and module is self.model:
                 self._forward(module, args)  # its own hook starts with its next call
-        elif self.model is None:
-            self.model = module
+        elif len(self._called) < MAX_CANDIDATES and all(m is not module for m in self._called):
+            self._called.append(module)
 
     def _give_up_learning(self) -> None:
         """No optimizer step after ``LEARN_CALLS`` outermost module calls: say so, and take the
@@ -207,10 +237,16 @@ class AutoDriver:
                 "stage also holds the backward (wrap it in timer.stage('model.backward_cpu_wall') "
                 "by hand to split them)"
             )
+        self.model = stepped_module(self._called, self._optimizer)
+        self._called = []
         if self.model is None:
-            say("no training forward of an nn.Module seen: the forward counts in the residual")
+            say(
+                "no module called in training mode in the first step holds the parameters the "
+                "optimizer steps: the forward counts in the residual"
+            )
         else:
-            self._handles.append(self.model.register_forward_pre_hook(self._forward))
+            hook = ModelHook(self._forward)
+            self._handles.append(self.model.register_forward_pre_hook(hook))
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
@@ -244,28 +280,28 @@ class AutoDriver:
         return bool(dist.is_available() and dist.is_initialized())
 
     # ------------------------------------------------------------------ the hooks
+    # Each runs once a step: the common case first, with the fewest tests and calls.
     def _forward(self, module: Any, args: Any) -> None:
-        if self.phase != TIME or not module.training or not self._grad_on():
+        """The model's forward pre-hook (registered on the model, while timing; a copy of the
+        model shares it)."""
+        if module is not self.model or not module.training or not self._grad_on():
             return
         try:
             if self._step is None:
-                fetched = self._fetched_from
-                if fetched is not None and fetched is not self._loader:
-                    self._loader = fetched  # the loop trains on another loader (a new epoch's)
-                    self._watch(fetched)
                 self._begin_step()
             elif self._after_backward:
                 self._after_backward = False
                 if self.accumulate:
                     self._next_microstep()
-            elif self._open_name == FORWARD_STAGE:
+            elif self._open_name is FORWARD_STAGE:
                 return  # the model called twice in one forward stage
             self._enter(FORWARD_STAGE)
         except Exception as exc:
             self._fail(exc)
 
     def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._in_backward or self.phase != TIME or self._step is None:
+        """``torch.autograd.backward`` (``call``), the backward stage around it."""
+        if self._step is None or self._in_backward:
             if self.phase == LEARN and not self._in_backward:
                 self._learn_backwards += 1
             return call(*args, **kwargs)
@@ -278,9 +314,8 @@ class AutoDriver:
             return call(*args, **kwargs)
         finally:
             self._in_backward = False
-            opened = self._open
-            if opened is not None and self._open_name == BACKWARD_STAGE:
-                self._open = None
+            if self._open_name is BACKWARD_STAGE:
+                opened, self._open = self._open, None
                 self._open_name = ""
                 self._after_backward = True
                 try:
@@ -299,7 +334,7 @@ class AutoDriver:
             return
         try:
             if self._step is None:
-                self._begin_step()
+                self._begin_step()  # no forward of the model in this step
             self._enter(OPTIMIZER_STAGE)
         except Exception as exc:
             self._fail(exc)
@@ -308,14 +343,13 @@ class AutoDriver:
         if not self._in_optimizer:
             return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
         self._in_optimizer = False
-        if self.phase == LEARN:
-            if optimizer is not None:
-                self._stepped.append(optimizer)
-        elif self._step is not None:
+        if self._step is not None:
             try:
                 self._end_step()
             except Exception as exc:
                 self._fail(exc)
+        elif self.phase == LEARN and optimizer is not None:
+            self._stepped.append(optimizer)
 
     # ------------------------------------------------------------------ the timer's contexts
     def _enter(self, stage: str) -> None:
@@ -328,6 +362,11 @@ class AutoDriver:
         ctx.__enter__()
 
     def _begin_step(self) -> None:
+        """Open the step (and its first microstep); no stage is open after it."""
+        fetched = self._fetched_from
+        if fetched is not None and fetched is not self._loader:
+            self._loader = fetched  # the loop trains on another loader (a new epoch's)
+            self._watch(fetched)
         timer: Any = self.timer
         step = self._step = timer.step()
         step.__enter__()
@@ -347,7 +386,10 @@ class AutoDriver:
         micro.__enter__()
 
     def _end_step(self) -> None:
-        self._close_open()
+        opened, self._open = self._open, None
+        self._open_name = ""
+        if opened is not None:
+            opened.__exit__(None, None, None)
         micro, self._micro = self._micro, None
         if micro is not None:
             micro.__exit__(None, None, None)
@@ -388,21 +430,27 @@ class AutoDriver:
 
     def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
         """One ``next()`` of a DataLoader iterator."""
-        if self.phase == LEARN and self._stepped and self._grad_on():
-            self._start_timing()
-        timer = self.timer
-        if self.phase != TIME or timer is None or not self._grad_on():
-            return next_batch(iterator)
+        if self.phase != TIME or not self._grad_on():
+            return self._fetch_untimed(iterator, next_batch)
         loader = self._fetched_from = getattr(iterator, LOADER, None)
-        if self.accumulate and self._after_backward and self._step is not None:
+        if self._after_backward and self.accumulate and self._step is not None:
             self._after_backward = False
             try:
                 self._next_microstep()  # the next micro-batch's own wait
             except Exception as exc:
                 self._fail(exc)
                 return next_batch(iterator)
-        batch = timer.fetch(next_batch, iterator)
+        batch = self.timer.fetch(next_batch, iterator)  # type: ignore[union-attr]
         counters = self._counters
         if counters is not None and loader is self._loader:
             counters.consumed += 1
         return batch
+
+    def _fetch_untimed(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
+        """A fetch while not timing: the first fetch after the first optimizer step starts
+        the timing (and is timed)."""
+        if self.phase == LEARN and self._stepped and self._grad_on():
+            self._start_timing()
+            if self.phase == TIME:
+                return self.fetch(iterator, next_batch)
+        return next_batch(iterator)

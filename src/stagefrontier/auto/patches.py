@@ -62,9 +62,10 @@ class Patches:
             return iterator
 
         next_batch = dataloader._BaseDataLoaderIter.__next__
+        fetch = listener.fetch  # bound once: no method object made on each batch
 
         def patched_next(iterator: Any) -> Any:
-            return listener.fetch(iterator, next_batch)
+            return fetch(iterator, next_batch)
 
         destroy = torch.distributed.destroy_process_group
 

@@ -51,7 +51,7 @@ def handle_plot(args: argparse.Namespace) -> int:
             if args.output
             else args.dir / f"shares_over_time{tail}.png"
         )
-        if run.packets:
+        if run.worst is not None:
             print(plot_worst_step(run, frontier))
         else:
             warn("no per-rank packets in the folder: skipping the frontier figure")

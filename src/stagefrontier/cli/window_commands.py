@@ -37,10 +37,11 @@ def handle_analyze(args: argparse.Namespace) -> int:
     stages = stage_list(args.stages)
     paths: list[Path] = args.paths
     trace = _trace_options(args)
-    if len(paths) == 1 and (paths[0] / INCIDENT_FILE).is_file():
-        paths, trace, incident_stages = _incident_input(paths[0], trace)
-        stages = stages or incident_stages
     steps = None if args.steps is None else int_pair(args.steps, ":", "--steps", "FIRST:LAST")
+    if len(paths) == 1 and (paths[0] / INCIDENT_FILE).is_file():
+        paths, trace, incident_stages, incident_steps = _incident_input(paths[0], trace)
+        stages = stages or incident_stages
+        steps = steps or incident_steps
     loaded = load_window(
         paths,
         args.format,
@@ -61,17 +62,18 @@ def handle_analyze(args: argparse.Namespace) -> int:
 
 def _incident_input(
     folder: Path, trace: TraceOptions
-) -> tuple[list[Path], TraceOptions, list[str] | None]:
+) -> tuple[list[Path], TraceOptions, list[str] | None, tuple[int, int] | None]:
     """An incident folder's traces, each with the rank the incident gives it (a --rank given
     on the command line wins), the job's other ranks allowed to be missing: a capture holds
-    only the ranks it was asked for; and the stages the live incident read them with."""
+    only the ranks it was asked for; and the stages and steps the live incident compared (a
+    --stages or --steps given on the command line wins)."""
     from ..route.offline import incident_traces
 
-    files, stages = incident_traces(folder)
+    files, stages, steps = incident_traces(folder)
     ranks: dict[PathLike, int] = {path: rank for rank, path in files.items()}
     ranks.update(trace.ranks or {})
     paths = [Path(files[rank]) for rank in sorted(files)]
-    return paths, replace(trace, ranks=ranks, missing_ranks="allow"), stages
+    return paths, replace(trace, ranks=ranks, missing_ranks="allow"), stages, steps
 
 
 def handle_validate(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ __all__ = [
 
 
 def make_collector(config: CollectConfig) -> Collector:
-    """The collector for ``StageTimer(collect=config)``.
+    """The collector for a timer's ``TimerConfig(collection=config)``.
 
     ``auto`` uses the store when torch.distributed is initialized (checked without importing
     torch), hierarchically above ``AUTO_HIERARCHICAL_ABOVE`` ranks, and stays in-process

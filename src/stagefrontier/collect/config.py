@@ -1,8 +1,10 @@
-"""The collection settings of a StageTimer, grouped in one frozen object.
+"""The collection settings of a StageTimer, grouped in one frozen object: the ``collection``
+part of its configuration tree (``TimerConfig(collection=CollectConfig(mode="store",
+timeout_s=30.0))``, see ``record.config``).
 
-``StageTimer(collect=CollectConfig(mode="store", timeout_s=30.0))`` and the flat keywords
-``StageTimer(collect="store", collect_timeout_s=30.0)`` build the same config; giving a setting
-both ways is an error, never a silent choice.
+The timer's deprecated flat keywords (``StageTimer(collect="store", collect_timeout_s=30.0)``)
+build the same config through ``collect_config``; giving a setting both ways is an error, never
+a silent choice.
 """
 
 from __future__ import annotations
@@ -128,9 +130,8 @@ class CollectConfig:
 def collect_config(collect: str | CollectConfig, keywords: Mapping[str, Any]) -> CollectConfig:
     """The config of ``StageTimer(collect=..., <flat keywords>)``: ``keywords`` maps the timer's
     collection keywords (``out_dir``, ``collect_timeout_s``, ``queue_size``, ``sinks``, ``gates``,
-    ``log``, ``disk_budget_mb``) to their values. Those given (not None, sinks not empty) fill
-    a config for ``collect`` as a mode, and must all be absent when ``collect`` is a
-    CollectConfig already."""
+    ``log``) to their values. Those given (not None, sinks not empty) fill a config for
+    ``collect`` as a mode, and must all be absent when ``collect`` is a CollectConfig already."""
     given: dict[str, Any] = {}
     for keyword, value in keywords.items():
         if keyword == "sinks":

@@ -26,9 +26,8 @@ from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 from ..analysis.summary import WindowSummary, combine, summarize
 from ..errors import ReportFormatError, StageFrontierError
 from ..formats.summary_codec import decode_summary, encode_summary
-from ..window.cost import self_cost_summary
 from ..window.merged import AnalyzedWindow, MergedWindow
-from ..window.rank import NS, RankWindow
+from ..window.rank import NS, RankWindow, self_cost_summary
 from .base import merge_received
 from .node import NodeIdentity
 from .node_wire import NodePart, capped_notes, decode_node_part, encode_node_part

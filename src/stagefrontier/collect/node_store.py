@@ -13,6 +13,9 @@ from typing import Any
 from .store_keys import POLL_S
 
 LOOPBACK = "127.0.0.1"
+PROBE_S = 2.0
+"""The longest a member waits for its node's store to accept a plain connection, before it
+connects the store's client (a loopback port answers in microseconds, or refuses)."""
 
 
 def loopback_store(world_size: int = 1, timeout_s: float = 60.0) -> Any:
@@ -69,6 +72,14 @@ def connect_node_store(job_conn: Any, node: int, timeout_s: float) -> Any:
     host, _, port = bytes(job_conn.get(key)).decode("ascii", "replace").rpartition(":")
     if not port.isdigit():
         raise ValueError(f"node {node}'s store address {host}:{port} is not host:port")
+    # A dead leader's port refuses at once, where the store's client would retry the connection
+    # for the whole timeout (a member then spent tens of seconds there, twice over).
+    try:
+        socket.create_connection((host, int(port)), timeout=min(timeout_s, PROBE_S)).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"node {node}'s store at {host}:{port} cannot be reached (its leader is gone?): {exc}"
+        ) from exc
     return dist.TCPStore(
         host,
         int(port),

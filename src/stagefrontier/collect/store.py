@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..environment import current_attempt
 from ..errors import ReportFormatError, StageFrontierError
 from ..sinks import close_sinks, collector_sinks, start_sinks
-from ..window.attempt import current_attempt
 from ..window.rank import PendingWindow, RankWindow
 from .base import (
     BackgroundWorker,

@@ -90,7 +90,7 @@ def _probes(value: Any, where: str) -> dict[str, dict[str, float]]:
 
 
 LOADER_COUNTS = ("workers", "batches", "consumed")
-LOADER_SECONDS = ("busy_s", "finished_busy_s", "span_s")
+LOADER_SECONDS = ("busy_s", "finished_busy_s", "span_s", "hung_s")
 
 
 def _loader(value: Any, where: str) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def write_report(out: str | Path) -> list[Path]:
     run = load_run(out)
     print(run_report_text(run))
     folder = Path(out)
-    if run.packets:
+    if run.worst is not None:
         plot_worst_step(run, folder / "frontier_worst_step.png")
     plot_shares_over_time(run, folder / "shares_over_time.png")
     outputs = [folder / name for name in OUTPUTS if (folder / name).exists()]

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.schema import DATA_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE
+from ..collect.config import CollectConfig
 from ..errors import DemoError
+from ..record.config import TimerConfig
 from ..record.recorder import StageTimer
 from ..sinks.output_folder import clear_run_files
 from .faults import Fault, FaultInjector
@@ -102,12 +104,14 @@ def _rank(rank: int, config: PipelineConfig, port: int) -> None:
     mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
     pp, dp = (int(c) for c in mesh.get_coordinate() or (0, 0))
     timer = StageTimer(
-        PIPELINE_STAGES,
-        window=config.window,
-        out_dir=config.out_dir,
-        mesh=mesh,
-        log=not config.quiet,
-        collect=config.collect,
+        config=TimerConfig(
+            stages=PIPELINE_STAGES,
+            window=config.window,
+            collection=CollectConfig(
+                mode=config.collect, out_dir=config.out_dir, log=not config.quiet
+            ),
+            mesh=mesh,
+        )
     )
     # --8<-- [end:mesh-timer]
     faults = FaultInjector(config.faults, rank)

@@ -26,6 +26,7 @@ from ..collect.config import CollectConfig
 from ..collect.node import node_of
 from ..errors import DemoSettingsError
 from ..logs import show_on_stderr
+from ..record.config import TimerConfig
 from ..record.recorder import StageTimer
 from ..route import ProfilerRouter
 from .faults import Fault, FaultInjector
@@ -318,18 +319,21 @@ def _make_timer(rank: int, config: DemoConfig) -> tuple[StageTimer, ProfilerRout
         router = ProfilerRouter(
             steps=config.router_steps, capture_timeout_s=config.router_timeout_s
         )
+    collection = CollectConfig(
+        mode=config.collect,
+        out_dir=config.out_dir,
+        timeout_s=config.collect_timeout_s,
+        log=not config.quiet,
+        keep_node_windows=config.keep_node_windows,
+    )
     timer = StageTimer(
-        stages,
-        window=config.window,
-        collect=CollectConfig(
-            mode=config.collect,
-            out_dir=config.out_dir,
-            timeout_s=config.collect_timeout_s,
-            log=not config.quiet,
-            keep_node_windows=config.keep_node_windows,
-        ),
-        enabled=enabled,
-        router=router,
+        config=TimerConfig(
+            stages=tuple(stages),
+            window=config.window,
+            collection=collection,
+            enabled=enabled,
+            router=router,
+        )
     )
     return timer, router
 

@@ -1,71 +1,100 @@
-"""A whole output folder (a demo's or a real job's): its analyzed windows, and the stage shares
-of StageFrontier next to the five rank-local baselines on each window (``render.text`` prints
-them as the run report)."""
+"""A whole output folder (a demo's or a real job's), read one window at a time: the windows a
+report shows in full, and the rest summarized (``formats.run_digest``), so that a run of any
+length is read in memory that does not grow with its windows and in time linear in them.
+
+Each ``windows.jsonl`` line is decoded into its lean row (``formats.window_rows``) and each
+packet's matrix is decoded once, for the worst step and (a bounded sample of them) the stage
+shares of the five rank-local baselines; ``render.text``, ``render.run_html`` and
+``render.plots`` draw the report from what is kept.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import os
+from array import array
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..analysis import baselines
-from ..analysis.accounting import FloatArray
+from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
-from .limits import LIMITS, limit
-from .packet import Packet, read_packet
-from .records import WINDOWS_FILE, read_records, window_name
+from .limits import read_capped
+from .packet import Packet, decode_array, packet_name, read_packet
+from .records import WINDOWS_FILE, iter_records, lean, record_report, whole_record, window_name
+from .run_digest import COMPARED, Bucket, MethodShares, SchemaDigest, Source, Tallies
 from .summary_packet import read_summary_packet
+from .window_rows import WindowRow, decode_lean_packet, decode_row, packet_row
 
-PACKET_CELLS = 4096
-"""What one packet counts for against ``STAGEFRONTIER_MAX_CELLS`` besides its durations: its
-report and facts take about 22 kB in memory, as much as this many float64 cells do."""
+PACKET_GLOB = "window-*.json"
+
+
+@dataclass(frozen=True)
+class Slowed:
+    """The windows the profiler router slowed (their facts and ms/step, at most
+    ``run_digest.MAX_FLAGGED``), and the median ms/step of the others (None when none)."""
+
+    windows: list[tuple[dict[str, Any], float]]
+    typical_ms: float | None
 
 
 @dataclass(frozen=True)
 class RunWindows:
-    """The analyzed windows of one output folder, in (restart attempt, window) order, and one
-    line per packet that could not be read and was left out (``problems``). ``packetless``:
-    the records of windows whose packet is missing while others have one (a packet not
-    written, on a full disk say); they are reported from their record."""
+    """The windows of one output folder with one stage list, in run order.
+
+    ``windows``: those shown in full (every window of a run of at most ``run_digest.SHOWN_ALL``;
+    else the first, the last, the last full one, the costliest and the flagged ones), each as
+    its report and its record (or its packet's ``meta``); ``count``: how many there are in all;
+    ``tallies``: counts over every window; ``buckets``: every window summarized (empty when
+    every window is shown); ``flagged``: the flagged windows of a summarized run,
+    ``flagged_over`` those beyond the number kept; ``methods``: the comparison with the
+    baselines (None without packets); ``worst``: the packet holding the worst step (None
+    without packets), ``worst_slowed`` whether the profiler router slowed every packet's
+    window; ``slowed``: the windows it slowed; ``captured``: the packets of the steps an
+    incident captured; ``problems``: one line per window lost or packet that could not be
+    read; ``packetless``: the line naming windows of ``windows.jsonl`` with no packet, or
+    ``""``; ``schemas``: every stage list's windows, when the stage list changed mid-run
+    (``by_schema``)."""
 
     folder: Path
-    packets: list[Packet]
-    records: list[dict[str, Any]]
+    stages: list[str]
+    windows: list[tuple[WindowReport, dict[str, Any]]]
+    count: int
+    tallies: Tallies
+    buckets: list[Bucket] = field(default_factory=list)
+    flagged: int = 0
+    flagged_over: int = 0
+    methods: MethodShares | None = None
+    worst: Packet | None = None
+    worst_slowed: bool = False
+    slowed: Slowed = Slowed([], None)
+    captured: list[Packet] = field(default_factory=list)
     problems: tuple[str, ...] = ()
-    packetless: list[dict[str, Any]] = field(default_factory=list)
+    packetless: str = ""
+    schemas: tuple[RunWindows, ...] = ()
 
     @property
-    def stages(self) -> list[str]:
-        return list(self.packets[0].stages) if self.packets else list(self.records[0]["stages"])
+    def summarized(self) -> bool:
+        """Whether some windows are counted in ``buckets`` rather than shown one by one."""
+        return bool(self.buckets)
 
     def by_schema(self) -> list[RunWindows]:
         """The windows split by stage list, in order of first appearance: a run whose
         accumulation factor changed mid-run holds windows of different stages, which are
         reported and plotted apart."""
-        keys = [tuple(p.stages) for p in self.packets] + [tuple(r["stages"]) for r in self.records]
-        return [
-            RunWindows(
-                self.folder,
-                [p for p in self.packets if tuple(p.stages) == key],
-                [r for r in self.records if tuple(r["stages"]) == key],
-                packetless=[r for r in self.packetless if tuple(r["stages"]) == key],
-            )
-            for key in dict.fromkeys(keys)
-        ]
+        return list(self.schemas) or [self]
 
 
 def load_run(folder: str | Path) -> RunWindows:
-    """Read ``windows.jsonl`` and ``packets/`` from a folder. The per-rank packets are read one
-    at a time and held to ``STAGEFRONTIER_MAX_CELLS`` cells in all (each packet counting
-    ``PACKET_CELLS`` more for its report); a hierarchical run's summary packets are checked,
-    and one that cannot be read is left out with a line in ``problems``.
+    """Read ``windows.jsonl`` and ``packets/`` from a folder, one window at a time; a
+    hierarchical run's summary packets are checked, and one that cannot be read is left out
+    with a line in ``problems``.
 
     Raises:
-        StageFrontierError: the folder does not exist or holds neither, or its packets hold
-            more than the cell bound.
+        StageFrontierError: the folder does not exist or holds neither.
         ReportFormatError: a per-rank packet or a record is corrupt, naming its file (and line).
     """
     path = Path(folder)
@@ -73,33 +102,174 @@ def load_run(folder: str | Path) -> RunWindows:
         raise StageFrontierError(f"{path} does not exist")
     if not path.is_dir():
         raise StageFrontierError(f"{path} is not a folder")
-    packets = sorted(_bounded_packets(path), key=lambda packet: window_order(packet.meta))
-    problems = _unreadable_summaries(path)
-    jsonl = path / WINDOWS_FILE
-    records = read_records(jsonl) if jsonl.exists() else []
-    if not packets and not records:
-        raise StageFrontierError(f"{path} holds no windows.jsonl and no packets/")
-    lost = lost_windows(
-        [window_order(p.meta) for p in packets] + [window_order(r) for r in records]
-    )
-    if lost:
-        problems.append(f"{path}: {lost}")
-    packetless = without_packet(records, packets)
-    if packetless:
-        problems.append(
-            f"{path}: {packetless_line(packetless)}; the report shows them from windows.jsonl, "
-            "the stage shares next to the baselines and the figures leave them out"
+    return _RunReader(path).read()
+
+
+class _RunReader:
+    """One pass over a folder's windows: its records in file order, each with its packet, then
+    the packets that have no record."""
+
+    def __init__(self, path: Path) -> None:
+        from .incident import list_incidents
+
+        self.path = path
+        self.jsonl = path / WINDOWS_FILE
+        folder = path / "packets"
+        self.packet_names = (
+            {entry.name for entry in os.scandir(folder) if _is_packet_name(entry.name)}
+            if folder.is_dir()
+            else set()
         )
-    return RunWindows(path, packets, records, tuple(problems), packetless)
+        self.total = max(_line_count(self.jsonl), len(self.packet_names))
+        self.stride = max(1, math.ceil(len(self.packet_names) / COMPARED))
+        self.captured = [
+            (int(i["steps"][0]), int(i["steps"][1]))
+            for i in list_incidents(path)
+            if i["captured"] and i["steps"]
+        ]
+        self.digests: dict[tuple[str, ...], SchemaDigest] = {}
+        self.keys = (array("q"), array("q"))
+        self.packetless: list[str] = []
+        self.packetless_count = 0
+        self.packets_read = 0
+
+    def read(self) -> RunWindows:
+        had_packets = bool(self.packet_names)
+        position = 0
+        if self.jsonl.exists():
+            for label, (row, line) in iter_records(self.jsonl, _row_and_line):
+                name = packet_name({"window": row.window, "attempt": row.attempt})
+                packet = self.path / "packets" / name if name in self.packet_names else None
+                self.packet_names.discard(name)
+                if packet is None and had_packets:
+                    self.packetless_count += 1
+                    if len(self.packetless) < 10:
+                        self.packetless.append(window_name(row.facts()))
+                self._add(row, Source(position, label, line=line), packet, None)
+                position += 1
+        for name in sorted(self.packet_names):
+            file = self.path / "packets" / name
+            read = lean_packet(file)
+            row = named(file, packet_row, read)
+            self._add(row, Source(position, str(file), packet=file), file, read)
+            position += 1
+        if not self.digests:
+            raise StageFrontierError(f"{self.path} holds no windows.jsonl and no packets/")
+        return self._result()
+
+    def _add(self, row: WindowRow, source: Source, packet: Path | None, read: Any) -> None:
+        """Count one window; ``read``: its packet's ``LeanPacket`` when already read."""
+        key = tuple(row.stages)
+        if key not in self.digests:
+            self.digests[key] = SchemaDigest(list(key), self.total, self.captured)
+        digest = self.digests[key]
+        self.keys[0].append(row.attempt)
+        self.keys[1].append(row.window)
+        slowed = digest.add(row, source)
+        if packet is not None:
+            read = read if read is not None else lean_packet(packet)
+            if read.stages != row.stages:
+                raise ReportFormatError(f"{packet}: its stages are not its window's record's")
+            d = packet_matrix(packet, read)
+            digest.add_packet(row, d, packet, slowed, self.packets_read % self.stride == 0)
+            self.packets_read += 1
+
+    def _result(self) -> RunWindows:
+        problems = _unreadable_summaries(self.path)
+        lost = lost_windows(list(zip(self.keys[0], self.keys[1], strict=True)))
+        if lost:
+            problems.append(f"{self.path}: {lost}")
+        packetless = ""
+        if self.packetless_count:
+            packetless = packetless_line(self.packetless, self.packetless_count)
+            problems.append(
+                f"{self.path}: {packetless}; the report shows them from windows.jsonl, "
+                "the stage shares next to the baselines and the figures leave them out"
+            )
+        runs = tuple(self._schema_run(digest, packetless) for digest in self.digests.values())
+        return replace(runs[0], problems=tuple(problems), schemas=runs if len(runs) > 1 else ())
+
+    def _schema_run(self, digest: SchemaDigest, packetless: str) -> RunWindows:
+        worst = digest.worst if digest.worst.path is not None else digest.worst_slowed
+        others = digest.others_ms
+        typical = sorted(others)[len(others) // 2] if others else None
+        return RunWindows(
+            folder=self.path,
+            stages=digest.stages,
+            windows=[_read_source(source) for source in digest.kept()],
+            count=digest.tallies.windows,
+            tallies=digest.tallies,
+            buckets=digest.bucket_list(),
+            flagged=len(digest.flagged) + digest.flagged_over,
+            flagged_over=digest.flagged_over,
+            methods=digest.methods if digest.methods.compared else None,
+            worst=None if worst.path is None else read_named_packet(worst.path),
+            worst_slowed=worst is digest.worst_slowed and bool(digest.slowed),
+            slowed=Slowed(digest.slowed, typical),
+            captured=[read_named_packet(p) for p in digest.captured_packets],
+            packetless=packetless,
+        )
 
 
-def without_packet(records: list[dict[str, Any]], packets: list[Packet]) -> list[dict[str, Any]]:
-    """The records whose window has no per-rank packet, when some window has one (a run
-    collected hierarchically writes none, and says so itself)."""
-    if not packets:
-        return []
-    held = {window_order(packet.meta) for packet in packets}
-    return [record for record in records if window_order(record) not in held]
+def _row_and_line(line: bytes, label: str) -> tuple[WindowRow, bytes]:
+    return lean(decode_row, line, label), line
+
+
+def _read_source(source: Source) -> tuple[WindowReport, dict[str, Any]]:
+    """A window kept in full: its record checked whole, or its packet read whole."""
+    if source.line is not None:
+        record = whole_record(source.line, source.label)
+        return record_report(record, source.label), record
+    assert source.packet is not None
+    packet = read_named_packet(source.packet)
+    return packet.report, packet.meta
+
+
+def lean_packet(file: Path) -> Any:
+    """A packet's matrix and stages (``LeanPacket``); one it refuses is read whole, so that
+    the refusal names what ``read_packet`` names."""
+    try:
+        return named(file, decode_lean_packet, read_capped(file, "packet_bytes"))
+    except ReportFormatError:
+        read_named_packet(file)
+        raise
+
+
+def packet_matrix(file: Path, read: Any) -> Any:
+    """A packet's duration matrix: one value per stage on its last axis, finite and not
+    negative (the checks ``analysis.accounting.as_window`` makes that its worst step needs)."""
+    d = named(file, lambda obj: decode_array(obj, "d", ndim=3), read.d)
+    with np.errstate(over="ignore", invalid="ignore"):
+        fine = d.size and np.isfinite(d.sum()) and d.min() >= 0
+    if d.shape[2] != len(read.stages) or not fine:
+        raise ReportFormatError(
+            f"{file}: its matrix of shape {list(d.shape)} is empty, has other than one column "
+            f"per stage ({len(read.stages)}), or holds a negative or non-finite duration"
+        )
+    return d
+
+
+def named(file: Path, decode: Any, data: Any) -> Any:
+    """``decode(data)``, a ReportFormatError it raises prefixed with ``file``."""
+    try:
+        return decode(data)
+    except ReportFormatError as exc:
+        raise ReportFormatError(f"{file}: {exc}") from None
+
+
+def _is_packet_name(name: str) -> bool:
+    return name.startswith("window-") and name.endswith(".json")
+
+
+def _line_count(path: Path) -> int:
+    """The lines of a file (0 when absent), counted a megabyte at a time."""
+    if not path.is_file():
+        return 0
+    count = 0
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            count += chunk.count(b"\n")
+    return count
 
 
 def lost_windows(held: list[tuple[int, int]]) -> str:
@@ -125,31 +295,15 @@ def lost_windows(held: list[tuple[int, int]]) -> str:
     )
 
 
-def packetless_line(records: list[dict[str, Any]]) -> str:
-    """``window(s) 3, 7 have no packet (...)``, naming at most ten."""
-    names = [window_name(record) for record in records[:10]]
-    more = f" and {len(records) - 10} more" if len(records) > 10 else ""
+def packetless_line(names: list[str], count: int) -> str:
+    """``3 window(s) of windows.jsonl have no packet (3, 7, 9: ...)``: ``names`` the first few
+    (at most ten named) of ``count``."""
+    shown = names[:10]
+    more = f" and {count - len(shown)} more" if count > len(shown) else ""
     return (
-        f"{len(records)} window(s) of windows.jsonl have no packet ({', '.join(names)}{more}: "
+        f"{count} window(s) of windows.jsonl have no packet ({', '.join(shown)}{more}: "
         "not written, on a full disk say)"
     )
-
-
-def _bounded_packets(path: Path) -> list[Packet]:
-    cap = limit("cells")
-    held = 0
-    packets: list[Packet] = []
-    for file in sorted((path / "packets").glob("window-*.json")):
-        packet = read_named_packet(file)
-        held += packet.d.size + PACKET_CELLS
-        if held > cap:
-            raise StageFrontierError(
-                f"{path}: its packets hold more than {cap} steps x ranks x stages in all (a "
-                f"packet counts {PACKET_CELLS} more for its report), the most a report or a "
-                f"figure reads (set {LIMITS['cells'].env} to raise it)"
-            )
-        packets.append(packet)
-    return packets
 
 
 def _unreadable_summaries(path: Path) -> list[str]:
@@ -182,12 +336,3 @@ def _index(meta: dict[str, Any], key: str) -> int:
     int)."""
     value = meta.get(key, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def method_shares(packet: Packet) -> dict[str, FloatArray]:
-    """Stage shares of one window under StageFrontier and every baseline."""
-    report = packet.report
-    out = {"stagefrontier": np.array([report.shares[s] for s in report.stages])}
-    for name, rule in baselines.BASELINES.items():
-        out[name] = rule(packet.d)
-    return out

@@ -1,104 +1,149 @@
 """What one side of ``stagefrontier compare`` names: an output folder, one packet, or a window
 range of a folder (``DIR:3-7``, ``DIR:3-``, ``DIR:-7``, ``DIR:5``; both ends included).
 
-A side is bounded: the windows it takes hold at most ``STAGEFRONTIER_MAX_CELLS`` steps x ranks x
-stages in all (the limit of one window, ``formats.limits``), so a comparison never holds more
-than that many float64 durations per side, whatever the number of packets. A folder's packets
-are read one at a time; those outside the range are dropped as soon as they are read.
+A side is bounded: the windows it takes hold about :data:`SIDE_CELLS` steps x ranks x stages
+at most, whatever the number of windows in its range. A range of more windows is compared on
+whole windows evenly spaced over it (every k-th), said in one line. Which window a packet holds
+is read from its file name, so only the packets compared are read.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
-from .limits import LIMITS, limit
 from .packet import Packet
-from .records import WINDOWS_FILE, read_records
-from .run_folder import packetless_line, read_named_packet, window_order, without_packet
+from .records import WINDOWS_FILE, iter_records, record_key, window_name
+from .run_folder import lean_packet, named, packet_matrix, packetless_line, read_named_packet
+from .window_rows import packet_labels
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
 
 
+SIDE_CELLS = 1 << 20
+"""About the most steps x ranks x stages one side of a comparison holds (8 MiB of durations):
+a longer range is compared on every k-th window; a single window larger than this is taken
+whole (``STAGEFRONTIER_MAX_CELLS`` bounds a window)."""
+_NAME = re.compile(r"^window-(?P<window>\d+)(?:\.attempt-(?P<attempt>\d+))?\.json$")
+
+
 def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
-    """The packets ``spec`` names, as one comparison side; raises StageFrontierError. The
+    """The windows ``spec`` names, as one comparison side; raises StageFrontierError. The
     windows of a folder's ``windows.jsonl`` in the range that have no packet are left out,
-    said in one line to ``warn``."""
+    and a range sampled to :data:`SIDE_CELLS`, each said in one line to ``warn``. Of each
+    packet only its matrix, stages and labels are kept."""
     path, first, last = parse_side(spec)
     if path.is_file():
-        chosen = [read_named_packet(path)]
-        held = _windows(chosen)
+        packet = read_named_packet(path)
+        if not _in_range(packet, first, last):
+            held = _span([_window(packet)])
+            raise CompareError(f"{spec}: no window in that range (the folder has {held})")
+        chosen = [SideWindow(packet.d, packet.stages, packet.report.labels)]
     elif path.is_dir():
-        chosen, held = _folder_side(spec, path, first, last)
-        if warn is not None:
-            _say_packetless(spec, path, chosen, first, last, warn)
+        chosen = _folder_side(spec, path, first, last, warn or _silent)
     elif path.exists():
         raise CompareError(f"{path} is neither a packet file nor an output folder")
     else:
         raise CompareError(f"{path} does not exist")
-    chosen = [p for p in chosen if _in_range(p, first, last)]
-    if not chosen:
-        raise CompareError(f"{spec}: no window in that range (the folder has {held})")
-    stages = {p.stages for p in chosen}
-    if len(stages) != 1:
+    if len({w.stages for w in chosen}) != 1:
         raise CompareError(f"{spec}: its windows use different stage schemas")
     return Side.from_windows(
-        spec, [p.d for p in chosen], chosen[0].stages, [p.report.labels for p in chosen]
+        spec, [w.d for w in chosen], chosen[0].stages, [w.labels for w in chosen]
     )
 
 
+class SideWindow(NamedTuple):
+    """What a comparison reads of a window: its matrix, stages and labels."""
+
+    d: FloatArray
+    stages: tuple[str, ...]
+    labels: list[str]
+
+
+def _silent(_: str) -> None:
+    pass
+
+
 def _folder_side(
-    spec: str, path: Path, first: int | None, last: int | None
-) -> tuple[list[Packet], str]:
-    """The folder's packets in the range, in window order, their cells summed against the
-    bound as they are read; and which windows the folder holds (for a message)."""
-    cap = limit("cells")
-    chosen: list[Packet] = []
-    indices: list[int] = []
-    cells = 0
-    for file in sorted((path / "packets").glob("window-*.json")):
-        packet = read_named_packet(file)
-        indices.append(_window(packet))
-        if not _in_range(packet, first, last):
-            continue
-        cells += packet.d.size
-        if cells > cap:
-            raise CompareError(
-                f"{spec}: its windows hold more than {cap} steps x ranks x stages in all, the "
-                f"most one side of a comparison holds (set {LIMITS['cells'].env} to raise it, or "
-                "compare a window range, DIR:FIRST-LAST)"
-            )
-        chosen.append(packet)
-    if not indices:
+    spec: str, path: Path, first: int | None, last: int | None, warn: Callable[[str], None]
+) -> list[SideWindow]:
+    """The folder's windows in the range, in window order: every k-th one when they would
+    hold more than :data:`SIDE_CELLS` cells (k from the first packet's size)."""
+    files = packet_files(path / "packets")
+    if not files:
         raise CompareError(
             f"{path} has no per-rank packets (packets/window-*.json): comparing needs the "
             "per-rank matrices, which a run collected hierarchically keeps on its nodes"
         )
-    chosen.sort(key=lambda p: window_order(p.meta))
-    return chosen, _span(indices)
+    in_range = [
+        (key, file)
+        for key, file in files
+        if (first is None or key[1] >= first) and (last is None or key[1] <= last)
+    ]
+    if not in_range:
+        held = _span([key[1] for key, _ in files])
+        raise CompareError(f"{spec}: no window in that range (the folder has {held})")
+    _say_packetless(spec, path, {key for key, _ in in_range}, first, last, warn)
+    head = _side_window(in_range[0][1])
+    stride = max(1, math.ceil(len(in_range) * head.d.size / SIDE_CELLS))
+    picked = in_range[::stride]
+    if stride > 1:
+        warn(
+            f"{spec}: its {len(in_range)} windows hold more than {SIDE_CELLS} steps x ranks x "
+            f"stages, the most one side of a comparison holds; comparing one window "
+            f"in {stride} ({len(picked)} windows, evenly spaced; name a narrower range "
+            "DIR:FIRST-LAST to compare every window of it)"
+        )
+    return [head, *(_side_window(file) for _, file in picked[1:])]
+
+
+def _side_window(file: Path) -> SideWindow:
+    read = lean_packet(file)
+    labels = named(file, packet_labels, read)
+    return SideWindow(packet_matrix(file, read), tuple(read.stages), labels)
+
+
+def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:
+    """A ``packets/`` folder's per-rank packets by (restart attempt, window), in that order,
+    read from their names (``formats.packet.packet_name``); other files are left alone."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(folder):
+        match = _NAME.match(entry.name)
+        if match:
+            key = (int(match["attempt"] or 0), int(match["window"]))
+            found.append((key, Path(entry.path)))
+    return sorted(found)
 
 
 def _say_packetless(
     spec: str,
     path: Path,
-    chosen: list[Packet],
+    held: set[tuple[int, int]],
     first: int | None,
     last: int | None,
     warn: Callable[[str], None],
 ) -> None:
     records = path / WINDOWS_FILE
-    if not chosen or not records.exists():
+    if not records.exists():
         return
-    missing = [
-        record
-        for record in without_packet(read_records(records), chosen)
-        if (first is None or record["window"] >= first)
-        and (last is None or record["window"] <= last)
-    ]
-    if missing:
-        warn(f"{spec}: {packetless_line(missing)}; the comparison leaves them out")
+    names: list[str] = []
+    count = 0
+    for _, key in iter_records(records, record_key):
+        inside = (first is None or key.window >= first) and (last is None or key.window <= last)
+        if inside and (key.attempt, key.window) not in held:
+            count += 1
+            if len(names) < 10:
+                names.append(window_name({"window": key.window, "attempt": key.attempt}))
+    if count:
+        warn(f"{spec}: {packetless_line(names, count)}; the comparison leaves them out")
 
 
 def parse_side(spec: str) -> tuple[Path, int | None, int | None]:
@@ -122,10 +167,6 @@ def _window(packet: Packet) -> int:
 def _in_range(packet: Packet, first: int | None, last: int | None) -> bool:
     w = _window(packet)
     return (first is None or w >= first) and (last is None or w <= last)
-
-
-def _windows(packets: list[Packet]) -> str:
-    return _span([_window(p) for p in packets])
 
 
 def _span(indices: list[int]) -> str:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from ..analysis.schema import DEFAULT_STAGES
 from ..errors import StageFrontierError
 from ..failures import say_failed
+from ..record.config import TimerConfig, config_from_keywords
 from ..record.loader_workers import restart_persistent_workers
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
@@ -31,19 +34,35 @@ def make_timer(
     router: ProfilerRouter | None = None,
     **timer_kwargs: Any,
 ) -> StageTimer:
-    """``StageTimer(stages, **timer_kwargs)`` whose rank-0 analysis also writes to ``sinks``.
+    """A StageTimer over ``stages`` whose rank-0 analysis also writes to ``sinks``, its
+    :class:`~stagefrontier.TimerConfig` built here from ``timer_kwargs``: either
+    ``config=TimerConfig(...)`` or the timer's flat settings (``window``, ``out_dir``,
+    ``collect``, ...; see ``record.config.DEPRECATED``), plus ``collector=`` if any.
 
     The default sinks stay: ``windows.jsonl`` and the log line (plus evidence packets under
-    distributed collection); ``sinks`` are added after them, and rank 0's collector starts and
-    closes them. ``router``: the profiler router (off when None). With ``collector=...`` given,
-    ``sinks`` must be empty: pass them to that collector instead.
+    distributed collection); ``sinks`` are added after the config's own, and rank 0's collector
+    starts and closes them. ``router``: the profiler router (the config's when None). With
+    ``collector=...`` given, ``sinks`` must be empty: pass them to that collector instead.
     """
-    sinks = list(sinks)
     kwargs = dict(timer_kwargs)
-    if sinks and kwargs.get("collector") is not None:
+    collector = kwargs.pop("collector", None)
+    config = kwargs.pop("config", None)
+    if sinks and collector is not None:
         raise StageFrontierError("give sinks to the collector you pass, not to make_timer")
-    kwargs["sinks"] = sinks
-    return StageTimer(stages, router=router, **kwargs)
+    if config is None:
+        config = config_from_keywords(kwargs)
+    elif kwargs or not isinstance(config, TimerConfig):
+        raise StageFrontierError(
+            "give the timer's settings as config=TimerConfig(...) or as keywords, not both"
+        )
+    collection = replace(config.collection, sinks=(*config.collection.sinks, *sinks))
+    config = replace(
+        config,
+        stages=DEFAULT_STAGES if stages is None else tuple(stages),
+        collection=collection,
+        router=config.router if router is None else router,
+    )
+    return StageTimer(config=config, collector=collector)
 
 
 class TimerArguments:
@@ -52,8 +71,8 @@ class TimerArguments:
     ``sinks``: extra sinks for rank 0's analyzed windows (TensorBoard, Prometheus, W&B, CSV), in
     addition to ``windows.jsonl``, the log line and the evidence packets. ``router``: a
     :class:`stagefrontier.ProfilerRouter`: an actionable window captures a profiler trace of the
-    suspect rank and a reference rank (off when None). ``timer_kwargs``: passed to
-    :class:`stagefrontier.StageTimer` (``window``, ``out_dir``, ``collect``,
+    suspect rank and a reference rank (off when None). ``timer_kwargs``: the timer's settings,
+    as ``config=TimerConfig(...)`` or as its flat fields (``window``, ``out_dir``, ``collect``,
     ``collect_timeout_s``, ``gates``, ``log``, ``enabled``, ``role``, ...), all but ``stages``,
     which the callback's hooks fix (``whose``: whose stages they are, for the error saying so).
     """

@@ -111,9 +111,10 @@ class StageFrontierCallback(_pl.Callback):  # type: ignore[misc]
     """Times Lightning's training steps as StageFrontier's ordered stages (see the module doc).
 
     ``sinks`` (extra sinks for rank 0's windows), ``router`` (a ``ProfilerRouter``, off when
-    None) and ``**timer_kwargs`` (``StageTimer``'s keywords, ``window``, ``out_dir``, ...) are the
-    timer's, built in ``setup("fit")`` (see ``integrations._timer.TimerArguments``); ``stages``
-    is fixed by the hook mapping and cannot be given.
+    None) and ``**timer_kwargs`` (``config=TimerConfig(...)``, or its flat settings ``window``,
+    ``out_dir``, ...) are the timer's, built in ``setup("fit")`` (see
+    ``integrations._timer.TimerArguments``); ``stages`` is fixed by the hook mapping and cannot
+    be given.
     """
 
     def __init__(

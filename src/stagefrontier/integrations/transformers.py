@@ -92,8 +92,8 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
 
     ``split_forward``: time forward and backward apart with a forward hook on the model.
     ``sinks`` (extra sinks for rank 0's windows), ``router`` (a ``ProfilerRouter``, off when
-    None) and ``**timer_kwargs`` (``StageTimer``'s keywords, ``window``, ``out_dir``, ...; not
-    ``stages``) are the timer's, built when training begins (see
+    None) and ``**timer_kwargs`` (``config=TimerConfig(...)``, or its flat settings ``window``,
+    ``out_dir``, ...; not ``stages``) are the timer's, built when training begins (see
     ``integrations._timer.TimerArguments``).
     """
 

@@ -42,6 +42,10 @@ between fetches)."""
 COLUMNS = 5
 CAPTURE = 0
 """Column of the control row (row 0) holding the capture in progress (0: none)."""
+HUNG_AFTER_S = 60.0
+"""A batch in progress this long (or the loader's own ``timeout``, when it sets one) is hung."""
+PF_EXITING = 0x4
+"""The kernel's flag of a process already inside its exit (``/proc/<pid>/stat``, field 9)."""
 ATTRIBUTE = "_stagefrontier_workers"
 """Where a loader keeps its WorkerCounters, so each epoch's ``timer.iter`` finds the same one."""
 
@@ -55,6 +59,8 @@ class WorkerCounters:
         import torch
 
         self.workers = int(loader.num_workers)
+        timeout = float(getattr(loader, "timeout", 0) or 0)
+        self.hung_after_ns = int((timeout if timeout > 0 else HUNG_AFTER_S) * 1e9)
         self.tensor = torch.zeros((1 + self.workers, COLUMNS), dtype=torch.int64).share_memory_()
         self._rows = self.tensor.numpy()
         self.scratch = tempfile.mkdtemp(prefix="stagefrontier-workers-")
@@ -88,8 +94,10 @@ class WorkerCounters:
         span, self._last_ns = now - self._last_ns, now
         # A batch in progress counts up to now here and the rest in the next window, so a
         # window's busy time does not jump by whole batches.
-        dead = self._dead_workers(rows)
         fetching = rows[:, STARTED_NS] > 0
+        age = now - rows[:, STARTED_NS]
+        hung = [int(i) for i in np.flatnonzero(fetching & (age >= self.hung_after_ns))]
+        dead = [i for i in self._dead_workers(rows) if i not in hung]
         fetching[dead] = False
         open_ns = int(np.maximum(now - rows[fetching, STARTED_NS], 0).sum())
         finished = float(delta[:, BUSY_NS].sum())
@@ -104,24 +112,44 @@ class WorkerCounters:
             "span_s": span * 1e-9,
             "consumed": consumed,
         }
-        if dead:
+        if hung:
+            # A worker stuck in one batch (the loader's timeout, a lock, a dead mount): neither
+            # dead nor a measure of the workers' speed.
+            figures["hung_s"] = float(age[hung].max()) * 1e-9
+            figures["note"] = (
+                f"worker(s) {', '.join(map(str, hung))} hung in one batch for "
+                f"{figures['hung_s']:.0f} s"
+            )
+        elif dead:
             figures["note"] = f"worker(s) {', '.join(map(str, dead))} exited while in use"
         elif not rows[:, STARTS].any():
             figures["note"] = "no worker has fetched a batch yet"
         return figures
 
     def _dead_workers(self, rows: np.ndarray[Any, Any]) -> list[int]:
-        """Workers whose process ended in the middle of a batch (the DataLoader raises in the
-        training loop for those; the figures say it too). A worker that ended between batches
-        was told to (an epoch's or an IterableDataset's end)."""
+        """Workers whose process ended, or is ending, in the middle of a batch (the DataLoader
+        raises in the training loop for those; the figures say it too). A worker that ended
+        between batches was told to (an epoch's or an IterableDataset's end)."""
         try:
             return [
                 i
                 for i, p in enumerate(self._procs[: len(rows)])
-                if rows[i, STARTED_NS] > 0 and not p.is_alive()
+                if rows[i, STARTED_NS] > 0 and (not p.is_alive() or _exiting(p.pid))
             ]
         except Exception:  # a process object from another torch version: say nothing
             return []
+
+
+def _exiting(pid: int) -> bool:
+    """Whether the process is inside its exit: its sockets are closed (the loader that reads
+    from it has failed already) while it is not yet a zombie its parent could reap. Linux only
+    (``/proc``); elsewhere False."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return bool(int(fields[6]) & PF_EXITING)
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 class _ReportIterators:

@@ -23,31 +23,20 @@ import itertools
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-from ..analysis.gates import Gates
-from ..analysis.schema import DATA_STAGE, DEFAULT_STAGES, RESIDUAL_STAGE, check_stage_names
+from ..analysis.schema import DATA_STAGE
 from ..collect import Collector, announce_disabled, make_collector
-from ..collect.config import CollectConfig, collect_config
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
-from ..collect.settings import (
-    MAX_WINDOW,
-    check_flag,
-    check_has_methods,
-    check_int,
-    check_number,
-    check_optional_callable,
-    check_optional_text,
-)
+from ..collect.settings import check_has_methods
 from ..collect.store import release_scope
 from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
-from ..errors import RolesError, StageFrontierError, TimerSettingError
+from ..errors import StageFrontierError, TimerSettingError
 from ..failures import say_failed
-from ..sinks import Sink
 from .annotate import ProfilerRanges
+from .config import TimerConfig, config_from_keywords, warn_deprecated
 from .contexts import (
     AnnotatedStageContext,
     AnnotatedStepContext,
@@ -61,6 +50,7 @@ from .loader_workers import WorkerCounters, watch_loader
 from .mesh_roles import mesh_roles
 from .noop import NOOP, NoopContext
 from .on_sigterm import close_on_sigterm, closed
+from .out_dirs import hold_out_dir, release_out_dir
 from .probe import Probe
 from .self_cost import CostMeter
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
@@ -71,148 +61,86 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class AttachedRouter(Protocol):
-    """A router started for one timer: while a capture is armed or runs, the step context
-    calls ``on_step`` at a step's start and ``on_step_end`` at its end; ``pause`` calls
-    ``on_pause``; the timer's ``close`` closes it."""
-
-    def on_step(self, step: int) -> None: ...
-
-    def on_step_end(self) -> None: ...
-
-    def on_pause(self, step: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Router(Protocol):
-    """What StageTimer needs of its ``router`` argument (a ``stagefrontier.ProfilerRouter``):
-    the router lives on a floor above the recorder, which only calls what it is given."""
-
-    def attach(self, timer: Instrumentation) -> AttachedRouter: ...
-
-
 class StageTimer(TimerState):
     """Times ordered training stages on every rank and hands each window to the analyzer.
 
     Args:
-        stages: ordered stage names; None means the six defaults. The residual
-            ``step.other_cpu_wall`` is always last and computed, never timed.
-        window: steps per window, 1 to 1,000,000 (the buffer is preallocated).
-        collect: ``"auto"``, ``"local"`` (this process only), ``"store"``, ``"gloo"``, or a
-            :class:`~stagefrontier.CollectConfig` holding every collection setting below.
-        out_dir: where rank 0 writes ``windows.jsonl`` (and packets, with collection); default
-            ``"stagefrontier"``.
-        collect_timeout_s: how long rank 0 waits for other ranks' windows, and the timeout of
-            the collection's store connection; seconds in (0, 86400], default 10.
-        queue_size: completed windows that may wait for analysis before new ones are dropped;
-            1 to 1024, default 4.
-        sinks: extra destinations for rank 0's analyzed windows (TensorBoard, Prometheus, W&B,
-            CSV, see ``stagefrontier.sinks``), after ``windows.jsonl`` and the log; the collector
-            starts them and closes them after its last window.
-        gates: the labeler's :class:`~stagefrontier.Gates` for the live analysis.
-        log: rank 0's one-line summary per window on the ``stagefrontier`` logger (an INFO
-            record, shown where the application's logging sends those); False leaves it out.
-        cuda_event_fraction: fraction q of steps whose forward region is bracketed by CUDA events.
-        enabled: False gives a timer whose contexts do nothing.
-        strict: raise ContractViolation instead of counting (for tests and development).
-        event_factory: callable returning a CUDA-event-like object (``record``, ``query``,
-            ``elapsed_time``); defaults to ``torch.cuda.Event(enable_timing=True)``.
-        role: this rank's role (e.g. pipeline stage) for role-aware analysis.
-        mesh: a ``DeviceMesh``; with ``role_dims``, this rank's role is its coordinate on those
-            dimensions (``mesh=mesh, role_dims=("pp",)`` gives ``pp0``, ``pp1``, ...), and the
-            analysis knows every role of the job. Give ``role`` or ``mesh``, not both.
-        role_dims: the mesh dimensions that define a role; ``("pp",)`` by default.
-        collector: a ready collector, replacing ``collect`` (for tests and custom transports).
-        annotate: also emit every step and ordered stage as a ``torch.profiler.record_function``
-            range (and an NVTX range when CUDA is available) named like the stage, so a trace
-            taken while the timer runs carries the stage boundaries. Off by default: it costs a
-            few microseconds per context.
-        router: a ``stagefrontier.ProfilerRouter``: an actionable window makes the suspect
-            rank and a reference rank capture a profiler trace of a few steps (docs/router.md).
-        disk_budget_mb: the most MiB ``out_dir`` may hold (the packets of older windows are
-            deleted past it, flagged windows and a sample kept, listed in ``compacted.jsonl``);
-            default ``STAGEFRONTIER_DISK_BUDGET_MB``, else 1024.
+        config: every setting, as one :class:`~stagefrontier.TimerConfig` tree (its stages,
+            window, collection, router, ...); the defaults when None.
+        collector: a ready collector, replacing the one ``config.collection`` describes (for
+            tests and custom transports); give its sinks and gates to it.
+        stages, keywords: the flat settings of earlier releases (``stages``, ``window``,
+            ``out_dir``, ``collect``, ``router``, ...), deprecated: each warns with the
+            ``TimerConfig`` field that replaces it (``record.config.DEPRECATED``). Give them or
+            ``config``, not both.
 
-    An argument of the wrong type or out of its range raises
+    A setting of the wrong type or out of its range raises
     :class:`~stagefrontier.TimerSettingError` naming it.
 
-    Built under a launcher (``WORLD_SIZE`` > 1) before ``init_process_group``, an ``"auto"``
-    timer warns once and builds its collector at its first window boundary, when the process
-    group normally exists; if it still does not, each rank writes under ``out_dir/rank-<r>/``.
+    Built under a launcher (``WORLD_SIZE`` > 1) before ``init_process_group``, a timer whose
+    collection mode is ``"auto"`` warns once and builds its collector at its first window
+    boundary, when the process group normally exists; if it still does not, each rank writes
+    under ``out_dir/rank-<r>/``.
     """
 
     def __init__(
         self,
         stages: Sequence[str] | None = None,
         *,
-        window: int = 100,
-        collect: str | CollectConfig = "auto",
-        out_dir: str | os.PathLike[str] | None = None,
-        collect_timeout_s: float | None = None,
-        queue_size: int | None = None,
-        sinks: Sequence[Sink] = (),
-        gates: Gates | None = None,
-        log: bool | None = None,
-        cuda_event_fraction: float = 0.0,
-        enabled: bool = True,
-        strict: bool = False,
-        event_factory: Callable[[], Any] | None = None,
-        role: str | None = None,
-        mesh: Any = None,
-        role_dims: Sequence[str] = ("pp",),
+        config: TimerConfig | None = None,
         collector: Collector | None = None,
-        annotate: bool = False,
-        router: Router | None = None,
-        disk_budget_mb: int | None = None,
+        **keywords: Any,
     ) -> None:
-        names = check_stage_names(DEFAULT_STAGES if stages is None else stages)
-        role_set: tuple[str, ...] = ()
-        if mesh is not None:
-            if role is not None:
-                raise RolesError("give StageTimer a role or a mesh to read it from, not both")
-            role, role_set = mesh_roles(mesh, role_dims)
-        timed = tuple(s for s in names if s != RESIDUAL_STAGE)
-        if not timed:
-            raise StageFrontierError("at least one timed stage is needed besides the residual")
-        window = check_int("window", window, 1, MAX_WINDOW)
-        cuda_event_fraction = check_number("cuda_event_fraction", cuda_event_fraction, 0.0, 1.0)
-        for name, flag in (("enabled", enabled), ("strict", strict), ("annotate", annotate)):
-            check_flag(name, flag)
-        check_optional_text("role", role)
-        check_optional_callable("event_factory", event_factory)
+        if stages is not None:
+            keywords = {"stages": stages, **keywords}
+        if keywords:
+            if config is not None:
+                raise StageFrontierError(
+                    "give every setting in config=TimerConfig(...), not also as StageTimer "
+                    f"keywords ({', '.join(keywords)})"
+                )
+            config = config_from_keywords(keywords)
+            warn_deprecated(list(keywords), stacklevel=2)
+        elif config is None:
+            config = TimerConfig()
+        elif not isinstance(config, TimerConfig):
+            raise TimerSettingError(f"config must be a TimerConfig, got {config!r:.60}")
         if collector is not None:
             check_has_methods("collector", collector, "submit", "close")
-        collect_keywords = {
-            "out_dir": out_dir,
-            "collect_timeout_s": collect_timeout_s,
-            "queue_size": queue_size,
-            "sinks": sinks,
-            "gates": gates,
-            "log": log,
-            "disk_budget_mb": disk_budget_mb,
-        }
-        config = collect_config(collect, collect_keywords)
-        if collector is not None and (config.sinks or config.gates is not None):
-            raise StageFrontierError(
-                "give sinks and gates to the collector you pass, not to StageTimer"
-            )
-        super().__init__(timed, window, strict, config, cuda_event_fraction, event_factory)
-        self.enabled = enabled
-        self.out_dir = os.fspath(config.out_dir)
+            if config.collection.sinks or config.collection.gates is not None:
+                raise StageFrontierError(
+                    "give sinks and gates to the collector you pass, not to StageTimer"
+                )
+        role: str | None = config.role
+        role_set: tuple[str, ...] = ()
+        if config.mesh is not None:
+            role, role_set = mesh_roles(config.mesh, config.role_dims)
+        sampling = config.sampling
+        super().__init__(
+            config.timed_stages,
+            config.window,
+            config.strict,
+            config.collection,
+            sampling.cuda_event_fraction,
+            sampling.event_factory,
+        )
+        self.config = config
+        self._cost = CostMeter(config.annotate, calibration_timer)
+        self.enabled = enabled = config.enabled
+        self.out_dir = os.fspath(config.collection.out_dir)
         self._closed = False
         self._out_dir_held: str | None = None
         if enabled and collector is None:
-            self._out_dir_held = _hold_out_dir(self)
+            self._out_dir_held = hold_out_dir(self)
         self._disabled_scope: int | None = None
         if not enabled:
             self._disable()
-            self._disabled_scope = announce_disabled(config)
+            self._disabled_scope = announce_disabled(config.collection)
             return
 
         if collector is not None:
             self._collector = collector
-        elif awaiting_process_group(config.mode):
+        elif awaiting_process_group(config.collection.mode):
             warn_once(
                 "before-process-group",
                 "stagefrontier: StageTimer built before torch.distributed.init_process_group "
@@ -221,12 +149,11 @@ class StageTimer(TimerState):
                 launched_world_size(),
             )
         else:
-            self._collector = make_collector(config)
+            self._collector = make_collector(config.collection)
         if self._collector is not None:
             self.rank, self.world_size = self._collector.rank, self._collector.world_size
         self._role, self._role_set = role, role_set
-        self._cost = CostMeter(annotate, StageTimer)
-        ranges = ProfilerRanges() if annotate else None
+        ranges = ProfilerRanges() if config.annotate else None
         self._stage_ctx = StageTable(self)
         self._stage_ctx.update(
             (
@@ -252,10 +179,11 @@ class StageTimer(TimerState):
         # frame before the context's own enter (``step`` below documents it).
         self.step = itertools.repeat(self._step_ctx).__next__  # type: ignore[method-assign]
         self._micro_ctx: dict[int, MicrostepContext] = {}
-        if cuda_event_fraction == 0.0:
+        if config.sampling.cuda_event_fraction == 0.0:
             self.cuda_event_sample = _null_event_sample  # type: ignore[method-assign]
         self.instrumentation = Instrumentation(self)
         """What the router (and other recorders alongside the timer) read and drive of it."""
+        router = config.router
         self._router = None if router is None else router.attach(self.instrumentation)
         close_on_sigterm(self)
 
@@ -431,7 +359,7 @@ class StageTimer(TimerState):
         self._closed = True
         closed(self)
         if self._out_dir_held is not None:
-            _OUT_DIRS.pop(self._out_dir_held, None)
+            release_out_dir(self._out_dir_held)
         if not self.enabled:
             if self._disabled_scope is not None:
                 release_scope(self._disabled_scope)
@@ -495,23 +423,10 @@ def _profiler_running() -> bool:
         return False
 
 
-_OUT_DIRS: dict[str, weakref.ref[StageTimer]] = {}
-"""The out_dir of every open timer of this process that builds its own collector."""
-
-
-def _hold_out_dir(timer: StageTimer) -> str:
-    """Hold ``timer.out_dir`` for it, or raise TimerSettingError when another open timer of
-    this process writes there (their windows.jsonl, packets and incidents would interleave)."""
-    path = os.path.realpath(timer.out_dir)
-    holder = _OUT_DIRS.get(path)
-    other = holder() if holder is not None else None
-    if other is not None and not other._closed:
-        raise TimerSettingError(
-            f"out_dir {timer.out_dir!r} is written by another StageTimer of this process (open "
-            "and not closed): give each timer its own out_dir"
-        )
-    _OUT_DIRS[path] = weakref.ref(timer)
-    return path
+def calibration_timer(annotate: bool, window: int, collector: Collector) -> StageTimer:
+    """The timer whose contexts the self-cost meter times (``record.self_cost``)."""
+    config = TimerConfig(stages=("calibration",), window=window, annotate=annotate)
+    return StageTimer(config=config, collector=collector)
 
 
 def _noop_table() -> collections.defaultdict[Any, NoopContext]:

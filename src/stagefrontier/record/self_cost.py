@@ -1,4 +1,4 @@
-"""What StageFrontier itself costs a rank, per window (rank 0's summary: ``window.cost``).
+"""What StageFrontier itself costs a rank, per window (rank 0 sums it: ``window.rank``).
 
 Three parts, each measured where it is cheap to measure:
 
@@ -44,9 +44,11 @@ CALIBRATION_LOOPS = 5
 
 _calibrated: dict[bool, int] = {}
 
-TimerType = Callable[..., Any]
-"""``StageTimer`` itself, passed in by the recorder: this module sits below it (the window and
-the collectors use it), so it times the recorder's contexts without importing it."""
+TimerType = Callable[[bool, int, Any], Any]
+"""What builds the calibration timer, passed in by the recorder (``calibration_timer``): a
+StageTimer of one stage ``calibration``, annotated or not, of the given window, handing its
+windows to the given collector. This module sits below the recorder (the window and the
+collectors use it), so it times the recorder's contexts without importing it."""
 
 
 def context_cost_ns(annotated: bool, timer_type: TimerType) -> int:
@@ -75,12 +77,7 @@ class _Discard:
 
 def _calibrate(annotated: bool, timer_type: TimerType) -> int:
     clock = time.thread_time_ns
-    timer = timer_type(
-        ["calibration"],
-        window=CALIBRATION_STEPS * CALIBRATION_LOOPS + 1,
-        collector=_Discard(),
-        annotate=annotated,
-    )
+    timer = timer_type(annotated, CALIBRATION_STEPS * CALIBRATION_LOOPS + 1, _Discard())
     step, stage = timer.step, timer.stage
     best = None
     for _ in range(CALIBRATION_LOOPS):

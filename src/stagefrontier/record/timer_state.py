@@ -182,7 +182,7 @@ class TimerState:
         self._next_item: Callable[[Any], Any] = next
         self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
-        self._cost = CostMeter(False, type(self))  # StageTimer sets its own
+        self._cost = CostMeter(False, type(self))  # StageTimer sets its own calibration
 
     @property
     def _step_index(self) -> int:
@@ -467,7 +467,7 @@ class TimerState:
             self._warned.add(reason)  # each kind of violation said once, then only counted
             logger.warning(
                 "stagefrontier: rank %d: %s; such calls are counted in each window's "
-                "contract_violations and not said again (StageTimer(strict=True) raises instead)",
+                "contract_violations and not said again (TimerConfig(strict=True) raises instead)",
                 self.rank,
                 reason,
             )

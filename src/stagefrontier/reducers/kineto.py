@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..analysis.schema import stage_of_range
 from .errors import TraceFormatError
 from .files import (
@@ -236,58 +238,51 @@ def load_trace_ranges(path: Path) -> tuple[dict[str, Any], list[Any]]:
     """``load_trace`` with each event cut to ``RANGE_FIELDS`` (a field the event lacks, or holds
     null, is left out), for readers that read no other field.
 
-    Where msgspec is installed (``pip install 'stagefrontier[router]'``), it decodes the events
-    without building their other fields (the ``args`` of every operator): about a third of the
-    standard library's CPU on a profiler's trace. Without it, and for a file msgspec does not
-    read as a Chrome trace object (a bare event array, an event that is not an object, a
-    number out of range), this is ``load_trace``, whose full events hold the same values in
-    those fields.
+    msgspec decodes the events without building their other fields (the ``args`` of every
+    operator): about a third of the standard library's CPU on a profiler's trace. For a file
+    msgspec does not read as a Chrome trace object (a bare event array, an event that is not an
+    object, a number out of range), this is ``load_trace``, whose full events hold the same
+    values in those fields.
 
     Raises what ``load_trace`` raises."""
     decoders = _range_decoders()
-    if decoders is None:
-        return load_trace(path)
     text = read_trace_bytes(path)
     try:
         parts = decoders.top.decode(text)
         events = decoders.events.decode(parts.pop("traceEvents"))
         header = {key: decoders.value.decode(raw) for key, raw in parts.items()}
-    except (ValueError, KeyError):  # msgspec's errors are ValueErrors: load_trace says why
+    except (ValueError, KeyError, RecursionError):  # load_trace says why, in its words
         return load_trace(path)
-    return header, decoders.to_builtins(events)
+    return header, msgspec.to_builtins(events)
+
+
+class _RangeEvent(msgspec.Struct, gc=False, omit_defaults=True):
+    """An event cut to ``RANGE_FIELDS``. Only scalars or decoded JSON in the fields, never a
+    cycle: untracked by the garbage collector."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
 
 
 @dataclass(frozen=True)
 class _RangeDecoders:
-    top: Any  # an object's members, each left undecoded
-    events: Any  # a list of events, each cut to RANGE_FIELDS
-    value: Any
-    to_builtins: Any
+    top: msgspec.json.Decoder[dict[str, msgspec.Raw]]  # an object's members, left undecoded
+    events: msgspec.json.Decoder[list[_RangeEvent]]  # a list of events cut to RANGE_FIELDS
+    value: msgspec.json.Decoder[Any]
 
 
 @functools.cache
-def _range_decoders() -> _RangeDecoders | None:
-    """msgspec's decoders for ``load_trace_ranges``; None where msgspec is not installed."""
-    try:
-        import msgspec
-    except ImportError:
-        return None
-
-    # Only scalars or decoded JSON in the fields, never a cycle: untracked by the collector.
-    class RangeEvent(msgspec.Struct, gc=False, omit_defaults=True):
-        ph: Any = None
-        cat: Any = None
-        name: Any = None
-        pid: Any = None
-        tid: Any = None
-        ts: Any = None
-        dur: Any = None
-
+def _range_decoders() -> _RangeDecoders:
+    """msgspec's decoders for ``load_trace_ranges``, built once."""
     return _RangeDecoders(
         top=msgspec.json.Decoder(dict[str, msgspec.Raw]),
-        events=msgspec.json.Decoder(list[RangeEvent]),
+        events=msgspec.json.Decoder(list[_RangeEvent]),
         value=msgspec.json.Decoder(),
-        to_builtins=msgspec.to_builtins,
     )
 
 

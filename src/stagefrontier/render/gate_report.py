@@ -31,6 +31,7 @@ class GateRequest:
     markdown: Path | None = None
     junit: Path | None = None
     plot: Path | None = None
+    strict: bool = False
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +39,8 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     gate = parser.add_argument_group(
         "gate",
         "exit 1 when NEW is slower past the bar and past the steps' noise, 0 when it is not, "
-        "3 when the two runs cannot be judged (world size, stages, too few steps)",
+        "3 when the two runs cannot be judged (world size, stages, too few steps; with "
+        "--strict, a slowdown spread evenly over every stage and rank)",
     )
     gate.add_argument(
         "--fail-above", metavar="PCT", help="the bar as a share of BASE's median step, e.g. 10%%"
@@ -46,14 +48,22 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     gate.add_argument("--fail-above-ms", type=float, metavar="MS", help="the bar in milliseconds")
     gate.add_argument("--markdown", type=Path, metavar="FILE", help="write a PR comment here")
     gate.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML here")
+    gate.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 rather than 0 when NEW is slower past the bar evenly over every stage "
+        "and rank (read as the machine's slowdown, not the code's)",
+    )
 
 
 def gate_asked(args: argparse.Namespace) -> bool:
     """Whether the command asked for the gate; its report files alone are a usage error."""
     if args.fail_above is not None or args.fail_above_ms is not None:
         return True
-    if args.markdown or args.junit:
-        raise StageFrontierError("--markdown and --junit report a gate: add --fail-above PCT")
+    if args.markdown or args.junit or args.strict:
+        raise StageFrontierError(
+            "--markdown, --junit and --strict are the gate's: add --fail-above PCT"
+        )
     return False
 
 
@@ -61,7 +71,15 @@ def gate_request(args: argparse.Namespace, stages: Sequence[str] | None) -> Gate
     percent = None if args.fail_above is None else parse_percent(args.fail_above)
     threshold = Threshold(percent, args.fail_above_ms)
     return GateRequest(
-        args.base, args.new, threshold, stages, args.json, args.markdown, args.junit, args.plot
+        args.base,
+        args.new,
+        threshold,
+        stages,
+        args.json,
+        args.markdown,
+        args.junit,
+        args.plot,
+        args.strict,
     )
 
 
@@ -74,7 +92,7 @@ def run_gate(request: GateRequest) -> int:
         verdict: Verdict = refused(reason, request.threshold, base, new)
     else:
         comparison = compare(base, new, request.stages)
-        verdict = judge(comparison, request.threshold)
+        verdict = judge(comparison, request.threshold, request.strict)
     line = gate_line(verdict, request.base, request.new)
     if request.json:
         data = comparison.to_dict() if comparison is not None else {}

@@ -14,11 +14,12 @@ from typing import Any
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.labels import TELEMETRY_LIMITED
+from ..analysis.leaders import MIN_LEAD_STEPS
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.window_report import WindowReport
 from .escape import printable
 from .text import index_text, lead_text, window_title
-from .verdict import MIN_LEAD_STEPS, both_names, ms, next_step, plain, ranks_text
+from .verdict import both_names, ms, next_step, plain, ranks_text
 
 HEADLINE_MAX = 160
 """The most characters a headline takes; a longer one (long stage or host names) is cut, the

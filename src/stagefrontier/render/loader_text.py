@@ -18,9 +18,14 @@ their start-up)."""
 def loader_sentence(figures: Mapping[str, Any], rank: int, slow_function: str = "") -> str:
     """One sentence on one rank's workers (empty when the figures hold no batch time).
     ``slow_function``: the worker function a capture found taking the time, if any."""
+    workers = int(figures.get("workers", 0))
+    if figures.get("hung_s"):
+        return (
+            f"rank {rank}'s DataLoader {figures.get('note', 'worker hung in one batch')}: the "
+            "wait is that batch (a lock, a stuck read, a remote file), not the workers' speed."
+        )
     if "per_batch_s" not in figures:
         return ""
-    workers = int(figures["workers"])
     per_batch = float(figures["per_batch_s"]) * 1e3
     need = float(figures["need_every_s"]) * 1e3
     busy = float(figures["busy"])

@@ -111,31 +111,27 @@ def steps_to_show(run: RunWindows) -> tuple[Packet, list[tuple[int, str]]]:
     draw, each with what it is: the window's typical step (its median exposed time), then the
     worst step (only the worst when they are the same step).
 
-    Windows the profiler router slowed (a capture, its trace export and reduction: see
-    ``router_windows``) are left out of the search for the worst step, and the title says so:
-    their slowest step is the router's own cost, not the run's. When every window was slowed,
-    all are searched and the worst step is said to include the router's cost."""
-    if not run.packets:
+    Windows the profiler router slowed (a capture, its trace export and reduction:
+    ``formats.run_digest.SchemaDigest.router_slowed``) are left out of the search for the worst
+    step, and the title says so: their slowest step is the router's own cost, not the run's.
+    When every window was slowed, all are searched and the worst step is said to include the
+    router's cost."""
+    if run.worst is None:
         raise StageFrontierError("the frontier figure needs packets/ (the per-rank matrix)")
-    slowed = router_windows(run)
-    candidates = [i for i in range(len(run.packets)) if i not in slowed] or list(
-        range(len(run.packets))
-    )
-    exposed = {i: run.packets[i].d.sum(axis=2).max(axis=1) for i in candidates}  # [N] seconds
-    worst_packet = max(candidates, key=lambda i: float(exposed[i].max()))
-    steps = exposed[worst_packet]
+    packet = run.worst
+    steps = packet.d.sum(axis=2).max(axis=1)  # [N] seconds
     worst = int(steps.argmax())
     typical = int(np.argsort(steps, kind="stable")[len(steps) // 2])
     what = "worst step of the run"
-    if slowed and len(candidates) < len(run.packets):
-        names = ranks_text([_window_index(run.packets[i], i) for i in sorted(slowed)])
-        what += f"\nwindow(s) {names} left out: the profiler router's capture slowed them"
-    elif slowed:
+    if run.worst_slowed:
         what += "\nevery window carries the profiler router's capture cost"
+    elif run.slowed.windows:
+        names = ranks_text([int(facts["window"]) for facts, _ in run.slowed.windows])
+        what += f"\nwindow(s) {names} left out: the profiler router's capture slowed them"
     shown = [(worst, what)]
     if typical != worst:
         shown.insert(0, (typical, "typical step (median exposed time of its window)"))
-    return run.packets[worst_packet], shown
+    return packet, shown
 
 
 def captured_steps(
@@ -144,7 +140,7 @@ def captured_steps(
     """As ``steps_to_show``, for an incident: the slowest of its captured steps, after the
     typical step of their window; the run's worst step, saying so, when no packet holds them."""
     first, last = captured
-    for packet in run.packets:
+    for packet in run.captured:
         rows = [t for t in range(packet.d.shape[0]) if first <= _step_index(packet, t) <= last]
         if rows:
             exposed = packet.d.sum(axis=2).max(axis=1)
@@ -157,39 +153,6 @@ def captured_steps(
     packet, shown = steps_to_show(run)
     t, what = shown[-1]
     return packet, [*shown[:-1], (t, f"{what}\nno packet holds the captured steps {first}-{last}")]
-
-
-ROUTER_SLOWED_FRACTION = 0.01
-"""A window counts as slowed by the profiler router when the router's CPU time on some rank
-(``self_cost.router_cpu_s``) exceeds this fraction of the window's exposed time."""
-
-
-def router_windows(run: RunWindows) -> set[int]:
-    """The positions in ``run.packets`` of the windows the profiler router slowed: those whose
-    steps it captured (an incident's steps), and those in which its capture export and trace
-    reduction cost a rank more than ``ROUTER_SLOWED_FRACTION`` of the exposed time."""
-    from ..formats.incident import list_incidents
-
-    captured = [i["steps"] for i in list_incidents(run.folder) if i["captured"] and i["steps"]]
-    out = set()
-    for i, packet in enumerate(run.packets):
-        meta = packet.meta
-        cost = meta.get("self_cost", {})
-        router = cost.get("router_cpu_s", {}).get("max", 0.0) if isinstance(cost, dict) else 0.0
-        if isinstance(router, int | float) and router > ROUTER_SLOWED_FRACTION * max(
-            packet.report.exposed_s, 1e-12
-        ):
-            out.add(i)
-        first, last = meta.get("first_step"), meta.get("last_step")
-        spans = isinstance(first, int) and isinstance(last, int)
-        if spans and any(a <= last and first <= b for a, b in captured):
-            out.add(i)
-    return out
-
-
-def _window_index(packet: Packet, position: int) -> int:
-    window = packet.meta.get("window")
-    return window if isinstance(window, int) else position
 
 
 def _step_index(packet: Packet, t: int) -> int:
@@ -311,28 +274,23 @@ def _spread(ys: list[float], gap: float) -> list[float]:
 # ---------------------------------------------------------------------- shares over windows
 def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     """Stacked frontier shares per window, the top stage's leading rank written on its band,
-    and the exposed step time per window in a panel of its own above."""
-    reports = [p.report.to_dict() | {"meta": p.meta} for p in run.packets] or run.records
+    and the exposed step time per window in a panel of its own above; a summarized run's
+    buckets of windows instead (``plot_bucket_shares``)."""
+    if run.summarized:
+        return plot_bucket_shares(run, path)
+    reports = [report.to_dict() | {"meta": meta} for report, meta in run.windows]
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))  # microsteps folded
     colors = stage_colors(stages)
     names = []
     for i, r in enumerate(reports):
-        meta = r.get("meta", r)
+        meta = r["meta"]
         names.append(f"{meta.get('first_step', i)}-{meta.get('last_step', '')}")
     if any(r.get("role_reports") for r in reports):
         return _plot_role_shares(reports, stages, names, path)
     n = len(reports)
     x = np.arange(n)
     plt = _pyplot()
-    fig, (top, ax) = plt.subplots(
-        2,
-        1,
-        figsize=(10, 6.4),
-        dpi=110,
-        sharex=True,
-        gridspec_kw={"height_ratios": [1, 3]},
-        layout="constrained",
-    )
+    fig, (top, ax) = _two_panels(plt)
     ms = np.array([r["exposed_s"] / r["n_steps"] * 1e3 for r in reports])
     top.plot(x, ms, color="black", marker="o", lw=1.5)
     top.set_ylim(0, max(float(ms.max()), 1e-9) * 1.25)
@@ -349,6 +307,60 @@ def plot_shares_over_time(run: RunWindows, path: str | Path) -> Path:
     ax.set_xticks(x, names, rotation=45 if n > 8 else 0, fontsize=8)
     ax.set_xlabel("window (steps)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _two_panels(plt: Any) -> tuple[Any, tuple[Any, Any]]:
+    """The shares figures' layout: the exposed ms/step above, the stacked shares below."""
+    fig, axes = plt.subplots(
+        2,
+        1,
+        figsize=(10, 6.4),
+        dpi=110,
+        sharex=True,
+        gridspec_kw={"height_ratios": [1, 3]},
+        layout="constrained",
+    )
+    return fig, (axes[0], axes[1])
+
+
+def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
+    """A summarized run's buckets of consecutive windows: each bucket's median exposed ms/step
+    with its min-max band above, its mean stage shares stacked below; the title says how many
+    windows each bucket holds."""
+    from .run_summary import bucket_span
+
+    stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))
+    colors = stage_colors(stages)
+    buckets = run.buckets
+    x = np.arange(len(buckets))
+    plt = _pyplot()
+    fig, (top, ax) = _two_panels(plt)
+    low, median, high = (np.array([b.ms[i] for b in buckets]) for i in range(3))
+    top.fill_between(x, low, high, color="0.8", step="mid", label="min-max")
+    top.plot(x, median, color="black", lw=1.5, label="median")
+    top.set_ylim(0, max(float(high.max()), 1e-9) * 1.15)
+    top.set_ylabel("exposed\nms/step")
+    top.grid(alpha=0.3)
+    top.legend(loc="upper right", fontsize=7)
+    per = run.count / len(buckets)
+    top.set_title(
+        f"{run.count} windows summarized in {len(buckets)} buckets of about {per:.0f}:\n"
+        "exposed ms/step (median and min-max band), mean frontier shares"
+    )
+    bottom = np.zeros(len(buckets))
+    for stage, color in zip(stages, colors, strict=True):
+        values = np.array([b.shares.get(stage, 0.0) for b in buckets])
+        ax.bar(x, values, bottom=bottom, color=color, label=printable(stage), width=0.9)
+        bottom += values
+    ax.set_ylim(0, 1)
+    ax.set_xlim(-0.6, len(buckets) - 0.4)
+    ax.set_ylabel("mean share of exposed step time")
+    every = max(1, len(buckets) // 12)
+    ticks = x[::every]
+    ax.set_xticks(ticks, [bucket_span(buckets[i]) for i in ticks], rotation=45, fontsize=8)
+    ax.set_xlabel("windows")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8)
     return _save(plt, fig, path)
 
 

@@ -18,18 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
-from ..formats.run_folder import RunWindows, method_shares, packetless_line
+from ..formats.run_digest import Bucket
+from ..formats.run_folder import RunWindows
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .headline import Headlines
 from .html_page import Figure, OpDiff, drawn_figures, op_diff, render
-from .plots import RESIDUAL_COLOR, stage_colors
+from .leaders_view import bucket_leaders_view, leaders_view
+from .plots import stage_colors
+from .run_summary import bucket_span, sample_note, summary_sentence
 from .text import (
     METHOD_INTRO,
     METHOD_NOTES,
@@ -37,18 +38,11 @@ from .text import (
     METHOD_TITLES,
     index_text,
     lead_text,
-    report_windows,
     self_cost,
     self_cost_text,
     summary_window,
 )
-from .verdict import ranks_text, single_leader, verdict
-
-MIN_LEADER_SHARE = 0.05
-"""A rank counts as setting the frontier in a window when it leads a stage carrying at least
-this share of the exposed time."""
-MAX_LEADER_ROWS = 64
-"""The leaders view lists at most this many ranks (those that led the most windows first)."""
+from .verdict import ranks_text, verdict
 
 
 def write_run_html(run: RunWindows, path: str | Path) -> Path:
@@ -59,12 +53,12 @@ def write_run_html(run: RunWindows, path: str | Path) -> Path:
 
 
 def run_html(run: RunWindows, path: Path) -> str:
-    windows = report_windows(run)
+    windows = run.windows
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))
     colors = stage_colors(stages)
     last_report, last_meta = summary_window(windows)
     shown: list[Figure] | None = None
-    if run.packets:
+    if run.worst is not None:
         from .plots import plot_worst_step
 
         redraw = (
@@ -74,19 +68,25 @@ def run_html(run: RunWindows, path: Path) -> str:
         shown = drawn_figures(
             [("Frontier of the worst step", lambda p: plot_worst_step(run, p))], redraw
         )
+    columns = bucket_columns(run.buckets) if run.summarized else window_columns(windows)
     return render(
         "run_report.html.j2",
         title=f"StageFrontier report: {run.folder}",
         folder=str(run.folder),
         last_index=index_text(last_meta),
         last_verdict=verdict(last_report, last_meta),
-        run_facts=_run_facts(run, windows),
-        timeline=share_timeline(windows, stages, colors),
+        summarized=summary_sentence(run) if run.summarized else "",
+        run_facts=_run_facts(run),
+        timeline=share_timeline(columns, stages, colors),
         key=list(zip(stages, colors, strict=True)),
-        leaders=leaders_view(windows, stages, colors),
+        leaders=(
+            bucket_leaders_view(run.buckets, run.tallies.ranks, stages, colors)
+            if run.summarized
+            else leaders_view(windows, stages, colors)
+        ),
         verdicts=_verdict_rows(windows),
         regressions=_regressions(windows),
-        slowed=slowed_by_router(windows, run),
+        slowed=slowed_by_router(run),
         comparison=_comparison(run),
         incidents=_incidents(run, path),
         self_cost=_self_cost(windows),
@@ -97,34 +97,30 @@ def run_html(run: RunWindows, path: Path) -> str:
 # --- run facts ------------------------------------------------------------------------------------
 
 
-def _run_facts(
-    run: RunWindows, windows: list[tuple[WindowReport, dict[str, Any]]]
-) -> list[tuple[str, str]]:
-    first, last = windows[0][1], windows[-1][1]
-    ranks = max(report.n_ranks for report, _ in windows)
+def _run_facts(run: RunWindows) -> list[tuple[str, str]]:
+    first, last = run.windows[0][1], run.windows[-1][1]
     items = [("folder", str(run.folder))]
     if first.get("run_id"):
         items.append(("run id", str(first["run_id"])))
     steps = f"{first.get('first_step', '?')}-{last.get('last_step', '?')}"
-    items.append(("windows", f"{len(windows)} (steps {steps})"))
-    when = span_text(run_clock([meta for _, meta in windows]), dated=True)
+    items.append(("windows", f"{run.count} (steps {steps})"))
+    when = span_text(run_clock([first, last]), dated=True)
     if when != "?":
         items.append(("time", when))
     world = first.get("world_size")
-    items.append(("ranks", f"{ranks}" + (f" of world size {world}" if world else "")))
+    items.append(("ranks", f"{run.tallies.ranks}" + (f" of world size {world}" if world else "")))
     hosts = first.get("hosts")
     if isinstance(hosts, Mapping) and hosts:
         names = sorted({str(h) for h in hosts.values()})
         items.append(
             ("hosts", f"{len(names)}: " + ", ".join(names[:8]) + (", ..." * (len(names) > 8)))
         )
-    attempts = sorted({int(m.get("attempt") or 0) for _, m in windows})
+    attempts = sorted(run.tallies.attempts)
     if attempts != [0]:
         items.append(("restart attempts", ", ".join(map(str, attempts))))
     items.append(("stages", ", ".join(run.stages)))
-    missing = sorted({r for _, m in windows for r in (m.get("missing_ranks") or [])})
-    if missing:
-        items.append(("ranks missing from some window", ranks_text(missing)))
+    if run.tallies.missing:
+        items.append(("ranks missing from some window", ranks_text(sorted(run.tallies.missing))))
     items.append(("written by", f"stagefrontier {_version()}"))
     return items
 
@@ -168,127 +164,91 @@ class Timeline:
     height: int
     top: int
     points: str
+    band: str
+    """The min-max band of a summarized run's buckets (SVG polygon points), or empty."""
     peak_label: str
     bars: list[Bar]
     labels: list[Label]
 
 
-def share_timeline(
-    windows: list[tuple[WindowReport, dict[str, Any]]], stages: list[str], colors: list[str]
-) -> Timeline:
-    """Stacked shares per window under the exposed ms/step, laid out for inline SVG."""
-    n = len(windows)
+@dataclass(frozen=True)
+class Column:
+    """One bar of the share timeline: a window, or a bucket of windows (its median ms/step,
+    ``low`` and ``high`` its band)."""
+
+    name: str
+    what: str
+    ms: float
+    low: float
+    high: float
+    shares: Mapping[str, float]
+
+
+def window_columns(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[Column]:
+    columns = []
+    for report, meta in windows:
+        ms = report.mean_step_s * 1e3
+        shares = report.semantic_shares if report.shares_defined else {}
+        name = index_text(meta)
+        columns.append(Column(name, f"window {name}", ms, ms, ms, shares))
+    return columns
+
+
+def bucket_columns(buckets: list[Bucket]) -> list[Column]:
+    return [
+        Column(bucket_span(b), f"windows {bucket_span(b)}", b.ms[1], b.ms[0], b.ms[2], b.shares)
+        for b in buckets
+    ]
+
+
+def share_timeline(columns: list[Column], stages: list[str], colors: list[str]) -> Timeline:
+    """Stacked shares per column under the exposed ms/step (a bucket's median, its min-max
+    band shaded), laid out for inline SVG."""
+    n = len(columns)
     width, left, right = 960, 56, 12
     top_h, gap, bar_h, label_h = 90, 14, 240, 46
     height = top_h + gap + bar_h + label_h
     step = (width - left - right) / max(n, 1)
     bar_w = max(step * 0.8, 1.0)
-    ms = [report.mean_step_s * 1e3 for report, _ in windows]
-    peak = max(max(ms), 1e-9) * 1.15
-    points = " ".join(
-        f"{left + step * (i + 0.5):.1f},{top_h - value / peak * top_h:.1f}"
-        for i, value in enumerate(ms)
-    )
+    peak = max(max(c.high for c in columns), 1e-9) * 1.15
+
+    def at(i: int, value: float) -> str:
+        return f"{left + step * (i + 0.5):.1f},{top_h - value / peak * top_h:.1f}"
+
+    points = " ".join(at(i, c.ms) for i, c in enumerate(columns))
+    band = ""
+    if any(c.low != c.high for c in columns):
+        band = " ".join(
+            [at(i, c.high) for i, c in enumerate(columns)]
+            + [at(i, c.low) for i, c in reversed(list(enumerate(columns)))]
+        )
     base = top_h + gap
     bars = []
-    for i, (report, meta) in enumerate(windows):
+    for i, column in enumerate(columns):
         x = left + step * i + (step - bar_w) / 2
         y = float(base + bar_h)
-        shares = report.semantic_shares if report.shares_defined else {}
         for stage, color in zip(stages, colors, strict=True):
-            h = float(shares.get(stage, 0.0)) * bar_h
+            h = float(column.shares.get(stage, 0.0)) * bar_h
             if h <= 0:
                 continue
             y -= h
-            tip = f"window {index_text(meta)}: {stage} {shares[stage]:.0%}"
+            tip = f"{column.what}: {stage} {column.shares[stage]:.0%}"
             bars.append(Bar(f"{x:.1f}", f"{y:.1f}", f"{bar_w:.1f}", f"{h:.1f}", color, tip))
     labels = [
         Label("4", f"{base + bar_h - frac * bar_h + 4:.0f}", f"{frac:.0%}")
         for frac in (0.0, 0.5, 1.0)
     ]
-    every = max(1, n // 24)  # at most ~24 window labels, whatever the run's length
+    every = max(1, n // 24)  # at most ~24 labels, whatever the run's length
     labels += [
-        Label(f"{left + step * (i + 0.5):.1f}", str(base + bar_h + 16), index_text(meta), True)
-        for i, (_, meta) in enumerate(windows)
+        Label(f"{left + step * (i + 0.5):.1f}", str(base + bar_h + 16), column.name, True)
+        for i, column in enumerate(columns)
         if i % every == 0 or i == n - 1
     ]
     labels.append(
         Label(f"{left + (width - left - right) / 2:.0f}", str(height - 8), "window", True)
     )
-    return Timeline(width, height, top_h, points, f"{max(ms):.0f}", bars, labels)
-
-
-# --- the leaders view -----------------------------------------------------------------------------
-
-
-def window_leaders(report: WindowReport) -> dict[int, tuple[str, float]]:
-    """Per rank that sets the frontier in this window: the (broad) stage it leads with the
-    largest share, and that share. Only a single, steady leader counts (as the verdict names
-    one); stages under ``MIN_LEADER_SHARE`` are left out."""
-    out: dict[int, tuple[str, float]] = {}
-    if not report.shares_defined:
-        return out
-    for stage in report.semantic_localization:
-        share = float(report.semantic_shares.get(stage, 0.0))
-        leader = single_leader(report, stage)
-        if leader is None or share < MIN_LEADER_SHARE:
-            continue
-        if leader not in out or out[leader][1] < share:
-            out[leader] = (stage, share)
-    return out
-
-
-@dataclass(frozen=True)
-class LeaderCell:
-    """A rank's cell in a window where it sets the frontier: its stage's colour and share."""
-
-    tip: str
-    color: str
-    share: str
-
-
-@dataclass(frozen=True)
-class Leaders:
-    """The leaders view: ``rows`` are (rank, one cell or None per window) for the ranks that
-    ever lead (at most ``MAX_LEADER_ROWS``; ``hidden`` more left out), of ``ranks``."""
-
-    leading: int
-    ranks: int
-    hidden: int
-    windows: list[str]
-    rows: list[tuple[int, list[LeaderCell | None]]]
-
-
-def leaders_view(
-    windows: list[tuple[WindowReport, dict[str, Any]]], stages: list[str], colors: list[str]
-) -> Leaders:
-    """Rank by window: a coloured cell where the rank sets the frontier, in the colour of the
-    stage it leads, with that stage's share. Only ranks that ever lead are listed."""
-    color = dict(zip(stages, colors, strict=True))
-    per_window = [window_leaders(report) for report, _ in windows]
-    count: dict[int, int] = {}
-    for leaders in per_window:
-        for rank in leaders:
-            count[rank] = count.get(rank, 0) + 1
-    ranks = sorted(sorted(count, key=lambda r: (-count[r], r))[:MAX_LEADER_ROWS])
-    rows: list[tuple[int, list[LeaderCell | None]]] = []
-    for rank in ranks:
-        cells: list[LeaderCell | None] = []
-        for (_, meta), leaders in zip(windows, per_window, strict=True):
-            if rank not in leaders:
-                cells.append(None)
-                continue
-            stage, share = leaders[rank]
-            tip = f"window {index_text(meta)}: rank {rank} sets {stage} ({share:.0%})"
-            cells.append(LeaderCell(tip, color.get(stage, RESIDUAL_COLOR), f"{share:.0%}"))
-        rows.append((rank, cells))
-    return Leaders(
-        leading=len(count),
-        ranks=max(report.n_ranks for report, _ in windows),
-        hidden=len(count) - len(ranks),
-        windows=[index_text(meta) for _, meta in windows],
-        rows=rows,
-    )
+    peak_label = f"{max(c.high for c in columns):.0f}"
+    return Timeline(width, height, top_h, points, band, peak_label, bars, labels)
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -333,26 +293,17 @@ SLOWED = 1.1
 the median other window's by this factor."""
 
 
-def slowed_by_router(windows: list[tuple[WindowReport, dict[str, Any]]], run: RunWindows) -> str:
+def slowed_by_router(run: RunWindows) -> str:
     """A note naming the windows the profiler router's capture slowed (:data:`SLOWED`), with
     their step time against the other windows': they are the router's cost, not the
     training's; empty when none was (or the folder has no packets to tell)."""
-    from .plots import router_windows
-
-    captured = router_windows(run) if run.packets else set()
-    others = [w[0].mean_step_s for i, w in enumerate(windows) if i not in captured]
-    if not others:
+    typical = run.slowed.typical_ms
+    if run.worst is None or typical is None:
         return ""
-    typical = float(np.median(others)) * 1e3
-    slowed = [  # those it did slow: a window it captured in may have run at the usual pace
-        i for i in sorted(captured) if windows[i][0].mean_step_s * 1e3 > SLOWED * typical
-    ]
-    if not slowed:
+    slowed = [(facts, ms) for facts, ms in run.slowed.windows if ms > SLOWED * typical]
+    if not slowed:  # those it did slow: a window it captured in may have run at the usual pace
         return ""
-    said = ", ".join(
-        f"window {index_text(windows[i][1])} ran {windows[i][0].mean_step_s * 1e3:.1f} ms/step"
-        for i in slowed
-    )
+    said = ", ".join(f"window {index_text(facts)} ran {ms:.1f} ms/step" for facts, ms in slowed)
     them = "it" if len(slowed) == 1 else "them"
     return (
         f"{said}, against {typical:.1f} ms/step for the median other window: the profiler "
@@ -376,24 +327,19 @@ class Comparison:
 
 
 def _comparison(run: RunWindows) -> Comparison | None:
-    if not run.packets:
+    if run.methods is None:
         return None
-    per_window = [method_shares(p) for p in run.packets]
     methods = list(METHOD_TITLES)
-    rows = []
-    for j, stage in enumerate(run.stages):
-        mean = [sum(w[m][j] for w in per_window) / len(per_window) for m in methods]
-        rows.append([stage, *(f"{v:.1%}" for v in mean)])
+    mean = {m: run.methods.mean(m) for m in methods}
+    rows = [[stage, *(f"{mean[m][j]:.1%}" for m in methods)] for j, stage in enumerate(run.stages)]
     return Comparison(
         titles=[METHOD_TITLES[m] for m in methods],
         rows=rows,
-        intro=METHOD_INTRO,
+        intro=METHOD_INTRO + sample_note(run.methods),
         notes=list(METHOD_NOTES.items()),
         outro=METHOD_OUTRO,
         packetless=(
-            f"{packetless_line(run.packetless)}: left out of these shares and the figure."
-            if run.packetless
-            else ""
+            f"{run.packetless}: left out of these shares and the figure." if run.packetless else ""
         ),
     )
 

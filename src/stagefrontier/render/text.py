@@ -5,28 +5,25 @@ short headline is ``render.headline``)."""
 from __future__ import annotations
 
 import shlex
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
+from ..analysis.leaders import MIN_LEAD_STEPS, single_leader
 from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
-from ..formats.run_folder import RunWindows, method_shares, packetless_line, window_order
+from ..formats.run_folder import RunWindows
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .escape import printable, printable_lines
+from .run_summary import sample_note, summary_text
 from .verdict import (
-    MIN_LEAD_STEPS,
     block_leader,
     node_lead,
     rank_name,
     ranks_phrase,
     ranks_text,
-    single_leader,
     verdict,
 )
 
@@ -314,18 +311,19 @@ def run_report_text(run: RunWindows) -> str:
 
 def _schema_report_text(run: RunWindows) -> str:
     lines = [_title(run), ""]
-    if run.packets:
+    if run.methods is not None:
         lines += _comparison(run)
         if run.packetless:
-            lines.append(f"({packetless_line(run.packetless)}; left out of these shares)")
+            lines.append(f"({run.packetless}; left out of these shares)")
     else:
         lines.append(
             "(no per-rank packets: the baselines need the [steps, ranks, stages] matrix, which a "
             "run collected hierarchically keeps on its nodes; showing windows.jsonl only)"
         )
-    windows = report_windows(run)
-    lines += ["", *window_table(windows), "", *_labels(windows)]
-    report, meta = summary_window(windows)
+    if run.summarized:
+        lines += ["", *summary_text(run)]
+    lines += ["", *window_table(run.windows), "", *_labels(run)]
+    report, meta = summary_window(run.windows)
     lines += ["", f"Verdict (last full window, {index_text(meta)}): {verdict(report, meta)}"]
     lines += _incidents(run)
     return printable_lines(lines)
@@ -349,15 +347,6 @@ def _incidents(run: RunWindows) -> list[str]:
     ]
 
 
-def report_windows(run: RunWindows) -> list[tuple[WindowReport, dict[str, Any]]]:
-    """Every window of the run: from its packet, or from its record where it has none."""
-    if not run.packets:
-        return [(WindowReport.from_dict(r), r) for r in run.records]
-    windows = [(p.report, p.meta) for p in run.packets]
-    windows += [(WindowReport.from_dict(r), r) for r in run.packetless]
-    return sorted(windows, key=lambda window: window_order(window[1]))
-
-
 def summary_window(
     windows: Sequence[tuple[WindowReport, dict[str, Any]]],
 ) -> tuple[WindowReport, dict[str, Any]]:
@@ -369,51 +358,39 @@ def summary_window(
 
 
 def _title(run: RunWindows) -> str:
-    windows = report_windows(run)
-    first, last = windows[0][1], windows[-1][1]
+    first, last = run.windows[0][1], run.windows[-1][1]
     steps = ""
     if "first_step" in first and "last_step" in last:
         steps = f", steps {first['first_step']}-{last['last_step']}"
-    ranks = max(report.n_ranks for report, _ in windows)
-    when = span_text(run_clock([meta for _, meta in windows]), dated=True)
+    when = span_text(run_clock([first, last]), dated=True)
     return (
-        f"StageFrontier report for {run.folder}: {len(windows)} window(s){steps}, {ranks} rank(s)"
-        + (f", {when}" if when != "?" else "")
+        f"StageFrontier report for {run.folder}: {run.count} window(s){steps}, "
+        f"{run.tallies.ranks} rank(s)" + (f", {when}" if when != "?" else "")
     )
 
 
 def _comparison(run: RunWindows) -> list[str]:
-    per_window = [method_shares(p) for p in run.packets]
-    stages = run.stages
-    methods = list(METHOD_TITLES)
-    mean = {m: np.mean([w[m] for w in per_window], axis=0) for m in methods}
+    assert run.methods is not None
+    methods, stages = run.methods, run.stages
+    mean = {m: methods.mean(m) for m in METHOD_TITLES}
     width = max(len("stage"), *(len(s) for s in stages))
-    header = f"{'stage':<{width}}" + "".join(f"  {METHOD_TITLES[m]:>10}" for m in methods)
+    header = f"{'stage':<{width}}" + "".join(f"  {METHOD_TITLES[m]:>10}" for m in METHOD_TITLES)
     lines = [
-        "Stage shares, mean over windows: StageFrontier (frontier) vs rank-local baselines",
+        "Stage shares, mean over windows: StageFrontier (frontier) vs rank-local baselines"
+        + sample_note(methods),
         header,
         "-" * len(header),
     ]
     for j, stage in enumerate(stages):
-        lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in methods))
+        lines.append(f"{stage:<{width}}" + "".join(f"  {mean[m][j]:>10.1%}" for m in METHOD_TITLES))
     lines += ["", *METHOD_LEGEND, ""]
     broad = [semantic_stage(s) for s in stages]
     folded = " (accumulation microsteps folded into their stage)" if broad != stages else ""
     lines.append(f"top-1 stage per method (windows where it was top-1){folded}:")
-    for m in methods:
-        tops = Counter(_broad_top(broad, w[m]) for w in per_window)
-        stage, count = tops.most_common(1)[0]
-        lines.append(f"  {METHOD_TITLES[m]:<10} {stage} ({count}/{len(per_window)})")
+    for m in METHOD_TITLES:
+        stage, count = methods.tops[m].most_common(1)[0]
+        lines.append(f"  {METHOD_TITLES[m]:<10} {stage} ({count}/{methods.compared})")
     return lines
-
-
-def _broad_top(broad: Sequence[str], shares: np.ndarray) -> str:
-    """The broad stage with the largest share once each microstep's substage is summed into its
-    stage: a data wait split over four microsteps is one stage, as the window line reads it."""
-    total: dict[str, float] = {}
-    for name, share in zip(broad, shares.tolist(), strict=True):
-        total[name] = total.get(name, 0.0) + share
-    return max(total, key=total.__getitem__)
 
 
 def window_table(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
@@ -449,20 +426,15 @@ def index_text(meta: Mapping[str, Any]) -> str:
     return index
 
 
-def _labels(windows: list[tuple[WindowReport, dict[str, Any]]]) -> list[str]:
-    reports = [report for report, _ in windows]
-    routes = Counter(" + ".join(r.routing_set) for r in reports)
-    route, count = routes.most_common(1)[0]
-    lines = [f"Routing set (most common, {count}/{len(reports)} windows): {route or '-'}"]
-    co = Counter(" + ".join(r.co_critical_stages) for r in reports if r.co_critical_stages)
-    if co:
-        stages, n = co.most_common(1)[0]
-        lines.append(f"Co-critical stages (most common, {n}/{len(reports)} windows): {stages}")
-    counts = Counter(label for r in reports for label in r.labels)
-    lines.append(
-        "Labels: " + ", ".join(f"{label} {n}/{len(reports)}" for label, n in counts.items())
-    )
-    last, meta = summary_window(windows)
+def _labels(run: RunWindows) -> list[str]:
+    tallies, n = run.tallies, run.tallies.windows
+    route, count = tallies.routes.most_common(1)[0]
+    lines = [f"Routing set (most common, {count}/{n} windows): {route or '-'}"]
+    if tallies.co_critical:
+        stages, many = tallies.co_critical.most_common(1)[0]
+        lines.append(f"Co-critical stages (most common, {many}/{n} windows): {stages}")
+    lines.append("Labels: " + ", ".join(f"{label} {k}/{n}" for label, k in tallies.labels.items()))
+    last, meta = summary_window(run.windows)
     lines.append(f"Reasons (last full window, {index_text(meta)}):")
     for label in last.labels:
         for reason in last.reasons.get(label, []):

@@ -20,8 +20,8 @@ from ..analysis.labels import (
     LIKELY_SYNC_WAIT,
     SYNC_WAIT_DEPENDENT,
     TELEMETRY_LIMITED,
-    lead_switches,
 )
+from ..analysis.leaders import MIN_LEAD_STEPS, lead_switches, single_leader
 from ..analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -85,25 +85,6 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     if text.count(",") >= MAX_RANK_RUNS:
         return f"{len(set(ranks))} of {n_ranks} ranks"
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
-
-
-MIN_LEAD_STEPS = 2
-"""A window of fewer steps names no rank as a stage's leader: a run's last window can hold a
-single step (what was left when the timer closed), and one step's front rank is jitter."""
-
-
-def single_leader(report: WindowReport, stage: str) -> int | None:
-    """The one rank that leads ``stage``: the only leading rank, or the rank that led at least
-    half of the stage's advance alone; None when the lead is shared or keeps changing, or the
-    window has fewer than :data:`MIN_LEAD_STEPS` steps."""
-    loc = report.semantic_localization.get(stage)
-    if loc is None or loc.leader_rank is None or report.n_steps < MIN_LEAD_STEPS:
-        return None
-    if report.n_ranks > 1 and lead_switches(loc, report.n_steps, report.gates):
-        return None
-    if loc.leading_ranks == [loc.leader_rank] or loc.leader_fraction >= 0.5:
-        return loc.leader_rank
-    return None
 
 
 def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:

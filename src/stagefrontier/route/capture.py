@@ -1,12 +1,12 @@
 """A named rank's capture: the profiler around the agreed steps, on the training thread.
 
 The router thread arms a capture (``arm``) by storing the request and asking the timer to be
-told of steps (``TimerHandle.tell_steps``: one flag ``StageTimer.step()`` tests at each step's
+told of steps (``Instrumentation.tell_steps``: one flag ``StageTimer.step()`` tests at each step's
 start); ``on_step`` is called only while it is set. One step before the request's first step
 (``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available,
 with Python stacks so the op diff can name the user's function), has the timer record its
 stages, its steps' ends and the between-step data waits of ``timer.iter``, ``timer.fetch`` and
-the callbacks' hook clocks as profiler ranges (``TimerHandle.record_ranges``) and opens a
+the callbacks' hook clocks as profiler ranges (``Instrumentation.record_ranges``) and opens a
 ``stagefrontier.step#<n>`` range; each later step closes the previous step's range and opens its
 own; after the last step it stops the session, saves its JSON (``trace_parts``), has the timer
 stop the ranges and hands the trace to the router thread.
@@ -41,10 +41,10 @@ from msgspec.structs import replace
 
 from ..failures import reason, say_failed
 from ..record.annotate import step_range_name
+from ..record.instrumentation import Instrumentation
 from ..render.escape import first_line
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
-from .timer_handle import TimerHandle
 from .trace_parts import TraceParts
 from .worker_profile import WorkerCapture
 
@@ -70,7 +70,7 @@ class RankCapture:
 
     def __init__(
         self,
-        timer: TimerHandle,
+        timer: Instrumentation,
         *,
         out_dir: str,
         with_stack: bool,

@@ -17,11 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..environment import current_attempt
 from ..formats.incident import new_incident
 from ..render.incident import summary_line
-from ..window.attempt import current_attempt
-from ..window.clock import wall_clock
-from ..window.merged import AnalyzedWindow
+from ..window.merged import AnalyzedWindow, wall_clock
 from .capture import incident_dir
 from .capture_session import CaptureSession, OpenCapture, export_cpu, settle_answers
 from .decide import start_margin

@@ -16,8 +16,7 @@ import numpy as np
 from ..failures import say_failed
 from ..formats.packet import remove_temporaries
 from ..render.incident import write_incident
-from ..window.clock import iso_utc
-from ..window.merged import AnalyzedWindow
+from ..window.merged import AnalyzedWindow, iso_utc
 from .capture import incident_dir
 from .confirm import LiveWindow
 from .html import draw_later, write_html

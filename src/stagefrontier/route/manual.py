@@ -74,7 +74,7 @@ def request_capture(
         StageFrontierError: a bad argument, or the store cannot be reached within ``wait_s``.
     """
     from ..collect.store import key_prefix
-    from ..window.attempt import current_attempt
+    from ..environment import current_attempt
 
     check_request(host, port, ranks, steps, attempt, wait_s, router)
     run = plain_name(run_id, "--run-id") if run_id is not None else current_attempt()[0]

@@ -45,12 +45,17 @@ def local_traces(folder: Path, incident: dict[str, Any]) -> dict[int, str]:
     return files
 
 
-def incident_traces(folder: Path) -> tuple[dict[int, str], list[str] | None]:
-    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank, and the stages the
-    live incident read them with (those of its shares), None when it was not reduced. With
-    them, a between-step wait (``timer.iter``: a range ``data.next_wait@step#N``, never a stage
-    range of its own) is charged to its stage as it was live, where inferring the stages from
-    the ranges would leave it out.
+def incident_traces(
+    folder: Path,
+) -> tuple[dict[int, str], list[str] | None, tuple[int, int] | None]:
+    """``stagefrontier analyze INCIDENT_DIR``: the folder's traces by rank, the stages the live
+    incident read them with (those of its shares, None when it was not reduced) and the steps
+    it compared (its captured steps, None when it names none). With the stages, a between-step
+    wait (``timer.iter``: a range ``data.next_wait@step#N``, never a stage range of its own) is
+    charged to its stage as it was live, where inferring the stages from the ranges would leave
+    it out; with the steps, a step the trace holds outside the capture (the profiler starts
+    inside the step before the first captured one, and its start-up is charged there) is left
+    out as it was live.
 
     Raises:
         ReportFormatError: an unreadable incident, or one with no trace in the folder.
@@ -61,7 +66,9 @@ def incident_traces(folder: Path) -> tuple[dict[int, str], list[str] | None]:
         why = "nothing was captured" if not incident["captured"] else "its traces are not here"
         raise ReportFormatError(f"{folder}: incident {incident['id']} has no trace: {why}")
     stages = list(incident["trace_shares"] or incident["live_shares"]) or None
-    return files, stages
+    span = incident["steps"]
+    steps = (int(span[0]), int(span[1])) if len(span) == 2 else None
+    return files, stages, steps
 
 
 def run_folder(incident_folder: Path) -> Path:

@@ -34,6 +34,7 @@ from ..collect.store import claim_scope, release_scope
 from ..deadline import ROUTER_CLOSE_S
 from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
+from ..record.instrumentation import Instrumentation
 from ..render.escape import first_line, printable
 from . import profiler_session
 from .capture import RankCapture
@@ -48,7 +49,6 @@ from .requests import (
     RequestChannel,
     status_key,
 )
-from .timer_handle import TimerHandle
 
 logger = logging.getLogger("stagefrontier")
 
@@ -73,11 +73,21 @@ OVERSIZED_REREAD_S = 10.0
 key again (a store gives no value's size before the value: each read fetches all of it)."""
 
 
-@dataclass
+class Attachment:
+    """The runtime a timer started from a ProfilerRouter's settings, held apart from them (the
+    settings stay frozen) so that ``request_capture`` reaches it."""
+
+    __slots__ = ("runtime",)
+
+    def __init__(self) -> None:
+        self.runtime: RouterRuntime | None = None
+
+
+@dataclass(frozen=True)
 class ProfilerRouter:
     """Turns an actionable window into a profiler trace of the suspect rank and a reference rank.
 
-    Pass it to ``StageTimer(router=ProfilerRouter())`` (or to either framework callback). Off by
+    Give it as ``TimerConfig(router=ProfilerRouter())`` (or to either framework callback). Off by
     default. On rank 0, ``request_capture`` asks for a capture by hand. Args:
         steps: steps captured per incident, 1 to ``MAX_CAPTURE_STEPS`` (100).
         cooldown_windows: windows after an incident before the next may open.
@@ -116,7 +126,7 @@ class ProfilerRouter:
     noise_factor: float = NOISE_FACTOR
     gates: Gates | None = None
     store: Any = None
-    _runtime: RouterRuntime | None = field(default=None, init=False, repr=False, compare=False)
+    _attached: Attachment = field(default_factory=Attachment, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Check every argument; a wrong one raises TimerSettingError naming it."""
@@ -137,10 +147,10 @@ class ProfilerRouter:
         if self.store is not None:
             check_has_methods(name("store"), self.store, "set", "get", "check", "delete_key")
 
-    def attach(self, timer: TimerHandle) -> RouterRuntime:
+    def attach(self, timer: Instrumentation) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
-        self._runtime = RouterRuntime(self, timer)
-        return self._runtime
+        runtime = self._attached.runtime = RouterRuntime(self, timer)
+        return runtime
 
     def request_capture(
         self, ranks: list[int], steps: int | None = None, stage: str | None = None
@@ -158,15 +168,16 @@ class ProfilerRouter:
         steps = self.steps if steps is None else steps
         check_int("request_capture steps", steps, 1, MAX_CAPTURE_STEPS)
         check_optional_text("request_capture stage", stage)
-        if self._runtime is None:
+        runtime = self._attached.runtime
+        if runtime is None:
             raise StageFrontierError("the router is not attached to a StageTimer yet")
-        self._runtime.request_capture(ranks, steps, stage)
+        runtime.request_capture(ranks, steps, stage)
 
 
 class RouterRuntime:
     """One rank's router: the thread, the capture state and, on rank 0, the coordinator."""
 
-    def __init__(self, config: ProfilerRouter, timer: TimerHandle) -> None:
+    def __init__(self, config: ProfilerRouter, timer: Instrumentation) -> None:
         self.config = config
         self._timer = timer
         self._scope = claim_scope("router")

@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..analysis.window_metrics import WindowMetrics
+from ..environment import current_attempt
 from ..errors import SinkSettingError
 from ..extras import require
 from ..failures import say_failed
-from ..window.attempt import current_attempt
 from ..window.merged import AnalyzedWindow
 
 logger = logging.getLogger("stagefrontier")

@@ -28,9 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..environment import disk_budget_bytes
+from ..environment import current_attempt, disk_budget_bytes
 from ..formats.records import WINDOWS_FILE
-from ..window.attempt import current_attempt
 from ..window.merged import AnalyzedWindow
 from .disk_budget import COMPACTED_FILE, DiskBudget
 

@@ -28,11 +28,12 @@ def loader_figures(
     busy fraction, ``need_every_s`` the step's own time per batch (data wait excluded), whether
     the workers are ``saturated`` (busy nearly all the time, or all of them together supplying
     a batch less often than the step needs one), and ``workers_needed`` to supply a batch that
-    often (more than there are, when they are saturated)."""
+    often (more than there are, when they are saturated). None of these when a worker hung in a
+    batch (``hung_s``): the window then measures the hang, not the workers' speed."""
     out = dict(raw)
     workers, batches = int(raw.get("workers", 0)), int(raw.get("batches", 0))
     span = float(raw.get("span_s", 0.0))
-    if not workers or not batches or span <= 0:
+    if not workers or not batches or span <= 0 or raw.get("hung_s"):
         return out
     per_batch = float(raw.get("finished_busy_s", raw["busy_s"])) / batches
     consumed = int(raw.get("consumed", 0)) or steps

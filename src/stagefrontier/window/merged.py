@@ -1,12 +1,15 @@
 """How the windows of all ranks become a report: merged into ``[N, R, S]`` seconds, analyzed
-once, and written as the ``windows.jsonl`` record. Everything here runs off the training thread,
-on rank 0.
+once, and written as the ``windows.jsonl`` record, with the wall clock the window (or an
+incident) ran at: the UTC times and the host's offset from UTC that a ``wall_clock`` object
+holds (``formats.wall_clock`` checks them). Everything here runs off the training thread, on
+rank 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
@@ -21,11 +24,9 @@ from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
 from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
-from .attempt import current_attempt
-from .clock import wall_clock
-from .cost import self_cost_summary
+from ..environment import current_attempt
 from .loader import loader_block_lead, loader_record
-from .rank import NS, RankWindow, per_rank_fields
+from .rank import NS, RankWindow, per_rank_fields, self_cost_summary
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,31 @@ def window_wall_clock(ranks: Sequence[RankWindow]) -> dict[str, str]:
     starts = [w.started_unix_ns for w in ranks if w.started_unix_ns > 0]
     ends = [w.ended_unix_ns for w in ranks if w.ended_unix_ns > 0]
     return wall_clock(min(starts), max(ends)) if starts and ends else {}
+
+
+def iso_utc(unix_ns: int) -> str:
+    """``2026-11-27T20:20:19.123Z``: a wall-clock time in nanoseconds since the epoch, in UTC."""
+    moment = datetime.fromtimestamp(unix_ns / 1e9, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def local_offset(unix_ns: int) -> str:
+    """``+01:00``: how far this host's local time was from UTC at that moment."""
+    offset = datetime.fromtimestamp(unix_ns / 1e9).astimezone().utcoffset()
+    minutes = int(offset.total_seconds() // 60) if offset is not None else 0
+    sign = "+" if minutes >= 0 else "-"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def wall_clock(start_ns: int, end_ns: int) -> dict[str, str]:
+    """The ``wall_clock`` object of a span (an empty one when the start is unknown)."""
+    if start_ns <= 0 or end_ns < start_ns:
+        return {}
+    return {
+        "start": iso_utc(start_ns),
+        "end": iso_utc(end_ns),
+        "utc_offset": local_offset(start_ns),
+    }
 
 
 def summary_node_names(

@@ -1,0 +1,149 @@
+"""How many of the library's modules the flow of a window and the flow of an incident run.
+
+A profile hook on every thread of one process records each module of ``stagefrontier`` whose
+functions are called:
+
+* a window: while one window of a local timer (two stages, four steps) is handed off, analyzed
+  and written to ``windows.jsonl`` with its log line (the timer built, and the self-cost meter
+  calibrated, before recording starts);
+* an incident: while a local timer's ``ProfilerRouter`` (a real c10d ``TCPStore``) captures one
+  manually requested incident of three steps on its own rank and writes it (the windows the
+  timer analyzes meanwhile included); Python stacks off, as the profiler's own stack recording
+  replaces a profile hook on the training thread.
+
+    python benchmarks/flow_modules.py
+
+``docs/ARCHITECTURE.md`` quotes the counts; its drawn flows name the modules each call goes
+through. Counts, not times: the load average is recorded only as the run's setting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from harness_common import command_line, load_text, result_header, script_parser, table
+from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall")
+PACKAGE = f"{os.sep}stagefrontier{os.sep}"
+
+
+class ModulesCalled:
+    """The modules of the package whose functions are called between ``start`` and the end of
+    the ``with`` block, on any thread: the hook is set for new threads when the block opens
+    (before the timer and its threads are built) and on this thread at ``start``."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._recording = False
+
+    def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and self._recording:
+            path = frame.f_code.co_filename
+            if PACKAGE in path and path.endswith(".py"):  # not the HTML pages' templates
+                self.seen.add(path.split(PACKAGE, 1)[1].removesuffix(".py"))
+
+    def start(self) -> None:
+        self._recording = True
+        sys.setprofile(self._hook)
+
+    def __enter__(self) -> ModulesCalled:
+        threading.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._recording = False
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def train(timer: StageTimer, steps: int) -> None:
+    for _ in range(steps):
+        with timer.step():
+            with timer.stage(STAGES[0]):
+                time.sleep(0.002)
+            with timer.stage(STAGES[1]):
+                sum(range(2000))
+
+
+def wait_for(done: Callable[[], bool], timer: StageTimer | None = None) -> bool:
+    """Whether ``done()`` came true within two minutes (the timer training on meanwhile)."""
+    deadline = time.monotonic() + 120.0
+    while not done() and time.monotonic() < deadline:
+        if timer is not None:
+            train(timer, 1)
+        else:
+            time.sleep(0.01)
+    return done()
+
+
+def window_flow(work: Path) -> set[str]:
+    collection = CollectConfig(mode="local", out_dir=work / "warm", log=False)
+    warm = StageTimer(config=TimerConfig(stages=STAGES, window=4, collection=collection))
+    train(warm, 4)  # the calibration and the imports, before recording
+    warm.close()
+    records = work / "window" / "windows.jsonl"
+    with ModulesCalled() as called:
+        collection = CollectConfig(mode="local", out_dir=work / "window", log=True)
+        timer = StageTimer(config=TimerConfig(stages=STAGES, window=4, collection=collection))
+        called.start()
+        train(timer, 4)
+        assert wait_for(lambda: records.exists() and records.read_text().count("\n") >= 1)
+    timer.close()
+    return called.seen
+
+
+def incident_flow(work: Path) -> set[str]:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0, with_stack=False)
+    collection = CollectConfig("local", out_dir=work / "incident", regression=None, log=False)
+    incidents = work / "incident" / "incidents"
+    with ModulesCalled() as called:
+        timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
+        train(timer, 10)
+        called.start()
+        router.request_capture([0], stage=STAGES[0])
+        written = wait_for(lambda: any(incidents.glob("*/incident.html")), timer)
+    timer.close()
+    assert written, "no incident was written"
+    return called.seen
+
+
+def main() -> None:
+    args = script_parser("flow_modules", __doc__).parse_args()
+    loads = [load_text()]
+    with tempfile.TemporaryDirectory() as work:
+        flows = {
+            "a window": window_flow(Path(work)),
+            "an incident": incident_flow(Path(work)),
+        }
+    loads.append(load_text())
+    rows = []
+    for name, seen in flows.items():
+        floors = sorted({m.split("/", 1)[0] for m in seen if "/" in m})
+        analysis = len([m for m in seen if m.startswith("analysis/")])
+        rows.append((name, len(seen), analysis, ", ".join(floors)))
+    lines = result_header("The modules each flow runs", command_line())
+    lines += [f"- Load average (1/5/15 min) at start: {loads[0]}; at end: {loads[1]}", ""]
+    lines += table(["flow", "modules", "of them analysis/", "packages"], rows)
+    for name, seen in flows.items():
+        lines += ["", f"The flow of {name}: " + ", ".join(f"`{m}`" for m in sorted(seen)) + "."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Benchmark: reading back a long run folder (10,000 to 100,000 windows) with ``report``,
+``report --html``, ``plot`` and ``compare``: wall time and peak memory of each command.
+
+A month of one-second steps at one window per 100 steps is about 26,000 windows. The script
+makes such folders from a short real run: it runs the demo once (2 Gloo ranks, 10-step
+windows, a data-loader fault from step 80 that the live regression check flags, the profiler
+router on, so the folder holds real flagged windows and a real incident), then repeats that
+run's windows and packets with new window indices and steps until the folder holds N windows.
+Each record goes through the library's own ``windows.jsonl`` writer (``sinks.files.JsonlSink``)
+and each packet through its own encoding (``formats.packet.packet_bytes``); only the first
+repetition keeps its regressions and the profiler router's cost, so a long folder holds the
+source run's few flagged windows, not some in every repetition. The incident folder is copied
+as it is.
+
+Each command then runs in a child process of its own (``python -m stagefrontier.cli``); its
+peak memory is the child's maximum resident set size (``os.wait4``'s ``ru_maxrss``), its time
+the wall clock around it, and its CPU time (user and system) beside: on a shared machine the
+wall time grows with the other jobs' load, the CPU time much less. ``compare`` compares the
+folder's first half with its second half.
+
+Usage::
+
+    python benchmarks/long_run.py                       # 10k, 25k, 100k windows
+    python benchmarks/long_run.py --windows 2000 --quick --out /tmp/long_run.md
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from harness_common import (
+    command_line,
+    environment,
+    load_1min,
+    load_text,
+    quiet_check,
+    result_header,
+    script_parser,
+    table,
+)
+from stagefrontier.formats.packet import Packet, packet_bytes, packet_name, read_packet
+from stagefrontier.formats.records import WINDOWS_FILE, read_records
+from stagefrontier.sinks.files import JsonlSink
+
+INCIDENTS = "incidents"
+SIZES = (10_000, 25_000, 100_000)
+TARGET_S, TARGET_MB = 60.0, 300.0
+"""The targets for 100,000 windows on the project's 2-core machine."""
+IDLE_ROUTER = {key: {"max": 0.0, "median": 0.0} for key in ("router_cpu_s", "capture_s")}
+DEMO = ["--ranks", "2", "--steps", "120", "--window", "10", "--fault", "data@1:60ms,from=80"]
+
+
+def source_run(work: Path) -> Path:
+    """A short real run: the demo with a late data-loader fault and the profiler router."""
+    out = work / "source"
+    subprocess.run(
+        [sys.executable, "-m", "stagefrontier.cli", "demo", *DEMO, "--router", "--out", str(out)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return out
+
+
+def generate(source: Path, out: Path, windows: int) -> None:
+    """``out`` holding ``windows`` windows: the source run's windows and packets repeated."""
+    records = read_records(source / WINDOWS_FILE)
+    packets = {
+        (r.get("attempt", 0), r["window"]): read_packet(source / "packets" / packet_name(r))
+        for r in records
+    }
+    steps = records[-1]["last_step"] + 1
+    (out / "packets").mkdir(parents=True)
+    if (source / INCIDENTS).is_dir():
+        shutil.copytree(source / INCIDENTS, out / INCIDENTS)
+    sink = JsonlSink(out)
+    try:
+        for i in range(windows):
+            lap, record = divmod(i, len(records))
+            base = records[record]
+            shift = lap * steps
+            facts: dict[str, Any] = {
+                "window": i,
+                "first_step": base["first_step"] + shift,
+                "last_step": base["last_step"] + shift,
+            }
+            if lap:  # the live check's regressions and the router's work happened once
+                facts["regression"] = None
+                facts["self_cost"] = {**base["self_cost"], **IDLE_ROUTER}
+            sink.write(SimpleNamespace(record={**base, **facts}))  # type: ignore[arg-type]
+            packet: Packet = packets[(base.get("attempt", 0), base["window"])]
+            meta = {**packet.meta, **facts}
+            data = packet_bytes(replace(packet, meta=meta))
+            (out / "packets" / packet_name(facts)).write_bytes(data)
+    finally:
+        sink.close()
+
+
+def measure(command: list[str]) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, peak RSS in MB, exit code) of ``stagefrontier COMMAND`` in
+    a child process."""
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "stagefrontier.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stderr is not None
+    err = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        print(f"  {' '.join(command)}: exit {code}: {err.decode(errors='replace')[-400:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
+
+
+def commands(folder: Path, windows: int) -> dict[str, list[str]]:
+    half = windows // 2
+    return {
+        "report": ["report", str(folder)],
+        "report --html": ["report", str(folder), "--html", str(folder / "report.html")],
+        "plot": ["plot", str(folder)],
+        "compare": ["compare", f"{folder}:0-{half - 1}", f"{folder}:{half}-"],
+    }
+
+
+def main() -> int:
+    p = script_parser("long_run", __doc__, quick="no targets checked")
+    p.add_argument("--windows", type=int, nargs="+", default=list(SIZES))
+    p.add_argument("--keep", type=Path, help="keep the generated folders here")
+    p.add_argument("--source", type=Path, help="a short run's folder to repeat (default: a demo)")
+    args = p.parse_args()
+    loads = [load_1min()]
+    rows: list[list[object]] = []
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="stagefrontier-long-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        source = args.source or source_run(work)
+        for windows in args.windows:
+            folder = work / f"run-{windows}"
+            shutil.rmtree(folder, ignore_errors=True)
+            start = time.perf_counter()
+            generate(source, folder, windows)
+            made = time.perf_counter() - start
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+            print(f"{windows} windows: folder of {size:.0f} MB made in {made:.0f} s")
+            for name, command in commands(folder, windows).items():
+                wall, cpu, rss, code = measure(command)
+                loads.append(load_1min())
+                extra = ""
+                if name == "report --html":
+                    extra = f"{(folder / 'report.html').stat().st_size / 1024:.0f} kB page"
+                ok = code == 0 and ((wall <= TARGET_S and rss <= TARGET_MB) or windows < 100_000)
+                if not ok:
+                    failed.append(f"{name} at {windows} windows")
+                rows.append(
+                    [
+                        f"{windows:,}",
+                        name,
+                        f"{wall:.1f}",
+                        f"{cpu:.1f}",
+                        f"{rss:.0f}",
+                        extra or "-",
+                        "ok" if code == 0 else f"exit {code}",
+                        f"{loads[-1]:.2f}" if loads[-1] is not None else "n/a",
+                    ]
+                )
+                print("  " + " | ".join(str(c) for c in rows[-1]))
+            if args.keep is None:
+                shutil.rmtree(folder)
+    lines = result_header("Reading back a long run folder", command_line())
+    lines += environment()
+    lines += quiet_check(loads)
+    lines += [
+        f"- Load average (1/5/15 min) at the end: {load_text()}",
+        "",
+        f"Targets for 100,000 windows: at most {TARGET_S:.0f} s and {TARGET_MB:.0f} MB per "
+        "command. Peak memory is the child process's maximum resident set size (Python, numpy "
+        "and the CLI's imports included; matplotlib's for `plot` and `report --html`); CPU s "
+        "is its user and system time, which the machine's other jobs inflate much less than "
+        "the wall time.",
+        "",
+        *table(
+            [
+                "windows",
+                "command",
+                "wall s",
+                "CPU s",
+                "peak RSS MB",
+                "page",
+                "exit",
+                "load (1 min)",
+            ],
+            rows,
+        ),
+        "",
+        "Targets met." if not failed else "Targets missed: " + ", ".join(failed),
+        "",
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print(f"wrote {args.out}")
+    return 1 if failed and not args.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The few fields of a stored window that a long run's summary reads, decoded without the rest.
+
+A run folder of a month-long job holds about a hundred thousand windows. Its report reads every
+window once, but keeps only a handful in full (``formats.run_folder``); the others count in a
+summary through a :class:`WindowRow`: the window's index and steps, its exposed time, its
+shares and the leader of each stage, its labels. ``msgspec`` decodes a ``windows.jsonl`` line
+(or a packet's ``report`` and ``meta``) straight into these typed fields and skips the others,
+which is several times faster than decoding and checking the whole report; every field read
+is still checked against its declared type and range, and a window kept in full is checked in
+full (``formats.records.check_record``, ``formats.packet.read_packet``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from ..errors import ReportFormatError
+from .typed import Amount, Count
+
+T = TypeVar("T")
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class RowGates(msgspec.Struct):
+    """The two gates that decide whether a stage's lead rank switches too often to name one
+    (``analysis.labels.lead_switches``)."""
+
+    min_confident_fraction: Fraction
+    max_switch_rate: Amount
+
+
+class RowLocalization(msgspec.Struct):
+    """Who leads one (broad) stage, as ``render.verdict.single_leader`` reads it."""
+
+    leader_rank: Count | None
+    leader_fraction: Fraction
+    confident_steps: Count = 0
+    leader_switches: Count = 0
+    leading_ranks: list[Count] = msgspec.field(default_factory=list)
+
+
+class WindowRow(msgspec.Struct):
+    """A window as the run summary reads it: its facts and the report fields it counts."""
+
+    window: Count
+    first_step: int
+    last_step: int
+    stages: list[str]
+    n_steps: Annotated[int, msgspec.Meta(ge=1)]
+    n_ranks: Annotated[int, msgspec.Meta(ge=1)]
+    exposed_s: Amount
+    shares_defined: bool
+    shares: dict[str, float]
+    semantic_shares: dict[str, float]
+    semantic_localization: dict[str, RowLocalization]
+    gates: RowGates
+    attempt: Count = 0
+    top1: str | None = None
+    labels: list[str] = msgspec.field(default_factory=list)
+    routing_set: list[str] = msgspec.field(default_factory=list)
+    co_critical_stages: list[str] = msgspec.field(default_factory=list)
+    regression: dict[str, Any] | None = None
+    missing_ranks: list[Count] = msgspec.field(default_factory=list)
+    self_cost: dict[str, Any] | None = None
+    wall_clock: dict[str, Any] | None = None
+    role_reports: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if set(self.shares) != set(self.stages):
+            raise ValueError("its shares do not hold one value per stage")
+        if set(self.semantic_localization) != set(self.semantic_shares):
+            raise ValueError("its semantic shares and leaders name different stages")
+        if self.top1 is not None and self.top1 not in self.semantic_shares:
+            raise ValueError(f"its top stage {self.top1!r} has no share")
+
+    @property
+    def mean_step_s(self) -> float:
+        return self.exposed_s / self.n_steps
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Where the window sorts in its run: (restart attempt, window)."""
+        return self.attempt, self.window
+
+    def facts(self) -> dict[str, Any]:
+        """The window facts a table cell reads (``render.text.index_text``, ``clock_cell``)."""
+        facts: dict[str, Any] = {
+            "window": self.window,
+            "attempt": self.attempt,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+        }
+        if self.wall_clock is not None:
+            facts["wall_clock"] = self.wall_clock
+        return facts
+
+
+class LeanPacket(msgspec.Struct):
+    """A packet as the run summary reads it: its matrix (decoded by ``formats.packet``), its
+    stages, and its report and facts left undecoded until a window without a record needs
+    them."""
+
+    d: dict[str, Any]
+    stages: list[str]
+    meta: msgspec.Raw
+    report: msgspec.Raw
+
+
+class WindowKey(msgspec.Struct):
+    """Which window a ``windows.jsonl`` line is: its index and restart attempt."""
+
+    window: Count
+    attempt: Count = 0
+
+
+class ReportLabels(msgspec.Struct):
+    """A stored report's labels, the rest of it left undecoded."""
+
+    labels: list[str]
+
+
+_ROW = msgspec.json.Decoder(WindowRow)
+_LABELS = msgspec.json.Decoder(ReportLabels)
+_KEY = msgspec.json.Decoder(WindowKey)
+_PACKET = msgspec.json.Decoder(LeanPacket)
+
+
+class NotJson(ValueError):
+    """A line that is not JSON at all (as opposed to JSON of the wrong shape)."""
+
+
+def decode_row(line: bytes) -> WindowRow:
+    """A ``windows.jsonl`` line as a :class:`WindowRow`.
+
+    Raises:
+        NotJson: the line is not JSON (a record cut short, say).
+        ReportFormatError: it is JSON but not a window record, naming the field.
+    """
+    return _decoded(_ROW, line)
+
+
+def decode_key(line: bytes) -> WindowKey:
+    """A ``windows.jsonl`` line's :class:`WindowKey` (raises as ``decode_row`` does)."""
+    return _decoded(_KEY, line)
+
+
+def _decoded(decoder: msgspec.json.Decoder[T], line: bytes) -> T:
+    try:
+        return decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise ReportFormatError(f"not a window record: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise NotJson(str(exc)) from None
+
+
+def decode_lean_packet(data: bytes) -> LeanPacket:
+    """A packet file's bytes as a :class:`LeanPacket`; ReportFormatError when they are not."""
+    try:
+        return _PACKET.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ReportFormatError(f"not a packet: {exc}") from None
+
+
+def packet_labels(packet: LeanPacket) -> list[str]:
+    """The labels of a packet's report; ReportFormatError when it has none."""
+    try:
+        return _LABELS.decode(packet.report).labels
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ReportFormatError(f"not a window's packet: {exc}") from None
+
+
+def packet_row(packet: LeanPacket) -> WindowRow:
+    """The :class:`WindowRow` of a packet whose window has no record (its meta and report)."""
+    try:
+        report = msgspec.json.decode(packet.report)
+        meta = msgspec.json.decode(packet.meta)
+        if not isinstance(report, dict) or not isinstance(meta, dict):
+            raise ReportFormatError("packet fields 'report' and 'meta' must be objects")
+        return msgspec.convert({**report, **meta}, WindowRow)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ReportFormatError(f"not a window's packet: {exc}") from None

@@ -1,0 +1,131 @@
+"""``stagefrontier run --sink tensorboard:DIR --sink prometheus:PORT`` on an unmodified FSDP2
+script (``fully_shard``), 4 real Gloo ranks on torchrun's launcher: the forward is timed from
+the outermost module, and both sinks show the windows of ``windows.jsonl``.
+
+Cost: one shared job (a module fixture, 31 steps; 30 to 60 s on a loaded 2-core machine). The
+job holds before its end until the fixture has scraped the Prometheus endpoint, which lives
+as long as rank 0's timer. Nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorboard")
+pytest.importorskip("prometheus_client")
+
+from auto_support import (
+    DEADLINE_S,
+    RANKS,
+    RUN_ENV,
+    SCRIPTS,
+    AutoRun,
+    finished,
+    run_command,
+)
+
+STEPS = 31  # the first is watched, not timed: three windows of 10
+LAST_WINDOW = 2
+FORWARD = "model.fwd_loss_cpu_wall"
+COMPUTE_S = 0.02  # train_fsdp.py's sleep in the root's forward
+
+
+@dataclass
+class SinkedRun:
+    run: AutoRun
+    tensorboard: Path
+    scraped: dict[str, Any]  # metric families of the last window, read while the job held
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(url: str) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}  # not serving yet
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> SinkedRun:
+    root = tmp_path_factory.mktemp("fsdp-sinks")
+    out, tensorboard, held = root / "sf", root / "tb", root / "scraped"
+    port = _free_port()
+    command = run_command(
+        out,
+        SCRIPTS / "train_fsdp.py",
+        ("--steps", str(STEPS), "--hold", str(held)),
+        router=False,
+        options=("--sink", f"tensorboard:{tensorboard}", "--sink", f"prometheus:{port}"),
+    )
+    job = subprocess.Popen(
+        command, env=RUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    scraped: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while job.poll() is None and time.monotonic() < deadline:
+            families = _scrape(f"http://127.0.0.1:{port}/metrics")
+            window = families.get("stagefrontier_window")
+            if window is not None and window.samples[0].value == LAST_WINDOW:
+                scraped = families  # the last window, analyzed while every rank holds
+                break
+            time.sleep(0.1)
+    finally:
+        held.touch()
+        output, _ = job.communicate(timeout=DEADLINE_S)
+    return SinkedRun(finished(out, job.returncode, output), tensorboard, scraped)
+
+
+def test_fsdp2_is_timed_from_the_outermost_module(fsdp_run: SinkedRun) -> None:
+    run = fsdp_run.run
+    assert "Traceback" not in run.output, run.output[-6000:]
+    assert "trained 31 steps (FSDPNet)" in run.output
+    assert [r["n_steps"] for r in run.records] == [10, 10, 10]
+    for record in run.records:
+        assert record["ranks_present"] == list(range(RANKS))
+        assert record["contract_violations"] == 0
+        # every rank sleeps in the root's forward before its sharded layers run: a forward
+        # stage that began at an inner layer would leave the sleep to the residual
+        assert record["advances"][FORWARD] >= COMPUTE_S * record["n_steps"], record["advances"]
+
+
+def test_the_tensorboard_sink_writes_every_window(fsdp_run: SinkedRun) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = fsdp_run.run.records
+    events = EventAccumulator(str(fsdp_run.tensorboard), size_guidance={"scalars": 0})
+    events.Reload()
+    for stage in records[0]["stages"]:
+        got = [(e.step, e.value) for e in events.Scalars(f"stagefrontier/share/{stage}")]
+        want = [(r["last_step"], r["semantic_shares"][stage]) for r in records]
+        assert [s for s, _ in got] == [s for s, _ in want]
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6, abs=1e-7)
+
+
+def test_the_prometheus_sink_serves_the_last_window(fsdp_run: SinkedRun) -> None:
+    families, last = fsdp_run.scraped, fsdp_run.run.records[-1]
+    assert families, "the endpoint never served the last window while the job held"
+    assert families["stagefrontier_last_step"].samples[0].value == last["last_step"]
+    assert families["stagefrontier_ranks_present"].samples[0].value == RANKS
+    shares = {s.labels["stage"]: s.value for s in families["stagefrontier_stage_share"].samples}
+    assert shares == pytest.approx(last["semantic_shares"], rel=1e-6, abs=1e-7)
+    top = {s.labels["stage"]: s.value for s in families["stagefrontier_top_stage"].samples}
+    assert top[last["top1"]] == 1
