@@ -30,7 +30,7 @@ from ..analysis.collectives import CollectiveBaseline, CommunicationReading
 from ..analysis.gates import Gates
 from ..analysis.regression import STAGE, RegressionCheck, RegressionConfig
 from ..analysis.schema import semantic_stage
-from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged
+from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged, marks
 from . import host_signals
 
 
@@ -64,7 +64,8 @@ class LiveAnalysis:
         if (self.gates or Gates()).gain_baseline == "rank_median":
             reference = check.reference(stages, len(merged.ranks))
         analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
-        regression = self._with_host(check.check(merged.reference.window, analyzed.d, stages))
+        ref = merged.reference
+        regression = self._with_host(check.check(ref.window, analyzed.d, stages, marks(ref)))
         return replace(
             analyzed,
             regression=regression,
@@ -77,7 +78,8 @@ class LiveAnalysis:
         side = analyzed.side
         if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
             return analyzed
-        regression = check.check_summary(analyzed.merged.reference.window, summary)
+        ref = analyzed.merged.reference
+        regression = check.check_summary(ref.window, summary, marks(ref))
         return replace(analyzed, regression=self._with_host(regression))
 
     def _with_host(self, regression: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -252,6 +252,7 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
         "contract_violations": sum(w.contract_violations for w in merged.ranks),
         "paused_steps": ref.paused_steps,
+        **phase_fields(ref),
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         "loader_workers": loader_record(merged.ranks, ref.stages[0]),
@@ -261,6 +262,20 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
     }
     record.update(report.to_dict())
     return record
+
+
+def phase_fields(ref: RankWindow) -> dict[str, Any]:
+    """The record's ``phase`` (and ``phase_changed`` when it changed inside the window), only
+    when the run names phases."""
+    if ref.phase is None and not ref.phase_changed:
+        return {}
+    return {"phase": ref.phase, **({"phase_changed": True} if ref.phase_changed else {})}
+
+
+def marks(ref: RankWindow) -> tuple[str | None, bool, bool]:
+    """What the regression check follows of the window (``analysis.baseline_phases``): its
+    phase, whether the phase changed inside it, whether it holds paused steps."""
+    return ref.phase, ref.phase_changed, ref.paused_steps > 0
 
 
 def _record_head(merged: MergedWindow) -> dict[str, Any]:
@@ -290,6 +305,7 @@ def summary_record(
         "mismatched_ranks": list(side.mismatched_ranks),
         "accumulation_factor": side.accumulation_factor,
         "paused_steps": merged.reference.paused_steps,
+        **phase_fields(merged.reference),
         "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
         "overlap_error_s": side.overlap_error_s,
         "contract_violations": side.contract_violations,

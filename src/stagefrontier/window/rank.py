@@ -79,6 +79,10 @@ class RankWindow:
     )
     """Steps in ``[first_step, last_step]`` that ran while the timer was paused (not recorded),
     as inclusive ``(first, last)`` ranges."""
+    phase: str | None = field(default=None, metadata=_meta("optional_text"))
+    """The phase of the run in force at the window's end (``StageTimer.set_phase``)."""
+    phase_changed: bool = field(default=False, metadata=_meta("flag"))
+    """Whether the phase changed inside the window (after its first step)."""
     contexts_entered: int = field(default=0, metadata=_meta("count"))
     """Step and stage contexts the window's recorded steps entered (``record.self_cost``)."""
     context_cost_ns: int = field(default=0, metadata=_meta("count"))
