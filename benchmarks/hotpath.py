@@ -17,7 +17,8 @@ and, apart from the rounds, the window hand-off: the training-thread time of the
 completes a window (a timer with a real ``LocalCollector``, whose thread analyzes each window
 while the next steps run), as that exit minus the median exit of the window's other steps; and
 the automatic hooks of ``stagefrontier run`` against hand-written contexts on a real training
-loop (``hotpath_hooks``, with torch).
+loop (``hotpath_hooks``, with torch), and the cost per DDP gradient bucket of
+``timer.watch_ddp`` (``hotpath_buckets``, with torch).
 
 Each figure is nanoseconds per use with the empty loop's cost removed; the reported value is
 the median over repeats of the per-repeat figure, and the ratio divides it by the floor's median.
@@ -33,6 +34,7 @@ Usage::
     python benchmarks/hotpath.py --quick    # few short repeats, for a smoke check
     python benchmarks/hotpath.py --out PATH # write the markdown somewhere else
     python benchmarks/hotpath.py --hooks-only  # only the automatic hooks: results/hotpath_hooks.md
+    python benchmarks/hotpath.py --buckets-only  # only watch_ddp: results/hotpath_buckets.md
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+import hotpath_buckets
 import hotpath_hooks
 import stagefrontier
 from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
@@ -90,13 +93,31 @@ class Settings:
     """Interleaved rounds of the automatic hooks' measurement (``hotpath_hooks``)."""
     hook_steps: int
     """Training steps per loop in that measurement."""
+    bucket_rounds: int
+    """Interleaved rounds of the DDP bucket timing's measurement (``hotpath_buckets``)."""
+    bucket_steps: int
+    """DDP training steps per loop in that measurement."""
 
 
 FULL = Settings(
-    repeats=101, loops=5_000, warmup=500, handoff_windows=201, hook_rounds=101, hook_steps=500
+    repeats=101,
+    loops=5_000,
+    warmup=500,
+    handoff_windows=201,
+    hook_rounds=101,
+    hook_steps=500,
+    bucket_rounds=31,
+    bucket_steps=50,
 )
 QUICK = Settings(
-    repeats=3, loops=1_000, warmup=100, handoff_windows=6, hook_rounds=3, hook_steps=50
+    repeats=3,
+    loops=1_000,
+    warmup=100,
+    handoff_windows=6,
+    hook_rounds=3,
+    hook_steps=50,
+    bucket_rounds=3,
+    bucket_steps=10,
 )
 
 
@@ -648,6 +669,7 @@ def render(
     peer: str,
     loads: tuple[str, str, list[str]],
     hooks: Sequence[str],
+    buckets: Sequence[str],
 ) -> str:
     load_start, load_end, quiet = loads
     command = COMMAND + (" --quick" if quick else "")
@@ -700,6 +722,12 @@ def render(
         "",
         *hooks,
         "",
+        "## DDP's gradient buckets timed (`timer.watch_ddp`)",
+        "",
+        hotpath_buckets.METHOD.format(rounds=settings.bucket_rounds, steps=settings.bucket_steps),
+        "",
+        *buckets,
+        "",
     ]
     why = explanations(rows)
     if why:
@@ -715,35 +743,52 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="measure only the automatic hooks against hand-written contexts (default out: "
         "benchmarks/results/hotpath_hooks.md)",
     )
+    parser.add_argument(
+        "--buckets-only",
+        action="store_true",
+        help="measure only the cost per DDP gradient bucket of timer.watch_ddp (default out: "
+        "benchmarks/results/hotpath_buckets.md)",
+    )
     return parser.parse_args(argv)
 
 
-def hooks_only(args: argparse.Namespace, settings: Settings) -> int:
-    """``--hooks-only``: the automatic hooks' measurement alone, in its own results file."""
+def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) -> int:
+    """``--hooks-only`` (the automatic hooks) or ``--buckets-only`` (``watch_ddp``): that
+    measurement alone, in its own results file."""
+    name, flag = (
+        ("hotpath_buckets", "--buckets-only") if buckets else ("hotpath_hooks", "--hooks-only")
+    )
     out: Path = args.out
     if out.name == "hotpath.md":
-        out = out.with_name("hotpath_hooks.md")
+        out = out.with_name(f"{name}.md")
     load_start, load_1min_start = load_text(), load_1min()
-    hooks = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
+    if buckets:
+        title = "The cost per DDP gradient bucket of `timer.watch_ddp`"
+        method = hotpath_buckets.METHOD.format(
+            rounds=settings.bucket_rounds, steps=settings.bucket_steps
+        )
+        lines = hotpath_buckets.report(settings.bucket_rounds, settings.bucket_steps)
+    else:
+        title = "The automatic hooks (`stagefrontier run`) vs hand-written contexts"
+        method = hotpath_hooks.METHOD.format(rounds=settings.hook_rounds, steps=settings.hook_steps)
+        lines = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
     load_end = load_text()
     quiet = quiet_check([load_1min_start, load_1min()])
-    command = COMMAND + " --hooks-only" + (" --quick" if args.quick else "")
+    command = f"{COMMAND} {flag}" + (" --quick" if args.quick else "")
     text = [
-        *result_header(
-            "The automatic hooks (`stagefrontier run`) vs hand-written contexts", command
-        ),
+        *result_header(title, command),
         *(
             line.replace(" (not used by the measured code)", "")
             for line in environment("not measured here", load_start, load_end)
         ),
         *quiet,
         "",
-        hotpath_hooks.METHOD.format(rounds=settings.hook_rounds, steps=settings.hook_steps),
+        method,
         "",
-        *hooks,
+        *lines,
         "",
     ]
-    print("\n".join(hooks))
+    print("\n".join(lines))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(text), encoding="utf-8")
     print(f"\nwrote {out}", file=sys.stderr)
@@ -753,8 +798,8 @@ def hooks_only(args: argparse.Namespace, settings: Settings) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
-    if args.hooks_only:
-        return hooks_only(args, settings)
+    if args.hooks_only or args.buckets_only:
+        return section_only(args, settings, buckets=args.buckets_only)
     load_start, load_1min_start = load_text(), load_1min()
     factory, peer = lightning_profiler()
     if factory is None:
@@ -767,6 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds.append(measure_round(settings, factory, rnd, router))
     handoff_us = measure_handoff(settings.handoff_windows)
     hooks = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
+    buckets = hotpath_buckets.report(settings.bucket_rounds, settings.bucket_steps)
     load_end = load_text()
     quiet = quiet_check([load_1min_start, load_1min()])
     rows = summarize(rounds, settings.loops, peer)
@@ -776,6 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join([*verdicts(rows), *handoff_lines(handoff_us), *quiet]))
     print("\n".join(feature_table(features)))
     print("\n".join(hooks))
+    print("\n".join(buckets))
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -788,6 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             peer,
             (load_start, load_end, quiet),
             hooks,
+            buckets,
         ),
         encoding="utf-8",
     )

@@ -140,6 +140,7 @@ def main() -> int:
     p.add_argument("--source", type=Path, help="a short run's folder to repeat (default: a demo)")
     args = p.parse_args()
     loads = [load_1min()]
+    machine = environment()  # its load line is read now, as the script starts
     rows: list[list[object]] = []
     failed = []
     with tempfile.TemporaryDirectory(prefix="stagefrontier-long-") as tmp:
@@ -179,7 +180,7 @@ def main() -> int:
             if args.keep is None:
                 shutil.rmtree(folder)
     lines = result_header("Reading back a long run folder", command_line())
-    lines += environment()
+    lines += machine
     lines += quiet_check(loads)
     lines += [
         f"- Load average (1/5/15 min) at the end: {load_text()}",

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
 from loader_support import Samples
-from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 from stagefrontier.logs import show_on_stderr
 
 STALL_RANK = 2
@@ -99,7 +99,7 @@ def main(out_dir: str, mode: str) -> None:
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0)
     else:
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)
-    timer = StageTimer(window=WINDOW, collect=collect, router=router)
+    timer = StageTimer(config=TimerConfig(window=WINDOW, collection=collect, router=router))
     for step, x in enumerate(timer.iter(loader)):
         if step == steps:
             break

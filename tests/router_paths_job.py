@@ -29,11 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from stagefrontier import ProfilerRouter, StageTimer
+from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     DATA_STAGE,
-    DEFAULT_STAGES,
     FORWARD_STAGE,
     OPTIMIZER_STAGE,
 )
@@ -132,7 +131,8 @@ def plain_loop(path: str, steps: int, out: str, window: int, workers: int) -> No
     model = nn.parallel.DistributedDataParallel(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Samples(steps * BATCH * ACCUMULATION)
-    timer = StageTimer(DEFAULT_STAGES, window=window, out_dir=out, router=router())
+    collection = CollectConfig(out_dir=out)
+    timer = StageTimer(config=TimerConfig(window=window, collection=collection, router=router()))
     if path == "iter":
         loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
         for step, batch in enumerate(timer.iter(loader)):

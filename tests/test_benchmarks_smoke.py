@@ -40,6 +40,7 @@ def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
     assert any("ProfilerRouter" in label for label in labels)
     assert "Verdicts:" in text
     assert HOTPATH_HEADER in proc.stdout
+    assert "| timed bucket (`watch_ddp`) less the plain hook |" in text  # the cost per bucket
 
 
 SOAK_HEADER = (

@@ -70,7 +70,8 @@ def _fault_ms(untimed: DemoRun, ranks: int) -> int:
         (4, "data@2", "data.next_wait", 2),
         (2, "forward@1", "model.fwd_loss_cpu_wall", 1),
         # A host delay inside backward is absorbed by the gradient all-reduce: every rank leaves
-        # backward together, so the stage is identified but no single rank leads it.
+        # backward together, so the stage is identified but no single rank leads it; the
+        # timed buckets name the late rank (below).
         (2, "backward@1", "model.backward_cpu_wall", None),
     ],
 )
@@ -91,6 +92,8 @@ def test_injected_delay_routes_to_its_stage_and_rank(
     assert all(stage in w["routing_set"] for w in windows)
     if leader is not None:
         assert _majority([w["leaders"][stage] for w in windows]) == leader
+    else:  # the demo times its DDP buckets: rank 1 reaches them late
+        assert _majority([w["communication"]["late_rank"] for w in windows]) == 1
     if ranks == 2:
         assert run.losses == untimed_demo.losses
 

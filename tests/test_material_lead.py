@@ -49,7 +49,8 @@ def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
     incident = incidents[0]
     assert incident["trigger"] == "manual" and incident["captured"], incident["reasons"]
     assert (incident["leader_rank"], incident["reference_rank"]) == (3, 2)
-    assert incident["confirmed"] is False, incident["reasons"]
+    compared = [incident[k] for k in ("stage", "steps", "trace_shares", "live_shares")]
+    assert incident["confirmed"] is False, (incident["reasons"], compared)
     said = [r for r in incident["reasons"] if r.startswith("not confirmed: in the trace rank 3's")]
     assert said and "under the material floor" in said[0], incident["reasons"]
     assert f"over {CAPTURED_STEPS} steps" in said[0], said

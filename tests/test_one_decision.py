@@ -54,7 +54,9 @@ def _live_window(d: np.ndarray) -> Any:
     report = analyze(d, STAGES, gates=gates, side=side, rank_ids=RANKS)
     ranks = [SimpleNamespace(rank=r, loader={"workers": 2}) for r in RANKS]
     merged = SimpleNamespace(ranks=ranks, reference=SimpleNamespace(window=4, first_step=80))
-    return SimpleNamespace(report=report, merged=merged, d=d, summary=None, regression=None)
+    return SimpleNamespace(
+        report=report, merged=merged, d=d, summary=None, regression=None, communication=None
+    )
 
 
 def test_the_lead_over_bursts_is_judged_on_a_window_with_a_no_stall_reference() -> None:

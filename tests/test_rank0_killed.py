@@ -120,10 +120,10 @@ def test_the_other_ranks_say_rank_0_is_gone_once_and_keep_their_windows(tmp_path
 
 SIGTERMED = """\
 import os, signal, sys, time
-from stagefrontier import CollectConfig, StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
 collect = CollectConfig("local", out_dir=sys.argv[1])
-timer = StageTimer(["data.next_wait"], window=5, collect=collect)
+timer = StageTimer(config=TimerConfig(stages=("data.next_wait",), window=5, collection=collect))
 for step in range(12):
     with timer.step(), timer.stage("data.next_wait"):
         time.sleep(0.002)

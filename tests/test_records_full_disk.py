@@ -173,15 +173,14 @@ def test_a_window_without_a_packet_is_reported_from_its_record_and_said(
 FULL_TO_THE_END = textwrap.dedent("""\
     import logging, resource, sys, time
     from pathlib import Path
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.sinks import PacketSink
 
     logging.basicConfig(format="%(message)s")  # the application shows warnings on stderr
     out = Path(sys.argv[1])
     sinks = (PacketSink(out),)
-    timer = StageTimer(
-        window=5, collect=CollectConfig("local", out_dir=out, regression=None, sinks=sinks)
-    )
+    collect = CollectConfig("local", out_dir=out, regression=None, sinks=sinks)
+    timer = StageTimer(config=TimerConfig(window=5, collection=collect))
     for step in range(30):
         if step == 5:
             resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))

@@ -45,7 +45,13 @@ def _window(d: np.ndarray, ranks: list[int], workers: int = 0) -> Any:
         ranks=[SimpleNamespace(rank=r, loader=loader) for r in ranks], reference=ref
     )
     return SimpleNamespace(
-        report=report, merged=merged, d=d, summary=None, regression=None, record={}
+        report=report,
+        merged=merged,
+        d=d,
+        summary=None,
+        regression=None,
+        record={},
+        communication=None,  # no collectives watched
     )
 
 

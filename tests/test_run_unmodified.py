@@ -88,6 +88,10 @@ def test_a_healthy_run_with_accumulation_opens_no_incident(tmp_path: Path) -> No
     assert "model.fwd_loss_cpu_wall[1]" in record["stages"]
     assert "model.backward_cpu_wall[1]" in record["stages"]
     assert sum(r["n_steps"] for r in run.records) == 39
+    # the automatic hooks time the DDP model's buckets too (timer.watch_ddp): no late rank
+    assert all(r["communication"]["late_rank"] is None for r in run.records), [
+        r["communication"] for r in run.records
+    ]
 
 
 def test_a_lightning_fit_gets_the_lightning_callback(tmp_path: Path) -> None:

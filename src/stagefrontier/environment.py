@@ -81,8 +81,13 @@ AUTO: dict[str, Variable] = {
     ),
 }
 """The settings of ``stagefrontier run`` carried to its workers (``auto.options``)."""
+DISK_BUDGET = Variable(
+    "STAGEFRONTIER_DISK_BUDGET_MB",
+    1024,
+    "MiB the output folder may hold before older packets are compacted (sinks.output_folder)",
+)
 VARIABLES: dict[str, Variable] = {
-    v.name: v for v in (*LIMITS.values(), RUN_ID, SIGTERM, *AUTO.values())
+    v.name: v for v in (*LIMITS.values(), RUN_ID, SIGTERM, DISK_BUDGET, *AUTO.values())
 }
 
 
@@ -114,6 +119,15 @@ def positive_int(name: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise ReportFormatError(f"{name}={text!r}: expected a positive integer")
     return int(value)
+
+
+def disk_budget_bytes() -> int:
+    """The output folder's byte budget: ``STAGEFRONTIER_DISK_BUDGET_MB`` MiB (1 GiB unset).
+
+    Raises:
+        ReportFormatError: the variable is set to anything but a positive integer.
+    """
+    return positive_int(DISK_BUDGET.name) * MiB
 
 
 def run_id() -> str:

@@ -222,6 +222,7 @@ def report_from_inputs(
             roles=roles if label_roles is None else label_roles,
             residual_share=float(residual),
             overlap_share=overlap,
+            ranks=ranks,
         )
     )
     broad = view.evidence

@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
+from .collectives import read_collectives
 from .evidence import WindowEvidence
 from .gates import Gates
 from .leaders import lead_switches
 from .roles import UNKNOWN_ROLE
 from .routing import rank_order
+from .schema import semantic_stage
 from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
 
 FRONTIER_ACCOUNTING = "frontier_accounting"
 LIKELY_SYNC_WAIT = "likely_sync_wait"
+SYNC_WAIT_MEASURED = "sync_wait_measured"
 SYNC_WAIT_DEPENDENT = "sync_wait_dependent"
 DIRECT_EXPOSURE = "direct_exposure"
 FORWARD_DEVICE_SUPPORTED = "forward_device_supported"
@@ -36,6 +39,7 @@ TELEMETRY_LIMITED = "telemetry_limited"
 ALL_LABELS: tuple[str, ...] = (
     FRONTIER_ACCOUNTING,
     LIKELY_SYNC_WAIT,
+    SYNC_WAIT_MEASURED,
     SYNC_WAIT_DEPENDENT,
     DIRECT_EXPOSURE,
     FORWARD_DEVICE_SUPPORTED,
@@ -84,6 +88,8 @@ class LabelInputs:
     roles: Sequence[str] | None
     residual_share: float
     overlap_share: float
+    ranks: Sequence[int] | None = None
+    """The rank number of each position (``0 .. R-1`` when None)."""
 
 
 def label_window(x: LabelInputs) -> Labeling:
@@ -119,6 +125,7 @@ def label_window(x: LabelInputs) -> Labeling:
         )
         blockers.append(GRADIENT_ACCUMULATION_AMBIGUOUS)
     _forward_events(x, out, order)
+    _measured_wait(x, out, x.stages[s1])
 
     if not ev.shares_defined:
         for label in STRONG_LABELS:
@@ -414,6 +421,27 @@ def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[in
         carried = ev.critical_path
         members |= {j for j in range(len(x.stages)) if carried[j] >= g.critical_path_fraction}
     return [x.stages[j] for j in sorted(members)]
+
+
+def _measured_wait(x: LabelInputs, out: Labeling, top: str) -> None:
+    """``sync_wait_measured``: the ranks timed their collectives (``analysis.collectives``) and
+    one arrives last at a collective of the top stage, the others measured waiting for it. It
+    stands on that measurement, not on the wait model the other sync-wait labels assume."""
+    times = x.side.collectives
+    if times is None or x.n_ranks < 2 or not x.evidence.shares_defined:
+        return
+    ranks = list(range(x.n_ranks)) if x.ranks is None else list(x.ranks)
+    step_ms = x.evidence.exposed_s / x.n_steps * 1e3
+    late = read_collectives(times, ranks, step_ms).late
+    if late is None or late.stage is None or semantic_stage(late.stage) != top:
+        return
+    out.emit(
+        SYNC_WAIT_MEASURED,
+        f"rank {late.late_rank} arrives last at {late.family} of bucket {late.bucket} in "
+        f"{late.stage} by ~{late.lateness_ms:.0f} ms per step ({late.late_steps}/{late.steps} "
+        f"steps); the other ranks wait for it there ~{late.wait_ms:.0f} ms, timed in the "
+        "collective",
+    )
 
 
 def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:

@@ -13,8 +13,10 @@ threshold, else only when the window before was above the threshold too: one slo
 busy machine is noise, two in a row or a large jump is news. Only windows at or below the
 threshold join the baseline, so a window that a slowdown starts inside does not soften it for
 the next ones; after ``baseline_windows`` windows in a row above it, those windows become the
-baseline (a lasting change is reported for that long, then taken as the new normal). A
-regression is split exactly into stage advance changes with ``analysis.compare``.
+baseline (a lasting change is reported for that long, then taken as the new normal); the
+baseline follows the run's phases and pauses (``analysis.baseline_phases``), and may roll
+(``RegressionConfig.rolling``). A regression is split exactly into stage advance changes
+with ``analysis.compare``.
 
 A flagged regression is then placed (``kind``). It is a ``stage`` regression when one stage's
 mean advance per step grew beyond its even share of the slowdown (its baseline advances scaled
@@ -63,12 +65,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
+from .baseline_phases import CHANGED_INSIDE, Marks, PhaseBaselines
 from .compare import Comparison, Side, compare
 from .noise import block_means, mean_shift, median_shift
 from .semantic import stage_groups
@@ -104,6 +109,14 @@ class RegressionConfig:
     min_baseline: int = 2
     min_increase: float = 0.15
     noise_factor: float = 4.0
+    follow_phases: bool = True
+    """Keep a baseline per phase the user names, start it again after paused steps and when
+    the step's make-up changes (``analysis.baseline_phases``); False: one baseline for the
+    whole run, as before."""
+    rolling: bool = False
+    """Every window joins the baseline, a flagged one too, so the baseline is always the last
+    ``baseline_windows`` windows: a lasting change is reported for a few windows, not
+    ``baseline_windows``, at the cost of a slow drift going unreported."""
 
     def __post_init__(self) -> None:
         if self.baseline_windows < 1 or not 1 <= self.min_baseline <= self.baseline_windows:
@@ -133,40 +146,72 @@ class _Healthy:
     d: FloatArray | None = None
     summary: WindowSummary | None = None
 
+    @cached_property
+    def mix(self) -> FloatArray:
+        """The window's mean frontier advance per stage (``[S]`` seconds)."""
+        return np.asarray(_entry_advances(self).mean(axis=0), dtype=np.float64)
+
 
 class RegressionCheck:
     """Keeps the baseline and checks each window against it; one per run, on rank 0."""
 
     def __init__(self, config: RegressionConfig | None = None) -> None:
         self.config = config or RegressionConfig()
-        self._healthy: deque[_Healthy] = deque(maxlen=self.config.baseline_windows)
+        self._phases: PhaseBaselines[_Healthy] = PhaseBaselines(self.config.baseline_windows)
         self._stages: tuple[str, ...] | None = None
-        self._above: list[_Healthy] = []  # the windows in a row above the threshold, latest last
+        self.restarted: str | None = None
+        """Why the last window checked started a new baseline (``analysis.baseline_phases``:
+        a new phase, paused steps, a changed make-up of the step), or None."""
 
-    def check(self, window: int, d: FloatArray, stages: Sequence[str]) -> dict[str, Any] | None:
+    @property
+    def _healthy(self) -> deque[_Healthy]:
+        return self._phases.healthy
+
+    @property
+    def _above(self) -> list[_Healthy]:
+        """The windows in a row above the threshold, latest last."""
+        return self._phases.above
+
+    def check(
+        self, window: int, d: FloatArray, stages: Sequence[str], marks: Marks = None
+    ) -> dict[str, Any] | None:
         """The ``regression`` object for this window, or None; the window joins the baseline
-        when it is not a regression. A change of schema or rank count restarts the baseline."""
-        return self._check(_Healthy(window, frontier(d)[:, -1], d.shape[1], d=d), tuple(stages))
+        when it is not a regression. A change of schema or rank count restarts the baseline.
+        ``marks``: the window's phase, whether the phase changed inside it and whether it
+        holds paused steps (``analysis.baseline_phases``)."""
+        entry = _Healthy(window, frontier(d)[:, -1], d.shape[1], d=d)
+        return self._check(entry, tuple(stages), marks)
 
-    def check_summary(self, window: int, summary: WindowSummary) -> dict[str, Any] | None:
+    def check_summary(
+        self, window: int, summary: WindowSummary, marks: Marks = None
+    ) -> dict[str, Any] | None:
         """``check`` for a window collected as node summaries (see the module docstring)."""
         entry = _Healthy(window, summary.top_prefix[:, -1, 0], summary.n_ranks, summary=summary)
-        return self._check(entry, summary.stages)
+        return self._check(entry, summary.stages, marks)
 
-    def _check(self, entry: _Healthy, names: tuple[str, ...]) -> dict[str, Any] | None:
+    def _check(
+        self, entry: _Healthy, names: tuple[str, ...], marks: Marks
+    ) -> dict[str, Any] | None:
         first = self._healthy[0] if self._healthy else None
         if (
             self._stages != names
             or (first is not None and first.n_ranks != entry.n_ranks)
             or (first is not None and (first.d is None) != (entry.d is None))
         ):
-            self._healthy.clear()
+            self._phases.forget()
             self._stages = names
-            self._above = []
+        self.restarted = None
+        if self.config.follow_phases:
+            self.restarted = self._phases.enter(marks, entry, attrgetter("mix"))
+            if self.restarted == CHANGED_INSIDE:  # compared with nothing, joins nothing
+                return None
         found, above = self._regression(entry, names)
-        if not above:
+        if self.config.rolling:
             self._healthy.append(entry)
-            self._above = []
+        if not above:
+            if not self.config.rolling:
+                self._healthy.append(entry)
+            self._above.clear()
             return found
         self._above.append(entry)
         if len(self._above) == self.config.baseline_windows:
@@ -174,7 +219,7 @@ class RegressionCheck:
             # later windows are compared with it (this window still reports its regression).
             self._healthy.clear()
             self._healthy.extend(self._above)
-            self._above = []
+            self._above.clear()
         return found
 
     def reference(self, stages: Sequence[str], n_ranks: int) -> tuple[FloatArray, list[int]] | None:
@@ -203,8 +248,7 @@ class RegressionCheck:
         if filling:
             back, back_threshold = self._shift(exposed, base)
             if back > back_threshold:  # the baseline so far is slower: it was a warm-up
-                self._healthy.clear()
-                self._above = []
+                self._phases.restart()
                 return None, False
         increase, threshold = self._shift(base, exposed)
         if increase <= threshold:
@@ -408,7 +452,9 @@ def _baseline_mean_bound(
 
 def regression_text(regression: dict[str, Any]) -> str:
     """A few words for the window line: ``+38 ms/step vs windows 4-8: data.next_wait +35 ms,
-    all ranks``, or for a slowdown of the whole job ``+41 ms/step vs windows 4-8: the whole job
+    all ranks``, ``+92 ms/step vs windows 0-1: rank 1 late into model.backward_cpu_wall's last
+    bucket`` when the timed collectives name the late rank (``late``), or for a slowdown of
+    the whole job ``+41 ms/step vs windows 4-8: the whole job
     slowed 38% evenly over ranks and stages: the cause is outside the training code`` and what
     rank 0's host signals say."""
     first, last = regression["baseline_windows"]
@@ -425,6 +471,10 @@ def regression_text(regression: dict[str, Any]) -> str:
             head + f"the whole job slowed {regression['slowdown']:.0%} evenly over {where}: "
             "the cause is outside the training code" + host_text(regression.get("host"))
         )
+    late = regression.get("late")
+    if late:  # the ranks' timed collectives name the rank the others wait for
+        which = "last bucket" if late["last_bucket"] else f"bucket {late['bucket']}"
+        return head + f"rank {late['rank']} late into {late['stage']}'s {which}"
     who = "all ranks" if regression["all_ranks"] else named
     return head + f"{top} {delta:+.0f} ms, {who}"
 

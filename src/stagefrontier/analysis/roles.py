@@ -78,6 +78,7 @@ def group_side(side: SideEvidence, cols: list[int], wall_fraction: float) -> Sid
         no_stall_reference_s=ref if ref is None or np.ndim(ref) == 1 else np.asarray(ref)[idx],
         overlap_error_s=side.overlap_error_s * wall_fraction,
         expected_roles=(),
+        collectives=None,  # a collective spans the roles' ranks: read on the whole window
     )
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import SideEvidenceError
+from ..errors import ReportFormatError, SideEvidenceError
+from .collectives import CollectiveTimes
 from .schema import FORWARD_STAGE
 from .values import is_int, is_real
 
@@ -51,6 +52,8 @@ class SideEvidence:
         notes: extra telemetry-quality reasons from the collector, reported verbatim.
         expected_roles: the job's full role set, when known (e.g. from a device mesh): a role
             with no rank in the window is then reported, and a role outside it is an error.
+        collectives: the collectives the ranks timed (``analysis.collectives``), when any rank
+            watched them; read beside the matrix, never in it.
     """
 
     event_ms: npt.NDArray[np.float64] | None = None
@@ -68,6 +71,7 @@ class SideEvidence:
     no_stall_reference_s: npt.NDArray[np.float64] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     expected_roles: tuple[str, ...] = ()
+    collectives: CollectiveTimes | None = None
 
     def checked(self, n_steps: int, n_ranks: int, n_stages: int) -> SideEvidence:
         """Validate against a window's shape; raises SideEvidenceError naming the bad field."""
@@ -93,6 +97,8 @@ class SideEvidence:
                 raise SideEvidenceError("event_totals must be four finite numbers >= 0")
             if totals[1] > totals[0]:
                 raise SideEvidenceError("event_totals: more completed pairs than sampled")
+        if self.collectives is not None and self.collectives.wait_ms.shape[1] != n_ranks:
+            raise SideEvidenceError(f"collectives must cover the window's {n_ranks} ranks")
         if self.accumulation_factor is not None and self.accumulation_factor < 1:
             raise SideEvidenceError(
                 f"accumulation_factor must be >= 1, got {self.accumulation_factor}"
@@ -140,6 +146,7 @@ class SideEvidence:
             "no_stall_reference_s": arr(self.no_stall_reference_s),
             "notes": list(self.notes),
             "expected_roles": list(self.expected_roles),
+            "collectives": None if self.collectives is None else self.collectives.to_dict(),
         }
 
     @classmethod
@@ -166,6 +173,11 @@ class SideEvidence:
         for key in ("missing_ranks", "mismatched_ranks", "notes", "expected_roles"):
             if key in values:
                 values[key] = tuple(values[key])
+        if values.get("collectives") is not None:
+            try:
+                values["collectives"] = CollectiveTimes.from_dict(values["collectives"])
+            except ReportFormatError as exc:
+                raise SideEvidenceError(str(exc)) from None
         if values.get("event_totals") is not None:
             values["event_totals"] = tuple(float(v) for v in values["event_totals"])
         return cls(**values)
@@ -209,5 +221,6 @@ _KEY_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "no_stall_reference_s": (_optional_array, "null or an array"),
     "notes": (_sequence_of(lambda n: isinstance(n, str)), "a list of strings"),
     "expected_roles": (_sequence_of(_is_name), "a list of role names"),
+    "collectives": (lambda v: v is None or isinstance(v, dict), "null or an object"),
 }
 """Every side-evidence key ``to_dict`` writes, with the JSON type ``from_dict`` accepts."""

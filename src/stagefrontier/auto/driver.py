@@ -250,6 +250,15 @@ class AutoDriver:
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
+            self._watch_ddp()
+
+    def _watch_ddp(self) -> None:
+        """A DDP model's gradient buckets timed as well (``timer.watch_ddp``: the late rank
+        behind a stall in backward); a hook the script registered first leaves them untimed,
+        and the window record says so."""
+        ddp = self._torch.nn.parallel.DistributedDataParallel
+        if self.timer is not None and isinstance(self.model, ddp):
+            self.timer.watch_ddp(self.model)
 
     def _not_one_optimizer(self, optimizers: list[Any]) -> None:
         names = ", ".join(type(o).__name__ for o in optimizers)

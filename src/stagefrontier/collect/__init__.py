@@ -56,7 +56,14 @@ def make_collector(config: CollectConfig) -> Collector:
         return LocalCollector(
             out_dir=out_dir,
             queue_size=config.queue_size,
-            sinks=collector_sinks(0, out_dir, distributed=False, extra=config.sinks, log=log),
+            sinks=collector_sinks(
+                0,
+                out_dir,
+                distributed=False,
+                extra=config.sinks,
+                log=log,
+                disk_budget_bytes=config.disk_budget_bytes,
+            ),
             gates=config.gates,
             regression=config.regression,
         )
@@ -71,7 +78,12 @@ def make_collector(config: CollectConfig) -> Collector:
         config.timeout_s,
         config.queue_size,
         sinks=collector_sinks(
-            rank, config.out_dir, distributed=True, extra=config.sinks, log=config.log
+            rank,
+            config.out_dir,
+            distributed=True,
+            extra=config.sinks,
+            log=config.log,
+            disk_budget_bytes=config.disk_budget_bytes,
         ),
         gates=config.gates,
         regression=config.regression,

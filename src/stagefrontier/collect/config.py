@@ -31,6 +31,8 @@ from .settings import (
 
 MAX_FAN_IN = 1 << 16
 
+MAX_DISK_BUDGET_MB = 1 << 30
+
 COLLECT_MODES = ("auto", "local", "store", "gloo", "hierarchical")
 
 AUTO_HIERARCHICAL_ABOVE = 1000
@@ -69,6 +71,10 @@ class CollectConfig:
             default.
         fan_in: under hierarchical collection, the most node parts one leader reads per
             window (the tree's fan-in, see ``collect.node_tree``).
+        disk_budget_mb: the most MiB ``out_dir`` may hold; past it the packets of older
+            windows are deleted, flagged windows and a sample of the others kept, each deletion
+            listed in ``compacted.jsonl`` (``sinks.disk_budget``). None:
+            ``STAGEFRONTIER_DISK_BUDGET_MB`` (1024 unset).
     """
 
     mode: str = "auto"
@@ -81,6 +87,7 @@ class CollectConfig:
     log: bool = True
     keep_node_windows: bool = False
     fan_in: int = DEFAULT_FAN_IN
+    disk_budget_mb: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in COLLECT_MODES:
@@ -104,12 +111,20 @@ class CollectConfig:
         check_flag("log", self.log)
         check_flag("keep_node_windows", self.keep_node_windows)
         object.__setattr__(self, "fan_in", check_int("fan_in", self.fan_in, 2, MAX_FAN_IN))
+        if self.disk_budget_mb is not None:
+            budget = check_int("disk_budget_mb", self.disk_budget_mb, 1, MAX_DISK_BUDGET_MB)
+            object.__setattr__(self, "disk_budget_mb", budget)
         if isinstance(self.sinks, str) or not isinstance(self.sinks, Iterable):
             raise TimerSettingError(f"sinks must be a sequence of sinks, got {self.sinks!r:.60}")
         sinks = tuple(self.sinks)
         for sink in sinks:
             check_has_methods("sink", sink, "write", "close")
         object.__setattr__(self, "sinks", sinks)
+
+    @property
+    def disk_budget_bytes(self) -> int | None:
+        """``disk_budget_mb`` in bytes (None when not set)."""
+        return None if self.disk_budget_mb is None else self.disk_budget_mb << 20
 
 
 def collect_config(collect: str | CollectConfig, keywords: Mapping[str, Any]) -> CollectConfig:

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.collectives import CollectiveBaseline, CommunicationReading
 from ..analysis.gates import Gates
-from ..analysis.regression import RegressionCheck, RegressionConfig
-from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged
+from ..analysis.regression import STAGE, RegressionCheck, RegressionConfig
+from ..analysis.schema import semantic_stage
+from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged, marks
 from . import host_signals
 
 
@@ -41,8 +43,18 @@ class LiveAnalysis:
         self._host = host_signals.snapshot()
         kept = regression.baseline_windows if regression is not None else 1
         self._healthy_hosts: deque[dict[str, Any]] = deque(maxlen=kept)
+        self._collectives = CollectiveBaseline()
 
     def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
+        """The window analyzed, with its regression check and its slow collective."""
+        analyzed = self._analyze(merged)
+        reading = analyzed.communication
+        slow = self._collectives.check(merged.reference.window, reading)
+        return replace(
+            analyzed, slow_collective=slow, regression=_late_into(analyzed.regression, reading)
+        )
+
+    def _analyze(self, merged: MergedWindow) -> AnalyzedWindow:
         check = self._check
         complete = not merged.missing_ranks and not merged.mismatched_ranks
         if check is None or not complete:
@@ -52,7 +64,8 @@ class LiveAnalysis:
         if (self.gates or Gates()).gain_baseline == "rank_median":
             reference = check.reference(stages, len(merged.ranks))
         analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
-        regression = self._with_host(check.check(merged.reference.window, analyzed.d, stages))
+        ref = merged.reference
+        regression = self._with_host(check.check(ref.window, analyzed.d, stages, marks(ref)))
         return replace(
             analyzed,
             regression=regression,
@@ -65,7 +78,8 @@ class LiveAnalysis:
         side = analyzed.side
         if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
             return analyzed
-        regression = check.check_summary(analyzed.merged.reference.window, summary)
+        ref = analyzed.merged.reference
+        regression = check.check_summary(ref.window, summary, marks(ref))
         return replace(analyzed, regression=self._with_host(regression))
 
     def _with_host(self, regression: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -82,3 +96,18 @@ class LiveAnalysis:
             for name in {n for h in self._healthy_hosts for n in h}
         }
         return {**regression, "host": {"now": signals, "before": before}}
+
+
+def _late_into(
+    regression: dict[str, Any] | None, reading: CommunicationReading | None
+) -> dict[str, Any] | None:
+    """The regression with ``late``: the rank the timed collectives name late in its stage. A
+    slowdown read as the whole job's (every rank's backward grew, as the others wait inside it)
+    is then that stage's: the late rank holds the others back."""
+    late = None if reading is None else reading.late
+    if not regression or late is None or late.stage is None:
+        return regression
+    if semantic_stage(late.stage) != semantic_stage(regression["top_stage"]):
+        return regression
+    into = {"stage": late.stage, "bucket": late.bucket, "last_bucket": late.last_bucket}
+    return {**regression, "kind": STAGE, "late": {"rank": late.late_rank, **into}}

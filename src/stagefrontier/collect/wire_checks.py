@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..analysis.collectives import check_rank_collectives
 from ..analysis.values import exact_type
 from ..errors import ReportFormatError
 
@@ -123,4 +124,5 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "probes": _probes,
     "ranges": _ranges,
     "loader": _loader,
+    "collectives": check_rank_collectives,
 }

@@ -17,6 +17,7 @@ from typing import Any
 from ..collect.node_store import loopback_store as loopback_store  # importable here too
 from ..errors import DeadlineExceeded as DeadlineExceeded  # defined there, importable here
 from ..errors import DemoError as DemoError
+from ..sinks.output_folder import clear_run_files
 from .train import (
     CLOSE_TIME,
     ERROR_FILE,
@@ -78,8 +79,8 @@ def launch(
     """
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    clear_run_files(out)  # a new run, not a continuation of the last one
     stale_files = (
-        "windows.jsonl",
         "losses-rank*.json",
         "step-times-rank*",
         "step-cpu-rank*",

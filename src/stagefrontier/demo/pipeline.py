@@ -33,6 +33,7 @@ from ..collect.config import CollectConfig
 from ..errors import DemoError
 from ..record.config import TimerConfig
 from ..record.recorder import StageTimer
+from ..sinks.output_folder import clear_run_files
 from .faults import Fault, FaultInjector
 from .launch import read_windows, run_ranks
 from .train import leave_process_group, show_rank_lines
@@ -67,7 +68,7 @@ def run_pipeline(config: PipelineConfig, deadline_s: float = 300.0) -> list[dict
     """Run the job on ``PP * DP`` spawned ranks; returns the windows rank 0 wrote."""
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "windows.jsonl").unlink(missing_ok=True)
+    clear_run_files(out)  # a new run, not a continuation of the last one
     codes = run_ranks(_rank, PP * DP, config, deadline_s=deadline_s)
     failed = {rank: code for rank, code in codes.items() if code != 0}
     if failed:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..collect.node_store import LOOPBACK
 from ..errors import DeadlineExceeded, DemoError
+from ..sinks.output_folder import clear_run_files
 from .faults import parse_fault
 from .launch import read_windows
 from .train import DemoConfig, run_rank
@@ -75,7 +76,7 @@ def launch_nodes(
         raise DemoError(f"{config.ranks} ranks are not {nodes} nodes of {per_node}")
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "windows.jsonl").unlink(missing_ok=True)
+    clear_run_files(out)  # a new run, not a continuation of the last one
     config_path = out / CONFIG_FILE
     write_config(config, config_path)
     endpoint = f"{LOOPBACK}:{free_port()}"

@@ -180,10 +180,12 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers), config
     )
     faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks))
+    timer, router = _make_timer(rank, config)
+    if config.sharding != "fsdp2":
+        timer.watch_ddp(model)  # its gradient buckets timed: the late rank behind backward
     if any(f.kind == "comm" for f in config.faults):
         # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
         model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))
-    timer, router = _make_timer(rank, config)
     accumulation = config.accumulation
     batches: Iterator[tuple[Any, Any]] = data
     if config.loader_workers:

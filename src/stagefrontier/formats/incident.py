@@ -87,6 +87,15 @@ class WorkerRow(msgspec.Struct):
 WorkerRows = Annotated[list[WorkerRow], msgspec.Meta(max_length=MAX_LIST)]
 
 
+class LateInto(msgspec.Struct):
+    """The late rank the ranks' timed collectives name in a regression's stage."""
+
+    rank: Count
+    stage: Text
+    bucket: Count
+    last_bucket: bool
+
+
 class Regression(msgspec.Struct):
     """What ``analysis.regression.regression_text`` reads of a regression (it holds more)."""
 
@@ -96,6 +105,7 @@ class Regression(msgspec.Struct):
     delta_advance_ms_per_step: Shares
     ranks: RankList
     all_ranks: bool
+    late: LateInto | None = None
 
     def __post_init__(self) -> None:
         check_ranks(self.ranks, "ranks")

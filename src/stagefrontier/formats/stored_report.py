@@ -17,7 +17,7 @@ from msgspec import UNSET, UnsetType
 
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError
-from .typed import Count, check
+from .typed import Count, Number, Text, check
 from .wall_clock import WallClock
 
 
@@ -81,6 +81,35 @@ class BlockLeadFacts(msgspec.Struct):
     rank: Count | None = None
 
 
+class CollectiveFacts(msgspec.Struct):
+    """One collective's reading as the verdict says it (``analysis.collectives``)."""
+
+    family: Text
+    bucket: Count
+    stage: Text | None
+    nbytes: Count
+    last_bucket: bool
+    spread_ms: Number
+    transfer_ms: Number
+    late_rank: Count | None = None
+    lateness_ms: Number = 0.0
+
+
+class SlowCollectiveFacts(CollectiveFacts):
+    """A slow collective against its baseline (``analysis.collectives.CollectiveBaseline``)."""
+
+    baseline_ms: Number = 0.0
+    baseline_windows: Annotated[list[Count], msgspec.Meta(min_length=2, max_length=2)] = []
+
+
+class CommunicationFacts(msgspec.Struct):
+    """What the verdict reads of a window's timed collectives (the record's
+    ``communication``)."""
+
+    late: CollectiveFacts | None = None
+    slow: SlowCollectiveFacts | None = None
+
+
 class WindowFacts(msgspec.Struct):
     """The facts of a window a renderer reads, stored beside its report (a record's fields
     other than the report's, a packet's ``meta``); each is checked when present, and other keys
@@ -103,6 +132,9 @@ class WindowFacts(msgspec.Struct):
     """None without a data wait on top, or a DataLoader handing batches over in bursts."""
     wall_clock: WallClock | UnsetType = UNSET
     """When the window ran (``formats.wall_clock``); absent from records written before."""
+    communication: CommunicationFacts | UnsetType | None = UNSET
+    """The timed collectives' reading (``timer.watch_ddp``); None when none were watched, absent
+    from records written before."""
 
 
 def check_window_meta(meta: dict[str, Any]) -> dict[str, Any]:

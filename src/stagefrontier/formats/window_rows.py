@@ -25,14 +25,14 @@ Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 class RowGates(msgspec.Struct):
     """The two gates that decide whether a stage's lead rank switches too often to name one
-    (``analysis.labels.lead_switches``)."""
+    (``analysis.leaders.lead_switches``)."""
 
     min_confident_fraction: Fraction
     max_switch_rate: Amount
 
 
 class RowLocalization(msgspec.Struct):
-    """Who leads one (broad) stage, as ``render.verdict.single_leader`` reads it."""
+    """Who leads one (broad) stage, as ``analysis.leaders.single_leader`` reads it."""
 
     leader_rank: Count | None
     leader_fraction: Fraction

@@ -1,9 +1,10 @@
 """What a running timer lets other parts of the library drive: its instrumentation.
 
 A timer hands its instrumentation (``StageTimer.instrumentation``) to what records alongside it:
-the profiler router's capture today (``route.capture``), the timing of collectives and the
-zero-code hooks next. Through it they read where the timer stands (its rank, its step, its
-collector, its DataLoader's workers, what their work cost so far), ask to be told of each step's
+the profiler router's capture (``route.capture``), the timing of collectives
+(``record.collectives``, which reads the open step with ``open_step``) and the zero-code hooks
+next. Through it they read where the timer stands (its rank, its step, its collector, its
+DataLoader's workers, what their work cost so far), ask to be told of each step's
 start and end (``tell_steps``), have the timer record its stages, steps and data waits as
 profiler ranges while they need them (``record_ranges`` and ``stop_ranges``), and charge their
 own time on the training thread to the timer's self-cost (``charge``). Nothing outside
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .annotate import ProfilerRanges, WaitRanges
 from .contexts import AnnotatedStageContext, CapturedStepContext, StepContext
+from .timer_state import NOT_RECORDING
 
 if TYPE_CHECKING:
     from .loader_workers import WorkerCounters
@@ -63,6 +65,17 @@ class Instrumentation:
         """The counters of the DataLoader workers ``timer.iter`` watches (None when it watches
         none)."""
         return self._timer._loader_workers
+
+    def open_step(self) -> tuple[int, int, str | None] | None:
+        """The recorded step open now, from any thread: its global index, its start on
+        ``time.perf_counter_ns`` and the ordered stage open in it (None when none is); None
+        between steps and while paused."""
+        timer = self._timer
+        active = timer._active
+        if active in NOT_RECORDING:
+            return None
+        start = int(timer._step_ctx._start)  # type: ignore[attr-defined]
+        return timer._step_index, start, None if active is None else active._name
 
     @property
     def capture_ns(self) -> int:

@@ -36,6 +36,7 @@ from ..errors import ContractViolation as ContractViolation  # defined there, im
 from ..errors import StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from .annotate import ProfilerRanges
+from .collectives import CollectiveLog, watch_ddp
 from .config import TimerConfig, config_from_keywords, warn_deprecated
 from .contexts import (
     AnnotatedStageContext,
@@ -272,6 +273,18 @@ class StageTimer(TimerState):
         workers, self._loader_note = watch_loader(loader)
         self._loader_workers = workers
         return workers
+
+    def watch_ddp(self, model: Any) -> bool:
+        """Time every gradient bucket of ``model`` (a ``DistributedDataParallel``) as it is
+        reduced: when each rank reached it and how long it waited, read across ranks into the
+        late rank or a slow collective (docs/communication.md). Call it before
+        ``register_comm_hook``, whose hook then runs inside the timed one. Returns whether the
+        buckets are timed (the window record says why not)."""
+        if not self.enabled:
+            return False
+        if self._collectives is None:
+            self._collectives = CollectiveLog(self.instrumentation)
+        return watch_ddp(self._collectives, model)
 
     def fetch(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, its wait charged like one ``next()`` of ``timer.iter``: to

@@ -119,6 +119,8 @@ class TimerState:
         self._pid = os.getpid()
         self._role: str | None = None
         self._role_set: tuple[str, ...] = ()
+        self._phase: str | None = None  # set_phase; the window's phase is the one at its end
+        self._phase_changed = False  # the phase changed while the open window held steps
         # What every window of this rank says of the rank (built at the first hand-off, and
         # again if the rank changes when the collector is built then).
         self._static_fields: dict[str, Any] = {}
@@ -181,6 +183,7 @@ class TimerState:
         self._wait_ranges: Any = None
         self._router: Any = None  # a StageTimer's router runtime (record.recorder)
         self._cost = CostMeter(False, type(self))  # StageTimer sets its own calibration
+        self._collectives: Any = None  # a record.collectives.CollectiveLog once watch_ddp ran
 
     @property
     def _step_index(self) -> int:
@@ -335,6 +338,7 @@ class TimerState:
         self._n = 0
         self._paused = 0
         self._paused_ranges = []
+        self._phase_changed = False
         self._window_end = self.window
         self._window_mixed = False
         self._violations = 0
@@ -379,6 +383,8 @@ class TimerState:
             "first_step": first,
             "last_step": first + n + self._paused - 1,
             "paused_ranges": tuple(map(tuple, self._paused_ranges)),
+            "phase": self._phase,
+            "phase_changed": self._phase_changed,
             "started_unix_ns": self._window_started_ns,
             "ended_unix_ns": ended_ns,
             "handoff_ns": self._cost.handoff_ns,
@@ -392,8 +398,26 @@ class TimerState:
             "probes": self._drain_probes() if self._probes else {},
             "dropped_windows": self._dropped,
             "loader": self._loader_counts(),
+            "collectives": (
+                {} if self._collectives is None else self._collectives.drain(self._step_index - 1)
+            ),
         }
         return WindowSnapshot(self._buf, n, self._width, self.stages, fields, self._cost)
+
+    def set_phase(self, name: str | None) -> None:
+        """Name the phase of the run the next steps belong to (``"evaluation"``,
+        ``"checkpoint"``, ``"seq-4096"``; None: no phase). Each phase keeps its own baseline
+        for the live regression check (``analysis.baseline_phases``): a window of another
+        phase is never a regression of the phase before. A window carries the phase in force
+        at its end (``phase`` in rank 0's record); one the phase changed inside is compared
+        with nothing. Cheap; call it between steps, on every rank alike. A name that is not
+        printable text is a contract violation, ignored."""
+        if name is not None and (not isinstance(name, str) or not name.isprintable()):
+            self._violation(f"set_phase({name!r:.40}): not a printable name; ignored")
+            return
+        if name != self._phase:
+            self._phase_changed = self._phase_changed or bool(self._n or self._paused)
+            self._phase = name
 
     def _drain_probes(self) -> dict[str, Any]:
         return {name: p.drain() for name, p in self._probes.items() if p.count}

@@ -17,6 +17,7 @@ from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.leaders import MIN_LEAD_STEPS
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.window_report import WindowReport
+from .communication import communication_short
 from .escape import printable
 from .text import index_text, lead_text, window_title
 from .verdict import both_names, ms, next_step, plain, ranks_text
@@ -137,6 +138,9 @@ def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) ->
         return "per role: " + "; ".join(tops)
     share = report.semantic_shares[top]
     spent = f" (~{ms(share * report.mean_step_s * 1e3)} ms)" if cost else ""
+    measured = communication_short(record, top, plain(top))
+    if measured:  # the collectives name the late rank or the slow collective: room for it
+        return f"{plain(top)} {share:.0%}: {measured}"
     return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"
 
 

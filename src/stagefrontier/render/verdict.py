@@ -32,6 +32,7 @@ from ..analysis.schema import (
     semantic_stage,
 )
 from ..analysis.window_report import WindowReport
+from .communication import SLOW_NEXT, late_finding, late_rank, slow_collective, slow_finding
 from .escape import printable
 from .loader_text import window_loader_sentence
 
@@ -233,6 +234,13 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     share = report.semantic_shares[top]
     cost = f"~{ms(share * step_ms)} ms of the {ms(step_ms)} ms step ({share:.0%})"
     cost += _microstep_note(report, top)
+    late = late_rank(record, top)
+    if late is not None:  # measured in the collectives: the late rank, whatever the lead
+        finding = late_finding(late, plain(top), full=True)
+        return Said(f"{finding}; {plain(top)} costs {cost}", _late_next(late, top))
+    slow = slow_collective(record, top)
+    if slow is not None:
+        return Said(f"{slow_finding(slow, full=True)}; {plain(top)} costs {cost}", SLOW_NEXT)
     lead = _lead(report, record, top)
     target = f"profile {both_names(top)} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
@@ -260,6 +268,10 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
         f"no stage dominates the {ms(step_ms)} ms step ({stages})",
         f"profile {listing(report.routing_set)}",
     )
+
+
+def _late_next(late: Mapping[str, Any], top: str) -> str:
+    return f"profile {both_names(top)} on rank {late['late_rank']}"
 
 
 def _co_critical_verdict(

@@ -116,6 +116,10 @@ def decide(
             f"{stage} has {share:.0%} < {g.share_dominance:.0%} and the routing set has "
             f"{len(report.routing_set)} stages"
         )
+    if not report.role_reports and window.summary is None:
+        measured = late_rank_decision(window, stage, share, ranks)
+        if measured is not None:
+            return measured, ""
     loc = report.semantic_localization[stage]
     n = report.n_steps
     why = unsteady_lead(loc, n, report.exposed_s / n, g, stage)
@@ -168,6 +172,33 @@ def decide(
     return Decision(stage, suspect, reference, share, index, reasons, role), ""
 
 
+def late_rank_decision(
+    window: AnalyzedWindow, stage: str, share: float, ranks: list[int]
+) -> Decision | None:
+    """The capture of the rank the timed collectives name late in ``stage``
+    (``analysis.collectives``), against the rank of median time in it among the others: the
+    stage matrix cannot name it when the others wait inside the same stage (DDP's all-reduce
+    in backward)."""
+    reading = window.communication
+    late = None if reading is None else reading.late
+    if late is None or late.stage is None or semantic_stage(late.stage) != stage:
+        return None
+    suspect = int(late.late_rank)  # type: ignore[arg-type]
+    columns = [i for i, name in enumerate(window.report.stages) if semantic_stage(name) == stage]
+    totals = window.d[:, :, columns].sum(axis=(0, 2))
+    others = sorted((float(totals[i]), r) for i, r in enumerate(ranks) if r != suspect)
+    reference = others[(len(others) - 1) // 2][1]
+    reasons = (
+        f"{stage} {share:.0%} of exposed time",
+        f"rank {suspect} arrives last at bucket {late.bucket} ({late.family}) in {late.stage} "
+        f"by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} steps, the others "
+        "timed waiting for it there",
+        f"reference rank {reference}: the median total time in {stage} among the other ranks",
+    )
+    index = window.merged.reference.window
+    return Decision(stage, suspect, reference, share, index, reasons)
+
+
 def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple[int, str]:
     """Under hierarchical collection, the reference rank and how it was chosen: the rank of
     typical time in ``stage`` that the node parts carry (a median of node medians, not the
@@ -205,11 +236,14 @@ def regression_decision(window: AnalyzedWindow) -> Decision | None:
     rank alike), so that a rank that did not grow can be the reference. The suspect is the rank
     that grew most; the reference the rank that grew least."""
     regression = window.regression
-    if not regression or regression.get("kind") == WHOLE_JOB or regression["all_ranks"]:
+    if not regression or regression.get("kind") == WHOLE_JOB:
+        return None
+    late = regression.get("late")  # the timed collectives name the rank the others wait for
+    if regression["all_ranks"] and not late:
         return None
     stage = regression["top_stage"]
     deltas = {int(rank): float(ms) for rank, ms in regression["rank_delta_ms_per_step"].items()}
-    grown = [int(rank) for rank in regression["ranks"]]
+    grown = [int(late["rank"])] if late else [int(rank) for rank in regression["ranks"]]
     healthy = [rank for rank in sorted(deltas, key=lambda r: deltas[r]) if rank not in grown]
     if not grown or not healthy:
         return None
@@ -219,7 +253,10 @@ def regression_decision(window: AnalyzedWindow) -> Decision | None:
         f"window slower than windows {first}-{last} by "
         f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, most of it in {stage} "
         f"({regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step)",
-        f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, float('nan')):.1f} ms/step",
+        f"rank {suspect} arrives late into {late['stage']}'s bucket {late['bucket']}, the others "
+        "timed waiting for it there"
+        if late
+        else f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, math.nan):.1f} ms/step",
         f"reference rank {reference}: the rank whose {stage} grew least in this window",
     )
     broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..window.merged import AnalyzedWindow
+from .output_folder import shared_folder
 
 
 class JsonlSink:
@@ -17,16 +18,24 @@ class JsonlSink:
     whole record, so a disk that filled and was freed again does not leave a torn record run into
     the next one. A file that an earlier run left ending mid-record is cut back the same way when
     it is opened.
+
+    Each record carries the window's attempt in the folder, and the folder is held to its disk
+    budget (``sinks.output_folder``; ``disk_budget_bytes``, else
+    ``STAGEFRONTIER_DISK_BUDGET_MB``).
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike[str], disk_budget_bytes: int | None = None
+    ) -> None:
         self.path = Path(out_dir) / "windows.jsonl"
+        self.folder = shared_folder(out_dir, disk_budget_bytes)
         self._fd: int | None = None
         self._cut_at: int | None = None
         """Where the record a failed write left cut short begins."""
 
     def write(self, window: AnalyzedWindow) -> None:
-        data = (json.dumps(window.record, allow_nan=False) + "\n").encode("utf-8")
+        record = self.folder.stamp(window)
+        data = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
@@ -38,8 +47,10 @@ class JsonlSink:
         while view:
             view = view[os.write(self._fd, view) :]
         self._cut_at = None  # whole: a write that raised left it at the record's start
+        self.folder.written(record, self.path, len(data))
 
     def close(self) -> None:
+        self.folder.close()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -63,10 +74,14 @@ def _whole_records_end(fd: int) -> int:
 class PacketSink:
     """Writes one evidence packet per window to ``out_dir/packets/``: ``window-<i>.json``
     (``formats.packet``), or ``summary-<i>.json`` (``formats.summary_packet``) for a window
-    analyzed from node summaries."""
+    analyzed from node summaries; each named by its attempt in the folder, and the packets of
+    older windows deleted past the folder's disk budget (``sinks.disk_budget``)."""
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike[str], disk_budget_bytes: int | None = None
+    ) -> None:
         self.folder = Path(out_dir) / "packets"
+        self.output = shared_folder(out_dir, disk_budget_bytes)
         self._swept = False
 
     def write(self, window: AnalyzedWindow) -> None:
@@ -76,27 +91,29 @@ class PacketSink:
         if not self._swept:  # before this run's first packet: an earlier run's leftovers
             self._swept = True
             remove_temporaries(self.folder, ".*.tmp")
-        meta = {k: v for k, v in window.record.items() if k in PACKET_META}
+        record = self.output.stamp(window)
+        meta = {k: v for k, v in record.items() if k in PACKET_META}
         if window.summary is not None:  # hierarchical: the node summaries, not rank columns
             from ..formats.summary_packet import SummaryPacket, write_summary_packet
 
-            name = "summary-" + packet_name(window.record).removeprefix("window-")
+            path = self.folder / ("summary-" + packet_name(record).removeprefix("window-"))
             packet = SummaryPacket.of_summary(
                 window.summary, window.report, side=window.side, meta=meta
             )
-            write_summary_packet(self.folder / name, packet)
-            return
-        full = Packet.of_window(
-            window.d,
-            window.report,
-            roles=window.roles,
-            side=window.side,
-            meta=meta,
-        )
-        write_packet(self.folder / packet_name(window.record), full)
+            write_summary_packet(path, packet)
+        else:
+            full = Packet.of_window(
+                window.d,
+                window.report,
+                roles=window.roles,
+                side=window.side,
+                meta=meta,
+            )
+            path = write_packet(self.folder / packet_name(record), full)
+        self.output.written(record, path, path.stat().st_size)
 
     def close(self) -> None:
-        return None
+        self.output.close()
 
 
 PACKET_META = (

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
 from ..analysis.block_lead import BlockLead
+from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
 from ..analysis.gates import Gates
 from ..analysis.schema import FORWARD_STAGE
 from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
@@ -91,6 +92,9 @@ class AnalyzedWindow:
     """Under hierarchical collection: the node size and count, the nodes present, the nodes
     missing (with the reason), the nodes some of whose ranks are missing, and the hosts of the
     nodes the report can name (``collect.node_payload.nodes_entry``)."""
+    slow_collective: dict[str, Any] | None = None
+    """Set on rank 0 when a collective every rank reached together took much longer than in
+    the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -102,6 +106,11 @@ class AnalyzedWindow:
         record["regression"] = self.regression
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
+        reading = self.communication
+        if reading is not None:
+            record["communication"] = {**reading.to_dict(), "slow": self.slow_collective}
+        else:
+            record["communication"] = None
         if self.nodes is not None:
             record["nodes"] = {k: v for k, v in self.nodes.items() if k != "self_cost"}
             if self.summary is not None:
@@ -128,6 +137,16 @@ class AnalyzedWindow:
         return loader_block_lead(
             self.merged.ranks, self.d, report.stages, top, leader, report.gates
         )
+
+    @cached_property
+    def communication(self) -> CommunicationReading | None:
+        """The clock-free reading of the collectives the ranks timed (``analysis.collectives``),
+        or None when no rank watched any."""
+        times = self.side.collectives
+        if times is None:
+            return None
+        step_ms = float(np.median(self.d.sum(axis=2))) * 1e3 if self.d.size else 0.0
+        return read_collectives(times, [w.rank for w in self.merged.ranks], step_ms)
 
     @cached_property
     def metrics(self) -> WindowMetrics:
@@ -183,6 +202,11 @@ def analyze_merged(
         notes=tuple(notes),
         no_stall_reference_s=reference_s,
         expected_roles=tuple(sorted(role_set)),
+        collectives=CollectiveTimes.of_ranks(
+            merged.reference.first_step,
+            merged.reference.last_step - merged.reference.first_step + 1,
+            [w.collectives for w in ranks],
+        ),
     )
     if reference_s is not None:
         gates = replace(gates or Gates(), gain_baseline="reference")
@@ -228,6 +252,7 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
         "overlap_error_s": sum(w.overlap_ns for w in merged.ranks) * NS,
         "contract_violations": sum(w.contract_violations for w in merged.ranks),
         "paused_steps": ref.paused_steps,
+        **phase_fields(ref),
         "self_cost": self_cost_summary(merged.ranks),
         "probes": {str(w.rank): w.probes for w in merged.ranks if w.probes},
         "loader_workers": loader_record(merged.ranks, ref.stages[0]),
@@ -237,6 +262,20 @@ def window_record(merged: MergedWindow, report: WindowReport) -> dict[str, Any]:
     }
     record.update(report.to_dict())
     return record
+
+
+def phase_fields(ref: RankWindow) -> dict[str, Any]:
+    """The record's ``phase`` (and ``phase_changed`` when it changed inside the window), only
+    when the run names phases."""
+    if ref.phase is None and not ref.phase_changed:
+        return {}
+    return {"phase": ref.phase, **({"phase_changed": True} if ref.phase_changed else {})}
+
+
+def marks(ref: RankWindow) -> tuple[str | None, bool, bool]:
+    """What the regression check follows of the window (``analysis.baseline_phases``): its
+    phase, whether the phase changed inside it, whether it holds paused steps."""
+    return ref.phase, ref.phase_changed, ref.paused_steps > 0
 
 
 def _record_head(merged: MergedWindow) -> dict[str, Any]:
@@ -266,6 +305,7 @@ def summary_record(
         "mismatched_ranks": list(side.mismatched_ranks),
         "accumulation_factor": side.accumulation_factor,
         "paused_steps": merged.reference.paused_steps,
+        **phase_fields(merged.reference),
         "step_wall_s": summary.rank_total_sum_s - side.overlap_error_s,
         "overlap_error_s": side.overlap_error_s,
         "contract_violations": side.contract_violations,

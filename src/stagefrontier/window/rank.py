@@ -79,6 +79,10 @@ class RankWindow:
     )
     """Steps in ``[first_step, last_step]`` that ran while the timer was paused (not recorded),
     as inclusive ``(first, last)`` ranges."""
+    phase: str | None = field(default=None, metadata=_meta("optional_text"))
+    """The phase of the run in force at the window's end (``StageTimer.set_phase``)."""
+    phase_changed: bool = field(default=False, metadata=_meta("flag"))
+    """Whether the phase changed inside the window (after its first step)."""
     contexts_entered: int = field(default=0, metadata=_meta("count"))
     """Step and stage contexts the window's recorded steps entered (``record.self_cost``)."""
     context_cost_ns: int = field(default=0, metadata=_meta("count"))
@@ -94,6 +98,9 @@ class RankWindow:
     loader: dict[str, Any] = field(default_factory=dict, metadata=_meta("loader"))
     """A DataLoader's worker counts over the window (``record.loader_workers``), or a note
     saying why there are none; empty when the data does not come through ``timer.iter``."""
+    collectives: dict[str, Any] = field(default_factory=dict, metadata=_meta("collectives"))
+    """The collectives the rank timed in the window (``record.collectives``): their keys, each
+    call's arrival and wait, and what could not be timed; empty when none are watched."""
     started_unix_ns: int = field(default=0, metadata=_meta("count"))
     """The wall clock (ns since the epoch) as the window's first step began; 0 when unknown."""
     ended_unix_ns: int = field(default=0, metadata=_meta("count"))

@@ -1,0 +1,359 @@
+"""Communication evidence: the clock-free reading of the collectives every rank timed.
+
+Each rank times, per collective, its own wait: from issuing the collective to its completion
+(``record.collectives``). Clocks need not agree across ranks, because only durations are
+compared: inside one collective every rank waits until the last one arrives, so the rank with
+the shortest wait arrived last, the shortest wait is the transfer itself, and each other rank's
+wait beyond it is time spent waiting for the late rank. A collective is matched across ranks by
+its family (``all_reduce`` or the user's hook), its bucket, the stage it ran in and its call in
+the step.
+
+Per window and collective: the transfer (median over steps of the shortest wait), the wait for
+the late rank (median over steps of the ranks' mean extra wait), how far apart the ranks
+arrived (median of the longest extra wait), and the late rank when one rank arrives last in
+most steps by a margin: its lateness is the median over all steps of how much after the next
+rank it arrived (0 in the steps it was not last), so a rank that is last by chance in a few
+steps is not named, and it must stand out against the margin of the steps where another rank
+was last (``NOISE_FACTOR``). None of it enters the prefix vector: it is side evidence for the
+labels and the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ReportFormatError
+from .values import is_int
+
+LATE_MIN_MS = 20.0
+"""The least lateness, in milliseconds per step, that names a late rank."""
+LATE_STEP_FRACTION = 0.05
+"""...and the least as a fraction of the median step: scheduling noise on a loaded host stays
+below both."""
+NOISE_FACTOR = 3.0
+"""...and at least this many times the margin by which the last rank arrived last in the steps
+the named rank was not last (the scheduling noise of a loaded host, where the last rank changes
+from step to step: a rank that is last by that much in a few more steps than the others is
+not named)."""
+FIRST_LATE_FRACTION = 0.5
+"""Where a late rank is late into several collectives (each one's lateness carries into the
+next), the one named is the first it reaches late by at least this part of its most."""
+
+DEFAULT_FAMILY = "all_reduce"
+"""The family of DDP's default bucket all-reduce (a user's hook is named by its function)."""
+
+Key = tuple[str, int, "str | None", int]
+"""A collective across ranks: (family, bucket, stage, call in the step)."""
+
+
+@dataclass(frozen=True)
+class CollectiveTimes:
+    """The timed collectives of a window's ranks, as side evidence: ``keys`` and ``nbytes``
+    per collective, ``wait_ms`` and ``reached_ms`` ``[steps, ranks, collectives]`` (NaN where a
+    rank did not time that collective in that step; step ``i`` is the window's first step plus
+    ``i``), and the ranks' reasons for what they could not time."""
+
+    keys: tuple[Key, ...]
+    nbytes: tuple[int, ...]
+    wait_ms: npt.NDArray[np.float64]
+    reached_ms: npt.NDArray[np.float64]
+    untimed: tuple[str, ...] = ()
+
+    @classmethod
+    def of_ranks(
+        cls, first_step: int, n_steps: int, ranks: Sequence[dict[str, Any]]
+    ) -> CollectiveTimes | None:
+        """From each rank's window field (``record.collectives``); None when no rank watched."""
+        if not any(ranks):
+            return None
+        keys: dict[Key, int] = {}
+        nbytes: dict[Key, int] = {}
+        for part in ranks:
+            for family, bucket, stage, call, size in part.get("keys", []):
+                key = (family, bucket, stage, call)
+                keys.setdefault(key, len(keys))
+                nbytes[key] = max(nbytes.get(key, 0), size)
+        shape = (n_steps, len(ranks), len(keys))
+        wait, reached = np.full(shape, np.nan), np.full(shape, np.nan)
+        untimed: list[str] = []
+        for r, part in enumerate(ranks):
+            own = [keys[(f, b, s, c)] for f, b, s, c, _ in part.get("keys", [])]
+            for step, k, arrived_us, _, wait_us in part.get("calls", []):
+                row = step - first_step
+                if 0 <= row < n_steps:
+                    wait[row, r, own[k]] = wait_us / 1e3
+                    reached[row, r, own[k]] = arrived_us / 1e3
+            untimed.extend(u for u in part.get("untimed", []) if u not in untimed)
+        return cls(tuple(keys), tuple(nbytes[k] for k in keys), wait, reached, tuple(untimed))
+
+    def to_dict(self) -> dict[str, Any]:
+        def boxed(values: npt.NDArray[np.float64]) -> Any:
+            out = np.round(values, 3).astype(object)
+            out[np.isnan(values)] = None
+            return out.tolist()
+
+        return {
+            "keys": [[*key, size] for key, size in zip(self.keys, self.nbytes, strict=True)],
+            "wait_ms": boxed(self.wait_ms),
+            "reached_ms": boxed(self.reached_ms),
+            "untimed": list(self.untimed),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CollectiveTimes:
+        """From ``to_dict()``'s form; raises ReportFormatError naming what is wrong."""
+        if not isinstance(data, dict) or set(data) != {"keys", "wait_ms", "reached_ms", "untimed"}:
+            raise ReportFormatError("collectives must hold keys, wait_ms, reached_ms and untimed")
+        keys = [_key(k, "collectives") for k in _list(data["keys"], "collectives keys")]
+        try:
+            wait = np.array(data["wait_ms"], dtype=np.float64)
+            reached = np.array(data["reached_ms"], dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ReportFormatError(f"malformed collectives: {exc}") from None
+        for name, arr in (("wait_ms", wait), ("reached_ms", reached)):
+            if arr.ndim != 3 or arr.shape[2] != len(keys) or np.isinf(arr).any() or (arr < 0).any():
+                raise ReportFormatError(f"collectives {name} must be [steps, ranks, keys] >= 0")
+        if wait.shape != reached.shape:
+            raise ReportFormatError("collectives wait_ms and reached_ms differ in shape")
+        untimed = _list(data["untimed"], "collectives untimed")
+        if not all(isinstance(u, str) for u in untimed):
+            raise ReportFormatError("collectives untimed must be a list of strings")
+        return cls(
+            tuple(k[:4] for k in keys), tuple(k[4] for k in keys), wait, reached, tuple(untimed)
+        )
+
+
+@dataclass(frozen=True)
+class CollectiveReading:
+    """One collective over a window (see the module doc); milliseconds per step."""
+
+    family: str
+    bucket: int
+    stage: str | None
+    call: int
+    nbytes: int
+    reached_ms: float
+    """The median over steps and ranks of when the ranks reached it, from their step's start."""
+    last_bucket: bool
+    """The highest bucket of its family and stage: in DDP, the last one backward reaches."""
+    steps: int
+    """Steps in which every rank timed it."""
+    transfer_ms: float
+    wait_ms: float
+    spread_ms: float
+    late_rank: int | None
+    lateness_ms: float
+    late_steps: int
+
+
+@dataclass(frozen=True)
+class CommunicationReading:
+    """A window's collectives read together: per step, the transfer and the wait for late
+    ranks summed over collectives, the late rank (from the collective where it is latest) and
+    the slowest collective."""
+
+    collectives: list[CollectiveReading]
+    transfer_ms: float
+    wait_ms: float
+    late: CollectiveReading | None
+    slowest: CollectiveReading | None
+    untimed: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "transfer_ms_per_step": round(self.transfer_ms, 3),
+            "wait_ms_per_step": round(self.wait_ms, 3),
+            "late_rank": None if self.late is None else self.late.late_rank,
+            "lateness_ms": 0.0 if self.late is None else round(self.late.lateness_ms, 3),
+            "late": None if self.late is None else _rounded(self.late),
+            "slowest": None if self.slowest is None else _rounded(self.slowest),
+            "collectives": [_rounded(c) for c in self.collectives],
+            "untimed": self.untimed,
+        }
+
+
+def read_collectives(
+    times: CollectiveTimes, rank_ids: Sequence[int], step_ms: float
+) -> CommunicationReading:
+    """The window's reading (``step_ms``: the median step, for the lateness threshold)."""
+    threshold = max(LATE_MIN_MS, LATE_STEP_FRACTION * step_ms)
+    top: dict[tuple[str, str | None], int] = {}
+    for family, bucket, stage, _ in times.keys:
+        top[(family, stage)] = max(top.get((family, stage), bucket), bucket)
+    readings = []
+    for c, key in enumerate(times.keys):
+        reading = _read_one(times.wait_ms[:, :, c], key, times.nbytes[c], rank_ids, threshold)
+        if reading is not None:
+            last = reading.bucket == top[(reading.family, reading.stage)]
+            reached = times.reached_ms[:, :, c]
+            arrived = float(np.median(reached[np.isfinite(reached)]))
+            readings.append(_with(reading, last_bucket=last, reached_ms=arrived))
+    return CommunicationReading(
+        collectives=readings,
+        transfer_ms=sum(r.transfer_ms for r in readings),
+        wait_ms=sum(r.wait_ms for r in readings),
+        late=_first_late(readings),
+        slowest=max(readings, key=lambda r: r.transfer_ms) if readings else None,
+        untimed=list(times.untimed),
+    )
+
+
+def _read_one(
+    wait: npt.NDArray[np.float64],
+    key: Key,
+    nbytes: int,
+    rank_ids: Sequence[int],
+    threshold: float,
+) -> CollectiveReading | None:
+    full = wait[np.isfinite(wait).all(axis=1)]
+    if not len(full) or full.shape[1] < 2:
+        return None
+    shortest = full.min(axis=1)
+    extra = full - shortest[:, None]
+    last = full.argmin(axis=1)
+    behind_next = np.partition(extra, 1, axis=1)[:, 1]  # how long after the next rank
+    scores = [float(np.median(np.where(last == r, behind_next, 0.0))) for r in range(len(full[0]))]
+    late = int(np.argmax(scores))
+    others = behind_next[last != late]
+    noise = float(np.median(others)) if len(others) else 0.0
+    named = scores[late] >= max(threshold, NOISE_FACTOR * noise)
+    family, bucket, stage, call = key
+    return CollectiveReading(
+        family=family,
+        bucket=bucket,
+        stage=stage,
+        call=call,
+        nbytes=nbytes,
+        reached_ms=0.0,
+        last_bucket=False,
+        steps=len(full),
+        transfer_ms=float(np.median(shortest)),
+        wait_ms=float(np.median(extra.mean(axis=1))),
+        spread_ms=float(np.median(extra.max(axis=1))),
+        late_rank=int(rank_ids[late]) if named else None,
+        lateness_ms=scores[late] if named else 0.0,
+        late_steps=int((last == late).sum()) if named else 0,
+    )
+
+
+def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | None:
+    """The collective the late rank is named in (``FIRST_LATE_FRACTION``)."""
+    late = [r for r in readings if r.late_rank is not None]
+    if not late:
+        return None
+    most = max(r.lateness_ms for r in late)
+    return min(
+        (r for r in late if r.lateness_ms >= FIRST_LATE_FRACTION * most),
+        key=lambda r: r.reached_ms,
+    )
+
+
+def _with(reading: CollectiveReading, last_bucket: bool, reached_ms: float) -> CollectiveReading:
+    return CollectiveReading(
+        **{**asdict(reading), "last_bucket": last_bucket, "reached_ms": reached_ms}
+    )
+
+
+def _rounded(reading: CollectiveReading) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reading).items()}
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ReportFormatError(f"{where} must be a list")
+    return value
+
+
+def _key(value: Any, where: str) -> tuple[str, int, str | None, int, int]:
+    """``[family, bucket, stage or null, call, bytes]``."""
+    if (
+        not isinstance(value, list)
+        or len(value) != 5
+        or not isinstance(value[0], str)
+        or not (value[2] is None or isinstance(value[2], str))
+        or not all(is_int(v) and v >= 0 for v in (value[1], value[3], value[4]))
+    ):
+        raise ReportFormatError(f"{where}: a key must be [family, bucket, stage, call, bytes]")
+    return value[0], value[1], value[2], value[3], value[4]
+
+
+def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
+    """A rank's window field as sent (``record.collectives.CollectiveLog.drain``), checked:
+    ``{}`` or ``keys``, ``calls`` (``[step, key, reached_us, issued_us, wait_us]``, the key an
+    index into ``keys``) and ``untimed``; raises ReportFormatError."""
+    if not isinstance(value, dict):
+        raise ReportFormatError(f"{where} must be an object")
+    if not value:
+        return value
+    if set(value) != {"keys", "calls", "untimed"}:
+        raise ReportFormatError(f"{where} must hold keys, calls and untimed")
+    keys = [_key(k, where) for k in _list(value["keys"], where)]
+    for call in _list(value["calls"], where):
+        if not (
+            isinstance(call, list)
+            and len(call) == 5
+            and all(is_int(v) for v in call)
+            and 0 <= call[1] < len(keys)
+            and call[0] >= 0
+            and call[4] >= 0
+        ):
+            raise ReportFormatError(f"{where}: a call must be [step, key, reached, issued, wait]")
+    if not all(isinstance(u, str) for u in _list(value["untimed"], where)):
+        raise ReportFormatError(f"{where} untimed must be a list of strings")
+    return value
+
+
+BASELINE_WINDOWS = 3
+"""Windows whose transfer times stand for a collective's usual speed: its first ones with no
+late rank..."""
+MIN_BASELINE = 2
+"""...of which a window is judged against as few as this many."""
+SLOW_FACTOR = 2.0
+"""A collective is slow when its transfer takes this many times its baseline..."""
+SLOW_MIN_MS = 10.0
+"""...and at least this many milliseconds more, with no late rank named. The transfer is the
+last rank's wait, so how far apart the ranks arrived does not enter it."""
+
+
+class CollectiveBaseline:
+    """Rank 0's memory of each collective's usual transfer time (its first
+    ``BASELINE_WINDOWS`` windows with no late rank), against which a window's transfers are
+    judged: the slow collective (``check``)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Key, list[tuple[int, float]]] = {}
+
+    def check(self, window: int, reading: CommunicationReading | None) -> dict[str, Any] | None:
+        """The window's slowest collective against its baseline, when it is slow and no rank
+        is late; otherwise None (and a window with no late rank joins the baselines)."""
+        if reading is None or reading.late is not None:
+            return None
+        slow: dict[str, Any] | None = None
+        for c in reading.collectives:
+            before = self._seen.setdefault((c.family, c.bucket, c.stage, c.call), [])
+            if len(before) < MIN_BASELINE:
+                before.append((window, c.transfer_ms))
+                continue
+            usual = float(np.median([t for _, t in before]))
+            if (
+                c.transfer_ms >= SLOW_FACTOR * usual
+                and c.transfer_ms - usual >= SLOW_MIN_MS
+                and (slow is None or c.transfer_ms - usual > slow["slower_ms"])
+            ):
+                slow = {
+                    **_rounded(c),
+                    "baseline_ms": round(usual, 3),
+                    "baseline_windows": [before[0][0], before[-1][0]],
+                    "slower_ms": round(c.transfer_ms - usual, 3),
+                }
+        if slow is None:
+            for c in reading.collectives:
+                before = self._seen[(c.family, c.bucket, c.stage, c.call)]
+                if len(before) < BASELINE_WINDOWS and before[-1][0] != window:
+                    before.append((window, c.transfer_ms))
+        return slow

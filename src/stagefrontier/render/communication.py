@@ -1,0 +1,99 @@
+"""What the collectives say, in words: a late rank or a slow collective.
+
+The window record's ``communication`` (``analysis.collectives``) holds the reading; these turn
+it into the verdict's finding and next step when it concerns the stage that holds the step back
+(a late rank into backward's buckets, or a bucket's all-reduce that got slower on every rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..analysis.collectives import DEFAULT_FAMILY
+from ..analysis.schema import semantic_stage
+
+
+def _reading(record: Mapping[str, Any], top: str | None, key: str) -> Mapping[str, Any] | None:
+    """The record's ``late`` or ``slow`` collective when it ran in the top stage."""
+    comm = record.get("communication")
+    found = comm.get(key) if isinstance(comm, Mapping) else None
+    if not isinstance(found, Mapping) or top is None:
+        return None
+    stage = found.get("stage")
+    return found if isinstance(stage, str) and semantic_stage(stage) == top else None
+
+
+def bucket_text(c: Mapping[str, Any], plain_stage: str) -> str:
+    """``backward's last gradient bucket`` or ``backward's gradient bucket 3``."""
+    which = "last gradient bucket" if c.get("last_bucket") else f"gradient bucket {c['bucket']}"
+    return f"{plain_stage}'s {which}"
+
+
+def family_text(c: Mapping[str, Any]) -> str:
+    """``all-reduce``, or the collective of the user's hook, by its name:
+    ``fp16_compress_hook's collective``."""
+    family = str(c.get("family", DEFAULT_FAMILY))
+    return "all-reduce" if family == DEFAULT_FAMILY else f"{family}'s collective"
+
+
+def size_text(nbytes: int) -> str:
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.1f} MB"
+    return f"{nbytes / 1024:.0f} KB"
+
+
+def late_rank(record: Mapping[str, Any], top: str | None) -> Mapping[str, Any] | None:
+    """The late collective of the top stage (its ``late_rank`` and ``lateness_ms``), if any."""
+    return _reading(record, top, "late")
+
+
+def late_finding(c: Mapping[str, Any], plain_stage: str, full: bool) -> str:
+    """``rank 1 reaches backward's last gradient bucket ~100 ms after the others, which wait for
+    it in all-reduce`` (``full``), or ``rank 1 late ~100 ms into its last bucket`` for the
+    headline."""
+    lateness = f"~{c['lateness_ms']:.0f} ms"
+    if not full:
+        which = "last bucket" if c.get("last_bucket") else f"bucket {c['bucket']}"
+        return f"rank {c['late_rank']} late {lateness} into its {which}"
+    where = bucket_text(c, plain_stage)
+    return (
+        f"rank {c['late_rank']} reaches {where} {lateness} after the others, which wait for it "
+        f"in {family_text(c)} (measured in the collective, not inferred)"
+    )
+
+
+def slow_collective(record: Mapping[str, Any], top: str | None) -> Mapping[str, Any] | None:
+    """The slow collective of the top stage, if any."""
+    return _reading(record, top, "slow")
+
+
+def slow_finding(c: Mapping[str, Any], full: bool) -> str:
+    """``every rank reaches the all-reduce of bucket 3 (4.0 MB) within 2 ms, and it takes 140
+    ms against 20 ms in windows 0-2: the collective or the network is slow, not a rank``, or
+    ``slow bucket 3: 140 vs 20 ms`` for the headline (short: a slowdown of the whole job
+    adds its flag and next step to it)."""
+    if not full:
+        took = f"{c['transfer_ms']:.0f} vs {c['baseline_ms']:.0f} ms"
+        return f"slow bucket {c['bucket']}: {took}"
+    what = f"the {family_text(c)} of bucket {c['bucket']} ({size_text(int(c['nbytes']))})"
+    took = f"{c['transfer_ms']:.0f} ms against {c['baseline_ms']:.0f} ms"
+    first, last = c["baseline_windows"]
+    return (
+        f"every rank reaches {what} within {c['spread_ms']:.0f} ms, and it takes {took} in "
+        f"windows {first}-{last}: the collective or the network is slow, not a rank"
+    )
+
+
+SLOW_NEXT = "check the network and the collective"
+"""The next step after a slow collective: no rank to profile."""
+
+
+def communication_short(record: Mapping[str, Any], top: str | None, plain_stage: str) -> str:
+    """The headline's words for the top stage's late rank or slow collective; empty when the
+    collectives say nothing of it."""
+    late = late_rank(record, top)
+    if late is not None:
+        return late_finding(late, plain_stage, full=False)
+    slow = slow_collective(record, top)
+    return "" if slow is None else slow_finding(slow, full=False)

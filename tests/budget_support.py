@@ -1,0 +1,67 @@
+"""A 2-rank Gloo job that runs long enough to outgrow a small disk budget, for
+``test_disk_budget``: every step times four stages (sleeps, and a real all-reduce in the
+backward stage) under store collection, and the forward stage of each window named in
+``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
+regression: two windows in a row, which the check flags however loaded the machine). Launched twice
+into one folder, the second launch is a job resumed into the folder of the first."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rank_support import START_METHOD, join_gloo
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+
+
+@dataclass(frozen=True)
+class BudgetJob:
+    out_dir: str
+    windows: int
+    slow_windows: tuple[int, ...]
+    budget_mb: int
+    window: int = 10
+    step_s: float = 0.004
+    slow_s: float = 0.04
+    ranks: int = 2
+
+
+def run_rank(rank: int, job: BudgetJob, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
+    from stagefrontier.demo.train import leave_process_group
+
+    join_gloo(rank, job.ranks, port)
+    collection = CollectConfig(
+        mode="store",
+        out_dir=job.out_dir,
+        timeout_s=60.0,
+        queue_size=256,  # every window reaches the analysis however loaded the machine
+        log=False,
+        disk_budget_mb=job.budget_mb,
+    )
+    timer = StageTimer(config=TimerConfig(STAGES, window=job.window, collection=collection))
+    grad = torch.zeros(64)
+    for step in range(job.windows * job.window):
+        window = step // job.window
+        slow = window in job.slow_windows or window - 1 in job.slow_windows
+        with timer.step():
+            with timer.stage(STAGES[0]):
+                time.sleep(job.step_s)
+            with timer.stage(STAGES[1]):
+                time.sleep(job.step_s + (job.slow_s if slow else 0.0))
+            with timer.stage(STAGES[2]):
+                dist.all_reduce(grad)
+    timer.close()
+    leave_process_group()
+
+
+def launch(job: BudgetJob) -> None:
+    """Run the job's ranks to the end; fail on a rank error."""
+    from stagefrontier.demo.launch import run_ranks
+
+    codes = run_ranks(run_rank, job.ranks, job, deadline_s=300.0, start_method=START_METHOD)
+    assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"

@@ -1,0 +1,106 @@
+"""The output folder's disk budget and attempts (``sinks.disk_budget``, ``sinks.output_folder``).
+
+One real 2-rank job (``budget_support``) runs twice into one folder with a 2 MiB budget: the
+second launch is the job resumed from a checkpoint into the folder of the first. Each launch
+slows the forward stage of some windows (three injected regressions in all). Its records and
+packets outgrow the budget, so older packets are compacted away while it runs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from budget_support import BudgetJob, launch
+from stagefrontier.analysis.regression import regression_text
+from stagefrontier.cli.main import main
+from stagefrontier.sinks.disk_budget import folder_bytes, listed_windows
+from stagefrontier.sinks.output_folder import next_attempt
+
+BUDGET_MB = 2
+WINDOWS = 80
+SLOW = {0: (30, 60), 1: (40,)}
+"""The injected regressions: per attempt, the first of the two windows whose forward stage is
+slower."""
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("budget") / "run"
+    for attempt in (0, 1):
+        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB))
+    return out
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+
+
+def test_the_folder_stays_within_its_budget_and_lists_what_it_compacted(
+    resumed_run: Path,
+) -> None:
+    assert folder_bytes(resumed_run) <= BUDGET_MB << 20
+    compactions = [
+        json.loads(line) for line in (resumed_run / "compacted.jsonl").read_text().splitlines()
+    ]
+    assert compactions and all(c["bytes_after"] <= c["budget_bytes"] for c in compactions)
+    assert sum(c["packets_dropped"] for c in compactions) > 0
+    held = {p.name for p in (resumed_run / "packets").iterdir()}
+    without = sorted(
+        (r["attempt"], r["window"])
+        for r in _records(resumed_run)
+        if f"window-{r['window']:06d}"
+        + (f".attempt-{r['attempt']}" if r["attempt"] else "")
+        + ".json"
+        not in held
+    )
+    listed = [c[key] for c in compactions for key in ("windows", "flagged_windows")]
+    assert without and sorted(w for text in listed for w in listed_windows(text)) == without
+
+
+def test_a_resumed_job_continues_the_folder_as_its_next_attempt(resumed_run: Path) -> None:
+    records = _records(resumed_run)
+    windows = [(r["attempt"], r["window"]) for r in records]
+    assert sorted(windows) == [(a, w) for a in (0, 1) for w in range(WINDOWS)]  # none overwritten
+    lines = [json.loads(line) for line in (resumed_run / "attempts.jsonl").read_text().splitlines()]
+    ends = {line["attempt"]: line for line in lines if line["event"] == "end"}
+    assert [line["attempt"] for line in lines if line["event"] == "start"] == [0, 1]
+    assert {a: (e["first_step"], e["last_step"], e["windows"]) for a, e in ends.items()} == {
+        a: (0, WINDOWS * 10 - 1, WINDOWS) for a in (0, 1)
+    }
+
+
+def test_the_report_shows_the_regressions_and_the_restart(resumed_run: Path) -> None:
+    records = {(r["attempt"], r["window"]): r for r in _records(resumed_run)}
+    injected = []
+    for attempt, slow in SLOW.items():
+        for first in slow:  # each regression flagged in one of its two windows at least
+            flagged = [records[(attempt, w)] for w in (first, first + 1)]
+            flagged = [r for r in flagged if r["regression"]]
+            assert flagged, (attempt, first)
+            injected += flagged
+    packets = resumed_run / "packets"
+    for record in injected:  # flagged: kept
+        suffix = f".attempt-{record['attempt']}" if record["attempt"] else ""
+        assert (packets / f"window-{record['window']:06d}{suffix}.json").exists()
+    assert main(["report", str(resumed_run), "--html"]) == 0
+    page = (resumed_run / "report.html").read_text()
+    assert "restart attempts" in page
+    for record in injected:
+        assert html.escape(regression_text(record["regression"])) in page
+
+
+def test_a_torchrun_restart_takes_its_restart_count_unless_the_folder_holds_it(
+    tmp_path: Path,
+) -> None:
+    assert next_attempt(tmp_path, 0) == 0  # an empty folder
+    (tmp_path / "attempts.jsonl").write_text('{"attempt": 0, "event": "start"}\n')
+    assert next_attempt(tmp_path, 1) == 1  # torchrun's first restart
+    assert next_attempt(tmp_path, 0) == 1  # a new job resumed into the folder
+    (tmp_path / "attempts.jsonl").unlink()
+    (tmp_path / "windows.jsonl").write_text('{"run_id": "run", "attempt": 2}\n{"run_id"')
+    assert next_attempt(tmp_path, 0) == 3  # an older folder: its records say, a torn one not

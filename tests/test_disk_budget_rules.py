@@ -1,0 +1,161 @@
+"""Which packets a compaction under the disk budget keeps and what it says
+(``sinks.disk_budget``), on windows analyzed in this process and written by the real sinks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stagefrontier.analysis.regression import RegressionCheck
+from stagefrontier.sinks import JsonlSink, PacketSink, Sink
+from stagefrontier.sinks.disk_budget import (
+    FIRST_SAMPLE,
+    LOW_WATER,
+    RECENT,
+    folder_bytes,
+    listed_windows,
+)
+from stagefrontier.sinks.output_folder import shared_folder
+from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
+
+STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "residual")
+MS = 1_000_000
+STEPS = 10
+WINDOWS = 40
+SLOW = (15, 27)
+"""The regressions the check flags: window 15's forward stage takes five times as long (a stage
+regression), window 27's every stage twice as long (a slowdown of the whole job)."""
+
+
+def _windows() -> list[AnalyzedWindow]:
+    """``WINDOWS`` 2-rank windows of ~20 ms steps, each checked by a real regression check."""
+    rng = np.random.default_rng(0)
+    check = RegressionCheck()
+    out = []
+    for index in range(WINDOWS):
+        ranks = []
+        for rank in range(2):
+            durations = rng.integers(9 * MS, 11 * MS, size=(STEPS, len(STAGES)))
+            durations[:, -1] = 0
+            if index == SLOW[0]:
+                durations[:, 1] *= 5
+            elif index == SLOW[1]:
+                durations *= 2
+            first = index * STEPS
+            ranks.append(
+                RankWindow(
+                    index, first, first + STEPS - 1, rank, STAGES, durations, durations.sum(1)
+                )
+            )
+        analyzed = analyze_merged(merge_windows(ranks, 2))
+        found = check.check(index, analyzed.d, analyzed.report.stages)
+        out.append(dataclasses.replace(analyzed, regression=found))
+    return out
+
+
+def _write(out: Path, windows: list[AnalyzedWindow], budget: int) -> None:
+    sinks: list[Sink] = [JsonlSink(out, budget), PacketSink(out, budget)]
+    for window in windows:
+        for sink in sinks:
+            sink.write(window)
+    for sink in sinks:
+        sink.close()
+
+
+def _compactions(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "compacted.jsonl").read_text().splitlines()]
+
+
+def _held(out: Path) -> set[int]:
+    return {int(p.name[len("window-") :][:6]) for p in (out / "packets").iterdir()}
+
+
+def test_a_compaction_keeps_the_flagged_the_sample_and_the_newest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    windows = _windows()
+    assert [
+        (w.record["window"], w.record["regression"]["kind"]) for w in windows if w.regression
+    ] == [
+        (SLOW[0], "stage"),
+        (SLOW[1], "whole_job"),
+    ]
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    packets = folder_bytes(whole / "packets")
+    budget = folder_bytes(whole) - packets // 2  # half the packets must go
+    caplog.set_level(logging.INFO, logger="stagefrontier")
+    out = tmp_path / "run"
+    _write(out, windows, budget)
+    assert folder_bytes(out) <= budget
+    held = _held(out)
+    newest = set(range(WINDOWS - RECENT, WINDOWS))
+    sample = {w for w in range(WINDOWS) if w % FIRST_SAMPLE == 0}
+    assert set(SLOW) | newest | sample <= held < set(range(WINDOWS))
+    dropped = set(range(WINDOWS)) - held
+    compactions = _compactions(out)
+    listed = [w for c in compactions for _, w in listed_windows(str(c["windows"]))]
+    assert sorted(listed) == sorted(dropped)
+    assert not any(c["flagged_windows"] or c["over_budget"] for c in compactions)
+    said = [r for r in caplog.records if "disk budget" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO  # the first compaction only
+    assert len((out / "windows.jsonl").read_text().splitlines()) == WINDOWS  # every record
+
+
+def test_a_whole_job_slowdown_gives_up_its_packet_before_a_stage_regression(
+    tmp_path: Path,
+) -> None:
+    windows = _windows()
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    size = {
+        int(p.name[len("window-") :][:6]): p.stat().st_size for p in (whole / "packets").iterdir()
+    }
+    # The compaction runs as the last window's record is written, before its packet: it keeps
+    # the newest packets before that one, and room for one flagged packet, not for two.
+    last = WINDOWS - 1
+    kept = set(range(last - RECENT, last)) | {SLOW[0]}
+    target = folder_bytes(whole) - sum(size[w] for w in size if w not in kept | {SLOW[1]})
+    target -= size[SLOW[1]] // 2
+    out = tmp_path / "run"
+    sinks: list[Sink] = [JsonlSink(out, 1 << 30), PacketSink(out)]
+    for window in windows:
+        if window is windows[-1]:
+            shared_folder(out, int(target / LOW_WATER))  # the budget shrinks: one compaction
+        for sink in sinks:
+            sink.write(window)
+    held = _held(out)
+    assert SLOW[0] in held and SLOW[1] not in held and held == kept | {last}
+    assert _compactions(out)[0]["flagged_windows"] == f"0/{SLOW[1]}"
+
+
+def test_a_folder_its_records_hold_over_budget_is_said_once_and_keeps_every_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write(tmp_path, _windows(), 1)
+    compactions = _compactions(tmp_path)
+    assert compactions[-1]["over_budget"] is True
+    assert _held(tmp_path) == set(range(WINDOWS - RECENT, WINDOWS))  # the newest only
+    flagged = [w for c in compactions for _, w in listed_windows(str(c["flagged_windows"]))]
+    assert flagged == list(SLOW)  # deleted last (as they left the newest), each listed
+    over = [r for r in caplog.records if "over its disk budget" in r.getMessage()]
+    assert len(over) == 1 and over[0].levelno == logging.WARNING
+    assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS
+
+
+def test_a_compaction_that_fails_is_said_once_and_the_writes_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "packets" / "summary-000003.json"  # a folder: unlink fails
+    blocker.mkdir(parents=True)
+    (blocker / "filler").write_bytes(b"x" * 100_000)
+    _write(tmp_path, _windows(), 50_000)
+    failed = [r for r in caplog.records if "compacting the output folder failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+    assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS
