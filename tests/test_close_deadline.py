@@ -27,14 +27,18 @@ from stagefrontier.sinks import OtelSink
 
 TRAIN_AND_CLOSE = textwrap.dedent("""\
     import logging, resource, sys, time
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.sinks import OtelSink
 
     logging.basicConfig(format="%(message)s")  # the application shows warnings on stderr
     sink = OtelSink(sys.argv[2], export_interval_s=86400, export_timeout_s=86400)
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=sys.argv[1], regression=None, sinks=(sink,)),
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig(
+                "local", out_dir=sys.argv[1], regression=None, sinks=(sink,)
+            ),
+        )
     )
     for _ in range(10):
         with timer.step():
@@ -146,14 +150,16 @@ def test_an_endpoint_that_is_not_an_http_url_is_refused(endpoint: str) -> None:
 
 DEAD_ENDPOINT = textwrap.dedent("""\
     import logging, sys, time
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.sinks import OtelSink
 
     logging.basicConfig(format="%(message)s")  # the SDK's loggers would show here too
     sink = OtelSink(sys.argv[2], export_interval_s=0.2, export_timeout_s=1)
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=sys.argv[1], log=False, sinks=(sink,)),
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=sys.argv[1], log=False, sinks=(sink,)),
+        )
     )
     end = time.monotonic() + 3  # about 15 exports, each failing
     while time.monotonic() < end:

@@ -38,6 +38,11 @@ class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
 
 
+class NotJsonError(ReportFormatError):
+    """A line of a run's records that is not JSON at all (a record cut short, say), as opposed to
+    JSON of the wrong shape."""
+
+
 class SummaryError(StageFrontierError, ValueError):
     """A window summary that cannot be built, combined or analyzed as asked: summaries of
     different stages, step counts or settings, overlapping rank groups, or gates whose gain

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..analysis.window_report import REPORT_FORMAT, WindowReport
-from ..errors import ReportFormatError
+from ..errors import NotJsonError, ReportFormatError
 from .limits import RECORD_LINE_BYTES, check_limit, limit, over_limit
 from .stored_report import check_stored_report, check_window_meta
-from .window_rows import NotJson, WindowKey, decode_key
+from .window_rows import WindowKey, decode_key
 
 T = TypeVar("T")
 
@@ -49,7 +49,7 @@ def iter_records(
 ) -> Iterator[tuple[str, T]]:
     """Each line of a ``windows.jsonl`` file decoded by ``decode(line, label)``, with its label
     (``file:line``), one at a time; records cut short are skipped as ``read_records`` says.
-    ``decode`` raises ``NotJson`` for a line that is not JSON, ReportFormatError naming the
+    ``decode`` raises ``NotJsonError`` for a line that is not JSON, ReportFormatError naming the
     label for one that is not a record. With ``cap``, a file over that many bytes is refused.
 
     Raises:
@@ -72,7 +72,7 @@ def iter_records(
                 continue
             try:
                 found: tuple[T] | None = (decode(line, label),)
-            except NotJson as exc:
+            except NotJsonError as exc:
                 if not line.endswith(b"\n") and not handle.peek(1):
                     logger.warning("%s: last line is cut short (%s); skipped", label, exc)
                     continue
@@ -84,7 +84,7 @@ def iter_records(
 
 
 def checked_record(line: bytes, label: str) -> dict[str, Any]:
-    """A line as a whole record, checked (``check_record``); NotJson when it is not JSON."""
+    """A line as a whole record, checked (``check_record``); NotJsonError when it is not JSON."""
     return check_record(_json_line(line), label)
 
 
@@ -93,7 +93,7 @@ def whole_record(line: bytes, label: str) -> dict[str, Any]:
     not (a byte that is not UTF-8 in a field the lean decoder skipped, say)."""
     try:
         return checked_record(line, label)
-    except NotJson as exc:
+    except NotJsonError as exc:
         raise ReportFormatError(f"{label}: not JSON: {exc}") from None
 
 
@@ -101,7 +101,7 @@ def _json_line(line: bytes) -> Any:
     try:
         return json.loads(line.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise NotJson(str(exc)) from None
+        raise NotJsonError(str(exc)) from None
 
 
 RECORD_START = b'{"run_id": '
@@ -118,7 +118,7 @@ def _after_torn_record(
     if start > 0:
         try:
             record = decode(line[start:], label)
-        except NotJson:
+        except NotJsonError:
             pass
         else:
             logger.warning(

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from ..errors import ReportFormatError
+from ..errors import NotJsonError, ReportFormatError
 from .typed import Amount, Count
 
 T = TypeVar("T")
@@ -127,15 +127,11 @@ _KEY = msgspec.json.Decoder(WindowKey)
 _PACKET = msgspec.json.Decoder(LeanPacket)
 
 
-class NotJson(ValueError):
-    """A line that is not JSON at all (as opposed to JSON of the wrong shape)."""
-
-
 def decode_row(line: bytes) -> WindowRow:
     """A ``windows.jsonl`` line as a :class:`WindowRow`.
 
     Raises:
-        NotJson: the line is not JSON (a record cut short, say).
+        NotJsonError: the line is not JSON (a record cut short, say).
         ReportFormatError: it is JSON but not a window record, naming the field.
     """
     return _decoded(_ROW, line)
@@ -152,7 +148,7 @@ def _decoded(decoder: msgspec.json.Decoder[T], line: bytes) -> T:
     except msgspec.ValidationError as exc:
         raise ReportFormatError(f"not a window record: {exc}") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise NotJson(str(exc)) from None
+        raise NotJsonError(str(exc)) from None
 
 
 def decode_lean_packet(data: bytes) -> LeanPacket:
