@@ -24,8 +24,20 @@ def test_a_trace_given_to_compare_is_named_a_trace(
         path = zipped
     assert main(["compare", str(path), str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path} is a PyTorch Profiler trace, not an evidence packet" in err
+    assert f"{path} starts like a PyTorch Profiler trace, not an evidence packet" in err
     assert "packet is not JSON" not in err
+
+
+def test_a_broken_array_is_not_called_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, any file starting with ``[`` was called "a PyTorch Profiler trace" outright."""
+    broken = tmp_path / "nested.json"
+    broken.write_text("[[[[")
+    assert main(["compare", str(broken), str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken} starts like a PyTorch Profiler trace" in err
+    assert "is a PyTorch Profiler trace" not in err
 
 
 def test_a_broken_packet_is_named_with_its_path(

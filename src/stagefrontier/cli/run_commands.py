@@ -89,7 +89,8 @@ KIND_NAMES = {
 
 def _refuse_another_kind(side: str) -> None:
     """A file given to ``compare`` that is not a packet (a trace, a ``windows.jsonl``) is named
-    as what it is, not read as a broken packet."""
+    as what its first bytes say it is (only sniffed, so a broken file is not called a trace
+    outright), not read as a broken packet."""
     from pathlib import Path
 
     from ..errors import TraceFormatError
@@ -104,6 +105,6 @@ def _refuse_another_kind(side: str) -> None:
         return  # unknown: read as a packet, whose error names the defect
     if kind != "packet":
         raise StageFrontierError(
-            f"{path} is a {KIND_NAMES.get(kind, kind)}, not an evidence packet: compare takes "
-            "packets and output folders (`stagefrontier analyze` reads the other kinds)"
+            f"{path} starts like a {KIND_NAMES.get(kind, kind)}, not an evidence packet: compare "
+            "takes packets and output folders (`stagefrontier analyze` reads the other kinds)"
         )
