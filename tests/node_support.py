@@ -114,6 +114,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
         dist.barrier()  # every rank has built its timer: window 0 starts together
     for step in range(job.steps):
         if job.die_at_step.get(rank) == step:
+            _await_reported(job, step // job.window)
             os.kill(os.getpid(), signal.SIGKILL)
         with timer.step():
             with timer.stage(STAGES[0]):
@@ -126,6 +127,19 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             dist.barrier(group=meet)
     timer.close()
     Path(job.out_dir, f"done-rank{rank}").write_text("ok")
+
+
+def _await_reported(job: NodeJob, windows: int, deadline_s: float = 60.0) -> None:
+    """A rank about to die waits until rank 0 reported the windows it lived through, so its
+    death costs the windows after it only: its node's part of an earlier window goes up from a
+    background thread, which a loaded machine ran after the death's step (window 0 was then
+    missing the dying leader's node, though it had lived through it)."""
+    records = Path(job.out_dir, "windows.jsonl")
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if records.exists() and len(records.read_text().splitlines()) >= windows:
+            return
+        time.sleep(0.01)
 
 
 def launch(job: NodeJob, deadline_s: float = 180.0) -> list[dict[str, Any]]:

@@ -127,7 +127,7 @@ def test_a_dead_head_of_a_group_costs_only_its_node_its_members_re_parent(
     )
     windows = launch(job)
     assert [w["window"] for w in windows] == [0, 1, 2, 3]
-    assert windows[0]["gather_ok"] and windows[0]["n_ranks_present"] == 8
+    assert windows[0]["gather_ok"] and windows[0]["n_ranks_present"] == 8, limited(windows[0])
     assert {4, 5} <= set(windows[1]["missing_ranks"])
     for w in windows[2:]:  # within two windows of the death, its group is back
         assert w["n_ranks_present"] == 6 and w["missing_ranks"] == [4, 5], limited(w)

@@ -13,9 +13,12 @@ from typing import Any
 from .store_keys import POLL_S
 
 LOOPBACK = "127.0.0.1"
-PROBE_S = 2.0
-"""The longest a member waits for its node's store to accept a plain connection, before it
-connects the store's client (a loopback port answers in microseconds, or refuses)."""
+CONNECT_S = 10.0
+"""The least time a member's client of its node's store has to connect and validate. The
+collect timeout (1.5 s in a test, a window's wait) is no bound for it: on a loaded machine the
+client's connect and its validation round trip with the leader's store thread took longer, and
+the member lost its first windows. A dead leader's port refuses the plain probe at once, so
+this bounds only a leader that dies between the probe and the client's connect."""
 
 
 def loopback_store(world_size: int = 1, timeout_s: float = 60.0) -> Any:
@@ -72,18 +75,23 @@ def connect_node_store(job_conn: Any, node: int, timeout_s: float) -> Any:
     host, _, port = bytes(job_conn.get(key)).decode("ascii", "replace").rpartition(":")
     if not port.isdigit():
         raise ValueError(f"node {node}'s store address {host}:{port} is not host:port")
+    connect_s = max(timeout_s, CONNECT_S)
     # A dead leader's port refuses at once, where the store's client would retry the connection
     # for the whole timeout (a member then spent tens of seconds there, twice over).
     try:
-        socket.create_connection((host, int(port)), timeout=min(timeout_s, PROBE_S)).close()
+        socket.create_connection((host, int(port)), timeout=connect_s).close()
     except OSError as exc:
         raise ConnectionError(
             f"node {node}'s store at {host}:{port} cannot be reached (its leader is gone?): {exc}"
         ) from exc
-    return dist.TCPStore(
+    # The client connects within ``connect_s`` (torch retries a reset validation inside it);
+    # its reads and writes then wait ``timeout_s``, as every other connection of the collector.
+    client = dist.TCPStore(
         host,
         int(port),
         is_master=False,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=connect_s),
         wait_for_workers=False,
     )
+    client.set_timeout(timedelta(seconds=timeout_s))
+    return client
