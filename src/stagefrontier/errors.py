@@ -38,9 +38,10 @@ class ReportFormatError(StageFrontierError, ValueError):
     """A serialized report, packet or input file is corrupt, truncated or of an unknown version."""
 
 
-class NotJsonError(ReportFormatError):
+class NotJsonError(StageFrontierError, ValueError):
     """A line of a run's records that is not JSON at all (a record cut short, say), as opposed to
-    JSON of the wrong shape."""
+    JSON of the wrong shape (ReportFormatError). Deliberately not a ReportFormatError: the
+    readers catch it first, to skip or recover a torn line."""
 
 
 class SummaryError(StageFrontierError, ValueError):
