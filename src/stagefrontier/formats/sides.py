@@ -18,9 +18,10 @@ from typing import NamedTuple
 
 from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
+from .compacted import MissingPackets
 from .packet import Packet
-from .records import WINDOWS_FILE, iter_records, record_key, window_name
-from .run_folder import lean_packet, named, packet_matrix, packetless_line, read_named_packet
+from .records import WINDOWS_FILE, iter_records, record_key
+from .run_folder import lean_packet, named, packet_matrix, read_named_packet
 from .window_rows import packet_labels
 
 _RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
@@ -134,16 +135,13 @@ def _say_packetless(
     records = path / WINDOWS_FILE
     if not records.exists():
         return
-    names: list[str] = []
-    count = 0
+    missing = MissingPackets(path)
     for _, key in iter_records(records, record_key):
         inside = (first is None or key.window >= first) and (last is None or key.window <= last)
         if inside and (key.attempt, key.window) not in held:
-            count += 1
-            if len(names) < 10:
-                names.append(window_name({"window": key.window, "attempt": key.attempt}))
-    if count:
-        warn(f"{spec}: {packetless_line(names, count)}; the comparison leaves them out")
+            missing.add(key.attempt, key.window)
+    for line in missing.lines():
+        warn(f"{spec}: {line}; the comparison leaves them out")
 
 
 def parse_side(spec: str) -> tuple[Path, int | None, int | None]:
