@@ -15,7 +15,7 @@ import pytest
 
 from budget_support import BudgetJob, launch
 from stagefrontier.formats.compacted import listed_windows
-from test_cli_bad_inputs import run
+from test_cli_bad_inputs import assert_one_line_error, run
 
 WINDOWS = 80
 
@@ -80,3 +80,29 @@ def test_a_packet_missing_for_another_reason_keeps_the_full_disk_wording(
         f"1 window(s) of windows.jsonl have no packet (1/{WINDOWS - 1}: "
         "not written, on a full disk say)" in err
     )
+
+
+def test_compare_names_the_attempt_of_a_range(
+    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    last = WINDOWS - 1
+    code, out, err = run(["compare", f"{resumed_run}:70-{last}", str(resumed_run)], capsys)
+    assert_one_line_error(code, out, err, "the folder holds restart attempts 0, 1")
+    assert f"{resumed_run}:1/70-{last}" in err
+    code, out, err = run(["compare", f"{resumed_run}:0/50-", f"{resumed_run}:1/50-"], capsys)
+    assert code == 0, err
+    assert f"{resumed_run}:0/50-" in out and f"{resumed_run}:1/50-" in out, out
+    code, out, err = run(["compare", f"{resumed_run}:0/", f"{resumed_run}:1/"], capsys)
+    assert code == 0, err
+
+
+def test_the_report_header_spans_every_attempt(
+    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    span = f"steps 0-{WINDOWS * 10 - 1} (attempt 0), 0-{WINDOWS * 10 - 1} (attempt 1)"
+    code, out, err = run(["report", str(resumed_run)], capsys)
+    assert code == 0, err
+    assert span in out.splitlines()[0], out.splitlines()[0]
+    code, out, err = run(["report", str(resumed_run), "--html"], capsys)
+    assert code == 0, err
+    assert f"{WINDOWS * 2} ({span})" in (resumed_run / "report.html").read_text()
