@@ -102,10 +102,12 @@ def test_different_world_sizes_are_refused() -> None:
 
 def test_window_ranges_of_a_folder(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [healthy(i) for i in range(6)])
-    assert parse_side(f"{run}:2-4") == (run, 2, 4)
-    assert parse_side(f"{run}:3-") == (run, 3, None)
-    assert parse_side(f"{run}:-1") == (run, None, 1)
-    assert parse_side(f"{run}:5") == (run, 5, 5)
+    assert parse_side(f"{run}:2-4") == (run, None, 2, 4)
+    assert parse_side(f"{run}:3-") == (run, None, 3, None)
+    assert parse_side(f"{run}:-1") == (run, None, None, 1)
+    assert parse_side(f"{run}:5") == (run, None, 5, 5)
+    assert parse_side(f"{run}:1/2-4") == (run, 1, 2, 4)
+    assert parse_side(f"{run}:1/") == (run, 1, None, None)
     assert load_side(f"{run}:2-4").d.shape[0] == 3 * 12
     assert load_side(str(run / "packets" / "window-000001.json")).d.shape[0] == 12
     with pytest.raises(CompareError, match=r"no window in that range \(the folder has windows 0-5"):

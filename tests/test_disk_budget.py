@@ -18,7 +18,8 @@ import pytest
 from budget_support import BudgetJob, launch
 from stagefrontier.analysis.regression import regression_text
 from stagefrontier.cli.main import main
-from stagefrontier.sinks.disk_budget import folder_bytes, listed_windows
+from stagefrontier.formats.compacted import listed_windows
+from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt
 
 BUDGET_MB = 2

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from stagefrontier.analysis.regression import RegressionCheck
+from stagefrontier.formats.compacted import listed_windows
 from stagefrontier.sinks import JsonlSink, PacketSink, Sink
 from stagefrontier.sinks.disk_budget import (
     FIRST_SAMPLE,
     LOW_WATER,
     RECENT,
     folder_bytes,
-    listed_windows,
 )
 from stagefrontier.sinks.output_folder import shared_folder
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows

@@ -13,6 +13,7 @@ which side of the loader.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,8 @@ import pytest
 pytest.importorskip("torch")
 
 from recorder_support import read_records
-from stagefrontier.render.incident import summary_line
+from stagefrontier.cli.main import main
+from stagefrontier.render.incident import summary_line, write_incident
 from trace_support import settled_incidents
 
 RANKS = 4
@@ -110,6 +112,31 @@ def test_slow_workers_are_saturated_and_the_incident_names_the_dataset_function(
     # The incident line leads with the worker function, before the main process's wait.
     line = summary_line(incident)
     assert " | confirmed | in its DataLoader workers, `" in line and "slow_sample" in line, line
+    _reduced_after_the_run_over_any_records_limit(tmp_path / "workers", incident)
+
+
+def _reduced_after_the_run_over_any_records_limit(out: Path, incident: dict[str, Any]) -> None:
+    """The same incident reduced after the run (``stagefrontier incident``), its
+    ``windows.jsonl`` over the size limit a whole-file read takes (a month-long run's, 100,000
+    windows): the records are read one line at a time, so the loader's figures and advice
+    come back (before: the file was refused and the incident had none)."""
+    folder = out / "incidents" / incident["id"]
+    pending = {**incident, "confirmed": None, "reduced": "pending", "op_diff": []}
+    for field in ("worker_op_diff", "loader_advice", "loader"):
+        pending.pop(field, None)
+    write_incident(folder, pending)
+    records = out / "windows.jsonl"
+    size = records.stat().st_size
+    os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"] = str(size // 4)
+    try:
+        code = main(["incident", str(folder)])
+    finally:
+        del os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"]
+    assert code == 0
+    after = json.loads((folder / "incident.json").read_text())
+    assert after["reduced"] == "after the run", after["reasons"]
+    assert after["loader"] == incident["loader"], after.get("loader")
+    assert "slow_sample" in after["loader_advice"], after.get("loader_advice")
 
 
 def test_a_slow_transfer_in_the_main_process_reads_as_idle_workers(tmp_path: Path) -> None:

@@ -137,7 +137,9 @@ def add_compare(sub: Subparsers) -> None:
         "split exactly into the change of each stage's frontier advance, the leading ranks on "
         "each side, and each rank's change of its own stage times.",
         epilog="Each side is an output folder, a packet file, or a window range of a folder: "
-        "DIR:3-7 (windows 3 to 7), DIR:3- (from 3), DIR:-7 (up to 7), DIR:5 (one window). "
+        "DIR:3-7 (windows 3 to 7), DIR:3- (from 3), DIR:-7 (up to 7), DIR:5 (one window); "
+        "on a folder of several restart attempts, name the attempt: DIR:1/3-7 (windows 3 to 7 "
+        "of attempt 1), DIR:1/ (all of attempt 1). "
         "Example: stagefrontier compare yesterday/ today/ --plot delta.png",
     )
     parser.add_argument("base", metavar="BASE")

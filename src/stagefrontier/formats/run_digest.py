@@ -103,8 +103,8 @@ class _BucketSums:
 @dataclass
 class Tallies:
     """Run-wide counts over every window: the routing sets, co-critical stage sets and labels
-    (each with the windows that had it), the most ranks, the restart attempts, the ranks
-    missing from some window."""
+    (each with the windows that had it), the most ranks, the restart attempts (each with its
+    first and last step), the ranks missing from some window."""
 
     windows: int = 0
     routes: Counter[str] = field(default_factory=Counter)
@@ -113,6 +113,7 @@ class Tallies:
     ranks: int = 0
     attempts: set[int] = field(default_factory=set)
     missing: set[int] = field(default_factory=set)
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, row: WindowRow) -> None:
         self.windows += 1
@@ -122,6 +123,8 @@ class Tallies:
         self.labels.update(row.labels)
         self.ranks = max(self.ranks, row.n_ranks)
         self.attempts.add(row.attempt)
+        first, last = self.steps.get(row.attempt, (row.first_step, row.last_step))
+        self.steps[row.attempt] = (min(first, row.first_step), max(last, row.last_step))
         self.missing.update(row.missing_ranks)
 
 

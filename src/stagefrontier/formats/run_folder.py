@@ -22,9 +22,10 @@ import numpy as np
 
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
+from .compacted import MissingPackets
 from .limits import read_capped
 from .packet import Packet, decode_array, packet_name, read_packet
-from .records import WINDOWS_FILE, iter_records, lean, record_report, whole_record, window_name
+from .records import WINDOWS_FILE, iter_records, lean, record_report, whole_record
 from .run_digest import COMPARED, Bucket, MethodShares, SchemaDigest, Source, Tallies
 from .summary_packet import read_summary_packet
 from .window_rows import WindowRow, decode_lean_packet, decode_row, packet_row
@@ -129,12 +130,11 @@ class _RunReader:
         ]
         self.digests: dict[tuple[str, ...], SchemaDigest] = {}
         self.keys = (array("q"), array("q"))
-        self.packetless: list[str] = []
-        self.packetless_count = 0
+        self.missing = MissingPackets(path)
         self.packets_read = 0
 
     def read(self) -> RunWindows:
-        had_packets = bool(self.packet_names)
+        had_packets = bool(self.packet_names) or bool(self.missing.compacted)
         position = 0
         if self.jsonl.exists():
             for label, (row, line) in iter_records(self.jsonl, _row_and_line):
@@ -142,9 +142,7 @@ class _RunReader:
                 packet = self.path / "packets" / name if name in self.packet_names else None
                 self.packet_names.discard(name)
                 if packet is None and had_packets:
-                    self.packetless_count += 1
-                    if len(self.packetless) < 10:
-                        self.packetless.append(window_name(row.facts()))
+                    self.missing.add(row.attempt, row.window)
                 self._add(row, Source(position, label, line=line), packet, None)
                 position += 1
         for name in sorted(self.packet_names):
@@ -179,13 +177,13 @@ class _RunReader:
         lost = lost_windows(list(zip(self.keys[0], self.keys[1], strict=True)))
         if lost:
             problems.append(f"{self.path}: {lost}")
-        packetless = ""
-        if self.packetless_count:
-            packetless = packetless_line(self.packetless, self.packetless_count)
+        lines = self.missing.lines()
+        for line in lines:
             problems.append(
-                f"{self.path}: {packetless}; the report shows them from windows.jsonl, "
+                f"{self.path}: {line}; the report shows them from windows.jsonl, "
                 "the stage shares next to the baselines and the figures leave them out"
             )
+        packetless = "; ".join(lines)
         runs = tuple(self._schema_run(digest, packetless) for digest in self.digests.values())
         return replace(runs[0], problems=tuple(problems), schemas=runs if len(runs) > 1 else ())
 
@@ -292,17 +290,6 @@ def lost_windows(held: list[tuple[int, int]]) -> str:
     return (
         f"{count} window(s) are missing, neither in windows.jsonl nor in packets/ "
         f"({', '.join(named)}{more}: lost on a full disk, or dropped by rank 0)"
-    )
-
-
-def packetless_line(names: list[str], count: int) -> str:
-    """``3 window(s) of windows.jsonl have no packet (3, 7, 9: ...)``: ``names`` the first few
-    (at most ten named) of ``count``."""
-    shown = names[:10]
-    more = f" and {count - len(shown)} more" if count > len(shown) else ""
-    return (
-        f"{count} window(s) of windows.jsonl have no packet ({', '.join(shown)}{more}: "
-        "not written, on a full disk say)"
     )
 
 

@@ -18,13 +18,19 @@ from typing import NamedTuple
 
 from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
+from .compacted import MissingPackets
 from .packet import Packet
-from .records import WINDOWS_FILE, iter_records, record_key, window_name
-from .run_folder import lean_packet, named, packet_matrix, packetless_line, read_named_packet
+from .records import WINDOWS_FILE, iter_records, record_key
+from .run_folder import lean_packet, named, packet_matrix, read_named_packet
 from .window_rows import packet_labels
 
-_RANGE = re.compile(r"^(?P<path>.+?):(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$")
+_RANGE = re.compile(
+    r"^(?P<path>.+?):(?:(?P<attempt>\d+)/)?(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$"
+)
 
+
+Span = tuple[int | None, int | None, int | None]
+"""A side's windows: (restart attempt, first window, last window), None for any."""
 
 SIDE_CELLS = 1 << 20
 """About the most steps x ranks x stages one side of a comparison holds (8 MiB of durations):
@@ -38,15 +44,15 @@ def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
     windows of a folder's ``windows.jsonl`` in the range that have no packet are left out,
     and a range sampled to :data:`SIDE_CELLS`, each said in one line to ``warn``. Of each
     packet only its matrix, stages and labels are kept."""
-    path, first, last = parse_side(spec)
+    path, attempt, first, last = parse_side(spec)
     if path.is_file():
         packet = read_named_packet(path)
-        if not _in_range(packet, first, last):
+        if not _in_range(packet, first, last) or attempt not in (None, _attempt(packet)):
             held = _span([_window(packet)])
             raise CompareError(f"{spec}: no window in that range (the folder has {held})")
         chosen = [SideWindow(packet.d, packet.stages, packet.report.labels)]
     elif path.is_dir():
-        chosen = _folder_side(spec, path, first, last, warn or _silent)
+        chosen = _folder_side(spec, path, (attempt, first, last), warn or _silent)
     elif path.exists():
         raise CompareError(f"{path} is neither a packet file nor an output folder")
     else:
@@ -71,7 +77,7 @@ def _silent(_: str) -> None:
 
 
 def _folder_side(
-    spec: str, path: Path, first: int | None, last: int | None, warn: Callable[[str], None]
+    spec: str, path: Path, span: Span, warn: Callable[[str], None]
 ) -> list[SideWindow]:
     """The folder's windows in the range, in window order: every k-th one when they would
     hold more than :data:`SIDE_CELLS` cells (k from the first packet's size)."""
@@ -81,15 +87,21 @@ def _folder_side(
             f"{path} has no per-rank packets (packets/window-*.json): comparing needs the "
             "per-rank matrices, which a run collected hierarchically keeps on its nodes"
         )
-    in_range = [
-        (key, file)
-        for key, file in files
-        if (first is None or key[1] >= first) and (last is None or key[1] <= last)
-    ]
+    attempts = sorted({key[0] for key, _ in files})
+    attempt, first, last = span
+    if attempt is None and len(attempts) > 1 and (first is not None or last is not None):
+        named = ", ".join(
+            f"{spec.rpartition(':')[0]}:{a}/{spec.rpartition(':')[2]}" for a in attempts
+        )
+        raise CompareError(
+            f"{spec}: the folder holds restart attempts {', '.join(map(str, attempts))}, "
+            f"whose window indices repeat; name one: {named}"
+        )
+    in_range = [(key, file) for key, file in files if _inside(key, span)]
     if not in_range:
-        held = _span([key[1] for key, _ in files])
+        held = _span([key[1] for key, _ in files if attempt in (None, key[0])])
         raise CompareError(f"{spec}: no window in that range (the folder has {held})")
-    _say_packetless(spec, path, {key for key, _ in in_range}, first, last, warn)
+    _say_packetless(spec, path, {key for key, _ in in_range}, span, warn)
     head = _side_window(in_range[0][1])
     stride = max(1, math.ceil(len(in_range) * head.d.size / SIDE_CELLS))
     picked = in_range[::stride]
@@ -124,44 +136,53 @@ def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:
 
 
 def _say_packetless(
-    spec: str,
-    path: Path,
-    held: set[tuple[int, int]],
-    first: int | None,
-    last: int | None,
-    warn: Callable[[str], None],
+    spec: str, path: Path, held: set[tuple[int, int]], span: Span, warn: Callable[[str], None]
 ) -> None:
     records = path / WINDOWS_FILE
     if not records.exists():
         return
-    names: list[str] = []
-    count = 0
+    missing = MissingPackets(path)
     for _, key in iter_records(records, record_key):
-        inside = (first is None or key.window >= first) and (last is None or key.window <= last)
-        if inside and (key.attempt, key.window) not in held:
-            count += 1
-            if len(names) < 10:
-                names.append(window_name({"window": key.window, "attempt": key.attempt}))
-    if count:
-        warn(f"{spec}: {packetless_line(names, count)}; the comparison leaves them out")
+        order = (key.attempt, key.window)
+        if _inside(order, span) and order not in held:
+            missing.add(key.attempt, key.window)
+    for line in missing.lines():
+        warn(f"{spec}: {line}; the comparison leaves them out")
 
 
-def parse_side(spec: str) -> tuple[Path, int | None, int | None]:
-    """``(path, first window, last window)``; a path that exists is taken whole."""
+def parse_side(spec: str) -> tuple[Path, int | None, int | None, int | None]:
+    """``(path, restart attempt, first window, last window)`` of ``DIR:[A/]FIRST-LAST``; a
+    path that exists is taken whole."""
     if Path(spec).exists():
-        return Path(spec), None, None
+        return Path(spec), None, None, None
     match = _RANGE.match(spec)
-    if not match or not (match["first"] or match["last"]):
-        return Path(spec), None, None
+    if not match or not (match["attempt"] or match["first"] or match["last"]):
+        return Path(spec), None, None, None
+    attempt = int(match["attempt"]) if match["attempt"] else None
     first = int(match["first"]) if match["first"] else None
     last = int(match["last"]) if match["last"] else (None if match["dash"] else first)
     if first is not None and last is not None and first > last:
         raise CompareError(f"{spec}: the range starts after it ends")
-    return Path(match["path"]), first, last
+    return Path(match["path"]), attempt, first, last
 
 
 def _window(packet: Packet) -> int:
     return int(packet.meta.get("window", 0))
+
+
+def _attempt(packet: Packet) -> int:
+    return int(packet.meta.get("attempt", 0))
+
+
+def _inside(order: tuple[int, int], span: Span) -> bool:
+    """Whether window (attempt, index) is in ``span`` (attempt, first, last; None: any)."""
+    attempt, first, last = span
+    window = order[1]
+    return (
+        attempt in (None, order[0])
+        and (first is None or window >= first)
+        and (last is None or window <= last)
+    )
 
 
 def _in_range(packet: Packet, first: int | None, last: int | None) -> bool:

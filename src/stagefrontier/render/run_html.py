@@ -30,7 +30,7 @@ from .headline import Headlines
 from .html_page import Figure, OpDiff, drawn_figures, op_diff, render
 from .leaders_view import bucket_leaders_view, leaders_view
 from .plots import stage_colors
-from .run_summary import bucket_span, sample_note, summary_sentence
+from .run_summary import bucket_span, sample_note, step_span, summary_sentence
 from .text import (
     METHOD_INTRO,
     METHOD_NOTES,
@@ -102,7 +102,7 @@ def _run_facts(run: RunWindows) -> list[tuple[str, str]]:
     items = [("folder", str(run.folder))]
     if first.get("run_id"):
         items.append(("run id", str(first["run_id"])))
-    steps = f"{first.get('first_step', '?')}-{last.get('last_step', '?')}"
+    steps = step_span(run.tallies)
     items.append(("windows", f"{run.count} (steps {steps})"))
     when = span_text(run_clock([first, last]), dated=True)
     if when != "?":

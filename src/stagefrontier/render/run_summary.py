@@ -6,7 +6,7 @@ and draws the buckets."""
 from __future__ import annotations
 
 from ..formats.records import window_name
-from ..formats.run_digest import Bucket, MethodShares
+from ..formats.run_digest import Bucket, MethodShares, Tallies
 from ..formats.run_folder import RunWindows
 
 
@@ -77,3 +77,12 @@ def sample_note(methods: MethodShares) -> str:
     if methods.compared == methods.packets:
         return ""
     return f" (over {methods.compared} of {methods.packets} windows' packets, evenly spaced)"
+
+
+def step_span(tallies: Tallies) -> str:
+    """``0-799``, or each restart attempt's steps after a restart: ``0-799 (attempt 0),
+    0-799 (attempt 1)``; ``?`` when no window was counted."""
+    spans = sorted(tallies.steps.items())
+    if len(spans) == 1:
+        return f"{spans[0][1][0]}-{spans[0][1][1]}"
+    return ", ".join(f"{first}-{last} (attempt {a})" for a, (first, last) in spans) or "?"

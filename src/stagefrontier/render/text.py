@@ -17,7 +17,7 @@ from ..formats.run_folder import RunWindows
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .escape import printable, printable_lines
-from .run_summary import sample_note, summary_text
+from .run_summary import sample_note, step_span, summary_text
 from .verdict import (
     block_leader,
     node_lead,
@@ -359,9 +359,7 @@ def summary_window(
 
 def _title(run: RunWindows) -> str:
     first, last = run.windows[0][1], run.windows[-1][1]
-    steps = ""
-    if "first_step" in first and "last_step" in last:
-        steps = f", steps {first['first_step']}-{last['last_step']}"
+    steps = f", steps {step_span(run.tallies)}" if run.tallies.steps else ""
     when = span_text(run_clock([first, last]), dated=True)
     return (
         f"StageFrontier report for {run.folder}: {run.count} window(s){steps}, "

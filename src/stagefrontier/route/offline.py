@@ -4,6 +4,7 @@ live (on another host, or rank 0 stopped first), against the run's evidence pack
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..errors import ReportFormatError, StageFrontierError
 from ..formats.incident import INCIDENT_FILE, read_incident, scan_incidents
 from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
-from ..formats.records import WINDOWS_FILE, read_records
+from ..formats.records import WINDOWS_FILE, checked_record, iter_records
 from ..render.incident import write_incident
 from .confirm import LiveWindow
 from .decide import MIN_SHARE
@@ -101,13 +102,15 @@ def packet_windows(out_dir: Path) -> list[LiveWindow]:
     return out
 
 
-def window_records(out_dir: Path) -> list[dict[str, Any]]:
-    """The records of an output folder's ``windows.jsonl`` (none when it is missing or
-    unreadable: the incident then has no loader figures or advice)."""
+def window_records(out_dir: Path) -> Iterator[dict[str, Any]]:
+    """The records of an output folder's ``windows.jsonl``, one line at a time, whatever the
+    file's size (none when it is missing; they stop at a line that cannot be read: the
+    incident then has the loader figures of the records before it, or none)."""
     try:
-        return read_records(out_dir / WINDOWS_FILE)
+        for _, record in iter_records(out_dir / WINDOWS_FILE, checked_record):
+            yield record
     except (OSError, ReportFormatError):
-        return []
+        return
 
 
 def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, Any], bool]:

@@ -20,7 +20,7 @@ import logging
 import marshal
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,7 @@ def worker_op_diff(
 
 
 def worker_findings(
-    incident: dict[str, Any], records: Sequence[dict[str, Any]], min_share: float
+    incident: dict[str, Any], records: Iterable[dict[str, Any]], min_share: float
 ) -> None:
     """Add the workers' op diff and the loader's advice (from the windows' ``records``: the
     live ones, or ``windows.jsonl`` after the run) to a captured incident, in place, and
@@ -239,7 +239,7 @@ def worker_findings(
     theirs = read_workers(folder, reference) if reference != suspect else None
     rows = worker_op_diff(mine, theirs)
     incident["worker_op_diff"] = rows
-    figures = _figures(list(records), incident["window"], suspect)
+    figures = _figures(records, incident["window"], suspect)
     incident["loader"] = figures or None
     slow = _function_of(rows[0]["name"]) if rows else ""
     advice = loader_sentence(figures, suspect, slow) if figures else ""
@@ -280,8 +280,9 @@ def confirm_by_workers(
     )
 
 
-def _figures(records: list[dict[str, Any]], window: int | None, rank: int) -> dict[str, Any]:
-    """The suspect's loader figures in the incident's window (else the latest that has them)."""
+def _figures(records: Iterable[dict[str, Any]], window: int | None, rank: int) -> dict[str, Any]:
+    """The suspect's loader figures in the incident's window (else the latest that has them),
+    the records read one at a time (``windows.jsonl`` of any length after the run)."""
     found: dict[str, Any] = {}
     for record in records:
         figures = record.get("loader_workers", {}).get(str(rank))

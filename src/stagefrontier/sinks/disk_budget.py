@@ -29,17 +29,16 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from ..environment import MiB
 from ..failures import say_failed
+from ..formats.compacted import COMPACTED_FILE, window_ranges
 from ..formats.records import WINDOWS_FILE
 
 logger = logging.getLogger("stagefrontier")
 
-COMPACTED_FILE = "compacted.jsonl"
 LOW_WATER = 0.9
 """A compaction deletes until the folder holds at most this fraction of its budget, so it runs
 once per many windows rather than at every window past the budget."""
@@ -253,33 +252,6 @@ def folder_bytes(folder: Path) -> int:
             except OSError:  # deleted meanwhile
                 continue
     return total
-
-
-def window_ranges(orders: list[tuple[int, int]]) -> str:
-    """``0/3-9, 0/11, 1/0-4``: windows (attempt, index) as ranges of consecutive indices
-    (``listed_windows`` reads it back)."""
-    parts = []
-    for attempt, group in groupby(orders, key=lambda order: order[0]):
-        indices = [index for _, index in group]
-        start = previous = indices[0]
-        for index in [*indices[1:], None]:
-            if index is not None and index == previous + 1:
-                previous = index
-                continue
-            parts.append(f"{attempt}/{start}" + (f"-{previous}" if previous > start else ""))
-            if index is not None:
-                start = previous = index
-    return ", ".join(parts)
-
-
-def listed_windows(ranges: str) -> list[tuple[int, int]]:
-    """The windows (attempt, index) of a ``window_ranges`` text, in its order."""
-    windows = []
-    for part in filter(None, ranges.split(", ")):
-        attempt, _, span = part.partition("/")
-        first, _, last = span.partition("-")
-        windows += [(int(attempt), i) for i in range(int(first), int(last or first) + 1)]
-    return windows
 
 
 def _order(record: dict[str, Any]) -> tuple[int, int]:

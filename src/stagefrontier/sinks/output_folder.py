@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from ..environment import current_attempt, disk_budget_bytes
+from ..formats.compacted import COMPACTED_FILE
 from ..formats.records import WINDOWS_FILE
 from ..window.merged import AnalyzedWindow
-from .disk_budget import COMPACTED_FILE, DiskBudget
+from .disk_budget import DiskBudget
 
 logger = logging.getLogger("stagefrontier")
 
