@@ -20,7 +20,8 @@ from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.route.confirm import Confirmation
-from stagefrontier.route.decide import decide
+from stagefrontier.route.decide import MIN_SHARE, decide
+from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
 from stagefrontier.window.loader import loader_block_lead
 
@@ -125,7 +126,8 @@ def test_a_trace_that_agrees_with_the_live_steps_says_agrees() -> None:
         live_shares={STAGES[1]: 0.2, STAGES[2]: 0.7},
     )
     word = verdict(incident)
-    assert "disagrees" not in word and f"agree: top {STAGES[2]}" in word, word
+    assert "disagrees" not in word and "agree" not in word, word
+    assert f"put {STAGES[2]} on top, not the routed {STAGES[1]}" in word, word
 
 
 def test_a_stored_block_lead_is_checked_before_a_line_reads_it() -> None:
@@ -135,3 +137,11 @@ def test_a_stored_block_lead_is_checked_before_a_line_reads_it() -> None:
     for bad in ({**good, "size": 1}, {**good, "rank": -1}, {**good, "why": None}, [good]):
         with pytest.raises(ReportFormatError, match="block_lead"):
             check_window_meta({"block_lead": bad})
+
+
+def test_own_work_confirms_only_by_a_material_share_of_the_step() -> None:
+    row = {"name": "f", "suspect_ms_per_step": 30.0, "reference_ms_per_step": 0.0}
+    rows = [{**row, "diff_ms_per_step": 30.0}, {**row, "name": "g", "diff_ms_per_step": -5.0}]
+    assert own_work_lead(rows, 0.2, MIN_SHARE) == rows[0]  # 15% of a 200 ms step
+    assert own_work_lead(rows, 0.4, MIN_SHARE) is None  # 7.5% of a 400 ms step
+    assert own_work_lead([], 0.2, MIN_SHARE) is None and own_work_lead(rows, None, 0.1) is None

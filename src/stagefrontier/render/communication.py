@@ -48,14 +48,25 @@ def late_rank(record: Mapping[str, Any], top: str | None) -> Mapping[str, Any] |
     return _reading(record, top, "late")
 
 
+def late_lead(record: Mapping[str, Any], top: str | None) -> str:
+    """``rank 1 late into its last bucket``: the leader the collectives name for the top stage,
+    where every rank's share of it is alike (DDP's all-reduce makes the early ranks wait inside
+    it for the late one); empty when they name none."""
+    late = late_rank(record, top)
+    return "" if late is None else f"rank {late['late_rank']} late into its {_which(late)}"
+
+
+def _which(c: Mapping[str, Any]) -> str:
+    return "last bucket" if c.get("last_bucket") else f"bucket {c['bucket']}"
+
+
 def late_finding(c: Mapping[str, Any], plain_stage: str, full: bool) -> str:
     """``rank 1 reaches backward's last gradient bucket ~100 ms after the others, which wait for
     it in all-reduce`` (``full``), or ``rank 1 late ~100 ms into its last bucket`` for the
     headline."""
     lateness = f"~{c['lateness_ms']:.0f} ms"
     if not full:
-        which = "last bucket" if c.get("last_bucket") else f"bucket {c['bucket']}"
-        return f"rank {c['late_rank']} late {lateness} into its {which}"
+        return f"rank {c['late_rank']} late {lateness} into its {_which(c)}"
     where = bucket_text(c, plain_stage)
     return (
         f"rank {c['late_rank']} reaches {where} {lateness} after the others, which wait for it "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..analysis.gates import Gates
 from ..analysis.regression import regression_text
 from ..formats.incident import write_incident_files
 from ..formats.names import is_plain_name
@@ -32,7 +33,7 @@ def verdict(incident: dict[str, Any]) -> str:
         trace, live = incident["trace_shares"], incident["live_shares"]
         top = max(trace, key=trace.__getitem__) if trace else None
         if top is not None and live and top == max(live, key=live.__getitem__):
-            return f"not confirmed (the trace and the live steps agree: top {top})"
+            return f"not confirmed ({_why_not(incident, top)})"
     if incident["confirmed"] is None and incident.get("reduced") == "pending":
         return "not reduced yet (a process of its own reduces it after the run)"
     if incident["confirmed"] is None and incident.get("reduced") in (
@@ -42,6 +43,22 @@ def verdict(incident: dict[str, Any]) -> str:
     ):
         return "reduced, but neither confirmed nor refuted (the reasons say why)"
     return {True: "confirmed", False: "disagrees", None: "not reduced"}[incident["confirmed"]]
+
+
+def _why_not(incident: dict[str, Any], top: str) -> str:
+    """Why an incident whose trace and live steps name the same top stage is not confirmed, as
+    one clause that supports it: the routed stage is not that top, a share moved by more than
+    the tie tolerance, or the suspect's lead in the trace is too small to matter."""
+    stage = incident["stage"]
+    if stage is not None and stage != top:
+        return f"the captured steps put {top} on top, not the routed {stage}"
+    diff = incident.get("max_share_diff")
+    if isinstance(diff, (int, float)) and diff >= Gates.share_tie:
+        return f"a stage's share in the trace differs from the live steps' by {diff}"
+    return (
+        f"in the trace rank {incident['leader_rank']}'s lead over rank "
+        f"{incident['reference_rank']} in {stage} is under the material share of the step"
+    )
 
 
 def top_op_line(incident: dict[str, Any]) -> str:

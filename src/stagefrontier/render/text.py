@@ -16,6 +16,7 @@ from ..analysis.window_report import WindowReport
 from ..formats.run_folder import RunWindows
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
+from .communication import late_lead
 from .escape import printable, printable_lines
 from .run_summary import sample_note, step_span, summary_text
 from .verdict import (
@@ -175,6 +176,7 @@ def lead_text(
     report: WindowReport, record: Mapping[str, Any] | None = None, short: bool = False
 ) -> str:
     """``led by rank 2@node7``, ``led by node-b (node-level: ranks 4,5,6,7 all on node-b)`` or
+    ``rank 1 late into its last bucket`` (the collectives' late rank, ``late_lead``) or
     ``no single leader (ranks 0-3 share it)`` for the top stage; ``short`` (for a headline):
     ``led by node node-b (ranks 4-7)``, ``led by rank 2 in 2-step blocks``, ``no single
     leader``."""
@@ -197,6 +199,9 @@ def lead_text(
             if short
             else (f"led by {rank} over blocks of {size} steps")
         )
+    late = late_lead(record, top)
+    if late:  # the stage's shares are alike on every rank; the collectives name who was late
+        return late
     if report.n_steps < MIN_LEAD_STEPS:
         return f"no leader named over {report.n_steps} step{'s' if report.n_steps > 1 else ''}"
     loc = report.semantic_localization[top]

@@ -83,6 +83,11 @@ class Confirmation:
     live_top: str | None = None
     steps: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    weak_lead: str = ""
+    """Why the suspect's lead in the stage's time is no confirmation (empty when it is one, or
+    when there is none to judge); the only reason ``confirmed`` is False when the rest agrees."""
+    step_s: float | None = None
+    """The captured steps' median step (the longer of suspect and reference), in seconds."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,7 +154,7 @@ def confirm(
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
     agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
-    weak = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
+    weak, step_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
     return Confirmation(
         confirmed=bool(agree and max_diff < g.share_tie and not weak),
         max_share_diff=round(max_diff, 6),
@@ -158,30 +163,32 @@ def confirm(
         trace_top=trace_report.top1,
         live_top=live_report.top1,
         steps=tuple(common),
-        notes=(*reduced.notes, *((weak,) if weak else ())),
+        notes=tuple(reduced.notes),
+        weak_lead=weak,
+        step_s=step_s,
     )
 
 
 def _weak_lead(
     reduced: ReducedTrace, stage: str | None, lead: tuple[int, int] | None, min_share: float
-) -> str:
+) -> tuple[str, float | None]:
     """Why the suspect's lead over its reference in the trace's steps is no confirmation
     (empty when it is one, or when the trace lacks a stage, a suspect or a distinct reference
-    to judge it by)."""
+    to judge it by), and the captured steps' median step it was measured against."""
     if lead is None or stage not in reduced.stages:
-        return ""
+        return "", None
     suspect, reference = lead
     if suspect == reference or not {suspect, reference} <= set(reduced.ranks):
-        return ""
+        return "", None
     j = reduced.stages.index(stage)
     mine, theirs = reduced.ranks.index(suspect), reduced.ranks.index(reference)
     diffs = reduced.d[:, mine, j] - reduced.d[:, theirs, j]
     step = float(np.median(reduced.d[:, [mine, theirs], :].sum(axis=2).max(axis=1)))
     excess = mean_excess(diffs, min_share * step, CONFIRM_T)
     if excess.stands_out:
-        return ""
+        return "", step
     return (
         f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
         f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
         f"{excess.shortfall()}"
-    )
+    ), step

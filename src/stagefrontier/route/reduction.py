@@ -20,6 +20,7 @@ from ..window.merged import AnalyzedWindow
 from .confirm import Confirmation, LiveWindow, confirm, live_slice
 from .decide import MIN_SHARE
 from .opdiff import op_diff, stage_op_times
+from .own_work import own_work_lead, own_work_text
 from .trace_slice import load_for_reduction
 
 logger = logging.getLogger("stagefrontier")
@@ -66,9 +67,27 @@ def analyze_traces(
         )
         return True
 
-    loaded = _confirm(incident, files, live, gates, min_share)
+    loaded, result = _confirm(incident, files, live, gates, min_share)
     _op_diff(incident, files, loaded, run_dir, over)
+    if result is not None and result.weak_lead:
+        _judge_own_work(incident, result, gates, min_share)
     return time.thread_time() - start
+
+
+def _judge_own_work(
+    incident: dict[str, Any], result: Confirmation, gates: Any, min_share: float
+) -> None:
+    """The stage's time gave the suspect no material lead (``result.weak_lead``): where all
+    else agreed, the suspect's own work in the stage (the op diff against the reference rank)
+    may still confirm it (``own_work``); otherwise the weak lead is the reason it is not."""
+    tie = (gates or Gates()).share_tie
+    rest_agrees = not_confirmed_text(result, incident["stage"], tie) == ""
+    row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share)
+    if rest_agrees and row is not None and result.step_s and not incident.get("reference_capture"):
+        incident["confirmed"] = True
+        incident["reasons"].append(own_work_text(row, incident, result.step_s, min_share))
+    else:
+        incident["reasons"].append(result.weak_lead)
 
 
 def leave_for_after_run(incident: dict[str, Any]) -> None:
@@ -89,13 +108,15 @@ def _confirm(
     live: list[LiveWindow],
     gates: Any,
     min_share: float,
-) -> Loaded:
+) -> tuple[Loaded, Confirmation | None]:
     """Confirm the incident against the live windows; returns the traces, each parsed once for
-    the confirmation and the op diff."""
+    the confirmation and the op diff, and the confirmation (None when it failed). A weak lead
+    (``Confirmation.weak_lead``) is left for ``_judge_own_work`` to say or overturn."""
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     ranks = sorted(files)
     loaded: Loaded = {}
+    result: Confirmation | None = None
     for path in files.values():
         try:
             loaded[Path(path)] = load_for_reduction(Path(path), incident["stage"], steps)
@@ -120,7 +141,8 @@ def _confirm(
     except Exception as exc:
         say_failed(logger, f"confirming incident {incident['id']}", exc, "it stays unconfirmed")
         incident["reasons"].append(f"confirmation failed: {reason(exc)}")
-    return loaded
+        result = None
+    return loaded, result
 
 
 def not_confirmed_text(
