@@ -63,7 +63,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test: $(STAMP) lint typecheck docs
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/analyzer.py
