@@ -52,7 +52,7 @@ function among the innermost)."""
 Stack = tuple[CodeType, ...]
 Sample = tuple[int, Stack, int]
 """When it was taken (``time.time_ns``), the frames (outermost first) and the line the
-innermost one was at."""
+innermost one was at; no frames at a cut (``StackSampler.cut``)."""
 MAX_LINE_CHARS = 80
 
 
@@ -101,17 +101,13 @@ class StackSampler:
         return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
 
     def cut(self) -> None:
-        """On the sampled thread, where it opens or closes a step's range: a sample of its own
-        stack, taken here. The frames inside the step (the caller's caller and deeper) end
-        here and start again at the next sample: the op diff counts an event where it starts,
-        inside the stage's range of a captured step, and a frame seen unchanged across steps
-        (a loop sleeping in its data wait every step) would start in the first one only. It
-        also gives every captured step a sample however late the sampling thread runs (a
-        loaded machine can keep it off the CPU for a whole short capture)."""
+        """On the sampled thread, where it opens or closes a step's range: every frame open now
+        ends here and starts again at the next sample. The op diff counts an event where it
+        starts, inside the stage's range of a captured step; a frame seen unchanged across
+        steps (a loop sleeping in its data wait every step) would start in the first one only."""
         with self._wake:
             if self._target is not None and len(self._samples) < MAX_SAMPLES:
-                frame = sys._getframe(1)
-                self._samples.append((time.time_ns(), _stack(frame), frame.f_lineno))
+                self._samples.append((time.time_ns(), (), 0))
 
     def close(self) -> None:
         with self._wake:
