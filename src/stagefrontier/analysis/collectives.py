@@ -45,7 +45,14 @@ FIRST_LATE_FRACTION = 0.5
 next), the one named is the first it reaches late by at least this part of its most."""
 
 DEFAULT_FAMILY = "all_reduce"
-"""The family of DDP's default bucket all-reduce (a user's hook is named by its function)."""
+"""The family of DDP's default bucket all-reduce (a user's hook is named by its function, a
+program's own collective by the name it gave ``timer.collective``)."""
+ALL_GATHER, REDUCE_SCATTER = "all_gather", "reduce_scatter"
+"""FSDP2's families: their ``bucket`` is their order in the stage and step, not DDP's."""
+OWN_PREFIX = "own:"
+"""The family of a program's own collective: ``own:`` and the name given ``timer.collective``."""
+ZERO_BROADCAST = "zero_broadcast"
+"""ZeRO-1's parameter broadcasts at the end of its ``step``, one collective per step."""
 
 Key = tuple[str, int, "str | None", int]
 """A collective across ranks: (family, bucket, stage, call in the step)."""
@@ -239,6 +246,18 @@ def _read_one(
         lateness_ms=scores[late] if named else 0.0,
         late_steps=int((last == late).sum()) if named else 0,
     )
+
+
+def collective_name(family: str, bucket: int) -> str:
+    """A collective for the labels' reasons: ``user_hook of bucket 1`` (DDP's buckets),
+    ``all_gather no. 1`` (FSDP2's, by order in the stage), ``loss_all_reduce`` (the program's
+    own, the first of that name in the stage), ``zero_broadcast``."""
+    if family in (ALL_GATHER, REDUCE_SCATTER):
+        return f"{family} no. {bucket + 1}"
+    if family == ZERO_BROADCAST or family.startswith(OWN_PREFIX):
+        name = family.removeprefix(OWN_PREFIX)
+        return name if bucket == 0 else f"{name} no. {bucket + 1}"
+    return f"{family} of bucket {bucket}"
 
 
 def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | None:
