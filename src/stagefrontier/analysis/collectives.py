@@ -14,8 +14,8 @@ arrived (median of the longest extra wait), and the late rank when one rank arri
 most steps by a margin: its lateness is the median over all steps of how much after the next
 rank it arrived (0 in the steps it was not last), so a rank that is last by chance in a few
 steps is not named, and it must stand out against the margin of the steps where another rank
-was last (``NOISE_FACTOR``). None of it enters the prefix vector: it is side evidence for the
-labels and the verdict.
+was last (``NOISE_FACTOR``) unless it is last in nearly every step (``MOSTLY_LAST``). None of
+it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ NOISE_FACTOR = 3.0
 the named rank was not last (the scheduling noise of a loaded host, where the last rank changes
 from step to step: a rank that is last by that much in a few more steps than the others is
 not named)."""
+MOSTLY_LAST = 0.8
+"""...unless it arrives last in at least this part of the steps: a rank that steady is late
+however far another rank fell behind in the few other steps (one descheduled step of another
+rank on a loaded host would otherwise hide it)."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -228,7 +232,8 @@ def _read_one(
     late = int(np.argmax(scores))
     others = behind_next[last != late]
     noise = float(np.median(others)) if len(others) else 0.0
-    named = scores[late] >= max(threshold, NOISE_FACTOR * noise)
+    steady = float((last == late).mean()) >= MOSTLY_LAST
+    named = scores[late] >= threshold and (steady or scores[late] >= NOISE_FACTOR * noise)
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
