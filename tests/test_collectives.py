@@ -369,6 +369,10 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     ), text
     decision = regression_decision(analyzed)
     assert decision is not None and decision.suspect_rank == 1, decision
+    gathered = {**regression["late"], "family": "all_gather", "bucket": 0}  # as under FSDP2
+    assert regression_text({**regression, "late": gathered}).endswith(
+        "rank 1 late into model.backward_cpu_wall's all_gather no. 1"
+    )
 
 
 def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:

@@ -253,6 +253,13 @@ def _read_one(
     )
 
 
+def ddp_family(family: str) -> bool:
+    """A DDP bucket's collective (DDP's all-reduce or the user's communication hook), whose
+    ``bucket`` is DDP's own."""
+    sharded = (ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST)
+    return family not in sharded and not family.startswith(OWN_PREFIX)
+
+
 def collective_name(family: str, bucket: int) -> str:
     """A collective for the labels' reasons: ``user_hook of bucket 1`` (DDP's buckets),
     ``all_gather no. 1`` (FSDP2's, by order in the stage), ``loss_all_reduce`` (the program's

@@ -16,6 +16,7 @@ from ..analysis.collectives import (
     OWN_PREFIX,
     REDUCE_SCATTER,
     ZERO_BROADCAST,
+    ddp_family,
 )
 from ..analysis.schema import semantic_stage
 
@@ -39,9 +40,7 @@ SHARDED_WORDS = {
 
 
 def _ddp(c: Mapping[str, Any]) -> bool:
-    """A DDP bucket's collective (DDP's all-reduce or the user's communication hook)."""
-    family = str(c.get("family", DEFAULT_FAMILY))
-    return family not in SHARDED_WORDS and not family.startswith(OWN_PREFIX)
+    return ddp_family(str(c.get("family", DEFAULT_FAMILY)))
 
 
 def bucket_text(c: Mapping[str, Any], plain_stage: str) -> str:
