@@ -8,9 +8,9 @@ collectives_job.py OUT``). Windows of 10 steps, each with its own case:
 * window 4: the demo's comm fault on rank 1 (``comm@1:100ms``: a sleep in the communication
   hook before bucket 0's all-reduce);
 * window 5: every rank's bucket 0 all-reduce slowed by 80 ms (a sleep chained to its future);
-* window 6: an FSDP2 (``fully_shard``) model instead, rank 2 sleeping 100 ms in forward before
+* window 6: an FSDP2 (``fully_shard``) model instead, rank 2 sleeping 200 ms in forward before
   the model runs (late into forward's first all-gather; ``timer.watch_fsdp``);
-* window 7: the FSDP2 model, rank 3 sleeping 100 ms after its forward, before the program's own
+* window 7: the FSDP2 model, rank 3 sleeping 200 ms after its forward, before the program's own
   loss all-reduce (``timer.collective``).
 
 Every step the program all-reduces its loss inside ``timer.collective("loss_all_reduce")``,
@@ -53,6 +53,9 @@ FSDP_WINDOW, OWN_WINDOW = 6, 7
 FSDP_LATE_RANK, OWN_LATE_RANK = 2, 3
 DELAY_S = 0.1
 SLOW_S = 0.08
+FORWARD_DELAY_S = 0.2
+"""The late rank's sleep in forward (windows 6 and 7): forward, where the others wait for it,
+stays the top stage however slow FSDP2's backward collectives get on a loaded host."""
 
 
 class HookState:
@@ -138,10 +141,10 @@ def main(out_dir: str) -> None:
             # --8<-- [start:own-collective]
             with timer.stage("model.fwd_loss_cpu_wall"):
                 if window == FSDP_WINDOW and rank == FSDP_LATE_RANK:
-                    time.sleep(DELAY_S)
+                    time.sleep(FORWARD_DELAY_S)
                 loss = run(x).square().mean()
                 if window == OWN_WINDOW and rank == OWN_LATE_RANK:
-                    time.sleep(DELAY_S)
+                    time.sleep(FORWARD_DELAY_S)
                 mean_loss = loss.detach().clone()
                 with timer.collective("loss_all_reduce", nbytes=mean_loss.element_size()):
                     dist.all_reduce(mean_loss)
