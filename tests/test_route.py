@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stagefrontier import analyze
+from stagefrontier import CollectConfig, TimerConfig, analyze
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident, new_incident, read_incident
 from stagefrontier.render.incident import write_incident
@@ -254,11 +254,14 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(  # no regression check: on a loaded machine the step times swing, and a
-        # regression capture opened first would take the incident this test asks for
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=router,
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5,
+            # no regression check: on a loaded machine the step times swing, and a regression
+            # capture opened first would take the incident this test asks for
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=router,
+        )
     )
     _train(timer, 5)  # one window: the step time is measured
     # The stage is named: without it the request takes the last analyzed window's top stage,
@@ -307,9 +310,11 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     monkeypatch.setattr(incident_writer, "analyze_traces", traces)
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=router,
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=router,
+        )
     )
     # until the incident is written (reduced live, not after the run): at ~10 ms a step the
     # capture starts some 60 steps after the request (the start margin covers the store polls
@@ -427,10 +432,13 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
-    timer = StageTimer(  # no regression check: its captures would spend the budget first
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5,
+            # no regression check: its captures would spend the budget first
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
+        )
     )
     cli = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
@@ -556,7 +564,11 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
 
     limit = 1e-4 if case == "size_limit" else 200.0
     router = ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0, max_trace_mb=limit)
-    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5, collection=CollectConfig(mode="local", out_dir=tmp_path), router=router
+        )
+    )
     _train(timer, 5)
     router.request_capture([0])
     # Steps take at least the 20 ms sleep, so the start margin is at most
