@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .collectives import read_collectives
+from .collectives import collective_name, read_collectives
 from .evidence import WindowEvidence
 from .forward_events import (
     FORWARD_DEVICE_SUPPORTED,
@@ -417,7 +417,7 @@ def _measured_wait(x: LabelInputs, out: Labeling, top: str) -> None:
         return
     out.emit(
         SYNC_WAIT_MEASURED,
-        f"rank {late.late_rank} arrives last at {late.family} of bucket {late.bucket} in "
+        f"rank {late.late_rank} arrives last at {collective_name(late.family, late.bucket)} in "
         f"{late.stage} by ~{late.lateness_ms:.0f} ms per step ({late.late_steps}/{late.steps} "
         f"steps); the other ranks wait for it there ~{late.wait_ms:.0f} ms, timed in the "
         "collective",

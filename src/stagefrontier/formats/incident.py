@@ -94,6 +94,9 @@ class LateInto(msgspec.Struct):
     stage: Text
     bucket: Count
     last_bucket: bool
+    family: Text | UnsetType = UNSET
+    """The collective's family (``all_reduce``, ``all_gather``, ...); absent from older
+    incidents, read as DDP's."""
 
 
 class Regression(msgspec.Struct):

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.block_lead import block_sums, unsteady_lead
+from ..analysis.collectives import collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.noise import mean_excess
@@ -190,9 +191,9 @@ def late_rank_decision(
     reference = others[(len(others) - 1) // 2][1]
     reasons = (
         f"{stage} {share:.0%} of exposed time",
-        f"rank {suspect} arrives last at bucket {late.bucket} ({late.family}) in {late.stage} "
-        f"by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} steps, the others "
-        "timed waiting for it there",
+        f"rank {suspect} arrives last at {collective_name(late.family, late.bucket)} in "
+        f"{late.stage} by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} "
+        "steps, the others timed waiting for it there",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window
