@@ -119,6 +119,25 @@ def test_a_wait_on_every_other_step_is_judged_over_the_loaders_bursts() -> None:
     assert healthy is None and "over blocks of 2 steps" in why, why
 
 
+def test_a_steady_lead_on_every_other_step_is_measured_over_the_loaders_bursts() -> None:
+    """A stall from the first step: rank 2's two workers hand over their batches two at a
+    time, so it waits 480 ms on every other step, and on the steps between no rank waits
+    longer than another. Rank 2 leads steadily step by step, but its excess alternates
+    between 480 ms and nothing: the steps' own noise, unless measured over the workers'
+    blocks (before, such a stall opened no incident in any window)."""
+    d = _matrix(None)[:8]
+    d[:, :, 0] = 0.001
+    d[::2, 2, 0] += 0.480
+    d[::2, [0, 1, 3], 2] += 0.480  # the others wait for rank 2 in the backward's all-reduce
+    alone, why = decide(_window(d, [0, 1, 2, 3]))
+    assert alone is None and "inside the steps' noise" in why, why
+    decision, why = decide(_window(d, [0, 1, 2, 3], workers=2))
+    assert decision is not None, why
+    assert decision.stage == "data.next_wait" and decision.suspect_rank == 2
+    assert "rank 2 leads it alone in 4/8 steps" in decision.reasons[1], decision.reasons
+    assert "judged over blocks of 2 steps" in decision.reasons[-1], decision.reasons
+
+
 def test_start_margin_covers_two_polls_and_the_latency_in_steps() -> None:
     # (2 * 0.05 + 0.5) s at 0.1 s/step = 6 steps, plus 2.
     assert start_margin(0.1, 0.05) == 8
