@@ -3,7 +3,8 @@
 backward stage) under store collection, and the forward stage of each window named in
 ``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
 regression: two windows in a row, which the check flags however loaded the machine). Launched twice
-into one folder, the second launch is a job resumed into the folder of the first."""
+into one folder, the second launch is a job resumed into the folder of the first. With
+``router``, each launch opens one profiler-router incident, on its window 0."""
 
 from __future__ import annotations
 
@@ -25,13 +26,17 @@ class BudgetJob:
     step_s: float = 0.004
     slow_s: float = 0.04
     ranks: int = 2
+    router: bool = False
+    """Give the timer a profiler router, and make rank 1's forward stage ``slow_s`` slower in
+    every step of window 0: the router opens its one incident on window 0 (the first window it
+    considers, so no other window can open it first)."""
 
 
 def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, StageTimer, TimerConfig
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
     join_gloo(rank, job.ranks, port)
@@ -43,16 +48,20 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
         log=False,
         disk_budget_mb=job.budget_mb,
     )
-    timer = StageTimer(config=TimerConfig(STAGES, window=job.window, collection=collection))
+    router = ProfilerRouter(steps=2, max_captures=1, with_stack=False) if job.router else None
+    timer = StageTimer(
+        config=TimerConfig(STAGES, window=job.window, collection=collection, router=router)
+    )
     grad = torch.zeros(64)
     for step in range(job.windows * job.window):
         window = step // job.window
         slow = window in job.slow_windows or window - 1 in job.slow_windows
+        lead = job.router and rank == 1 and window == 0
         with timer.step():
             with timer.stage(STAGES[0]):
                 time.sleep(job.step_s)
             with timer.stage(STAGES[1]):
-                time.sleep(job.step_s + (job.slow_s if slow else 0.0))
+                time.sleep(job.step_s + (job.slow_s if slow or lead else 0.0))
             with timer.stage(STAGES[2]):
                 dist.all_reduce(grad)
     timer.close()

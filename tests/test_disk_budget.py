@@ -2,8 +2,9 @@
 
 One real 2-rank job (``budget_support``) runs twice into one folder with a 2 MiB budget: the
 second launch is the job resumed from a checkpoint into the folder of the first. Each launch
-slows the forward stage of some windows (three injected regressions in all). Its records and
-packets outgrow the budget, so older packets are compacted away while it runs.
+slows the forward stage of some windows (three injected regressions in all), and rank 1's in
+window 0, where each launch's profiler router opens an incident. Its records and packets
+outgrow the budget, so older packets are compacted away while it runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from budget_support import BudgetJob, launch
 from stagefrontier.analysis.regression import regression_text
 from stagefrontier.cli.main import main
 from stagefrontier.formats.compacted import listed_windows
+from stagefrontier.formats.incident import incident_window, list_incidents
 from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt
 
@@ -33,7 +35,7 @@ slower."""
 def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("budget") / "run"
     for attempt in (0, 1):
-        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB))
+        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB, router=True))
     return out
 
 
@@ -93,6 +95,23 @@ def test_the_report_shows_the_regressions_and_the_restart(resumed_run: Path) -> 
     assert "restart attempts" in page
     for record in injected:
         assert html.escape(regression_text(record["regression"])) in page
+
+
+def test_each_attempt_keeps_its_incident_of_the_same_window(
+    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    incidents = {i["id"]: i for i in list_incidents(resumed_run)}
+    assert sorted(incidents) == ["w00000", "w00000-attempt1"]  # neither overwrote the other
+    assert {incident_window(name) for name in incidents} == {(0, 0), (1, 0)}
+    assert all(i["window"] == 0 and i["trigger"] == "window" for i in incidents.values())
+    for name in incidents:  # the disk budget keeps the packet of each incident's own window
+        attempt, window = incident_window(name) or (-1, -1)
+        suffix = f".attempt-{attempt}" if attempt else ""
+        assert (resumed_run / "packets" / f"window-{window:06d}{suffix}.json").exists()
+    assert main(["report", str(resumed_run)]) == 0
+    report = capsys.readouterr().out
+    listed = [line.split()[1] for line in report.splitlines() if line.startswith("  incident ")]
+    assert listed == ["w00000", "w00000-attempt1"]
 
 
 def test_a_torchrun_restart_takes_its_restart_count_unless_the_folder_holds_it(

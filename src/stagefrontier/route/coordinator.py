@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..environment import current_attempt
-from ..formats.incident import new_incident
+from ..formats.incident import incident_id_of, new_incident
 from ..render.incident import summary_line
 from ..window.merged import AnalyzedWindow, wall_clock
 from .capture import incident_dir
@@ -135,6 +135,13 @@ class Coordinator:
         if manual.id is not None:
             self.session.answer_manual(ManualAnswer(manual.id, "refused", plan))
 
+    def _folder_attempt(self) -> int:
+        """This process's attempt in the output folder: the ``attempt`` of the newest window's
+        record, which the file sinks set before the router takes the window
+        (``sinks.output_folder``); torchelastic's restart count before any window."""
+        attempt = self.live[-1].record.get("attempt") if self.live else None
+        return attempt if isinstance(attempt, int) else current_attempt()[1]
+
     def _poll_words(self) -> str:
         """How the margin's poll reads in an incident's reasons."""
         poll_ms, travel_ms = self.config.poll_s * 1e3, self.request_poll_s * 1e3
@@ -156,9 +163,8 @@ class Coordinator:
                 decision.suspect_rank,
             )
             return
-        attempt = current_attempt()[1]
-        incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
-        incident_id += f"-manual{self.captures}" if plan.trigger == "manual" else ""
+        manual = self.captures if plan.trigger == "manual" else None
+        incident_id = incident_id_of(window, self._folder_attempt(), manual)
         steps = plan.steps or self.config.steps
         margin = start_margin(self.step_s, self.request_poll_s)
         first = self.current_step() + margin

@@ -35,6 +35,7 @@ from typing import Any
 from ..environment import MiB
 from ..failures import say_failed
 from ..formats.compacted import COMPACTED_FILE, window_ranges
+from ..formats.incident import incident_window
 from ..formats.records import WINDOWS_FILE
 
 logger = logging.getLogger("stagefrontier")
@@ -50,7 +51,6 @@ REMEASURE_EVERY = 64
 """Writes between two walks of the folder (the router's incidents are written beside)."""
 
 _PACKET_NAME = re.compile(r"^(?:window|summary)-(\d+)(?:\.attempt-(\d+))?\.json$")
-_INCIDENT_NAME = re.compile(r"^w(\d+)(?:-attempt(\d+))?")
 
 
 @dataclass
@@ -181,11 +181,8 @@ class DiskBudget:
 
     def _incident_windows(self, packets: dict[str, HeldPacket]) -> set[str]:
         """The packets of the windows an incident was opened on."""
-        windows = set()
-        for folder in (self.folder / "incidents").glob("w*"):
-            match = _INCIDENT_NAME.match(folder.name)
-            if match is not None:
-                windows.add((int(match[2] or 0), int(match[1])))
+        named = (incident_window(p.name) for p in (self.folder / "incidents").glob("w*"))
+        windows = {window for window in named if window is not None}
         return {name for name, held in packets.items() if held.order in windows}
 
     def _record(self, before: int, dropped: list[HeldPacket]) -> None:
