@@ -4,16 +4,19 @@ backward stage) under store collection, and the forward stage of each window nam
 ``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
 regression: two windows in a row, which the check flags however loaded the machine). Launched twice
 into one folder, the second launch is a job resumed into the folder of the first. With
-``router``, each launch opens one profiler-router incident, on its window 0."""
+``router``, each launch opens one profiler-router incident, on its window ``MANUAL_WINDOW``."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rank_support import START_METHOD, join_gloo
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+MANUAL_WINDOW = 1
+"""The window the router's capture asked by hand opens its incident on."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,9 @@ class BudgetJob:
     slow_s: float = 0.04
     ranks: int = 2
     router: bool = False
-    """Give the timer a profiler router, and make rank 1's forward stage ``slow_s`` slower in
-    every step of window 0: the router opens its one incident on window 0 (the first window it
-    considers, so no other window can open it first)."""
+    """Give the timer a profiler router that decides no capture by itself (``min_share`` 1),
+    and have rank 0 ask it for one by hand once window ``MANUAL_WINDOW`` reached it: its one
+    incident opens on that window in every launch."""
 
 
 def run_rank(rank: int, job: BudgetJob, port: int) -> None:
@@ -48,7 +51,11 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
         log=False,
         disk_budget_mb=job.budget_mb,
     )
-    router = ProfilerRouter(steps=2, max_captures=1, with_stack=False) if job.router else None
+    router = (
+        ProfilerRouter(steps=2, max_captures=1, min_share=1.0, with_stack=False)
+        if job.router
+        else None
+    )
     timer = StageTimer(
         config=TimerConfig(STAGES, window=job.window, collection=collection, router=router)
     )
@@ -56,16 +63,32 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     for step in range(job.windows * job.window):
         window = step // job.window
         slow = window in job.slow_windows or window - 1 in job.slow_windows
-        lead = job.router and rank == 1 and window == 0
+        if router is not None and rank == 0 and step == (MANUAL_WINDOW + 1) * job.window:
+            ask_for_capture(timer, router)
         with timer.step():
             with timer.stage(STAGES[0]):
                 time.sleep(job.step_s)
             with timer.stage(STAGES[1]):
-                time.sleep(job.step_s + (job.slow_s if slow or lead else 0.0))
+                time.sleep(job.step_s + (job.slow_s if slow else 0.0))
             with timer.stage(STAGES[2]):
                 dist.all_reduce(grad)
     timer.close()
     leave_process_group()
+
+
+def ask_for_capture(timer: Any, router: Any) -> None:
+    """On rank 0, between two steps: once the router took window ``MANUAL_WINDOW`` (and none
+    after it: the next ends only when this rank goes on), ask for a capture of ranks 1 and 0,
+    and wait until the router opened its incident, which is then on that window."""
+    coordinator = timer._router.coordinator
+    deadline = time.monotonic() + 120.0
+    while not coordinator.live or coordinator.live[-1].merged.reference.window < MANUAL_WINDOW:
+        assert time.monotonic() < deadline, "the router never took the window"
+        time.sleep(0.01)
+    router.request_capture([1, 0], steps=2)
+    while not coordinator.captures:
+        assert time.monotonic() < deadline, "the router never opened the incident"
+        time.sleep(0.01)
 
 
 def launch(job: BudgetJob) -> None:

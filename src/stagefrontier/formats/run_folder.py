@@ -22,7 +22,7 @@ import numpy as np
 
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
-from .compacted import MissingPackets
+from .compacted import MissingPackets, summarized_line
 from .limits import read_capped
 from .packet import Packet, decode_array, packet_name, read_packet
 from .records import WINDOWS_FILE, iter_records, lean, record_report, whole_record
@@ -159,7 +159,8 @@ class _RunReader:
         """Count one window; ``read``: its packet's ``LeanPacket`` when already read."""
         key = tuple(row.stages)
         if key not in self.digests:
-            self.digests[key] = SchemaDigest(list(key), self.total, self.captured)
+            cut = bool(self.missing.compacted.records_cut)
+            self.digests[key] = SchemaDigest(list(key), self.total, self.captured, cut)
         digest = self.digests[key]
         self.keys[0].append(row.attempt)
         self.keys[1].append(row.window)
@@ -183,6 +184,11 @@ class _RunReader:
                 f"{self.path}: {line}; the report shows them from windows.jsonl, "
                 "the stage shares next to the baselines and the figures leave them out"
             )
+        cut = [digest.tallies for digest in self.digests.values() if digest.tallies.cut]
+        if cut:
+            windows = sorted(w for tallies in cut for w in tallies.cut_windows)[:10]
+            count = sum(tallies.cut for tallies in cut)
+            problems.append(f"{self.path}: {summarized_line(windows, count)}")
         packetless = "; ".join(lines)
         runs = tuple(self._schema_run(digest, packetless) for digest in self.digests.values())
         return replace(runs[0], problems=tuple(problems), schemas=runs if len(runs) > 1 else ())
