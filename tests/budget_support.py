@@ -42,7 +42,7 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
-    join_gloo(rank, job.ranks, port)
+    join_gloo(rank, job.ranks, port, timeout_s=300.0)  # rank 1 waits while rank 0 asks
     collection = CollectConfig(
         mode="store",
         out_dir=job.out_dir,
