@@ -46,7 +46,7 @@ class RoleRow(msgspec.Struct):
     it: whether its shares are defined, and its broad stages' shares."""
 
     shares_defined: bool
-    semantic_shares: dict[str, Fraction]
+    semantic_shares: dict[str, float]
 
 
 class WindowRow(msgspec.Struct):
