@@ -19,7 +19,9 @@ The communication hook is the program's own (``user_hook``), registered after ``
 counts its calls, which each rank writes to ``hook-<rank>.json`` with its parameters' sum (DDP
 still averages the gradients: the sums agree). A second, unused model whose hook was registered
 before ``watch_ddp`` is left untimed (``early_watched``), and so is it as an FSDP2 model
-(``not_sharded_watched``: it holds no ``fully_shard`` module); the windows say why.
+(``not_sharded_watched``: it holds no ``fully_shard`` module); the windows say why. The FSDP2
+model's first layer reduce-scatters through the program's own collective
+(``CountedReduceScatter``), set after ``watch_fsdp``.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as types
@@ -79,6 +81,29 @@ def user_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     return future
 
 
+class CountedReduceScatter:
+    """The program's own FSDP2 reduce-scatter, set after ``watch_fsdp``: it counts its calls
+    and runs the collective FSDP2 runs by default."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        self.calls += 1
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
 def layers() -> torch.nn.Sequential:
     return torch.nn.Sequential(
         torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
@@ -128,6 +153,8 @@ def main(out_dir: str) -> None:
     fsdp_watched = timer.watch_fsdp(fsdp)
     # --8<-- [end:watch-sharded]
     not_sharded = timer.watch_fsdp(early)  # no fully_shard module in it: said, not timed
+    own_scatter = CountedReduceScatter()
+    fsdp[0].set_custom_reduce_scatter(own_scatter)  # runs inside the timed one
     fsdp_optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     for step in range(STEPS):
@@ -162,6 +189,7 @@ def main(out_dir: str) -> None:
         "zero_watched": zero_watched,
         "fsdp_watched": fsdp_watched,
         "not_sharded_watched": not_sharded,
+        "own_reduce_scatter_calls": own_scatter.calls,
         "hook_calls": state.calls,
         "param_sum": total,
     }

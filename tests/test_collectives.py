@@ -116,7 +116,9 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_in_their_stages(
     job: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     """Each linear layer's all-gather in forward, again in backward with its reduce-scatter,
-    numbered by order in the stage: forward's first all-gather is the first layer's."""
+    numbered by order in the stage: forward's first all-gather is the first layer's. The
+    program's own reduce-scatter, set on the first layer after ``watch_fsdp``, runs and is
+    timed."""
     comm = job[1][OWN]["communication"]
     order: dict[tuple[str, str], list[int]] = {}
     for c in comm["collectives"]:
@@ -126,6 +128,9 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_in_their_stages(
     assert order[("all_gather", "model.fwd_loss_cpu_wall")] == three
     assert order[("all_gather", "model.backward_cpu_wall")] == three
     assert order[("reduce_scatter", "model.backward_cpu_wall")] == three
+    facts = [json.loads((job[0] / f"hook-{rank}.json").read_text()) for rank in range(RANKS)]
+    # the first layer's reduce-scatter is the program's own, once per FSDP2 step, still timed
+    assert all(f["own_reduce_scatter_calls"] == 2 * 10 for f in facts), facts  # 2 windows
     first = next(
         c for c in comm["collectives"]
         if (c["family"], c["bucket"], c["stage"]) == ("all_gather", 0, "model.fwd_loss_cpu_wall")
