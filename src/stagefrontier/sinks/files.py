@@ -142,4 +142,5 @@ PACKET_META = (
     "loader_workers",
     "block_lead",
     "wall_clock",
+    "host_signals",
 )
