@@ -157,12 +157,14 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                 continue
             counts = {o: sum(r["outcome"] == o for r in chosen) for o in ("pass", "fail")}
             refused = len(chosen) - counts["pass"] - counts["fail"]
-            machine = sum(r["outcome"] == "pass" and r["whole_job"] for r in chosen)
+            machine = sum(r["outcome"] == "pass" and r["machine"] == "changed" for r in chosen)
+            noise = sum(r["outcome"] == "pass" and r["machine"] == "unchanged" for r in chosen)
             unchanged = sum(r["outcome"] == "fail" and r["machine"] == "unchanged" for r in chosen)
             text = (
-                f"- {load}, {kind}: {counts['pass']} pass ({machine} of them past the bar, "
-                f"read as the machine's), {counts['fail']} fail ({unchanged} of them every stage "
-                f"grown on an unchanged machine), {refused} not comparable of {len(chosen)}"
+                f"- {load}, {kind}: {counts['pass']} pass ({machine} past the bar read as the "
+                f"machine's, {noise} past the bar inside the steps' noise on an unchanged "
+                f"machine), {counts['fail']} fail ({unchanged} of them every stage grown on an "
+                f"unchanged machine), {refused} not comparable of {len(chosen)}"
             )
             if kind == "stalled":
                 named = sum(
