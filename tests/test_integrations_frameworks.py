@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rank_support import run_job
 from window_support import median_step_residual_share
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -42,20 +43,7 @@ def _records(out: Path) -> list[dict[str, Any]]:
 
 
 def _example(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_job([sys.executable, str(EXAMPLES / script), *args], DEADLINE_S, cwd=cwd)
 
 
 @_needs("lightning", "lightning")
