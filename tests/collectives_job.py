@@ -18,10 +18,8 @@ before ``watch_ddp`` is left untimed (``early_watched``), and the windows say wh
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as types
 
 import json
-import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from rank_support import backward_and_step, join_torchrun_gloo, leave_gloo
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.demo.faults import FaultInjector, parse_fault
 
@@ -66,9 +65,7 @@ def user_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
 
 
 def main(out_dir: str) -> None:
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = join_torchrun_gloo()
     torch.manual_seed(0)
     net = torch.nn.Sequential(
         torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
@@ -104,12 +101,7 @@ def main(out_dir: str) -> None:
                 x = torch.randn(16, 128, generator=generator)
             with timer.stage("model.fwd_loss_cpu_wall"):
                 loss = model(x).square().mean()
-            with timer.stage("model.backward_cpu_wall"):
-                loss.backward()
-            with timer.stage("optim.step_cpu_wall"):
-                optimizer.step()
-                optimizer.zero_grad()
-    timer.close()
+            backward_and_step(timer, loss, optimizer)
     total = float(sum(p.detach().sum() for p in model.parameters()))
     facts: dict[str, Any] = {
         "watched": watched,
@@ -118,8 +110,7 @@ def main(out_dir: str) -> None:
         "param_sum": total,
     }
     Path(out_dir, f"hook-{rank}.json").write_text(json.dumps(facts))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_gloo(timer)
 
 
 if __name__ == "__main__":
