@@ -166,6 +166,18 @@ def rendezvous_endpoint() -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def agent_store_env() -> Iterator[dict[str, str]]:
+    """The variables that make every rank of a job a framework starts itself (Lightning's ``ddp``
+    strategy runs the script again per rank) a client of a store this process holds: its
+    address, and torch's switch that a launcher's agent hosts the store, so that the ranks'
+    ``env://`` rendezvous binds no port of its own (a port the framework picked free, then bound
+    in rank 0 seconds later, could be taken in between). Valid until the ``with`` ends."""
+    with rendezvous_endpoint() as endpoint:
+        host, _, port = endpoint.rpartition(":")
+        yield {"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+@contextlib.contextmanager
 def refused_port() -> Iterator[int]:
     """A loopback port bound by this process and never listened on, for as long as the ``with``
     lasts: a connection to it is refused at once, and no other process can take it meanwhile (a
