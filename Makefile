@@ -62,8 +62,14 @@ schemas: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# PYTEST_WORKERS=0 (the default) runs the suite in one process; PYTEST_WORKERS=2 on two
+# pytest-xdist workers, each test file whole on one (--dist loadfile: a file's shared real-rank
+# job runs once; see docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
+# and a per-test timeout.
+PYTEST_WORKERS ?= 0
+
 test: $(STAMP) lint typecheck docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/analyzer.py

@@ -4,7 +4,6 @@ environment switch."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import sysconfig
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rank_support import job_env, run_job
 from recorder_support import read_records
 from trace_support import settled_incidents
 
@@ -22,7 +22,7 @@ ODD_LOOPS = SCRIPTS / "odd_loops.py"
 RANKS = 4
 WINDOW = 10
 DEADLINE_S = 420.0
-RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+RUN_ENV = job_env()
 
 
 @dataclass
@@ -78,9 +78,7 @@ def finished(out: Path, returncode: int, output: str) -> AutoRun:
 def run_unmodified(out: Path, script: str, *args: str, router: bool = True) -> AutoRun:
     """``stagefrontier run`` (``run_command``) on a script of examples/unmodified."""
     command = run_command(out, UNMODIFIED / script, args, router=router)
-    done = subprocess.run(
-        command, env=RUN_ENV, capture_output=True, text=True, timeout=DEADLINE_S, check=False
-    )
+    done = run_job(command, DEADLINE_S, env=RUN_ENV, check=False)
     return finished(out, done.returncode, done.stdout + done.stderr)
 
 
@@ -88,14 +86,7 @@ def run_one_process(
     argv: list[str], env: dict[str, str], python: str | Path = sys.executable
 ) -> subprocess.CompletedProcess[str]:
     """``python ARGV`` in one process (no launcher), with ``env`` added to the environment."""
-    return subprocess.run(
-        [str(python), *argv],
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
+    return run_job([str(python), *argv], DEADLINE_S, env=job_env(**env), check=False)
 
 
 def switched_venv(where: Path) -> Path:

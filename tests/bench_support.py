@@ -32,6 +32,16 @@ def run_benchmark(name: str, *args: str, timeout_s: float = 600.0) -> CompletedP
     return CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
+def benchmark_text(
+    name: str, out: Path, *args: str, timeout_s: float = 600.0
+) -> tuple[str, CompletedProcess[str]]:
+    """``run_benchmark(name, *args, "--out", out)``: asserts the script exited 0 and returns the
+    results file it wrote, and the run."""
+    proc = run_benchmark(name, *args, "--out", str(out), timeout_s=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out.read_text(encoding="utf-8"), proc
+
+
 def table_rows(text: str, header: str) -> list[list[str]]:
     """The cells of the markdown table under ``header`` (the separator line skipped)."""
     lines = text.splitlines()

@@ -27,10 +27,8 @@ model's first layer reduce-scatters through the program's own collective
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as types
 
 import json
-import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from rank_support import backward_and_step, join_torchrun_gloo
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.demo.faults import FaultInjector, parse_fault
 
@@ -120,9 +119,7 @@ def sharded() -> torch.nn.Module:
 
 
 def main(out_dir: str) -> None:
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = join_torchrun_gloo()
     torch.manual_seed(0)
     net = layers()
     steps = f"from={COMM_WINDOW * WINDOW},to={SLOW_WINDOW * WINDOW}"
@@ -176,11 +173,7 @@ def main(out_dir: str) -> None:
                 with timer.collective("loss_all_reduce", nbytes=mean_loss.element_size()):
                     dist.all_reduce(mean_loss)
             # --8<-- [end:own-collective]
-            with timer.stage("model.backward_cpu_wall"):
-                loss.backward()
-            with timer.stage("optim.step_cpu_wall"):
-                opt.step()
-                opt.zero_grad()
+            backward_and_step(timer, loss, opt)
     timer.close()
     total = float(sum(p.detach().sum() for p in model.parameters()))
     facts: dict[str, Any] = {

@@ -14,20 +14,18 @@ must supply a batch every ~25 ms.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
 from loader_support import Samples
+from rank_support import backward_and_step, join_torchrun_gloo, leave_gloo
 from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 from stagefrontier.logs import show_on_stderr
 
@@ -71,10 +69,7 @@ class Collate:
 
 
 def main(out_dir: str, mode: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = join_torchrun_gloo()
     stalled = rank == STALL_RANK
     late = mode == "late"
     steps = LATE_STEPS if late else STEPS
@@ -107,15 +102,9 @@ def main(out_dir: str, mode: str) -> None:
             with timer.stage("model.fwd_loss_cpu_wall"):
                 time.sleep(COMPUTE_S)
                 loss = model(x).sum()
-            with timer.stage("model.backward_cpu_wall"):
-                loss.backward()
-            with timer.stage("optim.step_cpu_wall"):
-                optimizer.step()
-                optimizer.zero_grad()
-    timer.close()
+            backward_and_step(timer, loss, optimizer)
     del model
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_gloo(timer)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench_support import run_benchmark, table_rows
+from bench_support import benchmark_text, table_rows
 
 HEADER = (
     "| run | R | N | S | bare ms CPU | analyze ms CPU | ratio CPU | bare ms wall "
@@ -16,9 +16,7 @@ HOTPATH_HEADER = "| variant | ns/op | x floor | x floor, quartiles | target |"
 
 def test_benchmark_quick_writes_table(tmp_path: Path) -> None:
     out = tmp_path / "analyzer.md"
-    proc = run_benchmark("analyzer", "--quick", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    text = out.read_text(encoding="utf-8")
+    text, _ = benchmark_text("analyzer", out, "--quick")
     rows = table_rows(text, HEADER)
     assert [(row[0], row[1]) for row in rows] == [("1", "8"), ("1", "128"), ("1", "4096")]
     assert all(row[2] == "100" for row in rows)
@@ -29,9 +27,7 @@ def test_benchmark_quick_writes_table(tmp_path: Path) -> None:
 
 def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
     out = tmp_path / "hotpath.md"
-    proc = run_benchmark("hotpath", "--quick", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    text = out.read_text(encoding="utf-8")
+    text, proc = benchmark_text("hotpath", out, "--quick")
     assert "python benchmarks/hotpath.py --quick" in text
     labels = [row[0] for row in table_rows(text, HOTPATH_HEADER)]
     assert labels[0].startswith("floor")
@@ -52,11 +48,8 @@ SOAK_HEADER = (
 def test_soak_benchmark_few_steps_writes_table(tmp_path: Path) -> None:
     out = tmp_path / "soak.md"
     # A few hundred steps are all warm-up: the smoke run checks the script, not the flatness.
-    proc = run_benchmark(
-        "soak", "--steps", "400", "--windows", "10,100", "--limit-mb", "1000", "--out", str(out)
-    )
-    assert proc.returncode == 0, proc.stderr
-    text = out.read_text(encoding="utf-8")
+    args = ("--steps", "400", "--windows", "10,100", "--limit-mb", "1000")
+    text, _ = benchmark_text("soak", out, *args)
     assert "python benchmarks/soak.py --steps 400" in text
     rows = table_rows(text, SOAK_HEADER)
     assert [(row[0], row[1], row[2]) for row in rows] == [
@@ -74,9 +67,7 @@ SCALE_HEADER_START = "| scenario | R | nodes | levels |"
 
 def test_scale_benchmark_quick_agrees_and_writes_table(tmp_path: Path) -> None:
     out = tmp_path / "scale.md"
-    proc = run_benchmark("scale", "--quick", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    text = out.read_text(encoding="utf-8")
+    text, _ = benchmark_text("scale", out, "--quick")
     assert "python benchmarks/scale.py --quick" in text and "Load average" in text
     header = next(line for line in text.splitlines() if line.startswith(SCALE_HEADER_START))
     rows = table_rows(text, header)
@@ -98,9 +89,7 @@ def test_node_transport_benchmark_writes_both_transports_and_the_bytes_per_level
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "node_transport.md"
-    proc = run_benchmark("node_transport", "--rounds", "5", "--load", "1", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    text = out.read_text(encoding="utf-8")
+    text, _ = benchmark_text("node_transport", out, "--rounds", "5", "--load", "1")
     assert "python benchmarks/node_transport.py --rounds 5 --load 1" in text
     assert "Load average" in text and str(tmp_path) not in text
     rows = table_rows(

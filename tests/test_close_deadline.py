@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("opentelemetry.sdk.metrics", reason="pip install '.[otel]'")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.metric_exporter")
 
+from rank_support import refused_port
 from stagefrontier.deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S
 from stagefrontier.errors import SinkSettingError
 from stagefrontier.sinks import OtelSink
@@ -173,10 +174,9 @@ DEAD_ENDPOINT = textwrap.dedent("""\
 def test_failed_exports_are_said_in_the_librarys_words_only(tmp_path: Path) -> None:
     """Item 12: before, the OpenTelemetry SDK logged its own line on every failed export (and
     every retry) beside the sink's one line."""
-    free = socket.create_server(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{free.getsockname()[1]}/v1/metrics"
-    free.close()  # nothing listens there now: every export is refused
-    done = _train_and_close(str(tmp_path), url, DEAD_ENDPOINT)
+    with refused_port() as port:  # every export is refused
+        url = f"http://127.0.0.1:{port}/v1/metrics"
+        done = _train_and_close(str(tmp_path), url, DEAD_ENDPOINT)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 2, done.stderr
@@ -189,10 +189,9 @@ def test_a_receiver_that_is_not_there_is_not_retried_past_the_first_seconds_of_c
 ) -> None:
     """Before: the SDK retried the last export, backing off, until its export timeout (the
     collector's whole 20 s share of the deadline here, 10-13 s with the default timeout)."""
-    free = socket.create_server(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{free.getsockname()[1]}/v1/metrics"
-    free.close()
-    done = _train_and_close(str(tmp_path), url)
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}/v1/metrics"
+        done = _train_and_close(str(tmp_path), url)
     assert done.returncode == 0, done.stderr
     assert "closed;" in done.stdout
     assert "into close()" not in done.stderr  # returned before its bound, not cut by it

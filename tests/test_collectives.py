@@ -15,9 +15,6 @@ delays' order of magnitude: which rank, which bucket, which verdict.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import run_job, torchrun_command
 from recorder_support import read_records
 from stagefrontier.analysis.collectives import (
     LATE_MIN_MS,
@@ -62,21 +60,7 @@ DEADLINE_S = 300
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("collectives")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={RANKS}",
-        "--max-restarts=0",
-        str(JOB),
-        str(out),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_job(torchrun_command(JOB, str(out), ranks=RANKS), DEADLINE_S)
     return out, read_records(out)
 
 

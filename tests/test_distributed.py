@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 
 from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW
 from rank_support import START_METHOD as FORK
+from rank_support import run_job, torchrun_command
 from stagefrontier import analyze
 from stagefrontier.demo import DeadlineExceeded, DemoConfig, launch, parse_fault
 from stagefrontier.demo.launch import DemoRun
@@ -180,29 +181,8 @@ def test_restart_ignores_and_deletes_the_previous_attempts_keys(tmp_path: Path) 
 def test_runs_under_torchrun(tmp_path: Path) -> None:
     example = Path(__file__).parents[1] / "examples" / "ddp_torchrun.py"
     out = tmp_path / "torchrun"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "4",
-            str(example),
-            "--steps",
-            "40",
-            "--window",
-            "20",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ("--steps", "40", "--window", "20", "--out", str(out))
+    run_job(torchrun_command(example, *args, ranks=4), DEADLINE_S)
     lines = (out / "windows.jsonl").read_text().splitlines()
     assert len(lines) == 2
     import json

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from html_support import STAGES, simulated_run, with_incident
+from rank_support import run_job
 from source_support import source_nodes, string_constants
 from stagefrontier.cli import main
 from stagefrontier.render.incident import HERE
@@ -117,7 +117,5 @@ def test_jinja2_loads_with_the_first_page_or_the_router_not_the_library() -> Non
         "profiler_session.warm_up()\n"
         "print(before, 'jinja2' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
-    )
+    done = run_job([sys.executable, "-c", script], 300)
     assert done.stdout.split() == ["False", "True"], done.stdout

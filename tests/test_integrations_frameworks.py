@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rank_support import agent_store_env, job_env, run_job
 from window_support import median_step_residual_share
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -41,33 +42,25 @@ def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
 
 
-def _example(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _example(
+    script: str, cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(EXAMPLES / script), *args]
+    return run_job(command, DEADLINE_S, cwd=cwd, env=job_env(**(env or {})))
 
 
 @_needs("lightning", "lightning")
 def test_lightning_ddp_routes_a_rank_1_data_delay_to_the_data_stage(tmp_path: Path) -> None:
     from stagefrontier.integrations.lightning import LIGHTNING_STAGES
 
-    proc = _example(
-        "lightning_ddp.py",
-        tmp_path,
-        *("--devices", "2", "--steps", "24", "--window", "8"),
-        *("--delay-rank", "1", "--delay-ms", "40", "--out", "sf"),
-    )
+    with agent_store_env() as store:  # the 2 ranks meet at a store held here
+        proc = _example(
+            "lightning_ddp.py",
+            tmp_path,
+            *("--devices", "2", "--steps", "24", "--window", "8"),
+            *("--delay-rank", "1", "--delay-ms", "40", "--out", "sf"),
+            env=store,
+        )
     assert "Tip:" not in proc.stdout + proc.stderr  # Lightning's own chatter stays quiet
     records = _records(tmp_path / "sf")
     assert [(r["first_step"], r["last_step"]) for r in records] == [(0, 7), (8, 15), (16, 23)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import run_job, torchrun_command
 from recorder_support import read_records
 from stagefrontier.cli.main import main
 from stagefrontier.render.incident import summary_line, write_incident
@@ -36,32 +36,16 @@ JOB = Path(__file__).with_name("loader_job.py")
 DEADLINE_S = 300
 
 
-def run_job(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run_loader_job(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
     """``loader_job.py`` in ``mode`` on 4 ranks under torchrun, writing to ``out``; asserts it
     ended well and returns what it printed."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={RANKS}",
-        "--max-restarts=0",
-        str(JOB),
-        str(out),
-        mode,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+    return run_job(torchrun_command(JOB, str(out), mode, ranks=RANKS), DEADLINE_S)
 
 
 def _run(tmp_path: Path, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out = tmp_path / mode
     out.mkdir()
-    run_job(out, mode)
+    run_loader_job(out, mode)
     return read_records(out), settled_incidents(out)
 
 

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from recorder_support import read_records
 from stagefrontier.render.headline import HEADLINE_MAX
-from test_loader_router import run_job
+from test_loader_router import run_loader_job
 from trace_support import settled_incidents
 
 STALL = 2
@@ -29,7 +29,7 @@ LINE = re.compile(r"window (\d+) steps (\d+)-(\d+) \|.*")
 
 
 def test_a_stall_in_the_workers_reads_as_one_story(tmp_path: Path) -> None:
-    done = run_job(tmp_path, "late")
+    done = run_loader_job(tmp_path, "late")
     output = done.stdout + done.stderr
     # No exception from a background thread reached the job's output.
     assert "Traceback" not in output and "SideEvidenceError" not in output, output[-6000:]

@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otlp_support import Receiver
+from rank_support import refused_port
 from stagefrontier.sinks import OtelSink
 
 STEPS = 10
@@ -196,11 +197,9 @@ def test_leader_rank_attribute_values_are_bounded_per_run(receiver: Receiver) ->
 def test_an_unreachable_receiver_is_one_warning_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with socket.socket() as probe:  # a loopback port that nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1/metrics"
-    sink = OtelSink(url, export_interval_s=NEVER_S, export_timeout_s=1.0)
-    with caplog.at_level(logging.WARNING, logger="stagefrontier"):
+    with refused_port() as port, caplog.at_level(logging.WARNING, logger="stagefrontier"):
+        url = f"http://127.0.0.1:{port}/v1/metrics"
+        sink = OtelSink(url, export_interval_s=NEVER_S, export_timeout_s=1.0)
         records = _train(tmp_path, sink)
     assert [r["window"] for r in records] == [0, 1, 2]  # every window written all the same
     notes = [r.getMessage() for r in caplog.records if r.name == "stagefrontier"]

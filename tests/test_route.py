@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rank_support import run_job
 from stagefrontier import CollectConfig, TimerConfig, analyze
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident, new_incident, read_incident
@@ -399,9 +400,7 @@ def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
         "profiler_session.warm_up()\n"
         "print(before, [name in sys.modules for name in names])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
-    )
+    done = run_job([sys.executable, "-c", script], 300)
     assert done.stdout.split() == ["[False,", "True]", "[True,", "True]"], done.stdout
 
 

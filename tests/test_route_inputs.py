@@ -11,7 +11,6 @@ import gzip
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from rank_support import refused_port
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident, new_incident, read_incident
@@ -347,12 +347,6 @@ def test_incident_text_is_escaped_and_its_commands_quoted(
 # --- stagefrontier capture: bad options and a dead store (item 15) -------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("options", "needle"),
     [
@@ -379,7 +373,8 @@ def test_capture_options_are_checked(
 
 
 def test_capture_against_a_dead_store_is_one_line_within_its_wait() -> None:
-    done = cli("capture", "--store", f"127.0.0.1:{free_port()}", "--ranks", "0", "--wait", "1")
+    with refused_port() as port:
+        done = cli("capture", "--store", f"127.0.0.1:{port}", "--ranks", "0", "--wait", "1")
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and "cannot reach the store" in done.stderr, done.stderr

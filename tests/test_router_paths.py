@@ -12,9 +12,6 @@ incident opens within three windows of the stall's start.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +19,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import run_job, torchrun_command
 from recorder_support import read_records
-from stagefrontier.demo.torchrun import free_port
 from stagefrontier.render.incident import write_incident
 from stagefrontier.route.offline import reduce_offline
 from trace_support import settled_incidents
@@ -58,26 +55,15 @@ def _needs(module: str) -> Any:
 
 def _run(out: Path, path: str, fault: str) -> list[dict[str, Any]]:
     """One torchrun job; returns its incidents."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        f"--nproc-per-node={RANKS}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--max-restarts=0",
-        str(JOB),
-        *("--path", path, "--out", str(out), "--steps", str(STEPS), "--window", str(WINDOW)),
-        *FAULTS[fault],
-    ]
-    proc = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False
+    run_job(
+        torchrun_command(
+            JOB,
+            *("--path", path, "--out", str(out), "--steps", str(STEPS), "--window", str(WINDOW)),
+            *FAULTS[fault],
+            ranks=RANKS,
+        ),
+        DEADLINE_S,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return settled_incidents(out)
 
 

@@ -4,13 +4,15 @@ the outermost module, and both sinks show the windows of ``windows.jsonl``.
 
 Cost: one shared job (a module fixture, 31 steps; 30 to 60 s on a loaded 2-core machine). The
 job holds before its end until the fixture has scraped the Prometheus endpoint, which lives
-as long as rank 0's timer. Nothing asserts a duration.
+as long as rank 0's timer; rank 0 says where it serves (the sink binds a port of the kernel's
+choosing), and the fixture reads that line as the job runs. Nothing asserts a duration.
 """
 
 from __future__ import annotations
 
-import socket
+import re
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -46,10 +48,9 @@ class SinkedRun:
     scraped: dict[str, Any]  # metric families of the last window, read while the job held
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+SERVING = re.compile(r"Prometheus metrics at (http://\S+)")
+"""Rank 0's line saying where its sink serves (``--sink prometheus:0``: a port the kernel picks as
+the sink binds it, so no other job can take it first)."""
 
 
 def _scrape(url: str) -> dict[str, Any]:
@@ -63,26 +64,34 @@ def _scrape(url: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
+def _read_lines(job: subprocess.Popen[str], lines: list[str]) -> None:
+    for line in job.stdout or ():
+        lines.append(line)
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> SinkedRun:
     root = tmp_path_factory.mktemp("fsdp-sinks")
     out, tensorboard, held = root / "sf", root / "tb", root / "scraped"
-    port = _free_port()
     command = run_command(
         out,
         SCRIPTS / "train_fsdp.py",
         ("--steps", str(STEPS), "--hold", str(held)),
         router=False,
-        options=("--sink", f"tensorboard:{tensorboard}", "--sink", f"prometheus:{port}"),
+        options=("--sink", f"tensorboard:{tensorboard}", "--sink", "prometheus:0"),
     )
     job = subprocess.Popen(
         command, env=RUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    lines: list[str] = []  # the job's output, read as it comes so that the URL can be found
+    reader = threading.Thread(target=_read_lines, args=(job, lines), daemon=True)
+    reader.start()
     scraped: dict[str, Any] = {}
     try:
         deadline = time.monotonic() + DEADLINE_S
         while job.poll() is None and time.monotonic() < deadline:
-            families = _scrape(f"http://127.0.0.1:{port}/metrics")
+            urls = [m.group(1) for m in map(SERVING.search, list(lines)) if m]
+            families = _scrape(urls[0]) if urls else {}
             window = families.get("stagefrontier_window")
             if window is not None and window.samples[0].value == LAST_WINDOW:
                 scraped = families  # the last window, analyzed while every rank holds
@@ -90,7 +99,9 @@ def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> SinkedRun:
             time.sleep(0.1)
     finally:
         held.touch()
-        output, _ = job.communicate(timeout=DEADLINE_S)
+        job.wait(DEADLINE_S)
+        reader.join(DEADLINE_S)
+    output = "".join(lines)
     return SinkedRun(finished(out, job.returncode, output), tensorboard, scraped)
 
 

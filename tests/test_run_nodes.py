@@ -1,5 +1,6 @@
 """``stagefrontier run`` on two torchrun "nodes" of this machine: two launchers, 2 workers each,
-meeting through the c10d rendezvous (``--nnodes 2 --rdzv-backend c10d``), as two hosts would.
+meeting through the c10d rendezvous (``--nnodes 2 --rdzv-backend c10d``), as two hosts would, at
+a store the test holds (each agent a client of it).
 The job is one job of 4 ranks: global rank 0's node alone writes its folder and prints the
 window lines; the other node prints none.
 
@@ -9,7 +10,6 @@ to 60 s on a loaded 2-core machine). Nothing asserts a duration.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -18,47 +18,36 @@ import pytest
 pytest.importorskip("torch")
 
 from auto_support import DEADLINE_S, RANKS, RUN_ENV, UNMODIFIED, finished, run_command
+from rank_support import rendezvous_endpoint
 
 STEPS = 21  # the first is watched, not timed: two windows of 10
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_two_nodes_make_one_job_whose_rank_0_alone_reports(tmp_path: Path) -> None:
-    launch = (
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        str(RANKS // 2),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{_free_port()}",
-        "--rdzv-id",
-        "two-nodes",
-    )
     outs = [tmp_path / "node-a", tmp_path / "node-b"]
-    jobs = [
-        subprocess.Popen(
-            run_command(
-                out,
-                UNMODIFIED / "train_ddp.py",
-                ("--steps", str(STEPS)),
-                router=False,
-                launch=launch,
-            ),
-            env=RUN_ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    with rendezvous_endpoint() as endpoint:  # held here: neither agent races the other to host it
+        launch = (
+            *("--nnodes", "2", "--nproc-per-node", str(RANKS // 2)),
+            *("--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-conf", "is_host=0"),
+            *("--rdzv-id", "two-nodes"),
         )
-        for out in outs
-    ]
-    outputs = [job.communicate(timeout=DEADLINE_S)[0] for job in jobs]
+        jobs = [
+            subprocess.Popen(
+                run_command(
+                    out,
+                    UNMODIFIED / "train_ddp.py",
+                    ("--steps", str(STEPS)),
+                    router=False,
+                    launch=launch,
+                ),
+                env=RUN_ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for out in outs
+        ]
+        outputs = [job.communicate(timeout=DEADLINE_S)[0] for job in jobs]
     reporting = [i for i, out in enumerate(outs) if (out / "windows.jsonl").exists()]
     assert len(reporting) == 1, outputs
     node = reporting[0]

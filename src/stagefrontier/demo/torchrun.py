@@ -1,11 +1,14 @@
 """The demo as a job of several nodes on this one machine: one torchrun agent per node, joined
 by a c10d rendezvous on loopback, exactly as a multi-node job is launched.
 
-``launch_nodes`` writes the run's DemoConfig to ``out_dir/demo-config.json`` and starts the
-agents (``python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node P
---rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT -m stagefrontier.demo.torchrun CONFIG``);
-each worker runs ``main`` here, which reads the config and trains one rank of the demo, its rank
-and node taken from torchrun's environment.
+``launch_nodes`` writes the run's DemoConfig to ``out_dir/demo-config.json``, opens the
+rendezvous store on a loopback port the kernel picks, and starts the agents (``python -m
+torch.distributed.run --nnodes N --node-rank i --nproc-per-node P --rdzv-backend c10d
+--rdzv-endpoint 127.0.0.1:PORT --rdzv-conf is_host=0 -m stagefrontier.demo.torchrun CONFIG``),
+every one a client of that store, which the launcher holds until they end (a port picked free
+and handed to an agent to bind later could be taken by another process in between). Each worker
+runs ``main`` here, which reads the config and trains one rank of the demo, its rank and node
+taken from torchrun's environment.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from ..collect.node_store import LOOPBACK
+from ..collect.node_store import LOOPBACK, loopback_store
 from ..errors import DeadlineExceeded, DemoError
 from ..sinks.output_folder import clear_run_files
 from .faults import parse_fault
@@ -53,13 +55,6 @@ def main(argv: list[str] | None = None) -> None:
     run_rank(int(os.environ["RANK"]), read_config(Path(args[0])), None)
 
 
-def free_port() -> int:
-    """A port free on loopback now, for the rendezvous endpoint (the first agent binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def launch_nodes(
     config: DemoConfig, *, nodes: int, per_node: int, deadline_s: float = 600.0
 ) -> list[dict[str, Any]]:
@@ -79,7 +74,8 @@ def launch_nodes(
     clear_run_files(out)  # a new run, not a continuation of the last one
     config_path = out / CONFIG_FILE
     write_config(config, config_path)
-    endpoint = f"{LOOPBACK}:{free_port()}"
+    rendezvous = loopback_store()  # held until every agent has ended
+    endpoint = f"{LOOPBACK}:{rendezvous.port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     agents = []
     for node in range(nodes):
@@ -92,7 +88,7 @@ def launch_nodes(
             f"--nproc-per-node={per_node}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-conf=is_host={int(node == 0)}",  # one host, chosen, not raced for
+            "--rdzv-conf=is_host=0",  # the store above is the host
             "--max-restarts=0",
             "-m",
             "stagefrontier.demo.torchrun",
@@ -106,6 +102,7 @@ def launch_nodes(
         )
         log.close()  # the agent holds its own copy
     _wait(agents, deadline_s, out)
+    del rendezvous  # every agent has ended
     return read_windows(out)
 
 
