@@ -13,7 +13,7 @@ Three outcomes, each with its exit status:
   not means: one step a busy host preempted moves a mean by its whole length, and a median not
   at all.
 - **pass** (0): the shift stays at or under the bar; or it is past the bar but no stage grew
-  beyond its even share, and the growth is spread over the ranks (``regression.rank_spread``)
+  beyond its even share, and the growth is spread over the ranks (``regression_spread.rank_spread``)
   or inside the steps' noise: the whole job slowed alike, as on a busier or slower machine (a
   CPU-burning neighbour, another run on the host), and the code is not what changed. A run
   whose every stage is heavier (a larger model) reads the same way; ``strict`` refuses there.
@@ -41,7 +41,8 @@ from ..errors import StageFrontierError
 from .accounting import FloatArray, advances
 from .compare import Comparison, Side
 from .noise import block_means, mean_shift, median_shift
-from .regression import BLOCK_STEPS, rank_spread
+from .regression import BLOCK_STEPS
+from .regression_spread import rank_spread
 from .semantic import stage_groups
 
 EXIT_PASS = 0
