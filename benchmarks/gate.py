@@ -1,20 +1,24 @@
 """The step-time gate (``stagefrontier compare --fail-above``) on healthy and stalled demo runs.
 
-Each round launches three 2-rank demo jobs at once (so that they share the machine's load): two
-healthy ones and one with a 120 ms data stall on rank 1 every step. The gate judges, at 10%:
+Each round launches four 2-rank demo jobs at once (so that they share the machine's load): two
+healthy ones, one with a 120 ms data stall on rank 1 every step, and one of a heavier model
+(``HEAVIER_LAYERS`` layers against the demo's 2: every stage on every rank slower, on the same
+machine). The gate judges, at 10%:
 
 - the two healthy runs of a round, side by side (they should pass);
 - the first healthy run of a round against the second of the next round, one after the other
   (how much the machine's drift between two runs moves the verdict);
 - the stalled run against its round's first healthy run (it should fail and name
-  ``data.next_wait`` and rank 1).
+  ``data.next_wait`` and rank 1);
+- the heavier model against its round's first healthy run (it should fail: the host signals
+  show the machine did not change).
 
 Every round runs once on the machine as it is and once beside CPU-burning processes (two by
 default, started before the round's jobs and stopped after them).
 
 Usage::
 
-    python benchmarks/gate.py               # 10 rounds each way: about 30 minutes on 2 busy cores
+    python benchmarks/gate.py               # 10 rounds each way: about 45 minutes on 2 busy cores
     python benchmarks/gate.py --burners 4   # more CPU-burning processes in the second half
     python benchmarks/gate.py --quick       # 2 rounds, quiet only: a smoke run
 """
@@ -33,7 +37,7 @@ from typing import Any
 
 import harness_common as hc
 from stagefrontier.analysis.compare import compare
-from stagefrontier.analysis.gate import Threshold, judge
+from stagefrontier.analysis.gate import Threshold, Verdict, judge
 from stagefrontier.demo import parse_fault
 from stagefrontier.formats.sides import load_side
 
@@ -43,7 +47,8 @@ STALL = "data@1:120ms"
 STALL_STAGE = "data.next_wait"
 STALL_RANK = 1
 BAR = Threshold(percent=10.0)
-RUNS = ("base", "healthy", "stalled")
+HEAVIER_LAYERS = 6
+RUNS = ("base", "healthy", "stalled", "heavier")
 
 
 @contextmanager
@@ -61,12 +66,17 @@ def burners(count: int) -> Iterator[int]:
 
 
 def launch_round(folder: Path, steps: int) -> dict[str, Path]:
-    """The round's three jobs, launched at once; their output folders."""
+    """The round's jobs, launched at once; their output folders."""
 
     def run(name: str) -> Path:
         faults = (parse_fault(STALL),) if name == "stalled" else ()
         config = hc.demo_config(
-            ranks=2, steps=steps, window=WINDOW, faults=faults, out_dir=str(folder / name)
+            ranks=2,
+            steps=steps,
+            window=WINDOW,
+            faults=faults,
+            out_dir=str(folder / name),
+            n_layers=HEAVIER_LAYERS if name == "heavier" else 2,
         )
         hc.launch_run(config)
         return folder / name
@@ -91,8 +101,19 @@ def verdict_row(kind: str, load: str, round_: int, base: Path, new: Path) -> dic
         "top_stage": top.stage if top else None,
         "top_ranks": [r for r, _ in top.ranks] if top else [],
         "whole_job": v.whole_job,
+        "machine": _machine(v),
         "load_1min": hc.load_1min(),
     }
+
+
+def _machine(v: Verdict) -> str:
+    """What the host signals said of an even slowdown past the bar: changed, unchanged, or
+    missing; ``-`` where the gate did not ask them."""
+    if v.host_signals_missing:
+        return "missing"
+    if v.machine is None:
+        return "-"
+    return "changed" if v.machine.explained else "unchanged"
 
 
 def collect(
@@ -106,9 +127,10 @@ def collect(
             for i in range(rounds):
                 started = time.monotonic()
                 runs.append(launch_round(work / load / f"round{i}", steps))
-                progress.line(f"{load} round {i}", "3 jobs", time.monotonic() - started)
+                progress.line(f"{load} round {i}", f"{len(RUNS)} jobs", time.monotonic() - started)
                 rows.append(verdict_row("healthy side by side", load, i, *_pair(runs[i])))
                 rows.append(verdict_row("stalled", load, i, runs[i]["base"], runs[i]["stalled"]))
+                rows.append(verdict_row("heavier", load, i, runs[i]["base"], runs[i]["heavier"]))
                 if i:
                     rows.append(
                         verdict_row(
@@ -129,17 +151,20 @@ def _pair(run: dict[str, Path]) -> tuple[Path, Path]:
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for load in dict.fromkeys(r["load"] for r in rows):
-        for kind in ("healthy side by side", "healthy one after the other", "stalled"):
+        for kind in ("healthy side by side", "healthy one after the other", "stalled", "heavier"):
             chosen = [r for r in rows if r["load"] == load and r["kind"] == kind]
             if not chosen:
                 continue
             counts = {o: sum(r["outcome"] == o for r in chosen) for o in ("pass", "fail")}
             refused = len(chosen) - counts["pass"] - counts["fail"]
-            machine = sum(r["outcome"] == "pass" and r["whole_job"] for r in chosen)
+            machine = sum(r["outcome"] == "pass" and r["machine"] == "changed" for r in chosen)
+            noise = sum(r["outcome"] == "pass" and r["machine"] == "unchanged" for r in chosen)
+            unchanged = sum(r["outcome"] == "fail" and r["machine"] == "unchanged" for r in chosen)
             text = (
-                f"- {load}, {kind}: {counts['pass']} pass ({machine} of them past the bar, "
-                f"read as the whole job's), {counts['fail']} fail, "
-                f"{refused} not comparable of {len(chosen)}"
+                f"- {load}, {kind}: {counts['pass']} pass ({machine} past the bar read as the "
+                f"machine's, {noise} past the bar inside the steps' noise on an unchanged "
+                f"machine), {counts['fail']} fail ({unchanged} of them every stage grown on an "
+                f"unchanged machine), {refused} not comparable of {len(chosen)}"
             )
             if kind == "stalled":
                 named = sum(
@@ -157,11 +182,13 @@ def render(
     lines += environment
     lines += [f"- Load average (1/5/15 min) at the end: {hc.load_text()}", ""]
     lines += [
-        f"Each round: three 2-rank demo jobs of {steps} steps (windows of {WINDOW}) launched at "
-        f"once, two healthy and one with `{STALL}`; the gate at {BAR}. `quiet`: no burners "
-        f"added (the shared machine's own load is in the last column); `burners`: {count} "
-        "CPU-burning processes beside the round. `machine`: a pass past the bar, no stage "
-        "grown beyond its even share (the whole job's slowdown).",
+        f"Each round: four 2-rank demo jobs of {steps} steps (windows of {WINDOW}) launched at "
+        f"once, two healthy, one with `{STALL}` and one of a {HEAVIER_LAYERS}-layer model (the "
+        f"demo's has 2); the gate at {BAR}. `quiet`: no burners added (the shared machine's "
+        f"own load is in the last column); `burners`: {count} CPU-burning processes beside the "
+        "round. `machine`: for a slowdown past the bar with no stage grown beyond its even "
+        "share, what the host signals said: `changed` (the machine's: a pass), `unchanged` "
+        "(the code's: a fail past the noise), `missing`.",
         "",
         "## Summary",
         "",
@@ -186,7 +213,7 @@ def render(
                 f"{r['bar_ms']:.1f}",
                 f"{r['noise_ms']:.1f}",
                 f"{r['top_stage']} {r['top_ranks']}" if r["top_stage"] else "-",
-                "yes" if r["whole_job"] else "-",
+                r["machine"],
                 "n/a" if r["load_1min"] is None else f"{r['load_1min']:.1f}",
             ]
             for r in rows

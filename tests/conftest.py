@@ -95,6 +95,9 @@ GATE_STALL = "data@1:120ms"
 GATE_BURNERS = 2
 """CPU-burning processes beside the gate's three jobs (the issue's healthy pairs must pass beside
 them, the stall still fail)."""
+GATE_HEAVIER_LAYERS = 6
+"""The heavier model's layers (the demo's has 2): every stage on every rank slower, the code's."""
+GATE_QUIET_STEPS = 60
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +105,9 @@ def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Output folders of the demo's 2-rank DDP job for the compare gate: ``base`` and
     ``healthy`` (no fault) and ``stalled`` (a 120 ms data stall on rank 1 every step), launched
     side by side so that the three share the machine's load, beside ``GATE_BURNERS`` processes
-    that burn CPU; then ``three_ranks`` (a healthy 3-rank run, another world size)."""
+    that burn CPU; then, with the burners gone, side by side again: ``quiet`` (no fault),
+    ``heavier`` (a model of ``GATE_HEAVIER_LAYERS`` layers) and ``three_ranks`` (a healthy
+    3-rank run, another world size)."""
     pytest.importorskip("torch")
     import subprocess
     import sys
@@ -112,15 +117,22 @@ def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("gate-runs")
 
-    def run(name: str, ranks: int = 2, fault: str | None = None) -> Path:
+    def run(
+        name: str,
+        ranks: int = 2,
+        fault: str | None = None,
+        steps: int = GATE_STEPS,
+        layers: int = 2,
+    ) -> Path:
         config = DemoConfig(
             ranks=ranks,
-            steps=GATE_STEPS,
+            steps=steps,
             window=GATE_WINDOW,
             faults=(parse_fault(fault),) if fault else (),
             out_dir=str(root / name),
             quiet=True,
             collect_timeout_s=30.0,
+            n_layers=layers,
         )
         launch(config, deadline_s=DEMO_DEADLINE_S, start_method=START_METHOD)
         return root / name
@@ -138,5 +150,13 @@ def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for proc in burners:
             proc.kill()
             proc.wait()
-    runs["three_ranks"] = run("three_ranks", ranks=3)
+    with ThreadPoolExecutor(3) as pool:
+        futures = {
+            "quiet": pool.submit(run, "quiet", steps=GATE_QUIET_STEPS),
+            "heavier": pool.submit(
+                run, "heavier", steps=GATE_QUIET_STEPS, layers=GATE_HEAVIER_LAYERS
+            ),
+            "three_ranks": pool.submit(run, "three_ranks", ranks=3),
+        }
+        runs.update({name: future.result() for name, future in futures.items()})
     return runs

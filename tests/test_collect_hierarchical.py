@@ -63,6 +63,9 @@ def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
         assert packet.summary.n_ranks == 4 and packet.report.top1 == record["top1"]
         assert packet.meta["nodes"]["present"] == 2
         assert packet.meta["wall_clock"] == record["wall_clock"]
+        # rank 0's host over the window, for compare's gate
+        assert packet.meta["host_signals"] == record["host_signals"]
+        assert record["host_signals"]["cpu_per_wall"] >= 0
 
 
 def test_a_rank_missing_inside_a_node_is_named_by_its_node(tmp_path: Path) -> None:

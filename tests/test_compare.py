@@ -32,10 +32,18 @@ def healthy(seed: int, steps: int = 12, ranks: int = 4) -> np.ndarray:
     return typical * (1 + 0.05 * rng.random((steps, ranks, len(typical))))
 
 
-def write_run(folder: Path, windows: list[np.ndarray], stages: tuple[str, ...] = STAGES) -> Path:
+def write_run(
+    folder: Path,
+    windows: list[np.ndarray],
+    stages: tuple[str, ...] = STAGES,
+    host_signals: dict[str, float] | None = None,
+) -> Path:
+    """Packets of ``windows``, each with ``host_signals`` in its meta when given."""
     (folder / "packets").mkdir(parents=True)
     for i, d in enumerate(windows):
-        meta = {"window": i, "first_step": i * d.shape[0]}
+        meta: dict[str, object] = {"window": i, "first_step": i * d.shape[0]}
+        if host_signals is not None:
+            meta["host_signals"] = host_signals
         report = sf.analyze(d, stages)
         write_packet(
             folder / "packets" / f"window-{i:06d}.json", Packet.of_window(d, report, meta=meta)

@@ -150,6 +150,12 @@ def test_an_even_slowdown_passes_as_the_machines_and_strict_refuses_it(tmp_path:
     assert status == PASS and isinstance(verdict, dict), verdict
     assert verdict["whole_job"] and verdict["median_shift_ms"] > verdict["bar_ms"], verdict
     assert "spread evenly over every stage and rank" in str(verdict["reason"])
+    # Packets written before the host signals were kept: today's reading, and it says why.
+    assert str(verdict["reason"]).endswith(
+        "the host signals are missing (runs recorded before they were kept), so a slower "
+        "machine cannot be told from slower code"
+    )
+    assert verdict["host_signals_missing"] and verdict["machine"] is None
     status, data = gate_json(base, new, "--fail-above", "10%", "--strict")
     verdict = data["gate"]
     assert status == NOT_COMPARABLE and isinstance(verdict, dict), verdict
@@ -233,3 +239,85 @@ def test_stage_names_are_escaped_in_every_output(tmp_path: Path) -> None:
     assert "| data\\x1b[31m\\|`x | " in md.read_text()
     failure = ET.parse(xml).getroot().find("testsuite/testcase/failure")
     assert failure is not None and "data\\x1b[31m|`x" in (failure.text or "")
+
+
+QUIET_HOST = {"load_average": 1.0, "cpus": 2, "cpu_per_wall": 0.9, "steal_share": 0.0}
+
+
+@pytest.mark.parametrize(
+    "new_host, outcome",
+    [
+        (QUIET_HOST, "unchanged"),
+        # The process got 12% less CPU a second, with more runnable threads than CPUs.
+        ({**QUIET_HOST, "load_average": 3.0, "cpu_per_wall": 0.8}, "changed"),
+        # As much less CPU a second, but nothing competed for it: a wait that is not a CPU's.
+        ({**QUIET_HOST, "cpu_per_wall": 0.8}, "unchanged"),
+        # The hypervisor took the CPU time.
+        ({**QUIET_HOST, "cpu_per_wall": 0.8, "steal_share": 0.11}, "changed"),
+    ],
+)
+def test_an_even_slowdown_fails_unless_the_host_signals_account_for_it(
+    tmp_path: Path, new_host: dict[str, float], outcome: str
+) -> None:
+    # Every stage 12% slower on every rank, steps of little noise: past the bar and the noise.
+    base = write_run(tmp_path / "base", [healthy(0), healthy(1)], host_signals=QUIET_HOST)
+    new = write_run(tmp_path / "new", [healthy(2) * 1.12, healthy(3) * 1.12], host_signals=new_host)
+    status, data = gate_json(base, new, "--fail-above", "10%")
+    verdict = data["gate"]
+    assert isinstance(verdict, dict) and verdict["machine"] is not None, verdict
+    reason = str(verdict["reason"])
+    assert "CPU per wall 0.9 -> " in reason, reason
+    if outcome == "unchanged":
+        assert status == FAIL and not verdict["whole_job"], verdict
+        assert "every stage and rank grew, and the machine did not change" in reason
+        assert verdict["grew"], verdict
+    else:
+        assert status == PASS and verdict["whole_job"], verdict
+        assert "the whole job slowed alike" in reason and "; the machine changed (" in reason
+        assert re.search(r"load 0\.5 -> 1\.5 per CPU|CPU steal 0% -> 11%", reason), reason
+        strict = gate_json(base, new, "--fail-above", "10%", "--strict")
+        assert strict[0] == NOT_COMPARABLE
+
+
+def test_a_heavier_model_on_an_unchanged_machine_fails(gate_runs: dict[str, Path]) -> None:
+    # Launched side by side, the two runs shared the machine: every stage of the heavier model
+    # grew on every rank, its CPU time per step with it.
+    status, data = gate_json(gate_runs["quiet"], gate_runs["heavier"], "--fail-above", "10%")
+    verdict = data["gate"]
+    assert status == FAIL and isinstance(verdict, dict), verdict
+    assert "every stage and rank grew, and the machine did not change" in str(verdict["reason"])
+    assert not verdict["whole_job"] and not verdict["machine"]["explained"], verdict
+    assert verdict["machine"]["code_ms"] > verdict["bar_ms"], verdict
+
+
+def test_healthy_runs_with_burners_in_new_only_pass_naming_the_host_signal(
+    gate_runs: dict[str, Path],
+) -> None:
+    # NEW ran beside the CPU burners, BASE after they were gone.
+    status, data = gate_json(gate_runs["quiet"], gate_runs["healthy"], "--fail-above", "10%")
+    verdict = data["gate"]
+    assert status == PASS and isinstance(verdict, dict), verdict
+    assert verdict["grew"] == []
+    if verdict["median_shift_ms"] > verdict["bar_ms"]:
+        assert verdict["whole_job"] and verdict["machine"]["explained"], verdict
+        assert re.search(
+            r"; the machine changed \(CPU per wall [\d.]+ -> [\d.]+", verdict["reason"]
+        )
+    else:
+        assert not verdict["whole_job"], verdict
+
+
+def test_an_even_slowdown_inside_the_noise_on_an_unchanged_machine_passes(tmp_path: Path) -> None:
+    # The noisy steps of the test above, 12% slower everywhere, on a machine that did not change.
+    noisy = [healthy(i) * (1 + (i % 2) * 0.5) for i in range(2)]
+    base = write_run(tmp_path / "base", noisy, host_signals=QUIET_HOST)
+    new = write_run(tmp_path / "new", [d * 1.12 for d in noisy[::-1]], host_signals=QUIET_HOST)
+    status, data = gate_json(base, new, "--fail-above", "10%")
+    verdict = data["gate"]
+    assert status == PASS and isinstance(verdict, dict), verdict
+    assert verdict["median_shift_ms"] > verdict["bar_ms"] and verdict["whole_job"], verdict
+    assert re.search(
+        r"inside the steps' noise \(\d+\.\d ms\) also at BASE's CPU per wall second; the machine "
+        r"did not change \(CPU per wall 0\.9 -> 0\.9; load 0\.5 -> 0\.5 per CPU;",
+        str(verdict["reason"]),
+    ), verdict

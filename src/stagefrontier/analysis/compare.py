@@ -32,12 +32,14 @@ MS = 1e3
 @dataclass(frozen=True)
 class Side:
     """One side of a comparison: the windows' ``[N, R, S]`` seconds stacked over steps, their
-    stage names, and the labels of each window as analyzed live."""
+    stage names, the labels of each window as analyzed live, and each window's host signals
+    (``collect.host_signals``; empty for a window written before they were recorded)."""
 
     name: str
     d: FloatArray
     stages: tuple[str, ...]
     window_labels: tuple[tuple[str, ...], ...] = ()
+    host_signals: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_windows(
@@ -46,6 +48,7 @@ class Side:
         matrices: Sequence[FloatArray],
         stages: Sequence[str],
         labels: Sequence[Sequence[str]] = (),
+        host_signals: Sequence[dict[str, Any]] = (),
     ) -> Side:
         if not matrices:
             raise CompareError(f"{name}: no windows to compare")
@@ -53,7 +56,8 @@ class Side:
         if len(ranks) != 1:
             raise CompareError(f"{name}: windows with different rank counts {sorted(ranks)}")
         d = as_window(np.concatenate([np.asarray(m, dtype=np.float64) for m in matrices]))
-        return cls(name, d, tuple(stages), tuple(tuple(x) for x in labels))
+        labelled = tuple(tuple(x) for x in labels)
+        return cls(name, d, tuple(stages), labelled, tuple(host_signals))
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,15 @@ Three outcomes, each with its exit status:
   absolute deviation) on a rank slower in every stage than the others. Medians of the steps,
   not means: one step a busy host preempted moves a mean by its whole length, and a median not
   at all.
+  A slowdown past the bar and the noise spread evenly over every stage and rank fails too,
+  unless the host signals of the two runs show the machine changed in a way that accounts for
+  it (``machine_change``): a larger model or a slower kernel everywhere slows every stage alike
+  on an unchanged machine.
 - **pass** (0): the shift stays at or under the bar; or it is past the bar but no stage grew
   beyond its even share, and the growth is spread over the ranks (``regression_spread.rank_spread``)
-  or inside the steps' noise: the whole job slowed alike, as on a busier or slower machine (a
-  CPU-burning neighbour, another run on the host), and the code is not what changed. A run
-  whose every stage is heavier (a larger model) reads the same way; ``strict`` refuses there.
+  or inside the steps' noise, and the host signals say the machine changed (a CPU-burning
+  neighbour, another run on the host, a hypervisor or quota taking CPU time) or are missing
+  (folders written before they were recorded: the reason says so); ``strict`` refuses there.
 - **not comparable** (3): the sides cannot be judged: different world sizes or stage schemas,
   fewer than ``MIN_STEPS`` steps a side, or, when ``strict``, a slowdown past the bar that
   the gate reads as the machine's (the reason says which, and how many steps a side would
@@ -40,6 +44,7 @@ import numpy as np
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances
 from .compare import Comparison, Side
+from .machine_change import MachineChange, host_reading, machine_change
 from .noise import block_means, mean_shift, median_shift
 from .regression import BLOCK_STEPS
 from .regression_spread import rank_spread
@@ -134,6 +139,11 @@ class Verdict:
     growth: tuple[Growth, ...] = field(default=())
     whole_job: bool = False
     """The shift is past the bar, but spread over every stage (and the ranks): the machine's."""
+    machine: MachineChange | None = None
+    """What the host signals say of an even slowdown past the bar; None when not asked or
+    missing."""
+    host_signals_missing: bool = False
+    """An even slowdown past the bar whose sides carry no host signals."""
 
     @property
     def outcome(self) -> str:
@@ -153,6 +163,8 @@ class Verdict:
             "bar_ms": _finite(self.bar_ms),
             "noise_ms": _finite(self.noise_ms),
             "whole_job": self.whole_job,
+            "machine": None if self.machine is None else self.machine.to_dict(),
+            "host_signals_missing": self.host_signals_missing,
             "grew": [
                 {
                     "stage": g.stage,
@@ -237,11 +249,47 @@ def judge(c: Comparison, threshold: Threshold, strict: bool = False) -> Verdict:
     if diff.stands_out and not spread:
         reason = f"{past} and the steps' noise ({noise:.1f} ms), on a rank slower in every stage"
         return replace(measured, status=EXIT_FAIL, reason=reason, growth=grown_stages(c))
+    machine = machine_change(
+        host_reading(c.base.host_signals),
+        host_reading(c.new.host_signals),
+        base_median,
+        measured.new_median_ms,
+        bar,
+    )
+    # NEW's steps at BASE's CPU per wall second: what the code alone made of them.
+    code = (
+        diff if machine is None else median_shift(before, after * machine.scale, bar, NOISE_FACTOR)
+    )
+    if machine is not None and not machine.explained and (diff.stands_out or code.stands_out):
+        clears = diff if diff.stands_out else code
+        beside = "" if diff.stands_out else ", at BASE's CPU per wall second,"
+        reason = (
+            f"{past} and{beside} the steps' noise ({clears.noise_s:.1f} ms): every stage "
+            f"{'and rank ' if spread else ''}grew, and the machine did not change "
+            f"({_host_text(machine)})"
+        )
+        return replace(
+            measured, status=EXIT_FAIL, reason=reason, growth=grown_stages(c), machine=machine
+        )
     where = "every stage and rank" if spread else "every stage, inside the steps' noise"
     reason = (
         f"{past} but spread evenly over {where}: the whole job slowed alike, as on a busier or "
         "slower machine, not in any stage of the code"
     )
+    if machine is None:
+        reason += (
+            "; the host signals are missing (runs recorded before they were kept), so a "
+            "slower machine cannot be told from slower code"
+        )
+    elif machine.explained:
+        reason += f"; the machine changed ({_host_text(machine)})"
+    else:
+        reason = (
+            f"{past} but spread evenly over every stage, inside the steps' noise ({noise:.1f} "
+            f"ms) also at BASE's CPU per wall second; the machine did not change "
+            f"({_host_text(machine)})"
+        )
+    measured = replace(measured, machine=machine, host_signals_missing=machine is None)
     if not strict:
         return replace(measured, reason=reason, whole_job=True)
     if not diff.stands_out:
@@ -249,6 +297,13 @@ def judge(c: Comparison, threshold: Threshold, strict: bool = False) -> Verdict:
         reason += f" (about {needed} steps a side would tell it from the noise)"
     return replace(
         measured, status=EXIT_NOT_COMPARABLE, reason=f"{reason}; --strict", whole_job=True
+    )
+
+
+def _host_text(machine: MachineChange) -> str:
+    return (
+        f"{machine.signals}; the CPU time per step accounts for {machine.code_ms:+.1f} ms of "
+        f"the shift, the machine for {machine.machine_ms:+.1f} ms"
     )
 
 

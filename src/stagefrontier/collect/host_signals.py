@@ -8,7 +8,8 @@ collector thread, never on the training thread:
 * CPU throttling of the process's cgroup (``cpu.stat``: ``nr_throttled`` and ``throttled_usec``
   under cgroup v2, ``throttled_time`` in ns under v1): periods its quota ran out;
 * this process's CPU time against the wall time (``os.times``): its threads got less CPU while
-  waiting as long.
+  waiting as long;
+* the CPUs the process may run on (``os.sched_getaffinity``), which scale the load average.
 
 A signal that cannot be read is left out, never raised: a window on another OS carries fewer.
 """
@@ -86,6 +87,14 @@ def load_average() -> float | None:
         return None
 
 
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on (all of the host's where affinity is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def snapshot() -> Snapshot:
     times = os.times()
     return Snapshot(time.monotonic(), times.user + times.system, _steal(), _throttled())
@@ -97,13 +106,18 @@ def between(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     load = load_average()
     if load is not None:
         signals["load_average"] = round(load, 2)
+    cpus = usable_cpus()
+    if cpus:
+        signals["cpus"] = cpus
     wall = after.wall_s - before.wall_s
     if wall > 0:
-        signals["cpu_per_wall"] = round((after.cpu_s - before.cpu_s) / wall, 3)
+        # four significant digits: a busy host's process may get a hundredth of a CPU
+        signals["cpu_per_wall"] = float(f"{(after.cpu_s - before.cpu_s) / wall:.4g}")
     if before.steal and after.steal and after.steal[1] > before.steal[1]:
         stolen = after.steal[0] - before.steal[0]
-        signals["steal_share"] = round(stolen / (after.steal[1] - before.steal[1]), 4)
-    if before.throttled and after.throttled:
-        signals["throttled_periods"] = after.throttled[0] - before.throttled[0]
-        signals["throttled_ms"] = round(after.throttled[1] - before.throttled[1], 1)
+        share = stolen / (after.steal[1] - before.steal[1])
+        signals["steal_share"] = round(min(max(share, 0.0), 1.0), 4)
+    if before.throttled and after.throttled:  # counters only grow, unless the cgroup changed
+        signals["throttled_periods"] = max(after.throttled[0] - before.throttled[0], 0)
+        signals["throttled_ms"] = round(max(after.throttled[1] - before.throttled[1], 0.0), 1)
     return signals

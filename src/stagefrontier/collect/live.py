@@ -13,9 +13,10 @@ Only complete windows (every rank present and merged) are checked or join the ba
 collected as node summaries is checked on its combined summary (``RegressionCheck.check_summary``);
 its direct gains keep each rank's own median, since the ranks' columns stay on their nodes.
 
-A regression carries ``host``: rank 0's host signals over the window (``host_signals``) and
-their median over the healthy windows before it, which name the likely cause of a slowdown of
-the whole job.
+Every window carries ``host_signals``: rank 0's host signals over it (``host_signals``), which
+``compare``'s gate reads to tell a slower machine from slower code. A regression carries
+``host``: the window's signals and their median over the healthy windows before it, which name
+the likely cause of a slowdown of the whole job.
 """
 
 from __future__ import annotations
@@ -46,15 +47,19 @@ class LiveAnalysis:
         self._collectives = CollectiveBaseline()
 
     def analyze(self, merged: MergedWindow) -> AnalyzedWindow:
-        """The window analyzed, with its regression check and its slow collective."""
-        analyzed = self._analyze(merged)
+        """The window analyzed, with its host signals, regression check and slow collective."""
+        signals = self._host_signals()
+        analyzed = self._analyze(merged, signals)
         reading = analyzed.communication
         slow = self._collectives.check(merged.reference.window, reading)
         return replace(
-            analyzed, slow_collective=slow, regression=_late_into(analyzed.regression, reading)
+            analyzed,
+            slow_collective=slow,
+            regression=_late_into(analyzed.regression, reading),
+            host_signals=signals,
         )
 
-    def _analyze(self, merged: MergedWindow) -> AnalyzedWindow:
+    def _analyze(self, merged: MergedWindow, signals: dict[str, Any]) -> AnalyzedWindow:
         check = self._check
         complete = not merged.missing_ranks and not merged.mismatched_ranks
         if check is None or not complete:
@@ -65,7 +70,8 @@ class LiveAnalysis:
             reference = check.reference(stages, len(merged.ranks))
         analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
         ref = merged.reference
-        regression = self._with_host(check.check(ref.window, analyzed.d, stages, marks(ref)))
+        found = check.check(ref.window, analyzed.d, stages, marks(ref))
+        regression = self._with_host(found, signals)
         return replace(
             analyzed,
             regression=regression,
@@ -73,21 +79,30 @@ class LiveAnalysis:
         )
 
     def check_summary(self, analyzed: AnalyzedWindow) -> AnalyzedWindow:
-        """A window analyzed from node summaries, with its regression check."""
+        """A window analyzed from node summaries, with its host signals and regression check."""
+        analyzed = replace(analyzed, host_signals=self._host_signals())
         check, summary = self._check, analyzed.summary
         side = analyzed.side
         if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
             return analyzed
         ref = analyzed.merged.reference
         regression = check.check_summary(ref.window, summary, marks(ref))
-        return replace(analyzed, regression=self._with_host(regression))
+        return replace(analyzed, regression=self._with_host(regression, analyzed.host_signals))
 
-    def _with_host(self, regression: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The regression with the host's signals over this window and the healthy ones; a
-        healthy window's signals join the typical ones."""
+    def _host_signals(self) -> dict[str, Any]:
+        """Rank 0's host signals since the window before (since the collector started for the
+        first)."""
         now = host_signals.snapshot()
         signals = host_signals.between(self._host, now)
         self._host = now
+        return signals
+
+    def _with_host(
+        self, regression: dict[str, Any] | None, signals: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The regression with the host's signals over this window and the healthy ones; a
+        healthy window's signals join the typical ones."""
+        signals = signals or {}
         if regression is None:
             self._healthy_hosts.append(signals)
             return None

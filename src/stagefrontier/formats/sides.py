@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
@@ -22,7 +22,7 @@ from .compacted import MissingPackets
 from .packet import Packet, packet_key
 from .records import WINDOWS_FILE, iter_records, record_key
 from .run_folder import lean_packet, named, packet_matrix, read_named_packet
-from .window_rows import packet_labels
+from .window_rows import packet_host_signals, packet_labels
 
 _RANGE = re.compile(
     r"^(?P<path>.+?):(?:(?P<attempt>\d+)/)?(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$"
@@ -42,14 +42,15 @@ def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
     """The windows ``spec`` names, as one comparison side; raises StageFrontierError. The
     windows of a folder's ``windows.jsonl`` in the range that have no packet are left out,
     and a range sampled to :data:`SIDE_CELLS`, each said in one line to ``warn``. Of each
-    packet only its matrix, stages and labels are kept."""
+    packet only its matrix, stages, labels and host signals are kept."""
     path, attempt, first, last = parse_side(spec)
     if path.is_file():
         packet = read_named_packet(path)
         if not _in_range(packet, first, last) or attempt not in (None, _attempt(packet)):
             held = _span([_window(packet)])
             raise CompareError(f"{spec}: no window in that range (the folder has {held})")
-        chosen = [SideWindow(packet.d, packet.stages, packet.report.labels)]
+        signals = packet.meta.get("host_signals") or {}
+        chosen = [SideWindow(packet.d, packet.stages, packet.report.labels, signals)]
     elif path.is_dir():
         chosen = _folder_side(spec, path, (attempt, first, last), warn or _silent)
     elif path.exists():
@@ -59,16 +60,21 @@ def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
     if len({w.stages for w in chosen}) != 1:
         raise CompareError(f"{spec}: its windows use different stage schemas")
     return Side.from_windows(
-        spec, [w.d for w in chosen], chosen[0].stages, [w.labels for w in chosen]
+        spec,
+        [w.d for w in chosen],
+        chosen[0].stages,
+        [w.labels for w in chosen],
+        [w.host_signals for w in chosen],
     )
 
 
 class SideWindow(NamedTuple):
-    """What a comparison reads of a window: its matrix, stages and labels."""
+    """What a comparison reads of a window: its matrix, stages, labels and host signals."""
 
     d: FloatArray
     stages: tuple[str, ...]
     labels: list[str]
+    host_signals: dict[str, Any]
 
 
 def _silent(_: str) -> None:
@@ -117,7 +123,8 @@ def _folder_side(
 def _side_window(file: Path) -> SideWindow:
     read = lean_packet(file)
     labels = named(file, packet_labels, read)
-    return SideWindow(packet_matrix(file, read), tuple(read.stages), labels)
+    signals = named(file, packet_host_signals, read)
+    return SideWindow(packet_matrix(file, read), tuple(read.stages), labels, signals)
 
 
 def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:

@@ -17,7 +17,7 @@ from msgspec import UNSET, UnsetType
 
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError
-from .typed import Count, Number, Text, check
+from .typed import Amount, Count, Number, Text, check
 from .wall_clock import WallClock
 
 
@@ -110,6 +110,18 @@ class CommunicationFacts(msgspec.Struct):
     slow: SlowCollectiveFacts | None = None
 
 
+class HostSignals(msgspec.Struct):
+    """Rank 0's host over a window (``collect.host_signals``); each signal absent where it could
+    not be read."""
+
+    load_average: Amount | UnsetType = UNSET
+    cpus: Annotated[int, msgspec.Meta(ge=1, le=2**20)] | UnsetType = UNSET
+    cpu_per_wall: Amount | UnsetType = UNSET
+    steal_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | UnsetType = UNSET
+    throttled_periods: Count | UnsetType = UNSET
+    throttled_ms: Amount | UnsetType = UNSET
+
+
 class WindowFacts(msgspec.Struct):
     """The facts of a window a renderer reads, stored beside its report (a record's fields
     other than the report's, a packet's ``meta``); each is checked when present, and other keys
@@ -135,6 +147,8 @@ class WindowFacts(msgspec.Struct):
     communication: CommunicationFacts | UnsetType | None = UNSET
     """The timed collectives' reading (``timer.watch_ddp``); None when none were watched, absent
     from records written before."""
+    host_signals: HostSignals | UnsetType = UNSET
+    """Rank 0's host signals over the window; absent from records written before."""
 
 
 def check_window_meta(meta: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from ..errors import NotJsonError, ReportFormatError
+from .stored_report import HostSignals
 from .typed import Amount, Count
 
 T = TypeVar("T")
@@ -153,10 +155,17 @@ class ReportLabels(msgspec.Struct):
     labels: list[str]
 
 
+class PacketHost(msgspec.Struct):
+    """A packet's ``meta`` as ``compare`` reads it: the window's host signals, when kept."""
+
+    host_signals: HostSignals | UnsetType = UNSET
+
+
 _ROW = msgspec.json.Decoder(WindowRow)
 _LABELS = msgspec.json.Decoder(ReportLabels)
 _KEY = msgspec.json.Decoder(WindowKey)
 _PACKET = msgspec.json.Decoder(LeanPacket)
+_HOST = msgspec.json.Decoder(PacketHost)
 
 
 def decode_row(line: bytes) -> WindowRow:
@@ -197,6 +206,20 @@ def packet_labels(packet: LeanPacket) -> list[str]:
         return _LABELS.decode(packet.report).labels
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ReportFormatError(f"not a window's packet: {exc}") from None
+
+
+def packet_host_signals(packet: LeanPacket) -> dict[str, Any]:
+    """The host signals a packet's ``meta`` holds (empty when it holds none); ReportFormatError
+    when they are malformed."""
+    try:
+        signals = _HOST.decode(packet.meta).host_signals
+    except msgspec.ValidationError as exc:
+        raise ReportFormatError(f"malformed window facts: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ReportFormatError(f"not a window's packet: {exc}") from None
+    if isinstance(signals, UnsetType):
+        return {}
+    return {k: v for k, v in msgspec.structs.asdict(signals).items() if v is not UNSET}
 
 
 def packet_row(packet: LeanPacket) -> WindowRow:

@@ -149,4 +149,5 @@ PACKET_META = (
     "loader_workers",
     "block_lead",
     "wall_clock",
+    "host_signals",
 )

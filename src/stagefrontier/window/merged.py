@@ -95,6 +95,9 @@ class AnalyzedWindow:
     slow_collective: dict[str, Any] | None = None
     """Set on rank 0 when a collective every rank reached together took much longer than in
     the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
+    host_signals: dict[str, Any] | None = None
+    """Rank 0's host signals over the window (``collect.host_signals``): load, CPU steal,
+    throttling, its process's CPU per wall second; None when not read."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -104,6 +107,8 @@ class AnalyzedWindow:
         else:
             record = window_record(self.merged, self.report)
         record["regression"] = self.regression
+        if self.host_signals is not None:
+            record["host_signals"] = self.host_signals
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
         reading = self.communication
