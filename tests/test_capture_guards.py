@@ -151,3 +151,27 @@ def test_a_pause_ends_a_running_capture_and_skips_one_not_started(tmp_path: Path
     skipped = rank.drain()[1]
     assert skipped.id == waiting.id and skipped.state == "skipped"
     assert skipped.reason == f"the timer on rank 0 was paused at step {waiting.first_step}"
+
+
+def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) -> None:
+    """Before: the stopped session's JSON (Kineto's writer, holding the GIL) was written on the
+    training thread in the step after the capture. Now that step only stops the session: the
+    JSON is the router thread's job, and no capture starts on the rank until it is done."""
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=2)
+    rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
+    assert rank.jobs and not rank.timer._capture
+    folder = tmp_path / "incidents" / request.id
+    assert not folder.exists() or not any(folder.iterdir())  # nothing written yet
+    waiting = rank.arm(steps=2)  # while the router thread has not written the trace yet
+    rank.run(3)
+    answer, skipped = rank.drain()
+    assert answer.state == "captured" and answer.id == request.id, answer
+    assert Path(answer.path).exists() and answer.export_cpu_s > 0
+    assert [p.name for p in folder.iterdir()] == [Path(answer.path).name]
+    assert skipped.id == waiting.id and skipped.state == "skipped"
+    assert skipped.reason == "rank 0 is still writing the trace of its last capture"
+    again = rank.arm(steps=2)  # written: the next capture runs
+    rank.run(4)
+    rank.timer.close()
+    assert rank.drain()[2].id == again.id and rank.answers[2].state == "captured"

@@ -17,7 +17,7 @@ Three outcomes, each with its exit status:
   it (``machine_change``): a larger model or a slower kernel everywhere slows every stage alike
   on an unchanged machine.
 - **pass** (0): the shift stays at or under the bar; or it is past the bar but no stage grew
-  beyond its even share, and the growth is spread over the ranks (``regression.rank_spread``)
+  beyond its even share, and the growth is spread over the ranks (``regression_spread.rank_spread``)
   or inside the steps' noise, and the host signals say the machine changed (a CPU-burning
   neighbour, another run on the host, a hypervisor or quota taking CPU time) or are missing
   (folders written before they were recorded: the reason says so); ``strict`` refuses there.
@@ -46,7 +46,8 @@ from .accounting import FloatArray, advances
 from .compare import Comparison, Side
 from .machine_change import MachineChange, host_reading, machine_change
 from .noise import block_means, mean_shift, median_shift
-from .regression import BLOCK_STEPS, rank_spread
+from .regression import BLOCK_STEPS
+from .regression_spread import rank_spread
 from .semantic import stage_groups
 
 EXIT_PASS = 0

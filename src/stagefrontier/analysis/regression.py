@@ -28,16 +28,18 @@ of the most it could be: the window's mean increase times the part of the baseli
 stage did not already hold (a stall in a stage that held most of the step leaves the others
 little share to give up) (accumulation substages ``name[i]`` are judged
 together, as their broad stage); that stage is the top stage (with substages, the one that grew
-most). Otherwise every stage grew with the step. That is a ``whole_job`` slowdown (a noisy
+most), unless the ranks show a neighbour's slowdown (``regression_spread.spread_beyond_stage``:
+every rank grew in that stage and, materially, outside its own largest stage too): then it is the
+whole job's. Otherwise every stage grew with the step. That is a ``whole_job`` slowdown (a noisy
 neighbour, CPU throttling, a slower shared filesystem or network), reported as such and never
 worth a trace of one rank, only when it is spread over the ranks as well: more than half of
 them (two at least) grew outside their own largest stage by half the most any rank did, or
 every rank by a tenth of it (a neighbour burning CPU slows every rank unevenly)
-(``rank_spread``; from node summaries, which keep only the top stage's largest rank means,
-more than half the ranks grew in the top stage by half the most any did). A rank slower in
-every stage than the others (a stall in every microstep of its data wait, a straggler host)
-holds them up only in the collectives they meet it in, where their own growth then sits: it is
-a ``stage`` regression of a stage that rank grew in beyond the others.
+(``regression_spread.rank_spread``; from node summaries, which keep only the top stage's
+largest rank means, more than half the ranks grew in the top stage by half the most any
+did). A rank slower in every stage than the others (a stall in every microstep of its data
+wait, a straggler host) holds them up only in the collectives they meet it in, where their own
+growth then sits: it is a ``stage`` regression of a stage that rank grew in beyond the others.
 
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
@@ -75,8 +77,9 @@ from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .baseline_phases import CHANGED_INSIDE, Marks, PhaseBaselines
 from .collectives import DEFAULT_FAMILY, collective_name, ddp_family
-from .compare import Comparison, Side, compare
+from .compare import Side, compare
 from .noise import block_means, mean_shift, median_shift
+from .regression_spread import rank_spread, spread_beyond_stage, spread_over_ranks
 from .semantic import stage_groups
 from .summary import WindowSummary
 
@@ -89,14 +92,6 @@ LOCALIZED_SHARE = 0.5
 increase times the baseline step's share the stage did not hold) that it must reach for the
 regression to be that stage's rather than the whole job's."""
 WHOLE_JOB = "whole_job"
-SPREAD_SHARE = 0.5
-"""A rank counts among those a whole-job slowdown spread over when its own time in the top stage
-grew by at least this share of the most any rank's did (``spread_over_ranks``)."""
-EVERY_RANK_SHARE = 0.1
-"""A slowdown is spread as well when every rank grew by at least this share of the most any
-rank's did: a neighbour burning CPU slows every rank, unevenly (seen: the least grown at 0.39
-of the most), where a straggler's peers, waiting in a collective, grow outside it by noise
-(seen: 0.001 of the straggler's growth)."""
 STAGE = "stage"
 STEAL_SHARE = 0.05
 """CPU steal at or above this share of the CPU time is named as a cause."""
@@ -264,7 +259,7 @@ class RegressionCheck:
             if entry.d is not None
             else self._split_summary(entry, top)
         )
-        whole = top is None and split.pop("spread_over_ranks")
+        whole = split.pop("spread_over_ranks") and (top is None or entry.d is not None)
         found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
             "median_increase_ms_per_step": increase * 1e3,
@@ -310,10 +305,11 @@ class RegressionCheck:
             Side.from_windows("baseline", [h.d for h in self._healthy if h.d is not None], stages),
             Side.from_windows(f"window {entry.window}", [entry.d], stages),
         )
-        spread = True
         if top is None:
             # every stage grew with the step: the whole job's only if the ranks did too
             spread, top = rank_spread(result, entry.n_ranks)
+        else:  # one stage grew beyond its share: a neighbour's, if every rank grew in several
+            spread = spread_beyond_stage(result, entry.n_ranks, top)
         grew = result.stage_rank_deltas(top)
         stage_delta = result.delta_advance_ms[top]
         grown = [row["rank"] for row in grew if row["delta_ms"] >= 0.5 * stage_delta]
@@ -375,51 +371,6 @@ class RegressionCheck:
         floor = cfg.min_increase * float(np.median(base))
         shift = median_shift(base, exposed, floor, cfg.noise_factor, noisy_now=False)
         return shift.shift_s, shift.threshold_s
-
-
-def spread_over_ranks(rank_deltas: dict[str, float], n_ranks: int) -> bool:
-    """Whether a slowdown grew on enough ranks to be the whole job's: more than half the ranks,
-    and two at least, grew by half the most any rank did, or every rank grew by
-    ``EVERY_RANK_SHARE`` of it (an uneven neighbour: known only where every rank's growth is)
-    (``rank_deltas``: each rank's growth, the largest ones where a summary kept only those).
-    One rank's data alone cannot tell, so it is spread."""
-    deltas = sorted(rank_deltas.values(), reverse=True)
-    if n_ranks < 2 or not deltas or deltas[0] <= 0:
-        return True
-    grown = sum(1 for delta in deltas if delta >= SPREAD_SHARE * deltas[0])
-    if grown >= max(2, n_ranks // 2 + 1):
-        return True
-    return len(deltas) >= n_ranks and deltas[-1] >= EVERY_RANK_SHARE * deltas[0]
-
-
-def rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
-    """Whether a slowdown that grew every stage with the step is spread over the ranks as well,
-    and the stage to name. Each rank's own growth is summed per broad stage; what it grew
-    outside its own largest stage is its spread growth. A rank that stalls in its stages holds
-    the others up only in the collectives they meet it in (a DDP backward's all-reduce, the
-    buffers' broadcast in rank 0's forward), so their growth sits in one or two stages while
-    the stalled rank grew in all of its own: the growth is spread over the ranks when more than
-    half of them (two at least) grew outside their largest stage by half the most any rank did
-    (``spread_over_ranks``). Where it is not, the stage named is, of those where the rank that
-    grew most outside its largest stage grew beyond every other rank (by half the most it did
-    in any), the one that grew most on the frontier."""
-    names, members = stage_groups(result.stages)
-    growth: dict[str, list[float]] = {}
-    for row in result.rank_deltas:
-        own = row["delta_ms_per_step"]
-        growth[str(row["rank"])] = [
-            max(sum(own[result.stages[j]] for j in group), 0.0) for group in members
-        ]
-    outside = {rank: sum(g) - max(g) for rank, g in growth.items()}
-    if spread_over_ranks(outside, n_ranks):
-        return True, result.top_stage
-    rank = max(outside, key=lambda r: outside[r])
-    others = [g for r, g in growth.items() if r != rank] or [[0.0] * len(names)]
-    beyond = [growth[rank][k] - max(g[k] for g in others) for k in range(len(names))]
-    alone = [k for k in range(len(names)) if beyond[k] >= SPREAD_SHARE * max(beyond)]
-    # of the stages it grew in alone, the one (and its substage) that grew most on the frontier
-    stages = [result.stages[j] for k in alone for j in members[k]]
-    return False, max(stages, key=lambda stage: result.delta_advance_ms[stage])
 
 
 def _advances(summary: WindowSummary) -> FloatArray:

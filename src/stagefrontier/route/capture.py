@@ -9,16 +9,17 @@ diff can name the user's function), has the timer record its stages, its steps' 
 between-step data waits of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks as
 profiler ranges (``Instrumentation.record_ranges``) and opens a ``stagefrontier.step#<n>`` range;
 each later step closes the previous step's range and opens its own; after the last step it
-stops the sampling and the session, saves its JSON (``trace_parts``), has the timer stop the
-ranges and hands the trace and the samples to the router thread.
+stops the sampling and the session, has the timer stop the ranges and hands the stopped session
+and the samples to the router thread, which writes the trace (``trace_parts``).
 
 One session for the whole capture, started and stopped once on this thread. A session a step
 spread the stop's cost over the captured steps, but it also started and stopped the profiler
 once a step while the router and analysis threads ran, and under load that killed ranks (SIGSEGV
 in the lifecycle test's 100-step capture); it also made a long capture several times slower. The
-stop converts every captured event on this thread, holding the GIL, so the step after the
-capture carries it: without the Python tracer it converts only the operators and ranges (see
-``docs/router.md``, the cost of a capture).
+stop must run on this thread (the session is the thread's), so the step after the capture
+carries it; the session's JSON, Kineto's writer holding the GIL throughout, is written on the
+router thread, and no capture starts on this rank until it is done (see ``docs/router.md``,
+the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,6 +101,8 @@ class RankCapture:
         self._spent_ns = 0  # the running capture's time on this thread so far
         self._entered_ns = 0  # when the call into this object running now began
         self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
+        self._saved = threading.Event()  # clear while the router thread writes a session's JSON
+        self._saved.set()
 
     @property
     def _rank(self) -> int:
@@ -244,6 +248,9 @@ class RankCapture:
         if torch._C._autograd._profiler_enabled():
             self._give_up("a profiler the user started is already active on this rank")
             return
+        if not self._saved.is_set():
+            self._give_up(f"rank {self._rank} is still writing the trace of its last capture")
+            return
         if request.steps > MAX_CAPTURE_STEPS:
             self._note = f"{request.steps} steps asked: capped at {MAX_CAPTURE_STEPS} steps"
             self._request = request = replace(request, steps=MAX_CAPTURE_STEPS)
@@ -290,13 +297,21 @@ class RankCapture:
             self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
             return
         prof.stop()
-        part = parts.save(prof)
-        # what the capture took on this thread, this stop and save included
+        # what the capture took on this thread, this stop included
         spent_s = (self._spent_ns + time.perf_counter_ns() - self._entered_ns) / 1e9
-        self._submit(lambda: parts.append(part))
+        self._saved.clear()
+        self._submit(lambda: self._save(parts, prof))
         if sampled is not None:
             self._submit(lambda: parts.append_events(lambda base: stack_events(sampled, base)))
         self._submit(lambda: self._export(parts, request, last, note, spent_s))
+
+    def _save(self, parts: TraceParts, prof: Any) -> None:
+        """On the router thread: the stopped session's JSON into the trace. The training
+        thread no longer touches the session; it starts no other until this is done."""
+        try:
+            parts.append(parts.save(prof))
+        finally:
+            self._saved.set()
 
     def _end_sampling(self) -> SampledStacks | None:
         return self._sampler.end() if self._sampler is not None else None

@@ -1,11 +1,13 @@
-"""A capture's trace: its profiler session's JSON saved on the training thread, gzipped into the
-rank's trace file on the router thread.
+"""A capture's trace: its stopped profiler session's JSON saved and gzipped into the rank's trace
+file on the router thread.
 
-The session belongs to the thread that started it: its stop and its JSON export run there, one
-after the other, and no other thread touches the profiler (with the export on the router thread
-while the training thread started a session, a rank of a test job died of SIGSEGV). The router
-thread then reads the saved JSON, gzips it into the trace under way and removes it
-(``TraceParts.append``), and ends the file (``TraceParts.join``). A capture runs one session
+The session belongs to the thread that started it: its stop runs there (the training thread).
+Its JSON export (Kineto's writer, which holds the GIL throughout) then runs on the router thread,
+so that the step after a capture does not carry it; the training thread hands the stopped
+session over and starts no other session until the export is done (with an export on the router
+thread while the training thread started the next session, a rank of a test job once died of
+SIGSEGV). The router thread reads the saved JSON, gzips it into the trace under way and removes
+it (``TraceParts.append``), and ends the file (``TraceParts.join``). A capture runs one session
 (see ``capture``); the file is written as parts so that a capture split into several sessions
 joins into one trace.
 
@@ -100,9 +102,9 @@ def base_time(data: bytes, events_at: int) -> bytes:
 
 
 class TraceParts:
-    """One capture's trace, a part at a time: ``save`` writes a stopped session's JSON (on the
-    training thread), ``append`` adds its events to the gzipped trace under way and ``join``
-    ends it (on the router thread).
+    """One capture's trace, a part at a time, on the router thread: ``save`` writes a stopped
+    session's JSON, ``append`` adds its events to the gzipped trace under way and ``join`` ends
+    it.
 
     A part that fails is not retried: the capture's trace is then reported failed, with the
     first error, and nothing of it is kept."""
@@ -116,19 +118,25 @@ class TraceParts:
         self._saved = 0
         self.error: Exception | None = None
         self.cpu_s = 0.0
-        """CPU seconds the router thread spent appending the parts and ending the trace."""
+        """CPU seconds the router thread spent saving and appending the parts and ending the
+        trace."""
         self._out: GzipTarget | None = None
         self._base = b""
         self._events = False  # an event was written (the next part's go after a comma)
         self._tail = b""  # the last part's text after its events
 
     def save(self, prof: Any) -> Path | None:
-        """On the training thread, right after a session's stop: its JSON as the next part
-        (None after a failure, which is kept for ``join``). Written here, not on the router
-        thread, so that no two threads use the profiler at once (with the write there, a rank
-        of a test job once died of SIGSEGV); it holds the GIL wherever it runs."""
+        """A stopped session's JSON as the next part (None after a failure, which is kept for
+        ``join``); no other profiler session of the capture's may start while it runs."""
         if self.error is not None:
             return None
+        start = time.thread_time()
+        try:
+            return self._save(prof)
+        finally:
+            self.cpu_s += time.thread_time() - start
+
+    def _save(self, prof: Any) -> Path | None:
         # Kineto writes ``path`` under a temporary name first, then renames it; every name ends
         # in ``.tmp``, like the temporary files the coordinator removes after a killed run.
         path = self.folder / f".{self.name}.part{self._saved}.{secrets.token_hex(6)}.json.tmp"
