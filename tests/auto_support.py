@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,25 +95,3 @@ def run_one_process(
         timeout=DEADLINE_S,
         check=False,
     )
-
-
-def switched_venv(where: Path) -> Path:
-    """A virtual environment whose site-packages holds this checkout's ``stagefrontier-auto.pth``
-    and a path file reaching this checkout's sources and the running interpreter's packages
-    (torch), as a wheel installs them; returns its Python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    packages = Path(site)
-    (packages / "paths.pth").write_text(
-        f"{ROOT / 'src'}\n{sysconfig.get_paths()['purelib']}\n", encoding="utf-8"
-    )
-    (packages / "stagefrontier-auto.pth").write_bytes(
-        (ROOT / "src" / "stagefrontier-auto.pth").read_bytes()
-    )
-    return python
