@@ -124,3 +124,36 @@ def test_a_loop_that_does_not_fit_is_said_in_one_line(tmp_path: Path, mode: str,
         assert all(r["contract_violations"] == 0 for r in records)
     else:
         assert not (out / "windows.jsonl").exists()
+
+
+def test_a_timer_turned_off_in_its_settings_stops_the_hooks(tmp_path: Path) -> None:
+    """A timer built disabled has nothing to time: the hooks take themselves away when they
+    would start timing (the second step), and the loop runs on untouched."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stagefrontier.auto.driver import OFF, AutoDriver
+    from stagefrontier.integrations._timer import TimerArguments
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(6, 4), torch.randn(6, 1)), batch_size=1)
+    backward, next_batch = torch.autograd.backward, type(iter(loader)).__next__
+    settings = {"enabled": False, "out_dir": str(tmp_path)}
+    driver = AutoDriver(TimerArguments("the test's", [], None, settings))
+    driver.install()
+    steps = 0
+    try:
+        for x, y in loader:
+            steps += 1
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        # gone before the loop ended, not by the stop below
+        assert driver.phase == OFF
+        assert torch.autograd.backward is backward
+        assert type(iter(loader)).__next__ is next_batch
+    finally:
+        driver.stop()
+    assert steps == 6
+    assert not (tmp_path / "windows.jsonl").exists()
