@@ -5,8 +5,8 @@ WINDOWS windows of 10 steps into a folder with a small disk budget, then runs ag
 same folder as a job resumed from a checkpoint would. The forward stage of two pairs of windows
 of the first attempt and one pair of the second is 40 ms slower on every rank (three injected
 regressions, each two windows long). The table says what the folder holds at the end against
-its budget, what the compactions deleted and kept, and whether the three regressions and the
-restart are in the records and their packets kept.
+its budget, what the compactions deleted, cut and kept, and whether the three regressions and
+the restart are in the records and their packets kept.
 
 Usage::
 
@@ -80,7 +80,8 @@ def main() -> int:
     p.add_argument("--budget-mb", type=int, default=16, help="the folder's budget in MiB")
     args = p.parse_args()
     from stagefrontier.demo.launch import run_ranks
-    from stagefrontier.sinks.disk_budget import folder_bytes, listed_windows
+    from stagefrontier.formats.compacted import listed_windows
+    from stagefrontier.sinks.disk_budget import folder_bytes
 
     n = args.windows
     slow = {0: (int(n * 0.3), int(n * 0.7)), 1: (int(n * 0.5),)}
@@ -109,6 +110,9 @@ def main() -> int:
             for key in ("windows", "flagged_windows")
         )
         flagged = sum(1 for r in records if r.get("regression"))
+        cut = sum(1 for r in records if r.get("compacted"))
+        flagged_cut = sum(1 for r in records if r.get("regression") and r.get("compacted"))
+        listed_cut = sum(c.get("records_cut", 0) for c in compactions)
         injected = [(a, w) for a, ws in slow.items() for w in ws]
         by_window = {(r["attempt"], r["window"]): r for r in records}
 
@@ -128,6 +132,11 @@ def main() -> int:
             f"{held / 2**20:.2f} MiB of {args.budget_mb} MiB ({held / budget:.0%})",
         ),
         ("windows.jsonl", f"{sizes['windows.jsonl'] / 2**20:.2f} MiB"),
+        (
+            "records cut down to their summary",
+            f"{cut} of {len(records)} ({listed_cut} listed in compacted.jsonl); "
+            f"flagged records cut: {flagged_cut}",
+        ),
         ("packets/", f"{sizes['packets'] / 2**20:.2f} MiB, {len(packets)} packets"),
         ("compactions", f"{len(compactions)}, {dropped} packets deleted, each listed"),
         (

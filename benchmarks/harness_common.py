@@ -74,6 +74,7 @@ SEEDED_STAGE = {
     "data": DATA_STAGE,
     "forward": FORWARD_STAGE,
     "backward": BACKWARD_STAGE,
+    "backward_compute": BACKWARD_STAGE,
     "comm": BACKWARD_STAGE,
     "callback_sync": CALLBACKS_STAGE,
     "callback_host": CALLBACKS_STAGE,
@@ -509,14 +510,24 @@ Collect = Callable[[bool, Path], list[dict[str, Any]]]
 Render = Callable[[list[dict[str, Any]], Result, bool], None]
 
 
-def harness_main(name: str, description: str, collect: Collect, render: Render) -> int:
-    """Parse the common options, run (or reload) the rows, render and write the result.
+def harness_main(
+    name: str,
+    description: str,
+    collect: Collect,
+    render: Render,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """Parse the common options (and the script's own, which ``options`` adds), run (or
+    reload) the rows, render and write the result.
 
     ``collect(quick, work)`` launches the runs and returns JSON-able rows; ``render(rows,
     result, quick)`` fills the result's title, summary and sections from rows alone, so
     ``--from-rows`` can re-render stored rows without any new run.
     """
-    args = parser(description, name).parse_args()
+    arguments = parser(description, name)
+    if options is not None:
+        options(arguments)
+    args = arguments.parse_args()
     if args.from_rows is not None:
         stored = json.loads(args.from_rows.read_text(encoding="utf-8"))
         meta, rows = stored["meta"], stored["rows"]

@@ -3,36 +3,48 @@
 Paper tables 4 and 10, the detectability sweep (figure 4b) and the tau_C sensitivity table (11),
 on real multi-rank Gloo DDP jobs of the demo workload. Each row is one run with a 120 ms host-side
 delay on one rank (the rank varies with the seed) in one of five families (data, backward,
-backward/comm, forward/host, callback/sync) plus the callback/host control. A row's windows,
+backward/comm, forward/host, callback/sync) plus the callback/host control and backward/compute
+(a delay inside autograd, in a gradient hook: scored for its rank, not in table 4). A row's windows,
 after the first (warm-up), are pooled into one matrix and every method is scored on it:
 top-1, top-2, routing-set hit (the seeded stage is in the tau_C = 0.80 routing set of the
 method's shares) and routing-set size. A no-fault run per rank count gives the step-time p50
 for Delay/p50. The sweep injects 12/30/60 ms data tails (120 ms comes from the data rows).
+The rank table scores the rank the timed collectives name late (``communication.late_rank``
+of the scored windows) on the backward, backward/compute and backward/comm rows, and counts
+the no-fault windows that name one.
 
 Usage::
 
     python benchmarks/routing.py            # full run, writes benchmarks/results/routing.md
     python benchmarks/routing.py --quick    # one seed, 4 ranks, few steps: a smoke run
+    python benchmarks/routing.py --rank-rows --out benchmarks/results/routing_ranks.md
+                                            # the rank table's rows alone (and no-fault runs)
     python benchmarks/routing.py --from-rows benchmarks/results/routing-rows.json  # re-render
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import harness_common as hc
+from routing_ranks import RANK_FAMILIES, late_ranks, rank_table
 from stagefrontier.analysis.routing import routing_set
 
-FAMILIES = ("data", "backward", "comm", "forward", "callback_sync", "callback_host")
+FAMILIES = (
+    "data", "backward", "comm", "forward", "callback_sync", "callback_host", "backward_compute"
+)  # fmt: skip
 POSITIVE = FAMILIES[:5]
-"""The families scored in table 4 (the control is not a positive row)."""
+"""The families scored in table 4, the paper's (the control is not a positive row)."""
 FAMILY_TITLES = {
     "data": "Data",
     "backward": "Backward",
+    "backward_compute": "Backward/compute",
     "comm": "Backward/comm",
     "forward": "Forward/host",
     "callback_sync": "Callback/sync",
@@ -63,6 +75,17 @@ FULL = Plan(
     detect_ms=(12, 30, 60),
     detect_seeds=(0, 1, 2),
 )
+RANK_ROWS = Plan(
+    ranks=FULL.ranks,
+    seeds=FULL.seeds,
+    steps=FULL.steps,
+    window=FULL.window,
+    detect_ranks=FULL.detect_ranks,
+    detect_ms=(),
+    detect_seeds=(),
+    families=RANK_FAMILIES,
+)
+"""``--rank-rows``: only the rows of the rank table, at the full plan's sizes."""
 QUICK = Plan(
     ranks=(4,),
     seeds=(0,),
@@ -71,7 +94,7 @@ QUICK = Plan(
     detect_ranks=4,
     detect_ms=(30,),
     detect_seeds=(0,),
-    families=("data", "comm", "callback_host"),
+    families=("data", "comm", "callback_host", "backward_compute"),
 )
 
 
@@ -79,7 +102,7 @@ QUICK = Plan(
 
 
 def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
-    plan = QUICK if quick else FULL
+    plan = QUICK if quick else RANK_ROWS if "--rank-rows" in sys.argv[1:] else FULL
     jobs: list[tuple[str, int, int, float]] = []  # (family or "none", ranks, seed, delay ms)
     for ranks in plan.ranks:
         jobs.append(("none", ranks, 0, 0.0))
@@ -141,6 +164,7 @@ def run_row(
         "windows_skipped": pooled.skipped,
         "p50_step_ms": hc.median_ms(hc.step_times(run, pooled.first_step, pooled.last_step)),
         "wall_s": run.wall_s,
+        "late_ranks": late_ranks(run.out_dir, pooled.first_step, pooled.last_step),
     }
 
 
@@ -165,7 +189,8 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
     seeds = sorted({r["seed"] for r in faulted})
     result.title = "E3 routing: StageFrontier vs rank-local baselines (paper tables 4, 10, 11)"
     rank_list = ", ".join(map(str, ranks))
-    counts = f"{len(POSITIVE)} fault families x {len(ranks)} rank count(s) ({rank_list})"
+    families = len({r["family"] for r in positive})
+    counts = f"{families} fault families x {len(ranks)} rank count(s) ({rank_list})"
     result.summary = [
         f"{counts} x {len(seeds)} seed(s) = {n} positive rows, {DELAY_MS:g} ms host-side delay"
         " on one rank, plus the callback/host control and a no-fault run per rank count."
@@ -178,6 +203,9 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
     result.section("Table 4 layout: routing by scoring rule", method_table(positive))
     result.section("Table 10 layout: StageFrontier per scenario", scenario_table(faulted, p50))
     result.section("Top-1 / top-2 by family and method", family_method_table(faulted))
+    result.section(
+        "Rank top-1 from the timed collectives", rank_table(rows, FAMILY_TITLES, DELAY_MS)
+    )
     result.section("Detectability: data-tail magnitude sweep (figure 4b)", detect_table(rows, p50))
     result.section("Table 11 layout: tau_C sensitivity (StageFrontier)", tau_table(positive))
     result.section("Comparison with the paper", notes(rows, positive, p50, quick))
@@ -529,5 +557,14 @@ def row_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return ["<details><summary>All runs</summary>", "", *hc.table(headers, out), "", "</details>"]
 
 
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rank-rows",
+        action="store_true",
+        help="run only the rank table's rows: backward, backward/compute, backward/comm and "
+        "no fault, at 4 and 8 ranks",
+    )
+
+
 if __name__ == "__main__":
-    raise SystemExit(hc.harness_main("routing", __doc__ or "", collect, render))
+    raise SystemExit(hc.harness_main("routing", __doc__ or "", collect, render, options))

@@ -3,16 +3,20 @@
 backward stage) under store collection, and the forward stage of each window named in
 ``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
 regression: two windows in a row, which the check flags however loaded the machine). Launched twice
-into one folder, the second launch is a job resumed into the folder of the first."""
+into one folder, the second launch is a job resumed into the folder of the first. With
+``router``, each launch opens one profiler-router incident, on its window ``MANUAL_WINDOW``."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rank_support import START_METHOD, join_gloo
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+MANUAL_WINDOW = 1
+"""The window the router's capture asked by hand opens its incident on."""
 
 
 @dataclass(frozen=True)
@@ -25,16 +29,20 @@ class BudgetJob:
     step_s: float = 0.004
     slow_s: float = 0.04
     ranks: int = 2
+    router: bool = False
+    """Give the timer a profiler router that decides no capture by itself (``min_share`` 1),
+    and have rank 0 ask it for one by hand once window ``MANUAL_WINDOW`` reached it: its one
+    incident opens on that window in every launch."""
 
 
 def run_rank(rank: int, job: BudgetJob, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, StageTimer, TimerConfig
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.demo.train import leave_process_group
 
-    join_gloo(rank, job.ranks, port)
+    join_gloo(rank, job.ranks, port, timeout_s=300.0)  # rank 1 waits while rank 0 asks
     collection = CollectConfig(
         mode="store",
         out_dir=job.out_dir,
@@ -43,11 +51,20 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
         log=False,
         disk_budget_mb=job.budget_mb,
     )
-    timer = StageTimer(config=TimerConfig(STAGES, window=job.window, collection=collection))
+    router = (
+        ProfilerRouter(steps=2, max_captures=1, min_share=1.0, with_stack=False)
+        if job.router
+        else None
+    )
+    timer = StageTimer(
+        config=TimerConfig(STAGES, window=job.window, collection=collection, router=router)
+    )
     grad = torch.zeros(64)
     for step in range(job.windows * job.window):
         window = step // job.window
         slow = window in job.slow_windows or window - 1 in job.slow_windows
+        if router is not None and rank == 0 and step == (MANUAL_WINDOW + 1) * job.window:
+            ask_for_capture(timer, router)
         with timer.step():
             with timer.stage(STAGES[0]):
                 time.sleep(job.step_s)
@@ -57,6 +74,21 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
                 dist.all_reduce(grad)
     timer.close()
     leave_process_group()
+
+
+def ask_for_capture(timer: Any, router: Any) -> None:
+    """On rank 0, between two steps: once the router took window ``MANUAL_WINDOW`` (and none
+    after it: the next ends only when this rank goes on), ask for a capture of ranks 1 and 0,
+    and wait until the router opened its incident, which is then on that window."""
+    coordinator = timer._router.coordinator
+    deadline = time.monotonic() + 120.0
+    while not coordinator.live or coordinator.live[-1].merged.reference.window < MANUAL_WINDOW:
+        assert time.monotonic() < deadline, "the router never took the window"
+        time.sleep(0.01)
+    router.request_capture([1, 0], steps=2)
+    while not coordinator.captures:
+        assert time.monotonic() < deadline, "the router never opened the incident"
+        time.sleep(0.01)
 
 
 def launch(job: BudgetJob) -> None:

@@ -41,8 +41,9 @@ class NodeJob:
     """Set the launcher's node variables (False: a launcher that does not say)."""
     hosts: tuple[str, ...] = ()
     """The host name each rank reports, by rank (empty: the machine's own)."""
-    slow_s: dict[int, float] = field(default_factory=dict)
-    """Extra data-stage sleep per step on these ranks."""
+    leads_by: tuple[int, float] | None = None
+    """``(rank, seconds)``: that rank's data stage outlasts every other rank's of the same step
+    by at least that much, however late a loaded machine wakes any of them (``_data_stage``)."""
     die_at_step: dict[int, int] = field(default_factory=dict)
     """These ranks SIGKILL themselves at the start of that step."""
     late_part_s: dict[int, dict[int, float]] = field(default_factory=dict)
@@ -89,7 +90,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
 
     from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
-    join_gloo(rank, job.ranks, port)
+    store = join_gloo(rank, job.ranks, port)
     survivors = [r for r in range(job.ranks) if r not in job.die_at_step]
     meet = dist.new_group(survivors) if job.window_barrier else None  # every rank creates it
     node = rank // job.per_node
@@ -117,8 +118,7 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             _await_reported(job, step // job.window)
             os.kill(os.getpid(), signal.SIGKILL)
         with timer.step():
-            with timer.stage(STAGES[0]):
-                time.sleep(job.step_s + job.slow_s.get(rank, 0.0))
+            _data_stage(timer, job, rank, step, store)
             with timer.stage(STAGES[1]):
                 (x @ x).sum().item()
             with timer.stage(STAGES[2]):
@@ -127,6 +127,28 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             dist.barrier(group=meet)
     timer.close()
     Path(job.out_dir, f"done-rank{rank}").write_text("ok")
+
+
+def _data_stage(timer: Any, job: NodeJob, rank: int, step: int, store: Any) -> None:
+    """One step's data stage: a sleep of ``step_s``. Under ``leads_by`` every other rank then
+    posts its stage's duration, timed around the timer's own stage (so at least what the timer
+    measured), into the job's store, and the leading rank, inside its stage, reads them and
+    sleeps until its own stage is longer than the longest by the lead: its lead holds by
+    construction, not by the odds of a late wake-up. No rank waits for the leader."""
+    leader, lead_s = job.leads_by or (None, 0.0)
+    if rank != leader:
+        start = time.perf_counter()
+        with timer.stage(STAGES[0]):
+            time.sleep(job.step_s)
+        if leader is not None:
+            store.set(f"lead/{step}/{rank}", str(time.perf_counter() - start))
+        return
+    with timer.stage(STAGES[0]):
+        start = time.perf_counter()
+        time.sleep(job.step_s)
+        others = [r for r in range(job.ranks) if r != leader]
+        longest = max(float(store.get(f"lead/{step}/{r}")) for r in others)
+        time.sleep(max(0.0, start + longest + lead_s - time.perf_counter()))
 
 
 def _await_reported(job: NodeJob, windows: int, deadline_s: float = 60.0) -> None:

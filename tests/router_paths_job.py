@@ -179,6 +179,16 @@ def plain_loop(path: str, steps: int, out: str, window: int, workers: int) -> No
     dist.destroy_process_group()
 
 
+def leave_framework_group() -> None:
+    """Destroy the process group the framework left open, as a tidy script does. Left open, a
+    rank could abort at exit (SIGABRT, "terminate called without an active exception"): a
+    Gloo worker thread freeing the tensors of the framework's last all_gather (the HF
+    Trainer's FLOP count) after the interpreter began to shut down, where it cannot take the
+    GIL (a native backtrace showed it, load 50; a PyTorch race, not the timer's)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def lightning_loop(steps: int, out: str, window: int, workers: int) -> None:
     import lightning.pytorch as pl
 
@@ -213,6 +223,7 @@ def lightning_loop(steps: int, out: str, window: int, workers: int) -> None:
         callbacks=[StageFrontierCallback(window=window, out_dir=out, router=router())],
     )
     trainer.fit(Module(), loader)
+    leave_framework_group()
 
 
 def hf_loop(steps: int, out: str, window: int, workers: int, scratch: str) -> None:
@@ -244,6 +255,7 @@ def hf_loop(steps: int, out: str, window: int, workers: int, scratch: str) -> No
         callbacks=[Step(), StageFrontierCallback(window=window, out_dir=out, router=router())],
     )
     trainer.train()
+    leave_framework_group()
 
 
 def span(text: str) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import pytest
 
 import stagefrontier as sf
 from recorder_support import BWD, DATA, FWD, OPTIM, read_records, run_stages
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.analysis.schema import expand_microsteps
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.text import run_report_text, window_report_text
@@ -37,7 +37,11 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="stagefrontier")
-    timer = StageTimer(window=3, out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+    timer = StageTimer(
+        config=TimerConfig(
+            window=3, collection=CollectConfig(out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+        )
+    )
     for _ in range(3):
         data_bound_step(timer)
     timer.close()
@@ -75,7 +79,11 @@ def test_accumulation_loop_routes_and_reports_on_broad_stages(
 
 
 def test_the_stalled_microstep_stays_visible_as_detail(tmp_path: Path) -> None:
-    timer = StageTimer(window=3, out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+    timer = StageTimer(
+        config=TimerConfig(
+            window=3, collection=CollectConfig(out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+        )
+    )
     for _ in range(3):
         data_bound_step(timer, stalled_microstep=2)
     timer.close()

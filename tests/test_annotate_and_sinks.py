@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recorder_support import StepClock
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.record import contexts
 from stagefrontier.reducers import reduce_kineto
 from stagefrontier.window.merged import AnalyzedWindow
@@ -44,7 +44,14 @@ def _steps(
 def test_annotated_timer_trace_reduces_to_the_same_stages(tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     with (
-        StageTimer(STAGES, window=4, out_dir=tmp_path / "sf", annotate=True) as timer,
+        StageTimer(
+            config=TimerConfig(
+                stages=STAGES,
+                window=4,
+                collection=CollectConfig(out_dir=tmp_path / "sf"),
+                annotate=True,
+            )
+        ) as timer,
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
     ):
         _steps(timer, 8, slow_stage="model.fwd_loss_cpu_wall", spend=time.sleep)
@@ -84,7 +91,11 @@ class _Recording:
 
 def test_extra_sinks_follow_the_default_ones(tmp_path: Path) -> None:
     extra = _Recording()
-    with StageTimer(STAGES, window=3, out_dir=tmp_path, sinks=[extra]) as timer:
+    with StageTimer(
+        config=TimerConfig(
+            stages=STAGES, window=3, collection=CollectConfig(out_dir=tmp_path, sinks=[extra])
+        )
+    ) as timer:
         _steps(timer, 7, slow_stage="data.next_wait")
     lines = (tmp_path / "windows.jsonl").read_text().splitlines()
     assert len(lines) == 3  # the default JSONL sink still writes
@@ -99,7 +110,10 @@ def test_sinks_and_a_collector_together_are_refused(tmp_path: Path) -> None:
 
     collector: Any = LocalCollector(out_dir=tmp_path)
     with pytest.raises(StageFrontierError, match="collector"):
-        StageTimer(STAGES, collector=collector, sinks=[_Recording()])
+        StageTimer(
+            config=TimerConfig(stages=STAGES, collection=CollectConfig(sinks=[_Recording()])),
+            collector=collector,
+        )
     collector.close()
 
 
@@ -120,7 +134,7 @@ def test_a_restarted_attempt_keeps_the_first_attempts_windows(
         collector: Any = LocalCollector(
             out_dir=tmp_path, sinks=default_sinks(tmp_path, packets=True)
         )
-        with StageTimer(STAGES, window=3, collector=collector) as timer:
+        with StageTimer(config=TimerConfig(stages=STAGES, window=3), collector=collector) as timer:
             _steps(timer, 6, slow_stage=slow[attempt])
 
     assert sorted(p.name for p in (tmp_path / "packets").iterdir()) == [

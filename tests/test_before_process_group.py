@@ -41,7 +41,7 @@ def run_rank(rank: int, job: Job, port: int) -> None:
     """One rank as torchrun would start it, building its timer before the process group."""
     import torch.distributed as dist
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
     os.environ.update(
         WORLD_SIZE=str(RANKS),
@@ -55,7 +55,9 @@ def run_rank(rank: int, job: Job, port: int) -> None:
         level=logging.WARNING,
         format="%(levelname)s %(message)s",
     )
-    timer = StageTimer(window=WINDOW, out_dir=job.out_dir)
+    timer = StageTimer(
+        config=TimerConfig(window=WINDOW, collection=CollectConfig(out_dir=job.out_dir))
+    )
     if job.init_process_group:
         join_gloo(rank, RANKS, port)
     for _ in range(STEPS):

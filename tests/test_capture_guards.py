@@ -5,6 +5,7 @@ outgrows its memory budget, and when a request asks for more steps than the cap.
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -92,14 +93,23 @@ def test_a_profiler_the_application_starts_and_stops_inside_a_capture(tmp_path: 
 
 def test_a_capture_stops_once_the_process_outgrew_its_budget(tmp_path: Path) -> None:
     """Before: only the exported file was checked, after the profiler had held every event of
-    every step in memory. Now a capture whose process grows past max_trace_mb stops there."""
+    every step in memory. Now a capture whose process grows past max_trace_mb stops there.
+
+    The growth is a fresh anonymous mapping with every page written: resident and new by
+    construction (a 16 MiB ``bytes`` could reuse heap that an earlier test freed but the
+    allocator kept, and the process did not grow: the capture then ran all 20 steps). The
+    first profiled step maps megabytes of the profiler's code in (file pages, not counted:
+    counted, they stopped the capture before its first step)."""
     rank = Rank(tmp_path, max_trace_bytes=4 << 20)
     request = rank.arm(steps=20)
-    kept: list[bytes] = []
+    kept: list[mmap.mmap] = []
 
     def grow(step: int) -> None:
         if step == request.first_step + 3:
-            kept.append(b"x" * (16 << 20))  # pages written: resident
+            pages = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            for offset in range(0, len(pages), mmap.PAGESIZE):
+                pages[offset] = 1  # every page written: resident
+            kept.append(pages)
 
     rank.run(25, grow)
     rank.timer.close()
@@ -108,6 +118,7 @@ def test_a_capture_stops_once_the_process_outgrew_its_budget(tmp_path: Path) -> 
     assert answer.last_step == request.first_step + 2 < request.last_step
     assert "over the 4 MiB budget (max_trace_mb)" in answer.reason
     assert not rank.timer._capture
+    kept[0].close()
 
 
 def test_a_request_for_more_steps_than_the_cap_is_capped_on_the_rank(tmp_path: Path) -> None:

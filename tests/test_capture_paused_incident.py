@@ -26,7 +26,7 @@ def test_a_pause_at_the_captures_first_step_still_writes_the_incident(
 ) -> None:
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.formats.incident import read_incident
 
     caplog.set_level(logging.WARNING, logger="stagefrontier")
@@ -35,10 +35,12 @@ def test_a_pause_at_the_captures_first_step_still_writes_the_incident(
     )
     router = ProfilerRouter(steps=3, store=store)
     timer = StageTimer(
-        ["data.next_wait"],
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None, log=False),
-        router=router,
+        config=TimerConfig(
+            stages=["data.next_wait"],
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None, log=False),
+            router=router,
+        )
     )
 
     def step() -> None:

@@ -297,7 +297,9 @@ def test_analyze_a_window_of_a_single_process_run_folder(
 ) -> None:
     """A one-process run writes windows.jsonl and no packets/: --window reads its record."""
     out = tmp_path / "run"
-    with sf.StageTimer(window=2, out_dir=str(out), log=False) as timer:
+    with sf.StageTimer(
+        config=sf.TimerConfig(window=2, collection=sf.CollectConfig(out_dir=str(out), log=False))
+    ) as timer:
         for _ in range(6):
             with timer.step(), timer.stage(sf.DATA_STAGE):
                 pass

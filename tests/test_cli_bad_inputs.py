@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import stagefrontier as sf
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.cli import main
 from stagefrontier.sinks import PacketSink
 from test_reducers_nsys import Report
@@ -142,7 +142,11 @@ def test_nsight_non_integer_global_tid_is_skipped_with_a_note(
 def run_folder(out: Path, factors: tuple[int, ...] = (1,), steps: int = 6) -> Path:
     """A real single-process run writing windows.jsonl and packets, ``steps`` optimizer steps
     per accumulation factor in ``factors`` (a change of factor closes the window)."""
-    timer = StageTimer(window=3, out_dir=out, sinks=[PacketSink(out)], log=False)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=3, collection=CollectConfig(out_dir=out, sinks=[PacketSink(out)], log=False)
+        )
+    )
     for factor in factors:
         for _ in range(steps):
             with timer.step():

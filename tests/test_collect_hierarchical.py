@@ -18,14 +18,15 @@ from stagefrontier.formats.summary_packet import read_summary_packet
 
 
 def test_a_healthy_job_is_complete_and_names_its_nodes(tmp_path: Path) -> None:
-    # Rank 3's extra 0.1 s a step is large against the 30 ms step and a loaded machine's late
-    # wake-ups, so it alone leads every step; the ranks meet at each window's end, so its lag
-    # stays within a window (0.5 s), far inside the collect timeout.
+    # Rank 3's data stage outlasts every other rank's by 0.1 s in every step, by construction
+    # (the others tell it how long theirs took), so it alone leads every step however late a
+    # loaded machine wakes a rank; the ranks meet at each window's end, so its lag stays within
+    # a window (about 0.5 s), far inside the collect timeout.
     job = NodeJob(
         out_dir=str(tmp_path),
         steps=20,
         window=5,
-        slow_s={3: 0.1},
+        leads_by=(3, 0.1),
         window_barrier=True,
         timeout_s=30.0,
     )

@@ -40,13 +40,13 @@ def _wait_for(path: Path) -> None:
 def _rank0(folder: Path) -> None:
     import torch.distributed as dist
 
-    from stagefrontier import StageTimer
+    from stagefrontier import StageTimer, TimerConfig
     from stagefrontier.collect import CollectorSettings, StoreCollector
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     (folder / "port").write_text(str(server.port))
     collector = StoreCollector(CollectorSettings(0, 2, folder, TIMEOUT_S), store=server)
-    timer = StageTimer([STAGE], window=WINDOW, collector=collector)
+    timer = StageTimer(config=TimerConfig(stages=[STAGE], window=WINDOW), collector=collector)
     _timed_steps(timer, 2 * WINDOW)
     _wait_for(folder / "windows.jsonl")
     (folder / "stopping").write_text("")
@@ -56,7 +56,7 @@ def _rank0(folder: Path) -> None:
 def _rank1(folder: Path) -> None:
     import torch.distributed as dist
 
-    from stagefrontier import StageTimer
+    from stagefrontier import StageTimer, TimerConfig
     from stagefrontier.collect import CollectorSettings, StoreCollector
 
     warnings: list[str] = []
@@ -72,7 +72,7 @@ def _rank1(folder: Path) -> None:
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
     )
     collector = StoreCollector(CollectorSettings(1, 2, folder, TIMEOUT_S), store=client)
-    timer = StageTimer([STAGE], window=WINDOW, collector=collector)
+    timer = StageTimer(config=TimerConfig(stages=[STAGE], window=WINDOW), collector=collector)
     _timed_steps(timer, 2 * WINDOW)
     _wait_for(folder / "stopping")
     time.sleep(0.2)

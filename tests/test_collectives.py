@@ -1,12 +1,15 @@
-"""Communication evidence (``timer.watch_ddp``): DDP's gradient buckets timed on every rank and
-read across ranks without synchronized clocks.
+"""Communication evidence (``timer.watch_ddp``, ``watch_fsdp``, ``watch_zero``,
+``collective``): the collectives timed on every rank and read across ranks without synchronized
+clocks.
 
-One real 4-rank Gloo DDP job under torchrun (``collectives_job.py``) runs every case, a window
-each, through the program's own communication hook: healthy windows, a compute delay in an
+One real 4-rank Gloo job under torchrun (``collectives_job.py``) runs every case, a window
+each: DDP through the program's own communication hook with a ZeRO-1 optimizer, then FSDP2;
+every step all-reduces the loss in ``timer.collective``. Healthy windows, a compute delay in an
 autograd hook on rank 1 (late into backward's last bucket), the demo's comm fault on rank 1
-(late into bucket 0), and bucket 0's all-reduce slowed on every rank (a slow collective, no rank
-named). Nothing asserts a duration beyond the injected delays' order of magnitude: which rank,
-which bucket, which verdict.
+(late into bucket 0), bucket 0's all-reduce slowed on every rank (a slow collective, no rank
+named), a forward delay on rank 2 under FSDP2 (late into forward's first all-gather), and rank
+3 late into the program's own loss all-reduce. Nothing asserts a duration beyond the injected
+delays' order of magnitude: which rank, which bucket, which verdict.
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ from stagefrontier.window.rank import RankWindow
 
 RANKS = 4
 JOB = Path(__file__).with_name("collectives_job.py")
-HEALTHY, COMPUTE, COMM, SLOW = (0, 1, 2), 3, 4, 5  # the job's windows
+HEALTHY, COMPUTE, COMM, SLOW, FSDP, OWN = (0, 1, 2), 3, 4, 5, 6, 7  # the job's windows
+DDP_FAMILIES = {"user_hook", "zero_broadcast", "own:loss_all_reduce"}
+FSDP_FAMILIES = {"all_gather", "reduce_scatter", "own:loss_all_reduce"}
+STAGES = {
+    "user_hook": "model.backward_cpu_wall",
+    "zero_broadcast": "optim.step_cpu_wall",
+    "own:loss_all_reduce": "model.fwd_loss_cpu_wall",
+}
 DEADLINE_S = 300
 
 
@@ -82,16 +92,88 @@ def test_every_window_carries_each_ranks_buckets_timed_through_the_users_hook(
     job: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     out, records = job
-    assert [r["window"] for r in records] == list(range(6))
+    assert [r["window"] for r in records] == list(range(8))
     facts = [json.loads((out / f"hook-{rank}.json").read_text()) for rank in range(RANKS)]
-    assert all(f["watched"] for f in facts)
+    assert all(f["watched"] and f["zero_watched"] and f["fsdp_watched"] for f in facts)
     assert all(f["hook_calls"] > 0 for f in facts)  # the program's own hook still runs
     assert len({f["param_sum"] for f in facts}) == 1  # and DDP still averages the gradients
     for record in records:
         comm = record["communication"]
-        assert {c["family"] for c in comm["collectives"]} == {"user_hook"}
-        assert all(c["stage"] == "model.backward_cpu_wall" for c in comm["collectives"])
-        assert any("not timed" in u for u in comm["untimed"])  # the program's own calls
+        families = DDP_FAMILIES if record["window"] < FSDP else FSDP_FAMILIES
+        assert {c["family"] for c in comm["collectives"]} == families, record["window"]
+        for c in comm["collectives"]:
+            assert c["stage"] == STAGES.get(c["family"], c["stage"]), c
+        assert any("outside timer.collective" in u for u in comm["untimed"])
+        assert any("no fully_shard module" in u for u in comm["untimed"])
+
+
+def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_in_their_stages(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """Each linear layer's all-gather in forward, again in backward with its reduce-scatter,
+    numbered by order in the stage: forward's first all-gather is the first layer's."""
+    comm = job[1][OWN]["communication"]
+    order: dict[tuple[str, str], list[int]] = {}
+    for c in comm["collectives"]:
+        order.setdefault((c["family"], c["stage"]), []).append(c["bucket"])
+    order = {where: sorted(buckets) for where, buckets in order.items()}
+    three = [0, 1, 2]  # the three linear layers, each sharded on its own
+    assert order[("all_gather", "model.fwd_loss_cpu_wall")] == three
+    assert order[("all_gather", "model.backward_cpu_wall")] == three
+    assert order[("reduce_scatter", "model.backward_cpu_wall")] == three
+    first = next(
+        c for c in comm["collectives"]
+        if (c["family"], c["bucket"], c["stage"]) == ("all_gather", 0, "model.fwd_loss_cpu_wall")
+    )  # fmt: skip
+    assert first["nbytes"] == (128 * 256 + 256) * 4  # the first layer, gathered whole
+
+
+def test_a_late_rank_under_fsdp2_is_named_at_forwards_first_all_gather(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """Rank 2 sleeps in forward before the model runs: every rank's forward is as long (the
+    others wait in the first all-gather), and the all-gather names rank 2 and points at its
+    data loading or the start of its forward."""
+    record = job[1][FSDP]
+    comm = record["communication"]
+    late = comm["late"]
+    assert comm["late_rank"] == 2, comm
+    assert (late["family"], late["bucket"], late["stage"]) == (
+        "all_gather", 0, "model.fwd_loss_cpu_wall"
+    ), late  # fmt: skip
+    assert "sync_wait_measured" in record["labels"]
+    headline, said = _said(record)
+    assert said.startswith("Rank 2 reaches forward+loss's first all-gather"), said
+    assert said.endswith(
+        "Next: profile data loading (data.next_wait) and forward+loss "
+        "(model.fwd_loss_cpu_wall) on rank 2."
+    ), said
+    assert headline.endswith("Next: profile data loading and forward+loss on rank 2"), headline
+
+
+def test_the_programs_own_collective_names_the_rank_late_into_it(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    record = job[1][OWN]
+    comm = record["communication"]
+    assert comm["late_rank"] == 3 and comm["late"]["family"] == "own:loss_all_reduce", comm
+    headline, said = _said(record)
+    assert "rank 3 late ~" in headline and "at loss_all_reduce" in headline, headline
+    assert said.startswith("Rank 3 reaches forward+loss's loss_all_reduce"), said
+    assert "Next: profile forward+loss (model.fwd_loss_cpu_wall) on rank 3" in said
+
+
+def test_zero1_broadcasts_are_timed_at_the_optimizer_step(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """One collective per step, the parameters' bytes, in every DDP window; a late rank in
+    backward (window 3) has caught up by then: no rank is named there."""
+    for record in job[1][:FSDP]:
+        zero = [
+            c for c in record["communication"]["collectives"] if c["family"] == "zero_broadcast"
+        ]
+        assert len(zero) == 1 and zero[0]["late_rank"] is None, zero
+        assert zero[0]["nbytes"] == (128 * 256 + 256 + 256 * 256 + 256 + 256 + 1) * 4
 
 
 def test_the_records_communication_is_checked_where_it_is_read(
@@ -105,6 +187,7 @@ def test_the_records_communication_is_checked_where_it_is_read(
 
 
 def test_healthy_windows_name_no_late_rank(job: tuple[Path, list[dict[str, Any]]]) -> None:
+    """Nor in the collectives DDP, ZeRO-1 or the program's own loss all-reduce timed there."""
     for record in job[1][: len(HEALTHY)]:
         comm = record["communication"]
         assert comm["late_rank"] is None and comm["slow"] is None, (record["window"], comm)
@@ -183,6 +266,17 @@ def test_a_rank_last_a_little_more_often_on_a_noisy_host_is_not_named() -> None:
     wait[[0, 2, 4], 3, 0] -= 75.0
     late = read_collectives(CollectiveTimes(key, (64,), wait, wait * 0), [0, 1, 2, 3], 40.0).late
     assert late is not None and late.late_rank == 3
+
+
+def test_a_rank_last_in_nearly_every_step_is_named_despite_one_noisy_step() -> None:
+    """Rank 0 is last in 9 of 10 steps by 30 ms; in the other, rank 3 was descheduled and last
+    by 230 ms. One such step is no evidence against the nine: rank 0 is named."""
+    wait = np.full((10, 4, 1), 40.0)
+    wait[:, 0, 0] = 10.0  # rank 0 arrives last: the shortest wait
+    wait[9, :, 0] = [240.0, 240.0, 240.0, 10.0]  # rank 3 last, far behind, once
+    times = CollectiveTimes((("all_reduce", 0, "b", 0),), (64,), wait, wait * 0)
+    late = read_collectives(times, [0, 1, 2, 3], step_ms=300.0).late
+    assert late is not None and late.late_rank == 0 and late.late_steps == 9, late
 
 
 def test_a_slow_collective_is_judged_against_the_first_windows() -> None:
@@ -275,6 +369,10 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     ), text
     decision = regression_decision(analyzed)
     assert decision is not None and decision.suspect_rank == 1, decision
+    gathered = {**regression["late"], "family": "all_gather", "bucket": 0}  # as under FSDP2
+    assert regression_text({**regression, "late": gathered}).endswith(
+        "rank 1 late into model.backward_cpu_wall's all_gather no. 1"
+    )
 
 
 def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recorder_support import FWD, OPTIM, CaptureCollector, read_records
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, SamplingConfig, StageTimer, TimerConfig
 from stagefrontier.analysis.side import EVENT_MISSING, EVENT_NOT_SAMPLED, EVENT_READY
 from stagefrontier.record.cuda_events import MAX_PENDING_STEPS, is_sampled
 
@@ -76,10 +76,19 @@ def test_sampling_is_deterministic_and_evenly_spread() -> None:
 
 def test_ready_pairs_give_event_values_at_fraction_one(tmp_path: Path) -> None:
     source = EventSource(ms=40.0, ready_after=1)
-    timer = StageTimer(window=6, out_dir=tmp_path, cuda_event_fraction=1.0, event_factory=source)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=6,
+            collection=CollectConfig(out_dir=tmp_path),
+            sampling=SamplingConfig(cuda_event_fraction=1.0, event_factory=source),
+        )
+    )
     collector = CaptureCollector()
     captured = StageTimer(
-        window=6, collector=collector, cuda_event_fraction=1.0, event_factory=source
+        config=TimerConfig(
+            window=6, sampling=SamplingConfig(cuda_event_fraction=1.0, event_factory=source)
+        ),
+        collector=collector,
     )
     for t in (timer, captured):
         forward_steps(t, 6, fwd_s=5 * MS)
@@ -109,7 +118,10 @@ def test_fraction_five_percent_samples_steps_19_39_59_79_and_defers_99(tmp_path:
     source = EventSource(ms=3.0, ready_after=2)  # ready at the second poll: a later boundary
     collector = CaptureCollector()
     timer = StageTimer(
-        window=100, collector=collector, cuda_event_fraction=0.05, event_factory=source
+        config=TimerConfig(
+            window=100, sampling=SamplingConfig(cuda_event_fraction=0.05, event_factory=source)
+        ),
+        collector=collector,
     )
     forward_steps(timer, 120, fwd_s=0)
     timer.close()
@@ -132,7 +144,13 @@ def test_fraction_five_percent_samples_steps_19_39_59_79_and_defers_99(tmp_path:
 
 def test_never_ready_pairs_are_missing_and_scope_limited(tmp_path: Path) -> None:
     source = EventSource(ready_after=None)
-    timer = StageTimer(window=20, out_dir=tmp_path, cuda_event_fraction=1.0, event_factory=source)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=20,
+            collection=CollectConfig(out_dir=tmp_path),
+            sampling=SamplingConfig(cuda_event_fraction=1.0, event_factory=source),
+        )
+    )
     forward_steps(timer, 20)
     timer.close()
     (record,) = read_records(tmp_path)
@@ -150,7 +168,10 @@ def test_missing_and_ready_mix_at_five_percent(tmp_path: Path) -> None:
     source = EventSource(ms=2.0, ready_after=None)
     collector = CaptureCollector()
     timer = StageTimer(
-        window=100, collector=collector, cuda_event_fraction=0.05, event_factory=source
+        config=TimerConfig(
+            window=100, sampling=SamplingConfig(cuda_event_fraction=0.05, event_factory=source)
+        ),
+        collector=collector,
     )
     forward_steps(timer, 50, fwd_s=0)  # samples at 19 and 39 never complete
     source.ready_after = 1
@@ -169,7 +190,10 @@ def test_broken_event_factory_disables_sampling_without_raising() -> None:
 
     collector = CaptureCollector()
     timer = StageTimer(
-        window=4, collector=collector, cuda_event_fraction=1.0, event_factory=factory
+        config=TimerConfig(
+            window=4, sampling=SamplingConfig(cuda_event_fraction=1.0, event_factory=factory)
+        ),
+        collector=collector,
     )
     forward_steps(timer, 4)
     timer.close()
@@ -182,7 +206,10 @@ def test_broken_event_factory_disables_sampling_without_raising() -> None:
 def test_event_sample_outside_a_step_records_nothing() -> None:
     source = EventSource()
     timer = StageTimer(
-        window=2, collector=CaptureCollector(), cuda_event_fraction=1.0, event_factory=source
+        config=TimerConfig(
+            window=2, sampling=SamplingConfig(cuda_event_fraction=1.0, event_factory=source)
+        ),
+        collector=CaptureCollector(),
     )
     with timer.cuda_event_sample():
         pass

@@ -2,23 +2,26 @@
 
 One real 2-rank job (``budget_support``) runs twice into one folder with a 2 MiB budget: the
 second launch is the job resumed from a checkpoint into the folder of the first. Each launch
-slows the forward stage of some windows (three injected regressions in all). Its records and
-packets outgrow the budget, so older packets are compacted away while it runs.
+slows the forward stage of some windows (three injected regressions in all), and opens one
+profiler-router incident on window 1, asked by hand. Its records, packets and incidents outgrow
+the budget, so older packets are compacted away while it runs, and old healthy windows' records
+cut down to their summary.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from markupsafe import escape
 
 from budget_support import BudgetJob, launch
 from stagefrontier.analysis.regression import regression_text
 from stagefrontier.cli.main import main
 from stagefrontier.formats.compacted import listed_windows
+from stagefrontier.formats.incident import incident_window, list_incidents
 from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt
 
@@ -33,7 +36,7 @@ slower."""
 def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("budget") / "run"
     for attempt in (0, 1):
-        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB))
+        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB, router=True))
     return out
 
 
@@ -90,9 +93,50 @@ def test_the_report_shows_the_regressions_and_the_restart(resumed_run: Path) -> 
         assert (packets / f"window-{record['window']:06d}{suffix}.json").exists()
     assert main(["report", str(resumed_run), "--html"]) == 0
     page = (resumed_run / "report.html").read_text()
-    assert "restart attempts" in page
+    assert "restart attempts" in page and "cut the records of" in page
     for record in injected:
-        assert html.escape(regression_text(record["regression"])) in page
+        # as the page's templates escape it (an apostrophe is &#39;, not html.escape's &#x27;)
+        assert str(escape(regression_text(record["regression"]))) in page
+
+
+def test_each_attempt_keeps_its_incident_of_the_same_window(
+    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    incidents = {i["id"]: i for i in list_incidents(resumed_run)}
+    ids = ["w00001-manual0", "w00001-attempt1-manual0"]
+    assert sorted(incidents) == sorted(ids)  # neither overwrote the other
+    assert {incident_window(name) for name in incidents} == {(0, 1), (1, 1)}
+    assert all(i["window"] == 1 and i["trigger"] == "manual" for i in incidents.values())
+    for name in incidents:  # the disk budget keeps the packet of each incident's own window
+        attempt, window = incident_window(name) or (-1, -1)
+        suffix = f".attempt-{attempt}" if attempt else ""
+        assert (resumed_run / "packets" / f"window-{window:06d}{suffix}.json").exists()
+    assert main(["report", str(resumed_run)]) == 0
+    report = capsys.readouterr().out
+    listed = [line.split()[1] for line in report.splitlines() if line.startswith("  incident ")]
+    assert sorted(listed) == sorted(ids)
+
+
+def test_old_healthy_records_are_cut_down_to_their_summary(
+    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compactions = [
+        json.loads(line) for line in (resumed_run / "compacted.jsonl").read_text().splitlines()
+    ]
+    cut = sorted(w for c in compactions for w in listed_windows(c["records"]))
+    assert cut and sum(c["records_cut"] for c in compactions) == len(cut)
+    records = {(r["attempt"], r["window"]): r for r in _records(resumed_run)}
+    assert sorted(key for key, r in records.items() if r.get("compacted")) == cut
+    incidents = {incident_window(i["id"]) for i in list_incidents(resumed_run)}
+    whole = [key for key, r in records.items() if r["regression"] or key in incidents]
+    assert whole and not any(records[key].get("compacted") for key in whole)
+    assert main(["report", str(resumed_run)]) == 0
+    said = capsys.readouterr()
+    assert f"cut the records of {len(cut)} old healthy window(s)" in said.out
+    line = f"{len(cut)} window(s) of windows.jsonl keep only their summary"
+    assert line in said.err
+    assert main(["plot", str(resumed_run)]) == 0
+    assert line in capsys.readouterr().err
 
 
 def test_a_torchrun_restart_takes_its_restart_count_unless_the_folder_holds_it(

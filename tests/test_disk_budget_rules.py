@@ -13,6 +13,7 @@ import pytest
 
 from stagefrontier.analysis.regression import RegressionCheck
 from stagefrontier.formats.compacted import listed_windows
+from stagefrontier.formats.run_folder import load_run
 from stagefrontier.sinks import JsonlSink, PacketSink, Sink
 from stagefrontier.sinks.disk_budget import (
     FIRST_SAMPLE,
@@ -21,6 +22,7 @@ from stagefrontier.sinks.disk_budget import (
     folder_bytes,
 )
 from stagefrontier.sinks.output_folder import shared_folder
+from stagefrontier.sinks.record_compaction import compact_records
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
 
@@ -118,11 +120,12 @@ def test_a_whole_job_slowdown_gives_up_its_packet_before_a_stage_regression(
         int(p.name[len("window-") :][:6]): p.stat().st_size for p in (whole / "packets").iterdir()
     }
     # The compaction runs as the last window's record is written, before its packet: it keeps
-    # the newest packets before that one, and room for one flagged packet, not for two.
+    # the newest packets before that one, cuts the records before the newest 8, and leaves room
+    # for one flagged packet, not for two.
     last = WINDOWS - 1
     kept = set(range(last - RECENT, last)) | {SLOW[0]}
     target = folder_bytes(whole) - sum(size[w] for w in size if w not in kept | {SLOW[1]})
-    target -= size[SLOW[1]] // 2
+    target -= size[SLOW[1]] // 2 + _cut_bytes(whole, tmp_path / "cut", (0, WINDOWS - RECENT))
     out = tmp_path / "run"
     sinks: list[Sink] = [JsonlSink(out, 1 << 30), PacketSink(out)]
     for window in windows:
@@ -133,6 +136,38 @@ def test_a_whole_job_slowdown_gives_up_its_packet_before_a_stage_regression(
     held = _held(out)
     assert SLOW[0] in held and SLOW[1] not in held and held == kept | {last}
     assert _compactions(out)[0]["flagged_windows"] == f"0/{SLOW[1]}"
+
+
+def test_old_healthy_records_are_cut_and_the_writer_goes_on_in_the_new_file(
+    tmp_path: Path,
+) -> None:
+    windows = _windows()
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    budget = (whole / "windows.jsonl").stat().st_size  # the whole records alone fill it
+    out = tmp_path / "run"
+    _write(out, windows, budget)
+    assert folder_bytes(out) <= budget
+    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    assert [r["window"] for r in records] == list(range(WINDOWS))  # none lost, in order
+    cut = {r["window"] for r in records if r.get("compacted")}
+    listed = {w for c in _compactions(out) for _, w in listed_windows(str(c["records"]))}
+    assert cut and cut == listed
+    assert not cut & (set(SLOW) | set(range(WINDOWS - RECENT, WINDOWS)))  # flagged, newest
+    run = load_run(out)
+    assert run.summarized and run.tallies.cut == len(cut) and run.count == WINDOWS
+    assert not {meta["window"] for _, meta in run.windows} & cut  # never shown in full
+
+
+def _cut_bytes(folder: Path, scratch: Path, newest: tuple[int, int]) -> int:
+    """The bytes the records of ``folder`` lose when those before ``newest`` are cut down to
+    their summary (on a copy)."""
+    scratch.mkdir()
+    copy = scratch / "windows.jsonl"
+    copy.write_bytes((folder / "windows.jsonl").read_bytes())
+    cut, freed = compact_records(copy, set(), newest)
+    assert cut
+    return freed
 
 
 def test_a_folder_its_records_hold_over_budget_is_said_once_and_keeps_every_record(

@@ -52,14 +52,16 @@ def _train(timer: object, steps: int) -> None:
 def _capture_on_a_full_disk(rank: int, out_dir: str, port: int) -> None:
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timedelta(seconds=60))
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=120.0)
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=out_dir, regression=None, log=False),
-        router=router,
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=out_dir, regression=None, log=False),
+            router=router,
+        )
     )
     _train(timer, 5)  # one window: the step time is known
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, resource.RLIM_INFINITY))
@@ -167,7 +169,7 @@ def test_temporary_files_an_interrupted_write_left_are_removed_by_the_next_run(
     file; the next run on the folder removes them before it writes there, and nothing else."""
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.formats.incident import new_incident
     from stagefrontier.render.incident import write_incident
     from stagefrontier.sinks.files import PacketSink
@@ -192,11 +194,13 @@ def test_temporary_files_an_interrupted_write_left_are_removed_by_the_next_run(
     )
     router = ProfilerRouter(store=store, max_captures=0)
     timer = StageTimer(  # packets as rank 0 writes them under distributed collection
-        window=5,
-        collect=CollectConfig(
-            "local", out_dir=tmp_path, regression=None, log=False, sinks=(PacketSink(tmp_path),)
-        ),
-        router=router,
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig(
+                "local", out_dir=tmp_path, regression=None, log=False, sinks=(PacketSink(tmp_path),)
+            ),
+            router=router,
+        )
     )
     _train(timer, 10)
     timer.close()

@@ -69,10 +69,10 @@ def _fault_ms(untimed: DemoRun, ranks: int) -> int:
         (2, "data@1", "data.next_wait", 1),
         (4, "data@2", "data.next_wait", 2),
         (2, "forward@1", "model.fwd_loss_cpu_wall", 1),
-        # A host delay inside backward is absorbed by the gradient all-reduce: every rank leaves
-        # backward together, so the stage is identified but no single rank leads it; the
-        # timed buckets name the late rank (below).
-        (2, "backward@1", "model.backward_cpu_wall", None),
+        # A delay inside backward's computation (a gradient hook) is absorbed by the gradient
+        # all-reduce: every rank leaves backward together, so the stage is identified but no
+        # single rank leads it; the timed buckets name the late rank (below).
+        (2, "backward_compute@1", "model.backward_cpu_wall", None),
     ],
 )
 def test_injected_delay_routes_to_its_stage_and_rank(

@@ -70,7 +70,7 @@ def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
 
     import torch.distributed as dist
 
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.route import router as router_module
 
     caplog.set_level(logging.INFO, logger="stagefrontier")
@@ -80,7 +80,11 @@ def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
     )
     router = ProfilerRouter(store=store)
     timer = StageTimer(
-        window=5, collect=CollectConfig("local", out_dir=tmp_path, regression=None), router=router
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=router,
+        )
     )
     with timer.step(), timer.stage("data.next_wait"):
         pass

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import stagefrontier as sf
 from recorder_support import CaptureCollector
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, SamplingConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.formats.packet import packet_from_bytes
 from stagefrontier.formats.records import read_records
@@ -153,7 +153,11 @@ def timed_steps(timer: StageTimer, steps: int) -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    timer = StageTimer(window=4, out_dir=out, sinks=[PacketSink(out)], log=False)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=4, collection=CollectConfig(out_dir=out, sinks=[PacketSink(out)], log=False)
+        )
+    )
     timed_steps(timer, 8)
     timer.close()
     return out
@@ -167,7 +171,10 @@ def packet_text(run_dir: Path) -> bytes:
 @pytest.fixture(scope="module")
 def payload() -> bytes:
     collector = CaptureCollector()
-    timer = StageTimer(window=4, collector=collector, cuda_event_fraction=0.0)
+    timer = StageTimer(
+        config=TimerConfig(window=4, sampling=SamplingConfig(cuda_event_fraction=0.0)),
+        collector=collector,
+    )
     timed_steps(timer, 4)
     timer.close()
     return encode_window(collector.windows[0])

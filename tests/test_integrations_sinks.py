@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from recorder_support import StepClock
-from stagefrontier import ALL_LABELS, StageTimer
+from stagefrontier import ALL_LABELS, CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect import LocalCollector
 from stagefrontier.integrations import MissingExtraError, make_timer
 from stagefrontier.integrations.sinks import CSV_FIELDS, CsvSink
@@ -33,6 +33,10 @@ from stagefrontier.sinks import JsonlSink, Sink
 STEPS = 10
 WINDOW = 4  # windows of 4, 4 and 2 steps (the last one flushed by close)
 MS = 1_000_000
+DRAIN_S = 300.0
+"""How long ``_run``'s close waits for the analysis thread to write every window: a sink's first
+write can take many seconds on a loaded machine (W&B starts its run there), and the tests read
+back every window, so the close must not give up on them at the default 10 s."""
 
 
 def _needs(module: str, extra: str) -> Any:
@@ -53,10 +57,13 @@ def _run(
     The timer reads a step clock that the loop advances (a 2 or 4 ms data wait, 1 ms of
     forward), so the windows are the same on a loaded machine as on an idle one."""
     clock = StepClock()
-    collector = LocalCollector(out_dir=out, sinks=[JsonlSink(out), *sinks])
+    collector = LocalCollector(out_dir=out, sinks=[JsonlSink(out), *sinks], join_timeout_s=DRAIN_S)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(contexts, "_now", clock)
-        timer = StageTimer(window=WINDOW, out_dir=out, collector=collector)
+        timer = StageTimer(
+            config=TimerConfig(window=WINDOW, collection=CollectConfig(out_dir=out)),
+            collector=collector,
+        )
         with timer:
             for i in range(STEPS):
                 with timer.step():
@@ -301,10 +308,8 @@ def test_hook_clock_charges_the_wait_between_steps_to_the_data_stage(tmp_path: P
     from stagefrontier.integrations._timer import HookClock
 
     timer = StageTimer(
-        window=3,
-        out_dir=tmp_path,
+        config=TimerConfig(window=3, collection=CollectConfig(out_dir=tmp_path), strict=True),
         collector=LocalCollector(out_dir=tmp_path, sinks=[JsonlSink(tmp_path)]),
-        strict=True,
     )
     clock = HookClock(timer)
     with timer:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from loader_support import DiesAt, MarkWorker, Samples, Stream
 from recorder_support import FWD, read_records
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.integrations._timer import train_loader
@@ -29,7 +29,12 @@ BATCH = 4
 
 
 def _train(tmp_path: Path, loader: Any, epochs: int = 1, window: int = 3) -> list[dict[str, Any]]:
-    timer = StageTimer(window=window, collect="local", out_dir=tmp_path / "sf", log=False)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=window,
+            collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False),
+        )
+    )
     for _ in range(epochs):
         for _batch in timer.iter(loader):
             with timer.step(), timer.stage(FWD):
@@ -77,7 +82,11 @@ def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
     tmp_path: Path, loop: str
 ) -> None:
     loader = DataLoader(DiesAt(48, at=37), batch_size=BATCH, num_workers=2)
-    timer = StageTimer(window=100, collect="local", out_dir=tmp_path / "sf", log=False)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=100, collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False)
+        )
+    )
     if loop == "timer.iter":
         batches: Any = timer.iter(loader)
     else:  # a framework iterates the loader itself; its callback watches it first
@@ -141,7 +150,9 @@ def test_figures_say_saturated_when_the_workers_cannot_keep_up() -> None:
 
 def test_the_counts_travel_on_the_wire_and_malformed_ones_are_rejected(tmp_path: Path) -> None:
     loader = DataLoader(Samples(12), batch_size=BATCH, num_workers=1)
-    timer = StageTimer(window=100, collector=_Keep(), log=False)
+    timer = StageTimer(
+        config=TimerConfig(window=100, collection=CollectConfig(log=False)), collector=_Keep()
+    )
     for _batch in timer.iter(loader):
         with timer.step(), timer.stage(FWD):
             pass

@@ -145,3 +145,16 @@ def test_own_work_confirms_only_by_a_material_share_of_the_step() -> None:
     assert own_work_lead(rows, 0.2, MIN_SHARE) == rows[0]  # 15% of a 200 ms step
     assert own_work_lead(rows, 0.4, MIN_SHARE) is None  # 7.5% of a 400 ms step
     assert own_work_lead([], 0.2, MIN_SHARE) is None and own_work_lead(rows, None, 0.1) is None
+
+
+def test_own_work_confirms_only_a_lead_the_stages_time_does_not_already_hold() -> None:
+    """Rank 3 sleeps 1 ms longer than rank 2 in a forward no collective synchronizes: on a
+    loaded machine its stage may run 3.3 ms/step longer in the trace, under the bar of 4.2 ms
+    (a tenth of the 42 ms step), and one function 4.5 ms/step longer, over it. Its own work
+    says no more than its stage's time: not confirmed (before, it was). Where the stage's
+    times are alike (a collective made the reference wait), the same function confirms."""
+    row = {"name": "f", "suspect_ms_per_step": 45.5, "reference_ms_per_step": 41.0}
+    rows = [{**row, "diff_ms_per_step": 4.5}, {**row, "name": "g", "diff_ms_per_step": -1.2}]
+    assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0033) is None
+    assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0) == rows[0]
+    assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=-0.002) == rows[0]

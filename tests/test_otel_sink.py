@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import stagefrontier
-from stagefrontier import ALL_LABELS, MissingExtraError
+from stagefrontier import ALL_LABELS, CollectConfig, MissingExtraError, TimerConfig
 from stagefrontier.errors import SinkSettingError
 
 pytest.importorskip("opentelemetry.sdk.metrics", reason="pip install '.[otel]'")
@@ -55,7 +55,11 @@ def _train(
     out: Path, sink: OtelSink, before_close: Callable[[], None] | None = None
 ) -> list[dict[str, Any]]:
     """STEPS real steps of one process, a data wait that dominates; returns the records."""
-    with stagefrontier.StageTimer(window=WINDOW, out_dir=str(out), log=False, sinks=[sink]) as t:
+    with stagefrontier.StageTimer(
+        config=TimerConfig(
+            window=WINDOW, collection=CollectConfig(out_dir=str(out), log=False, sinks=[sink])
+        )
+    ) as t:
         for i in range(STEPS):
             with t.step():
                 with t.stage(stagefrontier.DATA_STAGE):

@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 
 from recorder_support import DATA, FWD, CaptureCollector, StepClock, pause_as_listed
-from stagefrontier import ContractViolation, StageTimer
+from stagefrontier import ContractViolation, StageTimer, TimerConfig
 from stagefrontier.record import contexts, recorder
 
 THREE_WINDOWS = [(0, 0, 9), (1, 10, 19), (2, 20, 29)]
 """(window, first step, last step) of the collection tests' job: 30 steps in windows of 10."""
 
 
-def capture(**kwargs: object) -> tuple[StageTimer, CaptureCollector]:
+def capture(window: int, strict: bool = False) -> tuple[StageTimer, CaptureCollector]:
     collector = CaptureCollector()
-    return StageTimer([DATA, FWD], collector=collector, **kwargs), collector  # type: ignore[arg-type]
+    config = TimerConfig(stages=(DATA, FWD), window=window, strict=strict)
+    return StageTimer(config=config, collector=collector), collector
 
 
 def run(timer: StageTimer, steps: range, paused: set[int]) -> None:
@@ -124,7 +125,7 @@ def test_pause_and_resume_twice_and_on_a_disabled_timer_do_nothing() -> None:
     timer.close()
     assert [w.n_steps for w in collector.windows] == [2]
     assert collector.windows[0].contract_violations == 0
-    disabled = StageTimer(enabled=False)
+    disabled = StageTimer(config=TimerConfig(enabled=False))
     disabled.pause()
     assert not disabled.paused
     disabled.resume()

@@ -10,6 +10,7 @@ them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
 from stagefrontier.demo.pipeline import PipelineConfig, run_pipeline
+from stagefrontier.formats.run_digest import SHOWN_ALL
 from stagefrontier.formats.run_folder import load_run
 from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.plots import plot_shares_over_time
@@ -114,6 +116,32 @@ def _fault_facts(records: list[dict[str, Any]]) -> list[Any]:
         (schedule.top1, schedule.leaders["pp.schedule"]),
         bounds,
     ]
+
+
+def test_a_summarized_role_run_draws_each_roles_mean_shares_per_bucket(
+    tmp_path: Path, flat_run: tuple[Path, list[dict[str, Any]]]
+) -> None:
+    """The run's records repeated past the length a report shows window by window: its
+    buckets hold each role's own mean shares, and its figure a panel per role."""
+    lines = (flat_run[0] / "windows.jsonl").read_text().splitlines()
+    count = SHOWN_ALL + 4 * len(lines)
+    with (tmp_path / "windows.jsonl").open("w") as out:
+        for i in range(count):
+            record = json.loads(lines[i % len(lines)])
+            record.update(window=i, first_step=i * W, last_step=i * W + W - 1)
+            out.write(json.dumps(record) + "\n")
+    run = load_run(tmp_path)
+    assert run.summarized
+    records = [json.loads(line) for line in lines]
+    for bucket in run.buckets:
+        windows = range(bucket.first["window"], bucket.last["window"] + 1)
+        for role in ("pp0", "pp1"):
+            own = [records[w % len(records)]["role_reports"][role] for w in windows]
+            own = [o["semantic_shares"] for o in own if o["shares_defined"]]
+            expected = {s: sum(o[s] for o in own) / len(own) for s in own[0]}
+            assert bucket.roles[role] == pytest.approx(expected)
+    figure = plot_shares_over_time(run, tmp_path / "shares.png")
+    assert figure.read_bytes().startswith(b"\x89PNG")
 
 
 def test_pipeline_roles_collected_hierarchically_give_the_flat_answer(

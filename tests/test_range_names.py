@@ -65,7 +65,7 @@ def test_a_capture_keeps_the_range_of_a_stage_named_with_control_characters(
     stage's time (before: its range was "unknown", or the trace was not JSON at all, and the
     incident read a false "disagrees")."""
     dist = pytest.importorskip("torch.distributed")
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.formats.incident import read_incident
     from stagefrontier.reducers import reduce_kineto
 
@@ -74,10 +74,12 @@ def test_a_capture_keeps_the_range_of_a_stage_named_with_control_characters(
     )
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=120.0)
     timer = StageTimer(
-        [ODD, FORWARD],
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None, log=False),
-        router=router,
+        config=TimerConfig(
+            stages=[ODD, FORWARD],
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None, log=False),
+            router=router,
+        )
     )
     _train(timer, 5)
     router.request_capture([0], stage=ODD)
@@ -104,12 +106,18 @@ def test_figures_show_such_a_stage_name_escaped(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import warnings
 
-    from stagefrontier import StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.formats.run_folder import load_run
     from stagefrontier.render.plots import plot_shares_over_time, plot_worst_step
     from stagefrontier.sinks import PacketSink
 
-    timer = StageTimer([ODD, FORWARD], window=3, out_dir=tmp_path, sinks=[PacketSink(tmp_path)])
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=[ODD, FORWARD],
+            window=3,
+            collection=CollectConfig(out_dir=tmp_path, sinks=[PacketSink(tmp_path)]),
+        )
+    )
     for _ in range(6):
         with timer.step():
             with timer.stage(ODD):

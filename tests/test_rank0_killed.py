@@ -38,14 +38,17 @@ def _timed_steps(timer: Any, steps: int) -> None:
 def _timer(rank: int, folder: Path, port: int) -> Any:
     import torch.distributed as dist
 
-    from stagefrontier import StageTimer
+    from stagefrontier import StageTimer, TimerConfig
     from stagefrontier.collect import CollectorSettings, StoreCollector
 
     client = dist.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
     )
     settings = CollectorSettings(rank, 2, folder, TIMEOUT_S, regression=None)
-    return StageTimer([STAGE], window=WINDOW, collector=StoreCollector(settings, store=client))
+    return StageTimer(
+        config=TimerConfig(stages=[STAGE], window=WINDOW),
+        collector=StoreCollector(settings, store=client),
+    )
 
 
 def _rank0(folder: Path, port: int) -> None:

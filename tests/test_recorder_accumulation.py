@@ -11,7 +11,7 @@ import pytest
 
 import stagefrontier as sf
 from recorder_support import CaptureCollector, on_disk_and_captured, read_records, run_stages
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.analysis.schema import expand_microsteps, stage_order_hash
 from trace_support import BWD, CALLBACKS, DATA, FWD, OPTIM, OTHER
 
@@ -64,7 +64,7 @@ def test_microsteps_become_indexed_substages_and_fold_back(tmp_path: Path) -> No
 
 
 def test_change_of_accumulation_factor_closes_the_window(tmp_path: Path) -> None:
-    timer = StageTimer(window=10, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=10, collection=CollectConfig(out_dir=tmp_path)))
     for _ in range(3):
         accumulation_step(timer, 2)
     for _ in range(2):
@@ -85,7 +85,7 @@ def test_change_of_accumulation_factor_closes_the_window(tmp_path: Path) -> None
 
 def test_factor_change_moves_the_step_into_the_new_window() -> None:
     collector = CaptureCollector()
-    timer = StageTimer(window=10, collector=collector)
+    timer = StageTimer(config=TimerConfig(window=10), collector=collector)
     for _ in range(2):
         accumulation_step(timer, 2)
     accumulation_step(timer, 3, skip=1)  # factor 3, mixed: belongs to the new window
@@ -103,7 +103,7 @@ def test_factor_change_moves_the_step_into_the_new_window() -> None:
 
 
 def test_skipped_microstep_index_is_ambiguous(tmp_path: Path) -> None:
-    timer = StageTimer(window=3, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=3, collection=CollectConfig(out_dir=tmp_path)))
     accumulation_step(timer, 3)
     accumulation_step(timer, 3, skip=1)
     accumulation_step(timer, 3)
@@ -114,7 +114,7 @@ def test_skipped_microstep_index_is_ambiguous(tmp_path: Path) -> None:
 
 
 def test_ordered_stage_between_microsteps_is_ambiguous(tmp_path: Path) -> None:
-    timer = StageTimer(window=2, out_dir=tmp_path)
+    timer = StageTimer(config=TimerConfig(window=2, collection=CollectConfig(out_dir=tmp_path)))
     for _ in range(2):
         with timer.step():
             with timer.microstep(0), timer.stage(FWD):
@@ -132,7 +132,7 @@ def test_ordered_stage_between_microsteps_is_ambiguous(tmp_path: Path) -> None:
 
 def test_microstep_outside_a_step_is_a_violation_and_changes_nothing() -> None:
     collector = CaptureCollector()
-    timer = StageTimer(window=2, collector=collector)
+    timer = StageTimer(config=TimerConfig(window=2), collector=collector)
     with timer.microstep(2):
         pass
     for _ in range(2):

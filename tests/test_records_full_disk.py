@@ -122,14 +122,16 @@ def test_report_names_the_windows_a_full_disk_lost(
 @pytest.fixture(scope="module")
 def packet_lost(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder of four windows whose packet of window 1 is gone (its record is there)."""
-    from stagefrontier import CollectConfig, StageTimer
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
     from stagefrontier.sinks import PacketSink
 
     out = tmp_path_factory.mktemp("packet-lost")
     sinks = (PacketSink(out),)  # after windows.jsonl, as under distributed collection
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=out, regression=None, log=False, sinks=sinks),
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=out, regression=None, log=False, sinks=sinks),
+        )
     )
     for _ in range(20):
         with timer.step():

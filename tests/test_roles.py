@@ -159,7 +159,14 @@ def test_role_dims_must_name_mesh_dimensions() -> None:
     with pytest.raises(RolesError, match=r"role_dims \['pp'\] are not dimensions of the mesh"):
         mesh_roles(object(), ("pp",))
     with pytest.raises(RolesError, match="a role or a mesh to read it from, not both"):
-        sf.StageTimer(["a"], collect="local", role="pp0", mesh=object(), log=False)
+        sf.StageTimer(
+            config=sf.TimerConfig(
+                stages=["a"],
+                collection=sf.CollectConfig(mode="local", log=False),
+                role="pp0",
+                mesh=object(),
+            )
+        )
 
 
 def rank_window(rank: int, role: str, role_set: tuple[str, ...] = ("pp0", "pp1")) -> RankWindow:

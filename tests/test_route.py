@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stagefrontier import analyze
+from stagefrontier import CollectConfig, TimerConfig, analyze
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident, new_incident, read_incident
 from stagefrontier.render.incident import write_incident
@@ -117,6 +117,25 @@ def test_a_wait_on_every_other_step_is_judged_over_the_loaders_bursts() -> None:
     # Jitter alone is judged over the same blocks and still opens nothing.
     healthy, why = decide(_window(_paired(stall=False), [0, 1, 2, 3], workers=2))
     assert healthy is None and "over blocks of 2 steps" in why, why
+
+
+def test_a_steady_lead_on_every_other_step_is_measured_over_the_loaders_bursts() -> None:
+    """A stall from the first step: rank 2's two workers hand over their batches two at a
+    time, so it waits 480 ms on every other step, and on the steps between no rank waits
+    longer than another. Rank 2 leads steadily step by step, but its excess alternates
+    between 480 ms and nothing: the steps' own noise, unless measured over the workers'
+    blocks (before, such a stall opened no incident in any window)."""
+    d = _matrix(None)[:8]
+    d[:, :, 0] = 0.001
+    d[::2, 2, 0] += 0.480
+    d[::2, [0, 1, 3], 2] += 0.480  # the others wait for rank 2 in the backward's all-reduce
+    alone, why = decide(_window(d, [0, 1, 2, 3]))
+    assert alone is None and "inside the steps' noise" in why, why
+    decision, why = decide(_window(d, [0, 1, 2, 3], workers=2))
+    assert decision is not None, why
+    assert decision.stage == "data.next_wait" and decision.suspect_rank == 2
+    assert "rank 2 leads it alone in 4/8 steps" in decision.reasons[1], decision.reasons
+    assert "judged over blocks of 2 steps" in decision.reasons[-1], decision.reasons
 
 
 def test_start_margin_covers_two_polls_and_the_latency_in_steps() -> None:
@@ -254,11 +273,14 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(  # no regression check: on a loaded machine the step times swing, and a
-        # regression capture opened first would take the incident this test asks for
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=router,
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5,
+            # no regression check: on a loaded machine the step times swing, and a regression
+            # capture opened first would take the incident this test asks for
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=router,
+        )
     )
     _train(timer, 5)  # one window: the step time is measured
     # The stage is named: without it the request takes the last analyzed window's top stage,
@@ -307,9 +329,11 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     monkeypatch.setattr(incident_writer, "analyze_traces", traces)
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
     timer = StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=router,
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=router,
+        )
     )
     # until the incident is written (reduced live, not after the run): at ~10 ms a step the
     # capture starts some 60 steps after the request (the start margin covers the store polls
@@ -427,10 +451,13 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
-    timer = StageTimer(  # no regression check: its captures would spend the budget first
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, regression=None),
-        router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5,
+            # no regression check: its captures would spend the budget first
+            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
+            router=ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0),
+        )
     )
     cli = subprocess.Popen(
         [sys.executable, "-m", "stagefrontier.cli", "capture", "--store",
@@ -556,7 +583,11 @@ def test_a_capture_is_skipped_under_a_user_profiler_and_dropped_over_the_size_li
 
     limit = 1e-4 if case == "size_limit" else 200.0
     router = ProfilerRouter(steps=2, store=store, capture_timeout_s=30.0, max_trace_mb=limit)
-    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5, collection=CollectConfig(mode="local", out_dir=tmp_path), router=router
+        )
+    )
     _train(timer, 5)
     router.request_capture([0])
     # Steps take at least the 20 ms sleep, so the start margin is at most

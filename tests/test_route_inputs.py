@@ -400,13 +400,15 @@ def store() -> Any:
 
 def job(out_dir: Path, store: Any, **router: Any) -> Any:
     """A one-rank job with a router, no regression check (only the tests' requests capture)."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     settings = {"steps": 2, "store": store, "capture_timeout_s": 5.0}
     return StageTimer(
-        window=5,
-        collect=CollectConfig("local", out_dir=out_dir, regression=None),
-        router=ProfilerRouter(**{**settings, **router}),
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig("local", out_dir=out_dir, regression=None),
+            router=ProfilerRouter(**{**settings, **router}),
+        )
     )
 
 

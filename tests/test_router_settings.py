@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stagefrontier import ProfilerRouter, StageTimer, TimerSettingError
+from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig, TimerSettingError
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS
 
 
@@ -76,7 +76,13 @@ def test_a_wrong_request_capture_argument_is_refused(
     tmp_path: Any, args: tuple[Any, ...], match: str
 ) -> None:
     router = ProfilerRouter()
-    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", log=False, router=router)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5,
+            collection=CollectConfig(mode="local", out_dir=tmp_path, log=False),
+            router=router,
+        )
+    )
     try:
         with pytest.raises(TimerSettingError, match=rf"^request_capture {match} "):
             router.request_capture(*args)

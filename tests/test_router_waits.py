@@ -152,11 +152,17 @@ def _loop(timer: Any, path: str, steps: int) -> None:
 def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
     tmp_path: Path, store: Any, path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stagefrontier import ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     router = ProfilerRouter(steps=5, store=store, capture_timeout_s=30.0)
-    timer = StageTimer((DATA, FWD, "step.other_cpu_wall"), window=5, out_dir=tmp_path,
-                       collect="local", router=router)  # fmt: skip
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=(DATA, FWD, "step.other_cpu_wall"),
+            window=5,
+            collection=CollectConfig(mode="local", out_dir=tmp_path),
+            router=router,
+        )
+    )
     _loop(timer, path, 5)  # one window: the step time is measured
     router.request_capture([0], stage=DATA)
     _loop(timer, path, 80)
@@ -187,10 +193,14 @@ def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
 def test_a_capture_scheduled_after_the_last_step_says_training_ended_first(
     tmp_path: Path, store: Any
 ) -> None:
-    from stagefrontier import ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(window=5, out_dir=tmp_path, collect="local", router=router)
+    timer = StageTimer(
+        config=TimerConfig(
+            window=5, collection=CollectConfig(mode="local", out_dir=tmp_path), router=router
+        )
+    )
     _loop(timer, "prefetch", 5)
     router.request_capture([0])
     time.sleep(0.5)  # the request is written; its first step is never reached

@@ -16,16 +16,18 @@ def test_a_single_process_router_without_a_store_says_so_in_the_librarys_words(
 ) -> None:
     """Issue 37, item 12: a single-process timer with a router and no store said only
     ``'MASTER_ADDR'`` (a KeyError's text)."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
     caplog.set_level(logging.WARNING, logger="stagefrontier")
     timer = StageTimer(
-        ["data.next_wait"],
-        window=5,
-        collect=CollectConfig("local", out_dir=tmp_path, log=False),
-        router=ProfilerRouter(),
+        config=TimerConfig(
+            stages=["data.next_wait"],
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, log=False),
+            router=ProfilerRouter(),
+        )
     )
     for _ in range(5000):
         if "capture request" in caplog.text:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recorder_support import DATA, FWD, CaptureCollector, read_records
-from stagefrontier import RESIDUAL_STAGE, StageTimer, load_window
+from stagefrontier import RESIDUAL_STAGE, CollectConfig, StageTimer, TimerConfig, load_window
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.record.self_cost import context_cost_ns
 from stagefrontier.render.text import SELF_COST_LINE_FRACTION, self_cost_text
@@ -41,7 +41,7 @@ def steps(timer: StageTimer, n: int) -> None:
 
 def test_every_window_carries_its_rank_cost_fields() -> None:
     collector = CaptureCollector()
-    timer = StageTimer([DATA, FWD], window=5, collector=collector)
+    timer = StageTimer(config=TimerConfig(stages=[DATA, FWD], window=5), collector=collector)
     steps(timer, 15)
     timer.close()
     windows = collector.windows
@@ -55,7 +55,11 @@ def test_every_window_carries_its_rank_cost_fields() -> None:
 
 
 def test_rank_zero_record_and_packet_hold_the_self_cost_object(tmp_path: Path) -> None:
-    timer = StageTimer([DATA, FWD], window=5, collect="local", out_dir=tmp_path)
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=[DATA, FWD], window=5, collection=CollectConfig(mode="local", out_dir=tmp_path)
+        )
+    )
     steps(timer, 15)
     timer.close()
     records = read_records(tmp_path)
@@ -149,11 +153,13 @@ def test_sinks_export_it_and_old_records_without_it_still_load(
     caplog.set_level(logging.DEBUG, logger="stagefrontier")
     csv_path = tmp_path / "windows.csv"
     timer = StageTimer(
-        [DATA, FWD],
-        window=5,
-        collect="local",
-        out_dir=tmp_path,
-        sinks=[CsvSink(csv_path), PacketSink(tmp_path)],
+        config=TimerConfig(
+            stages=[DATA, FWD],
+            window=5,
+            collection=CollectConfig(
+                mode="local", out_dir=tmp_path, sinks=[CsvSink(csv_path), PacketSink(tmp_path)]
+            ),
+        )
     )
     steps(timer, 10)
     timer.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect import LocalCollector
 from stagefrontier.sinks import (
     CsvSink,
@@ -65,7 +65,7 @@ def test_the_collector_starts_its_sinks_when_built_and_closes_them_after_the_las
     journal = Journal()
     collector = LocalCollector(out_dir=tmp_path, sinks=[journal])
     assert journal.calls == ["start"]  # before any window, without a timer
-    with StageTimer(STAGES, window=2, collector=collector) as timer:
+    with StageTimer(config=TimerConfig(stages=STAGES, window=2), collector=collector) as timer:
         _steps(timer, 5)
     assert journal.calls == ["start", "write 0", "write 1", "write 2", "close"]
     assert isinstance(journal, StartableSink)
@@ -74,7 +74,13 @@ def test_the_collector_starts_its_sinks_when_built_and_closes_them_after_the_las
 
 def test_stage_timer_sinks_are_started_and_closed_by_its_collector(tmp_path: Path) -> None:
     journal = Journal()
-    timer = StageTimer(STAGES, window=2, out_dir=tmp_path, collect="local", sinks=[journal])
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=STAGES,
+            window=2,
+            collection=CollectConfig(mode="local", out_dir=tmp_path, sinks=[journal]),
+        )
+    )
     assert journal.calls == ["start"]
     with timer:
         _steps(timer, 2)
@@ -89,7 +95,7 @@ def test_a_sink_failing_to_start_or_close_is_logged_and_training_goes_on(
     caplog.set_level(logging.WARNING, logger="stagefrontier")
     broken, healthy = Journal(fail=fail), Journal()
     collector = LocalCollector(out_dir=tmp_path, sinks=[broken, healthy])
-    with StageTimer(STAGES, window=2, collector=collector) as timer:
+    with StageTimer(config=TimerConfig(stages=STAGES, window=2), collector=collector) as timer:
         _steps(timer, 2)
     assert healthy.calls == ["start", "write 0", "close"]  # the other sink is untouched
     assert broken.calls == ["start", "write 0", "close"]
@@ -116,7 +122,7 @@ def test_sinks_are_closed_after_the_last_window_even_when_close_stopped_waiting(
 
     slow = Slow()
     collector = LocalCollector(out_dir=tmp_path, sinks=[slow], join_timeout_s=0.01)
-    timer = StageTimer(STAGES, window=2, collector=collector)
+    timer = StageTimer(config=TimerConfig(stages=STAGES, window=2), collector=collector)
     _steps(timer, 2)
     timer.close()  # returns while the write is blocked
     assert "close" not in slow.calls
@@ -128,7 +134,7 @@ def test_sinks_are_closed_after_the_last_window_even_when_close_stopped_waiting(
 def test_the_metrics_sinks_share_one_metrics_record_per_window(tmp_path: Path) -> None:
     first, second = Journal(), Journal()
     collector = LocalCollector(out_dir=tmp_path, sinks=[first, CsvSink(tmp_path / "w.csv"), second])
-    with StageTimer(STAGES, window=2, collector=collector) as timer:
+    with StageTimer(config=TimerConfig(stages=STAGES, window=2), collector=collector) as timer:
         _steps(timer, 4)
     assert len(first.metrics) == 2
     assert all(a is b for a, b in zip(first.metrics, second.metrics, strict=True))

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from rank_support import START_METHOD
-from stagefrontier import StageTimer, TimerSettingError
+from stagefrontier import CollectConfig, StageTimer, TimerConfig, TimerSettingError
 from stagefrontier.demo.launch import read_windows, run_ranks
 from stagefrontier.formats.incident import read_incident
 
@@ -46,9 +46,11 @@ def _rank(rank: int, payload: tuple[str, bool], port: int) -> None:
         return CollectConfig(mode="store", out_dir=f"{out_dir}/{name}", timeout_s=120.0, log=False)
 
     train = StageTimer(
-        TRAIN, window=5, collect=config("train"), enabled=not (disabled and rank == 1)
+        config=TimerConfig(
+            stages=TRAIN, window=5, collection=config("train"), enabled=not (disabled and rank == 1)
+        )
     )
-    evaluate = StageTimer(EVAL, window=5, collect=config("eval"))
+    evaluate = StageTimer(config=TimerConfig(stages=EVAL, window=5, collection=config("eval")))
     x = torch.randn(64, 64)
     for step in range(STEPS):
         with train.step():
@@ -123,7 +125,9 @@ def _scoped_rank(rank: int, out_dir: str, port: int) -> None:
             mode=mode, out_dir=f"{out_dir}/{name}", timeout_s=120.0, log=False, regression=None
         )
         stages = TRAIN if name.endswith("train") else EVAL
-        return StageTimer(stages, window=5, collect=config, router=router)
+        return StageTimer(
+            config=TimerConfig(stages=stages, window=5, collection=config, router=router)
+        )
 
     asked = ProfilerRouter(steps=2, max_captures=1, capture_timeout_s=300.0)
     timers = [
@@ -178,13 +182,26 @@ def test_timers_collecting_hierarchically_or_with_routers_keep_their_keys_apart(
 
 
 def test_two_timers_of_one_process_may_not_write_one_out_dir(tmp_path: Path) -> None:
-    first = StageTimer(window=5, collect="local", out_dir=tmp_path, log=False)
+    first = StageTimer(
+        config=TimerConfig(
+            window=5, collection=CollectConfig(mode="local", out_dir=tmp_path, log=False)
+        )
+    )
     try:
         with pytest.raises(TimerSettingError, match=r"out_dir .* is written by another StageTimer"):
-            StageTimer(window=5, collect="local", out_dir=tmp_path / ".", log=False)
+            StageTimer(
+                config=TimerConfig(
+                    window=5,
+                    collection=CollectConfig(mode="local", out_dir=tmp_path / ".", log=False),
+                )
+            )
     finally:
         first.close()
-    StageTimer(window=5, collect="local", out_dir=tmp_path, log=False).close()  # free again
+    StageTimer(
+        config=TimerConfig(
+            window=5, collection=CollectConfig(mode="local", out_dir=tmp_path, log=False)
+        )
+    ).close()  # free again
 
 
 def test_stagefrontier_capture_asks_the_router_it_names(tmp_path: Path) -> None:
@@ -206,7 +223,9 @@ def test_stagefrontier_capture_asks_the_router_it_names(tmp_path: Path) -> None:
     def timer(name: str, stages: list[str]) -> StageTimer:
         config = CollectConfig("local", out_dir=tmp_path / name, regression=None, log=False)
         router = ProfilerRouter(steps=2, store=store, max_captures=1, capture_timeout_s=120.0)
-        return StageTimer(stages, window=5, collect=config, router=router)
+        return StageTimer(
+            config=TimerConfig(stages=stages, window=5, collection=config, router=router)
+        )
 
     train, evaluate = timer("train", TRAIN), timer("eval", EVAL)
     cli = subprocess.Popen(

@@ -10,13 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stagefrontier import CollectConfig, StageTimer, TimerSettingError
+from stagefrontier import CollectConfig, StageTimer, TimerConfig, TimerSettingError
 
-# These tests build timers through StageTimer's flat keywords on purpose (the deprecated path,
+
+# This test builds timers through StageTimer's flat keywords on purpose (the deprecated path,
 # which must keep working for a release; tests/test_timer_config.py checks its warning).
-pytestmark = pytest.mark.filterwarnings("ignore:StageTimer's keywords are deprecated")
-
-
+@pytest.mark.filterwarnings("ignore:StageTimer's keywords are deprecated")
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -53,10 +52,8 @@ def test_a_bad_argument_is_refused_by_name(
 
 
 def test_numpy_scalars_are_accepted_and_stored_as_python_numbers(tmp_path: Path) -> None:
-    timer = StageTimer(
-        window=np.int64(20),  # type: ignore[arg-type]
-        collect=CollectConfig(mode="local", out_dir=tmp_path, timeout_s=np.float32(2.0)),  # type: ignore[arg-type]
-    )
+    collection = CollectConfig(mode="local", out_dir=tmp_path, timeout_s=np.float32(2.0))  # type: ignore[arg-type]
+    timer = StageTimer(config=TimerConfig(window=np.int64(20), collection=collection))  # type: ignore[arg-type]
     assert type(timer.window) is int and timer.window == 20
     assert type(timer.collect_config.timeout_s) is float
     timer.close()

@@ -19,14 +19,15 @@ from recorder_support import (
     StepClock,
     read_records,
 )
-from stagefrontier import CollectConfig, Gates, StageTimer
+from stagefrontier import CollectConfig, Gates, StageTimer, TimerConfig
 from stagefrontier.record import contexts
 
-# These tests build timers through StageTimer's flat keywords on purpose (the deprecated path,
-# which must keep working for a release; tests/test_timer_config.py checks its warning).
-pytestmark = pytest.mark.filterwarnings("ignore:StageTimer's keywords are deprecated")
+deprecated_path = pytest.mark.filterwarnings("ignore:StageTimer's keywords are deprecated")
+"""For the tests that build timers through StageTimer's flat keywords on purpose (the deprecated
+path, which must keep working for a release; tests/test_timer_config.py checks its warning)."""
 
 
+@deprecated_path
 def test_collect_config_and_flat_keywords_build_the_same_config(tmp_path: Path) -> None:
     gates = Gates(share_dominance=0.3)
     flat = StageTimer(
@@ -48,6 +49,7 @@ def test_collect_config_and_flat_keywords_build_the_same_config(tmp_path: Path) 
     assert StageTimer(enabled=False).collect_config == CollectConfig()
 
 
+@deprecated_path
 def test_a_setting_given_twice_or_out_of_range_is_refused(tmp_path: Path) -> None:
     with pytest.raises(sf.StageFrontierError, match="collect_timeout_s, queue_size in the"):
         StageTimer(collect=CollectConfig(), collect_timeout_s=3.0, queue_size=2)
@@ -73,8 +75,9 @@ def test_custom_gates_change_the_live_labels(
     clock = StepClock()
     monkeypatch.setattr(contexts, "_now", clock)
 
-    def run(name: str, **kwargs: object) -> list[dict[str, object]]:
-        timer = StageTimer(window=5, out_dir=tmp_path / name, collect="local", **kwargs)  # type: ignore[arg-type]
+    def run(name: str, gates: Gates | None = None) -> list[dict[str, object]]:
+        collection = CollectConfig(mode="local", out_dir=tmp_path / name, gates=gates)
+        timer = StageTimer(config=TimerConfig(window=5, collection=collection))
         for _ in range(10):
             with timer.step():
                 for stage, ms in STAGE_MS:

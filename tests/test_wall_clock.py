@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from html_support import simulated_run, with_incident
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.cli import main
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident
@@ -41,11 +41,12 @@ def _timed_run(folder: Path) -> tuple[float, float]:
     before the first step and after the timer closed."""
     before = time.time()
     timer = StageTimer(
-        STAGES,
-        window=3,
-        collect="local",
-        out_dir=folder,
-        sinks=[PacketSink(folder)],  # windows.jsonl is written to out_dir anyway
+        config=TimerConfig(
+            stages=STAGES,
+            window=3,
+            # windows.jsonl is written to out_dir anyway
+            collection=CollectConfig(mode="local", out_dir=folder, sinks=[PacketSink(folder)]),
+        )
     )
     for _ in range(7):
         with timer.step():

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stagefrontier import CollectConfig, StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.window.merged import AnalyzedWindow
 
 
@@ -48,7 +48,10 @@ def test_consumers_take_each_window_after_the_sinks_and_a_failing_one_is_said_on
 ) -> None:
     seen: list[tuple[str, int]] = []
     timer = StageTimer(
-        window=2, collect=CollectConfig("local", out_dir=tmp_path, sinks=[_Recorder("sink", seen)])
+        config=TimerConfig(
+            window=2,
+            collection=CollectConfig("local", out_dir=tmp_path, sinks=[_Recorder("sink", seen)]),
+        )
     )
     _train(timer, 1)  # the collector is built at the first step
     consumers = timer._collector.consumers
@@ -71,9 +74,11 @@ def test_the_router_registers_its_coordinator_as_a_consumer_not_a_sink(tmp_path:
         "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
     )
     timer = StageTimer(
-        window=2,
-        collect=CollectConfig("local", out_dir=tmp_path),
-        router=ProfilerRouter(store=store),
+        config=TimerConfig(
+            window=2,
+            collection=CollectConfig("local", out_dir=tmp_path),
+            router=ProfilerRouter(store=store),
+        )
     )
     try:
         _train(timer, 4)

@@ -25,19 +25,22 @@ ROUTER_CLOSE_S = 10.0
 
 def call_within(call: Callable[[], None], seconds: float, what: str, log: logging.Logger) -> bool:
     """Run ``call`` on a daemon thread and wait at most ``seconds`` for it; True when it ended.
-    A failure of ``call`` is said in one line; past the bound, one line says what is left."""
-    ended = threading.Event()
+    A failure of ``call`` is said in one line; past the bound, one line says what is left.
+
+    The wait is a join, not a signal from ``call``'s end: the thread drops its reference to
+    ``call`` (and what it holds: the timer, the user's model) before it ends, so a thread that
+    finished in time never frees them later, while the interpreter shuts down."""
 
     def run() -> None:
         try:
             call()
         except Exception as exc:  # telemetry never fails the caller
             say_failed(log, what, exc, "the timer closes without it")
-        finally:
-            ended.set()
 
-    threading.Thread(target=run, name="stagefrontier-close", daemon=True).start()
-    if ended.wait(max(0.0, seconds)):
+    thread = threading.Thread(target=run, name="stagefrontier-close", daemon=True)
+    thread.start()
+    thread.join(max(0.0, seconds))
+    if not thread.is_alive():
         return True
     log.warning(
         "stagefrontier: %s still ran %.0f s into close(), its bound of the %.0f s close "

@@ -14,8 +14,8 @@ arrived (median of the longest extra wait), and the late rank when one rank arri
 most steps by a margin: its lateness is the median over all steps of how much after the next
 rank it arrived (0 in the steps it was not last), so a rank that is last by chance in a few
 steps is not named, and it must stand out against the margin of the steps where another rank
-was last (``NOISE_FACTOR``). None of it enters the prefix vector: it is side evidence for the
-labels and the verdict.
+was last (``NOISE_FACTOR``) unless it is last in nearly every step (``MOSTLY_LAST``). None of
+it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
 from __future__ import annotations
@@ -40,12 +40,23 @@ NOISE_FACTOR = 3.0
 the named rank was not last (the scheduling noise of a loaded host, where the last rank changes
 from step to step: a rank that is last by that much in a few more steps than the others is
 not named)."""
+MOSTLY_LAST = 0.8
+"""...unless it arrives last in at least this part of the steps: a rank that steady is late
+however far another rank fell behind in the few other steps (one descheduled step of another
+rank on a loaded host would otherwise hide it)."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
 
 DEFAULT_FAMILY = "all_reduce"
-"""The family of DDP's default bucket all-reduce (a user's hook is named by its function)."""
+"""The family of DDP's default bucket all-reduce (a user's hook is named by its function, a
+program's own collective by the name it gave ``timer.collective``)."""
+ALL_GATHER, REDUCE_SCATTER = "all_gather", "reduce_scatter"
+"""FSDP2's families: their ``bucket`` is their order in the stage and step, not DDP's."""
+OWN_PREFIX = "own:"
+"""The family of a program's own collective: ``own:`` and the name given ``timer.collective``."""
+ZERO_BROADCAST = "zero_broadcast"
+"""ZeRO-1's parameter broadcasts at the end of its ``step``, one collective per step."""
 
 Key = tuple[str, int, "str | None", int]
 """A collective across ranks: (family, bucket, stage, call in the step)."""
@@ -221,7 +232,8 @@ def _read_one(
     late = int(np.argmax(scores))
     others = behind_next[last != late]
     noise = float(np.median(others)) if len(others) else 0.0
-    named = scores[late] >= max(threshold, NOISE_FACTOR * noise)
+    steady = float((last == late).mean()) >= MOSTLY_LAST
+    named = scores[late] >= threshold and (steady or scores[late] >= NOISE_FACTOR * noise)
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -239,6 +251,25 @@ def _read_one(
         lateness_ms=scores[late] if named else 0.0,
         late_steps=int((last == late).sum()) if named else 0,
     )
+
+
+def ddp_family(family: str) -> bool:
+    """A DDP bucket's collective (DDP's all-reduce or the user's communication hook), whose
+    ``bucket`` is DDP's own."""
+    sharded = (ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST)
+    return family not in sharded and not family.startswith(OWN_PREFIX)
+
+
+def collective_name(family: str, bucket: int) -> str:
+    """A collective for the labels' reasons: ``user_hook of bucket 1`` (DDP's buckets),
+    ``all_gather no. 1`` (FSDP2's, by order in the stage), ``loss_all_reduce`` (the program's
+    own, the first of that name in the stage), ``zero_broadcast``."""
+    if family in (ALL_GATHER, REDUCE_SCATTER):
+        return f"{family} no. {bucket + 1}"
+    if family == ZERO_BROADCAST or family.startswith(OWN_PREFIX):
+        name = family.removeprefix(OWN_PREFIX)
+        return name if bucket == 0 else f"{name} no. {bucket + 1}"
+    return f"{family} of bucket {bucket}"
 
 
 def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | None:

@@ -13,24 +13,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .collectives import read_collectives
+from .collectives import collective_name, read_collectives
 from .evidence import WindowEvidence
+from .forward_events import (
+    FORWARD_DEVICE_SUPPORTED,
+    FORWARD_EVENT_SCOPE_LIMITED,
+    FORWARD_HOST_OVERHEAD_SUSPECTED,
+    FORWARD_SPILLOVER_SUSPECTED,
+    forward_event_labels,
+)
 from .gates import Gates
 from .leaders import lead_switches
 from .roles import UNKNOWN_ROLE
 from .routing import rank_order
 from .schema import semantic_stage
-from .side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
+from .side import SideEvidence
 
 FRONTIER_ACCOUNTING = "frontier_accounting"
 LIKELY_SYNC_WAIT = "likely_sync_wait"
 SYNC_WAIT_MEASURED = "sync_wait_measured"
 SYNC_WAIT_DEPENDENT = "sync_wait_dependent"
 DIRECT_EXPOSURE = "direct_exposure"
-FORWARD_DEVICE_SUPPORTED = "forward_device_supported"
-FORWARD_SPILLOVER_SUSPECTED = "forward_spillover_suspected"
-FORWARD_HOST_OVERHEAD_SUSPECTED = "forward_host_overhead_suspected"
-FORWARD_EVENT_SCOPE_LIMITED = "forward_event_scope_limited"
 CO_CRITICAL = "co_critical"
 GRADIENT_ACCUMULATION_AMBIGUOUS = "gradient_accumulation_ambiguous"
 ROLE_AWARE_NEEDED = "role_aware_needed"
@@ -124,7 +127,10 @@ def label_window(x: LabelInputs) -> Labeling:
             "cannot be separated; record accumulation-indexed substages (timer.microstep)",
         )
         blockers.append(GRADIENT_ACCUMULATION_AMBIGUOUS)
-    _forward_events(x, out, order)
+    if x.side.event_state is not None or x.side.event_totals is not None:  # events sampled
+        out.forward_event = forward_event_labels(
+            x.side, x.gates, x.stages, x.d, x.evidence.shares, order, out.emit
+        )
     _measured_wait(x, out, x.stages[s1])
 
     if not ev.shares_defined:
@@ -380,32 +386,6 @@ def _roles(x: LabelInputs, out: Labeling) -> list[str]:
     return [*blockers, ROLE_AWARE_NEEDED]
 
 
-def _event_counts(x: LabelInputs) -> tuple[int, int] | None:
-    """(pairs sampled, pairs completed), from the ranks' arrays or from a summary's totals;
-    None when nothing was sampled."""
-    side = x.side
-    if side.event_state is not None and side.event_ms is not None and x.d is not None:
-        state = np.asarray(side.event_state)
-        sampled, ready = int((state != EVENT_NOT_SAMPLED).sum()), int((state == EVENT_READY).sum())
-    elif side.event_totals is not None:
-        sampled, ready = int(side.event_totals[0]), int(side.event_totals[1])
-    else:
-        return None
-    return (sampled, ready) if sampled else None
-
-
-def _event_means(x: LabelInputs, fwd: int) -> tuple[float, float]:
-    """Mean event seconds and mean forward CPU wall over the completed pairs."""
-    side = x.side
-    if side.event_ms is not None and side.event_state is not None and x.d is not None:
-        ready = np.asarray(side.event_state) == EVENT_READY
-        event_s = float(np.asarray(side.event_ms)[ready].mean()) / 1000.0
-        return event_s, float(x.d[:, :, fwd][ready].mean())
-    assert side.event_totals is not None
-    _, ready_count, event_ms, cpu_s = side.event_totals
-    return event_ms / ready_count / 1000.0, cpu_s / ready_count
-
-
 def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[int]) -> list[str]:
     """``E_amb = C_A ∪ C_G`` in schema order.
 
@@ -437,70 +417,8 @@ def _measured_wait(x: LabelInputs, out: Labeling, top: str) -> None:
         return
     out.emit(
         SYNC_WAIT_MEASURED,
-        f"rank {late.late_rank} arrives last at {late.family} of bucket {late.bucket} in "
+        f"rank {late.late_rank} arrives last at {collective_name(late.family, late.bucket)} in "
         f"{late.stage} by ~{late.lateness_ms:.0f} ms per step ({late.late_steps}/{late.steps} "
         f"steps); the other ranks wait for it there ~{late.wait_ms:.0f} ms, timed in the "
         "collective",
     )
-
-
-def _forward_events(x: LabelInputs, out: Labeling, order: list[int]) -> None:
-    side, g = x.side, x.gates
-    counts = _event_counts(x)
-    if counts is None:
-        return
-    sampled, ready = counts
-    ratio_ready = ready / sampled
-    summary: dict[str, float] = {
-        "sampled": float(sampled),
-        "ready": float(ready),
-        "ready_ratio": ratio_ready,
-    }
-    out.forward_event = summary
-    if side.forward_stage not in x.stages:
-        out.emit(
-            FORWARD_EVENT_SCOPE_LIMITED,
-            f"event samples bracket {side.forward_stage!r}, which is not an ordered stage here",
-        )
-        return
-    problems = []
-    if side.event_scope_limited:
-        problems.append("the trainer uses streams the event markers do not cover")
-    if ratio_ready < g.min_event_ready_ratio:
-        problems.append(
-            f"only {ready}/{sampled} sampled event pairs completed "
-            f"(ratio {ratio_ready:.2f} < {g.min_event_ready_ratio})"
-        )
-    if ready < g.min_event_samples:
-        problems.append(f"{ready} ready event pair(s) < {g.min_event_samples} needed")
-    if problems:
-        for p in problems:
-            out.emit(FORWARD_EVENT_SCOPE_LIMITED, p)
-        return
-    fwd = list(x.stages).index(side.forward_stage)
-    event_s, cpu_s = _event_means(x, fwd)
-    summary.update({"event_mean_ms": event_s * 1e3, "cpu_mean_ms": cpu_s * 1e3})
-    if cpu_s <= 0.0:
-        out.emit(FORWARD_EVENT_SCOPE_LIMITED, "forward CPU wall is zero where events completed")
-        return
-    ratio = event_s / cpu_s
-    summary["ratio"] = ratio
-    in_top2 = fwd in order[:2] and x.evidence.shares[fwd] > 0
-    if ratio >= g.event_high_ratio:
-        if in_top2:
-            out.emit(
-                FORWARD_DEVICE_SUPPORTED,
-                f"forward is a top-2 stage and sampled device time is {ratio:.2f}x its CPU wall",
-            )
-        if order[0] > fwd and event_s > cpu_s:
-            out.emit(
-                FORWARD_SPILLOVER_SUSPECTED,
-                f"forward device time ({event_s * 1e3:.3g} ms) exceeds its CPU wall "
-                f"({cpu_s * 1e3:.3g} ms) while the exposed cost peaks later, in "
-                f"{x.stages[order[0]]}",
-            )
-    elif ratio < g.event_low_ratio and in_top2:
-        out.emit(
-            FORWARD_HOST_OVERHEAD_SUSPECTED,
-            f"forward is a top-2 stage but sampled device time is only {ratio:.2f}x its CPU wall",
-        )

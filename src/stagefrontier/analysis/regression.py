@@ -74,6 +74,7 @@ import numpy as np
 from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .baseline_phases import CHANGED_INSIDE, Marks, PhaseBaselines
+from .collectives import DEFAULT_FAMILY, collective_name, ddp_family
 from .compare import Comparison, Side, compare
 from .noise import block_means, mean_shift, median_shift
 from .semantic import stage_groups
@@ -473,7 +474,10 @@ def regression_text(regression: dict[str, Any]) -> str:
         )
     late = regression.get("late")
     if late:  # the ranks' timed collectives name the rank the others wait for
+        family = str(late.get("family", DEFAULT_FAMILY))  # absent from older records
         which = "last bucket" if late["last_bucket"] else f"bucket {late['bucket']}"
+        if not ddp_family(family):
+            which = collective_name(family, late["bucket"])
         return head + f"rank {late['rank']} late into {late['stage']}'s {which}"
     who = "all ranks" if regression["all_ranks"] else named
     return head + f"{top} {delta:+.0f} ms, {who}"

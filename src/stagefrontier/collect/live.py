@@ -110,4 +110,5 @@ def _late_into(
     if semantic_stage(late.stage) != semantic_stage(regression["top_stage"]):
         return regression
     into = {"stage": late.stage, "bucket": late.bucket, "last_bucket": late.last_bucket}
+    into["family"] = late.family
     return {**regression, "kind": STAGE, "late": {"rank": late.late_rank, **into}}

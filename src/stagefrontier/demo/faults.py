@@ -20,12 +20,15 @@ FAULT_KINDS = (
     "data",
     "forward",
     "backward",
+    "backward_compute",
     "comm",
     "callback_sync",
     "callback_host",
     "forward_device",
 )
-"""Where the delay goes: the data stage, forward, backward, inside a DDP communication hook, a
+"""Where the delay goes: the data stage, forward, backward (before ``loss.backward()``), inside
+backward's computation (a gradient hook on the model's first parameter, which autograd reaches
+last, so the last gradient bucket waits for it), inside a DDP communication hook, a
 callback followed by a barrier on every rank, a callback without a barrier, or a device-side
 forward delay (parsed, but refused by the CPU demo, whose forward has no device work)."""
 

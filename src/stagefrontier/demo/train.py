@@ -181,8 +181,20 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     )
     faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks))
     timer, router = _make_timer(rank, config)
-    if config.sharding != "fsdp2":
+    if config.sharding == "fsdp2":
+        timer.watch_fsdp(model)  # its all-gathers and reduce-scatters timed
+    else:
         timer.watch_ddp(model)  # its gradient buckets timed: the late rank behind backward
+    if config.sharding == "zero1":
+        timer.watch_zero(optimizer)  # its parameter broadcasts timed
+    if any(f.kind == "backward_compute" for f in config.faults):
+        first = next(model.parameters())  # its gradient is computed last in backward
+
+        def late_gradient(grad: Any) -> Any:
+            faults.delay("backward_compute")
+            return grad
+
+        first.register_hook(late_gradient)
     if any(f.kind == "comm" for f in config.faults):
         # DDP checks the hook's annotations and rejects postponed (string) ones: a bare lambda.
         model.register_comm_hook(None, lambda state, bucket: faults.comm_hook(state, bucket))

@@ -1,6 +1,7 @@
-"""The windows whose packets the disk budget deleted (``compacted.jsonl``, written by
-``sinks.disk_budget``), read back one line at a time and held as ranges of indices, so that a
-report can say a packet was compacted rather than lost.
+"""The windows whose packets the disk budget deleted or whose records it cut down to their
+summary (``compacted.jsonl``, written by ``sinks.disk_budget``), read back one line at a time
+and held as ranges of indices, so that a report can say a packet was compacted rather than
+lost, and how many windows keep only their summary.
 
 A range text is ``0/3-9, 0/11, 1/0-4``: (attempt, window) ranges of consecutive indices.
 """
@@ -50,16 +51,19 @@ def listed_windows(ranges: str) -> list[tuple[int, int]]:
 
 
 class Compacted:
-    """The windows a folder's ``compacted.jsonl`` names (its windows and flagged windows),
-    as sorted spans; a line that cannot be read is skipped (the file is advisory)."""
+    """The windows whose packets a folder's ``compacted.jsonl`` names (its windows and flagged
+    windows), as sorted spans, and how many records it cut down to their summary
+    (``records_cut``); a line that cannot be read is skipped (the file is advisory)."""
 
     def __init__(self, folder: Path) -> None:
         spans: list[tuple[int, int, int]] = []
+        self.records_cut = 0
         path = folder / COMPACTED_FILE
         if path.is_file():
             with path.open("rb") as handle:
                 for line in handle:
                     spans += _line_spans(line)
+                    self.records_cut += _records_cut(line)
         self.spans = sorted(spans)
 
     def __bool__(self) -> bool:
@@ -76,6 +80,26 @@ def _line_spans(line: bytes) -> list[tuple[int, int, int]]:
         return _spans(str(entry.get("windows", ""))) + _spans(str(entry.get("flagged_windows", "")))
     except (ValueError, AttributeError):
         return []
+
+
+def _records_cut(line: bytes) -> int:
+    try:
+        count = json.loads(line).get("records_cut", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return count if isinstance(count, int) and count > 0 else 0
+
+
+def summarized_line(windows: list[tuple[int, int]], count: int) -> str:
+    """``12 window(s) of windows.jsonl keep only their summary: ...``: ``windows`` the (attempt,
+    window) of the first few of ``count``, in order."""
+    shown = window_ranges(windows)
+    more = f" and {count - len(windows)} more" if count > len(windows) else ""
+    return (
+        f"{count} window(s) of windows.jsonl keep only their summary (steps, ms/step, shares, "
+        f"leaders, labels): their records were cut down by the disk budget ({shown}{more}; "
+        "see compacted.jsonl)"
+    )
 
 
 def compacted_line(windows: list[tuple[int, int]], count: int) -> str:

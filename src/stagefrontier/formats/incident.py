@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -34,6 +35,27 @@ from .wall_clock import WallClock
 INCIDENT_FORMAT: Final = "stagefrontier.incident"
 INCIDENT_VERSION: Final = 1
 INCIDENT_FILE = "incident.json"
+_INCIDENT_ID = re.compile(r"^w(\d+)(?:-attempt(\d+))?")
+
+
+def incident_id_of(window: int, attempt: int, manual: int | None = None) -> str:
+    """The id (and folder name) of an incident opened on ``window`` of ``attempt``, the
+    attempt the output folder gave the window's record (``sinks.output_folder``): ``w00005``
+    in the folder's first attempt, ``w00005-attempt1`` in its next, so that a job resumed into
+    the folder never reuses an id. ``manual``: the number of the capture asked by hand, as
+    ``-manual<k>`` at the end."""
+    name = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
+    return name + (f"-manual{manual}" if manual is not None else "")
+
+
+def incident_window(name: str) -> tuple[int, int] | None:
+    """The (attempt, window) an incident id names (``incident_id_of``), None when it names none.
+    A folder written before the id carried the folder's attempt holds torchelastic's restart
+    count there, which is the same attempt unless a job was resumed into the folder."""
+    match = _INCIDENT_ID.match(name)
+    return None if match is None else (int(match[2] or 0), int(match[1]))
+
+
 MAX_LIST = 1000
 """The most reasons, op diff rows or stage shares an incident may hold."""
 Reduced = Literal["live", "pending", "after the run", "offline"]
@@ -94,6 +116,9 @@ class LateInto(msgspec.Struct):
     stage: Text
     bucket: Count
     last_bucket: bool
+    family: Text | UnsetType = UNSET
+    """The collective's family (``all_reduce``, ``all_gather``, ...); absent from older
+    incidents, read as DDP's."""
 
 
 class Regression(msgspec.Struct):

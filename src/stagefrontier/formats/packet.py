@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import zlib
 from collections.abc import Iterator, Sequence
@@ -272,6 +273,16 @@ def packet_name(record: dict[str, Any]) -> str:
     attempt = record.get("attempt", 0)
     suffix = f".attempt-{attempt}" if attempt else ""
     return f"window-{record['window']:06d}{suffix}.json"
+
+
+_PACKET_NAME = re.compile(r"^window-(?P<window>\d+)(?:\.attempt-(?P<attempt>\d+))?\.json$")
+
+
+def packet_key(name: str) -> tuple[int, int] | None:
+    """The (attempt, window) a per-rank packet's file name says (``packet_name``), None for
+    another name."""
+    match = _PACKET_NAME.match(name)
+    return None if match is None else (int(match["attempt"] or 0), int(match["window"]))
 
 
 def write_packet(path: str | os.PathLike[str], packet: Packet) -> Path:

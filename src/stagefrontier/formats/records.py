@@ -88,6 +88,12 @@ def checked_record(line: bytes, label: str) -> dict[str, Any]:
     return check_record(_json_line(line), label)
 
 
+def uncut_record(line: bytes, label: str) -> dict[str, Any] | None:
+    """``checked_record``, or None for a record the disk budget cut down to its summary
+    (``"compacted": true``), for a reader that wants every whole record."""
+    return None if COMPACTED_MARK in line else checked_record(line, label)
+
+
 def whole_record(line: bytes, label: str) -> dict[str, Any]:
     """A line a lean decoder took, as a whole record, checked; ReportFormatError when it is
     not (a byte that is not UTF-8 in a field the lean decoder skipped, say)."""
@@ -106,6 +112,9 @@ def _json_line(line: bytes) -> Any:
 
 RECORD_START = b'{"run_id": '
 """How every record the library writes begins (``window``: the run id comes first)."""
+COMPACTED_MARK = b'"compacted": true'
+"""What a record the disk budget cut down to its summary holds
+(``formats.window_rows.summary_record``)."""
 
 
 def _after_torn_record(
@@ -141,6 +150,11 @@ def check_record(record: Any, label: str) -> dict[str, Any]:
     """
     if not isinstance(record, dict):
         raise ReportFormatError(f"{label}: not a window record (a JSON object)")
+    if record.get("compacted") is True:
+        raise ReportFormatError(
+            f"{label}: window {window_name(record)} keeps only its summary: the disk budget "
+            "cut its record down (see compacted.jsonl)"
+        )
     if "window" not in record:
         raise ReportFormatError(f"{label}: not a window record (no 'window' index)")
     if not {"first_step", "last_step"} <= record.keys():

@@ -57,8 +57,9 @@ class Source:
 class Bucket:
     """Consecutive windows summarized: the facts of the first and last (``WindowRow.facts``),
     how many, the exposed ms/step's min, median and max, each broad stage's mean share (over
-    the windows with shares), the most common top stage, and per leading rank the stage it
-    led most and in how many of the windows it led one."""
+    the windows with shares), the most common top stage, per leading rank the stage it led
+    most and in how many of the windows it led one, and in a run of ranks in different roles
+    each role's own mean broad-stage shares (over its windows with shares)."""
 
     first: dict[str, Any]
     last: dict[str, Any]
@@ -67,6 +68,7 @@ class Bucket:
     shares: dict[str, float]
     top: str | None
     leaders: dict[int, tuple[str, int]]
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class _BucketSums:
@@ -77,6 +79,8 @@ class _BucketSums:
         self.defined = 0
         self.tops: Counter[str] = Counter()
         self.leads: dict[int, Counter[str]] = {}
+        self.roles: dict[str, Counter[str]] = {}
+        self.role_windows: Counter[str] = Counter()
 
     def add(self, row: WindowRow) -> None:
         self.last = row.facts()
@@ -88,6 +92,10 @@ class _BucketSums:
             self.tops[row.top1] += 1
         for rank, (stage, _) in window_leaders(row).items():
             self.leads.setdefault(rank, Counter())[stage] += 1
+        for role, own in (row.role_reports or {}).items():
+            if own.shares_defined:
+                self.roles.setdefault(role, Counter()).update(own.semantic_shares)
+                self.role_windows[role] += 1
 
     def bucket(self) -> Bucket:
         ms = (min(self.ms), statistics.median(self.ms), max(self.ms))
@@ -97,14 +105,19 @@ class _BucketSums:
             for rank, stages in self.leads.items()
         }
         top = self.tops.most_common(1)[0][0] if self.tops else None
-        return Bucket(self.first, self.last, len(self.ms), ms, shares, top, leaders)
+        roles = {
+            role: {s: v / self.role_windows[role] for s, v in sums.items()}
+            for role, sums in self.roles.items()
+        }
+        return Bucket(self.first, self.last, len(self.ms), ms, shares, top, leaders, roles)
 
 
 @dataclass
 class Tallies:
     """Run-wide counts over every window: the routing sets, co-critical stage sets and labels
     (each with the windows that had it), the most ranks, the restart attempts (each with its
-    first and last step), the ranks missing from some window."""
+    first and last step), the ranks missing from some window, the windows whose records the
+    disk budget cut down to their summary (``cut``: how many, ``cut_windows``: the first ten)."""
 
     windows: int = 0
     routes: Counter[str] = field(default_factory=Counter)
@@ -114,9 +127,15 @@ class Tallies:
     attempts: set[int] = field(default_factory=set)
     missing: set[int] = field(default_factory=set)
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    cut: int = 0
+    cut_windows: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, row: WindowRow) -> None:
         self.windows += 1
+        if row.compacted:
+            self.cut += 1
+            if len(self.cut_windows) < 10:
+                self.cut_windows.append(row.key)
         self.routes[" + ".join(row.routing_set)] += 1
         if row.co_critical_stages:
             self.co_critical[" + ".join(row.co_critical_stages)] += 1
@@ -186,12 +205,16 @@ class SchemaDigest:
     """The summary of one stage list's windows, fed one window at a time (``add``).
 
     ``total``: how many windows the folder holds in all (bucket positions are out of it);
-    ``captured``: the step spans the profiler router captured (its incidents)."""
+    ``captured``: the step spans the profiler router captured (its incidents); ``cut``: whether
+    the disk budget cut some records down to their summary (the run is then summarized
+    however short: such a window cannot be shown in full, and is never kept to be)."""
 
-    def __init__(self, stages: list[str], total: int, captured: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, stages: list[str], total: int, captured: list[tuple[int, int]], cut: bool = False
+    ) -> None:
         self.stages = stages
         self.total = max(total, 1)
-        self.show_all = total <= SHOWN_ALL
+        self.show_all = total <= SHOWN_ALL and not cut
         self.captured = captured
         self.tallies = Tallies()
         self.shown: list[Source] = []
@@ -242,6 +265,9 @@ class SchemaDigest:
             self.methods.add(d, row.shares)
 
     def _keep(self, row: WindowRow, source: Source, flagged: bool) -> None:
+        if row.compacted:  # its summary alone: counted in its bucket
+            self.flagged_over += flagged
+            return
         if self.first is None:
             self.first = source
         self.last = source
@@ -259,10 +285,7 @@ class SchemaDigest:
         """Whether the profiler router slowed this window: it captured its steps, or its
         export and reduction cost a rank more than :data:`ROUTER_SLOWED_FRACTION` of the
         exposed time."""
-        router = _most(row.self_cost, "router_cpu_s")
-        return router > ROUTER_SLOWED_FRACTION * max(row.exposed_s, 1e-12) or (
-            self._overlaps_capture(row)
-        )
+        return router_worked(row) or self._overlaps_capture(row)
 
     def _overlaps_capture(self, row: WindowRow) -> bool:
         return any(a <= row.last_step and row.first_step <= b for a, b in self.captured)
@@ -277,6 +300,15 @@ class SchemaDigest:
 
     def bucket_list(self) -> list[Bucket]:
         return [self.buckets[i].bucket() for i in sorted(self.buckets)]
+
+
+def router_worked(row: WindowRow) -> bool:
+    """Whether the profiler router's export and reduction cost a rank more than
+    :data:`ROUTER_SLOWED_FRACTION` of the window's exposed time, or it captured steps of the
+    window (``self_cost.capture_s``)."""
+    router = _most(row.self_cost, "router_cpu_s")
+    slowed = router > ROUTER_SLOWED_FRACTION * max(row.exposed_s, 1e-12)
+    return slowed or _most(row.self_cost, "capture_s") > 0
 
 
 def _most(cost: dict[str, Any] | None, key: str) -> float:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from array import array
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +20,13 @@ import numpy as np
 
 from ..analysis.window_report import WindowReport
 from ..errors import ReportFormatError, StageFrontierError
-from .compacted import MissingPackets
+from .compacted import MissingPackets, summarized_line
 from .limits import read_capped
-from .packet import Packet, decode_array, packet_name, read_packet
+from .packet import Packet, decode_array, read_packet
 from .records import WINDOWS_FILE, iter_records, lean, record_report, whole_record
 from .run_digest import COMPARED, Bucket, MethodShares, SchemaDigest, Source, Tallies
 from .summary_packet import read_summary_packet
+from .window_keys import PacketIndex, WindowKeys
 from .window_rows import WindowRow, decode_lean_packet, decode_row, packet_row
 
 PACKET_GLOB = "window-*.json"
@@ -115,37 +114,31 @@ class _RunReader:
 
         self.path = path
         self.jsonl = path / WINDOWS_FILE
-        folder = path / "packets"
-        self.packet_names = (
-            {entry.name for entry in os.scandir(folder) if _is_packet_name(entry.name)}
-            if folder.is_dir()
-            else set()
-        )
-        self.total = max(_line_count(self.jsonl), len(self.packet_names))
-        self.stride = max(1, math.ceil(len(self.packet_names) / COMPARED))
+        self.packets = PacketIndex(path / "packets")
+        self.total = max(_line_count(self.jsonl), self.packets.count)
+        self.stride = max(1, math.ceil(self.packets.count / COMPARED))
         self.captured = [
             (int(i["steps"][0]), int(i["steps"][1]))
             for i in list_incidents(path)
             if i["captured"] and i["steps"]
         ]
         self.digests: dict[tuple[str, ...], SchemaDigest] = {}
-        self.keys = (array("q"), array("q"))
+        self.keys = WindowKeys()
         self.missing = MissingPackets(path)
         self.packets_read = 0
 
     def read(self) -> RunWindows:
-        had_packets = bool(self.packet_names) or bool(self.missing.compacted)
+        had_packets = bool(self.packets.count) or bool(self.missing.compacted)
         position = 0
         if self.jsonl.exists():
             for label, (row, line) in iter_records(self.jsonl, _row_and_line):
-                name = packet_name({"window": row.window, "attempt": row.attempt})
-                packet = self.path / "packets" / name if name in self.packet_names else None
-                self.packet_names.discard(name)
+                name = self.packets.take(row.attempt, row.window)
+                packet = None if name is None else self.path / "packets" / name
                 if packet is None and had_packets:
                     self.missing.add(row.attempt, row.window)
                 self._add(row, Source(position, label, line=line), packet, None)
                 position += 1
-        for name in sorted(self.packet_names):
+        for name in self.packets.left():
             file = self.path / "packets" / name
             read = lean_packet(file)
             row = named(file, packet_row, read)
@@ -159,10 +152,10 @@ class _RunReader:
         """Count one window; ``read``: its packet's ``LeanPacket`` when already read."""
         key = tuple(row.stages)
         if key not in self.digests:
-            self.digests[key] = SchemaDigest(list(key), self.total, self.captured)
+            cut = bool(self.missing.compacted.records_cut)
+            self.digests[key] = SchemaDigest(list(key), self.total, self.captured, cut)
         digest = self.digests[key]
-        self.keys[0].append(row.attempt)
-        self.keys[1].append(row.window)
+        self.keys.add(row.attempt, row.window)
         slowed = digest.add(row, source)
         if packet is not None:
             read = read if read is not None else lean_packet(packet)
@@ -174,7 +167,7 @@ class _RunReader:
 
     def _result(self) -> RunWindows:
         problems = _unreadable_summaries(self.path)
-        lost = lost_windows(list(zip(self.keys[0], self.keys[1], strict=True)))
+        lost = self.keys.lost_line()
         if lost:
             problems.append(f"{self.path}: {lost}")
         lines = self.missing.lines()
@@ -183,6 +176,11 @@ class _RunReader:
                 f"{self.path}: {line}; the report shows them from windows.jsonl, "
                 "the stage shares next to the baselines and the figures leave them out"
             )
+        cut = [digest.tallies for digest in self.digests.values() if digest.tallies.cut]
+        if cut:
+            windows = sorted(w for tallies in cut for w in tallies.cut_windows)[:10]
+            count = sum(tallies.cut for tallies in cut)
+            problems.append(f"{self.path}: {summarized_line(windows, count)}")
         packetless = "; ".join(lines)
         runs = tuple(self._schema_run(digest, packetless) for digest in self.digests.values())
         return replace(runs[0], problems=tuple(problems), schemas=runs if len(runs) > 1 else ())
@@ -255,10 +253,6 @@ def named(file: Path, decode: Any, data: Any) -> Any:
         raise ReportFormatError(f"{file}: {exc}") from None
 
 
-def _is_packet_name(name: str) -> bool:
-    return name.startswith("window-") and name.endswith(".json")
-
-
 def _line_count(path: Path) -> int:
     """The lines of a file (0 when absent), counted a megabyte at a time."""
     if not path.is_file():
@@ -270,39 +264,23 @@ def _line_count(path: Path) -> int:
     return count
 
 
-def lost_windows(held: list[tuple[int, int]]) -> str:
-    """A line naming the windows missing between the first and last of each restart attempt
-    (neither a record nor a packet: lost on a full disk, or dropped by rank 0), or ``""``.
-    The gaps are counted from the windows held, never by walking the index range."""
-    by_attempt: dict[int, set[int]] = {}
-    for attempt, window in held:
-        by_attempt.setdefault(attempt, set()).add(window)
-    count, named = 0, list[str]()
-    for attempt, windows in sorted(by_attempt.items()):
-        ordered = sorted(windows)
-        for before, after in pairwise(ordered):
-            count += after - before - 1
-            for window in range(before + 1, min(after, before + 1 + 10 - len(named))):
-                named.append(f"{attempt}/{window}" if attempt else str(window))
-    if not count:
-        return ""
-    more = f" and {count - len(named)} more" if count > len(named) else ""
-    return (
-        f"{count} window(s) are missing, neither in windows.jsonl nor in packets/ "
-        f"({', '.join(named)}{more}: lost on a full disk, or dropped by rank 0)"
-    )
-
-
 def _unreadable_summaries(path: Path) -> list[str]:
     """One line per summary packet that cannot be read (each is read and dropped: the report
     of a hierarchical run comes from ``windows.jsonl``)."""
+    folder = path / "packets"
+    if not folder.is_dir():
+        return []
     problems = []
-    for file in sorted((path / "packets").glob("summary-*.json")):
-        try:
-            read_summary_packet(file)
-        except ReportFormatError as exc:
-            problems.append(f"skipped {file}: {exc}")
-    return problems
+    with os.scandir(folder) as entries:  # one entry at a time: a glob lists the whole folder
+        for entry in entries:
+            if not (entry.name.startswith("summary-") and entry.name.endswith(".json")):
+                continue
+            file = folder / entry.name
+            try:
+                read_summary_packet(file)
+            except ReportFormatError as exc:
+                problems.append((entry.name, f"skipped {file}: {exc}"))
+    return [problem for _, problem in sorted(problems)]
 
 
 def read_named_packet(path: Path) -> Packet:

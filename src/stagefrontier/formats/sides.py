@@ -19,7 +19,7 @@ from typing import NamedTuple
 from ..analysis.accounting import FloatArray
 from ..analysis.compare import CompareError, Side
 from .compacted import MissingPackets
-from .packet import Packet
+from .packet import Packet, packet_key
 from .records import WINDOWS_FILE, iter_records, record_key
 from .run_folder import lean_packet, named, packet_matrix, read_named_packet
 from .window_rows import packet_labels
@@ -36,7 +36,6 @@ SIDE_CELLS = 1 << 20
 """About the most steps x ranks x stages one side of a comparison holds (8 MiB of durations):
 a longer range is compared on every k-th window; a single window larger than this is taken
 whole (``STAGEFRONTIER_MAX_CELLS`` bounds a window)."""
-_NAME = re.compile(r"^window-(?P<window>\d+)(?:\.attempt-(?P<attempt>\d+))?\.json$")
 
 
 def load_side(spec: str, warn: Callable[[str], None] | None = None) -> Side:
@@ -128,9 +127,8 @@ def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:
         return []
     found = []
     for entry in os.scandir(folder):
-        match = _NAME.match(entry.name)
-        if match:
-            key = (int(match["attempt"] or 0), int(match["window"]))
+        key = packet_key(entry.name)
+        if key is not None:
             found.append((key, Path(entry.path)))
     return sorted(found)
 

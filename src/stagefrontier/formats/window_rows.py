@@ -41,6 +41,14 @@ class RowLocalization(msgspec.Struct):
     leading_ranks: list[Count] = msgspec.field(default_factory=list)
 
 
+class RoleRow(msgspec.Struct):
+    """One role's own report in a window of ranks in different roles, as the run summary reads
+    it: whether its shares are defined, and its broad stages' shares."""
+
+    shares_defined: bool
+    semantic_shares: dict[str, float]
+
+
 class WindowRow(msgspec.Struct):
     """A window as the run summary reads it: its facts and the report fields it counts."""
 
@@ -65,7 +73,9 @@ class WindowRow(msgspec.Struct):
     missing_ranks: list[Count] = msgspec.field(default_factory=list)
     self_cost: dict[str, Any] | None = None
     wall_clock: dict[str, Any] | None = None
-    role_reports: dict[str, Any] | None = None
+    role_reports: dict[str, RoleRow] | None = None
+    compacted: bool = False
+    """The disk budget cut the record down to these fields (``summary_record``)."""
 
     def __post_init__(self) -> None:
         if set(self.shares) != set(self.stages):
@@ -95,6 +105,28 @@ class WindowRow(msgspec.Struct):
         if self.wall_clock is not None:
             facts["wall_clock"] = self.wall_clock
         return facts
+
+
+def record_row(record: dict[str, Any]) -> WindowRow:
+    """A whole record (a JSON object) as its :class:`WindowRow`; ReportFormatError when it is
+    not one a summary can read."""
+    try:
+        return msgspec.convert(record, WindowRow)
+    except msgspec.ValidationError as exc:
+        raise ReportFormatError(f"not a window record: {exc}") from None
+
+
+def summary_record(record: dict[str, Any], row: WindowRow) -> dict[str, Any]:
+    """``record`` (a whole ``windows.jsonl`` record) cut down to what a run's summary reads of
+    it, its ``row`` (``record_row``), marked ``"compacted": true``: the disk budget's
+    compaction of an old healthy window's record (``sinks.record_compaction``), about a fifth
+    of its bytes. Its run id stays first, as every record begins
+    (``formats.records.RECORD_START``), and its report's format and version stay, which tell a
+    file of records."""
+    kind = {key: record[key] for key in ("format", "version") if key in record}
+    fields = msgspec.to_builtins(row)
+    fields["compacted"] = True
+    return {"run_id": record.get("run_id"), **kind, **fields}
 
 
 class LeanPacket(msgspec.Struct):

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.collectives import DEFAULT_FAMILY
+from ..analysis.collectives import DEFAULT_FAMILY, OWN_PREFIX
 from ..failures import say_failed
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ DEVICE_COMPLETION = (
     "DDP buckets not timed: the {backend} backend completes a collective's future on the host "
     "once the collective is queued on the device, so the host cannot see how long it waited"
 )
-OWN_CALLS = "the program's own torch.distributed calls are not timed (only DDP's buckets)"
+OWN_CALLS = "the program's own torch.distributed calls are not timed outside timer.collective(name)"
+Opened = tuple[int, tuple[str, int, "str | None", int, int], int, int]
+"""A collective reached inside a step: the step, its key, the step's start and the arrival."""
 MAX_KEYS = 4096
 """Distinct (family, bucket, stage, call, size) keys a rank keeps per window; more are counted
 as untimed (a bucket layout that changes every step)."""
@@ -59,7 +61,7 @@ class CollectiveLog:
         self._timer = timer
         self._done: list[tuple[int, tuple[str, int, str | None, int, int], int, int, int]] = []
         self._step = -1
-        self._seen: dict[tuple[str, int], int] = {}  # calls of (family, bucket) in this step
+        self._seen: dict[tuple[str, int, str | None], int] = {}  # counts in this step
         self.untimed: list[str] = [OWN_CALLS]
         self._said: set[tuple[str, str]] = set()
 
@@ -67,36 +69,76 @@ class CollectiveLog:
         if reason not in self.untimed:
             self.untimed.append(reason)
 
+    def said(self, reason: str) -> None:
+        """``reason`` noted in the record and warned once."""
+        if reason not in self.untimed:
+            logger.warning("stagefrontier: %s", reason)
+            self.note(reason)
+
+    def opened(self, family: str, nbytes: int, bucket: int | None = None) -> Opened | None:
+        """A collective reached now, inside a recorded step (None outside one, or when the
+        log cannot key it): hand it to ``closed`` when it completes. Without a ``bucket``, it
+        is numbered by its order among its family's collectives in the stage this step."""
+        where = self._timer.open_step()
+        if where is None:
+            return None
+        reached_ns = _now()
+        step, start_ns, stage = where
+        if step != self._step:
+            self._step = step
+            self._seen.clear()
+        if bucket is None:  # the n-th of its family in this stage
+            bucket = self._seen.get((family, -1, stage), 0)
+            self._seen[(family, -1, stage)] = bucket + 1
+        call = self._seen.get((family, bucket, stage), 0)
+        self._seen[(family, bucket, stage)] = call + 1
+        return step, (family, bucket, stage, call, nbytes), start_ns, reached_ns
+
+    def closed(self, opened: Opened, issued_ns: int | None = None) -> None:
+        """The collective ``opened`` completed now (issued at ``issued_ns``, else when it was
+        reached): its wait counts from the issue."""
+        step, key, start_ns, reached_ns = opened
+        issued_ns = reached_ns if issued_ns is None else issued_ns
+        reached, issued = (reached_ns - start_ns) // US, (issued_ns - start_ns) // US
+        self._done.append((step, key, reached, issued, _now() - issued_ns))
+
+    def completes(self, opened: Opened | None, work: Any) -> None:
+        """``closed(opened)`` when ``work`` (a ``torch.distributed`` Work, or None for a call
+        that returned complete) completes."""
+        if opened is None:
+            return
+        if work is None:
+            self.closed(opened)
+            return
+        work.get_future().add_done_callback(lambda _: self.closed(opened))
+
     def issued(self, family: str, bucket: Any, reached_ns: int, future: Any) -> Any:
         """A bucket's collective was issued now (its hook was called at ``reached_ns``): the
         future to hand DDP, which logs the collective as ``future`` completes and then yields
         its value. Outside a recorded step nothing is logged (``future`` itself)."""
         try:
-            where = self._timer.open_step()
-            if where is None:
-                return future
             issued_ns = _now()
-            step, start_ns, stage = where
-            index = int(bucket.index())
-            if step != self._step:
-                self._step = step
-                self._seen.clear()
-            call = self._seen.get((family, index), 0)
-            self._seen[(family, index)] = call + 1
             buffer = bucket.buffer()
-            key = (family, index, stage, call, int(buffer.numel() * buffer.element_size()))
-            reached = (reached_ns - start_ns) // US
-            done = self._done
+            size = int(buffer.numel() * buffer.element_size())
+            opened = self.opened(family, size, int(bucket.index()))
+            if opened is None:
+                return future
+            step, key, start_ns, _ = opened
+            log = self
 
             def completed(fut: Any) -> Any:
-                done.append((step, key, reached, (issued_ns - start_ns) // US, _now() - issued_ns))
+                log.closed((step, key, start_ns, reached_ns), issued_ns)
                 return fut.value()
 
             return future.then(completed)
         except Exception as exc:  # a bucket or future of another kind: not timed, said once
-            say_failed(logger, "timing a DDP bucket", exc, "that bucket is not timed", self._said)
-            self.note(f"some DDP buckets not timed: {type(exc).__name__}")
+            self.failed("a DDP bucket", exc)
             return future
+
+    def failed(self, what: str, exc: Exception) -> None:
+        """Timing one collective failed: said once, noted in the record, training goes on."""
+        say_failed(logger, f"timing {what}", exc, "it is not timed", self._said)
+        self.note(f"some collectives not timed ({what}): {type(exc).__name__}")
 
     def drain(self, last_step: int) -> dict[str, Any]:
         """The window's timed collectives, those of steps up to ``last_step``, in the window
@@ -124,6 +166,25 @@ class CollectiveLog:
         }
 
 
+class OwnCollective:
+    """``timer.collective(name)``: the program's own collective inside the block, timed from
+    the block's start to its end (a blocking call, or an asynchronous one and its ``wait``) as
+    the collective ``name``, numbered by its order among the blocks of that name in the stage
+    and step. A block that raises is not logged."""
+
+    def __init__(self, log: CollectiveLog, name: str, nbytes: int) -> None:
+        self._log, self._name, self._nbytes = log, OWN_PREFIX + name, nbytes
+        self._opened: Opened | None = None
+
+    def __enter__(self) -> None:
+        self._opened = self._log.opened(self._name, self._nbytes)
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is None and self._opened is not None:
+            self._log.closed(self._opened)
+        self._opened = None
+
+
 def timed_hook(log: CollectiveLog, inner: list[Any]) -> Callable[..., Any]:
     """The hook DDP calls for each bucket: it runs ``inner`` (``[hook, state, family]``, set
     again when the user registers a hook later) and logs the bucket. Its signature carries no
@@ -147,14 +208,12 @@ def watch_ddp(log: CollectiveLog, model: Any) -> bool:
 
         backend = str(dist.get_backend(model.process_group))
         if backend != "gloo":
-            log.note(DEVICE_COMPLETION.format(backend=backend))
-            logger.warning("stagefrontier: %s", log.untimed[-1])
+            log.said(DEVICE_COMPLETION.format(backend=backend))
             return False
         inner: list[Any] = [default_hooks.allreduce_hook, model.process_group, DEFAULT_FAMILY]
         hook = timed_hook(log, inner)
         if getattr(model, "_comm_hooks", None):
-            log.note(EARLY_HOOK)
-            logger.warning("stagefrontier: %s", EARLY_HOOK)
+            log.said(EARLY_HOOK)
             return False
         model.register_comm_hook(None, hook)
     except Exception as exc:

@@ -36,7 +36,7 @@ from ..errors import ContractViolation as ContractViolation  # defined there, im
 from ..errors import StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from .annotate import ProfilerRanges
-from .collectives import CollectiveLog, watch_ddp
+from .collectives import CollectiveLog, OwnCollective, watch_ddp
 from .config import TimerConfig, config_from_keywords, warn_deprecated
 from .contexts import (
     AnnotatedStageContext,
@@ -54,6 +54,7 @@ from .on_sigterm import close_on_sigterm, closed
 from .out_dirs import hold_out_dir, release_out_dir
 from .probe import Probe
 from .self_cost import CostMeter
+from .sharded_collectives import watch_fsdp, watch_zero
 from .timer_state import NOT_RECORDING, OUTSIDE, PAUSED, PAUSED_STEP, TimerState
 
 logger = logging.getLogger("stagefrontier")
@@ -280,11 +281,32 @@ class StageTimer(TimerState):
         late rank or a slow collective (docs/communication.md). Call it before
         ``register_comm_hook``, whose hook then runs inside the timed one. Returns whether the
         buckets are timed (the window record says why not)."""
+        return self.enabled and watch_ddp(self._collective_log(), model)
+
+    def watch_fsdp(self, model: Any) -> bool:
+        """Time the all-gathers and reduce-scatters of every FSDP2 (``fully_shard``) module
+        of ``model``, as ``watch_ddp`` does DDP's buckets. Returns whether they are timed."""
+        return self.enabled and watch_fsdp(self._collective_log(), model)
+
+    def watch_zero(self, optimizer: Any) -> bool:
+        """Time the parameter broadcasts of a ``ZeroRedundancyOptimizer`` at each ``step``.
+        Returns whether they are timed."""
+        return self.enabled and watch_zero(self._collective_log(), optimizer)
+
+    def collective(self, name: str, nbytes: int = 0) -> Any:
+        """``with timer.collective("loss_all_reduce"): dist.all_reduce(loss)``: the program's
+        own collective timed as ``name`` inside the open stage, read across ranks like DDP's
+        buckets. Put the whole collective in the block (an asynchronous one with its
+        ``wait``)."""
         if not self.enabled:
-            return False
+            return NOOP
+        return OwnCollective(self._collective_log(), name, nbytes)
+
+    def _collective_log(self) -> CollectiveLog:
         if self._collectives is None:
             self._collectives = CollectiveLog(self.instrumentation)
-        return watch_ddp(self._collectives, model)
+        log: CollectiveLog = self._collectives
+        return log
 
     def fetch(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, its wait charged like one ``next()`` of ``timer.iter``: to

@@ -14,7 +14,6 @@ snapshot and starts a fresh one); each step writes only its own row.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import socket
@@ -22,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.schema import RESIDUAL_STAGE
 from ..collect import Collector, make_collector
 from ..collect.config import CollectConfig
 from ..collect.launcher import (
@@ -31,22 +29,18 @@ from ..collect.launcher import (
     launched_world_size,
     warn_once,
 )
-from ..errors import ContractViolation
 from ..failures import say_failed
 from ..window.rank import WindowSnapshot
 from .cuda_events import EventSampler
 from .loader_workers import WorkerCounters
 from .probe import Probe
 from .self_cost import CostMeter
+from .violations import ContractWarnings
 
 logger = logging.getLogger("stagefrontier")
 
 MAX_REASONS = 8
 """Distinct violation messages kept per window (the count is always exact)."""
-MAX_WARNED = 32
-"""Distinct contract violations a rank logs at WARNING, each once (the count is always exact)."""
-SUGGESTION_CUTOFF = 0.8
-"""How alike (difflib's ratio) an unknown stage name and a stage must be for "did you mean"."""
 
 
 class OpenSpan:
@@ -160,8 +154,7 @@ class TimerState:
         self._window_mixed = False
         self._violations = 0
         self._reasons: list[str] = []
-        self._unknown_names: dict[str, str] = {}  # unknown stage name -> its violation reason
-        self._warned: set[str] = set()  # the violations already logged on this rank
+        self._contract = ContractWarnings(stages, strict, lambda: self.rank)
         self._dropped = 0
         # Prefetch-aware data wait (timer.iter, timer.fetch): each fetch is charged to the next
         # step to begin (its start is moved back by the wait); a fetch made inside a step is
@@ -463,18 +456,11 @@ class TimerState:
 
     # ------------------------------------------------------------------ contract violations
     def _violation(self, reason: str) -> None:
-        if self.strict:
-            raise ContractViolation(reason)
+        """Count a violation in the open window (raised instead when strict; its kind logged
+        once on the rank: ``record.violations``)."""
+        self._contract.say(reason)
         self._violations += 1
         self._note(reason)
-        if reason not in self._warned and len(self._warned) < MAX_WARNED:
-            self._warned.add(reason)  # each kind of violation said once, then only counted
-            logger.warning(
-                "stagefrontier: rank %d: %s; such calls are counted in each window's "
-                "contract_violations and not said again (TimerConfig(strict=True) raises instead)",
-                self.rank,
-                reason,
-            )
 
     def _note(self, reason: str) -> None:
         if len(self._reasons) < MAX_REASONS and reason not in self._reasons:
@@ -484,26 +470,5 @@ class TimerState:
         self._violation(f"stage {name!r} repeated or out of schema order within a step")
 
     def _unknown_stage(self, name: str) -> None:
-        """A stage name outside the schema: counted with every use, and logged at WARNING on
-        this rank the first time (a typo would otherwise show only in the window's record)."""
-        reason = self._unknown_names.get(name)
-        if reason is None:
-            close = (
-                difflib.get_close_matches(name, self.stages, n=1, cutoff=SUGGESTION_CUTOFF)
-                if isinstance(name, str)
-                else []
-            )
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            stages = ", ".join(self.stages)
-            reason = self._unknown_names[name] = f"unknown stage {name!r}{hint} (schema: {stages})"
-            self._warned.add(reason)  # said here, in its own words
-            logger.warning(
-                "stagefrontier: unknown stage %r on rank %d%s Its time is counted in %s; "
-                "the stages are: %s",
-                name,
-                self.rank,
-                hint or ".",
-                RESIDUAL_STAGE,
-                stages,
-            )
-        self._violation(reason)
+        """A stage name outside the schema: counted with every use (said once)."""
+        self._violation(self._contract.unknown_stage(name))

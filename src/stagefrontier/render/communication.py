@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..analysis.collectives import DEFAULT_FAMILY
+from ..analysis.collectives import (
+    ALL_GATHER,
+    DEFAULT_FAMILY,
+    OWN_PREFIX,
+    REDUCE_SCATTER,
+    ZERO_BROADCAST,
+    ddp_family,
+)
 from ..analysis.schema import semantic_stage
 
 
@@ -24,17 +31,44 @@ def _reading(record: Mapping[str, Any], top: str | None, key: str) -> Mapping[st
     return found if isinstance(stage, str) and semantic_stage(stage) == top else None
 
 
+SHARDED_WORDS = {
+    ALL_GATHER: "all-gather",
+    REDUCE_SCATTER: "reduce-scatter",
+    ZERO_BROADCAST: "parameter broadcast",
+}
+"""FSDP2's and ZeRO-1's families in words; any other family is DDP's or the program's own."""
+
+
+def _ddp(c: Mapping[str, Any]) -> bool:
+    return ddp_family(str(c.get("family", DEFAULT_FAMILY)))
+
+
 def bucket_text(c: Mapping[str, Any], plain_stage: str) -> str:
-    """``backward's last gradient bucket`` or ``backward's gradient bucket 3``."""
+    """``backward's last gradient bucket``, ``backward's gradient bucket 3``, ``forward's
+    first all-gather``, ``optimizer step's parameter broadcast`` or ``forward's
+    loss_all_reduce``."""
+    if not _ddp(c):
+        return f"{plain_stage}'s {_which(c)}"
     which = "last gradient bucket" if c.get("last_bucket") else f"gradient bucket {c['bucket']}"
     return f"{plain_stage}'s {which}"
 
 
 def family_text(c: Mapping[str, Any]) -> str:
-    """``all-reduce``, or the collective of the user's hook, by its name:
-    ``fp16_compress_hook's collective``."""
+    """``all-reduce``, the collective of the user's hook by its name (``fp16_compress_hook's
+    collective``), ``all-gather``, ``reduce-scatter``, ``parameter broadcast``, or the name
+    the program gave its own (``loss_all_reduce``)."""
     family = str(c.get("family", DEFAULT_FAMILY))
+    if family in SHARDED_WORDS:
+        return SHARDED_WORDS[family]
+    if family.startswith(OWN_PREFIX):
+        return family[len(OWN_PREFIX) :]
     return "all-reduce" if family == DEFAULT_FAMILY else f"{family}'s collective"
+
+
+def before_first_layer(c: Mapping[str, Any]) -> bool:
+    """An FSDP2 rank late into its step's first all-gather was late before the model's first
+    layer ran: in its data loading or the start of its forward."""
+    return c.get("family") == ALL_GATHER and c.get("bucket") == 0
 
 
 def size_text(nbytes: int) -> str:
@@ -57,21 +91,33 @@ def late_lead(record: Mapping[str, Any], top: str | None) -> str:
 
 
 def _which(c: Mapping[str, Any]) -> str:
-    return "last bucket" if c.get("last_bucket") else f"bucket {c['bucket']}"
+    """``last bucket``, ``bucket 3``, ``first all-gather``, ``all-gather 2`` (the second in
+    its stage), ``parameter broadcast`` or ``loss_all_reduce``."""
+    if _ddp(c):
+        return "last bucket" if c.get("last_bucket") else f"bucket {c['bucket']}"
+    what, order = family_text(c), int(c.get("bucket", 0))
+    if c.get("family") not in (ALL_GATHER, REDUCE_SCATTER):
+        return what if order == 0 else f"{what} {order + 1}"
+    return f"first {what}" if order == 0 else f"{what} {order + 1}"
 
 
 def late_finding(c: Mapping[str, Any], plain_stage: str, full: bool) -> str:
     """``rank 1 reaches backward's last gradient bucket ~100 ms after the others, which wait for
-    it in all-reduce`` (``full``), or ``rank 1 late ~100 ms into its last bucket`` for the
-    headline."""
+    it in all-reduce`` (``full``), or ``rank 1 late ~100 ms into its last bucket`` (``rank 2
+    late ~97 ms at first all-gather``) for the headline."""
     lateness = f"~{c['lateness_ms']:.0f} ms"
-    if not full:
-        return f"rank {c['late_rank']} late {lateness} into its {_which(c)}"
+    if not full:  # DDP's buckets are the rank's own; the others' collectives are named
+        into = f"into its {_which(c)}" if _ddp(c) else f"at {_which(c)}"
+        return f"rank {c['late_rank']} late {lateness} {into}"
     where = bucket_text(c, plain_stage)
     return (
         f"rank {c['late_rank']} reaches {where} {lateness} after the others, which wait for it "
-        f"in {family_text(c)} (measured in the collective, not inferred)"
+        f"in {_the(family_text(c))} (measured in the collective, not inferred)"
     )
+
+
+def _the(what: str) -> str:
+    return f"the {what}" if what in SHARDED_WORDS.values() else what
 
 
 def slow_collective(record: Mapping[str, Any], top: str | None) -> Mapping[str, Any] | None:
@@ -84,10 +130,12 @@ def slow_finding(c: Mapping[str, Any], full: bool) -> str:
     ms against 20 ms in windows 0-2: the collective or the network is slow, not a rank``, or
     ``slow bucket 3: 140 vs 20 ms`` for the headline (short: a slowdown of the whole job
     adds its flag and next step to it)."""
+    which = f"bucket {c['bucket']}" if _ddp(c) else _which(c)
     if not full:
         took = f"{c['transfer_ms']:.0f} vs {c['baseline_ms']:.0f} ms"
-        return f"slow bucket {c['bucket']}: {took}"
-    what = f"the {family_text(c)} of bucket {c['bucket']} ({size_text(int(c['nbytes']))})"
+        return f"slow {which}: {took}"
+    named = f"the {family_text(c)} of {which}" if _ddp(c) else f"the {which}"
+    what = f"{named} ({size_text(int(c['nbytes']))})"
     took = f"{c['transfer_ms']:.0f} ms against {c['baseline_ms']:.0f} ms"
     first, last = c["baseline_windows"]
     return (

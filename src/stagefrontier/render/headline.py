@@ -16,6 +16,7 @@ from ..analysis.across_roles import bounding_role
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.leaders import MIN_LEAD_STEPS
 from ..analysis.regression import WHOLE_JOB
+from ..analysis.schema import DATA_STAGE
 from ..analysis.window_report import WindowReport
 from .communication import communication_short
 from .escape import printable
@@ -81,9 +82,11 @@ def _named_stage(report: WindowReport) -> str | None:
 
 
 def _plain_step(step: str, stage: str | None) -> str:
-    """The next step with the stage said by its plain name only: ``profile data loading on
-    rank 2``."""
-    return step if stage is None else step.replace(both_names(stage), plain(stage))
+    """The next step with the stage (and the data stage it may name with it) said by its plain
+    name only: ``profile data loading on rank 2``."""
+    for named in () if stage is None else (stage, DATA_STAGE):
+        step = step.replace(both_names(named), plain(named))
+    return step
 
 
 def saying(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, ...]:

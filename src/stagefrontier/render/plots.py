@@ -326,20 +326,25 @@ def _two_panels(plt: Any) -> tuple[Any, tuple[Any, Any]]:
 
 def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
     """A summarized run's buckets of consecutive windows: each bucket's median exposed ms/step
-    with its min-max band above, its mean stage shares stacked below; the title says how many
-    windows each bucket holds."""
-    from .run_summary import bucket_span
-
+    with its min-max band above, its mean stage shares stacked below (one panel per role, side
+    by side, when the ranks play different roles: each role's own mean shares); the title says
+    how many windows each bucket holds."""
     stages = list(dict.fromkeys(semantic_stage(s) for s in run.stages))
     colors = stage_colors(stages)
     buckets = run.buckets
     x = np.arange(len(buckets))
     plt = _pyplot()
-    fig, (top, ax) = _two_panels(plt)
+    roles = sorted({role for b in buckets for role in b.roles})
+    if roles:
+        fig, top, panels = _role_panels(plt, roles)
+    else:
+        fig, (top, ax) = _two_panels(plt)
+        panels = {"": ax}
     low, median, high = (np.array([b.ms[i] for b in buckets]) for i in range(3))
     top.fill_between(x, low, high, color="0.8", step="mid", label="min-max")
     top.plot(x, median, color="black", lw=1.5, label="median")
     top.set_ylim(0, max(float(high.max()), 1e-9) * 1.15)
+    top.set_xlim(-0.6, len(buckets) - 0.4)
     top.set_ylabel("exposed\nms/step")
     top.grid(alpha=0.3)
     top.legend(loc="upper right", fontsize=7)
@@ -347,21 +352,55 @@ def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
     top.set_title(
         f"{run.count} windows summarized in {len(buckets)} buckets of about {per:.0f}:\n"
         "exposed ms/step (median and min-max band), mean frontier shares"
+        + (", each role's own" if roles else "")
     )
+    for role, ax in panels.items():
+        shares = [b.roles.get(role, {}) if role else b.shares for b in buckets]
+        _bucket_bars(ax, shares, stages, colors, buckets)
+        if role:
+            ax.set_title(f"role {printable(role)}", fontsize=10)
+    first = next(iter(panels.values()))
+    first.set_ylabel("mean share of " + ("the role's " if roles else "") + "exposed step time")
+    first.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _role_panels(plt: Any, roles: list[str]) -> tuple[Any, Any, dict[str, Any]]:
+    """A summarized role run's layout: the exposed ms/step across the top, below it one panel
+    of shares per role."""
+    fig, axes = plt.subplot_mosaic(
+        [["ms"] * len(roles), roles],
+        figsize=(max(10, 5 * len(roles)), 6.4),
+        dpi=110,
+        height_ratios=[1, 3],
+        layout="constrained",
+    )
+    axes["ms"].tick_params(labelbottom=False)  # the panels below name the buckets
+    return fig, axes["ms"], {role: axes[role] for role in roles}
+
+
+def _bucket_bars(
+    ax: Any,
+    shares: list[dict[str, float]],
+    stages: list[str],
+    colors: list[str],
+    buckets: list[Any],
+) -> None:
+    """The buckets' mean ``shares`` stacked by stage (a bucket with none: no bar)."""
+    from .run_summary import bucket_span
+
+    x = np.arange(len(buckets))
     bottom = np.zeros(len(buckets))
     for stage, color in zip(stages, colors, strict=True):
-        values = np.array([b.shares.get(stage, 0.0) for b in buckets])
+        values = np.array([own.get(stage, 0.0) for own in shares])
         ax.bar(x, values, bottom=bottom, color=color, label=printable(stage), width=0.9)
         bottom += values
     ax.set_ylim(0, 1)
     ax.set_xlim(-0.6, len(buckets) - 0.4)
-    ax.set_ylabel("mean share of exposed step time")
     every = max(1, len(buckets) // 12)
     ticks = x[::every]
     ax.set_xticks(ticks, [bucket_span(buckets[i]) for i in ticks], rotation=45, fontsize=8)
     ax.set_xlabel("windows")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8)
-    return _save(plt, fig, path)
 
 
 def _stacked_shares(

@@ -6,7 +6,7 @@ and draws the buckets."""
 from __future__ import annotations
 
 from ..formats.records import window_name
-from ..formats.run_digest import Bucket, MethodShares, Tallies
+from ..formats.run_digest import SHOWN_ALL, Bucket, MethodShares, Tallies
 from ..formats.run_folder import RunWindows
 
 
@@ -18,14 +18,27 @@ def summary_sentence(run: RunWindows) -> str:
         else ""
     )
     per = run.count / max(len(run.buckets), 1)
+    why = "too many to show one by one" if run.count > SHOWN_ALL else "some of them cut down"
     return (
-        f"This run holds {run.count} windows, too many to show one by one: "
+        f"This run holds {run.count} windows, {why}: "
         f"{len(run.windows)} are shown in full (the first, the last, the last full window, the "
         f"one StageFrontier cost most, and {run.flagged} flagged: a regression or the profiler "
         f"router at work{over}), and every window is summarized in {len(run.buckets)} buckets "
         f"of about {per:.0f} consecutive windows: the exposed ms/step's min, median and max, "
         "each stage's mean share, the top stage most often, and the ranks that led. The labels "
-        "and routing sets count every window."
+        "and routing sets count every window." + _cut_sentence(run)
+    )
+
+
+def _cut_sentence(run: RunWindows) -> str:
+    """What the disk budget cut, when it cut records: those windows are in the buckets only."""
+    cut = run.tallies.cut
+    if not cut:
+        return ""
+    return (
+        f" The disk budget cut the records of {cut} old healthy window(s) down to their summary "
+        "(steps, ms/step, shares, leaders, labels): they count in the buckets and tallies, "
+        "and none of them can be shown in full (see compacted.jsonl)."
     )
 
 

@@ -32,7 +32,14 @@ from ..analysis.schema import (
     semantic_stage,
 )
 from ..analysis.window_report import WindowReport
-from .communication import SLOW_NEXT, late_finding, late_rank, slow_collective, slow_finding
+from .communication import (
+    SLOW_NEXT,
+    before_first_layer,
+    late_finding,
+    late_rank,
+    slow_collective,
+    slow_finding,
+)
 from .escape import printable
 from .loader_text import window_loader_sentence
 
@@ -271,7 +278,12 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
 
 
 def _late_next(late: Mapping[str, Any], top: str) -> str:
-    return f"profile {both_names(top)} on rank {late['late_rank']}"
+    """Profile the stage on the late rank; with the stage before it when the rank was late
+    into its first FSDP2 all-gather (its data loading, or forward before the first layer)."""
+    where = both_names(top)
+    if before_first_layer(late) and top != DATA_STAGE:
+        where = f"{both_names(DATA_STAGE)} and {where}"
+    return f"profile {where} on rank {late['late_rank']}"
 
 
 def _co_critical_verdict(

@@ -208,11 +208,11 @@ class RankCapture:
 
     def _over_budget(self, step: int) -> str:
         """Why the running capture must stop before ``step`` (empty while within budget): the
-        profiler holds every event in memory until it stops, so the process's growth since the
-        capture started is its size."""
+        profiler holds every event in memory until it stops, so the growth of the process's
+        anonymous memory since the capture started is its size."""
         if self._rss_start is None:
             return ""
-        rss = resident_bytes()
+        rss = anonymous_resident_bytes()
         grown = 0 if rss is None else rss - self._rss_start
         if grown <= self._max_trace_bytes:
             return ""
@@ -254,7 +254,7 @@ class RankCapture:
         self._prof = self._new_session()
         if self._sampler is not None:
             self._sampler.begin()
-        self._rss_start = resident_bytes()
+        self._rss_start = anonymous_resident_bytes()
         self._workers.started()
         self._timer.record_ranges()
         if step < request.first_step or request.steps == 1:
@@ -416,11 +416,15 @@ def _left(why: str) -> str:
     return f"{why}: the capture is abandoned and that session left as it is"
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory (Linux ``/proc``); None where it cannot be read."""
+def anonymous_resident_bytes() -> int | None:
+    """This process's resident anonymous memory, its heap (Linux ``/proc``: resident less
+    shared); None where it cannot be read. The file pages of its libraries are left out: the
+    kernel maps them in as code first runs (the first profiled step's, megabytes of them) and
+    may evict them under memory pressure, and neither is memory the profiler holds."""
     try:
         with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = statm.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 

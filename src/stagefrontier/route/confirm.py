@@ -88,6 +88,9 @@ class Confirmation:
     when there is none to judge); the only reason ``confirmed`` is False when the rest agrees."""
     step_s: float | None = None
     """The captured steps' median step (the longer of suspect and reference), in seconds."""
+    lead_s: float | None = None
+    """The suspect's mean lead over the reference in the stage's time per step, in the trace,
+    in seconds (None where there was none to judge)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,7 +157,7 @@ def confirm(
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
     agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
-    weak, step_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
+    weak, step_s, lead_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
     return Confirmation(
         confirmed=bool(agree and max_diff < g.share_tie and not weak),
         max_share_diff=round(max_diff, 6),
@@ -166,29 +169,35 @@ def confirm(
         notes=tuple(reduced.notes),
         weak_lead=weak,
         step_s=step_s,
+        lead_s=lead_s,
     )
 
 
 def _weak_lead(
     reduced: ReducedTrace, stage: str | None, lead: tuple[int, int] | None, min_share: float
-) -> tuple[str, float | None]:
+) -> tuple[str, float | None, float | None]:
     """Why the suspect's lead over its reference in the trace's steps is no confirmation
     (empty when it is one, or when the trace lacks a stage, a suspect or a distinct reference
-    to judge it by), and the captured steps' median step it was measured against."""
+    to judge it by), the captured steps' median step it was measured against, and the mean
+    lead per step."""
     if lead is None or stage not in reduced.stages:
-        return "", None
+        return "", None, None
     suspect, reference = lead
     if suspect == reference or not {suspect, reference} <= set(reduced.ranks):
-        return "", None
+        return "", None, None
     j = reduced.stages.index(stage)
     mine, theirs = reduced.ranks.index(suspect), reduced.ranks.index(reference)
     diffs = reduced.d[:, mine, j] - reduced.d[:, theirs, j]
     step = float(np.median(reduced.d[:, [mine, theirs], :].sum(axis=2).max(axis=1)))
     excess = mean_excess(diffs, min_share * step, CONFIRM_T)
     if excess.stands_out:
-        return "", step
+        return "", step, excess.shift_s
     return (
-        f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
-        f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
-        f"{excess.shortfall()}"
-    ), step
+        (
+            f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
+            f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
+            f"{excess.shortfall()}"
+        ),
+        step,
+        excess.shift_s,
+    )

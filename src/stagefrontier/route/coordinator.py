@@ -15,11 +15,13 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..environment import current_attempt
-from ..formats.incident import new_incident
+from ..formats.incident import incident_id_of, new_incident
 from ..render.incident import summary_line
+from ..sinks.output_folder import next_attempt
 from ..window.merged import AnalyzedWindow, wall_clock
 from .capture import incident_dir
 from .capture_session import CaptureSession, OpenCapture, export_cpu, settle_answers
@@ -135,6 +137,15 @@ class Coordinator:
         if manual.id is not None:
             self.session.answer_manual(ManualAnswer(manual.id, "refused", plan))
 
+    def _folder_attempt(self) -> int:
+        """This process's attempt in the output folder: the ``attempt`` of the newest window's
+        record, which the file sinks set before the router takes the window; before any
+        window, the attempt the folder will give it (``sinks.output_folder.next_attempt``)."""
+        attempt = self.live[-1].record.get("attempt") if self.live else None
+        if isinstance(attempt, int):
+            return attempt
+        return next_attempt(Path(self.out_dir), current_attempt()[1])
+
     def _poll_words(self) -> str:
         """How the margin's poll reads in an incident's reasons."""
         poll_ms, travel_ms = self.config.poll_s * 1e3, self.request_poll_s * 1e3
@@ -156,9 +167,8 @@ class Coordinator:
                 decision.suspect_rank,
             )
             return
-        attempt = current_attempt()[1]
-        incident_id = f"w{max(window, 0):05d}" + (f"-attempt{attempt}" if attempt else "")
-        incident_id += f"-manual{self.captures}" if plan.trigger == "manual" else ""
+        manual = self.captures if plan.trigger == "manual" else None
+        incident_id = incident_id_of(window, self._folder_attempt(), manual)
         steps = plan.steps or self.config.steps
         margin = start_margin(self.step_s, self.request_poll_s)
         first = self.current_step() + margin

@@ -16,9 +16,11 @@ most, and a rank that did not grow as the reference. A slowdown of the whole job
 or every rank, grew alike) asks for none: no rank's trace against another's can show its cause.
 
 Both act only on a difference that is material and above the run's noise
-(``analysis.noise``): the suspect's time in the stage minus the reference's, per step (per block
-of steps where the lead was judged over blocks), must average at least ``min_share`` of the
-step and stand ``noise_factor`` standard errors above zero over the window's steps.
+(``analysis.noise``): the suspect's time in the stage minus the reference's, per step, must
+average at least ``min_share`` of the step and stand ``noise_factor`` standard errors above zero
+over the window's steps, or over its blocks of ``k`` steps when the data wait's leader has ``k``
+DataLoader workers (they hand over their batches together, so however steady the stall its wait
+falls on one step in ``k``, and step by step the steps between read as noise).
 
 When ranks play different roles the decision is taken inside one role, on that role's own
 report: the role named by ``role=``, or else the one the window says bounds the step
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.block_lead import block_sums, unsteady_lead
+from ..analysis.collectives import collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.noise import mean_excess
@@ -124,18 +127,20 @@ def decide(
     n = report.n_steps
     why = unsteady_lead(loc, n, report.exposed_s / n, g, stage)
     blocked: tuple[str, ...] = ()
-    block = None
-    if why:  # the lead judged again over the blocks a DataLoader's workers hand over
-        block = loader_block_lead(
-            window.merged.ranks, window.d, report.stages, stage, loc.leader_rank, g, positions
-        )
-    if block is not None:
+    # A leader whose k DataLoader workers hand over their batches together waits on one step
+    # in k: an unsteady lead is judged again over blocks of k steps, and the excess always is.
+    block = loader_block_lead(
+        window.merged.ranks, window.d, report.stages, stage, loc.leader_rank, g, positions
+    )
+    if why and block is not None:
         if block.why or block.rank != loc.leader_rank:
             return None, (
                 f"{why}; over blocks of {block.size} steps, {block.why or 'another leader'}"
             )
         why = ""
         blocked = (block_lead_text(block),)
+    elif block is not None:
+        blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
         return None, why
@@ -190,9 +195,9 @@ def late_rank_decision(
     reference = others[(len(others) - 1) // 2][1]
     reasons = (
         f"{stage} {share:.0%} of exposed time",
-        f"rank {suspect} arrives last at bucket {late.bucket} ({late.family}) in {late.stage} "
-        f"by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} steps, the others "
-        "timed waiting for it there",
+        f"rank {suspect} arrives last at {collective_name(late.family, late.bucket)} in "
+        f"{late.stage} by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} "
+        "steps, the others timed waiting for it there",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window

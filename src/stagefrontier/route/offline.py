@@ -13,7 +13,7 @@ from ..errors import ReportFormatError, StageFrontierError
 from ..formats.incident import INCIDENT_FILE, read_incident, scan_incidents
 from ..formats.limits import regular_file_inside
 from ..formats.packet import read_packet
-from ..formats.records import WINDOWS_FILE, checked_record, iter_records
+from ..formats.records import WINDOWS_FILE, iter_records, uncut_record
 from ..render.incident import write_incident
 from .confirm import LiveWindow
 from .decide import MIN_SHARE
@@ -107,8 +107,9 @@ def window_records(out_dir: Path) -> Iterator[dict[str, Any]]:
     file's size (none when it is missing; they stop at a line that cannot be read: the
     incident then has the loader figures of the records before it, or none)."""
     try:
-        for _, record in iter_records(out_dir / WINDOWS_FILE, checked_record):
-            yield record
+        for _, record in iter_records(out_dir / WINDOWS_FILE, uncut_record):
+            if record is not None:  # a record the disk budget cut has no loader figures
+                yield record
     except (OSError, ReportFormatError):
         return
 

@@ -82,7 +82,7 @@ def _judge_own_work(
     may still confirm it (``own_work``); otherwise the weak lead is the reason it is not."""
     tie = (gates or Gates()).share_tie
     rest_agrees = not_confirmed_text(result, incident["stage"], tie) == ""
-    row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share)
+    row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share, result.lead_s)
     if rest_agrees and row is not None and result.step_s and not incident.get("reference_capture"):
         incident["confirmed"] = True
         incident["reasons"].append(own_work_text(row, incident, result.step_s, min_share))

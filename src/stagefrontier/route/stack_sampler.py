@@ -54,6 +54,8 @@ Sample = tuple[int, Stack, int]
 """When it was taken (``time.time_ns``), the frames (outermost first) and the line the
 innermost one was at; no frames at a cut (``StackSampler.cut``)."""
 MAX_LINE_CHARS = 80
+CLOSE_JOIN_S = 1.0
+"""The longest ``close`` waits for the sampling thread to end (it takes one interval)."""
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,14 @@ class StackSampler:
                 self._samples.append((time.time_ns(), (), 0))
 
     def close(self) -> None:
+        """End the thread and wait for it (it is idle or between two samples: at most one
+        interval), so that nothing of it runs while the interpreter shuts down."""
         with self._wake:
             self._closed = True
             self._target = None
             self._wake.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(CLOSE_JOIN_S)
 
     def _run(self) -> None:
         while True:
@@ -125,13 +131,25 @@ class StackSampler:
                     return
                 try:
                     if len(self._samples) < MAX_SAMPLES:
-                        frame = sys._current_frames().get(target)
-                        if frame is not None:
-                            self._samples.append((time.time_ns(), _stack(frame), frame.f_lineno))
+                        sample = _sample(target)
+                        if sample is not None:
+                            self._samples.append(sample)
                 except Exception as exc:  # telemetry never fails: this capture has no more
                     say_failed(logger, "sampling the training thread's stack", exc, "it stops")
                     self._target = None
             time.sleep(self._interval_s)
+
+
+def _sample(thread_id: int) -> Sample | None:
+    """One sample of a thread's stack, or None when the thread is gone. The thread's frame is
+    referenced only inside this call: a frame kept by the sampling thread would keep the
+    training loop's locals (its model, its DataLoader) alive after the loop returned, and free
+    them on the sampling thread later, possibly while the interpreter shuts down, where freeing
+    a tensor aborts the process (the tensor's release of the GIL cannot take it back then)."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return None
+    return (time.time_ns(), _stack(frame), frame.f_lineno)
 
 
 def _stack(frame: FrameType | None) -> Stack:

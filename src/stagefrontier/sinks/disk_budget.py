@@ -1,24 +1,28 @@
-"""The output folder's disk budget: which packets stay when the folder outgrows it.
+"""The output folder's disk budget: what stays when the folder outgrows it.
 
-Every window keeps its record in ``windows.jsonl`` (its report: the window's summary); the
-packet beside it (the window's steps x ranks x stages durations: its detail) is what a long run
-gives up first. When the folder passes its budget, packets are deleted, oldest first, until it
-is back under ``LOW_WATER`` of the budget, in this order:
+Every window keeps its record in ``windows.jsonl`` (its report); the packet beside it (the
+window's steps x ranks x stages durations: its detail) is what a long run gives up first, then
+the detail of old healthy windows' records. When the folder passes its budget, it is compacted,
+oldest first, until it is back under ``LOW_WATER`` of the budget, in this order:
 
 1. the packets of unflagged windows outside the sample (one window in ``sample_every``, by
    index), leaving the newest ``RECENT`` packets, and every packet of a window the live
    regression check flagged or an incident was opened on;
-2. while still over, the sample is halved (``sample_every`` doubles) and step 1 runs again;
-3. while still over, what is left of the sample, then the packets of flagged windows, oldest
+2. while still over, the records of old healthy windows are cut down to what a run's summary
+   reads of them (``sinks.record_compaction``; flagged and incident windows, those the
+   profiler router worked in and the newest ``RECENT`` stay whole);
+3. while still over, the sample is halved (``sample_every`` doubles) and step 1 runs again;
+4. while still over, what is left of the sample, then the packets of flagged windows, oldest
    first: those flagged as a slowdown of the whole job (a busy machine: no rank's packet
    shows its cause) before those of a stage or rank regression (the newest ``RECENT`` and the
    incidents' windows kept; incidents are never deleted).
 
 Each compaction appends one line to ``compacted.jsonl``: when, the budget, the folder's bytes
-before and after, the sample kept, and the windows whose packets it deleted (``attempt/window``
-ranges). The first compaction is said in one log line; a folder that its records and incidents
-alone hold over budget is said once too (nothing more can be deleted without losing windows),
-and is compacted again only once it has grown by a tenth of its budget.
+before and after, the sample kept, the windows whose packets it deleted and those whose
+records it cut (``attempt/window`` ranges). The first compaction is said in one log line; a
+folder that its records' summaries and incidents alone hold over budget is said once too
+(nothing more can go without losing windows), and is compacted again only once it has grown by
+a tenth of its budget.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import re
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +40,9 @@ from typing import Any
 from ..environment import MiB
 from ..failures import say_failed
 from ..formats.compacted import COMPACTED_FILE, window_ranges
+from ..formats.incident import incident_window
 from ..formats.records import WINDOWS_FILE
+from .record_compaction import Order, compact_records
 
 logger = logging.getLogger("stagefrontier")
 
@@ -50,7 +57,6 @@ REMEASURE_EVERY = 64
 """Writes between two walks of the folder (the router's incidents are written beside)."""
 
 _PACKET_NAME = re.compile(r"^(?:window|summary)-(\d+)(?:\.attempt-(\d+))?\.json$")
-_INCIDENT_NAME = re.compile(r"^w(\d+)(?:-attempt(\d+))?")
 
 
 @dataclass
@@ -84,6 +90,10 @@ class DiskBudget:
         self._over_at = 0
         """When the last compaction could not get the folder under its budget: the bytes past
         which the next one runs (what it left plus the room a compaction makes), else 0."""
+        self._recent: deque[Order] = deque(maxlen=RECENT)
+        """The newest records this process wrote, which stay whole."""
+        self.records_rewrites = 0
+        """How often ``windows.jsonl`` was rewritten (its writer then opens the new file)."""
         self._said: set[tuple[str, str]] = set()
         self._told_compacting = False
         self._told_over = False
@@ -95,6 +105,8 @@ class DiskBudget:
         if record is not None and path.parent.name == "packets":
             held = HeldPacket(path, _order(record), size, flag_level(record))
             (self._new if self._packets is None else self._packets)[path.name] = held
+        elif record is not None and path.name == WINDOWS_FILE:
+            self._recent.append(_order(record))
         self._writes += 1
         if self._bytes is None or self._writes % REMEASURE_EVERY == 0:
             self._bytes = folder_bytes(self.folder)
@@ -111,16 +123,17 @@ class DiskBudget:
         before = self._bytes = folder_bytes(self.folder)
         packets = self._held()
         target = int(self.budget * LOW_WATER)
-        kept = {name for name, _ in _newest(packets, RECENT)} | self._incident_windows(packets)
-        dropped: list[HeldPacket] = []
-        while self._bytes > target:
+        incidents = self._incident_windows()
+        kept = {name for name, _ in _newest(packets, RECENT)}
+        kept |= {name for name, held in packets.items() if held.order in incidents}
+        dropped = self._drop(packets, kept, level=0, target=target)
+        cut = self._cut_records(incidents) if self._bytes > target else []
+        while self._bytes > target and self._thinner(packets, kept):
             dropped += self._drop(packets, kept, level=0, target=target)
-            if self._bytes <= target or not self._thinner(packets, kept):
-                break
         if self._bytes > target:  # the sample's last windows (index 0), then the flagged
             for level in (0, WHOLE_JOB_LEVEL, STAGE_LEVEL):
                 dropped += self._drop(packets, kept, level=level, target=target, sample=False)
-        self._record(before, dropped)
+        self._record(before, dropped, cut)
 
     def _drop(
         self,
@@ -179,16 +192,23 @@ class DiskBudget:
             self._new = {}
         return self._packets
 
-    def _incident_windows(self, packets: dict[str, HeldPacket]) -> set[str]:
-        """The packets of the windows an incident was opened on."""
-        windows = set()
-        for folder in (self.folder / "incidents").glob("w*"):
-            match = _INCIDENT_NAME.match(folder.name)
-            if match is not None:
-                windows.add((int(match[2] or 0), int(match[1])))
-        return {name for name, held in packets.items() if held.order in windows}
+    def _incident_windows(self) -> set[Order]:
+        """The windows an incident was opened on (attempt, window)."""
+        named = (incident_window(p.name) for p in (self.folder / "incidents").glob("w*"))
+        return {window for window in named if window is not None}
 
-    def _record(self, before: int, dropped: list[HeldPacket]) -> None:
+    def _cut_records(self, keep: set[Order]) -> list[Order]:
+        """Cut the records of old healthy windows down to their summary
+        (``sinks.record_compaction``), all but the newest ``RECENT`` this process wrote."""
+        if not self._recent:
+            return []
+        cut, freed = compact_records(self.folder / WINDOWS_FILE, keep, min(self._recent))
+        self.records_rewrites += 1
+        if self._bytes is not None:
+            self._bytes -= freed
+        return cut
+
+    def _record(self, before: int, dropped: list[HeldPacket], cut: list[Order]) -> None:
         after = self._bytes or 0
         over = after > self.budget
         line = {
@@ -200,6 +220,8 @@ class DiskBudget:
             "packets_dropped": len(dropped),
             "windows": window_ranges(sorted(h.order for h in dropped if not h.flagged)),
             "flagged_windows": window_ranges(sorted(h.order for h in dropped if h.flagged)),
+            "records_cut": len(cut),
+            "records": window_ranges(sorted(cut)),
             "over_budget": over,
         }
         data = (json.dumps(line) + "\n").encode("utf-8")
@@ -207,12 +229,12 @@ class DiskBudget:
             handle.write(data)
         self._bytes = after + len(data)
         self._over_at = self._bytes + self.budget - int(self.budget * LOW_WATER) if over else 0
-        if not self._told_compacting and dropped:
+        if not self._told_compacting and (dropped or cut):
             self._told_compacting = True
             logger.info(
                 "stagefrontier: %s reached its disk budget (%.1f MiB): packets of older "
-                "windows are deleted (flagged windows and one in %d others kept), each "
-                "compaction listed in %s",
+                "windows are deleted and their records cut to a summary (flagged windows "
+                "kept whole, and the packets of one in %d others), each compaction listed in %s",
                 self.folder,
                 self.budget / MiB,
                 self.sample_every,
@@ -222,7 +244,7 @@ class DiskBudget:
             self._told_over = True
             logger.warning(
                 "stagefrontier: %s holds %.1f MiB, over its disk budget of %.1f MiB, in what "
-                "is never deleted (windows.jsonl, incidents, the newest packets); raise "
+                "is never deleted (records, incidents, the newest packets); raise "
                 "STAGEFRONTIER_DISK_BUDGET_MB or disk_budget_mb",
                 self.folder,
                 after / MiB,

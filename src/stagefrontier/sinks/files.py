@@ -21,7 +21,8 @@ class JsonlSink:
 
     Each record carries the window's attempt in the folder, and the folder is held to its disk
     budget (``sinks.output_folder``; ``disk_budget_bytes``, else
-    ``STAGEFRONTIER_DISK_BUDGET_MB``).
+    ``STAGEFRONTIER_DISK_BUDGET_MB``), which may rewrite the file with old records cut down
+    to their summary (``sinks.record_compaction``): the next record goes to the new file.
     """
 
     def __init__(
@@ -32,11 +33,17 @@ class JsonlSink:
         self._fd: int | None = None
         self._cut_at: int | None = None
         """Where the record a failed write left cut short begins."""
+        self._rewrites = 0
+        """The disk budget's rewrites of the file when it was opened."""
 
     def write(self, window: AnalyzedWindow) -> None:
         record = self.folder.stamp(window)
         data = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
+        if self._fd is not None and self._rewrites != self.folder.budget.records_rewrites:
+            os.close(self._fd)  # the budget renamed a rewritten file into place: append there
+            self._fd = None
         if self._fd is None:
+            self._rewrites = self.folder.budget.records_rewrites
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
             self._cut_at = _whole_records_end(self._fd)

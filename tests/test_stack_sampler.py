@@ -1,0 +1,59 @@
+"""The stack sampler's thread never keeps the sampled thread's objects alive.
+
+A frame held by the sampling thread keeps its function's locals (a training loop's model, its
+DataLoader and their tensors) alive after the function returned; they were then freed on the
+sampling thread when it ended, which at interpreter shutdown aborted the process ("terminate
+called without an active exception": freeing a tensor releases the GIL and cannot take it back
+during finalization). Seen on captured ranks of the Lightning and Hugging Face router jobs."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+from stagefrontier.route.stack_sampler import StackSampler
+
+
+class Held:
+    """Stands for a training loop's model: something a frame's locals own."""
+
+
+def _loop(seconds: float, sampler: StackSampler, refs: list[weakref.ref[Held]]) -> None:
+    held = Held()
+    refs.append(weakref.ref(held))
+    sampler.begin()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_a_returned_function_s_locals_are_freed_on_its_own_thread() -> None:
+    sampler = StackSampler(interval_s=0.001)
+    refs: list[weakref.ref[Held]] = []
+    try:
+        _loop(0.1, sampler, refs)
+        sampled = sampler.end()
+        assert sampled.samples, "the sampler took no sample in 0.1 s"
+        # The function returned: nothing but its frame held ``held``; the sampler took frames of
+        # it while it ran, and must have dropped them.
+        gc.disable()  # a frame is freed by its reference count, not by a collection
+        try:
+            assert refs[0]() is None, "the sampling thread still holds the sampled frame"
+        finally:
+            gc.enable()
+    finally:
+        sampler.close()
+
+
+def test_close_ends_the_sampling_thread() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    sampler = StackSampler()
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert len(started) == 1
+    sampler.begin()
+    time.sleep(0.02)
+    sampler.end()
+    sampler.close()
+    assert not started[0].is_alive()
