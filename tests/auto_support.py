@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,25 +86,3 @@ def run_one_process(
 ) -> subprocess.CompletedProcess[str]:
     """``python ARGV`` in one process (no launcher), with ``env`` added to the environment."""
     return run_job([str(python), *argv], DEADLINE_S, env=job_env(**env), check=False)
-
-
-def switched_venv(where: Path) -> Path:
-    """A virtual environment whose site-packages holds this checkout's ``stagefrontier-auto.pth``
-    and a path file reaching this checkout's sources and the running interpreter's packages
-    (torch), as a wheel installs them; returns its Python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    packages = Path(site)
-    (packages / "paths.pth").write_text(
-        f"{ROOT / 'src'}\n{sysconfig.get_paths()['purelib']}\n", encoding="utf-8"
-    )
-    (packages / "stagefrontier-auto.pth").write_bytes(
-        (ROOT / "src" / "stagefrontier-auto.pth").read_bytes()
-    )
-    return python

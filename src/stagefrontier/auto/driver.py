@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..record.recorder import StageTimer
 from .patches import LOADER, Patches
 
 logger = logging.getLogger("stagefrontier")
+_now = time.perf_counter_ns  # the timer's own clock
 
 AUTO_STAGES: tuple[str, ...] = (
     DATA_STAGE,
@@ -273,9 +275,12 @@ class AutoDriver:
         if self.timer is not None:
             return True
         try:
-            self.timer = self._arguments.make_timer(AUTO_STAGES)
+            timer = self.timer = self._arguments.make_timer(AUTO_STAGES)
         except Exception as exc:
             say_failed(logger, "building the automatic timer", exc, "the run is not timed")
+            self.stop()
+            return False
+        if not timer.enabled:  # turned off in its settings: nothing to time
             self.stop()
             return False
         if self._loader is not None:
@@ -289,7 +294,10 @@ class AutoDriver:
         return bool(dist.is_available() and dist.is_initialized())
 
     # ------------------------------------------------------------------ the hooks
-    # Each runs once a step: the common case first, with the fewest tests and calls.
+    # Each runs once a step, in the training loop. The common case comes first with the fewest
+    # tests and Python calls: the step's contexts are entered and left here, not through a
+    # helper (every Python call a step makes is a measurable share of the hooks' cost,
+    # benchmarks/hotpath.py); the rare cases go to the helpers below.
     def _forward(self, module: Any, args: Any) -> None:
         """The model's forward pre-hook (registered on the model, while timing; a copy of the
         model shares it)."""
@@ -297,14 +305,24 @@ class AutoDriver:
             return
         try:
             if self._step is None:
-                self._begin_step()
+                if self._fetched_from is not self._loader or self.accumulate:
+                    self._begin_step()
+                else:  # _begin_step's common case, inline
+                    step = self._step = self.timer.step()  # type: ignore[union-attr]
+                    step.__enter__()
+                    self._after_backward = False
             elif self._after_backward:
                 self._after_backward = False
                 if self.accumulate:
                     self._next_microstep()
             elif self._open_name is FORWARD_STAGE:
                 return  # the model called twice in one forward stage
-            self._enter(FORWARD_STAGE)
+            opened = self._open
+            if opened is not None:
+                opened.__exit__(None, None, None)
+            stage = self._open = self.timer.stage(FORWARD_STAGE)  # type: ignore[union-attr]
+            self._open_name = FORWARD_STAGE
+            stage.__enter__()
         except Exception as exc:
             self._fail(exc)
 
@@ -316,7 +334,12 @@ class AutoDriver:
             return call(*args, **kwargs)
         self._in_backward = True
         try:
-            self._enter(BACKWARD_STAGE)
+            opened = self._open
+            if opened is not None:
+                opened.__exit__(None, None, None)
+            stage = self._open = self.timer.stage(BACKWARD_STAGE)  # type: ignore[union-attr]
+            self._open_name = BACKWARD_STAGE
+            stage.__enter__()
         except Exception as exc:
             self._fail(exc)
         try:
@@ -333,18 +356,23 @@ class AutoDriver:
                     self._fail(exc)
 
     def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._in_optimizer or self.phase == OFF:
+        if self._in_optimizer or self.phase is not TIME:
+            if self.phase is LEARN and not self._in_optimizer:
+                self._in_optimizer = True  # the first step: what steps is noted at its end
             return
         self._in_optimizer = True
-        if self.phase == LEARN:
-            return
         if optimizer is not self._optimizer:
             self._not_one_optimizer([self._optimizer, optimizer])
             return
         try:
             if self._step is None:
                 self._begin_step()  # no forward of the model in this step
-            self._enter(OPTIMIZER_STAGE)
+            opened = self._open
+            if opened is not None:
+                opened.__exit__(None, None, None)
+            stage = self._open = self.timer.stage(OPTIMIZER_STAGE)  # type: ignore[union-attr]
+            self._open_name = OPTIMIZER_STAGE
+            stage.__enter__()
         except Exception as exc:
             self._fail(exc)
 
@@ -352,24 +380,25 @@ class AutoDriver:
         if not self._in_optimizer:
             return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
         self._in_optimizer = False
-        if self._step is not None:
-            try:
-                self._end_step()
-            except Exception as exc:
-                self._fail(exc)
-        elif self.phase == LEARN and optimizer is not None:
-            self._stepped.append(optimizer)
+        step = self._step
+        if step is None:
+            if self.phase is LEARN and optimizer is not None:
+                self._stepped.append(optimizer)
+            return
+        try:
+            opened, self._open = self._open, None
+            self._open_name = ""
+            if opened is not None:
+                opened.__exit__(None, None, None)
+            if self._micro is not None:
+                self._end_microstep()
+            self._step = None
+            self._after_backward = False
+            step.__exit__(None, None, None)
+        except Exception as exc:
+            self._fail(exc)
 
     # ------------------------------------------------------------------ the timer's contexts
-    def _enter(self, stage: str) -> None:
-        """Close the open stage and open ``stage``."""
-        opened = self._open
-        if opened is not None:
-            opened.__exit__(None, None, None)
-        ctx = self._open = self.timer.stage(stage)  # type: ignore[union-attr]
-        self._open_name = stage
-        ctx.__enter__()
-
     def _begin_step(self) -> None:
         """Open the step (and its first microstep); no stage is open after it."""
         fetched = self._fetched_from
@@ -387,21 +416,19 @@ class AutoDriver:
     def _next_microstep(self) -> None:
         """Close the open stage and microstep; open the next microstep, no stage in it."""
         self._close_open()
-        micro = self._micro
-        if micro is not None:
-            micro.__exit__(None, None, None)
+        self._end_microstep()
         self._micro_index += 1
         micro = self._micro = self.timer.microstep(self._micro_index)  # type: ignore[union-attr]
         micro.__enter__()
 
-    def _end_step(self) -> None:
-        opened, self._open = self._open, None
-        self._open_name = ""
-        if opened is not None:
-            opened.__exit__(None, None, None)
+    def _end_microstep(self) -> None:
         micro, self._micro = self._micro, None
         if micro is not None:
             micro.__exit__(None, None, None)
+
+    def _end_step(self) -> None:
+        self._close_open()
+        self._end_microstep()
         step, self._step = self._step, None
         self._after_backward = False
         if step is not None:
@@ -437,29 +464,41 @@ class AutoDriver:
         if timer is not None and hasattr(loader, "num_workers"):
             self._counters = timer.watch_dataloader(loader)
 
-    def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
-        """One ``next()`` of a DataLoader iterator."""
-        if self.phase != TIME or not self._grad_on():
-            return self._fetch_untimed(iterator, next_batch)
-        loader = self._fetched_from = getattr(iterator, LOADER, None)
-        if self._after_backward and self.accumulate and self._step is not None:
-            self._after_backward = False
-            try:
-                self._next_microstep()  # the next micro-batch's own wait
-            except Exception as exc:
-                self._fail(exc)
-                return next_batch(iterator)
-        batch = self.timer.fetch(next_batch, iterator)  # type: ignore[union-attr]
-        counters = self._counters
-        if counters is not None and loader is self._loader:
-            counters.consumed += 1
-        return batch
+    def fetcher(self, next_batch: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """The DataLoader iterators' ``__next__`` while the hooks are installed: one ``next()``
+        of ``next_batch`` (the original), timed while timing. A function, not a method of the
+        driver: a class attribute that is a function binds to the iterator it is called on,
+        and the wrapper is then the only Python call a fetch adds."""
+        driver = self
+        grad_on = self._grad_on
 
-    def _fetch_untimed(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any:
+        def fetch(iterator: Any) -> Any:
+            if (driver.phase is not TIME or not grad_on()) and not driver._timing_starts():
+                return next_batch(iterator)
+            loader = driver._fetched_from = getattr(iterator, LOADER, None)
+            if driver._after_backward and driver.accumulate and driver._step is not None:
+                driver._after_backward = False
+                try:
+                    driver._next_microstep()  # the next micro-batch's own wait
+                except Exception as exc:
+                    driver._fail(exc)
+                    return next_batch(iterator)
+            # timed here and charged as ``timer.fetch`` charges a fetch: calling it would add
+            # a Python call, an argument tuple and a keyword dict to every batch
+            start = _now()
+            batch = next_batch(iterator)
+            driver.timer._charge_fetch(_now() - start)  # type: ignore[union-attr]
+            counters = driver._counters
+            if counters is not None and loader is driver._loader:
+                counters.consumed += 1
+            return batch
+
+        return fetch
+
+    def _timing_starts(self) -> bool:
         """A fetch while not timing: the first fetch after the first optimizer step starts
-        the timing (and is timed)."""
+        the timing; whether it did (the fetch is then timed)."""
         if self.phase == LEARN and self._stepped and self._grad_on():
             self._start_timing()
-            if self.phase == TIME:
-                return self.fetch(iterator, next_batch)
-        return next_batch(iterator)
+            return self.phase == TIME
+        return False

@@ -31,7 +31,7 @@ class Listener(Protocol):
 
     def loader_starts(self, loader: Any) -> None: ...
 
-    def fetch(self, iterator: Any, next_batch: Callable[[Any], Any]) -> Any: ...
+    def fetcher(self, next_batch: Callable[[Any], Any]) -> Callable[[Any], Any]: ...
 
     def closing(self) -> None: ...
 
@@ -61,12 +61,7 @@ class Patches:
                 setattr(iterator, LOADER, loader)
             return iterator
 
-        next_batch = dataloader._BaseDataLoaderIter.__next__
-        fetch = listener.fetch  # bound once: no method object made on each batch
-
-        def patched_next(iterator: Any) -> Any:
-            return fetch(iterator, next_batch)
-
+        patched_next = listener.fetcher(dataloader._BaseDataLoaderIter.__next__)
         destroy = torch.distributed.destroy_process_group
 
         def patched_destroy(*args: Any, **kwargs: Any) -> Any:
