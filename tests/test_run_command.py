@@ -157,3 +157,42 @@ def test_a_timer_turned_off_in_its_settings_stops_the_hooks(tmp_path: Path) -> N
         driver.stop()
     assert steps == 6
     assert not (tmp_path / "windows.jsonl").exists()
+
+
+def test_a_capture_records_the_hooks_data_waits_as_ranges(tmp_path: Path) -> None:
+    """While a capture records profiler ranges, a DataLoader fetch under the automatic hooks is
+    a ``data.next_wait@step#N`` range of the trace, as under ``timer.iter`` (the router's
+    confirmation of a data stall reads them); the hooks' inline timing skipped them."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.analysis.wait_rule import parse_wait_range
+    from stagefrontier.auto.driver import AutoDriver
+    from stagefrontier.integrations._timer import TimerArguments
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(12, 4), torch.randn(12, 1)), batch_size=1)
+    driver = AutoDriver(
+        TimerArguments("the test's", [], ProfilerRouter(), {"out_dir": str(tmp_path)})
+    )
+    driver.install()
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    try:
+        for _epoch in range(2):  # the hooks learn the loop in the first, time the second
+            for step, (x, y) in enumerate(loader):
+                if driver.timer is not None and step == 4:  # a capture's ranges from here
+                    profiler.start()
+                    driver.timer.instrumentation.record_ranges()
+                if driver.timer is not None and step == 9:
+                    driver.timer.instrumentation.stop_ranges()
+                    profiler.stop()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    finally:
+        driver.stop()
+    names = [event.name for event in profiler.events()]
+    waits = [parse_wait_range(name) for name in names if parse_wait_range(name) is not None]
+    assert waits and all(wait[0] == "data.next_wait" for wait in waits if wait), names

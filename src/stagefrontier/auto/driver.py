@@ -11,8 +11,9 @@ From the second step on it times, entering and leaving the timer's public contex
 ==========================  =====================================================================
 stage                       from -> to
 ==========================  =====================================================================
-``data.next_wait``          each ``next()`` of a DataLoader iterator, through ``timer.fetch``
-                            (charged to the step that consumes the batch; with accumulation, a
+``data.next_wait``          each ``next()`` of a DataLoader iterator, timed in its ``__next__``
+                            (through ``timer.fetch`` while a capture records profiler ranges;
+                            charged to the step that consumes the batch; with accumulation, a
                             fetch after a backward opens the next microstep and is its own)
 ``model.fwd_loss_cpu_wall`` the model's forward pre-hook -> the backward call (the loss included)
 ``model.backward_cpu_wall`` the backward call, start to return
@@ -483,11 +484,15 @@ class AutoDriver:
                 except Exception as exc:
                     driver._fail(exc)
                     return next_batch(iterator)
-            # timed here and charged as ``timer.fetch`` charges a fetch: calling it would add
-            # a Python call, an argument tuple and a keyword dict to every batch
-            start = _now()
-            batch = next_batch(iterator)
-            driver.timer._charge_fetch(_now() - start)  # type: ignore[union-attr]
+            timer: Any = driver.timer
+            if timer.instrumentation.records_ranges:  # a capture: the wait is a profiler range
+                batch = timer.fetch(next_batch, iterator)
+            else:
+                # timed here and charged as ``timer.fetch`` charges a fetch: calling it would
+                # add a Python call, an argument tuple and a keyword dict to every batch
+                start = _now()
+                batch = next_batch(iterator)
+                timer._charge_fetch(_now() - start)
             counters = driver._counters
             if counters is not None and loader is driver._loader:
                 counters.consumed += 1

@@ -38,6 +38,12 @@ class Instrumentation:
         return int(self._timer.rank)
 
     @property
+    def records_ranges(self) -> bool:
+        """Whether a capture records profiler ranges now (``record_ranges``): a data wait must
+        then go through ``timer.fetch``, which records it as a range."""
+        return self._timer._wait_ranges is not None
+
+    @property
     def world_size(self) -> int:
         return int(self._timer.world_size)
 
