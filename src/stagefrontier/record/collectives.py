@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,24 @@ class CollectiveLog:
         self._seen: dict[tuple[str, int, str | None], int] = {}  # counts in this step
         self.untimed: list[str] = [OWN_CALLS]
         self._said: set[tuple[str, str]] = set()
+        self._watched: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._watched_ids: dict[int, bool] = {}  # for objects without weak references
+
+    def watched_once(self, target: Any, watch: Callable[[], bool]) -> bool:
+        """``watch()``'s answer for ``target``, computed the first time only (a model or
+        optimizer watched twice is wrapped once and gets the first answer again)."""
+        try:
+            known = self._watched.get(target)
+        except TypeError:
+            known = self._watched_ids.get(id(target))
+        if known is not None:
+            return known
+        answer = watch()
+        try:
+            self._watched[target] = answer
+        except TypeError:
+            self._watched_ids[id(target)] = answer
+        return answer
 
     def note(self, reason: str) -> None:
         if reason not in self.untimed:

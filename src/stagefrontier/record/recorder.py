@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from numbers import Integral
 from typing import Any, ParamSpec, TypeVar
 
 from ..analysis.schema import DATA_STAGE
@@ -297,10 +298,19 @@ class StageTimer(TimerState):
         """``with timer.collective("loss_all_reduce"): dist.all_reduce(loss)``: the program's
         own collective timed as ``name`` inside the open stage, read across ranks like DDP's
         buckets. Put the whole collective in the block (an asynchronous one with its
-        ``wait``)."""
+        ``wait``). A ``name`` that is not a str, or an ``nbytes`` that is not an int >= 0, is
+        a contract violation: the block then times nothing, or is logged with 0 bytes."""
         if not self.enabled:
             return NOOP
-        return OwnCollective(self._collective_log(), name, nbytes)
+        if not isinstance(name, str):
+            self._violation(f"timer.collective name must be a str, got {type(name).__name__}")
+            return NOOP
+        integral = isinstance(nbytes, Integral) and not isinstance(nbytes, bool)
+        if not integral or nbytes < 0:
+            kind = "a negative int" if integral else type(nbytes).__name__
+            self._violation(f"timer.collective nbytes must be an int >= 0, got {kind}")
+            nbytes = 0
+        return OwnCollective(self._collective_log(), name, int(nbytes))
 
     def _collective_log(self) -> CollectiveLog:
         if self._collectives is None:

@@ -9,8 +9,9 @@ or the ``_into_tensor``/``_tensor`` names of an older torch) and logs it: reache
 called it, done when the call returned (FSDP on the CPU calls it synchronously) or, for an
 asynchronous call, when its Work's future completed. A collective is numbered by its order
 among its family's collectives in the stage and step (``bucket``): forward's first all-gather
-is bucket 0 of ``all_gather`` in the forward stage. A custom collective the program sets later
-runs inside the timed one.
+is bucket 0 of ``all_gather`` in the forward stage. A custom collective the program set before
+``watch_fsdp`` or sets after it runs inside the timed one. A module whose group is not Gloo is
+left as it is (see below), and a model watched twice is wrapped once.
 
 ZeRO-1 (``ZeroRedundancyOptimizer``): its ``step`` updates the rank's shard (the local
 optimizer's ``step``) and then broadcasts every rank's shard to the others. A post-step hook
@@ -120,30 +121,72 @@ class TimedReduceScatter(_Timed):
 
 def watch_fsdp(log: CollectiveLog, model: Any) -> bool:
     """Time the all-gathers and reduce-scatters of every FSDP2 module in ``model`` (itself
-    included). Returns whether any module is timed; the window record says why not."""
+    included). Returns whether any module is timed; the window record says why not. A model
+    watched before gets the first answer and is not wrapped again."""
+    return log.watched_once(model, lambda: _watch_fsdp(log, model))
+
+
+def _watch_fsdp(log: CollectiveLog, model: Any) -> bool:
     try:
         from torch.distributed.fsdp import FSDPModule
 
         modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-        if modules and not hasattr(modules[0], "set_custom_all_gather"):
+        if not modules:
+            log.said("FSDP2 collectives not timed: the model holds no fully_shard module")
+            return False
+        if not hasattr(modules[0], "set_custom_all_gather"):
             log.said(NO_CUSTOM_COMMS)
             return False
+        for backend in _backends(modules):
+            if backend != "gloo":  # left as it is: nothing would be timed
+                log.said(DEVICE_GROUP.format(what="FSDP2 collectives", backend=backend))
+                return False
         for module in modules:
             _time_module(log, module)
     except Exception as exc:
         say_failed(logger, "watching the FSDP2 model's collectives", exc, "they are not timed")
         log.note(f"FSDP2 collectives not timed: {type(exc).__name__}")
         return False
-    if not modules:
-        log.said("FSDP2 collectives not timed: the model holds no fully_shard module")
-    return bool(modules)
+    return True
+
+
+def _param_groups(module: Any) -> list[Any]:
+    return list(module._get_fsdp_state()._fsdp_param_groups)
+
+
+def _backends(modules: list[Any]) -> set[str]:
+    """The backends of the groups the modules all-gather and reduce-scatter over."""
+    import torch.distributed as dist
+
+    return {
+        str(dist.get_backend(group.mesh_info.shard_process_group))
+        for module in modules
+        for group in _param_groups(module)
+    }
+
+
+def _current(module: Any, attribute: str, default: str) -> Any:
+    """The collective ``module`` runs now when it is not FSDP2's default (None if it is)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    default_type = getattr(_fsdp_collectives, default, None)
+    for group in _param_groups(module):
+        comm = getattr(group, attribute, None)
+        if comm is not None and (default_type is None or not isinstance(comm, default_type)):
+            return comm
+    return None
 
 
 def _time_module(log: CollectiveLog, module: Any) -> None:
-    """Timed collectives on ``module``; a custom one the program sets later runs inside."""
+    """Timed collectives on ``module``; a custom one the program set before or sets later
+    runs inside. A module already timed (inside a model watched before) is left as it is."""
+    gather = _current(module, "_all_gather_comm", "DefaultAllGather")
+    scatter = _current(module, "_reduce_scatter_comm", "DefaultReduceScatter")
+    if isinstance(gather, _Timed) or isinstance(scatter, _Timed):
+        return
     set_gather, set_scatter = module.set_custom_all_gather, module.set_custom_reduce_scatter
-    set_gather(TimedAllGather(log, ALL_GATHER))
-    set_scatter(TimedReduceScatter(log, REDUCE_SCATTER))
+    set_gather(TimedAllGather(log, ALL_GATHER, gather))
+    set_scatter(TimedReduceScatter(log, REDUCE_SCATTER, scatter))
 
     def set_custom_all_gather(comm: Any) -> None:
         set_gather(TimedAllGather(log, ALL_GATHER, comm))
@@ -157,7 +200,12 @@ def _time_module(log: CollectiveLog, module: Any) -> None:
 
 def watch_zero(log: CollectiveLog, optimizer: Any) -> bool:
     """Time the parameter broadcasts of ``optimizer`` (a ``ZeroRedundancyOptimizer``) at
-    each ``step``. Returns whether they are timed; the window record says why not."""
+    each ``step``. Returns whether they are timed; the window record says why not. An
+    optimizer watched before gets the first answer and no second hooks."""
+    return log.watched_once(optimizer, lambda: _watch_zero(log, optimizer))
+
+
+def _watch_zero(log: CollectiveLog, optimizer: Any) -> bool:
     try:
         import torch.distributed as dist
 
