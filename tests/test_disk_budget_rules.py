@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +196,54 @@ def test_a_compaction_that_fails_is_said_once_and_the_writes_go_on(
     failed = [r for r in caplog.records if "compacting the output folder failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING
     assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS
+
+
+_FAILING_REWRITE = """
+import json, logging, resource, signal, sys
+from pathlib import Path
+from stagefrontier.sinks.disk_budget import DiskBudget
+
+out = Path(sys.argv[1])
+handler = logging.StreamHandler(sys.stdout)
+handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+logging.getLogger("stagefrontier").addHandler(handler)
+logging.getLogger("stagefrontier").setLevel(logging.WARNING)
+records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit: EFBIG, as a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (16_384, 16_384))
+budget = DiskBudget(out, 50_000)
+for record in records:
+    budget.written(record, out / "windows.jsonl", 0)
+"""
+
+
+def test_a_records_rewrite_that_fails_still_lists_the_deleted_packets_and_is_said_once(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, _windows(), 1 << 30)
+    records = (tmp_path / "windows.jsonl").read_bytes()
+    assert len(records) > 16_384  # its copy cannot be written under the file-size limit
+    packets = _held(tmp_path)
+    script = tmp_path / "child.py"
+    script.write_text(_FAILING_REWRITE)
+    child = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    failed = [line for line in child.stdout.splitlines() if "failed" in line]
+    assert len(failed) == 1 and failed[0].startswith("WARNING"), child.stdout
+    assert "windows.jsonl" in failed[0] and "File too large" in failed[0]
+    assert (tmp_path / "windows.jsonl").read_bytes() == records  # left whole
+    compactions = _compactions(tmp_path)
+    assert len(compactions) == 1  # not walked again at every later window
+    assert compactions[0]["records_cut"] == 0 and compactions[0]["over_budget"] is True
+    deleted = {
+        w
+        for key in ("windows", "flagged_windows")
+        for _, w in listed_windows(str(compactions[0][key]))
+    }
+    assert deleted and deleted == packets - _held(tmp_path)
+    assert not list(tmp_path.glob(".windows.jsonl.*.tmp"))

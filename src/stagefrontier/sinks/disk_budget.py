@@ -127,7 +127,18 @@ class DiskBudget:
         kept = {name for name, _ in _newest(packets, RECENT)}
         kept |= {name for name, held in packets.items() if held.order in incidents}
         dropped = self._drop(packets, kept, level=0, target=target)
-        cut = self._cut_records(incidents) if self._bytes > target else []
+        cut: list[Order] = []
+        if self._bytes > target:
+            try:
+                cut = self._cut_records(incidents)
+            except OSError as exc:  # a full disk, say: the records stay whole, the rest goes on
+                say_failed(
+                    logger,
+                    f"rewriting {WINDOWS_FILE} to cut old records",
+                    exc,
+                    "its records stay whole, tried again at the next compaction",
+                    self._said,
+                )
         while self._bytes > target and self._thinner(packets, kept):
             dropped += self._drop(packets, kept, level=0, target=target)
         if self._bytes > target:  # the sample's last windows (index 0), then the flagged
