@@ -247,3 +247,15 @@ def test_a_records_rewrite_that_fails_still_lists_the_deleted_packets_and_is_sai
     }
     assert deleted and deleted == packets - _held(tmp_path)
     assert not list(tmp_path.glob(".windows.jsonl.*.tmp"))
+
+
+def test_an_interrupted_records_rewrite_leaves_no_copy_that_counts_against_the_budget(
+    tmp_path: Path,
+) -> None:
+    leftover = tmp_path / ".windows.jsonl.0123456789ab.tmp"  # a copy a killed rewrite left
+    leftover.write_bytes(b"{}\n" * 400_000)
+    windows = _windows()[:3]
+    _write(tmp_path, windows, 1_000_000)  # the three windows fit; the copy alone would not
+    assert not leftover.exists()
+    assert not (tmp_path / "compacted.jsonl").exists()
+    assert _held(tmp_path) == {0, 1, 2}

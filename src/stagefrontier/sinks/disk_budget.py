@@ -22,7 +22,9 @@ before and after, the sample kept, the windows whose packets it deleted and thos
 records it cut (``attempt/window`` ranges). The first compaction is said in one log line; a
 folder that its records' summaries and incidents alone hold over budget is said once too
 (nothing more can go without losing windows), and is compacted again only once it has grown by
-a tenth of its budget.
+a tenth of its budget. A rewrite of ``windows.jsonl`` that fails (a full disk) is said once;
+the compaction goes on without it and lists what it deleted. The copy a killed rewrite left is
+removed before the folder is first measured.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..environment import MiB
 from ..failures import say_failed
 from ..formats.compacted import COMPACTED_FILE, window_ranges
 from ..formats.incident import incident_window
+from ..formats.packet import remove_temporaries
 from ..formats.records import WINDOWS_FILE
 from .record_compaction import Order, compact_records
 
@@ -108,6 +111,8 @@ class DiskBudget:
         elif record is not None and path.name == WINDOWS_FILE:
             self._recent.append(_order(record))
         self._writes += 1
+        if self._bytes is None:  # before this process's first compaction: an earlier rewrite's
+            remove_temporaries(self.folder, f".{WINDOWS_FILE}.*.tmp")  # interrupted copy
         if self._bytes is None or self._writes % REMEASURE_EVERY == 0:
             self._bytes = folder_bytes(self.folder)
         else:
