@@ -27,6 +27,7 @@ from stagefrontier.sinks.output_folder import shared_folder
 from stagefrontier.sinks.record_compaction import compact_records
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
+from test_cli_bad_inputs import run as cli_run
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "residual")
 MS = 1_000_000
@@ -259,3 +260,23 @@ def test_an_interrupted_records_rewrite_leaves_no_copy_that_counts_against_the_b
     assert not leftover.exists()
     assert not (tmp_path / "compacted.jsonl").exists()
     assert _held(tmp_path) == {0, 1, 2}
+
+
+def test_a_short_run_whose_cut_records_compacted_jsonl_does_not_list_is_still_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    windows = _windows()
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    out = tmp_path / "run"
+    _write(out, windows, (whole / "windows.jsonl").stat().st_size)
+    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    cut = {r["window"] for r in records if r.get("compacted")}
+    assert cut
+    (out / "compacted.jsonl").unlink()  # lost, or written by a rewrite it does not list
+    run = load_run(out)
+    assert run.tallies.cut == len(cut) and run.count == WINDOWS
+    assert {meta["window"] for _, meta in run.windows} == set(range(WINDOWS)) - cut
+    code, _, err = cli_run(["report", str(out)], capsys)
+    assert code == 0, err
+    assert f"{len(cut)} window(s) of windows.jsonl keep only their summary" in err
