@@ -194,9 +194,19 @@ def test_a_compaction_that_fails_is_said_once_and_the_writes_go_on(
     blocker.mkdir(parents=True)
     (blocker / "filler").write_bytes(b"x" * 100_000)
     _write(tmp_path, _windows(), 50_000)
-    failed = [r for r in caplog.records if "compacting the output folder failed" in r.getMessage()]
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+    assert "deleting a packet failed" in failed[0].getMessage()
     assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS
+    assert blocker.is_dir()  # the rest of the compaction went on, each packet it deleted listed
+    deleted = [
+        w
+        for c in _compactions(tmp_path)
+        for key in ("windows", "flagged_windows")
+        for _, w in listed_windows(str(c[key]))
+    ]
+    written = {p.name for p in (tmp_path / "packets").iterdir()} - {blocker.name}
+    assert sorted(deleted) == sorted(set(range(WINDOWS)) - {int(n[7:13]) for n in written})
 
 
 _FAILING_REWRITE = """

@@ -22,8 +22,9 @@ before and after, the sample kept, the windows whose packets it deleted and thos
 records it cut (``attempt/window`` ranges). The first compaction is said in one log line; a
 folder that its records' summaries and incidents alone hold over budget is said once too
 (nothing more can go without losing windows), and is compacted again only once it has grown by
-a tenth of its budget. A rewrite of ``windows.jsonl`` that fails (a full disk) is said once;
-the compaction goes on without it and lists what it deleted. The copy a killed rewrite left is
+a tenth of its budget. A rewrite of ``windows.jsonl`` that fails (a full disk), or a packet
+that cannot be deleted, is said once; the compaction goes on without it and lists what it
+deleted. The copy a killed rewrite left is
 removed before the folder is first measured.
 """
 
@@ -171,7 +172,12 @@ class DiskBudget:
                 continue
             if not level and sample and held.order[1] % self.sample_every == 0:
                 continue
-            held.path.unlink(missing_ok=True)
+            try:
+                held.path.unlink(missing_ok=True)
+            except OSError as exc:  # kept: the compaction goes on and lists what it deleted
+                say_failed(logger, "deleting a packet", exc, "it is kept", self._said)
+                kept.add(name)
+                continue
             del packets[name]
             self._bytes -= held.size
             dropped.append(held)
