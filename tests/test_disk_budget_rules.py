@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from stagefrontier.sinks.output_folder import shared_folder
 from stagefrontier.sinks.record_compaction import compact_records
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
+from test_cli_bad_inputs import run as cli_run
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "residual")
 MS = 1_000_000
@@ -191,6 +194,99 @@ def test_a_compaction_that_fails_is_said_once_and_the_writes_go_on(
     blocker.mkdir(parents=True)
     (blocker / "filler").write_bytes(b"x" * 100_000)
     _write(tmp_path, _windows(), 50_000)
-    failed = [r for r in caplog.records if "compacting the output folder failed" in r.getMessage()]
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+    assert "deleting a packet failed" in failed[0].getMessage()
     assert len((tmp_path / "windows.jsonl").read_text().splitlines()) == WINDOWS
+    assert blocker.is_dir()  # the rest of the compaction went on, each packet it deleted listed
+    deleted = [
+        w
+        for c in _compactions(tmp_path)
+        for key in ("windows", "flagged_windows")
+        for _, w in listed_windows(str(c[key]))
+    ]
+    written = {p.name for p in (tmp_path / "packets").iterdir()} - {blocker.name}
+    assert sorted(deleted) == sorted(set(range(WINDOWS)) - {int(n[7:13]) for n in written})
+
+
+_FAILING_REWRITE = """
+import json, logging, resource, signal, sys
+from pathlib import Path
+from stagefrontier.sinks.disk_budget import DiskBudget
+
+out = Path(sys.argv[1])
+handler = logging.StreamHandler(sys.stdout)
+handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+logging.getLogger("stagefrontier").addHandler(handler)
+logging.getLogger("stagefrontier").setLevel(logging.WARNING)
+records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit: EFBIG, as a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (16_384, 16_384))
+budget = DiskBudget(out, 50_000)
+for record in records:
+    budget.written(record, out / "windows.jsonl", 0)
+"""
+
+
+def test_a_records_rewrite_that_fails_still_lists_the_deleted_packets_and_is_said_once(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, _windows(), 1 << 30)
+    records = (tmp_path / "windows.jsonl").read_bytes()
+    assert len(records) > 16_384  # its copy cannot be written under the file-size limit
+    packets = _held(tmp_path)
+    script = tmp_path / "child.py"
+    script.write_text(_FAILING_REWRITE)
+    child = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    failed = [line for line in child.stdout.splitlines() if "failed" in line]
+    assert len(failed) == 1 and failed[0].startswith("WARNING"), child.stdout
+    assert "windows.jsonl" in failed[0] and "File too large" in failed[0]
+    assert (tmp_path / "windows.jsonl").read_bytes() == records  # left whole
+    compactions = _compactions(tmp_path)
+    assert len(compactions) == 1  # not walked again at every later window
+    assert compactions[0]["records_cut"] == 0 and compactions[0]["over_budget"] is True
+    deleted = {
+        w
+        for key in ("windows", "flagged_windows")
+        for _, w in listed_windows(str(compactions[0][key]))
+    }
+    assert deleted and deleted == packets - _held(tmp_path)
+    assert not list(tmp_path.glob(".windows.jsonl.*.tmp"))
+
+
+def test_an_interrupted_records_rewrite_leaves_no_copy_that_counts_against_the_budget(
+    tmp_path: Path,
+) -> None:
+    leftover = tmp_path / ".windows.jsonl.0123456789ab.tmp"  # a copy a killed rewrite left
+    leftover.write_bytes(b"{}\n" * 400_000)
+    windows = _windows()[:3]
+    _write(tmp_path, windows, 1_000_000)  # the three windows fit; the copy alone would not
+    assert not leftover.exists()
+    assert not (tmp_path / "compacted.jsonl").exists()
+    assert _held(tmp_path) == {0, 1, 2}
+
+
+def test_a_short_run_whose_cut_records_compacted_jsonl_does_not_list_is_still_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    windows = _windows()
+    whole = tmp_path / "whole"
+    _write(whole, windows, 1 << 30)
+    out = tmp_path / "run"
+    _write(out, windows, (whole / "windows.jsonl").stat().st_size)
+    records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
+    cut = {r["window"] for r in records if r.get("compacted")}
+    assert cut
+    (out / "compacted.jsonl").unlink()  # lost, or written by a rewrite it does not list
+    run = load_run(out)
+    assert run.tallies.cut == len(cut) and run.count == WINDOWS
+    assert {meta["window"] for _, meta in run.windows} == set(range(WINDOWS)) - cut
+    code, _, err = cli_run(["report", str(out)], capsys)
+    assert code == 0, err
+    assert f"{len(cut)} window(s) of windows.jsonl keep only their summary" in err

@@ -189,3 +189,29 @@ def test_an_incidents_figure_shows_its_captured_steps(tmp_path: Path) -> None:
     # Steps no packet holds: the run's worst step, saying so.
     packet, shown = captured_steps(run, (500, 504))
     assert shown[-1][1].endswith("\nno packet holds the captured steps 500-504")
+
+
+@pytest.mark.parametrize("names", [("ms", "pp1"), (".", "0", "1")])
+def test_a_summarized_role_run_draws_roles_named_like_a_panel_or_a_gap(
+    tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    from stagefrontier.formats.run_digest import Bucket, Tallies
+    from stagefrontier.render.plots import plot_bucket_shares
+
+    shares = {"data.next_wait": 0.3, "model.forward": 0.7}
+    buckets = [
+        Bucket(
+            {"window": 2 * i, "first_step": 20 * i},
+            {"window": 2 * i + 1, "last_step": 20 * i + 19},
+            2,
+            (9.0, 10.0, 11.0),
+            shares,
+            "model.forward",
+            {},
+            {name: shares for name in names},
+        )
+        for i in range(5)
+    ]
+    run = RunWindows(tmp_path, list(shares), [], 10, Tallies(), buckets)
+    figure = plot_bucket_shares(run, tmp_path / "shares.png")
+    assert figure.read_bytes().startswith(PNG_MAGIC)

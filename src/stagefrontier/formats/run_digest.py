@@ -207,7 +207,8 @@ class SchemaDigest:
     ``total``: how many windows the folder holds in all (bucket positions are out of it);
     ``captured``: the step spans the profiler router captured (its incidents); ``cut``: whether
     the disk budget cut some records down to their summary (the run is then summarized
-    however short: such a window cannot be shown in full, and is never kept to be)."""
+    however short: such a window cannot be shown in full, and is never kept to be, even when
+    ``compacted.jsonl`` does not list it: only counted)."""
 
     def __init__(
         self, stages: list[str], total: int, captured: list[tuple[int, int]], cut: bool = False
@@ -237,7 +238,8 @@ class SchemaDigest:
         slowed = self.router_slowed(row)
         flagged = slowed or row.regression is not None
         if self.show_all:
-            self.shown.append(source)
+            if not row.compacted:  # its summary alone, whatever compacted.jsonl says: counted
+                self.shown.append(source)
         else:
             self._keep(row, source, flagged)
             position = min(source.position * BUCKETS // self.total, BUCKETS - 1)

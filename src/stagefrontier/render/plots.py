@@ -367,16 +367,18 @@ def plot_bucket_shares(run: RunWindows, path: str | Path) -> Path:
 
 def _role_panels(plt: Any, roles: list[str]) -> tuple[Any, Any, dict[str, Any]]:
     """A summarized role run's layout: the exposed ms/step across the top, below it one panel
-    of shares per role."""
+    of shares per role. The panels are labelled by index: a role's name (``ms``, ``.``) is the
+    user's and could name another panel or none."""
+    top = len(roles)
     fig, axes = plt.subplot_mosaic(
-        [["ms"] * len(roles), roles],
+        [[top] * len(roles), list(range(len(roles)))],
         figsize=(max(10, 5 * len(roles)), 6.4),
         dpi=110,
         height_ratios=[1, 3],
         layout="constrained",
     )
-    axes["ms"].tick_params(labelbottom=False)  # the panels below name the buckets
-    return fig, axes["ms"], {role: axes[role] for role in roles}
+    axes[top].tick_params(labelbottom=False)  # the panels below name the buckets
+    return fig, axes[top], {role: axes[i] for i, role in enumerate(roles)}
 
 
 def _bucket_bars(

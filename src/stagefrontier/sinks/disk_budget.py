@@ -22,7 +22,10 @@ before and after, the sample kept, the windows whose packets it deleted and thos
 records it cut (``attempt/window`` ranges). The first compaction is said in one log line; a
 folder that its records' summaries and incidents alone hold over budget is said once too
 (nothing more can go without losing windows), and is compacted again only once it has grown by
-a tenth of its budget.
+a tenth of its budget. A rewrite of ``windows.jsonl`` that fails (a full disk), or a packet
+that cannot be deleted, is said once; the compaction goes on without it and lists what it
+deleted. The copy a killed rewrite left is
+removed before the folder is first measured.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ..environment import MiB
 from ..failures import say_failed
 from ..formats.compacted import COMPACTED_FILE, window_ranges
 from ..formats.incident import incident_window
+from ..formats.packet import remove_temporaries
 from ..formats.records import WINDOWS_FILE
 from .record_compaction import Order, compact_records
 
@@ -108,6 +112,8 @@ class DiskBudget:
         elif record is not None and path.name == WINDOWS_FILE:
             self._recent.append(_order(record))
         self._writes += 1
+        if self._bytes is None:  # before this process's first compaction: an earlier rewrite's
+            remove_temporaries(self.folder, f".{WINDOWS_FILE}.*.tmp")  # interrupted copy
         if self._bytes is None or self._writes % REMEASURE_EVERY == 0:
             self._bytes = folder_bytes(self.folder)
         else:
@@ -127,7 +133,18 @@ class DiskBudget:
         kept = {name for name, _ in _newest(packets, RECENT)}
         kept |= {name for name, held in packets.items() if held.order in incidents}
         dropped = self._drop(packets, kept, level=0, target=target)
-        cut = self._cut_records(incidents) if self._bytes > target else []
+        cut: list[Order] = []
+        if self._bytes > target:
+            try:
+                cut = self._cut_records(incidents)
+            except OSError as exc:  # a full disk, say: the records stay whole, the rest goes on
+                say_failed(
+                    logger,
+                    f"rewriting {WINDOWS_FILE} to cut old records",
+                    exc,
+                    "its records stay whole, tried again at the next compaction",
+                    self._said,
+                )
         while self._bytes > target and self._thinner(packets, kept):
             dropped += self._drop(packets, kept, level=0, target=target)
         if self._bytes > target:  # the sample's last windows (index 0), then the flagged
@@ -155,7 +172,12 @@ class DiskBudget:
                 continue
             if not level and sample and held.order[1] % self.sample_every == 0:
                 continue
-            held.path.unlink(missing_ok=True)
+            try:
+                held.path.unlink(missing_ok=True)
+            except OSError as exc:  # kept: the compaction goes on and lists what it deleted
+                say_failed(logger, "deleting a packet", exc, "it is kept", self._said)
+                kept.add(name)
+                continue
             del packets[name]
             self._bytes -= held.size
             dropped.append(held)
