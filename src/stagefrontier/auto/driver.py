@@ -492,7 +492,7 @@ class AutoDriver:
                 # add a Python call, an argument tuple and a keyword dict to every batch
                 start = _now()
                 batch = next_batch(iterator)
-                timer._charge_fetch(_now() - start)
+                timer.instrumentation.charge_fetch(_now() - start)
             counters = driver._counters
             if counters is not None and loader is driver._loader:
                 counters.consumed += 1

@@ -13,6 +13,7 @@ own time on the training thread to the timer's self-cost (``charge``). Nothing o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .annotate import ProfilerRanges, WaitRanges
@@ -36,6 +37,13 @@ class Instrumentation:
     @property
     def rank(self) -> int:
         return int(self._timer.rank)
+
+    @property
+    def charge_fetch(self) -> Callable[[int], None]:
+        """What ``timer.fetch`` does with a wait it timed, for a caller that timed it itself
+        (the automatic hooks time a DataLoader fetch inline): charge it, in nanoseconds."""
+        charge: Callable[[int], None] = self._timer._charge_fetch  # type: ignore[attr-defined]
+        return charge
 
     @property
     def records_ranges(self) -> bool:
