@@ -17,7 +17,7 @@ import stagefrontier as sf
 from cli_support import console_script
 from stagefrontier.cli import main
 from stagefrontier.demo import FaultSpecError, parse_fault
-from stagefrontier.demo.faults import check_faults
+from stagefrontier.demo.faults import FaultInjector, check_faults
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.render.headline import HEADLINE_MAX
 
@@ -143,7 +143,8 @@ def test_the_demo_ends_with_the_router_incident(demo: DemoFolder) -> None:
     assert "Profiler router incident w00000: stage data.next_wait, suspect rank 1" in demo.stdout
     assert "confirmed" in demo.stdout and "top op diff: inside data.next_wait, `" in demo.stdout
     # the sampled stack: the function, and the line it was at (the builtin it called)
-    assert "faults.py(158): delay › <line " in demo.stdout
+    first_line = FaultInjector.delay.__code__.co_firstlineno
+    assert f"faults.py({first_line}): delay › <line " in demo.stdout
     assert "time.sleep(delay_s)>` takes" in demo.stdout
     page = (demo.out / "incidents" / "w00000" / "incident.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<table>" in page
