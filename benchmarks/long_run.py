@@ -10,7 +10,9 @@ Each record goes through the library's own ``windows.jsonl`` writer (``sinks.fil
 and each packet through its own encoding (``formats.packet.packet_bytes``); only the first
 repetition keeps its regressions and the profiler router's cost, so a long folder holds the
 source run's few flagged windows, not some in every repetition. The incident folder is copied
-as it is.
+as it is. The writer keeps the folder within the default disk budget (1024 MiB) as a live run's
+does: past about 50,000 windows it deletes packets outside the sample and cuts old healthy
+records to their summary (``sinks.disk_budget``); the results say what the folder then holds.
 
 Each command then runs in a process of its own (``python -m stagefrontier.cli``), started by
 a small launcher (``LAUNCHER``: a bare interpreter that imports nothing but the standard
@@ -53,8 +55,9 @@ from harness_common import (
     script_parser,
     table,
 )
+from stagefrontier.formats.compacted import COMPACTED_FILE
 from stagefrontier.formats.packet import Packet, packet_bytes, packet_name, read_packet
-from stagefrontier.formats.records import WINDOWS_FILE, read_records
+from stagefrontier.formats.records import COMPACTED_MARK, WINDOWS_FILE, read_records
 from stagefrontier.sinks.files import JsonlSink
 
 INCIDENTS = "incidents"
@@ -136,6 +139,20 @@ class Measured:
     code: int
 
 
+def folder_facts(folder: Path) -> str:
+    """What a generated folder holds: its size, packets, records cut and compactions."""
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+    packets = sum(1 for _ in (folder / "packets").iterdir())
+    with open(folder / WINDOWS_FILE, "rb") as handle:
+        cut = sum(COMPACTED_MARK in line for line in handle)
+    compacted = folder / COMPACTED_FILE
+    compactions = len(compacted.read_text().splitlines()) if compacted.exists() else 0
+    return (
+        f"a folder of {size:.0f} MB, {packets:,} packets, {cut:,} records cut to their summary "
+        f"by the disk budget in {compactions} compaction(s)"
+    )
+
+
 def measure(command: list[str]) -> Measured:
     """The wall and CPU seconds, the peak resident set and exit code of ``stagefrontier
     COMMAND``, read by the launcher that starts it (see the module doc)."""
@@ -175,6 +192,7 @@ def main() -> int:
     machine = environment()  # its load line is read now, as the script starts
     rows: list[list[object]] = []
     failed = []
+    held: list[str] = []
     with tempfile.TemporaryDirectory(prefix="stagefrontier-long-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -185,8 +203,8 @@ def main() -> int:
             start = time.perf_counter()
             generate(source, folder, windows)
             made = time.perf_counter() - start
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
-            print(f"{windows} windows: folder of {size:.0f} MB made in {made:.0f} s")
+            held.append(f"- {windows:,} windows: {folder_facts(folder)}, made in {made:.0f} s")
+            print(held[-1])
             for name, command in commands(folder, windows).items():
                 run = measure(command)
                 loads.append(load_1min())
@@ -217,6 +235,10 @@ def main() -> int:
     lines += quiet_check(loads)
     lines += [
         f"- Load average (1/5/15 min) at the end: {load_text()}",
+        "",
+        "The folders read back:",
+        "",
+        *held,
         "",
         f"Targets for 100,000 windows: at most {TARGET_S:.0f} s and {TARGET_MB:.0f} MB per "
         "command. Peak memory is the command's maximum resident set size (Python, numpy and "
