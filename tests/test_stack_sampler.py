@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 
-from stagefrontier.route.stack_sampler import StackSampler
+from stagefrontier.route.stack_sampler import StackSampler, _sample
 
 
 class Held:
@@ -57,3 +57,37 @@ def test_close_ends_the_sampling_thread() -> None:
     sampler.end()
     sampler.close()
     assert not started[0].is_alive()
+
+
+def test_a_sample_is_stamped_before_a_collection_it_runs() -> None:
+    """Reading a thread's frames allocates, so a garbage collection can run on the sampling
+    thread inside a sample, holding the GIL: the sampled thread cannot move meanwhile, and the
+    stack read after the collection is the one it had before. Stamped after the collection, the
+    collection's time went to the previous sample's stack: a 120 ms sleep on a captured rank that
+    a collection spanned (a Lightning rank's full collection takes longer) was charged to its
+    caller, and the op diff lost that step's stall (CI: 96.3 ms/step where every step slept 120).
+    With a threshold of one allocation, collections run inside many samples, at every point
+    of one: none may start before the sample's stamp."""
+    seen: list[int] = []  # when each collection started
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append(time.time_ns())
+
+    ident = threading.get_ident()
+    threshold = gc.get_threshold()
+    inside: list[tuple[int, int]] = []  # (the sample's stamp, a collection it ran)
+    gc.callbacks.append(note)
+    gc.set_threshold(1)
+    try:
+        for _ in range(200):
+            before = len(seen)
+            sample = _sample(ident)
+            assert sample is not None
+            inside += [(sample[0], start) for start in seen[before:]]
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(note)
+    assert inside, "no collection ran inside a sample"
+    late = [(stamp, start) for stamp, start in inside if stamp > start]
+    assert not late, f"{len(late)} of {len(inside)} samples stamped after a collection they ran"

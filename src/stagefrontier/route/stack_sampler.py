@@ -145,11 +145,19 @@ def _sample(thread_id: int) -> Sample | None:
     referenced only inside this call: a frame kept by the sampling thread would keep the
     training loop's locals (its model, its DataLoader) alive after the loop returned, and free
     them on the sampling thread later, possibly while the interpreter shuts down, where freeing
-    a tensor aborts the process (the tensor's release of the GIL cannot take it back then)."""
+    a tensor aborts the process (the tensor's release of the GIL cannot take it back then).
+
+    The sample is stamped before the frames are read. Reading them allocates, so a garbage
+    collection may run here, on this thread, holding the GIL for as long as it takes (hundreds
+    of milliseconds in a process holding a framework's objects). The sampled thread cannot run
+    Python meanwhile, so the stack read after the collection is the one it had when this call
+    began: stamped after, the collection's time went to the previous sample's stack, and a
+    120 ms sleep that the collection spanned came out as a few milliseconds."""
+    at_ns = time.time_ns()
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
-    return (time.time_ns(), _stack(frame), frame.f_lineno)
+    return (at_ns, _stack(frame), frame.f_lineno)
 
 
 def _stack(frame: FrameType | None) -> Stack:
