@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 
-from stagefrontier.route.stack_sampler import StackSampler, _sample
+from stagefrontier.route.stack_sampler import StackSampler, _sample, stack_events
 
 
 class Held:
@@ -91,3 +91,50 @@ def test_a_sample_is_stamped_before_a_collection_it_runs() -> None:
     assert inside, "no collection ran inside a sample"
     late = [(stamp, start) for stamp, start in inside if stamp > start]
     assert not late, f"{len(late)} of {len(inside)} samples stamped after a collection they ran"
+
+
+def _waits_for(entered: threading.Event, released: threading.Event) -> None:
+    """Stands for a stalled user function: it waits with the GIL released."""
+    entered.set()
+    released.wait(60)
+
+
+def test_a_collection_on_another_thread_is_charged_to_the_sampled_stack() -> None:
+    """A collection on another thread holds the GIL until it ends; the sampled thread may
+    take the GIL back before the sampling thread does and leave the function it waited in, so
+    no regular sample shows that function. The sampler reads the stack as the collection
+    starts. One regular sample here (a 1 s interval), taken before the function is entered;
+    the function's time must still be there, covering the collection."""
+    sampler = StackSampler(interval_s=1.0)
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.current_thread().name == "collector":
+            started.append(time.time_ns())
+
+    entered, released = threading.Event(), threading.Event()
+
+    def collect() -> None:
+        entered.wait(60)
+        gc.collect()
+        released.set()
+
+    try:
+        sampler.begin()
+        deadline = time.monotonic() + 30
+        while not sampler._samples and time.monotonic() < deadline:  # the regular sample
+            time.sleep(0.001)
+        gc.callbacks.append(note)  # after the sampler's: called after it
+        collector = threading.Thread(target=collect, name="collector")
+        collector.start()
+        _waits_for(entered, released)
+        collector.join()
+        sampled = sampler.end()
+    finally:
+        if note in gc.callbacks:
+            gc.callbacks.remove(note)
+        sampler.close()
+    assert started, "no collection ran on the collecting thread"
+    waited = [e for e in stack_events(sampled, 0) if e["name"].endswith(": _waits_for")]
+    assert waited, "the function waited in during the collection was never sampled"
+    assert waited[0]["ts"] * 1e3 <= started[0]

@@ -19,10 +19,18 @@ the path relative to its ``sys.path`` entry), and the line an innermost user fra
 more event inside it. The op diff reads them as it read the tracer's; a function shorter than
 the interval may be missed, and a builtin (``time.sleep``) is charged to the line of the Python
 function that called it.
+
+A garbage collection holds the GIL for as long as it runs (hundreds of milliseconds in a process
+holding a framework's objects), and no sample can be taken meanwhile: the sampled thread's stack
+is read as such a collection starts on another thread (a ``gc`` callback while sampling), and a
+sample is stamped before a collection it runs itself, so the time goes to the stack the sampled
+thread had, not to one sampled before. Another thread holding the GIL in a long C call is still
+a gap that the stack sampled before it fills.
 """
 
 from __future__ import annotations
 
+import gc
 import linecache
 import logging
 import os
@@ -94,9 +102,12 @@ class StackSampler:
             self._target = threading.get_ident()
             self._native_id = threading.get_native_id()
             self._wake.notify()
+        if self._on_collection not in gc.callbacks:
+            gc.callbacks.append(self._on_collection)
 
     def end(self) -> SampledStacks:
         """Stop sampling; the samples taken since ``begin``, oldest first."""
+        self._forget_collections()
         with self._wake:
             self._target = None
             samples, self._samples = self._samples, []
@@ -114,12 +125,41 @@ class StackSampler:
     def close(self) -> None:
         """End the thread and wait for it (it is idle or between two samples: at most one
         interval), so that nothing of it runs while the interpreter shuts down."""
+        self._forget_collections()
         with self._wake:
             self._closed = True
             self._target = None
             self._wake.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_JOIN_S)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """A garbage collection on another thread (the router's, say) holds the GIL until it
+        ends, and the sampled thread cannot run Python meanwhile: its stack now is its stack
+        throughout. Sampled as the collection starts: the sampling thread, held off until it
+        ends, may find the sampled thread moved on (out of a sleep that the collection spanned)
+        and would charge the whole time to the stack it sampled before. The sampled thread's own
+        collections are its own time, and this thread's are stamped by ``_sample``."""
+        target = self._target
+        if phase != "start" or target is None:
+            return
+        if threading.get_ident() in (target, self._thread.ident):
+            return
+        if not self._wake.acquire(blocking=False):  # a sample or a cut is being written
+            return
+        try:
+            if self._target == target and len(self._samples) < MAX_SAMPLES:
+                sample = _sample(target)
+                if sample is not None:
+                    self._samples.append(sample)
+        except Exception:  # never a traceback from a collection; the regular samples go on
+            logger.debug("stagefrontier: sampling at a collection failed", exc_info=True)
+        finally:
+            self._wake.release()
+
+    def _forget_collections(self) -> None:
+        if self._on_collection in gc.callbacks:
+            gc.callbacks.remove(self._on_collection)
 
     def _run(self) -> None:
         while True:
