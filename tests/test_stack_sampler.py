@@ -138,3 +138,34 @@ def test_a_collection_on_another_thread_is_charged_to_the_sampled_stack() -> Non
     waited = [e for e in stack_events(sampled, 0) if e["name"].endswith(": _waits_for")]
     assert waited, "the function waited in during the collection was never sampled"
     assert waited[0]["ts"] * 1e3 <= started[0]
+
+
+def test_a_cut_never_waits_for_the_sampling_thread() -> None:
+    """The sampling thread holds its lock while it reads a stack, and on a busy machine the
+    kernel may preempt it there. A cut (the training thread, as a captured step's range closes)
+    must not wait for it: the wait stretched the live step after its range had closed, and the
+    trace disagreed with the live record (a share differing by 0.16 on 35 ms steps). Here
+    another thread holds the sampler's lock until the cut is done."""
+    sampler = StackSampler(interval_s=1.0)
+    holding, cut_done = threading.Event(), threading.Event()
+    released_by_cut: list[bool] = []
+
+    def hold() -> None:
+        with sampler._wake:
+            holding.set()
+            released_by_cut.append(cut_done.wait(60))
+
+    try:
+        sampler.begin()
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait(60)
+        sampler.cut()
+        cut_done.set()
+        holder.join()
+        sampled = sampler.end()
+    finally:
+        sampler.close()
+    assert released_by_cut == [True], "the cut waited for the thread holding the sampler's lock"
+    stamps = [at_ns for at_ns, _, _ in sampled.samples]
+    assert stamps == sorted(stamps) and any(not stack for _, stack, _ in sampled.samples)

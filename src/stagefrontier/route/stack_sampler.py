@@ -89,6 +89,7 @@ class StackSampler:
         self._target: int | None = None  # the thread sampled now (``threading.get_ident``)
         self._native_id = 0
         self._samples: list[Sample] = []
+        self._cuts: list[int] = []  # when the sampled thread cut (``cut``), written by it alone
         self._closed = False
         self._thread = threading.Thread(
             target=self._run, name=f"{ROUTER_THREAD}-sampler", daemon=True
@@ -99,6 +100,7 @@ class StackSampler:
         """Sample the calling thread from now on."""
         with self._wake:
             self._samples = []
+            self._cuts = []
             self._target = threading.get_ident()
             self._native_id = threading.get_native_id()
             self._wake.notify()
@@ -106,21 +108,29 @@ class StackSampler:
             gc.callbacks.append(self._on_collection)
 
     def end(self) -> SampledStacks:
-        """Stop sampling; the samples taken since ``begin``, oldest first."""
+        """Stop sampling; the samples taken since ``begin``, the cuts among them, oldest
+        first."""
         self._forget_collections()
         with self._wake:
             self._target = None
             samples, self._samples = self._samples, []
+        cuts, self._cuts = self._cuts, []
+        samples += [(at_ns, (), 0) for at_ns in cuts]
+        samples.sort(key=lambda sample: sample[0])
         return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
 
     def cut(self) -> None:
         """On the sampled thread, where it opens or closes a step's range: every frame open now
         ends here and starts again at the next sample. The op diff counts an event where it
         starts, inside the stage's range of a captured step; a frame seen unchanged across
-        steps (a loop sleeping in its data wait every step) would start in the first one only."""
-        with self._wake:
-            if self._target is not None and len(self._samples) < MAX_SAMPLES:
-                self._samples.append((time.time_ns(), (), 0))
+        steps (a loop sleeping in its data wait every step) would start in the first one only.
+
+        It takes no lock (``end`` puts the cuts among the samples by time): the sampling thread
+        holds its lock while it reads a stack, and on a busy machine the kernel may preempt it
+        there; a cut waiting for it would stretch the captured step that is ending by as much,
+        after its profiler range closed, and the trace would disagree with the live step."""
+        if self._target is not None and len(self._cuts) < MAX_SAMPLES:
+            self._cuts.append(time.time_ns())
 
     def close(self) -> None:
         """End the thread and wait for it (it is idle or between two samples: at most one
