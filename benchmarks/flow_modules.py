@@ -30,7 +30,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from harness_common import command_line, load_text, result_header, script_parser, table
+from harness_common import (
+    command_line,
+    load_text,
+    result_header,
+    script_parser,
+    table,
+    write_result,
+)
 from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall")
@@ -140,9 +147,7 @@ def main() -> None:
     for name, seen in flows.items():
         lines += ["", f"The flow of {name}: " + ", ".join(f"`{m}`" for m in sorted(seen)) + "."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_result(args.out, text)
 
 
 if __name__ == "__main__":
