@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.noise import mean_excess
 from ..analysis.semantic import stage_groups
 from ..reducers import reduce_kineto
@@ -129,7 +129,7 @@ def confirm(
     trace's top stage) exceeds the
     reference's by at least ``min_share`` of the step on average and by ``CONFIRM_T`` standard
     errors over the captured steps; ``disagrees`` (False) otherwise."""
-    g = gates or Gates()
+    g = gates or DEFAULT_GATES
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
     paths = [trace_files[r] for r in sorted(trace_files)]
