@@ -18,10 +18,10 @@ import pytest
 from markupsafe import escape
 
 from budget_support import BudgetJob, launch
-from stagefrontier.analysis.regression import regression_text
 from stagefrontier.cli.main import main
 from stagefrontier.formats.compacted import listed_windows
 from stagefrontier.formats.incident import incident_window, list_incidents
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.sinks import JsonlSink
 from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt

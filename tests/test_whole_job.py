@@ -29,9 +29,9 @@ import pytest
 pytest.importorskip("torch")
 
 from rank_support import START_METHOD
-from stagefrontier.analysis.regression import regression_text
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.demo.train import STEP_MARKER
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.route import list_incidents
 
 STEPS = 120

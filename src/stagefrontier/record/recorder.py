@@ -31,7 +31,6 @@ from ..analysis.schema import DATA_STAGE
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..collect.settings import check_has_methods
-from ..collect.store import release_scope
 from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import StageFrontierError, TimerSettingError
@@ -407,6 +406,8 @@ class StageTimer(TimerState):
             release_out_dir(self._out_dir_held)
         if not self.enabled:
             if self._disabled_scope is not None:
+                from ..collect.store import release_scope  # loaded by announce_disabled
+
                 release_scope(self._disabled_scope)
             return
         try:
