@@ -38,3 +38,44 @@ def test_a_single_process_router_without_a_store_says_so_in_the_librarys_words(
     said = [r.getMessage() for r in caplog.records if "capture request" in r.getMessage()]
     assert len(said) == 1, said
     assert "no store to use: no process group, no store given" in said[0]
+
+
+def test_a_single_process_router_without_a_store_tries_it_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the router tried to open a store every 5 s (backing off from its poll) for as
+    long as the process ran, though a process given none never gets one."""
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+    from stagefrontier.collect import store
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    opened: list[object] = []
+    real = store.open_connection
+
+    def counted(*args: object, **kwargs: object) -> object:
+        opened.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "open_connection", counted)
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    timer = StageTimer(
+        config=TimerConfig(
+            stages=["data.next_wait"],
+            window=5,
+            collection=CollectConfig("local", out_dir=tmp_path, log=False),
+            router=ProfilerRouter(poll_s=0.01),
+        )
+    )
+    steps = 0
+    while steps < 5000 and not opened:
+        with timer.step(), timer.stage("data.next_wait"):
+            time.sleep(0.01)
+        steps += 1
+    for _ in range(100):  # six back-offs of the poll's 10 ms and more: 0.6 s
+        with timer.step(), timer.stage("data.next_wait"):
+            time.sleep(0.01)
+    timer.close()
+    assert len(opened) == 1, len(opened)
+    said = [r.getMessage() for r in caplog.records if "capture request" in r.getMessage()]
+    assert len(said) == 1 and "no store to use" in said[0], said

@@ -25,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from ..errors import ReportFormatError
+from ..errors import NoStoreError, ReportFormatError
 from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
 from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP
 from ..formats.typed import Count, PlainName, Rank, Step, Text, check_ranks, decode, encode
@@ -194,16 +194,24 @@ class RequestChannel:
         self.scope = scope
         self._open_raw = open_raw
         self._conn: Any = None
+        self._no_store: str | None = None  # why the process has no store (it never gets one)
 
     def conn(self) -> Any:
+        if self._no_store is not None:
+            raise NoStoreError(self._no_store)
         if self._conn is None:
             from torch.distributed import PrefixStore
 
             from ..collect.store import open_connection, store_prefix
+            from ..collect.store_client import QuietStore
 
             prefix = self._prefix or store_prefix(self.scope)
-            raw = self._open_raw() if self._open_raw else open_connection(self.base)
-            self._conn = PrefixStore(prefix, raw)
+            try:
+                raw = self._open_raw() if self._open_raw else open_connection(self.base)
+            except NoStoreError as exc:
+                self._no_store = str(exc)
+                raise
+            self._conn = QuietStore(PrefixStore(prefix, raw))
         return self._conn
 
     def read(self, key: str) -> bytes | None:
