@@ -5,10 +5,25 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
+
+
+def _single_process_timer(tmp_path: Path, router: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A timer of one process with no store at all (no process group, no MASTER_ADDR/PORT)."""
+    from stagefrontier import CollectConfig, StageTimer, TimerConfig
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    collection = CollectConfig("local", out_dir=tmp_path, log=False)
+    return StageTimer(
+        config=TimerConfig(
+            stages=["data.next_wait"], window=5, collection=collection, router=router
+        )
+    )
 
 
 def test_a_single_process_router_without_a_store_says_so_in_the_librarys_words(
@@ -16,19 +31,10 @@ def test_a_single_process_router_without_a_store_says_so_in_the_librarys_words(
 ) -> None:
     """Issue 37, item 12: a single-process timer with a router and no store said only
     ``'MASTER_ADDR'`` (a KeyError's text)."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+    from stagefrontier import ProfilerRouter
 
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
     caplog.set_level(logging.WARNING, logger="stagefrontier")
-    timer = StageTimer(
-        config=TimerConfig(
-            stages=["data.next_wait"],
-            window=5,
-            collection=CollectConfig("local", out_dir=tmp_path, log=False),
-            router=ProfilerRouter(),
-        )
-    )
+    timer = _single_process_timer(tmp_path, ProfilerRouter(), monkeypatch)
     for _ in range(5000):
         if "capture request" in caplog.text:
             break
@@ -45,11 +51,9 @@ def test_a_single_process_router_without_a_store_tries_it_once(
 ) -> None:
     """Before: the router tried to open a store every 5 s (backing off from its poll) for as
     long as the process ran, though a process given none never gets one."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+    from stagefrontier import ProfilerRouter
     from stagefrontier.collect import store
 
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
     opened: list[object] = []
     real = store.open_connection
 
@@ -59,14 +63,7 @@ def test_a_single_process_router_without_a_store_tries_it_once(
 
     monkeypatch.setattr(store, "open_connection", counted)
     caplog.set_level(logging.WARNING, logger="stagefrontier")
-    timer = StageTimer(
-        config=TimerConfig(
-            stages=["data.next_wait"],
-            window=5,
-            collection=CollectConfig("local", out_dir=tmp_path, log=False),
-            router=ProfilerRouter(poll_s=0.01),
-        )
-    )
+    timer = _single_process_timer(tmp_path, ProfilerRouter(poll_s=0.01), monkeypatch)
     steps = 0
     while steps < 5000 and not opened:
         with timer.step(), timer.stage("data.next_wait"):
