@@ -114,9 +114,12 @@ def window_key(window: int, rank: int) -> str:
     return f"w{window}/r{rank}"
 
 
-def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
+def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: bool = False) -> Any:
     """A private store connection: ``store.clone()`` of the given store, else of the job's root
     store, else a TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if none is reachable.
+    With ``probe_first`` (a connection opened again after a failure), a TCP store's address is
+    probed with a plain connection first: a dead store refuses it at once, where the store's
+    client retries for its whole timeout (``store_client.probe``).
 
     The default group's store is torch's ``PrefixStore`` over the job's store (``0/``, and an
     attempt prefix under torchelastic); it is unwrapped so that keys sit at the documented
@@ -135,7 +138,7 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
         while isinstance(base, dist.PrefixStore):
             base = base.underlying_store
     if base is not None:
-        if isinstance(base, dist.TCPStore):  # a dead store refuses the probe at once
+        if probe_first and isinstance(base, dist.TCPStore):
             probe(base.host, base.port, timeout_s)
         try:
             conn = connect(base.clone)
@@ -151,7 +154,8 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
             "no store to use: no process group, no store given, and MASTER_ADDR/MASTER_PORT "
             "not set (a single process has no store unless one is given)"
         ) from None
-    probe(host, port, timeout_s)
+    if probe_first:
+        probe(host, port, timeout_s)
     return connect(
         lambda: dist.TCPStore(
             host,

@@ -13,7 +13,8 @@ store's timeout on a hung one) is held back too. Where libc10 or the variable ca
 nothing is changed.
 
 A connection to a dead store's port is refused at once, while torch's client retries it for its
-whole timeout (10 s and more, logging each try): ``probe`` tries a plain TCP connection first.
+whole timeout (10 s and more, logging each try): ``probe`` tries a plain TCP connection first
+(the router before it reconnects, a node store's client before it connects).
 """
 
 from __future__ import annotations

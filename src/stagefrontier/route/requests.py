@@ -195,6 +195,7 @@ class RequestChannel:
         self._open_raw = open_raw
         self._conn: Any = None
         self._no_store: str | None = None  # why the process has no store (it never gets one)
+        self._opened = False  # a connection was opened before: the next one is a reconnect
 
     def conn(self) -> Any:
         if self._no_store is not None:
@@ -202,17 +203,26 @@ class RequestChannel:
         if self._conn is None:
             from torch.distributed import PrefixStore
 
-            from ..collect.store import open_connection, store_prefix
+            from ..collect.store import store_prefix
             from ..collect.store_client import QuietStore
 
             prefix = self._prefix or store_prefix(self.scope)
             try:
-                raw = self._open_raw() if self._open_raw else open_connection(self.base)
+                raw = self._open_raw() if self._open_raw else self._open_job()
             except NoStoreError as exc:
                 self._no_store = str(exc)
                 raise
             self._conn = QuietStore(PrefixStore(prefix, raw))
         return self._conn
+
+    def _open_job(self) -> Any:
+        """A connection to the job's store; a reconnect probes its address first (a dead
+        store's refuses at once)."""
+        from ..collect.store import open_connection
+
+        raw = open_connection(self.base, probe_first=self._opened)
+        self._opened = True
+        return raw
 
     def read(self, key: str) -> bytes | None:
         """``key``'s value, None when it has none (``read_key``: atomic, never waits)."""
