@@ -17,8 +17,9 @@ descheduled rank arrived later still, and a rank that is last by chance in a few
 The latest rank is named when its lateness is material (``LATE_MIN_MS``,
 ``LATE_STEP_FRACTION``) and stands out of the window's own noise: ``NOISE_FACTOR`` times how
 far apart the other ranks arrive in a typical step (the median over steps of their waits'
-median absolute deviation). None of it enters the prefix vector: it is side evidence for the
-labels and the verdict.
+median absolute deviation), and ``STEADY_FACTOR`` times how much its own lateness wavers from
+step to step. None of it enters the prefix vector: it is side evidence for the labels and the
+verdict.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ NOISE_FACTOR = 4.0
 other ranks' waits lie from their median (on a loaded host the ranks arrive in the scheduler's
 order, tens of milliseconds apart at 8 ranks on 2 cores, and a rank late by that much in most
 steps is not named)."""
+STEADY_FACTOR = 2.0
+"""...and at least this many times how much its own lateness wavers from step to step (the
+median over steps of its distance from its median): a rank late by about as much in most steps,
+not far behind in some and ahead in others (with 4 ranks the other three's spread says little
+of the window's noise)."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -226,13 +232,19 @@ def _read_one(
     shortest = full.min(axis=1)
     extra = full - shortest[:, None]
     last = full.argmin(axis=1)
-    scores = np.median(_behind_the_others(full), axis=0)
+    behind = _behind_the_others(full)
+    scores = np.median(behind, axis=0)
     late = int(np.argmax(scores))
+    lateness = float(scores[late])
     others = np.delete(full, late, axis=1)
     spread = np.abs(others - np.median(others, axis=1, keepdims=True))
     noise = float(np.median(np.median(spread, axis=1)))
-    lateness = float(scores[late])
-    named = lateness >= threshold and lateness >= NOISE_FACTOR * noise
+    wavers = float(np.median(np.abs(behind[:, late] - lateness)))
+    named = (
+        lateness >= threshold
+        and lateness >= NOISE_FACTOR * noise
+        and lateness >= STEADY_FACTOR * wavers
+    )
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
