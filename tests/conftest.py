@@ -41,6 +41,16 @@ def untimed_demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return run
 
 
+def demo_fault_ms(untimed: Any, ranks: int) -> int:
+    """A delay large against the step: four times the median step of this session's untimed
+    2-rank run (``untimed_demo``, at the machine's present load), scaled by the ranks sharing
+    the cores, and at least 120 ms, so a loaded machine's slower all-reduce never outweighs it."""
+    import numpy as np
+
+    step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
+    return max(120, round(4000 * step_s * ranks / 2))
+
+
 @pytest.fixture(scope="session")
 def gloo_dir() -> Path:
     """The committed traces of a real 2-rank Gloo DDP job (``trace_support``), one per rank."""

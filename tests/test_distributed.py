@@ -12,12 +12,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW
+from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW, demo_fault_ms
 from rank_support import START_METHOD as FORK
 from rank_support import run_job, torchrun_command
 from stagefrontier import analyze
@@ -56,14 +55,6 @@ def _majority(values: list[object]) -> object:
     return Counter(values).most_common(1)[0][0]
 
 
-def _fault_ms(untimed: DemoRun, ranks: int) -> int:
-    """A delay large against the step: four times the median step of this session's untimed
-    2-rank run (at the machine's present load), scaled by the ranks sharing the cores, and at
-    least 120 ms, so a loaded machine's slower all-reduce never outweighs it."""
-    step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
-    return max(120, round(4000 * step_s * ranks / 2))
-
-
 @pytest.mark.parametrize(
     ("ranks", "where", "stage", "leader"),
     [
@@ -84,7 +75,7 @@ def test_injected_delay_routes_to_its_stage_and_rank(
     stage: str,
     leader: int | None,
 ) -> None:
-    fault = parse_fault(f"{where}:{_fault_ms(untimed_demo, ranks)}ms")
+    fault = parse_fault(f"{where}:{demo_fault_ms(untimed_demo, ranks)}ms")
     run = _run(tmp_path, "fault", ranks=ranks, faults=(fault,))
     windows = run.windows
     assert len(windows) == STEPS // WINDOW
