@@ -54,6 +54,7 @@ from harness_common import (
     result_header,
     script_parser,
     table,
+    write_result,
 )
 from stagefrontier.formats.compacted import COMPACTED_FILE
 from stagefrontier.formats.packet import Packet, packet_bytes, packet_name, read_packet
@@ -265,9 +266,7 @@ def main() -> int:
         "Targets met." if not failed else "Targets missed: " + ", ".join(failed),
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print(f"wrote {args.out}")
+    write_result(args.out, "\n".join(lines), echo=False)
     return 1 if failed and not args.quick else 0
 
 

@@ -17,28 +17,21 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from budget_support import BudgetJob, launch
-from stagefrontier.analysis.regression import regression_text
+from budget_support import BUDGET_MB, BUDGET_SLOW, BUDGET_WINDOWS
 from stagefrontier.cli.main import main
 from stagefrontier.formats.compacted import listed_windows
 from stagefrontier.formats.incident import incident_window, list_incidents
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.sinks import JsonlSink
 from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt
 
-BUDGET_MB = 2
-WINDOWS = 80
-SLOW = {0: (30, 60), 1: (40,)}
-"""The injected regressions: per attempt, the first of the two windows whose forward stage is
-slower."""
-
 
 @pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("budget") / "run"
-    for attempt in (0, 1):
-        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB, router=True))
-    return out
+def resumed_run(budget_run: Path) -> Path:
+    """The session's resumed job (``conftest.budget_run``); the budget is checked before any
+    test of this module writes its report into it."""
+    return budget_run
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
@@ -70,19 +63,21 @@ def test_the_folder_stays_within_its_budget_and_lists_what_it_compacted(
 def test_a_resumed_job_continues_the_folder_as_its_next_attempt(resumed_run: Path) -> None:
     records = _records(resumed_run)
     windows = [(r["attempt"], r["window"]) for r in records]
-    assert sorted(windows) == [(a, w) for a in (0, 1) for w in range(WINDOWS)]  # none overwritten
+    assert sorted(windows) == [
+        (a, w) for a in (0, 1) for w in range(BUDGET_WINDOWS)
+    ]  # none overwritten
     lines = [json.loads(line) for line in (resumed_run / "attempts.jsonl").read_text().splitlines()]
     ends = {line["attempt"]: line for line in lines if line["event"] == "end"}
     assert [line["attempt"] for line in lines if line["event"] == "start"] == [0, 1]
     assert {a: (e["first_step"], e["last_step"], e["windows"]) for a, e in ends.items()} == {
-        a: (0, WINDOWS * 10 - 1, WINDOWS) for a in (0, 1)
+        a: (0, BUDGET_WINDOWS * 10 - 1, BUDGET_WINDOWS) for a in (0, 1)
     }
 
 
 def test_the_report_shows_the_regressions_and_the_restart(resumed_run: Path) -> None:
     records = {(r["attempt"], r["window"]): r for r in _records(resumed_run)}
     injected = []
-    for attempt, slow in SLOW.items():
+    for attempt, slow in BUDGET_SLOW.items():
         for first in slow:  # each regression flagged in one of its two windows at least
             flagged = [records[(attempt, w)] for w in (first, first + 1)]
             flagged = [r for r in flagged if r["regression"]]
