@@ -84,9 +84,9 @@ def main() -> int:
     args = p.parse_args()
     from markupsafe import escape
 
-    from stagefrontier.analysis.regression import regression_text
     from stagefrontier.demo.launch import run_ranks
     from stagefrontier.formats.compacted import listed_windows
+    from stagefrontier.render.regression_text import regression_text
     from stagefrontier.sinks.disk_budget import folder_bytes
 
     n = args.windows
