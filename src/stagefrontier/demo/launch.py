@@ -37,9 +37,15 @@ FORKSERVER_PRELOAD = (
     "torch.nn.parallel",
     "stagefrontier.demo.model",
     "stagefrontier.demo.train",
+    "stagefrontier.route",
+    "stagefrontier.collect.store",
+    "stagefrontier.collect.gloo",
+    "stagefrontier.collect.hierarchical",
 )
 """Imported once by the fork server, so forked ranks skip seconds of imports each (DDP imports
-``torch._dynamo`` on construction); with many ranks on few cores this dominates a short run."""
+``torch._dynamo`` on construction); with many ranks on few cores this dominates a short run.
+The package imports its names on first use, so the router and the collectors across ranks that
+a rank may build are named here too."""
 
 
 STACKS_WAIT_S = 2.0
