@@ -46,6 +46,7 @@ from harness_common import (
     result_header,
     script_parser,
     table,
+    write_result,
 )
 from long_run import IDLE_ROUTER, source_run
 from stagefrontier.environment import MiB
@@ -171,9 +172,7 @@ def main() -> int:
         ),
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print(f"wrote {args.out}")
+    write_result(args.out, "\n".join(lines), echo=False)
     return 0
 
 
