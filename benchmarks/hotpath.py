@@ -57,7 +57,14 @@ import numpy as np
 import hotpath_buckets
 import hotpath_hooks
 import stagefrontier
-from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
+from harness_common import (
+    load_1min,
+    load_text,
+    quiet_check,
+    result_header,
+    script_parser,
+    write_result,
+)
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer, TimerConfig
 from stagefrontier.record.noop import NOOP
 
@@ -796,9 +803,7 @@ def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) ->
         "",
     ]
     print("\n".join(lines))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(text), encoding="utf-8")
-    print(f"\nwrote {out}", file=sys.stderr)
+    write_result(out, "\n".join(text), echo=False)
     return 0
 
 
@@ -830,23 +835,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(feature_table(features)))
     print("\n".join(hooks))
     print("\n".join(buckets))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        render(
-            rows,
-            features,
-            handoff_us,
-            settings,
-            args.quick,
-            peer,
-            (load_start, load_end, quiet),
-            hooks,
-            buckets,
-        ),
-        encoding="utf-8",
-    )
-    print(f"\nwrote {out}", file=sys.stderr)
+    loads = (load_start, load_end, quiet)
+    text = render(rows, features, handoff_us, settings, args.quick, peer, loads, hooks, buckets)
+    write_result(args.out, text, echo=False)
     return 0
 
 

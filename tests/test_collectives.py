@@ -31,7 +31,7 @@ from stagefrontier.analysis.collectives import (
     CollectiveTimes,
     read_collectives,
 )
-from stagefrontier.analysis.regression import RegressionConfig, regression_text
+from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.collect.live import LiveAnalysis
@@ -39,6 +39,7 @@ from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.render.headline import window_headline
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
 from stagefrontier.window.merged import analyze_merged, merge_windows

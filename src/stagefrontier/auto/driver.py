@@ -43,6 +43,7 @@ from ..analysis.schema import (
 )
 from ..failures import say_failed
 from ..integrations._timer import TimerArguments
+from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
 from .model import ForwardPatch, stepped_module, watch_collectives
 from .patches import LOADER, Patches
@@ -85,6 +86,10 @@ class AutoDriver:
         self.phase = LEARN
         self.framework: str | None = None  # a framework whose callback took over
         self.timer: StageTimer | None = None
+        # the timer's, kept when it is built (a DataLoader fetch, timed only once it is, reads
+        # them with no property in between)
+        self._instrumentation: Instrumentation
+        self._charge_fetch: Callable[[int], None]
         self._patches = Patches(self)
         self._handles: list[Any] = []
         self._learn_handles: list[Any] = []
@@ -249,6 +254,8 @@ class AutoDriver:
         if not timer.enabled:  # turned off in its settings: nothing to time
             self.stop()
             return False
+        self._instrumentation = timer.instrumentation
+        self._charge_fetch = timer.instrumentation.charge_fetch
         if self._loader is not None:
             self._watch(self._loader)
         return True
@@ -449,15 +456,15 @@ class AutoDriver:
                 except Exception as exc:
                     driver._fail(exc)
                     return next_batch(iterator)
-            timer: Any = driver.timer
-            if timer.instrumentation.records_ranges:  # a capture: the wait is a profiler range
+            if driver._instrumentation.records_ranges:  # a capture: the wait is a profiler range
+                timer: Any = driver.timer
                 batch = timer.fetch(next_batch, iterator)
             else:
                 # timed here and charged as ``timer.fetch`` charges a fetch: calling it would
                 # add a Python call, an argument tuple and a keyword dict to every batch
                 start = _now()
                 batch = next_batch(iterator)
-                timer.instrumentation.charge_fetch(_now() - start)
+                driver._charge_fetch(_now() - start)
             counters = driver._counters
             if counters is not None and loader is driver._loader:
                 counters.consumed += 1
