@@ -227,19 +227,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="rounds per load")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of every job")
     parser.add_argument("--burners", type=int, default=2, help="CPU burners in the second half")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="keep the runs' output folders here (default: removed)",
+    )
     args = parser.parse_args()
     hc.prepare_process()
     rounds, loads = (2, ("quiet",)) if args.quick else (args.rounds, ("quiet", "burners"))
     environment = hc.environment()  # the load as the script starts
-    with hc.work_dir(None) as work:
+    with hc.work_dir(args.work) as work:
         rows = collect(rounds, args.steps, loads, work, args.burners)
     text = render(rows, args.steps, args.burners, hc.command_line(), environment)
-    args.out.write_text(text, encoding="utf-8")
     args.out.with_name(args.out.stem + "-rows.json").write_text(
         json.dumps(rows, indent=1) + "\n", encoding="utf-8"
     )
     print("\n".join(summary(rows)))
-    print(f"wrote {args.out}")
+    hc.write_result(args.out, text, echo=False)
 
 
 if __name__ == "__main__":

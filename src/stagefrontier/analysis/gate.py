@@ -3,24 +3,26 @@ more than a stated bar, beyond the two runs' step-to-step noise, and where did t
 
 Three outcomes, each with its exit status:
 
-- **fail** (1): the median of NEW's per-step exposed times lies above BASE's by more than the
-  bar (a share of BASE's median step, or milliseconds, the larger when both are given), and
-  either a stage grew beyond its even share of that slowdown by more than the bar and the noise
-  of its own steps (``beyond_even_share``: the rest of the step's growth is the machine's), or
-  the shift stands above
-  ``NOISE_FACTOR`` standard errors (``noise.median_shift``, each side's spread from its median
-  absolute deviation) on a rank slower in every stage than the others. Medians of the steps,
-  not means: one step a busy host preempted moves a mean by its whole length, and a median not
-  at all.
+- **fail** (1): a stage grew beyond its even share of NEW's step by more than the bar (a share
+  of BASE's median step, or milliseconds, the larger when both are given) and the noise of its
+  own steps (``beyond_even_share``: the rest of the step's growth is the machine's), whatever
+  the whole step's median did: that median carries every stage's noise, and on a busy machine
+  the other ranks' work fills a rank's wait, so it can hide a stall its stage shows plainly.
+  Or the median of NEW's per-step exposed times lies above BASE's by more than the bar and
+  stands above ``NOISE_FACTOR`` standard errors (``noise.median_shift``, each side's spread
+  from its median absolute deviation) on a rank slower in every stage than the others. Medians
+  of the steps, not means: one step a busy host preempted moves a mean by its whole length, and
+  a median not at all.
   A slowdown past the bar and the noise spread evenly over every stage and rank fails too,
   unless the host signals of the two runs show the machine changed in a way that accounts for
   it (``machine_change``): a larger model or a slower kernel everywhere slows every stage alike
   on an unchanged machine.
-- **pass** (0): the shift stays at or under the bar; or it is past the bar but no stage grew
-  beyond its even share, and the growth is spread over the ranks (``regression_spread.rank_spread``)
-  or inside the steps' noise, and the host signals say the machine changed (a CPU-burning
-  neighbour, another run on the host, a hypervisor or quota taking CPU time) or are missing
-  (folders written before they were recorded: the reason says so); ``strict`` refuses there.
+- **pass** (0): no stage grew beyond its even share, and the shift stays at or under the bar,
+  or it is past the bar but the growth is spread over the ranks
+  (``regression_spread.rank_spread``) or inside the steps' noise, and the host signals say the
+  machine changed (a CPU-burning neighbour, another run on the host, a hypervisor or quota
+  taking CPU time) or are missing (folders written before they were recorded: the reason says
+  so); ``strict`` refuses there.
 - **not comparable** (3): the sides cannot be judged: different world sizes or stage schemas,
   fewer than ``MIN_STEPS`` steps a side, or, when ``strict``, a slowdown past the bar that
   the gate reads as the machine's (the reason says which, and how many steps a side would
@@ -238,13 +240,25 @@ def judge(c: Comparison, threshold: Threshold, strict: bool = False) -> Verdict:
         bar_ms=bar,
         noise_ms=noise,
     )
-    if diff.shift_s <= bar:
-        return measured
     past = f"past the {threshold} bar ({bar:.1f} ms)"
+    # A stage's own growth is judged first, whatever the whole step's median did: on a busy
+    # machine the steps' noise is many times a stall, and while one rank waits the others' work
+    # fills the time they would have spent waiting for a core, so the step's median may move
+    # less than the stall (or not at all) while the stage's blocks hold it to a few ms.
     stage = beyond_even_share(c, bar)
     if stage is not None:
-        reason = f"{past}, and {stage} grew beyond its even share by more than the bar"
+        name, excess = stage
+        if diff.shift_s > bar:
+            reason = f"{past}, and {name} grew beyond its even share by more than the bar"
+        else:
+            reason = (
+                f"{name} grew beyond its even share by {excess:.1f} ms/step, {past} and its "
+                "own noise, though the median step moved less (the steps' noise, or other "
+                "ranks' work filling the wait on a busy machine, hides it there)"
+            )
         return replace(measured, status=EXIT_FAIL, reason=reason, growth=grown_stages(c))
+    if diff.shift_s <= bar:
+        return measured
     spread = rank_spread(c, int(c.base.d.shape[1]))[0]
     if diff.stands_out and not spread:
         reason = f"{past} and the steps' noise ({noise:.1f} ms), on a rank slower in every stage"
@@ -307,9 +321,10 @@ def _host_text(machine: MachineChange) -> str:
     )
 
 
-def beyond_even_share(c: Comparison, floor_ms: float) -> str | None:
-    """The stage that grew most beyond its even share of NEW's slowdown, by more than
-    ``floor_ms`` and ``NOISE_FACTOR`` standard errors; None when every stage grew with the step.
+def beyond_even_share(c: Comparison, floor_ms: float) -> tuple[str, float] | None:
+    """The stage that grew most beyond its even share of NEW's step, by more than ``floor_ms``
+    and ``NOISE_FACTOR`` standard errors, with that excess in ms/step; None when every stage
+    grew (or shrank) with the step.
 
     A stage's even share scales its BASE advance by how much the rest of the step grew: a busier
     machine slows every stage alike, so the rest of the step measures it, and a stage's own
@@ -333,7 +348,7 @@ def beyond_even_share(c: Comparison, floor_ms: float) -> str | None:
             growth = now[:, members].mean(axis=0) - before[:, members].mean(axis=0)
             stage = c.stages[members[int(np.argmax(growth))]]
             best = max(best or (excess.shift_s, stage), (excess.shift_s, stage))
-    return best[1] if best else None
+    return None if best is None else (best[1], best[0] * MS)
 
 
 def _steps_needed(shift: float, noise: float, c: Comparison) -> int:

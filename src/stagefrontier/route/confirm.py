@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.noise import Difference, mean_excess
 from ..analysis.semantic import stage_groups
 from ..reducers import reduce_kineto
@@ -137,7 +137,7 @@ def confirm(
     reference's by at least ``min_share`` of the step on average, in every block of about
     ``BLOCK_STEPS`` captured steps, and by ``CONFIRM_T`` standard errors over the captured steps;
     ``disagrees`` (False) otherwise."""
-    g = gates or Gates()
+    g = gates or DEFAULT_GATES
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
     paths = [trace_files[r] for r in sorted(trace_files)]
