@@ -6,9 +6,10 @@ router's poll interval) ends well inside the run. Faults only sleep, so every ru
 fault-free run's losses.
 
 A stall is four times the fault-free run's median step, measured in this session (120 ms at
-least): on a busy machine the step and its noise grow with the load while a fixed stall does
-not, and a 120 ms stall against 336 ms steps at load 32 was co-critical in window 0 and decided
-only in window 1, its capture ending at step 28 of 30; later still, it ran past the run's end.
+least), and its run's deadline grows with it: on a busy machine the step and its noise grow with
+the load while a fixed stall does not, and a 120 ms stall against 336 ms steps at load 32 was
+co-critical in window 0 and decided only in window 1, its capture ending at step 28 of 30;
+later still, it ran past the run's end.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ WINDOW = 10
 DEADLINE_S = 240.0
 
 
-def _run(tmp_path: Path, name: str, faults: tuple[str, ...] = (), **kwargs: Any) -> Any:
+def _run(
+    tmp_path: Path,
+    name: str,
+    faults: tuple[str, ...] = (),
+    deadline_s: float = DEADLINE_S,
+    **kwargs: Any,
+) -> Any:
     config = DemoConfig(
         ranks=RANKS,
         steps=kwargs.pop("steps", STEPS),
@@ -46,13 +53,19 @@ def _run(tmp_path: Path, name: str, faults: tuple[str, ...] = (), **kwargs: Any)
         router_timeout_s=kwargs.pop("router_timeout_s", 10.0),
         **kwargs,
     )
-    return launch(config, deadline_s=DEADLINE_S)
+    return launch(config, deadline_s=deadline_s)
 
 
 def _stall_ms(healthy: Any) -> int:
     """Four times the fault-free run's median step, 120 ms at least."""
     steps = [s for times in healthy.step_s.values() for s in times]
     return max(120, round(4 * float(np.median(steps)) * 1e3))
+
+
+def _stall_deadline_s(healthy: Any, stall_ms: int) -> float:
+    """Three times what the stalled run should take (the fault-free run's wall time and the
+    stall in every step), ``DEADLINE_S`` at least: the stall grows with the load."""
+    return max(DEADLINE_S, 3 * (float(healthy.wall_s) + STEPS * stall_ms / 1e3))
 
 
 def _traces(out: Path) -> list[Path]:
@@ -80,7 +93,9 @@ def test_a_run_without_a_fault_opens_no_incident(healthy: Any) -> None:
 def test_a_stall_opens_one_confirmed_incident_on_its_rank(
     tmp_path: Path, healthy: Any, fault: str, stage: str, suspect: int
 ) -> None:
-    run = _run(tmp_path, "stall", (f"{fault}:{_stall_ms(healthy)}ms",))
+    stall_ms = _stall_ms(healthy)
+    deadline_s = _stall_deadline_s(healthy, stall_ms)
+    run = _run(tmp_path, "stall", (f"{fault}:{stall_ms}ms",), deadline_s)
     incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1, incidents
     incident = incidents[0]

@@ -209,9 +209,9 @@ def late_rank_decision(
     reference = others[(len(others) - 1) // 2][1]
     reasons = (
         f"{stage} {share:.0%} of exposed time",
-        f"rank {suspect} arrives last at {collective_name(late.family, late.bucket)} in "
-        f"{late.stage} by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} "
-        "steps, the others timed waiting for it there",
+        f"rank {suspect} arrives at {collective_name(late.family, late.bucket)} in "
+        f"{late.stage} ~{late.lateness_ms:.0f} ms/step after the others (last in "
+        f"{late.late_steps}/{late.steps} steps), the others timed waiting for it there",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window
