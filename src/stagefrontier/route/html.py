@@ -50,14 +50,22 @@ def write_html(
     measuring the folder) are left out with a note when the budget had to compact the folder,
     or when they would take it past the budget."""
     page = Path(folder) / "incident.html"
-    shown = _figures(Path(folder), Path(out_dir), incident) if figures else None
+    budget = "" if budget_bytes is None else f"its disk budget of {budget_bytes / MiB:.3g} MiB"
+    reason = ""
+    if figures and budget and (Path(out_dir) / COMPACTED_FILE).exists():  # not drawn at all
+        reason = f"the run folder reached {budget} ({COMPACTED_FILE}): its room is the windows'"
+    shown = _figures(Path(folder), Path(out_dir), incident) if figures and not reason else None
     text = _page(incident, shown).encode()
-    if figures and budget_bytes is not None:
-        reason = _no_room(page, Path(out_dir), len(text), budget_bytes)
-        if reason:
-            redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to draw them"
-            note = f"Figures not drawn after the run: {reason}; {redraw}."
-            text = _page(incident, [Figure("Figures", note=note)]).encode()
+    if (
+        shown
+        and budget_bytes is not None
+        and _held_besides(page, Path(out_dir)) + len(text) > budget_bytes
+    ):
+        reason = f"they would take the run folder past {budget}"
+    if reason:
+        redraw = f"run `{cli_command()} incident {shlex.quote(str(folder))}` to draw them"
+        note = f"Figures not drawn after the run: {reason}; {redraw}."
+        text = _page(incident, [Figure("Figures", note=note)]).encode()
     return write_bytes_atomically(page, text)
 
 
@@ -81,19 +89,13 @@ def _page(incident: dict[str, Any], shown: list[Figure] | None) -> str:
     )
 
 
-def _no_room(page: Path, out_dir: Path, size: int, budget_bytes: int) -> str:
-    """Why a page of ``size`` bytes with its figures does not fit the run folder ``out_dir``
-    under ``budget_bytes``; empty when it does."""
-    budget = f"its disk budget of {budget_bytes / MiB:.3g} MiB"
-    if (out_dir / COMPACTED_FILE).exists():
-        return f"the run folder reached {budget} ({COMPACTED_FILE}): its room is the windows'"
+def _held_besides(page: Path, out_dir: Path) -> int:
+    """The bytes of the run folder ``out_dir`` but for ``page`` (the page being replaced)."""
     try:
         replaced = page.stat().st_size
     except OSError:  # not written yet
         replaced = 0
-    if folder_bytes(out_dir) - replaced + size > budget_bytes:
-        return f"they would take the run folder past {budget}"
-    return ""
+    return folder_bytes(out_dir) - replaced
 
 
 def _figures(folder: Path, out_dir: Path, incident: dict[str, Any]) -> list[Figure]:
