@@ -1,7 +1,8 @@
 """Which module the automatic hooks time as the model: the one whose parameters the optimizer
 steps, not a module the loop calls before it (an augmentation in training mode). The model's
-forward pre-hook travels with it: ``copy.deepcopy(model)`` and ``torch.save(model)`` work while
-it is timed.
+timed forward, set on the model, travels with it: ``copy.deepcopy(model)``, ``torch.save(model)``
+and ``inspect.signature(model.forward)`` work while it is timed, and the model's own forward is
+back once the hooks stop.
 
 Cost: one process, 12 steps of a tiny model in the test's own interpreter (well under a second);
 the hooks are removed at the end.
@@ -10,6 +11,7 @@ the hooks are removed at the end.
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import json
 from pathlib import Path
@@ -52,7 +54,9 @@ def test_the_model_is_the_module_the_optimizer_steps_and_copies_of_it_work(tmp_p
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            if step == SAVED_AT:  # the model carries the hooks' forward pre-hook by now
+            if step == SAVED_AT:  # the model carries the hooks' timed forward by now
+                assert "forward" in vars(model)
+                assert list(inspect.signature(model.forward).parameters) == ["input"]
                 best = copy.deepcopy(model)
                 best(x)  # a copy's training forward is not the model's
                 saved = io.BytesIO()
@@ -60,8 +64,9 @@ def test_the_model_is_the_module_the_optimizer_steps_and_copies_of_it_work(tmp_p
     finally:
         driver.stop()
     assert driver.model is model
+    assert "forward" not in vars(model)  # the class's own forward again
     # the whole model pickled: the file needs no StageFrontier to load, and the stand-in of the
-    # hook hands the inputs back unchanged
+    # timed forward calls the model's own
     assert b"stagefrontier" not in saved.getvalue()
     loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=False)
     assert torch.equal(loaded(x), best(x))

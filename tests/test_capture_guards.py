@@ -4,6 +4,7 @@ outgrows its memory budget, and when a request asks for more steps than the cap.
 
 from __future__ import annotations
 
+import gzip
 import json
 import mmap
 from collections.abc import Callable
@@ -176,3 +177,32 @@ def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) ->
     rank.run(4)
     rank.timer.close()
     assert rank.drain()[2].id == again.id and rank.answers[2].state == "captured"
+
+
+def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(
+    tmp_path: Path,
+) -> None:
+    """Before: the profiler's stop on the training thread also turned every recorded op into
+    a Python-visible event, which a capture never reads (only the trace is exported, on the
+    router thread). Now the session is started trace-only: the stopped session holds no such
+    events, and the trace still holds every op and the step's ranges."""
+    rank = Rank(tmp_path)
+    sessions: list[object] = []
+    new_session = rank.capture._new_session
+
+    def noted() -> object:
+        sessions.append(new_session())
+        return sessions[-1]
+
+    rank.capture._new_session = noted  # type: ignore[method-assign]
+    request = rank.arm(steps=2)
+    rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
+    (session,) = sessions
+    assert session.profiler.kineto_results.events() == []  # type: ignore[attr-defined]
+    answer = rank.drain()[0]
+    assert answer.state == "captured" and answer.id == request.id, answer
+    with gzip.open(answer.path, "rt") as trace:
+        names = [event.get("name", "") for event in json.load(trace)["traceEvents"]]
+    assert "aten::addmm" in names and STAGE in names
+    assert {f"stagefrontier.step#{request.first_step + i}" for i in range(2)} <= set(names)
+    rank.timer.close()

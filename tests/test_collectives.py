@@ -198,7 +198,7 @@ def test_a_compute_delay_in_backward_names_the_late_rank_at_the_last_bucket(
     assert comm["late_rank"] == 1 and comm["late"]["last_bucket"], comm
     assert comm["lateness_ms"] > LATE_MIN_MS
     assert "sync_wait_measured" in record["labels"]  # a proven synchronization wait
-    assert record["reasons"]["sync_wait_measured"][0].startswith("rank 1 arrives last")
+    assert record["reasons"]["sync_wait_measured"][0].startswith("rank 1 arrives at")
     headline, said = _said(record)
     assert "rank 1 late ~" in headline and "into its last bucket" in headline, headline
     assert len(headline) <= 160
@@ -387,7 +387,7 @@ def test_the_router_captures_the_late_rank_the_collectives_name() -> None:
     assert decision is not None, why
     assert decision.suspect_rank == 1 and decision.reference_rank != 1, decision
     assert decision.stage == "model.backward_cpu_wall"
-    assert "rank 1 arrives last" in decision.reasons[1]
+    assert "rank 1 arrives at" in decision.reasons[1] and "after the others" in decision.reasons[1]
     healthy = analyze_merged(merge_windows(_windows(0, 120.0, late=None), RANKS))
     assert healthy.communication is not None and healthy.communication.late is None
 

@@ -20,6 +20,7 @@ from stagefrontier.reducers.result import ReducedTrace
 from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
+from stagefrontier.render.verdict import verdict as verdict_of_window
 from stagefrontier.route.confirm import Confirmation, _weak_lead
 from stagefrontier.route.decide import MIN_SHARE, decide
 from stagefrontier.route.own_work import own_work_lead
@@ -159,6 +160,40 @@ def test_own_work_confirms_only_a_lead_the_stages_time_does_not_already_hold() -
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0033) is None
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0) == rows[0]
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=-0.002) == rows[0]
+
+
+def _data_wait_under_a_shared_backward(steps: int = 20) -> np.ndarray:
+    """Four accumulation microsteps folded into their stages: rank 2 waits 25 ms for data in
+    each (100 ms a step) and the others wait for it in the backward pass's all-reduce, which
+    takes most of the step on every rank; which rank finishes the backward last is jitter."""
+    d = np.zeros((steps, len(RANKS), len(STAGES)))
+    d[:, :, 0] = 0.005
+    d[:, :, 1] = 0.050
+    d[:, :, 2] = 0.250
+    d[:, STALL, 0] += 0.100
+    d[:, [0, 1, 3], 2] += 0.100
+    for step in range(steps):
+        d[step, (3 * step) % 4, 2] += 0.004
+    return d
+
+
+def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> None:
+    """Backward holds most of the step and its last rank changes step by step, while rank 2
+    alone leads the data wait, by 100 ms a step. Before: the router asked for nothing (no
+    confident leader of the top stage) and the window line said no rank leads, so a data
+    stall in every microstep of one rank went unlocalized on a busy machine. Now the router
+    captures the data wait on rank 2, and the window line names that lead and that capture."""
+    window = _live_window(_data_wait_under_a_shared_backward())
+    report = window.report
+    assert report.top1 == "model.backward_cpu_wall"
+    decision, why = decide(window)
+    assert decision is not None, why
+    assert (decision.stage, decision.suspect_rank) == ("data.next_wait", STALL)
+    assert decision.reference_rank != STALL
+    assert any("on top, has no steady leader" in r for r in decision.reasons), decision.reasons
+    said = verdict_of_window(report)
+    assert "rank 2 alone leads data loading" in said, said
+    assert said.endswith("Next: profile data loading (data.next_wait) on rank 2."), said
 
 
 def _captured(lead_ms: list[float]) -> ReducedTrace:

@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Callable
 
+from .environment import CLOSE_DEADLINE
 from .failures import say_failed
 
 CLOSE_DEADLINE_S = 30.0
@@ -25,7 +26,7 @@ CLOSE_DEADLINE_S = 30.0
 ROUTER_CLOSE_S = 10.0
 """The part of the default deadline left to the router's thread (its last export, rank 0's
 settle): a third."""
-DEADLINE_VARIABLE = "STAGEFRONTIER_CLOSE_DEADLINE_S"
+DEADLINE_VARIABLE = CLOSE_DEADLINE.name
 """The environment variable that sets the close deadline in seconds, from ``DEADLINE_RANGE``."""
 DEADLINE_RANGE = (1.0, 3600.0)
 

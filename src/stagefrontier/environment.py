@@ -86,8 +86,14 @@ DISK_BUDGET = Variable(
     1024,
     "MiB the output folder may hold before older packets are compacted (sinks.output_folder)",
 )
+CLOSE_DEADLINE = Variable(
+    "STAGEFRONTIER_CLOSE_DEADLINE_S",
+    "30",
+    "seconds a timer's close() may take on a rank, from 1 to 3600 (deadline.close_deadline_s)",
+)
 VARIABLES: dict[str, Variable] = {
-    v.name: v for v in (*LIMITS.values(), RUN_ID, SIGTERM, DISK_BUDGET, *AUTO.values())
+    v.name: v
+    for v in (*LIMITS.values(), RUN_ID, SIGTERM, DISK_BUDGET, CLOSE_DEADLINE, *AUTO.values())
 }
 
 

@@ -19,9 +19,13 @@ import numpy.typing as npt
 from .analyzer import analyze
 from .evidence import StageLocalization
 from .gates import Gates
+from .window_report import WindowReport
 
 MIN_BLOCKS = 4
 """The fewest blocks a window must hold for a stage's lead to be judged over them."""
+MIN_LEAD_SHARE = 0.1
+"""The least share of the step by which a rank's lead must matter to be acted on (the
+profiler router's ``min_share``)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,29 @@ def unsteady_lead(
             f"under {g.share_tie:.0%} of the step"
         )
     return ""
+
+
+def steady_lead_below_top(report: WindowReport, min_share: float = MIN_LEAD_SHARE) -> str | None:
+    """The largest stage of the routing set after the top one that one rank leads steadily
+    (``unsteady_lead`` finds nothing against its leader) and materially (ahead of the median
+    rank by ``min_share`` of the step at least), when the top stage has no steady leader: a
+    rank that holds the others back in a smaller stage while the lead of the top one passes
+    between ranks (one rank's data wait in every accumulation microstep, beside a backward pass
+    every rank shares). None when the top stage has a steady leader or no other stage of the
+    routing set has such a one. The window line and the router both read it."""
+    top = report.top1
+    if top is None or not report.shares_defined or report.n_ranks < 2:
+        return None
+    n = report.n_steps
+    mean_step = report.exposed_s / n
+    if not unsteady_lead(report.semantic_localization[top], n, mean_step, report.gates, top):
+        return None
+    for stage in sorted(report.routing_set, key=lambda s: -report.semantic_shares[s]):
+        loc = report.semantic_localization[stage]
+        steady = not unsteady_lead(loc, n, mean_step, report.gates, stage)
+        if stage != top and steady and loc.delta_lag_mean_s >= min_share * mean_step:
+            return stage
+    return None
 
 
 def block_sums(d: npt.NDArray[np.float64], size: int) -> npt.NDArray[np.float64]:

@@ -405,7 +405,7 @@ def _ambiguity_set(x: LabelInputs, a1: float, gmax: float, strong_gains: list[in
 
 def _measured_wait(x: LabelInputs, out: Labeling, top: str) -> None:
     """``sync_wait_measured``: the ranks timed their collectives (``analysis.collectives``) and
-    one arrives last at a collective of the top stage, the others measured waiting for it. It
+    one arrives at a collective of the top stage after the others, which are measured waiting. It
     stands on that measurement, not on the wait model the other sync-wait labels assume."""
     times = x.side.collectives
     if times is None or x.n_ranks < 2 or not x.evidence.shares_defined:
@@ -417,8 +417,8 @@ def _measured_wait(x: LabelInputs, out: Labeling, top: str) -> None:
         return
     out.emit(
         SYNC_WAIT_MEASURED,
-        f"rank {late.late_rank} arrives last at {collective_name(late.family, late.bucket)} in "
-        f"{late.stage} by ~{late.lateness_ms:.0f} ms per step ({late.late_steps}/{late.steps} "
-        f"steps); the other ranks wait for it there ~{late.wait_ms:.0f} ms, timed in the "
-        "collective",
+        f"rank {late.late_rank} arrives at {collective_name(late.family, late.bucket)} in "
+        f"{late.stage} ~{late.lateness_ms:.0f} ms per step after the others (last in "
+        f"{late.late_steps}/{late.steps} steps); the other ranks wait for it there "
+        f"~{late.wait_ms:.0f} ms, timed in the collective",
     )

@@ -5,9 +5,11 @@ than on one mean.
 Three tests share that rule. ``median_shift`` compares two samples of steps (a window against
 its baseline): the shift of the medians against a robust standard error, each side's spread
 estimated as 1.4826 x its median absolute deviation and the larger side's taken (by default), so
-that a window noisier than its baseline needs a larger shift. ``mean_shift`` compares their
-means (Welch's standard error), for a part of the step whose growth splits the window's mean
-increase exactly, judged on ``block_means`` so that a bursty wait reads as steady.
+that a window noisier than its baseline needs a larger shift; ``window_wander`` adds what the
+baseline's windows show of their medians moving together with the machine's load.
+``mean_shift`` compares their means (Welch's standard error), for a part of the step whose
+growth splits the window's mean increase exactly, judged on ``block_means`` so that a bursty
+wait reads as steady.
 ``mean_excess`` judges one sample of per-step differences (a suspect rank's time minus its
 reference's over a few captured steps): their mean against the floor and ``t`` standard errors
 of that mean, which a burst of a few large differences can pass where a median of mostly zeros
@@ -16,6 +18,7 @@ could not.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +27,11 @@ import numpy.typing as npt
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533
 """Standard error of a sample median, in units of sigma / sqrt(n), for normal noise."""
+WANDER_SIGMAS = 3.0
+"""Standard deviations of a window's wander (``window_wander``) a shift must clear: a window's
+median moves past it about once in 700 windows when its level's moves are normal. Fewer than
+the steps' ``noise_factor``: with the steps' standard error the bar would have left a
+whole-job slowdown of 120 ms on a busy machine's 300 ms steps unflagged in most runs."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,38 @@ def median_shift(
     floor_s: float,
     noise_factor: float,
     noisy_now: bool = True,
+    wander_s: float = 0.0,
 ) -> Difference:
     """How far the median of ``now`` lies above that of ``before``. ``noisy_now=False`` takes
     the spread of ``before`` alone (a window that a step change starts inside is bimodal, and
-    its own spread would hide the change)."""
+    its own spread would hide the change). ``wander_s``: how far a window's median moves with
+    nothing changed beyond what its steps' spread explains (``window_wander``): the noise bar
+    is ``noise_factor`` standard errors and ``WANDER_SIGMAS`` of the wander, added in
+    quadrature."""
     spread = max(_spread(before), _spread(now) if noisy_now else 0.0)
     error = MEDIAN_SE * spread * float(np.sqrt(1.0 / now.size + 1.0 / before.size))
     shift = float(np.median(now)) - float(np.median(before))
-    return Difference(shift, floor_s, noise_factor * error)
+    return Difference(
+        shift, floor_s, float(np.hypot(noise_factor * error, WANDER_SIGMAS * wander_s))
+    )
+
+
+def window_wander(windows: Sequence[npt.NDArray[np.float64]]) -> float:
+    """The standard deviation of a new window's median about the median of ``windows`` (a
+    baseline's windows of per-step times) that comes from the windows' levels moving, not
+    from their steps' own spread: on a busy machine other jobs' load comes and goes over
+    seconds, so a whole window of short steps runs faster or slower together, and its median
+    wanders far more than its steps' spread over the square root of their count says. It is
+    the variance of the windows' medians less the part their steps' spread accounts for (a
+    random-effects estimate), scaled for a new window against the mean of ``len(windows)``;
+    0 from fewer than two windows, which cannot show it."""
+    k = len(windows)
+    if k < 2:
+        return 0.0
+    medians = np.array([float(np.median(w)) for w in windows])
+    sampling = np.mean([(MEDIAN_SE * _spread(w)) ** 2 / w.size for w in windows])
+    levels = max(float(np.var(medians, ddof=1)) - float(sampling), 0.0)
+    return float(np.sqrt(levels * (1.0 + 1.0 / k)))
 
 
 def mean_shift(

@@ -41,6 +41,14 @@ did). A rank slower in every stage than the others (a stall in every microstep o
 wait, a straggler host) holds them up only in the collectives they meet it in, where their own
 growth then sits: it is a ``stage`` regression of a stage that rank grew in beyond the others.
 
+A flagged window whose increase does not also stand out of the baseline windows' wander
+(``noise.window_wander``, ``WANDER_SIGMAS`` of it) is a ``whole_job`` slowdown whatever its
+stages say (``within_wander``): on a busy machine a window of short steps runs faster or slower
+as a whole with other jobs' load, and one stage of some ranks then grows beyond its share by
+chance (a run of 5 ms steps read a 5.8 ms window against a 4.4 ms one as a 33% regression of one
+rank's backward and opened an incident). The flag itself is unchanged: a whole-job line is what
+such a window is.
+
 A window collected as node summaries (``check_summary``) is checked by the same rule on the same
 numbers: its per-step exposed times and stage advances come from the summary's frontier, which
 node summaries combine exactly (to their stated rounding). Which ranks grew needs each rank's
@@ -66,7 +74,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from operator import attrgetter
 from typing import Any
@@ -77,7 +85,7 @@ from ..errors import StageFrontierError
 from .accounting import FloatArray, advances, advances_from_frontier, frontier
 from .baseline_phases import CHANGED_INSIDE, Marks, PhaseBaselines
 from .compare import Side, compare
-from .noise import block_means, mean_shift, median_shift
+from .noise import block_means, mean_shift, median_shift, window_wander
 from .regression_spread import rank_spread, spread_beyond_stage, spread_over_ranks
 from .semantic import stage_groups
 from .summary import WindowSummary
@@ -139,6 +147,9 @@ class _Healthy:
     n_ranks: int
     d: FloatArray | None = None
     summary: WindowSummary | None = None
+    above: bool = False
+    """Above the threshold when checked (a rolling baseline keeps such windows too): left out
+    of the baseline's wander, which a regression's own windows would widen."""
 
     @cached_property
     def mix(self) -> FloatArray:
@@ -201,7 +212,7 @@ class RegressionCheck:
                 return None
         found, above = self._regression(entry, names)
         if self.config.rolling:
-            self._healthy.append(entry)
+            self._healthy.append(replace(entry, above=above))
         if not above:
             if not self.config.rolling:
                 self._healthy.append(entry)
@@ -258,10 +269,14 @@ class RegressionCheck:
             else self._split_summary(entry, top)
         )
         whole = split.pop("spread_over_ranks") and (top is None or entry.d is not None)
+        # a step no slower than the baseline's windows move with the machine's load is never
+        # one stage's or rank's: that window ran slower as a whole
+        wandering = increase <= self._shift(base, exposed, wander=True)[1]
         found = {
             "baseline_windows": [self._healthy[0].window, self._healthy[-1].window],
             "median_increase_ms_per_step": increase * 1e3,
-            "kind": WHOLE_JOB if whole else STAGE,
+            "kind": WHOLE_JOB if whole or wandering else STAGE,
+            "within_wander": wandering,
             # the mean step's growth, as the window line's +ms/step is the mean's
             "slowdown": split["delta_exposed_ms_per_step"] / (float(np.mean(base)) * MS),
             **split,
@@ -362,12 +377,18 @@ class RegressionCheck:
             "spread_over_ranks": spread,
         }
 
-    def _shift(self, base: FloatArray, exposed: FloatArray) -> tuple[float, float]:
+    def _shift(
+        self, base: FloatArray, exposed: FloatArray, wander: bool = False
+    ) -> tuple[float, float]:
         """How much the median of ``exposed`` exceeds that of ``base``, and the threshold past
-        which that is a slowdown (see the module doc)."""
+        which that is a slowdown (see the module doc); with ``wander``, past which it also
+        stands out of the baseline windows' wander."""
         cfg = self.config
         floor = cfg.min_increase * float(np.median(base))
-        shift = median_shift(base, exposed, floor, cfg.noise_factor, noisy_now=False)
+        moved = window_wander([h.exposed for h in self._healthy if not h.above]) if wander else 0.0
+        shift = median_shift(
+            base, exposed, floor, cfg.noise_factor, noisy_now=False, wander_s=moved
+        )
         return shift.shift_s, shift.threshold_s
 
 

@@ -15,7 +15,7 @@ stage                       from -> to
                             (through ``timer.fetch`` while a capture records profiler ranges;
                             charged to the step that consumes the batch; with accumulation, a
                             fetch after a backward opens the next microstep and is its own)
-``model.fwd_loss_cpu_wall`` the model's forward pre-hook -> the backward call (the loss included)
+``model.fwd_loss_cpu_wall`` the model's forward (``auto.model.ModelForward``) -> the backward call
 ``model.backward_cpu_wall`` the backward call, start to return
 ``optim.step_cpu_wall``     the optimizer's step pre-hook -> its post-hook, which ends the step
 ``step.other_cpu_wall``     the rest of the step (device transfer, clipping, logging)
@@ -45,7 +45,7 @@ from ..failures import say_failed
 from ..integrations._timer import TimerArguments
 from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
-from .model import ModelHook, stepped_module, watch_collectives
+from .model import ForwardPatch, stepped_module, watch_collectives
 from .patches import LOADER, Patches
 
 logger = logging.getLogger("stagefrontier")
@@ -227,8 +227,7 @@ class AutoDriver:
                 "optimizer steps: the forward counts in the residual"
             )
         else:
-            hook = ModelHook(self._forward)
-            self._handles.append(self.model.register_forward_pre_hook(hook))
+            self._handles.append(ForwardPatch(self.model, self._forward))
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
@@ -273,8 +272,8 @@ class AutoDriver:
     # helper (every Python call a step makes is a measurable share of the hooks' cost,
     # benchmarks/hotpath.py); the rare cases go to the helpers below.
     def _forward(self, module: Any, args: Any) -> None:
-        """The model's forward pre-hook (registered on the model, while timing; a copy of the
-        model shares it)."""
+        """Called by the model's timed forward (``ModelForward``, set on the model while
+        timing) before the forward runs."""
         if module is not self.model or not module.training or not self._grad_on():
             return
         try:

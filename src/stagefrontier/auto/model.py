@@ -1,14 +1,16 @@
 """What the automatic hooks do with the model and the optimizer the first step showed: which
-module is the model (``stepped_module``), its forward pre-hook's picklable form
-(``ModelHook``), and its collectives timed (``watch_collectives``: DDP's gradient buckets,
+module is the model (``stepped_module``), its timed forward (``ModelForward``, set and removed by
+``ForwardPatch``), and its collectives timed (``watch_collectives``: DDP's gradient buckets,
 FSDP2's all-gathers and reduce-scatters, ZeRO-1's parameter broadcasts, through the timer's
 ``watch_ddp``, ``watch_fsdp`` and ``watch_zero``).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -21,21 +23,56 @@ def stepped_module(called: list[Any], optimizer: Any) -> Any:
     return None
 
 
-class ModelHook(functools.partial):  # type: ignore[type-arg]
-    """The model's forward pre-hook: a partial of the driver's, so no Python frame of its own.
+class ModelForward:
+    """The model's ``forward`` while the hooks time it, set on the model itself: the driver's
+    hook, then the forward it stands in for. A forward pre-hook would do the same through a
+    public API, but any hook takes ``Module.__call__`` off its fast path, which costs each step
+    more than the hook itself (``benchmarks/hotpath.py --hooks-only``).
 
-    The model's hooks are part of its state, so they travel with it. ``copy.deepcopy(model)``
-    (a best-model copy, an EMA) shares this hook, whose driver ignores any module but the model;
-    ``torch.save(model)`` pickles it as a standard-library stand-in that hands the inputs back
-    unchanged (``dict.get`` on an empty dict returns its default, the inputs), so the file
-    loads where StageFrontier is not installed. Neither pickles the driver, which cannot be.
+    It is part of the model's state, so it travels with it: ``copy.deepcopy(model)`` (a
+    best-model copy, an EMA) gets the copy's own forward, and ``torch.save(model)`` pickles a
+    standard-library stand-in (``functools.partial`` of the forward it stands in for), so the
+    file loads where StageFrontier is not installed. Neither copies the driver.
     """
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> ModelHook:
-        return self
+    __slots__ = ("hook", "inner", "module")
+
+    def __init__(self, hook: Callable[[Any, Any], None], module: Any, inner: Any) -> None:
+        self.hook, self.module, self.inner = hook, module, inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.hook(self.module, args)
+        return self.inner(*args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.inner  # inspect.signature(model.forward) reads the forward's own
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.inner, memo)  # a bound method: bound to the copy
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return functools.partial, (dict.get, {})
+        return functools.partial, (self.inner,)
+
+
+class ForwardPatch:
+    """Sets ``ModelForward`` on ``module`` and, at ``remove()``, puts back what was there (as a
+    hook's handle does)."""
+
+    def __init__(self, module: Any, hook: Callable[[Any, Any], None]) -> None:
+        self.module = module
+        self.own = module.__dict__.get("forward")  # a forward set on the instance before
+        self.patched = ModelForward(hook, module, module.forward)
+        module.forward = self.patched
+
+    def remove(self) -> None:
+        module = self.module
+        if module.__dict__.get("forward") is not self.patched:
+            return  # replaced since, or removed: left as it is
+        if self.own is None:
+            del module.forward
+        else:
+            module.forward = self.own
 
 
 def watch_collectives(timer: Any, model: Any, optimizer: Any) -> None:

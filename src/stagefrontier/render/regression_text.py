@@ -29,6 +29,12 @@ def regression_text(regression: dict[str, Any]) -> str:
     named = ("rank " if len(ranks) == 1 else "ranks ") + shown
     span = f"window {first}" if first == last else f"windows {first}-{last}"
     head = f"{regression['delta_exposed_ms_per_step']:+.0f} ms/step vs {span}: "
+    if regression.get("kind") == WHOLE_JOB and regression.get("within_wander"):
+        return (
+            head + f"the whole job slowed {regression['slowdown']:.0%}, no more than this run's "
+            "windows move with the machine's load: the cause is outside the training code"
+            + host_text(regression.get("host"))
+        )
     if regression.get("kind") == WHOLE_JOB:
         where = "ranks and stages" if regression["all_ranks"] else f"its stages (most on {named})"
         return (

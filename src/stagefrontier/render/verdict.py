@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.across_roles import bounding_role
+from ..analysis.block_lead import steady_lead_below_top
 from ..analysis.labels import (
     CO_CRITICAL,
     DIRECT_EXPOSURE,
@@ -249,6 +250,15 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     if slow is not None:
         return Said(f"{slow_finding(slow, full=True)}; {plain(top)} costs {cost}", SLOW_NEXT)
     lead = _lead(report, record, top)
+    below = None if lead.who else steady_lead_below_top(report)
+    if below is not None:  # the stage the router captures (``route.decide``)
+        who = rank_name(int(report.semantic_localization[below].leader_rank or 0), record)
+        below_share = report.semantic_shares[below]
+        return Said(
+            f"no single rank leads {plain(top)}, which takes {cost}, but {who} alone leads "
+            f"{plain(below)} ({below_share:.0%} of the step), {_behind(report, below)}",
+            f"profile {both_names(below)} on {who}",
+        )
     target = f"profile {both_names(top)} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):
         waits = _wait_stages(report, top)

@@ -17,9 +17,11 @@ spread the stop's cost over the captured steps, but it also started and stopped 
 once a step while the router and analysis threads ran, and under load that killed ranks (SIGSEGV
 in the lifecycle test's 100-step capture); it also made a long capture several times slower. The
 stop must run on this thread (the session is the thread's), so the step after the capture
-carries it; the session's JSON, Kineto's writer holding the GIL throughout, is written on the
-router thread, and no capture starts on this rank until it is done (see ``docs/router.md``,
-the cost of a capture).
+carries it, made cheaper by starting the session trace-only where torch offers it
+(``profiler_session.trace_only_config``: the stop skips turning every op into a Python-visible
+event, which a capture never reads); the session's JSON, Kineto's writer holding the GIL
+throughout, is written on the router thread, and no capture starts on this rank until it is
+done (see ``docs/router.md``, the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
 already running, and abandoned, its session left alone, when the application starts its own
@@ -276,7 +278,9 @@ class RankCapture:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(activities=activities)
+        prof = torch.profiler.profile(
+            activities=activities, experimental_config=profiler_session.trace_only_config()
+        )
         prof.start()
         self._session = profiler_session.started()
         return prof

@@ -6,9 +6,13 @@ stages) and that stage has a confident, stable leader that pulls ahead of the ot
 leads alone in at least ``min_confident_fraction`` of the steps, switches no more often than
 ``max_switch_rate``, and its lag over the median rank grows within the stage by at least
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
-nothing). The suspect rank is that leader; the reference rank is the rank whose total time in
-the stage is the median of the other ranks (under hierarchical collection, where rank 0 has no
-rank columns, the typical rank the node parts carry: ``typical_reference``).
+nothing). When the top stage has no such leader, the largest other stage of the routing set
+that has one is routed instead (``block_lead.steady_lead_below_top``, which the window line
+names too): one rank's data wait in every accumulation microstep, beside a backward pass
+whose lead passes between ranks. The suspect rank is that leader; the reference rank is the
+rank whose total time in the stage is the median of the other ranks (under hierarchical
+collection, where rank 0 has no rank columns, the typical rank the node parts carry:
+``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
@@ -36,7 +40,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis.across_roles import bounding_role
-from ..analysis.block_lead import block_sums, unsteady_lead
+from ..analysis.block_lead import (
+    MIN_LEAD_SHARE,
+    block_sums,
+    steady_lead_below_top,
+    unsteady_lead,
+)
 from ..analysis.collectives import collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
@@ -53,7 +62,7 @@ REQUEST_LATENCY_S = 0.5
 
 UNKNOWN_STEP_S = 0.1
 """The step time assumed for a manual request before any window was analyzed."""
-MIN_SHARE = 0.1
+MIN_SHARE = MIN_LEAD_SHARE
 """The least share of the step by which a suspect's time in the stage must exceed its
 reference's (``ProfilerRouter.min_share``)."""
 NOISE_FACTOR = 4.0
@@ -141,6 +150,11 @@ def decide(
         blocked = (block_lead_text(block),)
     elif block is not None:
         blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
+    below = steady_lead_below_top(report, min_share) if why else None
+    if below is not None:  # the top stage's lead passes between ranks; one leads this one
+        blocked = (f"{stage}, on top, has no steady leader ({why})",)
+        stage, why = below, ""
+        loc, share = report.semantic_localization[below], report.semantic_shares[below]
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
         return None, why
@@ -195,9 +209,9 @@ def late_rank_decision(
     reference = others[(len(others) - 1) // 2][1]
     reasons = (
         f"{stage} {share:.0%} of exposed time",
-        f"rank {suspect} arrives last at {collective_name(late.family, late.bucket)} in "
-        f"{late.stage} by ~{late.lateness_ms:.0f} ms/step in {late.late_steps}/{late.steps} "
-        "steps, the others timed waiting for it there",
+        f"rank {suspect} arrives at {collective_name(late.family, late.bucket)} in "
+        f"{late.stage} ~{late.lateness_ms:.0f} ms/step after the others (last in "
+        f"{late.late_steps}/{late.steps} steps), the others timed waiting for it there",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window

@@ -89,6 +89,20 @@ def warm_up() -> None:
     watch()
 
 
+def trace_only_config() -> Any:
+    """The profiler's experimental config that makes its stop skip the post-processing a
+    capture never reads (the per-event Python records and their tree: only the trace is
+    exported, on the router thread), or None where this torch has no such option (the stop
+    then does it all on the training thread, as before)."""
+    import torch.profiler
+
+    config = getattr(torch.profiler, "_ExperimentalConfig", None)
+    try:
+        return config(trace_only=True) if config is not None else None
+    except TypeError:  # a torch before the option: the keyword is refused
+        return None
+
+
 def started() -> int:
     """Profiler sessions started in this process since ``watch()``."""
     return _started
