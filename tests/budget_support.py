@@ -1,31 +1,46 @@
 """A 2-rank Gloo job that runs long enough to outgrow a small disk budget, for
-``test_disk_budget``: every step times four stages (sleeps, and a real all-reduce in the
-backward stage) under store collection, and the forward stage of each window named in
-``slow_windows`` and the one after it sleeps ``slow_s`` longer on every rank (an injected
-regression: two windows in a row, which the check flags however loaded the machine). Launched twice
-into one folder, the second launch is a job resumed into the folder of the first. With
-``router``, each launch opens one profiler-router incident, on its window ``MANUAL_WINDOW``."""
+``test_disk_budget``: every step times eight stages (sleeps, a real all-reduce in the backward
+stage, and five that cost next to nothing) under store collection, and the forward stage of
+each window named in ``slow_windows`` and the one after it sleeps ``slow_s`` longer on every
+rank (an injected regression: two windows in a row, which the check flags however loaded the
+machine). Launched twice into one folder, the second launch is a job resumed into the folder
+of the first. With ``router``, each launch opens one profiler-router incident, on its window
+``MANUAL_WINDOW``."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rank_support import START_METHOD, join_gloo
+from trace_support import FIGURES_LATER, drawn_pages
 
-STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
+STAGES = (
+    "data.next_wait",
+    "model.fwd_loss_cpu_wall",
+    "model.backward_cpu_wall",
+    "optim.step_cpu_wall",
+    "callbacks.cpu_wall",
+    "eval.cpu_wall",
+    "ckpt.save_cpu_wall",
+    "log.flush_cpu_wall",
+)
 MANUAL_WINDOW = 1
 """The window the router's capture asked by hand opens its incident on."""
-BUDGET_WINDOWS = 120
+BUDGET_WINDOWS = 80
 BUDGET_MB = 2
 BUDGET_SLOW = {0: (30, 60), 1: (40,)}
 """The session's resumed job (``conftest.budget_run``): its windows an attempt, its disk budget,
 and its injected regressions, per attempt the first of the two windows whose forward stage is
-slower. Each compaction deletes about twice the packets that the windows since the last one
-added, so enough windows run it out of packets to delete and it cuts records whenever the
-router's incidents land (with 80 windows, records were cut only when an incident written
-between two measures of the folder left it far over its budget at the next one)."""
+slower. The budget decides what the tests see, not the job's timing. With ``STAGES``' eight
+stages a window writes about 12.5 kB of record and 15 kB of packet (the last five stages cost
+no time; they make each window's files bigger): the first launch alone writes more than the
+budget, so each launch's incident page is left without its figures when they are drawn after
+it; the two launches' whole records (160 x 12.5 kB) and the packets no compaction deletes
+before it cuts records pass the budget, so one of the second launch's compactions must cut
+records; cut down to their summary (about 3.6 kB), they leave the folder well within it."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,9 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
                 time.sleep(job.step_s + (job.slow_s if slow else 0.0))
             with timer.stage(STAGES[2]):
                 dist.all_reduce(grad)
+            for stage in STAGES[3:]:
+                with timer.stage(stage):
+                    grad.mul_(1.0)
     timer.close()
     leave_process_group()
 
@@ -101,8 +119,13 @@ def ask_for_capture(timer: Any, router: Any) -> None:
 
 
 def launch(job: BudgetJob) -> None:
-    """Run the job's ranks to the end; fail on a rank error."""
+    """Run the job's ranks to the end, and with ``router`` the process that draws its incident
+    pages after it (it writes into the folder, which the next launch and the tests measure);
+    fail on a rank error."""
     from stagefrontier.demo.launch import run_ranks
 
     codes = run_ranks(run_rank, job.ranks, job, deadline_s=300.0, start_method=START_METHOD)
     assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
+    if job.router:
+        pages = drawn_pages(Path(job.out_dir))
+        assert pages and all(FIGURES_LATER not in page for page in pages.values()), "not drawn"

@@ -177,8 +177,9 @@ def budget_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The output folder of ``budget_support``'s 2-rank job launched twice into it (the second
     launch a job resumed from a checkpoint): ``BUDGET_WINDOWS`` windows an attempt under a
     ``BUDGET_MB`` MiB disk budget, regressions injected at ``BUDGET_SLOW``, one incident asked by
-    hand in each. A test that writes into the folder works on a copy of it (``shutil.copytree``)
-    or writes only what every reader of it expects (``report.html``)."""
+    hand in each; each launch ends once its incident pages are drawn (``launch``), so no process
+    writes into the folder after it. A test that writes into the folder works on a copy of it
+    (``shutil.copytree``) or writes only what every reader of it expects (``report.html``)."""
     pytest.importorskip("torch")
     from budget_support import BUDGET_MB, BUDGET_SLOW, BUDGET_WINDOWS, BudgetJob, launch
 

@@ -14,8 +14,11 @@ import pytest
 
 from html_support import LONG_OP, simulated_run, with_incident
 from stagefrontier.cli import main
+from stagefrontier.environment import MiB
 from stagefrontier.render import html_page
 from stagefrontier.route.html import write_html
+from stagefrontier.route.offline import draw_pages
+from stagefrontier.sinks.disk_budget import DiskBudget, folder_bytes
 
 
 class _Text(HTMLParser):
@@ -112,6 +115,35 @@ def test_with_matplotlib_the_incident_page_embeds_both_figures(tmp_path: Path) -
         folder / "incidents" / "w00001", with_incident(folder, slow=2), folder
     ).read_text()
     assert page.count("data:image/png;base64,") == 2 and "not drawn" not in page
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_the_figures_drawn_after_the_run_keep_to_the_folders_disk_budget(tmp_path: Path) -> None:
+    """The process a live router starts as the run ends (``draw_pages``) draws a page's
+    figures only where they fit the run folder's disk budget, and leaves them out once the
+    budget had to compact the folder; the note says why and how to draw them."""
+    folder = simulated_run(tmp_path / "run", 4, 3, slow=2)
+    with_incident(folder, slow=2)
+    incident = folder / "incidents" / "w00001"
+    held = folder_bytes(folder)
+
+    draw_pages([str(incident)], held + MiB)
+    assert (incident / "incident.html").read_text().count("data:image/png;base64,") == 2
+
+    draw_pages([str(incident)], held)  # the figures would take it past
+    page = (incident / "incident.html").read_text()
+    text = " ".join("".join(parsed(page).text).split())
+    assert "data:image/png" not in page
+    assert f"they would take the run folder past its disk budget of {held / MiB:.3g} MiB" in text
+    assert f"incident {incident}` to draw them" in text
+
+    DiskBudget(folder, held // 2).written(None, folder / "attempts.jsonl", 0)  # compacts
+    assert (folder / "compacted.jsonl").exists()
+    draw_pages([str(incident)], 100 * MiB)
+    page = (incident / "incident.html").read_text()
+    text = " ".join("".join(parsed(page).text).split())
+    assert "data:image/png" not in page
+    assert "the run folder reached its disk budget of 100 MiB (compacted.jsonl)" in text
 
 
 # --- stagefrontier report DIR --html -------------------------------------------------------------

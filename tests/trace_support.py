@@ -138,3 +138,23 @@ def settled_incidents(
         if all(i.get("reduced") != "pending" for i in incidents) or time.monotonic() > end:
             return incidents
         time.sleep(0.2)
+
+
+FIGURES_LATER = "The figures are added to this page after the run"
+"""What a live incident's page says until the after-run process has drawn its figures."""
+
+
+def drawn_pages(out_dir: Path, deadline_s: float = AFTER_RUN_DEADLINE_S) -> dict[str, str]:
+    """The run's incident pages (by incident) once the after-run process
+    (``route.html.draw_later``) has rewritten every one, with its figures or a note saying
+    why they are not drawn: until then the folder is still growing. Polls until then or the
+    deadline; the pages are returned as they are then."""
+    end = time.monotonic() + deadline_s
+    while True:
+        pages = {
+            page.parent.name: page.read_text(encoding="utf-8")
+            for page in sorted((Path(out_dir) / "incidents").glob("*/incident.html"))
+        }
+        if all(FIGURES_LATER not in text for text in pages.values()) or time.monotonic() > end:
+            return pages
+        time.sleep(0.2)

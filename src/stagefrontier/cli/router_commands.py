@@ -12,8 +12,7 @@ from .common import EXIT_FAILED, EXIT_OK, warn
 
 def handle_incident(args: argparse.Namespace) -> int:
     from ..render.incident import render_markdown
-    from ..route.html import write_html
-    from ..route.offline import incident_folders, reduce_offline, run_folder
+    from ..route.offline import incident_folders, redraw
 
     folders, skipped = incident_folders(args.dir)
     for problem in skipped:
@@ -21,11 +20,9 @@ def handle_incident(args: argparse.Namespace) -> int:
     if not folders:
         print(printable(f"no {'readable ' if skipped else ''}incidents in {args.dir}"))
     for folder in folders:
-        incident, reduced = reduce_offline(folder)
+        incident, reduced = redraw(folder)
         if reduced:
             print(printable(f"(reduced the traces of {incident['id']} now)"))
-        else:  # the page again: its figures may be drawable now (matplotlib installed since)
-            write_html(folder, incident, run_folder(folder))
         print(render_markdown(incident))
         print(printable(f"Files: {folder}/incident.json, incident.md, incident.html"))
     return EXIT_OK

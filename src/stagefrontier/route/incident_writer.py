@@ -16,6 +16,7 @@ import numpy as np
 from ..failures import say_failed
 from ..formats.packet import remove_temporaries
 from ..render.incident import write_incident
+from ..sinks.output_folder import shared_folder
 from ..window.merged import AnalyzedWindow, iso_utc
 from .capture import incident_dir
 from .confirm import LiveWindow
@@ -82,8 +83,10 @@ class IncidentWriter:
         self.pages_pending.append(incident)
 
     def draw_pending(self) -> None:
-        """The run ends: the pages written so far get their figures, after it."""
-        draw_later([incident_dir(self.out_dir, i["id"]) for i in self.pages_pending])
+        """The run ends: the pages written so far get their figures, after it, within the
+        folder's disk budget."""
+        folders = [incident_dir(self.out_dir, i["id"]) for i in self.pages_pending]
+        draw_later(folders, shared_folder(self.out_dir).budget.budget)
         self.pages_pending.clear()
 
 

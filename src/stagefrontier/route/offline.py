@@ -114,9 +114,12 @@ def window_records(out_dir: Path) -> Iterator[dict[str, Any]]:
         return
 
 
-def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, Any], bool]:
+def reduce_offline(
+    folder: Path, gates: Gates | None = None, budget_bytes: int | None = None
+) -> tuple[dict[str, Any], bool]:
     """The incident of ``folder``; when it was captured but not reduced and every trace is
-    here, reduce it now and rewrite its files. Returns (incident, whether it was reduced)."""
+    here, reduce it now and rewrite its files (the page's figures within ``budget_bytes``:
+    ``html.write_html``). Returns (incident, whether it was reduced)."""
     incident = read_incident(folder)
     if not incident["captured"] or incident["confirmed"] is not None:
         return incident, False
@@ -137,5 +140,28 @@ def reduce_offline(folder: Path, gates: Gates | None = None) -> tuple[dict[str, 
         incident["reduced"] = "offline"
         incident["reasons"].append("reduced offline by `stagefrontier incident`")
     write_incident(folder, incident)
-    write_html(folder, incident, out_dir)
+    write_html(folder, incident, out_dir, budget_bytes=budget_bytes)
     return incident, True
+
+
+def redraw(folder: Path, budget_bytes: int | None = None) -> tuple[dict[str, Any], bool]:
+    """The incident of ``folder`` reduced now when the run left it unreduced
+    (``reduce_offline``), else its page written again: its figures may be drawable now
+    (matplotlib installed since, or the run over). Returns (incident, whether it was
+    reduced)."""
+    incident, reduced = reduce_offline(folder, budget_bytes=budget_bytes)
+    if not reduced:
+        write_html(folder, incident, run_folder(folder), budget_bytes=budget_bytes)
+    return incident, reduced
+
+
+def draw_pages(folders: list[str], budget_bytes: int) -> None:
+    """What the process ``html.draw_later`` starts does: ``redraw`` each incident folder of a
+    run that just ended, its figures within the run folder's disk budget. A folder that
+    cannot be read is passed over (no one reads this process's output: the page keeps its
+    note)."""
+    for folder in folders:
+        try:
+            redraw(Path(folder), budget_bytes)
+        except (StageFrontierError, OSError):
+            continue
