@@ -8,12 +8,17 @@ unpack, like a slow transfer or ``pin_memory``), ``none`` nowhere. ``late`` is `
 step 20 on (two healthy windows first) with the live regression check on and the window lines
 logged, as a job runs by default: the windows after the stall begins are judged against the
 healthy ones. The model's own step takes about 25 ms (a sleep in the forward), so the workers
-must supply a batch every ~25 ms.
+must supply a batch every ~25 ms. On a busy machine the step grows with the load while a fixed
+stall does not (about 40 ms at load 30; at load 40 to 100 backward held the top of a stalled
+window over the 120 ms stall), so ``late`` sizes its stall from rank 2's own healthy steps: its
+workers then supply a batch every ``LATE_STALL_STEPS`` median healthy steps (120 ms at least),
+and the data wait holds most of every stalled step whatever the load.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,6 +46,23 @@ LATE_FROM = 20
 """``late``: the first slow step."""
 LATE_STEPS = 60
 """``late``: four windows after the stall begins."""
+LATE_STALL_STEPS = 4
+"""``late``: the stalled workers' time per batch, in the stalled rank's median healthy steps (per
+worker: times the workers, which make batches side by side)."""
+LATE_MEASURED = range(2, 13)
+"""``late``: the healthy steps the stall is sized from, the first two (start-up) left out. The
+size is written at step 13; a worker is asked for a batch at most ``2 x 2`` batches ahead of the
+step that consumes it (the loader's prefetch), so no worker reaches step 20's samples before."""
+WORKERS = 2
+
+
+def size_the_stall(out: Path, step_s: list[float]) -> None:
+    """Writes the per-sample delay that makes each worker's batch ``LATE_STALL_STEPS`` median
+    healthy steps per worker (``step_s``), at least ``SAMPLE_S``, for the workers to read."""
+    per_batch = LATE_STALL_STEPS * statistics.median(step_s) * WORKERS
+    staged = out.with_suffix(".tmp")
+    staged.write_text(repr(max(SAMPLE_S, per_batch / BATCH)))
+    staged.replace(out)  # whole or absent, never half written
 
 
 def receive(batch: torch.Tensor, delay_s: float) -> torch.Tensor:
@@ -74,11 +96,17 @@ def main(out_dir: str, mode: str) -> None:
     late = mode == "late"
     steps = LATE_STEPS if late else STEPS
     slow = stalled and mode in ("workers", "late")
-    samples = Samples(BATCH * (steps + 4), SAMPLE_S if slow else 0.0, BATCH * LATE_FROM * late)
+    delay_file = Path(out_dir) / ".late_sample_delay_s"
+    samples = Samples(
+        BATCH * (steps + 4),
+        SAMPLE_S if slow else 0.0,
+        BATCH * LATE_FROM * late,
+        delay_file if slow and late else None,
+    )
     loader = DataLoader(
         samples,
         batch_size=BATCH,
-        num_workers=2,
+        num_workers=WORKERS,
         collate_fn=Collate(RECEIVE_S if stalled and mode == "transfer" else 0.0),
     )
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -95,7 +123,11 @@ def main(out_dir: str, mode: str) -> None:
     else:
         collect = CollectConfig(out_dir=out_dir, timeout_s=20.0, regression=None, log=False)
     timer = StageTimer(config=TimerConfig(window=WINDOW, collection=collect, router=router))
+    began: list[float] = []
     for step, x in enumerate(timer.iter(loader)):
+        began.append(time.perf_counter())
+        if slow and late and step == LATE_MEASURED.stop:
+            size_the_stall(delay_file, [began[s + 1] - began[s] for s in LATE_MEASURED])
         if step == steps:
             break
         with timer.step():

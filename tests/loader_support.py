@@ -21,16 +21,26 @@ def slow_sample(index: int, delay_s: float) -> torch.Tensor:
 
 
 class Samples(Dataset[torch.Tensor]):
-    """``n`` samples, each ``delay_s`` late from sample ``slow_from`` on."""
+    """``n`` samples, each ``delay_s`` late from sample ``slow_from`` on; with ``delay_from``,
+    the delay is the number that file holds, read when the first slow sample is made (a job
+    sizes its stall from its own healthy steps and writes it there before the workers reach
+    that sample)."""
 
-    def __init__(self, n: int, delay_s: float = 0.0, slow_from: int = 0) -> None:
+    def __init__(
+        self, n: int, delay_s: float = 0.0, slow_from: int = 0, delay_from: Path | None = None
+    ) -> None:
         self.n, self.delay_s, self.slow_from = n, delay_s, slow_from
+        self.delay_from = delay_from
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return slow_sample(index, self.delay_s if index >= self.slow_from else 0.0)
+        if index < self.slow_from:
+            return slow_sample(index, 0.0)
+        if self.delay_from is not None:  # once per worker: each holds its own copy
+            self.delay_s, self.delay_from = float(self.delay_from.read_text()), None
+        return slow_sample(index, self.delay_s)
 
 
 class Stream(IterableDataset[torch.Tensor]):
