@@ -43,13 +43,12 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 import stagefrontier
-from harness_common import load_1min, quiet_check, result_header, script_parser
+from harness_common import load_1min, quiet_check, result_header, script_parser, write_result
 from stagefrontier import DEFAULT_STAGES
 
 FloatArray = npt.NDArray[np.float64]
@@ -460,11 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(rows))
     print()
     print("\n".join(verdicts(rows, loads)))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
     shown = [*(["--quick"] if args.quick else []), *([f"--runs {args.runs}"] if args.runs else [])]
-    out.write_text(render(rows, settings, shown, loads), encoding="utf-8")
-    print(f"\nwrote {out}", file=sys.stderr)
+    write_result(args.out, render(rows, settings, shown, loads), echo=False)
     return 0
 
 

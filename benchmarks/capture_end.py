@@ -115,9 +115,7 @@ def main() -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    hc.write_result(args.out, text)
     return 0
 
 

@@ -172,9 +172,7 @@ def main() -> int:
         ],
     )
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    hc.write_result(args.out, text)
     return 0
 
 

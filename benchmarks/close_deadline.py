@@ -31,6 +31,7 @@ from harness_common import (
     quiet_check,
     result_header,
     script_parser,
+    write_result,
 )
 from stagefrontier.deadline import CLOSE_DEADLINE_S
 
@@ -157,9 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, text)
     return 0
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from harness_common import load_text, result_header, script_parser
+from harness_common import load_text, result_header, script_parser, write_result
 from stagefrontier.demo.launch import run_ranks
 
 COMMAND = "python benchmarks/collection.py"
@@ -437,8 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(summarize(config, launch(config)))
                 print(f"done: {collect} R={ranks}", file=sys.stderr, flush=True)
     text = render(rows, command, (load_start, load_text()), args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    write_result(args.out, text, echo=False)
     print(markdown_table(rows))
     print()
     print("\n".join(verdicts(rows)))

@@ -5,8 +5,9 @@ WINDOWS windows of 10 steps into a folder with a small disk budget, then runs ag
 same folder as a job resumed from a checkpoint would. The forward stage of two pairs of windows
 of the first attempt and one pair of the second is 40 ms slower on every rank (three injected
 regressions, each two windows long). The table says what the folder holds at the end against
-its budget, what the compactions deleted, cut and kept, and whether the three regressions and
-the restart are in the records and their packets kept.
+its budget, what the compactions deleted, cut and kept, whether the three regressions and the
+restart are in the records and their packets kept, and whether ``stagefrontier report --html``
+shows the three regressions, the restart's attempts and the records cut.
 
 Usage::
 
@@ -16,6 +17,8 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tempfile
 import time
@@ -79,8 +82,11 @@ def main() -> int:
     p.add_argument("--windows", type=int, default=1000, help="windows per attempt")
     p.add_argument("--budget-mb", type=int, default=16, help="the folder's budget in MiB")
     args = p.parse_args()
+    from markupsafe import escape
+
     from stagefrontier.demo.launch import run_ranks
     from stagefrontier.formats.compacted import listed_windows
+    from stagefrontier.render.regression_text import regression_text
     from stagefrontier.sinks.disk_budget import folder_bytes
 
     n = args.windows
@@ -123,6 +129,12 @@ def main() -> int:
         flagged_pairs = [[k for k in pair if by_window[k].get("regression")] for pair in pairs]
         caught = sum(1 for found in flagged_pairs if found)
         kept = sum(1 for found in flagged_pairs if any(packet(*k) in packets for k in found))
+        page = _report_page(out)
+        shown = sum(
+            1
+            for found in flagged_pairs
+            if any(str(escape(regression_text(by_window[k]["regression"]))) in page for k in found)
+        )
     budget = args.budget_mb << 20
     rows = [
         ("windows (records)", f"{len(records)} in {len({r['attempt'] for r in records})} attempts"),
@@ -147,6 +159,9 @@ def main() -> int:
         ("injected regressions flagged", f"{caught}/3"),
         ("their packets kept", f"{kept}/3"),
         ("over budget at any compaction", str(any(c["over_budget"] for c in compactions))),
+        ("`report --html`: injected regressions on the page", f"{shown}/3"),
+        ("`report --html`: the restart's attempts on the page", str("restart attempts" in page)),
+        ("`report --html`: the records cut, said on the page", str("cut the records of" in page)),
     ]
     lines = [
         *hc.result_header("The disk budget over a long run with a restart", hc.command_line()),
@@ -160,9 +175,19 @@ def main() -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
+    hc.write_result(args.out, text)
     return 0
+
+
+def _report_page(out: Path) -> str:
+    """The run's page as ``stagefrontier report --html`` writes it."""
+    from stagefrontier.cli.main import main as cli
+
+    page = out / "report.html"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli(["report", str(out), "--html", str(page)])
+    assert code == 0, code
+    return page.read_text(encoding="utf-8")
 
 
 def _attempt_line(line: dict[str, object]) -> str:

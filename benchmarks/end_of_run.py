@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_common import command_line, load_text, result_header, script_parser
+from harness_common import command_line, load_text, result_header, script_parser, write_result
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.formats.incident import list_incidents
 from stagefrontier.render.incident import verdict
@@ -129,9 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append(result)
         print(result, file=sys.stderr)
     text = render(runs, args.steps, load_start, load_text())
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, text)
     return 0
 
 

@@ -13,6 +13,10 @@ functions are called:
 
     python benchmarks/flow_modules.py
 
+Beside the modules each flow runs, the modules it loads: the same flow alone in a fresh
+process (the script run again with ``--loaded FLOW``), every module of ``stagefrontier`` that
+the process imported by its end, the flow's own imports from the package's top included.
+
 ``docs/ARCHITECTURE.md`` quotes the counts; its drawn flows name the modules each call goes
 through. Counts, not times: the load average is recorded only as the run's setting.
 """
@@ -20,6 +24,7 @@ through. Counts, not times: the load average is recorded only as the run's setti
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -30,8 +35,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from harness_common import command_line, load_text, result_header, script_parser, table
-from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+from harness_common import (
+    command_line,
+    load_text,
+    result_header,
+    script_parser,
+    table,
+    write_result,
+)
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall")
 PACKAGE = f"{os.sep}stagefrontier{os.sep}"
@@ -105,6 +117,8 @@ def window_flow(work: Path) -> set[str]:
 def incident_flow(work: Path) -> set[str]:
     import torch.distributed as dist
 
+    from stagefrontier import ProfilerRouter
+
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0, with_stack=False)
     collection = CollectConfig("local", out_dir=work / "incident", regression=None, log=False)
@@ -120,29 +134,43 @@ def incident_flow(work: Path) -> set[str]:
     return called.seen
 
 
+FLOWS = {"a window": window_flow, "an incident": incident_flow}
+
+
+def loaded_by(flow: str) -> int:
+    """How many modules of the package a fresh process running only ``flow`` loads."""
+    command = [sys.executable, __file__, "--loaded", flow]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    return int(proc.stdout.split()[-1])
+
+
 def main() -> None:
-    args = script_parser("flow_modules", __doc__).parse_args()
+    parser = script_parser("flow_modules", __doc__)
+    parser.add_argument("--loaded", choices=FLOWS, help="run FLOW alone, print the modules loaded")
+    args = parser.parse_args()
+    if args.loaded:
+        with tempfile.TemporaryDirectory() as work:
+            FLOWS[args.loaded](Path(work))
+        print(len([m for m in sys.modules if m.split(".", 1)[0] == "stagefrontier"]))
+        return
     loads = [load_text()]
     with tempfile.TemporaryDirectory() as work:
-        flows = {
-            "a window": window_flow(Path(work)),
-            "an incident": incident_flow(Path(work)),
-        }
+        flows = {name: flow(Path(work)) for name, flow in FLOWS.items()}
+    loaded = {name: loaded_by(name) for name in FLOWS}
     loads.append(load_text())
     rows = []
     for name, seen in flows.items():
         floors = sorted({m.split("/", 1)[0] for m in seen if "/" in m})
         analysis = len([m for m in seen if m.startswith("analysis/")])
-        rows.append((name, len(seen), analysis, ", ".join(floors)))
+        rows.append((name, len(seen), analysis, ", ".join(floors), loaded[name]))
     lines = result_header("The modules each flow runs", command_line())
     lines += [f"- Load average (1/5/15 min) at start: {loads[0]}; at end: {loads[1]}", ""]
-    lines += table(["flow", "modules", "of them analysis/", "packages"], rows)
+    header = ["flow", "modules run", "of them analysis/", "packages", "modules loaded"]
+    lines += table(header, rows)
     for name, seen in flows.items():
         lines += ["", f"The flow of {name}: " + ", ".join(f"`{m}`" for m in sorted(seen)) + "."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_result(args.out, text)
 
 
 if __name__ == "__main__":

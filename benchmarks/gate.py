@@ -240,12 +240,11 @@ def main() -> None:
     with hc.work_dir(args.work) as work:
         rows = collect(rounds, args.steps, loads, work, args.burners)
     text = render(rows, args.steps, args.burners, hc.command_line(), environment)
-    args.out.write_text(text, encoding="utf-8")
     args.out.with_name(args.out.stem + "-rows.json").write_text(
         json.dumps(rows, indent=1) + "\n", encoding="utf-8"
     )
     print("\n".join(summary(rows)))
-    print(f"wrote {args.out}")
+    hc.write_result(args.out, text, echo=False)
 
 
 if __name__ == "__main__":

@@ -445,6 +445,17 @@ def _git_commit() -> str | None:
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
+def write_result(out: Path, text: str, *, echo: bool = True) -> None:
+    """The end of every script: the results file printed (unless ``echo`` is False, for a
+    script that prints its own summary instead), written to ``out`` (its folder made) and the
+    path said on stderr."""
+    if echo:
+        print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     """A markdown table of pre-formatted cells."""
     lines = [
@@ -551,9 +562,8 @@ def harness_main(
         meta["retries"] = RETRIES
     result = Result(meta)
     render(rows, result, bool(meta["quick"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(result.markdown(), encoding="utf-8")
+    write_result(args.out, result.markdown(), echo=False)
     stored_path = rows_path(args.out)
     write_rows(stored_path, {k: v for k, v in meta.items() if k != "rendered_by"}, rows)
-    print(f"\nwrote {args.out} and {stored_path.name} (script wall time {meta['wall_s']:.0f} s)")
+    print(f"wrote {stored_path} (script wall time {meta['wall_s']:.0f} s)", file=sys.stderr)
     return 0

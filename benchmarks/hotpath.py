@@ -18,7 +18,8 @@ completes a window (a timer with a real ``LocalCollector``, whose thread analyze
 while the next steps run), as that exit minus the median exit of the window's other steps; and
 the automatic hooks of ``stagefrontier run`` against hand-written contexts on a real training
 loop (``hotpath_hooks``, with torch), and the cost per DDP gradient bucket of
-``timer.watch_ddp`` (``hotpath_buckets``, with torch).
+the collectives a step issues (``hotpath_buckets``, with torch: DDP's buckets, FSDP2's
+all-gathers and reduce-scatters, ZeRO-1's broadcasts, the program's own collectives).
 
 Each figure is nanoseconds per use with the empty loop's cost removed; the reported value is
 the median over repeats of the per-repeat figure, and the ratio divides it by the floor's median.
@@ -34,7 +35,7 @@ Usage::
     python benchmarks/hotpath.py --quick    # few short repeats, for a smoke check
     python benchmarks/hotpath.py --out PATH # write the markdown somewhere else
     python benchmarks/hotpath.py --hooks-only  # only the automatic hooks: results/hotpath_hooks.md
-    python benchmarks/hotpath.py --buckets-only  # only watch_ddp: results/hotpath_buckets.md
+    python benchmarks/hotpath.py --buckets-only  # the timed collectives: results/hotpath_buckets.md
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ import numpy as np
 import hotpath_buckets
 import hotpath_hooks
 import stagefrontier
-from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
+from harness_common import (
+    load_1min,
+    load_text,
+    quiet_check,
+    result_header,
+    script_parser,
+    write_result,
+)
 from stagefrontier import DEFAULT_STAGES, RESIDUAL_STAGE, StageTimer, TimerConfig
 from stagefrontier.record.noop import NOOP
 
@@ -94,7 +102,7 @@ class Settings:
     hook_steps: int
     """Training steps per loop in that measurement."""
     bucket_rounds: int
-    """Interleaved rounds of the DDP bucket timing's measurement (``hotpath_buckets``)."""
+    """Interleaved rounds of each timed collective's measurement (``hotpath_buckets``)."""
     bucket_steps: int
     """DDP training steps per loop in that measurement."""
 
@@ -722,9 +730,13 @@ def render(
         "",
         *hooks,
         "",
-        "## DDP's gradient buckets timed (`timer.watch_ddp`)",
+        "## The collectives timed (`watch_ddp`, `watch_fsdp`, `watch_zero`, `timer.collective`)",
         "",
-        hotpath_buckets.METHOD.format(rounds=settings.bucket_rounds, steps=settings.bucket_steps),
+        hotpath_buckets.METHOD.format(
+            rounds=settings.bucket_rounds,
+            steps=settings.bucket_steps,
+            layers=hotpath_buckets.LAYERS,
+        ),
         "",
         *buckets,
         "",
@@ -746,14 +758,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--buckets-only",
         action="store_true",
-        help="measure only the cost per DDP gradient bucket of timer.watch_ddp (default out: "
+        help="measure only the cost per timed collective: DDP, FSDP2, ZeRO-1, own (default out: "
         "benchmarks/results/hotpath_buckets.md)",
     )
     return parser.parse_args(argv)
 
 
 def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) -> int:
-    """``--hooks-only`` (the automatic hooks) or ``--buckets-only`` (``watch_ddp``): that
+    """``--hooks-only`` (the automatic hooks) or ``--buckets-only`` (the timed collectives): that
     measurement alone, in its own results file."""
     name, flag = (
         ("hotpath_buckets", "--buckets-only") if buckets else ("hotpath_hooks", "--hooks-only")
@@ -763,9 +775,11 @@ def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) ->
         out = out.with_name(f"{name}.md")
     load_start, load_1min_start = load_text(), load_1min()
     if buckets:
-        title = "The cost per DDP gradient bucket of `timer.watch_ddp`"
+        title = "The cost per timed collective (DDP, FSDP2, ZeRO-1, the program's own)"
         method = hotpath_buckets.METHOD.format(
-            rounds=settings.bucket_rounds, steps=settings.bucket_steps
+            rounds=settings.bucket_rounds,
+            steps=settings.bucket_steps,
+            layers=hotpath_buckets.LAYERS,
         )
         lines = hotpath_buckets.report(settings.bucket_rounds, settings.bucket_steps)
     else:
@@ -789,9 +803,7 @@ def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) ->
         "",
     ]
     print("\n".join(lines))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(text), encoding="utf-8")
-    print(f"\nwrote {out}", file=sys.stderr)
+    write_result(out, "\n".join(text), echo=False)
     return 0
 
 
@@ -823,23 +835,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(feature_table(features)))
     print("\n".join(hooks))
     print("\n".join(buckets))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        render(
-            rows,
-            features,
-            handoff_us,
-            settings,
-            args.quick,
-            peer,
-            (load_start, load_end, quiet),
-            hooks,
-            buckets,
-        ),
-        encoding="utf-8",
-    )
-    print(f"\nwrote {out}", file=sys.stderr)
+    loads = (load_start, load_end, quiet)
+    text = render(rows, features, handoff_us, settings, args.quick, peer, loads, hooks, buckets)
+    write_result(args.out, text, echo=False)
     return 0
 
 

@@ -33,7 +33,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from harness_common import load_1min, load_text, quiet_check, result_header, script_parser
+from harness_common import (
+    load_1min,
+    load_text,
+    quiet_check,
+    result_header,
+    script_parser,
+    write_result,
+)
 
 VARIANTS = ("none", "empty", "stagefrontier")
 """Per group of runs: no extra callback, callbacks that do nothing, StageFrontier's callback."""
@@ -364,9 +371,7 @@ so the ratio is an upper bound for real models, whose steps last tens to hundred
 milliseconds. On this shared machine the spread of the ratio across groups ([min, max]) is as wide
 as the effect; differences inside it are noise.
 """
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    write_result(args.out, text, echo=False)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from harness_common import environment, result_header, script_parser, table
+from harness_common import environment, result_header, script_parser, table, write_result
 from stagefrontier.analysis.schema import DEFAULT_STAGES
 from stagefrontier.collect.node import NodeIdentity
 from stagefrontier.collect.node_payload import combine_groups, node_group
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = " ".join([COMMAND, *(f"{flag} {v}" for flag, v, default in settings if v != default)])
     lines = [*result_header("Node transport: job store or node-local store", command)]
     lines += [*environment(), "", *body, ""]
-    args.out.write_text("\n".join(lines))
+    write_result(args.out, "\n".join(lines))
     return 0
 
 

@@ -183,8 +183,7 @@ def main() -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
+    hc.write_result(args.out, text)
     return 0
 
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness_common import command_line, environment, result_header, script_parser
+from harness_common import command_line, environment, result_header, script_parser, write_result
 from stagefrontier.analysis.across_roles import bounding_role, is_communication
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.demo.faults import parse_fault
@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [*environment(), "", f"{steps} steps per run, windows of {steps // 2} steps.", ""]
     lines += [*_log_lines(runs), "", *_signals(runs)]
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_result(args.out, text)
     return 0
 
 

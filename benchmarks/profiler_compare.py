@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 import stagefrontier
-from harness_common import load_text, result_header, script_parser, utc_now
+from harness_common import load_text, result_header, script_parser, utc_now, write_result
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
     CALLBACKS_STAGE,
@@ -580,11 +580,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     text = render(rows, settings, args.quick, time.monotonic() - started, load, True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
     print()
     print("\n".join(table(SUMMARY_HEADER, summary_rows(rows))))
-    print(f"\nwrote {args.out}")
+    write_result(args.out, text, echo=False)
     return 0
 
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_common import command_line, load_text, result_header, script_parser
+from harness_common import command_line, load_text, result_header, script_parser, write_result
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.render.incident import summary_line
 from stagefrontier.route import list_incidents
@@ -308,9 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = {k: result[k] for k in (*keys, "trace_kib", "steps", "training_thread_s")}
         figures.update(label=args.label, load=f"{load_start} -> {load_end}", runs=runs)
         args.json.write_text(json.dumps(figures), encoding="utf-8")
-    print(text)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, text)
     return 0
 
 

@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 import stagefrontier as sf
 from analyzer import environment
-from harness_common import load_1min, quiet_check, result_header, script_parser
+from harness_common import load_1min, quiet_check, result_header, script_parser, write_result
 from stagefrontier.collect.node import NodeIdentity
 from stagefrontier.collect.node_payload import (
     Group,
@@ -522,10 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(" | ".join(cells(row)), flush=True)
             print(f"  R={ranks} {scenario}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     loads.append(load_1min())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = render(rows, args.quick, loads, args.flat_max, args.ranks)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result(args.out, render(rows, args.quick, loads, args.flat_max, args.ranks), echo=False)
     return 0 if all(r.agrees for r in rows if r.agreement) else 1
 
 

@@ -29,7 +29,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from harness_common import command_line, environment, load_text, result_header, script_parser, table
+from harness_common import (
+    command_line,
+    environment,
+    load_text,
+    result_header,
+    script_parser,
+    table,
+    write_result,
+)
 from stagefrontier.demo.launch import run_ranks
 
 DEADLINE_S = 900.0
@@ -236,9 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for window in (int(w) for w in args.windows.split(",")):
             rows.extend(soak(window, args, Path(tmp)))
     text = render(rows, args, env, load_text())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_result(args.out, text)
     return 0 if all(r.flat(args.limit_mb) for r in rows) else 1
 
 

@@ -275,12 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads.append(hc.load_text())
     shown = [] if args.runs == 3 else [f"--runs {args.runs}"]
     text = render(rows, shown, loads)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    hc.write_result(args.out, text)
     return 0
 
 

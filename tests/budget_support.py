@@ -17,6 +17,12 @@ from rank_support import START_METHOD, join_gloo
 STAGES = ("data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall")
 MANUAL_WINDOW = 1
 """The window the router's capture asked by hand opens its incident on."""
+BUDGET_WINDOWS = 80
+BUDGET_MB = 2
+BUDGET_SLOW = {0: (30, 60), 1: (40,)}
+"""The session's resumed job (``conftest.budget_run``): its windows an attempt, its disk budget,
+and its injected regressions, per attempt the first of the two windows whose forward stage is
+slower."""
 
 
 @dataclass(frozen=True)

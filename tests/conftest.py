@@ -41,6 +41,16 @@ def untimed_demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return run
 
 
+def demo_fault_ms(untimed: Any, ranks: int) -> int:
+    """A delay large against the step: four times the median step of this session's untimed
+    2-rank run (``untimed_demo``, at the machine's present load), scaled by the ranks sharing
+    the cores, and at least 120 ms, so a loaded machine's slower all-reduce never outweighs it."""
+    import numpy as np
+
+    step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
+    return max(120, round(4000 * step_s * ranks / 2))
+
+
 @pytest.fixture(scope="session")
 def gloo_dir() -> Path:
     """The committed traces of a real 2-rank Gloo DDP job (``trace_support``), one per rank."""
@@ -160,3 +170,20 @@ def gate_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         }
         runs.update({name: future.result() for name, future in futures.items()})
     return runs
+
+
+@pytest.fixture(scope="session")
+def budget_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output folder of ``budget_support``'s 2-rank job launched twice into it (the second
+    launch a job resumed from a checkpoint): ``BUDGET_WINDOWS`` windows an attempt under a
+    ``BUDGET_MB`` MiB disk budget, regressions injected at ``BUDGET_SLOW``, one incident asked by
+    hand in each. A test that writes into the folder works on a copy of it (``shutil.copytree``)
+    or writes only what every reader of it expects (``report.html``)."""
+    pytest.importorskip("torch")
+    from budget_support import BUDGET_MB, BUDGET_SLOW, BUDGET_WINDOWS, BudgetJob, launch
+
+    out = tmp_path_factory.mktemp("budget") / "run"
+    for attempt in (0, 1):
+        job = BudgetJob(str(out), BUDGET_WINDOWS, BUDGET_SLOW[attempt], BUDGET_MB, router=True)
+        launch(job)
+    return out

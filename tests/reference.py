@@ -9,7 +9,7 @@ rank ``r``, ordered stage ``s``, durations in seconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Matrix = list[list[float]]
@@ -37,39 +37,46 @@ def median(values: Sequence[float]) -> float:
 # --- prefixes, frontier, advances, shares, slack ---------------------------------------------
 
 
+def per_row(cube: Cube, row: Callable[[int, int], list[float]]) -> Cube:
+    """A cube of ``cube``'s steps and ranks whose row ``[t][r]`` is ``row(t, r)``."""
+    n, r_count, _ = shape(cube)
+    return [[row(t, r) for r in range(r_count)] for t in range(n)]
+
+
 def prefixes(d: Any) -> Cube:
     """``P[t][r][s] = sum_{j <= s} d[t][r][j]``."""
     d = to_lists(d)
-    n, r_count, s_count = shape(d)
-    out: Cube = []
+
+    def running_sums(t: int, r: int) -> list[float]:
+        running = 0.0
+        row = []
+        for value in d[t][r]:
+            running += value
+            row.append(running)
+        return row
+
+    return per_row(d, running_sums)
+
+
+def max_over_ranks(cube: Cube, value: Callable[[int, int, int], float]) -> Matrix:
+    """``M[t][s] = max_r value(t, r, s)`` over ``cube``'s steps, ranks and stages."""
+    n, r_count, s_count = shape(cube)
+    out = []
     for t in range(n):
-        step = []
-        for r in range(r_count):
-            running = 0.0
-            row = []
-            for s in range(s_count):
-                running += d[t][r][s]
-                row.append(running)
-            step.append(row)
-        out.append(step)
+        row = []
+        for s in range(s_count):
+            best = value(t, 0, s)
+            for r in range(1, r_count):
+                best = max(best, value(t, r, s))
+            row.append(best)
+        out.append(row)
     return out
 
 
 def frontier(d: Any) -> Matrix:
     """``F[t][s] = max_r P[t][r][s]``."""
     p = prefixes(d)
-    n, r_count, s_count = shape(p)
-    out = []
-    for t in range(n):
-        row = []
-        for s in range(s_count):
-            best = p[t][0][s]
-            for r in range(1, r_count):
-                if p[t][r][s] > best:
-                    best = p[t][r][s]
-            row.append(best)
-        out.append(row)
-    return out
+    return max_over_ranks(p, lambda t, r, s: p[t][r][s])
 
 
 def advances(d: Any) -> Matrix:
@@ -117,31 +124,19 @@ def slack(d: Any) -> Cube:
     """``lambda[t][r][s] = F[t][s-1] - P[t][r][s-1]``, zero at the first stage."""
     p = prefixes(d)
     f = frontier(d)
-    n, r_count, s_count = shape(p)
-    out: Cube = []
-    for t in range(n):
-        step = []
-        for r in range(r_count):
-            row = [0.0]
-            for s in range(1, s_count):
-                row.append(f[t][s - 1] - p[t][r][s - 1])
-            step.append(row)
-        out.append(step)
-    return out
+    s_count = shape(p)[2]
+
+    def behind(t: int, r: int) -> list[float]:
+        return [0.0] + [f[t][s - 1] - p[t][r][s - 1] for s in range(1, s_count)]
+
+    return per_row(p, behind)
 
 
 def advances_from_slack(d: Any) -> Matrix:
     """The slack identity's right-hand side ``max_r (d[t][r][s] - lambda[t][r][s])``."""
     d = to_lists(d)
     lam = slack(d)
-    n, r_count, s_count = shape(d)
-    out = []
-    for t in range(n):
-        row = []
-        for s in range(s_count):
-            row.append(max(d[t][r][s] - lam[t][r][s] for r in range(r_count)))
-        out.append(row)
-    return out
+    return max_over_ranks(d, lambda t, r, s: d[t][r][s] - lam[t][r][s])
 
 
 # --- bounds and baselines ----------------------------------------------------------------------

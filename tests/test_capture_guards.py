@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from stagefrontier import StageTimer
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.route.capture import RankCapture
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
 
@@ -28,7 +28,8 @@ class Rank:
     (export, answers) run when ``drain`` is called."""
 
     def __init__(self, out_dir: Path, max_trace_bytes: int = 200 << 20) -> None:
-        self.timer = StageTimer(window=10, out_dir=out_dir, collect="local", log=False)
+        collection = CollectConfig(mode="local", out_dir=out_dir, log=False)
+        self.timer = StageTimer(config=TimerConfig(window=10, collection=collection))
         self.jobs: list[Callable[[], None]] = []
         self.answers: list[CaptureStatus] = []
         self.capture = RankCapture(

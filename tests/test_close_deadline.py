@@ -8,6 +8,8 @@ plain socket server), so a close that overran would hold only that process (the 
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import subprocess
 import sys
@@ -22,7 +24,12 @@ pytest.importorskip("opentelemetry.sdk.metrics", reason="pip install '.[otel]'")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.metric_exporter")
 
 from rank_support import refused_port
-from stagefrontier.deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S
+from stagefrontier.deadline import (
+    CLOSE_DEADLINE_S,
+    DEADLINE_VARIABLE,
+    close_deadline_s,
+    router_close_s,
+)
 from stagefrontier.errors import SinkSettingError
 from stagefrontier.sinks import OtelSink
 
@@ -50,6 +57,10 @@ TRAIN_AND_CLOSE = textwrap.dedent("""\
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     print(f"closed; peak memory grew {grown // 1024} MB")
 """)
+
+
+SHORT_DEADLINE_S = 6.0
+"""The close deadline of the test that waits one out."""
 
 
 def _serve(answer: Callable[[socket.socket], None]) -> Iterator[str]:
@@ -107,29 +118,50 @@ def huge_answer_receiver() -> Iterator[str]:
 
 
 def _train_and_close(
-    out: str, url: str, script: str = TRAIN_AND_CLOSE
+    out: str, url: str, script: str = TRAIN_AND_CLOSE, deadline_s: float = CLOSE_DEADLINE_S
 ) -> subprocess.CompletedProcess[str]:
+    """``script`` run to its end in a process of its own, its close deadline ``deadline_s``."""
     return subprocess.run(
         [sys.executable, "-c", script, out, url],
         capture_output=True,
         text=True,
         timeout=CLOSE_DEADLINE_S + 120,
+        env={**os.environ, DEADLINE_VARIABLE: str(deadline_s)},
     )
 
 
 def test_close_returns_by_its_deadline_when_the_receiver_never_answers(
     silent_receiver: str, tmp_path: Path
 ) -> None:
-    """Before: close() waited out the export timeout (up to 86,400 s) on the last export."""
-    done = _train_and_close(str(tmp_path), silent_receiver)
+    """Before: close() waited out the export timeout (up to 86,400 s) on the last export. The
+    deadline is shortened to ``SHORT_DEADLINE_S`` (the test waits out the collector's part of
+    it); the default's split is checked below."""
+    done = _train_and_close(str(tmp_path), silent_receiver, deadline_s=SHORT_DEADLINE_S)
     assert done.returncode == 0, done.stderr
     assert "closed;" in done.stdout
-    bound = CLOSE_DEADLINE_S - ROUTER_CLOSE_S
+    bound = SHORT_DEADLINE_S - router_close_s(SHORT_DEADLINE_S)
     assert (
-        f"stagefrontier: the collector still ran {bound:.0f} s into close(), its bound of the "
-        f"{CLOSE_DEADLINE_S:.0f} s close deadline; the timer returns without it" in done.stderr
+        f"stagefrontier: the collector still ran {bound:.3g} s into close(), its bound of the "
+        f"{SHORT_DEADLINE_S:.3g} s close deadline; the timer returns without it" in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def test_the_close_deadline_is_30_s_unless_the_environment_sets_a_valid_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = logging.getLogger("stagefrontier")
+    monkeypatch.delenv(DEADLINE_VARIABLE, raising=False)
+    assert close_deadline_s(log) == CLOSE_DEADLINE_S == 30.0
+    assert router_close_s(CLOSE_DEADLINE_S) == 10.0  # the collector's part: 20 s
+    monkeypatch.setenv(DEADLINE_VARIABLE, " 6 ")
+    assert close_deadline_s(log) == 6.0 and router_close_s(6.0) == 2.0
+    with caplog.at_level(logging.WARNING, logger="stagefrontier"):
+        for text in ("soon", "0", "nan", "1e9", "soon"):
+            monkeypatch.setenv(DEADLINE_VARIABLE, text)
+            assert close_deadline_s(log) == CLOSE_DEADLINE_S
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4 and all("the close deadline stays 30 s" in m for m in said), said
 
 
 def test_a_huge_answer_is_not_read_into_memory(huge_answer_receiver: str, tmp_path: Path) -> None:

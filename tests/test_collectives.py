@@ -31,7 +31,7 @@ from stagefrontier.analysis.collectives import (
     CollectiveTimes,
     read_collectives,
 )
-from stagefrontier.analysis.regression import RegressionConfig, regression_text
+from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.collect.live import LiveAnalysis
@@ -39,6 +39,7 @@ from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.render.headline import window_headline
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
 from stagefrontier.window.merged import analyze_merged, merge_windows
@@ -271,6 +272,51 @@ def test_a_rank_last_in_nearly_every_step_is_named_despite_one_noisy_step() -> N
     times = CollectiveTimes((("all_reduce", 0, "b", 0),), (64,), wait, wait * 0)
     late = read_collectives(times, [0, 1, 2, 3], step_ms=300.0).late
     assert late is not None and late.late_rank == 0 and late.late_steps == 9, late
+
+
+def _arrivals_to_waits(arrived: np.ndarray) -> np.ndarray:
+    """``[steps, ranks]`` arrival times (ms, a clock no rank has) to each rank's wait in one
+    collective that completes 5 ms after the last arrival, ``[steps, ranks, 1]``."""
+    return (arrived.max(axis=1, keepdims=True) + 5.0 - arrived)[:, :, None]
+
+
+def test_a_rank_late_in_every_step_is_named_though_others_arrive_later_in_most() -> None:
+    """8 ranks: rank 3 reaches the collective 100 ms after the others in every step, but in 6
+    of 10 steps another rank was descheduled and arrived 150 ms late, so rank 3 is last in only
+    4. Its wait is still 100 ms shorter than the others' median in every step: it is named."""
+    arrived = np.tile(np.arange(8.0), (10, 1))  # the ranks 1 ms apart
+    arrived[:, 3] += 100.0
+    for step in range(6):
+        arrived[step, (step + 4) % 8] += 150.0  # a different rank descheduled each time
+    times = CollectiveTimes(
+        (("all_reduce", 0, "b", 0),),
+        (64,),
+        _arrivals_to_waits(arrived),
+        0 * _arrivals_to_waits(arrived),
+    )
+    late = read_collectives(times, list(range(8)), step_ms=300.0).late
+    assert late is not None and late.late_rank == 3 and late.late_steps == 4, late
+    assert late.lateness_ms == pytest.approx(100.0, abs=5.0)
+
+
+def test_a_rank_last_inside_the_windows_own_spread_is_not_named() -> None:
+    """8 ranks on a loaded host arrive about 20 ms apart in the scheduler's order; rank 5 is last
+    in 6 of 10 steps, 45 ms after the next (another rank is last by 10 ms in the other steps):
+    within how far apart the others arrive. A no-fault window of the routing benchmark at 8
+    ranks once named such a rank."""
+    rng = np.random.default_rng(5)
+    arrived = np.zeros((10, 8))
+    others = [r for r in range(8) if r != 5]
+    for step in range(10):
+        arrived[step, others] = rng.permutation(np.arange(0.0, 140.0, 20.0))
+        if step < 6:
+            arrived[step, 5] = 120.0 + 45.0
+        else:
+            arrived[step, 5] = 50.0
+            arrived[step, others[int(np.argmax(arrived[step, others]))]] -= 10.0  # 10 ms last
+    waits = _arrivals_to_waits(arrived)
+    times = CollectiveTimes((("all_reduce", 0, "b", 0),), (64,), waits, 0 * waits)
+    assert read_collectives(times, list(range(8)), step_ms=300.0).late is None
 
 
 def test_a_slow_collective_is_judged_against_the_first_windows() -> None:

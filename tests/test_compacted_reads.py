@@ -2,7 +2,8 @@
 ``report``, ``report --html``, ``plot`` and ``compare`` say which packets the disk budget
 deleted (from ``compacted.jsonl``), and keep the full-disk wording for a packet missing for
 another reason. The folder is a real 2-rank job (``budget_support``) launched twice into one
-folder with a 2 MiB budget: attempts 0 and 1."""
+folder with a 2 MiB budget: attempts 0 and 1 (the session's ``budget_run``, shared with
+``test_disk_budget.py``)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from budget_support import BudgetJob, launch
+from budget_support import BUDGET_WINDOWS
 from stagefrontier.formats.compacted import listed_windows
 from test_cli_bad_inputs import assert_one_line_error, run
 
-WINDOWS = 80
+WINDOWS = BUDGET_WINDOWS
 
 
 @pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("compacted") / "run"
-    for _ in (0, 1):
-        launch(BudgetJob(str(out), WINDOWS, (), 2))
-    return out
+def resumed_run(budget_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's resumed job (``conftest.budget_run``): the readers below write
+    their pages into it."""
+    return Path(shutil.copytree(budget_run, tmp_path_factory.mktemp("compacted") / "run"))
 
 
 def _compacted(out: Path) -> list[tuple[int, int]]:

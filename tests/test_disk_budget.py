@@ -17,27 +17,21 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from budget_support import BudgetJob, launch
-from stagefrontier.analysis.regression import regression_text
+from budget_support import BUDGET_MB, BUDGET_SLOW, BUDGET_WINDOWS
 from stagefrontier.cli.main import main
 from stagefrontier.formats.compacted import listed_windows
 from stagefrontier.formats.incident import incident_window, list_incidents
+from stagefrontier.render.regression_text import regression_text
+from stagefrontier.sinks import JsonlSink
 from stagefrontier.sinks.disk_budget import folder_bytes
 from stagefrontier.sinks.output_folder import next_attempt
 
-BUDGET_MB = 2
-WINDOWS = 80
-SLOW = {0: (30, 60), 1: (40,)}
-"""The injected regressions: per attempt, the first of the two windows whose forward stage is
-slower."""
-
 
 @pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("budget") / "run"
-    for attempt in (0, 1):
-        launch(BudgetJob(str(out), WINDOWS, SLOW[attempt], BUDGET_MB, router=True))
-    return out
+def resumed_run(budget_run: Path) -> Path:
+    """The session's resumed job (``conftest.budget_run``); the budget is checked before any
+    test of this module writes its report into it."""
+    return budget_run
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
@@ -69,19 +63,21 @@ def test_the_folder_stays_within_its_budget_and_lists_what_it_compacted(
 def test_a_resumed_job_continues_the_folder_as_its_next_attempt(resumed_run: Path) -> None:
     records = _records(resumed_run)
     windows = [(r["attempt"], r["window"]) for r in records]
-    assert sorted(windows) == [(a, w) for a in (0, 1) for w in range(WINDOWS)]  # none overwritten
+    assert sorted(windows) == [
+        (a, w) for a in (0, 1) for w in range(BUDGET_WINDOWS)
+    ]  # none overwritten
     lines = [json.loads(line) for line in (resumed_run / "attempts.jsonl").read_text().splitlines()]
     ends = {line["attempt"]: line for line in lines if line["event"] == "end"}
     assert [line["attempt"] for line in lines if line["event"] == "start"] == [0, 1]
     assert {a: (e["first_step"], e["last_step"], e["windows"]) for a, e in ends.items()} == {
-        a: (0, WINDOWS * 10 - 1, WINDOWS) for a in (0, 1)
+        a: (0, BUDGET_WINDOWS * 10 - 1, BUDGET_WINDOWS) for a in (0, 1)
     }
 
 
 def test_the_report_shows_the_regressions_and_the_restart(resumed_run: Path) -> None:
     records = {(r["attempt"], r["window"]): r for r in _records(resumed_run)}
     injected = []
-    for attempt, slow in SLOW.items():
+    for attempt, slow in BUDGET_SLOW.items():
         for first in slow:  # each regression flagged in one of its two windows at least
             flagged = [records[(attempt, w)] for w in (first, first + 1)]
             flagged = [r for r in flagged if r["regression"]]
@@ -149,3 +145,51 @@ def test_a_torchrun_restart_takes_its_restart_count_unless_the_folder_holds_it(
     (tmp_path / "attempts.jsonl").unlink()
     (tmp_path / "windows.jsonl").write_text('{"run_id": "run", "attempt": 2}\n{"run_id"')
     assert next_attempt(tmp_path, 0) == 3  # an older folder: its records say, a torn one not
+
+
+def _manual_capture_id(out: Path) -> str:
+    """The id of a capture asked by hand of rank 0's router writing to ``out`` before the
+    router took any window: the id its request carries in a real store."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from stagefrontier import ProfilerRouter
+    from stagefrontier.route.coordinator import Coordinator
+    from stagefrontier.route.requests import REQUEST_KEY, CaptureRequest, RequestChannel
+
+    store = TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30), wait_for_workers=False)
+    channel = RequestChannel(store)
+    config = ProfilerRouter(capture_timeout_s=0.0)
+    coordinator = Coordinator(config, out_dir=str(out), channel=channel, current_step=lambda: 0)
+    coordinator.request_capture([0], 2)
+    coordinator.tick()
+    data = channel.read(REQUEST_KEY)
+    assert data is not None
+    return CaptureRequest.decode(data).id
+
+
+def test_a_manual_capture_before_the_router_took_a_window_names_the_windows_attempt(
+    tmp_path: Path,
+) -> None:
+    """The sinks have written the first window (``attempts.jsonl`` says attempt 0 started), and
+    the router thread has not taken it yet when it opens a capture asked by hand: the id names
+    attempt 0, the window's (before, the folder seemed to hold attempt 0 already and the id
+    named attempt 1). Asked before any window of a job resumed into the folder, it names the
+    next attempt, and the first window then takes that same attempt."""
+    from test_disk_budget_rules import _windows
+
+    first, other = _windows()[:2]
+    fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
+    sink = JsonlSink(fresh)
+    sink.write(first)
+    assert _manual_capture_id(fresh) == "w00000-manual0"
+    sink.close()
+
+    resumed.mkdir()
+    (resumed / "attempts.jsonl").write_text('{"attempt": 0, "event": "start"}\n')
+    assert _manual_capture_id(resumed) == "w00000-attempt1-manual0"
+    sink = JsonlSink(resumed)
+    sink.write(other)
+    sink.close()
+    assert [r["attempt"] for r in _records(resumed)] == [1]

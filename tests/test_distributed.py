@@ -12,12 +12,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW
+from conftest import DEMO_DEADLINE_S, DEMO_STEPS, DEMO_WINDOW, demo_fault_ms
 from rank_support import START_METHOD as FORK
 from rank_support import run_job, torchrun_command
 from stagefrontier import analyze
@@ -56,14 +55,6 @@ def _majority(values: list[object]) -> object:
     return Counter(values).most_common(1)[0][0]
 
 
-def _fault_ms(untimed: DemoRun, ranks: int) -> int:
-    """A delay large against the step: four times the median step of this session's untimed
-    2-rank run (at the machine's present load), scaled by the ranks sharing the cores, and at
-    least 120 ms, so a loaded machine's slower all-reduce never outweighs it."""
-    step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
-    return max(120, round(4000 * step_s * ranks / 2))
-
-
 @pytest.mark.parametrize(
     ("ranks", "where", "stage", "leader"),
     [
@@ -84,7 +75,7 @@ def test_injected_delay_routes_to_its_stage_and_rank(
     stage: str,
     leader: int | None,
 ) -> None:
-    fault = parse_fault(f"{where}:{_fault_ms(untimed_demo, ranks)}ms")
+    fault = parse_fault(f"{where}:{demo_fault_ms(untimed_demo, ranks)}ms")
     run = _run(tmp_path, "fault", ranks=ranks, faults=(fault,))
     windows = run.windows
     assert len(windows) == STEPS // WINDOW
@@ -210,15 +201,14 @@ def test_run_without_torchrun_it_says_how_to_launch_it_in_one_line(tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
-def test_run_past_its_deadline_says_where_each_rank_is_stuck(
-    tmp_path: Path, untimed_demo: DemoRun
-) -> None:
+def test_run_past_its_deadline_says_where_each_rank_is_stuck(tmp_path: Path) -> None:
     """Rank 1 sleeps for an hour in its data stage, rank 0 waits in the gradient all-reduce:
     at the deadline the launcher collects both ranks' stacks and names where each one is.
 
-    The deadline is three times the whole untimed demo run of this session (start-up included,
-    at this machine's present load), at least 20 s: both ranks are past their start-up by then.
-    The test costs that deadline (about 20 s on a quiet machine)."""
+    The deadline falls once rank 1 has been inside its delay for a second (``stuck``: its fault
+    marker's age), so both ranks are past their start-up whatever the machine's load, and the
+    test waits out no fixed deadline (it waited 20 s or more, and a rank still importing torch
+    at a loaded machine's 20 s failed it)."""
     config = DemoConfig(
         ranks=2,
         steps=3,
@@ -229,7 +219,7 @@ def test_run_past_its_deadline_says_where_each_rank_is_stuck(
         quiet=True,
     )
     with pytest.raises(DeadlineExceeded, match="deadline") as caught:
-        launch(config, deadline_s=max(20.0, 3 * untimed_demo.wall_s), start_method=FORK)
+        launch(config, deadline_s=DEMO_DEADLINE_S, start_method=FORK, stuck=(1,))
     message = str(caught.value)
     assert "rank 1 stuck at File" in message and "in delay" in message, message
     assert "rank 0 stuck at File" in message, message

@@ -62,8 +62,8 @@ def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: a closing timer waited up to ``capture_timeout_s`` + 60 s for its router thread.
-    Now it waits ``JOIN_S`` and goes on, saying so in one line (the thread is kept busy here by
-    a job of its own queue that outlasts a shortened bound)."""
+    Now it waits its part of the close deadline and goes on, saying so in one line (the thread
+    is kept busy here by a job of its own queue that outlasts a deadline shortened to 1 s)."""
     import logging
     import threading
     from datetime import timedelta
@@ -71,10 +71,10 @@ def test_a_router_thread_busy_past_the_close_bound_is_said_in_one_line(
     import torch.distributed as dist
 
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
-    from stagefrontier.route import router as router_module
+    from stagefrontier.deadline import DEADLINE_VARIABLE
 
     caplog.set_level(logging.INFO, logger="stagefrontier")
-    monkeypatch.setattr(router_module, "JOIN_S", 0.2)
+    monkeypatch.setenv(DEADLINE_VARIABLE, "1")
     store = dist.TCPStore(
         "127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
     )

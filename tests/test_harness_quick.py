@@ -1,12 +1,18 @@
 """Smoke test of the evaluation harness: every script runs end to end with ``--quick`` and writes
 its result file with the command, the environment and its tables (no timing or routing
-assertions: the machine is shared and a quick run is too short to judge)."""
+assertions: the machine is shared and a quick run is too short to judge).
+
+The scripts run once per module, ``AT_ONCE`` at a time: their runs mostly wait (injected sleeps,
+the ranks' gradient exchange), so side by side they take about half the time they take one
+after the other, and nothing here depends on how fast a run is."""
 
 from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -35,12 +41,39 @@ SCRIPTS = {
 }
 
 
+AT_ONCE = 3
+SCRIPT_LIMIT_S = 900
+"""A script's limit, above two deadlines of its longest run: a stuck run is retried once."""
+
+
+@pytest.fixture(scope="module")
+def quick_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quick")
+
+
+@pytest.fixture(scope="module")
+def quick_runs(quick_dir: Path) -> dict[str, Future[CompletedProcess[str]]]:
+    """Each script's ``--quick`` run, ended (its results: ``NAME.md`` in ``quick_dir``); a run
+    that overran fails its own test, as ``result()`` raises there."""
+
+    def run(name: str) -> CompletedProcess[str]:
+        args = ("--quick", "--out", str(quick_dir / f"{name}.md"), "--work", str(quick_dir / name))
+        return run_benchmark(name, *args, timeout_s=SCRIPT_LIMIT_S)
+
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        return {name: pool.submit(run, name) for name in sorted(SCRIPTS)}
+
+
+@pytest.mark.timeout(len(SCRIPTS) * SCRIPT_LIMIT_S // AT_ONCE + 600)  # its fixture runs them all
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_quick_run_writes_its_result(tmp_path: Path, name: str) -> None:
-    out = tmp_path / f"{name}.md"
-    # The limit is above two deadlines of the longest run: a stuck run is retried once.
-    args = ("--quick", "--out", str(out), "--work", str(tmp_path / "work"))
-    proc = run_benchmark(name, *args, timeout_s=900)
+def test_quick_run_writes_its_result(
+    quick_runs: dict[str, Future[CompletedProcess[str]]],
+    quick_dir: Path,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    out = quick_dir / f"{name}.md"
+    proc = quick_runs[name].result()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     text = out.read_text(encoding="utf-8")
     assert f"python benchmarks/{name}.py --quick" in text
@@ -50,11 +83,11 @@ def test_quick_run_writes_its_result(tmp_path: Path, name: str) -> None:
     for expected in SCRIPTS[name]:
         assert expected in text, expected
     assert re.search(r"^\[\s*1/\d+\] ", proc.stdout, re.MULTILINE)  # a progress line per run
-    stored = json.loads((tmp_path / f"{name}-rows.json").read_text(encoding="utf-8"))
+    stored = json.loads((quick_dir / f"{name}-rows.json").read_text(encoding="utf-8"))
     assert stored["rows"] and stored["meta"]["quick"] is True
 
     again = tmp_path / f"{name}-again.md"
-    stored_rows = str(tmp_path / f"{name}-rows.json")
+    stored_rows = str(quick_dir / f"{name}-rows.json")
     rerender = run_benchmark(name, "--from-rows", stored_rows, "--out", str(again), timeout_s=120)
     assert rerender.returncode == 0, rerender.stderr[-4000:]
     rendered = again.read_text(encoding="utf-8")

@@ -26,6 +26,7 @@ pytest.importorskip("torch")
 from rank_support import run_job, torchrun_command
 from recorder_support import read_records
 from stagefrontier.cli.main import main
+from stagefrontier.formats.incident import incident_id_of
 from stagefrontier.render.incident import summary_line, write_incident
 from trace_support import settled_incidents
 
@@ -97,6 +98,7 @@ def test_slow_workers_are_saturated_and_the_incident_names_the_dataset_function(
     line = summary_line(incident)
     assert " | confirmed | in its DataLoader workers, `" in line and "slow_sample" in line, line
     _reduced_after_the_run_over_any_records_limit(tmp_path / "workers", incident)
+    _the_figures_of_the_incidents_own_attempt(tmp_path / "workers", incident)
 
 
 def _reduced_after_the_run_over_any_records_limit(out: Path, incident: dict[str, Any]) -> None:
@@ -104,23 +106,45 @@ def _reduced_after_the_run_over_any_records_limit(out: Path, incident: dict[str,
     ``windows.jsonl`` over the size limit a whole-file read takes (a month-long run's, 100,000
     windows): the records are read one line at a time, so the loader's figures and advice
     come back (before: the file was refused and the incident had none)."""
-    folder = out / "incidents" / incident["id"]
+    size = (out / "windows.jsonl").stat().st_size
+    os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"] = str(size // 4)
+    try:
+        after = _reduced_again(out / "incidents" / incident["id"], incident)
+    finally:
+        del os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"]
+    assert after["reduced"] == "after the run", after["reasons"]
+    assert after["loader"] == incident["loader"], after.get("loader")
+    assert "slow_sample" in after["loader_advice"], after.get("loader_advice")
+
+
+def _reduced_again(folder: Path, incident: dict[str, Any]) -> dict[str, Any]:
+    """``incident`` written back unreduced into its ``folder`` and reduced by ``stagefrontier
+    incident``: what it then holds."""
     pending = {**incident, "confirmed": None, "reduced": "pending", "op_diff": []}
     for field in ("worker_op_diff", "loader_advice", "loader"):
         pending.pop(field, None)
     write_incident(folder, pending)
-    records = out / "windows.jsonl"
-    size = records.stat().st_size
-    os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"] = str(size // 4)
-    try:
-        code = main(["incident", str(folder)])
-    finally:
-        del os.environ["STAGEFRONTIER_MAX_RECORDS_BYTES"]
-    assert code == 0
-    after = json.loads((folder / "incident.json").read_text())
-    assert after["reduced"] == "after the run", after["reasons"]
+    assert main(["incident", str(folder)]) == 0
+    return json.loads((folder / "incident.json").read_text())  # type: ignore[no-any-return]
+
+
+def _the_figures_of_the_incidents_own_attempt(out: Path, incident: dict[str, Any]) -> None:
+    """The run, as if it were a job resumed into a folder whose first attempt had the same
+    windows with other loader figures: the incident (now attempt 1's, its id says) takes the
+    figures of its own window of attempt 1 (before: the first record of its window index,
+    attempt 0's)."""
+    records = (out / "windows.jsonl").read_text().splitlines()
+    earlier = []
+    for line in records:
+        record = json.loads(line)
+        for figures in record["loader_workers"].values():
+            figures["per_batch_s"] *= 3
+        earlier.append(json.dumps(record))
+    resumed = [json.dumps({**json.loads(line), "attempt": 1}) for line in records]
+    (out / "windows.jsonl").write_text("\n".join(earlier + resumed) + "\n")
+    folder = out / "incidents" / incident["id"]
+    after = _reduced_again(folder, {**incident, "id": incident_id_of(incident["window"], 1)})
     assert after["loader"] == incident["loader"], after.get("loader")
-    assert "slow_sample" in after["loader_advice"], after.get("loader_advice")
 
 
 def test_a_slow_transfer_in_the_main_process_reads_as_idle_workers(tmp_path: Path) -> None:

@@ -16,10 +16,11 @@ from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import new_incident
 from stagefrontier.formats.stored_report import check_window_meta
+from stagefrontier.reducers.result import ReducedTrace
 from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
-from stagefrontier.route.confirm import Confirmation
+from stagefrontier.route.confirm import Confirmation, _weak_lead
 from stagefrontier.route.decide import MIN_SHARE, decide
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
@@ -158,3 +159,40 @@ def test_own_work_confirms_only_a_lead_the_stages_time_does_not_already_hold() -
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0033) is None
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=0.0) == rows[0]
     assert own_work_lead(rows, 0.042, MIN_SHARE, stage_lead_s=-0.002) == rows[0]
+
+
+def _captured(lead_ms: list[float]) -> ReducedTrace:
+    """A trace of rank 3 against rank 2 over ``len(lead_ms)`` captured steps (ids from 40):
+    both sleep 40 ms in the forward, rank 3 that much longer, and 4 ms go elsewhere."""
+    n = len(lead_ms)
+    d = np.zeros((n, 2, 2))
+    d[:, :, 0] = 0.040
+    d[:, 1, 0] += np.array(lead_ms) * 1e-3  # rank 3 is the second column
+    d[:, :, 1] = 0.004
+    return ReducedTrace(
+        d,
+        (STAGES[1], "step.other_cpu_wall"),
+        (2, 3),
+        tuple(range(40, 40 + n)),
+        np.zeros((n, 2)),
+        "kineto",
+        (("rank2",), ("rank3",)),
+    )
+
+
+def test_a_lead_that_one_delayed_step_makes_is_not_confirmed() -> None:
+    """Rank 3 sleeps 1 ms longer than rank 2 in all 20 captured steps, and one of them was
+    delayed 95 ms on rank 3 alone (a collection, a preemption): the mean lead, 5.8 ms/step,
+    clears both the floor (a tenth of the 45 ms step) and one standard error (4.8 ms), and the
+    capture used to confirm it. The lead must hold in every block of about four steps."""
+    lead = [1.0] * 20
+    lead[13] += 95.0
+    weak, step_s, lead_s = _weak_lead(_captured(lead), STAGES[1], (3, 2), MIN_SHARE)
+    assert step_s == pytest.approx(0.045) and lead_s == pytest.approx(0.00575)
+    assert weak.startswith("not confirmed: in the trace rank 3's"), weak
+    assert "but by 1.0 ms/step in steps" in weak and "under the material floor" in weak, weak
+    # A stall in every step, and a wait that two DataLoader workers put on every other step,
+    # hold in every block: confirmed.
+    assert _weak_lead(_captured([120.0] * 5), STAGES[1], (3, 2), MIN_SHARE)[0] == ""
+    bursts = [240.0, 0.0, 240.0, 0.0, 240.0]
+    assert _weak_lead(_captured(bursts), STAGES[1], (3, 2), MIN_SHARE)[0] == ""

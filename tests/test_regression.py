@@ -14,8 +14,9 @@ from stagefrontier import (
     encode_summary,
     summarize,
 )
-from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig, regression_text
+from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig
 from stagefrontier.analysis.summary import WindowSummary
+from stagefrontier.render.regression_text import regression_text
 
 STAGES = tuple(DEFAULT_STAGES)
 DATA = STAGES[0]

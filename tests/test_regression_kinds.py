@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from stagefrontier import DEFAULT_STAGES
-from stagefrontier.analysis.regression import RegressionCheck, regression_text
+from stagefrontier.analysis.regression import RegressionCheck
+from stagefrontier.render.regression_text import regression_text
 
 STAGES = tuple(DEFAULT_STAGES)
 TYPICAL = np.array([0.004, 0.030, 0.055, 0.002, 0.012, 0.0005])

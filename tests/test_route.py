@@ -258,6 +258,18 @@ def _settled(out_dir: Path) -> Any:
     return lambda: any(Path(out_dir).glob("incidents/w*-manual0/incident.json"))
 
 
+def _manual_timer(tmp_path: Path, store: Any) -> tuple[Any, Any]:
+    """A one-process timer (local collection, no regression check: on a loaded machine the step
+    times swing, and a regression capture opened first would take the incident a test asks for)
+    and its router, whose captures a test asks for by hand."""
+    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
+
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
+    collection = CollectConfig("local", out_dir=tmp_path, regression=None)
+    timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
+    return timer, router
+
+
 @pytest.fixture
 def store() -> Any:
     dist = pytest.importorskip("torch.distributed")
@@ -271,18 +283,7 @@ def store() -> Any:
 def test_a_manual_request_from_python_captures_and_writes_an_incident(
     tmp_path: Path, store: Any
 ) -> None:
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
-
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(
-        config=TimerConfig(
-            window=5,
-            # no regression check: on a loaded machine the step times swing, and a regression
-            # capture opened first would take the incident this test asks for
-            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
-            router=router,
-        )
-    )
+    timer, router = _manual_timer(tmp_path, store)
     _train(timer, 5)  # one window: the step time is measured
     # The stage is named: without it the request takes the last analyzed window's top stage,
     # and on a loaded machine the router can serve the request before window 0 reaches it.
@@ -309,7 +310,6 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     from torch.utils.data import DataLoader
 
     from loader_support import Samples
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
     from stagefrontier.route import incident_writer
 
     real_findings, real_traces = incident_writer.worker_findings, incident_writer.analyze_traces
@@ -328,14 +328,7 @@ def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
 
     monkeypatch.setattr(incident_writer, "worker_findings", findings_then_cpu)
     monkeypatch.setattr(incident_writer, "analyze_traces", traces)
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    timer = StageTimer(
-        config=TimerConfig(
-            window=5,
-            collection=CollectConfig("local", out_dir=tmp_path, regression=None),
-            router=router,
-        )
-    )
+    timer, router = _manual_timer(tmp_path, store)
     # until the incident is written (reduced live, not after the run): at ~10 ms a step the
     # capture starts some 60 steps after the request (the start margin covers the store polls
     # and the request latency, about 0.6 s)
@@ -410,15 +403,12 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
     (decoded by msgspec, cut to their range fields) give the same stage matrix and the same op
     times as the whole trace (decoded by the standard library), from far fewer."""
-    from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
     from stagefrontier.analysis.schema import DEFAULT_STAGES
     from stagefrontier.reducers import reduce_kineto
     from stagefrontier.reducers.kineto import load_trace
     from stagefrontier.route.trace_slice import load_for_reduction
 
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
-    collection = CollectConfig("local", out_dir=tmp_path, regression=None)
-    timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
+    timer, router = _manual_timer(tmp_path, store)
     _train(timer, 5)
     router.request_capture([0], stage="data.next_wait")
     _train(timer, 40)

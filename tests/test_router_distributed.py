@@ -4,6 +4,11 @@ Each run is 30 steps in windows of 10: the stall starts at step 0, rank 0 decide
 and the capture (5 steps, from a start margin derived from the measured step time and the
 router's poll interval) ends well inside the run. Faults only sleep, so every run reproduces the
 fault-free run's losses.
+
+A stall is four times the fault-free run's median step, measured in this session (120 ms at
+least): on a busy machine the step and its noise grow with the load while a fixed stall does
+not, and a 120 ms stall against 336 ms steps at load 32 was co-critical in window 0 and decided
+only in window 1, its capture ending at step 28 of 30; later still, it ran past the run's end.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -43,6 +49,12 @@ def _run(tmp_path: Path, name: str, faults: tuple[str, ...] = (), **kwargs: Any)
     return launch(config, deadline_s=DEADLINE_S)
 
 
+def _stall_ms(healthy: Any) -> int:
+    """Four times the fault-free run's median step, 120 ms at least."""
+    steps = [s for times in healthy.step_s.values() for s in times]
+    return max(120, round(4 * float(np.median(steps)) * 1e3))
+
+
 def _traces(out: Path) -> list[Path]:
     return sorted(out.rglob("*.pt.trace.json*"))
 
@@ -61,14 +73,14 @@ def test_a_run_without_a_fault_opens_no_incident(healthy: Any) -> None:
 @pytest.mark.parametrize(
     ("fault", "stage", "suspect"),
     [
-        ("data@2:120ms", "data.next_wait", 2),
-        ("forward@3:120ms", "model.fwd_loss_cpu_wall", 3),
+        ("data@2", "data.next_wait", 2),
+        ("forward@3", "model.fwd_loss_cpu_wall", 3),
     ],
 )
 def test_a_stall_opens_one_confirmed_incident_on_its_rank(
     tmp_path: Path, healthy: Any, fault: str, stage: str, suspect: int
 ) -> None:
-    run = _run(tmp_path, "stall", (fault,))
+    run = _run(tmp_path, "stall", (f"{fault}:{_stall_ms(healthy)}ms",))
     incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1, incidents
     incident = incidents[0]

@@ -38,7 +38,7 @@ from auto_support import (
 STEPS = 31  # the first is watched, not timed: three windows of 10
 LAST_WINDOW = 2
 FORWARD = "model.fwd_loss_cpu_wall"
-COMPUTE_S = 0.02  # train_fsdp.py's sleep in the root's forward
+COMPUTE_S = 0.02  # train_sharded.py's sleep in the root's forward
 
 
 @dataclass
@@ -75,7 +75,7 @@ def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> SinkedRun:
     out, tensorboard, held = root / "sf", root / "tb", root / "scraped"
     command = run_command(
         out,
-        SCRIPTS / "train_fsdp.py",
+        SCRIPTS / "train_sharded.py",
         ("--steps", str(STEPS), "--hold", str(held)),
         router=False,
         options=("--sink", f"tensorboard:{tensorboard}", "--sink", "prometheus:0"),
@@ -140,3 +140,19 @@ def test_the_prometheus_sink_serves_the_last_window(fsdp_run: SinkedRun) -> None
     assert shares == pytest.approx(last["semantic_shares"], rel=1e-6, abs=1e-7)
     top = {s.labels["stage"]: s.value for s in families["stagefrontier_top_stage"].samples}
     assert top[last["top1"]] == 1
+
+
+def test_the_fsdp2_all_gathers_and_reduce_scatters_are_timed(fsdp_run: SinkedRun) -> None:
+    """``stagefrontier run`` finds the FSDP2 modules and times their collectives
+    (``timer.watch_fsdp``): each sharded linear layer's all-gather in forward, again in
+    backward with its reduce-scatter, numbered by their order in the stage."""
+    layers = [0, 1]  # train_sharded.py shards its two linear layers; the root holds none
+    for record in fsdp_run.run.records:
+        order: dict[tuple[str, str], list[int]] = {}
+        for c in record["communication"]["collectives"]:
+            order.setdefault((c["family"], c["stage"]), []).append(c["bucket"])
+        assert {where: sorted(b) for where, b in order.items()} == {
+            ("all_gather", FORWARD): layers,
+            ("all_gather", "model.backward_cpu_wall"): layers,
+            ("reduce_scatter", "model.backward_cpu_wall"): layers,
+        }, record["communication"]

@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 
-from stagefrontier.route.stack_sampler import StackSampler
+from stagefrontier.route.stack_sampler import StackSampler, _sample, stack_events
 
 
 class Held:
@@ -57,3 +57,115 @@ def test_close_ends_the_sampling_thread() -> None:
     sampler.end()
     sampler.close()
     assert not started[0].is_alive()
+
+
+def test_a_sample_is_stamped_before_a_collection_it_runs() -> None:
+    """Reading a thread's frames allocates, so a garbage collection can run on the sampling
+    thread inside a sample, holding the GIL: the sampled thread cannot move meanwhile, and the
+    stack read after the collection is the one it had before. Stamped after the collection, the
+    collection's time went to the previous sample's stack: a 120 ms sleep on a captured rank that
+    a collection spanned (a Lightning rank's full collection takes longer) was charged to its
+    caller, and the op diff lost that step's stall (CI: 96.3 ms/step where every step slept 120).
+    With a threshold of one allocation, collections run inside many samples, at every point
+    of one: none may start before the sample's stamp."""
+    seen: list[int] = []  # when each collection started
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append(time.time_ns())
+
+    ident = threading.get_ident()
+    threshold = gc.get_threshold()
+    inside: list[tuple[int, int]] = []  # (the sample's stamp, a collection it ran)
+    gc.callbacks.append(note)
+    gc.set_threshold(1)
+    try:
+        for _ in range(200):
+            before = len(seen)
+            sample = _sample(ident)
+            assert sample is not None
+            inside += [(sample[0], start) for start in seen[before:]]
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(note)
+    assert inside, "no collection ran inside a sample"
+    late = [(stamp, start) for stamp, start in inside if stamp > start]
+    assert not late, f"{len(late)} of {len(inside)} samples stamped after a collection they ran"
+
+
+def _waits_for(entered: threading.Event, released: threading.Event) -> None:
+    """Stands for a stalled user function: it waits with the GIL released."""
+    entered.set()
+    released.wait(60)
+
+
+def test_a_collection_on_another_thread_is_charged_to_the_sampled_stack() -> None:
+    """A collection on another thread holds the GIL until it ends; the sampled thread may
+    take the GIL back before the sampling thread does and leave the function it waited in, so
+    no regular sample shows that function. The sampler reads the stack as the collection
+    starts. One regular sample here (a 1 s interval), taken before the function is entered;
+    the function's time must still be there, covering the collection."""
+    sampler = StackSampler(interval_s=1.0)
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.current_thread().name == "collector":
+            started.append(time.time_ns())
+
+    entered, released = threading.Event(), threading.Event()
+
+    def collect() -> None:
+        entered.wait(60)
+        gc.collect()
+        released.set()
+
+    try:
+        sampler.begin()
+        deadline = time.monotonic() + 30
+        while not sampler._samples and time.monotonic() < deadline:  # the regular sample
+            time.sleep(0.001)
+        gc.callbacks.append(note)  # after the sampler's: called after it
+        collector = threading.Thread(target=collect, name="collector")
+        collector.start()
+        _waits_for(entered, released)
+        collector.join()
+        sampled = sampler.end()
+    finally:
+        if note in gc.callbacks:
+            gc.callbacks.remove(note)
+        sampler.close()
+    assert started, "no collection ran on the collecting thread"
+    waited = [e for e in stack_events(sampled, 0) if e["name"].endswith(": _waits_for")]
+    assert waited, "the function waited in during the collection was never sampled"
+    assert waited[0]["ts"] * 1e3 <= started[0]
+
+
+def test_a_cut_never_waits_for_the_sampling_thread() -> None:
+    """The sampling thread holds its lock while it reads a stack, and on a busy machine the
+    kernel may preempt it there. A cut (the training thread, as a captured step's range closes)
+    must not wait for it: the wait stretched the live step after its range had closed, and the
+    trace disagreed with the live record (a share differing by 0.16 on 35 ms steps). Here
+    another thread holds the sampler's lock until the cut is done."""
+    sampler = StackSampler(interval_s=1.0)
+    holding, cut_done = threading.Event(), threading.Event()
+    released_by_cut: list[bool] = []
+
+    def hold() -> None:
+        with sampler._wake:
+            holding.set()
+            released_by_cut.append(cut_done.wait(60))
+
+    try:
+        sampler.begin()
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait(60)
+        sampler.cut()
+        cut_done.set()
+        holder.join()
+        sampled = sampler.end()
+    finally:
+        sampler.close()
+    assert released_by_cut == [True], "the cut waited for the thread holding the sampler's lock"
+    stamps = [at_ns for at_ns, _, _ in sampled.samples]
+    assert stamps == sorted(stamps) and any(not stack for _, stack, _ in sampled.samples)

@@ -29,9 +29,9 @@ import pytest
 pytest.importorskip("torch")
 
 from rank_support import START_METHOD
-from stagefrontier.analysis.regression import regression_text
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.demo.train import STEP_MARKER
+from stagefrontier.render.regression_text import regression_text
 from stagefrontier.route import list_incidents
 
 STEPS = 120
@@ -41,21 +41,27 @@ SPREAD = tuple(
     for kind in ("data", "forward", "backward", "callback_host")
 )
 """From step 60: three healthy windows make the baseline."""
+STRAGGLER_WINDOW = 10
 STRAGGLER = tuple(
-    parse_fault(f"{kind}@2:300ms,from=60")
+    parse_fault(f"{kind}@2:300ms,from={3 * STRAGGLER_WINDOW}")
     for kind in ("data", "forward", "backward", "callback_host")
 )
 """Rank 2 alone slower in each of its stages, as ``SPREAD`` slows every rank: 1.2 s a step,
-far above what a busy machine's own swings move the other ranks' stages."""
-STRAGGLER_STEPS = 80
-"""The straggler's run ends after one slowed window (steps 60 to 79): its first window is the
-one the regression check flags, and each further one would add 24 s of sleeps."""
+far above what a busy machine's own swings move the other ranks' stages (and than the spread
+of a window's median over ten steps), after three healthy windows."""
+STRAGGLER_STEPS = 4 * STRAGGLER_WINDOW
+"""The straggler's run ends after one slowed window: its first window is the one the
+regression check flags, and each further one would add 12 s of sleeps."""
 
 
 def run_demo(
-    out: Path, faults: tuple[Any, ...] = (), router: bool = True, steps: int = STEPS
+    out: Path,
+    faults: tuple[Any, ...] = (),
+    router: bool = True,
+    steps: int = STEPS,
+    window: int = WINDOW,
 ) -> list[dict[str, Any]]:
-    """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``WINDOW`` into ``out``; its
+    """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``window`` into ``out``; its
     window records. A run without the router forks its ranks from the session's server
     (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them, as every
     test whose ranks may start the profiler does."""
@@ -63,7 +69,7 @@ def run_demo(
         DemoConfig(
             ranks=4,
             steps=steps,
-            window=WINDOW,
+            window=window,
             faults=faults,
             out_dir=str(out),
             collect_timeout_s=10.0,
@@ -74,7 +80,7 @@ def run_demo(
         start_method="spawn" if router else START_METHOD,
     )
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
-    assert len(records) == steps // WINDOW == len(run.windows)
+    assert len(records) == steps // window == len(run.windows)
     return records
 
 
@@ -160,11 +166,12 @@ def test_cpu_burning_neighbours_slow_the_whole_job_and_open_no_incident(tmp_path
 
 
 def test_one_rank_slower_in_all_its_stages_is_not_the_whole_jobs(tmp_path: Path) -> None:
-    """Rank 2 alone sleeps 300 ms in each of four stages from step 60 on: the frontier grows in
-    every stage, which read as "the whole job slowed evenly over its stages (most on rank 2)",
-    with no capture. The other ranks grew only in backward, where they wait for rank 2's
-    gradients: a stage regression on rank 2."""
-    records = run_demo(tmp_path / "straggler", STRAGGLER, router=False, steps=STRAGGLER_STEPS)
+    """Rank 2 alone sleeps 300 ms in each of four stages from its fourth window on: the
+    frontier grows in every stage, which read as "the whole job slowed evenly over its stages
+    (most on rank 2)", with no capture. The other ranks grew only in backward, where they wait
+    for rank 2's gradients: a stage regression on rank 2."""
+    out = tmp_path / "straggler"
+    records = run_demo(out, STRAGGLER, False, STRAGGLER_STEPS, STRAGGLER_WINDOW)
     flagged = [r["regression"] for r in records if r.get("regression")]
     on_rank_2 = [f for f in flagged if f["kind"] == "stage" and f["ranks"] == [2]]
     assert on_rank_2, flagged

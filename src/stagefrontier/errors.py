@@ -97,6 +97,11 @@ class ContractViolation(StageFrontierError):
     counted when the timer is strict."""
 
 
+class NoStoreError(StageFrontierError):
+    """A process with no store to reach: no process group, no store given, no
+    MASTER_ADDR/MASTER_PORT (a single process). It has none for the rest of its run."""
+
+
 class GlooProtocolError(StageFrontierError, RuntimeError):
     """A peer's header is not a stagefrontier header of this version: the group is out of step."""
 

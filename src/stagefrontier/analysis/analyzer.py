@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import DurationsError, SideEvidenceError, SummaryError
 from .accounting import FloatArray, as_window
 from .evidence import FrontierInputs, compute_evidence, window_inputs
-from .gates import Gates
+from .gates import DEFAULT_GATES, Gates
 from .labels import LabelInputs, label_window
 from .roles import (
     check_roles,
@@ -30,7 +30,6 @@ from .side import SideEvidence
 from .summary import WindowSummary
 from .window_report import WindowReport
 
-DEFAULT_GATES = Gates()
 NO_SIDE_EVIDENCE = SideEvidence()
 
 

@@ -10,12 +10,16 @@ the step.
 
 Per window and collective: the transfer (median over steps of the shortest wait), the wait for
 the late rank (median over steps of the ranks' mean extra wait), how far apart the ranks
-arrived (median of the longest extra wait), and the late rank when one rank arrives last in
-most steps by a margin: its lateness is the median over all steps of how much after the next
-rank it arrived (0 in the steps it was not last), so a rank that is last by chance in a few
-steps is not named, and it must stand out against the margin of the steps where another rank
-was last (``NOISE_FACTOR``) unless it is last in nearly every step (``MOSTLY_LAST``). None of
-it enters the prefix vector: it is side evidence for the labels and the verdict.
+arrived (median of the longest extra wait), and the late rank. Each rank's lateness is the
+median over steps of how much after the median of the other ranks it arrived (its wait's
+shortfall against theirs), so a rank that is late in most steps is seen even in steps where a
+descheduled rank arrived later still, and a rank that is last by chance in a few steps is not.
+The latest rank is named when its lateness is material (``LATE_MIN_MS``,
+``LATE_STEP_FRACTION``) and stands out of the window's own noise: ``NOISE_FACTOR`` times how
+far apart the other ranks arrive in a typical step (the median over steps of their waits'
+median absolute deviation), and ``STEADY_FACTOR`` times how much its own lateness wavers from
+step to step. None of it enters the prefix vector: it is side evidence for the labels and the
+verdict.
 """
 
 from __future__ import annotations
@@ -35,15 +39,16 @@ LATE_MIN_MS = 20.0
 LATE_STEP_FRACTION = 0.05
 """...and the least as a fraction of the median step: scheduling noise on a loaded host stays
 below both."""
-NOISE_FACTOR = 3.0
-"""...and at least this many times the margin by which the last rank arrived last in the steps
-the named rank was not last (the scheduling noise of a loaded host, where the last rank changes
-from step to step: a rank that is last by that much in a few more steps than the others is
-not named)."""
-MOSTLY_LAST = 0.8
-"""...unless it arrives last in at least this part of the steps: a rank that steady is late
-however far another rank fell behind in the few other steps (one descheduled step of another
-rank on a loaded host would otherwise hide it)."""
+NOISE_FACTOR = 4.0
+"""...and at least this many times the window's noise: the median over steps of how far the
+other ranks' waits lie from their median (on a loaded host the ranks arrive in the scheduler's
+order, tens of milliseconds apart at 8 ranks on 2 cores, and a rank late by that much in most
+steps is not named)."""
+STEADY_FACTOR = 2.0
+"""...and at least this many times how much its own lateness wavers from step to step (the
+median over steps of its distance from its median): a rank late by about as much in most steps,
+not far behind in some and ahead in others (with 4 ranks the other three's spread says little
+of the window's noise)."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -227,13 +232,19 @@ def _read_one(
     shortest = full.min(axis=1)
     extra = full - shortest[:, None]
     last = full.argmin(axis=1)
-    behind_next = np.partition(extra, 1, axis=1)[:, 1]  # how long after the next rank
-    scores = [float(np.median(np.where(last == r, behind_next, 0.0))) for r in range(len(full[0]))]
+    behind = _behind_the_others(full)
+    scores = np.median(behind, axis=0)
     late = int(np.argmax(scores))
-    others = behind_next[last != late]
-    noise = float(np.median(others)) if len(others) else 0.0
-    steady = float((last == late).mean()) >= MOSTLY_LAST
-    named = scores[late] >= threshold and (steady or scores[late] >= NOISE_FACTOR * noise)
+    lateness = float(scores[late])
+    others = np.delete(full, late, axis=1)
+    spread = np.abs(others - np.median(others, axis=1, keepdims=True))
+    noise = float(np.median(np.median(spread, axis=1)))
+    wavers = float(np.median(np.abs(behind[:, late] - lateness)))
+    named = (
+        lateness >= threshold
+        and lateness >= NOISE_FACTOR * noise
+        and lateness >= STEADY_FACTOR * wavers
+    )
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -248,9 +259,25 @@ def _read_one(
         wait_ms=float(np.median(extra.mean(axis=1))),
         spread_ms=float(np.median(extra.max(axis=1))),
         late_rank=int(rank_ids[late]) if named else None,
-        lateness_ms=scores[late] if named else 0.0,
+        lateness_ms=lateness if named else 0.0,
         late_steps=int((last == late).sum()) if named else 0,
     )
+
+
+def _behind_the_others(wait: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``[steps, ranks]``: how long after the median of the other ranks each rank arrived in
+    each step (the others' median wait less its own), from one sort per step."""
+    ranks = wait.shape[1]
+    ordered = np.sort(wait, axis=1)
+    position = np.argsort(np.argsort(wait, axis=1, kind="stable"), axis=1)
+
+    def others_at(i: int) -> npt.NDArray[np.float64]:
+        # the i-th smallest of the others: the sorted index skips the rank's own place
+        index = np.where(i < position, i, i + 1)
+        return np.take_along_axis(ordered, index, axis=1)
+
+    low, high = (ranks - 2) // 2, (ranks - 1) // 2
+    return (others_at(low) + others_at(high)) / 2 - wait
 
 
 def ddp_family(family: str) -> bool:

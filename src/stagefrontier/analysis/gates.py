@@ -134,3 +134,7 @@ def _stage_set(stages: Any) -> frozenset[str]:
     if bad:
         raise GatesError(f"gate model_fit_stages holds non-names: {bad!r}")
     return frozenset(names)
+
+
+DEFAULT_GATES = Gates()
+"""The gates a window is judged by unless the user gives others (checked once, shared)."""

@@ -29,7 +29,7 @@ written before they were recorded) give no reading: the gate then says the signa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -54,16 +54,7 @@ class HostReading:
     cpu_per_wall: float | None
     load_per_cpu: float | None
     steal_share: float | None
-    throttled_periods: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "windows": self.windows,
-            "cpu_per_wall": self.cpu_per_wall,
-            "load_per_cpu": self.load_per_cpu,
-            "steal_share": self.steal_share,
-            "throttled_periods_per_window": self.throttled_periods,
-        }
+    throttled_periods_per_window: float | None
 
 
 def host_reading(windows: Sequence[Mapping[str, Any]]) -> HostReading | None:
@@ -108,14 +99,8 @@ class MachineChange:
     new: HostReading
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "explained": self.explained,
-            "code_ms": self.code_ms,
-            "machine_ms": self.machine_ms,
-            "signals": self.signals,
-            "base": self.base.to_dict(),
-            "new": self.new.to_dict(),
-        }
+        """Its fields as the gate's JSON states them, both sides' readings nested."""
+        return asdict(self)
 
 
 def machine_change(
@@ -150,12 +135,9 @@ def _contention(base: HostReading, new: HostReading) -> list[str]:
     steal = new.steal_share
     if steal is not None and steal >= STEAL_SHARE and steal > (base.steal_share or 0.0):
         said.append(f"CPU steal {base.steal_share or 0.0:.0%} -> {steal:.0%}")
-    throttled = new.throttled_periods
-    if throttled is not None and throttled > (base.throttled_periods or 0.0):
-        said.append(
-            f"CPU quota throttled {base.throttled_periods or 0.0:.0f} -> {throttled:.0f} "
-            "times a window"
-        )
+    throttled, before = new.throttled_periods_per_window, base.throttled_periods_per_window or 0.0
+    if throttled is not None and throttled > before:
+        said.append(f"CPU quota throttled {before:.0f} -> {throttled:.0f} times a window")
     return said
 
 

@@ -28,7 +28,6 @@ here runs in the training loop: it never raises (a failure is said once and timi
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -44,7 +43,9 @@ from ..analysis.schema import (
 )
 from ..failures import say_failed
 from ..integrations._timer import TimerArguments
+from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
+from .model import ModelHook, stepped_module, watch_collectives
 from .patches import LOADER, Patches
 
 logger = logging.getLogger("stagefrontier")
@@ -73,32 +74,6 @@ def say(message: str) -> None:
         logger.warning("stagefrontier: %s", message)
 
 
-def stepped_module(called: list[Any], optimizer: Any) -> Any:
-    """The first module of ``called`` holding a parameter that ``optimizer`` steps, or None."""
-    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for module in called:
-        if any(id(p) in stepped for p in module.parameters()):
-            return module
-    return None
-
-
-class ModelHook(functools.partial):  # type: ignore[type-arg]
-    """The model's forward pre-hook: a partial of the driver's, so no Python frame of its own.
-
-    The model's hooks are part of its state, so they travel with it. ``copy.deepcopy(model)``
-    (a best-model copy, an EMA) shares this hook, whose driver ignores any module but the model;
-    ``torch.save(model)`` pickles it as a standard-library stand-in that hands the inputs back
-    unchanged (``dict.get`` on an empty dict returns its default, the inputs), so the file
-    loads where StageFrontier is not installed. Neither pickles the driver, which cannot be.
-    """
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ModelHook:
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return functools.partial, (dict.get, {})
-
-
 class AutoDriver:
     """The state of the automatic hooks in one worker process (see the module doc)."""
 
@@ -111,6 +86,10 @@ class AutoDriver:
         self.phase = LEARN
         self.framework: str | None = None  # a framework whose callback took over
         self.timer: StageTimer | None = None
+        # the timer's, kept when it is built (a DataLoader fetch, timed only once it is, reads
+        # them with no property in between)
+        self._instrumentation: Instrumentation
+        self._charge_fetch: Callable[[int], None]
         self._patches = Patches(self)
         self._handles: list[Any] = []
         self._learn_handles: list[Any] = []
@@ -125,7 +104,7 @@ class AutoDriver:
         # while timing
         self._optimizer: Any = None
         self.accumulate = False
-        self._in_optimizer = False
+        self._in_optimizer: Any = None  # the optimizer whose step is running
         self._in_backward = False
         self._after_backward = False
         self._step: Any = None  # the open step context, or None
@@ -253,15 +232,7 @@ class AutoDriver:
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
-            self._watch_ddp()
-
-    def _watch_ddp(self) -> None:
-        """A DDP model's gradient buckets timed as well (``timer.watch_ddp``: the late rank
-        behind a stall in backward); a hook the script registered first leaves them untimed,
-        and the window record says so."""
-        ddp = self._torch.nn.parallel.DistributedDataParallel
-        if self.timer is not None and isinstance(self.model, ddp):
-            self.timer.watch_ddp(self.model)
+            watch_collectives(self.timer, self.model, self._optimizer)
 
     def _not_one_optimizer(self, optimizers: list[Any]) -> None:
         names = ", ".join(type(o).__name__ for o in optimizers)
@@ -284,6 +255,8 @@ class AutoDriver:
         if not timer.enabled:  # turned off in its settings: nothing to time
             self.stop()
             return False
+        self._instrumentation = timer.instrumentation
+        self._charge_fetch = timer.instrumentation.charge_fetch
         if self._loader is not None:
             self._watch(self._loader)
         return True
@@ -357,11 +330,11 @@ class AutoDriver:
                     self._fail(exc)
 
     def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._in_optimizer or self.phase is not TIME:
-            if self.phase is LEARN and not self._in_optimizer:
-                self._in_optimizer = True  # the first step: what steps is noted at its end
+        if self._in_optimizer is not None or self.phase is not TIME:
+            if self.phase is LEARN and self._in_optimizer is None:
+                self._in_optimizer = optimizer  # the first step: what steps is noted at its end
             return
-        self._in_optimizer = True
+        self._in_optimizer = optimizer
         if optimizer is not self._optimizer:
             self._not_one_optimizer([self._optimizer, optimizer])
             return
@@ -378,9 +351,9 @@ class AutoDriver:
             self._fail(exc)
 
     def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._in_optimizer:
-            return  # an optimizer stepping inside the one being timed (a wrapper's inner one)
-        self._in_optimizer = False
+        if optimizer is not self._in_optimizer:
+            return  # an optimizer stepping inside the one being timed (ZeRO-1's local one)
+        self._in_optimizer = None
         step = self._step
         if step is None:
             if self.phase is LEARN and optimizer is not None:
@@ -484,15 +457,15 @@ class AutoDriver:
                 except Exception as exc:
                     driver._fail(exc)
                     return next_batch(iterator)
-            timer: Any = driver.timer
-            if timer.instrumentation.records_ranges:  # a capture: the wait is a profiler range
+            if driver._instrumentation.records_ranges:  # a capture: the wait is a profiler range
+                timer: Any = driver.timer
                 batch = timer.fetch(next_batch, iterator)
             else:
                 # timed here and charged as ``timer.fetch`` charges a fetch: calling it would
                 # add a Python call, an argument tuple and a keyword dict to every batch
                 start = _now()
                 batch = next_batch(iterator)
-                timer.instrumentation.charge_fetch(_now() - start)
+                driver._charge_fetch(_now() - start)
             counters = driver._counters
             if counters is not None and loader is driver._loader:
                 counters.consumed += 1

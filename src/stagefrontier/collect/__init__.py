@@ -3,12 +3,13 @@ store by default, or an opt-in dedicated Gloo group)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import StageFrontierError
-from ..sinks import collector_sinks
+from ..lazy import lazy_exports
+from ..sinks.defaults import collector_sinks
 from .base import Collector, CollectorSettings
 from .config import AUTO_HIERARCHICAL_ABOVE, COLLECT_MODES, CollectConfig
-from .gloo import GlooCollector
-from .hierarchical import hierarchical_collector
 from .launcher import (
     distributed_initialized,
     launched_rank,
@@ -16,7 +17,16 @@ from .launcher import (
     rank_out_dir,
 )
 from .local import LocalCollector
-from .store import StoreCollector, announce_silent, claim_scope
+
+if TYPE_CHECKING:
+    from .gloo import GlooCollector
+    from .store import StoreCollector
+
+# The collectors across ranks are imported when a timer needs one (or a name is read): an
+# in-process timer never loads them.
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"gloo": ("GlooCollector",), "store": ("StoreCollector",)}
+)
 
 __all__ = [
     "COLLECT_MODES",
@@ -68,6 +78,10 @@ def make_collector(config: CollectConfig) -> Collector:
             regression=config.regression,
         )
     import torch.distributed as dist
+
+    from .gloo import GlooCollector
+    from .hierarchical import hierarchical_collector
+    from .store import StoreCollector
 
     rank = dist.get_rank()
     world_size = dist.get_world_size()
@@ -121,6 +135,8 @@ def announce_disabled(config: CollectConfig) -> int | None:
     if config.mode not in ("auto", "store", "hierarchical") or not distributed_initialized():
         return None
     import torch.distributed as dist
+
+    from .store import announce_silent, claim_scope
 
     scope = claim_scope()
     rank = dist.get_rank()

@@ -49,7 +49,7 @@ from .store import (
     attempt_store,
     claim_scope,
     open_connection,
-    previous_attempt_prefix,
+    previous_attempt_store,
 )
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 
@@ -143,11 +143,8 @@ class NodeLeader(StoreCollector):
         """This leader's own connection to the job's store, under the attempt prefix (and the
         previous attempt's, whose leftovers of its children it deletes)."""
         if self._job_conn is None:
-            from torch.distributed import PrefixStore
-
             raw = open_connection(self._job_store, self.timeout_s)
-            previous = previous_attempt_prefix(self.scope)
-            self._job_previous = None if previous is None else PrefixStore(previous, raw)
+            self._job_previous = previous_attempt_store(raw, self.scope)
             self._job_conn = attempt_store(raw, self.scope)
         return self._job_conn
 

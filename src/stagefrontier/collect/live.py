@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.collectives import CollectiveBaseline, CommunicationReading
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.regression import STAGE, RegressionCheck, RegressionConfig
 from ..analysis.schema import semantic_stage
 from ..window.merged import AnalyzedWindow, MergedWindow, analyze_merged, marks
@@ -66,7 +66,7 @@ class LiveAnalysis:
             return analyze_merged(merged, self.gates)
         stages = merged.reference.stages
         reference = None
-        if (self.gates or Gates()).gain_baseline == "rank_median":
+        if (self.gates or DEFAULT_GATES).gain_baseline == "rank_median":
             reference = check.reference(stages, len(merged.ranks))
         analyzed = analyze_merged(merged, self.gates, reference[0] if reference else None)
         ref = merged.reference

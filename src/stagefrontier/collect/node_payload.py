@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.analyzer import analyze_summary
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
 from ..analysis.semantic import stage_groups
 from ..analysis.side import EVENT_NOT_SAMPLED, EVENT_READY, SideEvidence
@@ -153,7 +153,7 @@ def node_group(
         if w.dropped_windows:
             notes.append(f"rank {w.rank} dropped {w.dropped_windows} window(s): hand-off full")
     d = np.stack([w.durations_ns for w in kept], axis=1).astype(np.float64) * NS
-    baseline = (gates or Gates()).gain_baseline
+    baseline = (gates or DEFAULT_GATES).gain_baseline
     summary = summarize(d, [w.rank for w in kept], own.stages, gain_baseline=baseline)
     groups: dict[str, list[int]] = {}
     for i, w in enumerate(kept):

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from .store_client import connect, probe
 from .store_keys import POLL_S
 
 LOOPBACK = "127.0.0.1"
@@ -78,20 +79,17 @@ def connect_node_store(job_conn: Any, node: int, timeout_s: float) -> Any:
     connect_s = max(timeout_s, CONNECT_S)
     # A dead leader's port refuses at once, where the store's client would retry the connection
     # for the whole timeout (a member then spent tens of seconds there, twice over).
-    try:
-        socket.create_connection((host, int(port)), timeout=connect_s).close()
-    except OSError as exc:
-        raise ConnectionError(
-            f"node {node}'s store at {host}:{port} cannot be reached (its leader is gone?): {exc}"
-        ) from exc
+    probe(host, int(port), connect_s, f"node {node}'s store", " (its leader is gone?)")
     # The client connects within ``connect_s`` (torch retries a reset validation inside it);
     # its reads and writes then wait ``timeout_s``, as every other connection of the collector.
-    client = dist.TCPStore(
-        host,
-        int(port),
-        is_master=False,
-        timeout=timedelta(seconds=connect_s),
-        wait_for_workers=False,
+    client = connect(
+        lambda: dist.TCPStore(
+            host,
+            int(port),
+            is_master=False,
+            timeout=timedelta(seconds=connect_s),
+            wait_for_workers=False,
+        )
     )
     client.set_timeout(timedelta(seconds=timeout_s))
     return client

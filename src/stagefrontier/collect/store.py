@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..environment import current_attempt
-from ..errors import ReportFormatError, StageFrontierError
+from ..errors import NoStoreError, ReportFormatError
 from ..sinks import close_sinks, collector_sinks, start_sinks
 from ..window.rank import PendingWindow, RankWindow
 from .base import (
@@ -49,6 +49,7 @@ from .base import (
 )
 from .live import LiveAnalysis
 from .rank0_watch import Rank0Watch
+from .store_client import QuietStore, connect, probe
 from .store_keys import ABSENT_GRACE_S, DONE_KEY, PeerWait, SentKeys, delete_payload, get_payload
 from .wire import decode_window, encode_window
 
@@ -113,9 +114,12 @@ def window_key(window: int, rank: int) -> str:
     return f"w{window}/r{rank}"
 
 
-def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
+def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: bool = False) -> Any:
     """A private store connection: ``store.clone()`` of the given store, else of the job's root
     store, else a TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if none is reachable.
+    With ``probe_first`` (a connection opened again after a failure), a TCP store's address is
+    probed with a plain connection first: a dead store refuses it at once, where the store's
+    client retries for its whole timeout (``store_client.probe``).
 
     The default group's store is torch's ``PrefixStore`` over the job's store (``0/``, and an
     attempt prefix under torchelastic); it is unwrapped so that keys sit at the documented
@@ -134,8 +138,10 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
         while isinstance(base, dist.PrefixStore):
             base = base.underlying_store
     if base is not None:
+        if probe_first and isinstance(base, dist.TCPStore):
+            probe(base.host, base.port, timeout_s)
         try:
-            conn = base.clone()
+            conn = connect(base.clone)
         except Exception as exc:  # stores without clone support
             logger.debug("stagefrontier: store.clone() failed (%s); using a TCPStore client", exc)
         else:
@@ -144,12 +150,20 @@ def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
     try:
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     except (KeyError, ValueError):
-        raise StageFrontierError(
+        raise NoStoreError(
             "no store to use: no process group, no store given, and MASTER_ADDR/MASTER_PORT "
             "not set (a single process has no store unless one is given)"
         ) from None
-    return dist.TCPStore(
-        host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    if probe_first:
+        probe(host, port, timeout_s)
+    return connect(
+        lambda: dist.TCPStore(
+            host,
+            port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
     )
 
 
@@ -168,10 +182,20 @@ def announce_silent(rank: int, timeout_s: float, scope: int = 0) -> None:
 
 
 def attempt_store(raw: Any, scope: int = 0) -> Any:
-    """``raw`` seen through this attempt's key prefix (see ``store_prefix``)."""
+    """``raw`` seen through this attempt's key prefix (see ``store_prefix``), each call under
+    ``store_client.quiet_cpp_log``."""
     from torch.distributed import PrefixStore
 
-    return PrefixStore(store_prefix(scope), raw)
+    return QuietStore(PrefixStore(store_prefix(scope), raw))
+
+
+def previous_attempt_store(raw: Any, scope: int = 0) -> Any:
+    """``raw`` seen through the previous attempt's key prefix, as ``attempt_store``; None on a
+    first attempt."""
+    from torch.distributed import PrefixStore
+
+    previous = previous_attempt_prefix(scope)
+    return None if previous is None else QuietStore(PrefixStore(previous, raw))
 
 
 class StoreCollector:
@@ -255,12 +279,9 @@ class StoreCollector:
         if self._conn is None:
             if self._closed:
                 raise RuntimeError("the collector is closed")
-            from torch.distributed import PrefixStore
-
             raw = self._open_raw()
             self._conn = attempt_store(raw, self.scope)
-            previous = previous_attempt_prefix(self.scope)
-            self._previous = None if previous is None else PrefixStore(previous, raw)
+            self._previous = previous_attempt_store(raw, self.scope)
             if self._previous is not None and self.rank == 0:
                 self._previous.delete_key(DONE_KEY)
         return self._conn

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import FaultSpecError as FaultSpecError  # defined there, importable here
@@ -152,15 +153,28 @@ class FaultInjector:
     callbacks stage, and registers ``comm_hook`` as a DDP communication hook for comm faults.
     """
 
-    def __init__(self, faults: tuple[Fault, ...], rank: int, node: int | None = None) -> None:
+    def __init__(
+        self,
+        faults: tuple[Fault, ...],
+        rank: int,
+        node: int | None = None,
+        entered: Path | None = None,
+    ) -> None:
+        """``entered``: a file touched as this rank's first delay begins (a launcher then knows
+        the rank is inside its fault)."""
         self.faults = faults
         self.rank = rank
         self.node = node
         self.step = 0
+        self.entered = entered
 
     def delay(self, kind: str) -> None:
         delay_s = self.delay_s(kind, self.step)
         if delay_s:
+            if self.entered is not None:
+                self.entered.parent.mkdir(parents=True, exist_ok=True)
+                self.entered.touch()
+                self.entered = None
             time.sleep(delay_s)
 
     def delay_s(self, kind: str, step: int) -> float:

@@ -21,6 +21,7 @@ from ..sinks.output_folder import clear_run_files
 from .train import (
     CLOSE_TIME,
     ERROR_FILE,
+    FAULT_MARKER,
     STACKS_FILE,
     STEP_CPU,
     STEP_MARKER,
@@ -43,6 +44,10 @@ FORKSERVER_PRELOAD = (
 
 STACKS_WAIT_S = 2.0
 """How long a run past its deadline waits for its ranks' stack dumps before terminating them."""
+STUCK_SETTLE_S = 1.0
+"""How long a rank named ``stuck`` has been inside its first fault's delay (``FAULT_MARKER``'s
+age) before its run ends as past its deadline: long enough for it to be in the delay's sleep,
+not on the way there."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +72,18 @@ def launch(
     store_teardown: Callable[[Any], None] | None = None,
     kill_store_after_step: int | None = None,
     start_method: str = "spawn",
+    stuck: Collection[int] = (),
 ) -> DemoRun:
     """Run ``config.ranks`` spawned processes of ``run_rank`` and collect their results.
 
     ``store_setup`` may write into the job's store before the ranks start (stale keys of an
     earlier attempt) and ``store_teardown`` inspect it after they finish;
     ``kill_store_after_step`` shuts the store server down once rank 0 has
-    finished that step (a store that dies mid-run). ``start_method="forkserver"`` forks the
-    ranks from a server that has torch imported already (see FORKSERVER_PRELOAD): much faster
-    to start, for harnesses that launch many short runs.
+    finished that step (a store that dies mid-run). With ``stuck`` ranks (whose faults never
+    end), the run ends as past its deadline as soon as each of them has been inside its first
+    fault's delay for ``STUCK_SETTLE_S``, not at ``deadline_s``. ``start_method="forkserver"``
+    forks the ranks from a server that has torch imported already (see FORKSERVER_PRELOAD):
+    much faster to start, for harnesses that launch many short runs.
     """
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,6 +101,9 @@ def launch(
             stale.unlink(missing_ok=True)
     shutil.rmtree(out / "incidents", ignore_errors=True)  # the profiler router's, of a past run
     marker = out / ".markers" / STEP_MARKER.format(step=kill_store_after_step)
+    entered = [out / ".markers" / FAULT_MARKER.format(rank=rank) for rank in stuck]
+    for path in entered:
+        path.unlink(missing_ok=True)
     start = time.monotonic()
     try:
         codes = run_ranks(
@@ -104,6 +115,9 @@ def launch(
             store_setup=store_setup,
             store_teardown=store_teardown,
             kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
+            give_up=(lambda: all(_older_than(p, STUCK_SETTLE_S) for p in entered))
+            if entered
+            else None,
             daemon=not config.loader_workers,  # a daemonic process may start no workers
         )
     except DeadlineExceeded as exc:
@@ -145,6 +159,7 @@ def run_ranks(
     store_setup: Callable[[Any], None] | None = None,
     store_teardown: Callable[[Any], None] | None = None,
     kill_store: Callable[[], bool] | None = None,
+    give_up: Callable[[], bool] | None = None,
     may_die: Collection[int] = (),
     daemon: bool = True,
 ) -> dict[int, int | None]:
@@ -154,7 +169,8 @@ def run_ranks(
 
     A rank that fails stops the wait (the others are terminated); past ``deadline_s`` every
     live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
-    stacks), then terminated, and DemoError raised. ``kill_store`` is polled while the ranks
+    stacks), then terminated, and DemoError raised; so is it when ``give_up``, polled while
+    the ranks run, returns True. ``kill_store`` is polled while the ranks
     run: when it returns True the store server is shut down (a store that dies mid-run). The
     ranks in ``may_die`` are expected to end early (a killed process): their exit does not stop
     the wait. ``daemon=False`` lets a rank start processes of its own (DataLoader workers);
@@ -180,6 +196,9 @@ def run_ranks(
             if time.monotonic() - start > deadline_s:
                 _request_stacks(procs)
                 raise DeadlineExceeded(f"run exceeded its {deadline_s:.0f} s deadline")
+            if give_up is not None and give_up():
+                _request_stacks(procs)
+                raise DeadlineExceeded("run stuck: its deadline is cut short")
             if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in may_die):
                 break
             if kill_store is not None and store is not None and kill_store():
@@ -193,6 +212,14 @@ def run_ranks(
     if store_teardown is not None and store is not None:
         store_teardown(store)
     return {rank: p.exitcode for rank, p in enumerate(procs)}
+
+
+def _older_than(path: Path, seconds: float) -> bool:
+    """Whether ``path`` exists and was last touched more than ``seconds`` ago."""
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:
+        return False
 
 
 def _request_stacks(procs: list[Any]) -> None:

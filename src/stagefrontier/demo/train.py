@@ -105,6 +105,8 @@ SHARDINGS = ("ddp", "zero1", "fsdp2")
 
 STEP_MARKER = "step-{step}.marker"
 """Rank 0 touches this file in out_dir/.markers after each step, so a launcher can act mid-run."""
+FAULT_MARKER = "fault-rank{rank}.marker"
+"""A rank touches this file in out_dir/.markers as its first fault's delay begins."""
 ERROR_FILE = "error-rank{rank}.txt"
 STACKS_FILE = "stacks-rank{rank}.txt"
 """Where a rank writes every thread's Python stack when it receives SIGUSR1 (the launcher asks
@@ -179,7 +181,9 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     model, optimizer = _wrap(
         TinyDecoder(data.vocab_size, config.seq_len, config.d_model, config.n_layers), config
     )
-    faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks))
+    markers = Path(config.out_dir) / ".markers"
+    entered = markers / FAULT_MARKER.format(rank=rank)
+    faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks), entered)
     timer, router = _make_timer(rank, config)
     if config.sharding == "fsdp2":
         timer.watch_fsdp(model)  # its all-gathers and reduce-scatters timed
@@ -205,7 +209,6 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
 
         batches = worker_batches(data, faults, accumulation, config.loader_workers, config.seed)
 
-    markers = Path(config.out_dir) / ".markers"
     losses, step_times, step_cpu = [], [], []
     paused = frozenset(config.paused_steps)
     for step in range(config.steps):

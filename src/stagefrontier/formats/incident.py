@@ -122,7 +122,7 @@ class LateInto(msgspec.Struct):
 
 
 class Regression(msgspec.Struct):
-    """What ``analysis.regression.regression_text`` reads of a regression (it holds more)."""
+    """What ``render.regression_text.regression_text`` reads of a regression (it holds more)."""
 
     baseline_windows: Annotated[list[Count], msgspec.Meta(min_length=2, max_length=2)]
     top_stage: Text

@@ -32,6 +32,10 @@ class Instrumentation:
     def __init__(self, timer: TimerState) -> None:
         self._timer = timer
         self._saved: dict[str, Any] | None = None  # the plain stage contexts while ranges record
+        self.records_ranges = False
+        """Whether a capture records profiler ranges now (``record_ranges`` to ``stop_ranges``):
+        a data wait must then go through ``timer.fetch``, which records it as a range. A plain
+        attribute: the automatic hooks read it at every DataLoader fetch."""
 
     # ------------------------------------------------------------------ reading
     @property
@@ -41,15 +45,10 @@ class Instrumentation:
     @property
     def charge_fetch(self) -> Callable[[int], None]:
         """What ``timer.fetch`` does with a wait it timed, for a caller that timed it itself
-        (the automatic hooks time a DataLoader fetch inline): charge it, in nanoseconds."""
+        (the automatic hooks time a DataLoader fetch inline, and keep this function from the
+        moment their timer is built): charge it, in nanoseconds."""
         charge: Callable[[int], None] = self._timer._charge_fetch  # type: ignore[attr-defined]
         return charge
-
-    @property
-    def records_ranges(self) -> bool:
-        """Whether a capture records profiler ranges now (``record_ranges``): a data wait must
-        then go through ``timer.fetch``, which records it as a range."""
-        return self._timer._wait_ranges is not None
 
     @property
     def world_size(self) -> int:
@@ -117,6 +116,7 @@ class Instrumentation:
         ranges = ProfilerRanges()
         waits = WaitRanges(timer, ranges)
         timer._wait_ranges = waits
+        self.records_ranges = True
         timer._next_item = waits.next_item
         timer.fetch = waits.fetch  # type: ignore[attr-defined]
         table = timer._stage_ctx  # type: ignore[attr-defined]
@@ -133,6 +133,7 @@ class Instrumentation:
         if type(step_ctx) is CapturedStepContext:
             step_ctx.__class__ = StepContext  # type: ignore[assignment]
         waits, timer._wait_ranges = timer._wait_ranges, None
+        self.records_ranges = False
         if waits is not None:
             waits.close_gap()
         timer._next_item = next

@@ -31,8 +31,7 @@ from ..analysis.schema import DATA_STAGE
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..collect.settings import check_has_methods
-from ..collect.store import release_scope
-from ..deadline import CLOSE_DEADLINE_S, ROUTER_CLOSE_S, call_within
+from ..deadline import call_within, close_deadline_s, router_close_s
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import StageFrontierError, TimerSettingError
 from ..failures import say_failed
@@ -407,6 +406,8 @@ class StageTimer(TimerState):
             release_out_dir(self._out_dir_held)
         if not self.enabled:
             if self._disabled_scope is not None:
+                from ..collect.store import release_scope  # loaded by announce_disabled
+
                 release_scope(self._disabled_scope)
             return
         try:
@@ -422,16 +423,17 @@ class StageTimer(TimerState):
                 self.rank,
                 self._dropped,
             )
-        if self._collector is not None and _profiler_running():
+        profiling = _profiler_running()
+        if self._collector is not None and profiling:
             # A thread started while the profiler traces Python (a capture still running as
             # training ends) can crash its tracer: the collector closes on this thread then.
             self._collector.close()
-        elif self._collector is not None:  # its last windows and the sinks' close, bounded
-            call_within(
-                self._collector.close, CLOSE_DEADLINE_S - ROUTER_CLOSE_S, "the collector", logger
-            )
+        deadline_s = close_deadline_s(logger)
+        if self._collector is not None and not profiling:  # its last windows, sinks' close
+            bound = deadline_s - router_close_s(deadline_s)
+            call_within(self._collector.close, bound, "the collector", logger, deadline_s)
         if self._router is not None:
-            self._router.close()
+            self._router.close()  # its thread's part of the deadline (``router_close_s``)
 
     def __enter__(self) -> StageTimer:
         return self

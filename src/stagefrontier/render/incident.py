@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.gates import Gates
-from ..analysis.regression import regression_text
 from ..formats.incident import write_incident_files
 from ..formats.names import is_plain_name
 from ..formats.wall_clock import span_text
 from .command import cli_command
 from .escape import printable, printable_lines
 from .loader_text import worker_line
+from .regression_text import regression_text
 
 REDUCED_WORDS = {
     "pending": "not yet: the run ended as the capture settled, a process of its own reduces it",

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
 from ..formats.packet import write_bytes_atomically
@@ -30,6 +29,7 @@ from .headline import Headlines
 from .html_page import Figure, OpDiff, drawn_figures, op_diff, render
 from .leaders_view import bucket_leaders_view, leaders_view
 from .plots import stage_colors
+from .regression_text import regression_text
 from .run_summary import bucket_span, sample_note, step_span, summary_sentence
 from .text import (
     METHOD_INTRO,

@@ -5,9 +5,13 @@ and draws the buckets."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..formats.records import window_name
 from ..formats.run_digest import SHOWN_ALL, Bucket, MethodShares, Tallies
-from ..formats.run_folder import RunWindows
+
+if TYPE_CHECKING:
+    from ..formats.run_folder import RunWindows
 
 
 def summary_sentence(run: RunWindows) -> str:

@@ -7,17 +7,16 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.leaders import MIN_LEAD_STEPS, single_leader
-from ..analysis.regression import regression_text
 from ..analysis.schema import semantic_stage
 from ..analysis.window_report import WindowReport
-from ..formats.run_folder import RunWindows
 from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .communication import late_lead
 from .escape import printable, printable_lines
+from .regression_text import regression_text
 from .run_summary import sample_note, step_span, summary_text
 from .verdict import (
     block_leader,
@@ -27,6 +26,9 @@ from .verdict import (
     ranks_text,
     verdict,
 )
+
+if TYPE_CHECKING:
+    from ..formats.run_folder import RunWindows
 
 METHOD_TITLES = {
     "stagefrontier": "frontier",

@@ -15,13 +15,12 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..environment import current_attempt
 from ..formats.incident import incident_id_of, new_incident
 from ..render.incident import summary_line
-from ..sinks.output_folder import next_attempt
+from ..sinks.output_folder import shared_folder
 from ..window.merged import AnalyzedWindow, wall_clock
 from .capture import incident_dir
 from .capture_session import CaptureSession, OpenCapture, export_cpu, settle_answers
@@ -139,12 +138,14 @@ class Coordinator:
 
     def _folder_attempt(self) -> int:
         """This process's attempt in the output folder: the ``attempt`` of the newest window's
-        record, which the file sinks set before the router takes the window; before any
-        window, the attempt the folder will give it (``sinks.output_folder.next_attempt``)."""
+        record, which the file sinks set before the router takes the window; before the router
+        took one, the attempt the folder's sinks gave or will give the first window (one
+        decision, ``OutputFolder.claim_attempt``: the sinks may have written a window the
+        router has not taken yet)."""
         attempt = self.live[-1].record.get("attempt") if self.live else None
         if isinstance(attempt, int):
             return attempt
-        return next_attempt(Path(self.out_dir), current_attempt()[1])
+        return shared_folder(self.out_dir).claim_attempt(current_attempt()[1])
 
     def _poll_words(self) -> str:
         """How the margin's poll reads in an incident's reasons."""

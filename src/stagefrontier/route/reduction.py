@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..failures import reason, say_failed
 from ..formats.limits import regular_file_inside
 from ..formats.names import is_plain_name
@@ -80,7 +80,7 @@ def _judge_own_work(
     """The stage's time gave the suspect no material lead (``result.weak_lead``): where all
     else agreed, the suspect's own work in the stage (the op diff against the reference rank)
     may still confirm it (``own_work``); otherwise the weak lead is the reason it is not."""
-    tie = (gates or Gates()).share_tie
+    tie = (gates or DEFAULT_GATES).share_tie
     rest_agrees = not_confirmed_text(result, incident["stage"], tie) == ""
     row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share, result.lead_s)
     if rest_agrees and row is not None and result.step_s and not incident.get("reference_capture"):
@@ -134,7 +134,7 @@ def _confirm(
         )
         incident["reasons"].extend(result.notes)
         if result.confirmed is False:
-            tie = (gates or Gates()).share_tie
+            tie = (gates or DEFAULT_GATES).share_tie
             text = not_confirmed_text(result, incident["stage"], tie)
             if text:  # empty when the lead's own note (in ``notes``) is the only reason
                 incident["reasons"].append(text)

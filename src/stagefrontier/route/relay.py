@@ -19,7 +19,8 @@ and says why once.
 
 A failed read (the store busy past its timeout, a connection cut) turns nothing off: the rank
 drops its connections and reads again later, waiting twice as long after each failure in a row,
-at most ``RETRY_MAX_S``, and says so once (``ProfilerRouter``'s thread).
+at most ``RETRY_MAX_S``, and says so once (``ProfilerRouter``'s thread). A process with no store
+at all (a single process given none) reads nothing more after its first try.
 
 A rank reads nothing until its collector exists (a timer built before ``init_process_group``
 builds it at its first window boundary), since only then does it know its node; no request can
@@ -86,7 +87,7 @@ class RequestRelay:
         self.poll_s = poll_s
         self.interval = poll_s
         self._closing = closing
-        self._way: str | None = None  # "job", "leader" or "member"; None until bound
+        self._way: str | None = None  # "job", "leader", "member" or "off"; None until bound
         self._node: RequestChannel | None = None  # a leader copies into it, a member reads it
         self._fallback_s = poll_s
         self._copied: bytes | None = None
@@ -123,7 +124,7 @@ class RequestRelay:
     def due(self) -> bool:
         """Whether this poll reads (never before ``bind``; always at the poll's own interval; a
         leader's longer one is kept from its last read)."""
-        if self._way is None:
+        if self._way in (None, "off"):
             return False
         if self.failures and time.monotonic() < self._retry_at:
             return False
@@ -159,6 +160,16 @@ class RequestRelay:
         self._retry_at = time.monotonic() + wait
         self.close()
         return wait
+
+    @property
+    def stopped(self) -> bool:
+        return self._way == "off"
+
+    def stop(self) -> None:
+        """No read from now on: the process has no store at all (``NoStoreError``), and none
+        comes later."""
+        self._way = "off"
+        self.close()
 
     def succeeded(self) -> int:
         """A read answered: the failures before it (now forgotten)."""

@@ -25,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from ..errors import ReportFormatError
+from ..errors import NoStoreError, ReportFormatError
 from ..formats.limits import MAX_CAPTURE_STEPS as MAX_CAPTURE_STEPS  # defined there, used here
 from ..formats.limits import MAX_NAMED_RANKS, MAX_STEP
 from ..formats.typed import Count, PlainName, Rank, Step, Text, check_ranks, decode, encode
@@ -194,17 +194,35 @@ class RequestChannel:
         self.scope = scope
         self._open_raw = open_raw
         self._conn: Any = None
+        self._no_store: str | None = None  # why the process has no store (it never gets one)
+        self._opened = False  # a connection was opened before: the next one is a reconnect
 
     def conn(self) -> Any:
+        if self._no_store is not None:
+            raise NoStoreError(self._no_store)
         if self._conn is None:
             from torch.distributed import PrefixStore
 
-            from ..collect.store import open_connection, store_prefix
+            from ..collect.store import store_prefix
+            from ..collect.store_client import QuietStore
 
             prefix = self._prefix or store_prefix(self.scope)
-            raw = self._open_raw() if self._open_raw else open_connection(self.base)
-            self._conn = PrefixStore(prefix, raw)
+            try:
+                raw = self._open_raw() if self._open_raw else self._open_job()
+            except NoStoreError as exc:
+                self._no_store = str(exc)
+                raise
+            self._conn = QuietStore(PrefixStore(prefix, raw))
         return self._conn
+
+    def _open_job(self) -> Any:
+        """A connection to the job's store; a reconnect probes its address first (a dead
+        store's refuses at once)."""
+        from ..collect.store import open_connection
+
+        raw = open_connection(self.base, probe_first=self._opened)
+        self._opened = True
+        return raw
 
     def read(self, key: str) -> bytes | None:
         """``key``'s value, None when it has none (``read_key``: atomic, never waits)."""

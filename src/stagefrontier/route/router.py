@@ -31,8 +31,8 @@ from ..collect.settings import (
     check_optional_text,
 )
 from ..collect.store import claim_scope, release_scope
-from ..deadline import ROUTER_CLOSE_S
-from ..errors import ReportFormatError, StageFrontierError, TimerSettingError
+from ..deadline import close_deadline_s, router_close_s
+from ..errors import NoStoreError, ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from ..record.instrumentation import Instrumentation
 from ..render.escape import first_line, printable
@@ -64,9 +64,6 @@ END_WAIT_S = 0.5
 """At the timer's close, the longest rank 0 waits for the open incident's answers (ranks
 answer as their own timers close) before settling it with what arrived (a capture setting,
 ``capture_timeout_s``, may be shorter)."""
-JOIN_S = ROUTER_CLOSE_S
-"""The longest a closing timer waits for its router thread (a last export, and on rank 0
-the bounded settle above); past it the rank exits without it, said in one line."""
 MAX_NOISE_FACTOR = 100.0
 OVERSIZED_REREAD_S = 10.0
 """How long a rank leaves a request value over ``MAX_VALUE_BYTES`` unread before fetching the
@@ -260,13 +257,15 @@ class RouterRuntime:
         self.capture.finish(self._timer.step)
         self.capture.close()
         self._jobs.put(None)
-        self._thread.join(JOIN_S)
+        # the thread's part of the close deadline: a last export, rank 0's bounded settle
+        join_s = router_close_s(close_deadline_s(logger))
+        self._thread.join(join_s)
         if self._thread.is_alive():
             logger.warning(
-                "stagefrontier: rank %d's router thread was still busy %.0f s after its timer "
+                "stagefrontier: rank %d's router thread was still busy %.3g s after its timer "
                 "closed; the rank goes on without it (a last trace or incident may be missing)",
                 self.rank,
-                JOIN_S,
+                join_s,
             )
         release_scope(self._scope, "router")
 
@@ -332,8 +331,17 @@ class RouterRuntime:
         """The request key's value, None when no request is open or the read failed (the next
         read then waits: ``RequestRelay.failed``). The first failure is said, once per run,
         and so is the first read that answers after failures."""
+        if self._relay.stopped:
+            return None
         try:
             data = self._relay.read()
+        except NoStoreError as exc:  # a single process given no store: none comes later
+            self._relay.stop()
+            logger.warning(
+                "stagefrontier: the router reads no capture request in this process: %s",
+                printable(first_line(exc)),
+            )
+            return None
         except Exception as exc:
             wait = self._relay.failed()
             if not self._store_warned:

@@ -19,10 +19,18 @@ the path relative to its ``sys.path`` entry), and the line an innermost user fra
 more event inside it. The op diff reads them as it read the tracer's; a function shorter than
 the interval may be missed, and a builtin (``time.sleep``) is charged to the line of the Python
 function that called it.
+
+A garbage collection holds the GIL for as long as it runs (hundreds of milliseconds in a process
+holding a framework's objects), and no sample can be taken meanwhile: the sampled thread's stack
+is read as such a collection starts on another thread (a ``gc`` callback while sampling), and a
+sample is stamped before a collection it runs itself, so the time goes to the stack the sampled
+thread had, not to one sampled before. Another thread holding the GIL in a long C call is still
+a gap that the stack sampled before it fills.
 """
 
 from __future__ import annotations
 
+import gc
 import linecache
 import logging
 import os
@@ -81,6 +89,7 @@ class StackSampler:
         self._target: int | None = None  # the thread sampled now (``threading.get_ident``)
         self._native_id = 0
         self._samples: list[Sample] = []
+        self._cuts: list[int] = []  # when the sampled thread cut (``cut``), written by it alone
         self._closed = False
         self._thread = threading.Thread(
             target=self._run, name=f"{ROUTER_THREAD}-sampler", daemon=True
@@ -91,35 +100,76 @@ class StackSampler:
         """Sample the calling thread from now on."""
         with self._wake:
             self._samples = []
+            self._cuts = []
             self._target = threading.get_ident()
             self._native_id = threading.get_native_id()
             self._wake.notify()
+        if self._on_collection not in gc.callbacks:
+            gc.callbacks.append(self._on_collection)
 
     def end(self) -> SampledStacks:
-        """Stop sampling; the samples taken since ``begin``, oldest first."""
+        """Stop sampling; the samples taken since ``begin``, the cuts among them, oldest
+        first."""
+        self._forget_collections()
         with self._wake:
             self._target = None
             samples, self._samples = self._samples, []
+        cuts, self._cuts = self._cuts, []
+        samples += [(at_ns, (), 0) for at_ns in cuts]
+        samples.sort(key=lambda sample: sample[0])
         return SampledStacks(samples, os.getpid(), self._native_id, time.time_ns())
 
     def cut(self) -> None:
         """On the sampled thread, where it opens or closes a step's range: every frame open now
         ends here and starts again at the next sample. The op diff counts an event where it
         starts, inside the stage's range of a captured step; a frame seen unchanged across
-        steps (a loop sleeping in its data wait every step) would start in the first one only."""
-        with self._wake:
-            if self._target is not None and len(self._samples) < MAX_SAMPLES:
-                self._samples.append((time.time_ns(), (), 0))
+        steps (a loop sleeping in its data wait every step) would start in the first one only.
+
+        It takes no lock (``end`` puts the cuts among the samples by time): the sampling thread
+        holds its lock while it reads a stack, and on a busy machine the kernel may preempt it
+        there; a cut waiting for it would stretch the captured step that is ending by as much,
+        after its profiler range closed, and the trace would disagree with the live step."""
+        if self._target is not None and len(self._cuts) < MAX_SAMPLES:
+            self._cuts.append(time.time_ns())
 
     def close(self) -> None:
         """End the thread and wait for it (it is idle or between two samples: at most one
         interval), so that nothing of it runs while the interpreter shuts down."""
+        self._forget_collections()
         with self._wake:
             self._closed = True
             self._target = None
             self._wake.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_JOIN_S)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """A garbage collection on another thread (the router's, say) holds the GIL until it
+        ends, and the sampled thread cannot run Python meanwhile: its stack now is its stack
+        throughout. Sampled as the collection starts: the sampling thread, held off until it
+        ends, may find the sampled thread moved on (out of a sleep that the collection spanned)
+        and would charge the whole time to the stack it sampled before. The sampled thread's own
+        collections are its own time, and this thread's are stamped by ``_sample``."""
+        target = self._target
+        if phase != "start" or target is None:
+            return
+        if threading.get_ident() in (target, self._thread.ident):
+            return
+        if not self._wake.acquire(blocking=False):  # a sample or a cut is being written
+            return
+        try:
+            if self._target == target and len(self._samples) < MAX_SAMPLES:
+                sample = _sample(target)
+                if sample is not None:
+                    self._samples.append(sample)
+        except Exception:  # never a traceback from a collection; the regular samples go on
+            logger.debug("stagefrontier: sampling at a collection failed", exc_info=True)
+        finally:
+            self._wake.release()
+
+    def _forget_collections(self) -> None:
+        if self._on_collection in gc.callbacks:
+            gc.callbacks.remove(self._on_collection)
 
     def _run(self) -> None:
         while True:
@@ -145,11 +195,19 @@ def _sample(thread_id: int) -> Sample | None:
     referenced only inside this call: a frame kept by the sampling thread would keep the
     training loop's locals (its model, its DataLoader) alive after the loop returned, and free
     them on the sampling thread later, possibly while the interpreter shuts down, where freeing
-    a tensor aborts the process (the tensor's release of the GIL cannot take it back then)."""
+    a tensor aborts the process (the tensor's release of the GIL cannot take it back then).
+
+    The sample is stamped before the frames are read. Reading them allocates, so a garbage
+    collection may run here, on this thread, holding the GIL for as long as it takes (hundreds
+    of milliseconds in a process holding a framework's objects). The sampled thread cannot run
+    Python meanwhile, so the stack read after the collection is the one it had when this call
+    began: stamped after, the collection's time went to the previous sample's stack, and a
+    120 ms sleep that the collection spanned came out as a few milliseconds."""
+    at_ns = time.time_ns()
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
-    return (time.time_ns(), _stack(frame), frame.f_lineno)
+    return (at_ns, _stack(frame), frame.f_lineno)
 
 
 def _stack(frame: FrameType | None) -> Stack:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..analysis.schema import DATA_STAGE
 from ..failures import say_failed
+from ..formats.incident import incident_window
 from ..formats.packet import atomic_file, write_bytes_atomically
 from ..record.loader_workers import PROFILE_NAME
 from ..render.loader_text import loader_sentence
@@ -239,7 +240,7 @@ def worker_findings(
     theirs = read_workers(folder, reference) if reference != suspect else None
     rows = worker_op_diff(mine, theirs)
     incident["worker_op_diff"] = rows
-    figures = _figures(records, incident["window"], suspect)
+    figures = _figures(records, incident, suspect)
     incident["loader"] = figures or None
     slow = _function_of(rows[0]["name"]) if rows else ""
     advice = loader_sentence(figures, suspect, slow) if figures else ""
@@ -280,15 +281,20 @@ def confirm_by_workers(
     )
 
 
-def _figures(records: Iterable[dict[str, Any]], window: int | None, rank: int) -> dict[str, Any]:
-    """The suspect's loader figures in the incident's window (else the latest that has them),
-    the records read one at a time (``windows.jsonl`` of any length after the run)."""
+def _figures(
+    records: Iterable[dict[str, Any]], incident: dict[str, Any], rank: int
+) -> dict[str, Any]:
+    """The suspect's loader figures in the incident's window, of its attempt in the output
+    folder (its id names both: ``formats.incident.incident_window``; a job resumed into the
+    folder counts its windows from 0 again), else the latest that has them; the records read
+    one at a time (``windows.jsonl`` of any length after the run)."""
+    named = incident_window(incident["id"]) if incident.get("window") is not None else None
     found: dict[str, Any] = {}
     for record in records:
         figures = record.get("loader_workers", {}).get(str(rank))
         if isinstance(figures, dict) and "per_batch_s" in figures:
             found = figures
-            if record.get("window") == window:
+            if named is not None and (record.get("attempt", 0), record.get("window")) == named:
                 break
     return found
 

@@ -65,19 +65,32 @@ class OutputFolder:
         self.path = Path(out_dir)
         self.budget = DiskBudget(self.path, disk_budget_bytes())
         self.attempt: int | None = None
-        """This process's attempt in the folder, set at its first window."""
+        """This process's attempt in the folder, set at its first window (or when the router
+        names an incident before it: ``claim_attempt``)."""
+        self._started = False
         self._steps: tuple[int, int] | None = None
         self._windows = 0
+        self._lock = threading.Lock()
+
+    def claim_attempt(self, restart_count: int) -> int:
+        """This process's attempt in the folder: the one its windows have or will have. The
+        first to ask (the first window's sinks, or the router naming an incident before any
+        window) decides it, once, so both name the same attempt whichever comes first."""
+        with self._lock:
+            if self.attempt is None:
+                self.attempt = next_attempt(self.path, restart_count)
+            return self.attempt
 
     def stamp(self, window: AnalyzedWindow) -> dict[str, Any]:
         """The window's record, its ``attempt`` set to this process's attempt in the folder
         (the record is shared: the sinks after this one see the same attempt)."""
         record = window.record
-        if self.attempt is None:
-            self.attempt = next_attempt(self.path, int(record.get("attempt", 0)))
-            self._note({"attempt": self.attempt, "event": "start", **_who()})
-        if record.get("attempt") != self.attempt:
-            record["attempt"] = self.attempt
+        attempt = self.claim_attempt(int(record.get("attempt", 0)))
+        if not self._started:
+            self._started = True
+            self._note({"attempt": attempt, "event": "start", **_who()})
+        if record.get("attempt") != attempt:
+            record["attempt"] = attempt
         return record
 
     def written(self, record: dict[str, Any], path: Path, size: int) -> None:
@@ -104,7 +117,7 @@ class OutputFolder:
                     "time": _now(),
                 }
             )
-        self.attempt, self._steps, self._windows = None, None, 0
+        self.attempt, self._started, self._steps, self._windows = None, False, None, 0
 
     def _note(self, line: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from ..analysis.analyzer import analyze
 from ..analysis.block_lead import BlockLead
 from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
-from ..analysis.gates import Gates
+from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
 from ..analysis.side import EVENT_NOT_SAMPLED, SideEvidence
 from ..analysis.summary import WindowSummary
@@ -214,7 +214,7 @@ def analyze_merged(
         ),
     )
     if reference_s is not None:
-        gates = replace(gates or Gates(), gain_baseline="reference")
+        gates = replace(gates or DEFAULT_GATES, gain_baseline="reference")
     report = analyze(
         d,
         merged.reference.stages,

@@ -1,13 +1,16 @@
-"""An FSDP2 training script (``fully_shard`` on each layer and on the root) over a DataLoader,
-with no StageFrontier in it, for ``stagefrontier run``'s tests:
+"""A sharded data-parallel training script over a DataLoader, with no StageFrontier in it, for
+``stagefrontier run``'s tests: FSDP2 (``fully_shard`` on each layer and on the root) by default,
+or with ``--zero1`` DDP with a ZeRO-1 optimizer (``ZeroRedundancyOptimizer``):
 
     stagefrontier run --out sf --window 10 --standalone --nproc-per-node 4 \
-        train_fsdp.py --steps 31 --hold PATH
+        train_sharded.py --steps 31 --hold PATH
 
-The root's forward sleeps ``COMPUTE_S`` before its layers run (their parameters are gathered
-then), so a forward stage that starts at an inner layer instead of the root misses the sleep.
-``--hold PATH``: after the last step, every rank waits (at most ``HOLD_S``) until PATH exists
-before it ends the process group, so a test reads the live sinks of the finished windows first.
+The root's forward sleeps ``COMPUTE_S`` before its layers run (under FSDP2 their parameters are
+gathered then), so a forward stage that starts at an inner layer instead of the root misses the
+sleep. ``--hold PATH``: after the last step, every rank waits (at most ``HOLD_S``) until PATH
+exists before it ends the process group, so a test reads the live sinks of the finished windows
+first. With ``--zero1`` every rank prints the sum of its parameters after training (the same on
+every rank once ZeRO-1 has broadcast its shards).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 COMPUTE_S = 0.02
@@ -51,6 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=31, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--hold", type=Path, default=None)
+    parser.add_argument("--zero1", action="store_true", help="DDP with a ZeRO-1 optimizer")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -63,12 +69,18 @@ def main() -> None:
         data, batch_size=args.batch, sampler=DistributedSampler(data, shuffle=False)
     )
     torch.manual_seed(0)
-    model = Net()
-    for layer in model.body:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model: nn.Module = Net()
+    if args.zero1:
+        model = DistributedDataParallel(model)
+        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05
+        )
+    else:
+        for layer in model.body:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for inputs, labels in loader:
         F.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
@@ -77,6 +89,9 @@ def main() -> None:
         hold(args.hold)
     if dist.get_rank() == 0:
         print(f"trained {args.steps} steps ({type(model).__name__})")
+    if args.zero1:
+        total = sum(float(p.detach().sum()) for p in model.parameters())
+        print(f"rank {dist.get_rank()}: {type(optimizer).__name__}, parameter sum {total:.6f}")
     dist.destroy_process_group()
 
 
