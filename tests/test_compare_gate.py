@@ -311,9 +311,19 @@ def test_a_heavier_model_on_an_unchanged_machine_fails(gate_runs: dict[str, Path
     status, data = gate_json(gate_runs["quiet"], gate_runs["heavier"], "--fail-above", "10%")
     verdict = data["gate"]
     assert status == FAIL and isinstance(verdict, dict), verdict
-    assert "every stage and rank grew, and the machine did not change" in str(verdict["reason"])
-    assert not verdict["whole_job"] and not verdict["machine"]["explained"], verdict
-    assert verdict["machine"]["code_ms"] > verdict["bar_ms"], verdict
+    assert not verdict["whole_job"], verdict
+    reason = str(verdict["reason"])
+    if "grew beyond its even share" in reason:
+        # The stages do not grow alike with the layers (the optimizer's step works in
+        # proportion to the parameters alone, the forward and backward also on fixed costs):
+        # one of the model's stages may grow past its even share of the step, which fails the
+        # gate before the host signals are read. Never the data wait: the batches are the same.
+        assert re.search(r"(model|optim)\.\w+ grew beyond its even share", reason), reason
+        assert verdict["machine"] is None, verdict
+    else:
+        assert "every stage and rank grew, and the machine did not change" in reason, reason
+        assert not verdict["machine"]["explained"], verdict
+        assert verdict["machine"]["code_ms"] > verdict["bar_ms"], verdict
 
 
 def test_healthy_runs_with_burners_in_new_only_pass_naming_the_host_signal(

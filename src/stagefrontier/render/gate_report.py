@@ -38,7 +38,8 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     """The gate's options of ``stagefrontier compare``."""
     gate = parser.add_argument_group(
         "gate",
-        "exit 1 when NEW is slower past the bar and past the steps' noise, 0 when it is not, "
+        "exit 1 when NEW is slower past the bar and the noise (in a stage beyond its even "
+        "share, or in the whole step), 0 when it is not, "
         "3 when the two runs cannot be judged (world size, stages, too few steps; with "
         "--strict, a slowdown spread evenly over every stage and rank)",
     )
