@@ -14,6 +14,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli_support import console_script
@@ -99,6 +100,25 @@ def test_a_stall_fails_when_its_stage_shows_it_though_the_median_step_hides_it(
     ), verdict
     top = verdict["grew"][0]
     assert top["stage"] == DATA and [r["rank"] for r in top["ranks"]] == [1], verdict
+
+
+def test_a_faster_model_with_its_loader_unchanged_passes(tmp_path: Path) -> None:
+    # The loader's 60 ms unchanged while the forward and backward run twice as fast: the rest of
+    # the step shrank, which is no faster machine, so the loader keeps its BASE time as its
+    # yardstick and nothing grew.
+    def loader_bound(seed: int, model_speed: float) -> np.ndarray:
+        d = healthy(seed)
+        d[:, :, 0] += 0.056
+        d[:, :, 1:3] *= model_speed
+        return d
+
+    base = write_run(tmp_path / "base", [loader_bound(0, 1.0), loader_bound(1, 1.0)])
+    new = write_run(tmp_path / "new", [loader_bound(2, 0.5), loader_bound(3, 0.5)])
+    status, data = gate_json(base, new, "--fail-above", "5%")
+    verdict = data["gate"]
+    assert isinstance(verdict, dict)
+    assert verdict["median_shift_ms"] < -20, verdict
+    assert status == PASS and verdict["grew"] == [], verdict
 
 
 @pytest.mark.parametrize("order", ["base first", "healthy first"])

@@ -326,7 +326,8 @@ def beyond_even_share(c: Comparison, floor_ms: float) -> tuple[str, float] | Non
     and ``NOISE_FACTOR`` standard errors, with that excess in ms/step; None when every stage
     grew (or shrank) with the step.
 
-    A stage's even share scales its BASE advance by how much the rest of the step grew: a busier
+    A stage's even share scales its BASE advance by how much the rest of the step grew (never
+    below its BASE advance: a rest that shrank is faster code, not a faster machine): a busier
     machine slows every stage alike, so the rest of the step measures it, and a stage's own
     regression (however large a share of the step it holds) stays out of its own yardstick.
     Judged on means over blocks of ``BLOCK_STEPS`` steps (a DataLoader's batches come in bursts),
@@ -337,7 +338,9 @@ def beyond_even_share(c: Comparison, floor_ms: float) -> tuple[str, float] | Non
         was, grown = before[:, members].sum(axis=1), now[:, members].sum(axis=1)
         rest_before = float(before.sum(axis=1).mean() - was.mean())
         rest_now = float(now.sum(axis=1).mean() - grown.mean())
-        machine = rest_now / rest_before if rest_before > 0 else 1.0
+        # a rest of the step that got faster is the code's doing, not a faster machine: the
+        # stage keeps its own BASE time as its yardstick then
+        machine = max(1.0, rest_now / rest_before) if rest_before > 0 else 1.0
         excess = mean_shift(
             block_means(was * machine, BLOCK_STEPS),
             block_means(grown, BLOCK_STEPS),
