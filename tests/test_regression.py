@@ -77,6 +77,24 @@ def test_tiny_steps_whose_windows_wander_with_the_load_name_no_stage() -> None:
     assert caught["top_stage"] == DATA and caught["ranks"] == [1]
 
 
+def test_two_baseline_windows_show_no_wander_a_stall_could_hide_in() -> None:
+    """Early in a run the baseline holds two windows, 10% apart: their spread is one number,
+    and three standard deviations of it would pass a 30 ms stall on one rank as the machine's
+    wander. The wander is read from four windows or more."""
+    rng = np.random.default_rng(3)
+    check = RegressionCheck()
+    for w, level in enumerate([1.0, 1.1]):
+        assert check.check(w, window(rng) * level, STAGES) is None
+    found = []
+    for w in (2, 3):
+        stalled = window(rng)
+        stalled[:, 1, 0] += 0.030
+        found.append(check.check(w, stalled, STAGES))
+    flagged = found[-1]
+    assert flagged is not None and flagged["kind"] == "stage", flagged
+    assert not flagged["within_wander"] and flagged["ranks"] == [1]
+
+
 def test_a_one_rank_stall_is_caught_in_its_first_window_and_named() -> None:
     rng = np.random.default_rng(1)
     check = RegressionCheck()

@@ -87,6 +87,10 @@ def median_shift(
     )
 
 
+WANDER_MIN_WINDOWS = 4
+"""The fewest baseline windows whose medians ``window_wander`` reads a wander from."""
+
+
 def window_wander(windows: Sequence[npt.NDArray[np.float64]]) -> float:
     """The standard deviation of a new window's median about the median of ``windows`` (a
     baseline's windows of per-step times) that comes from the windows' levels moving, not
@@ -95,9 +99,11 @@ def window_wander(windows: Sequence[npt.NDArray[np.float64]]) -> float:
     wanders far more than its steps' spread over the square root of their count says. It is
     the variance of the windows' medians less the part their steps' spread accounts for (a
     random-effects estimate), scaled for a new window against the mean of ``len(windows)``;
-    0 from fewer than two windows, which cannot show it."""
+    0 from fewer than ``WANDER_MIN_WINDOWS`` windows: the spread of two or three medians is too
+    uncertain a yardstick (three standard deviations of two windows 10% apart would pass a
+    one-rank stall of a quarter of the step as the machine's)."""
     k = len(windows)
-    if k < 2:
+    if k < WANDER_MIN_WINDOWS:
         return 0.0
     medians = np.array([float(np.median(w)) for w in windows])
     sampling = np.mean([(MEDIAN_SE * _spread(w)) ** 2 / w.size for w in windows])
