@@ -169,3 +169,23 @@ def test_a_cut_never_waits_for_the_sampling_thread() -> None:
     assert released_by_cut == [True], "the cut waited for the thread holding the sampler's lock"
     stamps = [at_ns for at_ns, _, _ in sampled.samples]
     assert stamps == sorted(stamps) and any(not stack for _, stack, _ in sampled.samples)
+
+
+def test_a_sample_read_after_a_cut_starts_after_it() -> None:
+    """A sample is stamped before its stack is read, and a cut (which waits for nothing) can
+    come in between: the stack read is then the next step's, and must not open inside the step
+    the cut closed."""
+    sampler = StackSampler(interval_s=1.0)
+    try:
+        sampler.begin()
+        stamped = _sample(threading.get_ident())  # stamped here, before the cut
+        assert stamped is not None
+        sampler.cut()
+        sampler._keep(stamped)  # as the sampling thread keeps it, its stack read after the cut
+        sampled = sampler.end()
+    finally:
+        sampler.close()
+    order = [bool(stack) for _, stack, _ in sampled.samples]
+    cut_at = order.index(False)
+    kept_at = next(i for i, (_, stack, _) in enumerate(sampled.samples) if stack is stamped[1])
+    assert kept_at > cut_at, sampled.samples

@@ -159,13 +159,23 @@ class StackSampler:
             return
         try:
             if self._target == target and len(self._samples) < MAX_SAMPLES:
-                sample = _sample(target)
-                if sample is not None:
-                    self._samples.append(sample)
+                self._keep(_sample(target))
         except Exception:  # never a traceback from a collection; the regular samples go on
             logger.debug("stagefrontier: sampling at a collection failed", exc_info=True)
         finally:
             self._wake.release()
+
+    def _keep(self, sample: Sample | None) -> None:
+        """Keep a sample, never stamped before the last cut: a sample is stamped before its
+        stack is read, and a cut (which waits for nothing) may come in between; the stack read
+        then is the next step's, and it starts just after that cut, not inside the step the cut
+        closed."""
+        if sample is None:
+            return
+        cuts = self._cuts  # end() may swap in a new list meanwhile: this one is read whole
+        if cuts and cuts[-1] >= sample[0]:
+            sample = (cuts[-1] + 1, sample[1], sample[2])
+        self._samples.append(sample)
 
     def _forget_collections(self) -> None:
         if self._on_collection in gc.callbacks:
@@ -181,9 +191,7 @@ class StackSampler:
                     return
                 try:
                     if len(self._samples) < MAX_SAMPLES:
-                        sample = _sample(target)
-                        if sample is not None:
-                            self._samples.append(sample)
+                        self._keep(_sample(target))
                 except Exception as exc:  # telemetry never fails: this capture has no more
                     say_failed(logger, "sampling the training thread's stack", exc, "it stops")
                     self._target = None
