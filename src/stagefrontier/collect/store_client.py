@@ -77,6 +77,20 @@ def quiet_cpp_log() -> Iterator[None]:
                 level.value = _saved
 
 
+def _restore_in_child() -> None:
+    """In a process forked while a store call held the level (a DataLoader worker), put the
+    level back: the call that raised it runs on in the parent only, and would never lower it
+    here (and the lock, which another thread may have held at the fork, is a new one)."""
+    global _held, _lock
+    if _held and _level is not None:
+        _level.value = _saved
+    _held = 0
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_restore_in_child)
+
+
 class QuietStore:
     """A store whose every method call runs under ``quiet_cpp_log``. Only the library's own
     connections are wrapped; torch never sees the wrapper (a ``PrefixStore`` is built on the
