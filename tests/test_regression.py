@@ -80,7 +80,7 @@ def test_tiny_steps_whose_windows_wander_with_the_load_name_no_stage() -> None:
 def test_two_baseline_windows_show_no_wander_a_stall_could_hide_in() -> None:
     """Early in a run the baseline holds two windows, 10% apart: their spread is one number,
     and three standard deviations of it would pass a 30 ms stall on one rank as the machine's
-    wander. The wander is read from four windows or more."""
+    wander. The wander is read from three windows or more."""
     rng = np.random.default_rng(3)
     check = RegressionCheck()
     for w, level in enumerate([1.0, 1.1]):

@@ -87,7 +87,7 @@ def median_shift(
     )
 
 
-WANDER_MIN_WINDOWS = 4
+WANDER_MIN_WINDOWS = 3
 """The fewest baseline windows whose medians ``window_wander`` reads a wander from."""
 
 
@@ -99,7 +99,7 @@ def window_wander(windows: Sequence[npt.NDArray[np.float64]]) -> float:
     wanders far more than its steps' spread over the square root of their count says. It is
     the variance of the windows' medians less the part their steps' spread accounts for (a
     random-effects estimate), scaled for a new window against the mean of ``len(windows)``;
-    0 from fewer than ``WANDER_MIN_WINDOWS`` windows: the spread of two or three medians is too
+    0 from fewer than ``WANDER_MIN_WINDOWS`` windows: the spread of two medians is too
     uncertain a yardstick (three standard deviations of two windows 10% apart would pass a
     one-rank stall of a quarter of the step as the machine's)."""
     k = len(windows)
