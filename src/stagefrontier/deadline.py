@@ -2,9 +2,10 @@
 
 ``StageTimer.close()`` returns within ``CLOSE_DEADLINE_S`` on every rank (or the seconds
 ``STAGEFRONTIER_CLOSE_DEADLINE_S`` gives, read at each close), whatever its sinks, its store,
-its peers or its router do: the collector's close (its last windows, the sinks' own close: a
-last OTLP export, a file's flush) gets two thirds of it on a thread of its own, and the router's
-thread the last third (``router_close_s``). Work still running at its bound
+its peers or its router do, counted from the call: the collector's close (its last windows, the
+sinks' own close: a last OTLP export, a file's flush) runs on a thread of its own until a third
+of the deadline is left (``router_close_s``), and the router's thread gets what is left (when
+the collector closed early, more than its third). Work still running at its bound
 is left to its daemon thread, said in one line; nothing of it reaches the caller. While the
 PyTorch profiler runs, the recorder closes its collector on the calling thread instead (a thread
 started under the profiler's Python tracer crashed it): unbounded then.
@@ -26,6 +27,9 @@ CLOSE_DEADLINE_S = 30.0
 ROUTER_CLOSE_S = 10.0
 """The part of the default deadline left to the router's thread (its last export, rank 0's
 settle): a third."""
+FINISH_S = 0.25
+"""The end of the deadline the last wait leaves to close()'s own last steps (a waiting thread's
+wake-up on a loaded machine, a warning line): the router's thread is waited for until then."""
 DEADLINE_VARIABLE = CLOSE_DEADLINE.name
 """The environment variable that sets the close deadline in seconds, from ``DEADLINE_RANGE``."""
 DEADLINE_RANGE = (1.0, 3600.0)

@@ -37,7 +37,7 @@ from .instrumentation import Instrumentation
 class AttachedRouter(Protocol):
     """A router started for one timer: while a capture is armed or runs, the step context
     calls ``on_step`` at a step's start and ``on_step_end`` at its end; ``pause`` calls
-    ``on_pause``; the timer's ``close`` closes it."""
+    ``on_pause``; the timer's ``close`` closes it, waiting at most ``join_s`` for its thread."""
 
     def on_step(self, step: int) -> None: ...
 
@@ -45,7 +45,7 @@ class AttachedRouter(Protocol):
 
     def on_pause(self, step: int) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, join_s: float) -> None: ...
 
 
 class Router(Protocol):

@@ -31,7 +31,7 @@ from ..analysis.schema import DATA_STAGE
 from ..collect import Collector, announce_disabled, make_collector
 from ..collect.launcher import awaiting_process_group, launched_world_size, warn_once
 from ..collect.settings import check_has_methods
-from ..deadline import call_within, close_deadline_s, router_close_s
+from ..deadline import FINISH_S, call_within, close_deadline_s, router_close_s
 from ..errors import ContractViolation as ContractViolation  # defined there, importable here
 from ..errors import StageFrontierError, TimerSettingError
 from ..failures import say_failed
@@ -401,6 +401,8 @@ class StageTimer(TimerState):
         if self._closed:
             return
         self._closed = True
+        deadline_s = close_deadline_s(logger)
+        ends = time.monotonic() + deadline_s  # the one deadline, counted from the call
         closed(self)
         if self._out_dir_held is not None:
             release_out_dir(self._out_dir_held)
@@ -428,12 +430,12 @@ class StageTimer(TimerState):
             # A thread started while the profiler traces Python (a capture still running as
             # training ends) can crash its tracer: the collector closes on this thread then.
             self._collector.close()
-        deadline_s = close_deadline_s(logger)
         if self._collector is not None and not profiling:  # its last windows, sinks' close
-            bound = deadline_s - router_close_s(deadline_s)
+            bound = ends - router_close_s(deadline_s) - time.monotonic()
             call_within(self._collector.close, bound, "the collector", logger, deadline_s)
-        if self._router is not None:
-            self._router.close()  # its thread's part of the deadline (``router_close_s``)
+        if self._router is not None:  # its thread gets the rest (unbounded above: its share)
+            rest = router_close_s(deadline_s) if profiling else ends - FINISH_S - time.monotonic()
+            self._router.close(max(rest, 0.0))
 
     def __enter__(self) -> StageTimer:
         return self

@@ -31,7 +31,6 @@ from ..collect.settings import (
     check_optional_text,
 )
 from ..collect.store import claim_scope, release_scope
-from ..deadline import close_deadline_s, router_close_s
 from ..errors import NoStoreError, ReportFormatError, StageFrontierError, TimerSettingError
 from ..failures import say_failed
 from ..record.instrumentation import Instrumentation
@@ -251,14 +250,13 @@ class RouterRuntime:
             raise StageFrontierError("request captures on rank 0 (or with `stagefrontier capture`)")
         self._jobs.put(lambda: coordinator.request_capture(ranks, steps, stage))
 
-    def close(self) -> None:
+    def close(self, join_s: float) -> None:
         """On the training thread at the timer's close: stop a running capture, then let the
-        thread export, answer and (rank 0) settle the open incident, bounded."""
+        thread export, answer and (rank 0) settle the open incident, waiting at most
+        ``join_s`` for it (what the timer's close deadline leaves it)."""
         self.capture.finish(self._timer.step)
         self.capture.close()
         self._jobs.put(None)
-        # the thread's part of the close deadline: a last export, rank 0's bounded settle
-        join_s = router_close_s(close_deadline_s(logger))
         self._thread.join(join_s)
         if self._thread.is_alive():
             logger.warning(
