@@ -1,6 +1,7 @@
 """Rank 0 killed (SIGKILL) while the job's store stays up, as when the launcher's agent holds
 the store (issue 37, item 4): the other ranks say it once and keep their own windows on local
-disk, the last ones rank 0 never collected included.
+disk, the last ones rank 0 never collected included; a rank 0 that starts late is not taken for
+a dead one.
 
 Real processes: the store server lives in the test process (the agent's place), rank 0 and
 rank 1 are processes of their own, and rank 0 is killed by signal.
@@ -83,6 +84,13 @@ def _windows(path: Path) -> list[int]:
     return [record["window"] for record in read_records(path)]
 
 
+def _with_every_rank(path: Path) -> bool:
+    """Whether a window of ``path`` (a ``windows.jsonl``) holds every rank."""
+    from stagefrontier.formats.records import read_records
+
+    return path.exists() and any(not record["missing_ranks"] for record in read_records(path))
+
+
 def test_the_other_ranks_say_rank_0_is_gone_once_and_keep_their_windows(tmp_path: Path) -> None:
     """Before: rank 1 trained on and wrote every window into the store, said nothing, and no
     window after rank 0's death was kept anywhere."""
@@ -119,6 +127,67 @@ def test_the_other_ranks_say_rank_0_is_gone_once_and_keep_their_windows(tmp_path
     assert sorted(p.name for p in (tmp_path / "rank-1" / "packets").glob("window-*.json")) == [
         f"window-{w:06d}.json" for w in kept
     ]
+
+
+def _late_rank0(folder: Path, port: int) -> None:
+    while not (folder / "rank1-waited").exists():  # rank 1 trains alone first
+        time.sleep(0.05)
+    timer = _timer(0, folder, port)
+    records = folder / "windows.jsonl"
+    while not _with_every_rank(records):  # rank 1's windows reach rank 0
+        _timed_steps(timer, WINDOW)
+    timer.close()
+    (folder / "rank0-done").touch()
+
+
+def _rank1_before_rank0(folder: Path, port: int) -> None:
+    from stagefrontier.collect.rank0_watch import SILENT_MARGIN_S
+
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    logging.getLogger("stagefrontier").addHandler(Keep(logging.WARNING))
+    timer = _timer(1, folder, port)
+    alone_until = time.monotonic() + 2 * TIMEOUT_S + SILENT_MARGIN_S + 1
+    while time.monotonic() < alone_until:  # past the silence a dead rank 0 is judged by
+        _timed_steps(timer, WINDOW)
+    (folder / "rank1-waited").touch()
+    while not (folder / "rank0-done").exists():
+        _timed_steps(timer, WINDOW)
+    timer.close()
+    (folder / "rank1.json").write_text(json.dumps({"warnings": warnings}))
+
+
+def test_a_rank_0_slow_to_start_is_not_judged_gone(tmp_path: Path) -> None:
+    """Rank 1 trains alone for longer than a dead rank 0's silence, then rank 0 starts. Before,
+    rank 1 judged it gone, stopped sending and kept its windows itself, and rank 0 collected
+    none of them (a slow rank 0 under load failed the test above this way: rank 1 took back its
+    windows from window 0, which rank 0 had written too)."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    ranks = [
+        context.Process(target=target, args=(tmp_path, server.port), daemon=True)
+        for target in (_late_rank0, _rank1_before_rank0)
+    ]
+    for proc in ranks:
+        proc.start()
+    try:
+        for proc in ranks:
+            proc.join(DEADLINE_S)
+            assert proc.exitcode == 0, f"exit code {proc.exitcode}"
+    finally:
+        for proc in ranks:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+    warnings = json.loads((tmp_path / "rank1.json").read_text())["warnings"]
+    assert not [w for w in warnings if GONE in w], warnings
+    assert not (tmp_path / "rank-1").exists()
 
 
 SIGTERMED = """\

@@ -5,10 +5,11 @@ every sender reads it with each window it sends. When rank 0 dies with the store
 was killed, the store lives in the launcher's agent), the counter stops while the other ranks
 train on and their windows pile up in a store nobody reads. A sender whose windows run
 ``SILENT_WINDOWS`` ahead of a counter that has not moved for twice its collection timeout and
-``SILENT_MARGIN_S`` more says so once, stops sending, takes back its windows rank 0 never
-collected (those still in the store: at most ``MAX_UNCOLLECTED``) and analyzes them and every
-later window itself, writing them under ``out_dir/rank-<r>/`` (``windows.jsonl`` and packets,
-as a one-rank run).
+``SILENT_MARGIN_S`` more (counted once rank 0 has begun collecting: it claims the store's keys
+as it gathers its first window; a rank 0 slow to start is not gone) says so once, stops
+sending, takes back its windows rank 0 never collected (those still in the store: at most
+``MAX_UNCOLLECTED``) and analyzes them and every later window itself, writing them under
+``out_dir/rank-<r>/`` (``windows.jsonl`` and packets, as a one-rank run).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class Rank0Watch:
         self.silent_after_s = 2 * timeout_s + SILENT_MARGIN_S
         self._done = -1
         self._since = time.monotonic()
+        self.collecting = False
+        """Whether rank 0 was seen collecting (its claim on the keys): until then its counter's
+        standstill is a slow start, not a death. A rank 0 that dies before it gathers its first
+        window is never judged gone."""
         self.local: LocalCollector | None = None
         """This rank's own collector once rank 0 is judged gone."""
 
@@ -52,7 +57,7 @@ class Rank0Watch:
         """Whether rank 0, having finished ``done`` windows when this rank sent ``window``,
         is gone."""
         now = time.monotonic()
-        if done != self._done:
+        if done != self._done or not self.collecting:
             self._done, self._since = done, now
         return window - done >= SILENT_WINDOWS and now - self._since > self.silent_after_s
 

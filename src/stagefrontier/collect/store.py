@@ -304,13 +304,17 @@ class StoreCollector:
         if self._dead:
             return
         self._worker.activity = f"sending window {window.window} to the store"
+        watch = self._watch
         try:
-            done = self._sent.send(self._connection(), window.window, encode_window(window))
+            conn = self._connection()
+            done = self._sent.send(conn, window.window, encode_window(window))
+            if watch is not None and not watch.collecting:  # rank 0 claims the keys as it
+                watch.collecting = bool(conn.check([OWNER_KEY]))  # gathers its first window
         except Exception as exc:
             self._fail("send", exc)
             return
-        if self._watch is not None and self._watch.silent(window.window, done):
-            self._take_over(self._watch, done)
+        if watch is not None and watch.silent(window.window, done):
+            self._take_over(watch, done)
 
     def _take_over(self, watch: Rank0Watch, done: int) -> None:
         """Rank 0 is gone: this rank keeps its own windows."""
