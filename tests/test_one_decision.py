@@ -70,6 +70,25 @@ def test_the_lead_over_bursts_is_judged_on_a_window_with_a_no_stall_reference() 
     assert any("judged over blocks of 2 steps" in r for r in decision.reasons), decision.reasons
 
 
+def test_a_loader_with_more_workers_than_a_block_is_confirmed_over_its_bursts() -> None:
+    """Rank 3's six DataLoader workers hand over their batches six at a time, 240 ms late: it
+    waits on one captured step in six. Cut into blocks of four, 12 captured steps leave one
+    block without a wait, and the capture was refused ("a delay in one step is no lead")
+    though the decision had judged the lead over blocks of six. The decision's burst now
+    reaches the confirmation, whose blocks hold one burst each; two workers' bursts, as the
+    decision gives them, and a capture shorter than two bursts are judged as before."""
+    six = ([240.0] + [0.0] * 5) * 2
+    weak, _, _ = _weak_lead(_captured(six), STAGES[1], (3, 2), MIN_SHARE)
+    assert "in every block of about 4 steps" in weak, weak  # the bug, without the burst
+    assert _weak_lead(_captured(six), STAGES[1], (3, 2), MIN_SHARE, burst=6)[0] == ""
+    one = [1.0] * 12
+    one[7] += 240.0  # one delayed step is still no lead, whatever the burst
+    weak, _, _ = _weak_lead(_captured(one), STAGES[1], (3, 2), MIN_SHARE, burst=6)
+    assert "in every block of about 6 steps" in weak, weak
+    decision, why = decide(_live_window(_bursts()))
+    assert decision is not None and decision.burst == 2, why
+
+
 def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
     window = _live_window(_bursts())
     report = window.report

@@ -30,6 +30,13 @@ When ranks play different roles the decision is taken inside one role, on that r
 report: the role named by ``role=``, or else the one the window says bounds the step
 (``analysis.across_roles``). Its leader is the suspect and the reference is a rank of the same
 role; a window whose bounding role is open asks for no capture.
+
+A rank the timed collectives name late (``late_rank_decision``) is captured only when the
+window before named the same rank late in the same stage: the regression check's rule that
+one slow window on a busy machine is noise and two in a row are news. It keeps no exception
+for a large lateness, as the regression check does for a large jump: a healthy window beside
+CPU-burning neighbours named a rank 53 ms/step late on 203 ms steps, last in 11 of 20 steps,
+more than twice the lateness floor, and nothing was late in the next.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from ..analysis.block_lead import (
     steady_lead_below_top,
     unsteady_lead,
 )
-from ..analysis.collectives import collective_name
+from ..analysis.collectives import CollectiveReading, collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.noise import mean_excess
@@ -79,6 +86,10 @@ class Decision:
     window: int
     reasons: tuple[str, ...]
     role: str | None = None
+    burst: int = 1
+    """The steps over which the leader's DataLoader workers hand over their batches together
+    (its worker count, when its lead was judged over blocks of that many steps; else 1): the
+    confirmation's blocks hold at least that many captured steps."""
 
 
 def decide(
@@ -88,9 +99,12 @@ def decide(
     *,
     min_share: float = MIN_SHARE,
     noise_factor: float = NOISE_FACTOR,
+    late_before: CollectiveReading | None = None,
 ) -> tuple[Decision | None, str]:
     """The capture decision for one analyzed window, or None with the reason it is not one.
-    With several roles it is taken inside ``role`` (default: the role that bounds the step)."""
+    With several roles it is taken inside ``role`` (default: the role that bounds the step).
+    ``late_before``: the late rank the timed collectives named in the window just before
+    (``CommunicationReading.late``), without which no late rank is captured."""
     report = window.report
     g = gates or report.gates
     regression = window.regression or {}
@@ -128,8 +142,9 @@ def decide(
             f"{stage} has {share:.0%} < {g.share_dominance:.0%} and the routing set has "
             f"{len(report.routing_set)} stages"
         )
+    late_why = ""
     if not report.role_reports and window.summary is None:
-        measured = late_rank_decision(window, stage, share, ranks)
+        measured, late_why = late_rank_decision(window, stage, share, ranks, late_before)
         if measured is not None:
             return measured, ""
     loc = report.semantic_localization[stage]
@@ -157,7 +172,7 @@ def decide(
         loc, share = report.semantic_localization[below], report.semantic_shares[below]
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
-        return None, why
+        return None, "; ".join(x for x in (late_why, why) if x)
     if window.summary is None:
         columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
         totals = window.d[:, :, columns].sum(axis=(0, 2))
@@ -188,21 +203,37 @@ def decide(
     if role is not None:
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
-    return Decision(stage, suspect, reference, share, index, reasons, role), ""
+    burst = block.size if block is not None else 1
+    return Decision(stage, suspect, reference, share, index, reasons, role, burst), ""
 
 
 def late_rank_decision(
-    window: AnalyzedWindow, stage: str, share: float, ranks: list[int]
-) -> Decision | None:
+    window: AnalyzedWindow,
+    stage: str,
+    share: float,
+    ranks: list[int],
+    before: CollectiveReading | None,
+) -> tuple[Decision | None, str]:
     """The capture of the rank the timed collectives name late in ``stage``
     (``analysis.collectives``), against the rank of median time in it among the others: the
     stage matrix cannot name it when the others wait inside the same stage (DDP's all-reduce
-    in backward)."""
+    in backward). Only when ``before``, the window just before's late rank, is the same rank
+    in the same stage; otherwise None, with why when a rank was late in this window alone."""
     reading = window.communication
     late = None if reading is None else reading.late
     if late is None or late.stage is None or semantic_stage(late.stage) != stage:
-        return None
+        return None, ""
     suspect = int(late.late_rank)  # type: ignore[arg-type]
+    if (
+        before is None
+        or before.late_rank != suspect
+        or before.stage is None
+        or semantic_stage(before.stage) != stage
+    ):
+        return None, (
+            f"rank {suspect} arrives late into {late.stage} in this window but was not late "
+            "into it in the window before (a late rank is captured two windows in a row)"
+        )
     columns = [i for i, name in enumerate(window.report.stages) if semantic_stage(name) == stage]
     totals = window.d[:, :, columns].sum(axis=(0, 2))
     others = sorted((float(totals[i]), r) for i, r in enumerate(ranks) if r != suspect)
@@ -212,10 +243,12 @@ def late_rank_decision(
         f"rank {suspect} arrives at {collective_name(late.family, late.bucket)} in "
         f"{late.stage} ~{late.lateness_ms:.0f} ms/step after the others (last in "
         f"{late.late_steps}/{late.steps} steps), the others timed waiting for it there",
+        f"late into {stage} in the window before too (~{before.lateness_ms:.0f} ms/step, last "
+        f"in {before.late_steps}/{before.steps} steps): two windows in a row",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window
-    return Decision(stage, suspect, reference, share, index, reasons)
+    return Decision(stage, suspect, reference, share, index, reasons), ""
 
 
 def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple[int, str]:
