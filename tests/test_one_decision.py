@@ -13,6 +13,7 @@ import pytest
 
 from stagefrontier import Gates, analyze
 from stagefrontier.analysis.side import SideEvidence
+from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import new_incident
 from stagefrontier.formats.stored_report import check_window_meta
@@ -26,6 +27,8 @@ from stagefrontier.route.decide import MIN_SHARE, decide
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
 from stagefrontier.window.loader import loader_block_lead
+from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
 RANKS = [0, 1, 2, 3]
@@ -213,6 +216,69 @@ def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> Non
     said = verdict_of_window(report)
     assert "rank 2 alone leads data loading" in said, said
     assert said.endswith("Next: profile data loading (data.next_wait) on rank 2."), said
+
+
+def _analyzed(d: np.ndarray) -> AnalyzedWindow:
+    """``d`` as rank 0's analysis of the four ranks' windows gives it (each rank's own
+    durations in nanoseconds, the rest of the step zero)."""
+    steps = d.shape[0]
+    ranks = []
+    for rank in RANKS:
+        durations = np.zeros((steps, len(STAGES) + 1), dtype=np.int64)
+        durations[:, : len(STAGES)] = np.round(d[:, rank, :] * 1e9)
+        ranks.append(
+            RankWindow(
+                window=4,
+                first_step=80,
+                last_step=80 + steps - 1,
+                rank=rank,
+                stages=(*STAGES, "step.other_cpu_wall"),
+                durations_ns=durations,
+                wall_ns=durations.sum(axis=1),
+            )
+        )
+    return analyze_merged(merge_windows(ranks, len(RANKS)))
+
+
+class _Lines:
+    """A sink that keeps each window's line as the log sink writes it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, window: AnalyzedWindow) -> None:
+        self.lines.append(window_headline(window.report, window.record))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_on_it() -> None:
+    """Rank 2 waits 60 ms for data in each step (about 16% of it) under a backward pass whose
+    last rank changes step by step. A router with ``min_share=0.2`` does not capture that
+    lead; the window line, written before the router takes the window, said "Next: profile
+    data loading (data.next_wait) on rank 2" all the same (it judged the lead against the
+    default tenth of the step). The router's share now travels with the window to the sinks."""
+    d = _data_wait_under_a_shared_backward()
+    d[:, STALL, 0] -= 0.040
+    d[:, [0, 1, 3], 2] -= 0.040
+    window = _analyzed(d)
+    routed, why = decide(window)
+    assert routed is not None and (routed.stage, routed.suspect_rank) == (STAGES[0], STALL), why
+    assert decide(window, min_share=0.2)[0] is None
+    for share, named in ((None, True), (0.2, False)):
+        lines = _Lines()
+        consumers = Consumers()
+        taken: list[AnalyzedWindow] = []
+        consumers.register(SimpleNamespace(take=taken.append), lead_share=share)
+        publish([lines], consumers, window)
+        (line,) = lines.lines
+        said = "Next: profile data loading (data.next_wait) on rank 2"
+        assert (said in line) is named, (share, line)
+        assert taken[0].record["lead_share"] == (share or MIN_SHARE)
+        assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
+        facts = check_window_meta(taken[0].record)  # and offline, from the stored record
+        assert (said in window_headline(window.report, facts)) is named
 
 
 def _captured(lead_ms: list[float]) -> ReducedTrace:

@@ -66,10 +66,24 @@ class Consumers:
     def __init__(self) -> None:
         self._registered: tuple[WindowConsumer, ...] = ()
         self._lock = threading.Lock()
+        self._lead_share: float | None = None
 
-    def register(self, consumer: WindowConsumer) -> None:
+    def register(self, consumer: WindowConsumer, lead_share: float | None = None) -> None:
+        """``lead_share``: the least share of the step by which a rank must lead a stage below
+        the top one for ``consumer`` to act on it (the profiler router's ``min_share``); every
+        window published from then on carries it (``stamped``), so that the window line the
+        sinks write names no lead the consumer would not act on."""
         with self._lock:  # a new tuple: the analysis thread iterates the one it read
             self._registered = (*self._registered, consumer)
+            if lead_share is not None:
+                self._lead_share = lead_share
+
+    def stamped(self, window: AnalyzedWindow) -> AnalyzedWindow:
+        """``window`` with the registered lead share (itself when none was given)."""
+        share = self._lead_share
+        if share is None or share == window.lead_share:
+            return window
+        return replace(window, lead_share=share)
 
     def deliver(self, window: AnalyzedWindow) -> None:
         for consumer in self._registered:
@@ -81,7 +95,9 @@ class Consumers:
 
 
 def publish(sinks: Sequence[Sink], consumers: Consumers, window: AnalyzedWindow) -> None:
-    """An analyzed window to the sinks, then to the consumers."""
+    """An analyzed window to the sinks, then to the consumers (with the lead share they act
+    on: ``Consumers.stamped``)."""
+    window = consumers.stamped(window)
     emit(sinks, window)
     consumers.deliver(window)
 

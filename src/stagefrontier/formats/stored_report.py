@@ -149,6 +149,10 @@ class WindowFacts(msgspec.Struct):
     from records written before."""
     host_signals: HostSignals | UnsetType = UNSET
     """Rank 0's host signals over the window; absent from records written before."""
+    lead_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | UnsetType = UNSET
+    """The least share of the step by which one rank must lead a stage below the top for the
+    verdict to name it (``AnalyzedWindow.lead_share``: the profiler router's ``min_share``);
+    absent from records written before, which are read with the default."""
 
 
 def check_window_meta(meta: dict[str, Any]) -> dict[str, Any]:

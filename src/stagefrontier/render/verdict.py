@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.across_roles import bounding_role
-from ..analysis.block_lead import steady_lead_below_top
+from ..analysis.block_lead import MIN_LEAD_SHARE, steady_lead_below_top
 from ..analysis.labels import (
     CO_CRITICAL,
     DIRECT_EXPOSURE,
@@ -94,6 +94,14 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     if text.count(",") >= MAX_RANK_RUNS:
         return f"{len(set(ranks))} of {n_ranks} ranks"
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
+
+
+def lead_share(record: Mapping[str, Any]) -> float:
+    """The least share of the step by which a rank must lead a stage below the top one to be
+    named (the record's ``lead_share``, the profiler router's ``min_share``; the default for
+    records written before it was kept)."""
+    share = record.get("lead_share")
+    return float(share) if isinstance(share, (int, float)) else MIN_LEAD_SHARE
 
 
 def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:
@@ -250,7 +258,7 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     if slow is not None:
         return Said(f"{slow_finding(slow, full=True)}; {plain(top)} costs {cost}", SLOW_NEXT)
     lead = _lead(report, record, top)
-    below = None if lead.who else steady_lead_below_top(report)
+    below = None if lead.who else steady_lead_below_top(report, lead_share(record))
     if below is not None:  # the stage the router captures (``route.decide``)
         who = rank_name(int(report.semantic_localization[below].leader_rank or 0), record)
         below_share = report.semantic_shares[below]

@@ -232,7 +232,7 @@ class RouterRuntime:
         )
         consumers = getattr(collector, "consumers", None)
         if isinstance(consumers, Consumers):
-            consumers.register(self.coordinator)
+            consumers.register(self.coordinator, lead_share=self.config.min_share)
         else:
             logger.warning("stagefrontier: this collector hands no windows on; the router is idle")
 

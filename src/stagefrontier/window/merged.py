@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
-from ..analysis.block_lead import BlockLead
+from ..analysis.block_lead import MIN_LEAD_SHARE, BlockLead
 from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
 from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
@@ -98,6 +98,12 @@ class AnalyzedWindow:
     host_signals: dict[str, Any] | None = None
     """Rank 0's host signals over the window (``collect.host_signals``): load, CPU steal,
     throttling, its process's CPU per wall second; None when not read."""
+    lead_share: float = MIN_LEAD_SHARE
+    """The least share of the step by which one rank must lead a stage below the top one for
+    the window line to name it and send the profiler there
+    (``block_lead.steady_lead_below_top``): the router's ``min_share`` when a router takes the
+    windows (``collect.base.Consumers``), so that the line names no lead the router would not
+    capture."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -111,6 +117,7 @@ class AnalyzedWindow:
             record["host_signals"] = self.host_signals
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
+        record["lead_share"] = self.lead_share
         reading = self.communication
         if reading is not None:
             record["communication"] = {**reading.to_dict(), "slow": self.slow_collective}
