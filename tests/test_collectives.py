@@ -430,7 +430,7 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     assert text.startswith("+") and text.endswith(
         "vs windows 0-2: rank 1 late into model.backward_cpu_wall's last bucket"
     ), text
-    decision = regression_decision(analyzed)
+    decision, _ = regression_decision(analyzed)
     assert decision is not None and decision.suspect_rank == 1, decision
     gathered = {**regression["late"], "family": "all_gather", "bucket": 0}  # as under FSDP2
     assert regression_text({**regression, "late": gathered}).endswith(

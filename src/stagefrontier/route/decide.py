@@ -56,7 +56,7 @@ from ..analysis.block_lead import (
 from ..analysis.collectives import CollectiveReading, collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
-from ..analysis.noise import mean_excess
+from ..analysis.noise import Difference, mean_excess
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..render.loader_text import block_lead_text
@@ -179,13 +179,8 @@ def decide(
         others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
         reference = others[(len(others) - 1) // 2][1]
         chosen = f"the median total time in {stage} among the other ranks"
-        lead = (
-            window.d[:, ranks.index(suspect), columns]
-            - window.d[:, ranks.index(reference), columns]
-        )
         burst = block.size if block is not None else 1
-        per_step = block_sums(lead.sum(axis=1), burst) / burst
-        excess = mean_excess(per_step, min_share * report.exposed_s / n, noise_factor)
+        excess = lead_excess(window, stage, (suspect, reference), burst, min_share, noise_factor)
         if not excess.stands_out:
             return None, (
                 f"rank {suspect} exceeds reference rank {reference} in {stage} by "
@@ -205,6 +200,25 @@ def decide(
     index = window.merged.reference.window
     burst = block.size if block is not None else 1
     return Decision(stage, suspect, reference, share, index, reasons, role, burst), ""
+
+
+def lead_excess(
+    window: AnalyzedWindow,
+    stage: str,
+    pair: tuple[int, int],
+    burst: int,
+    min_share: float,
+    noise_factor: float,
+) -> Difference:
+    """How far the suspect's time in the broad ``stage`` exceeds the reference's (``pair``),
+    per step over the window's steps (over blocks of ``burst`` steps, per step), against the
+    material floor (``min_share`` of the mean step) and ``noise_factor`` standard errors."""
+    report, ranks = window.report, [w.rank for w in window.merged.ranks]
+    columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
+    suspect, reference = (ranks.index(rank) for rank in pair)
+    lead = window.d[:, suspect, columns] - window.d[:, reference, columns]
+    per_step = block_sums(lead.sum(axis=1), burst) / burst
+    return mean_excess(per_step, min_share * report.exposed_s / report.n_steps, noise_factor)
 
 
 def late_rank_decision(
@@ -281,36 +295,56 @@ def start_margin(step_s: float, poll_s: float) -> int:
     return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2
 
 
-def regression_decision(window: AnalyzedWindow) -> Decision | None:
+def regression_decision(
+    window: AnalyzedWindow, *, min_share: float = MIN_SHARE, noise_factor: float = NOISE_FACTOR
+) -> tuple[Decision | None, str]:
     """The capture for a window that regressed against the run's healthy baseline (None when
-    it did not, or when no trace of one rank against another can show the cause): the regression
-    must be localized to a stage (not a slowdown of the whole job) and to some ranks (not every
-    rank alike), so that a rank that did not grow can be the reference. The suspect is the rank
-    that grew most; the reference the rank that grew least."""
+    it did not, or when no trace of one rank against another can show the cause, with why): the
+    regression must be localized to a stage (not a slowdown of the whole job) and to some ranks
+    (not every rank alike), so that a rank that did not grow can be the reference. The suspect
+    is the rank that grew most; the reference the rank that grew least. Unless the timed
+    collectives name the suspect late (the others then wait for it inside the same stage), its
+    time in the stage must exceed the reference's by a material share of the step and above
+    the window's noise, as a window's lead must (``lead_excess``): a busy machine slows the
+    ranks unevenly, and one rank's few milliseconds more in a stage are no stall."""
     regression = window.regression
     if not regression or regression.get("kind") == WHOLE_JOB:
-        return None
+        return None, ""
     late = regression.get("late")  # the timed collectives name the rank the others wait for
     if regression["all_ranks"] and not late:
-        return None
+        return None, "every rank grew alike"
     stage = regression["top_stage"]
     deltas = {int(rank): float(ms) for rank, ms in regression["rank_delta_ms_per_step"].items()}
     grown = [int(late["rank"])] if late else [int(rank) for rank in regression["ranks"]]
     healthy = [rank for rank in sorted(deltas, key=lambda r: deltas[r]) if rank not in grown]
     if not grown or not healthy:
-        return None
+        return None, "no rank that did not grow to compare with"
     suspect, reference = grown[0], healthy[0]
+    broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
+    if not late and window.summary is None:
+        report = window.report
+        block = loader_block_lead(
+            window.merged.ranks, window.d, report.stages, broad, suspect, report.gates
+        )
+        burst = block.size if block is not None else 1
+        pair = (suspect, reference)
+        excess = lead_excess(window, broad, pair, burst, min_share, noise_factor)
+        if not excess.stands_out:
+            return None, (
+                f"the regression's rank {suspect} exceeds rank {reference} in {broad} by "
+                f"{excess.shift_s * 1e3:.1f} ms/step, {excess.shortfall()}"
+            )
     first, last = regression["baseline_windows"]
     reasons = (
         f"window slower than windows {first}-{last} by "
-        f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, most of it in {stage} "
-        f"({regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step)",
+        f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, of which {stage} "
+        f"{regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step",
         f"rank {suspect} arrives late into {late['stage']}'s bucket {late['bucket']}, the others "
         "timed waiting for it there"
         if late
         else f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, math.nan):.1f} ms/step",
         f"reference rank {reference}: the rank whose {stage} grew least in this window",
     )
-    broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
     share = window.report.semantic_shares.get(broad, float("nan"))
-    return Decision(broad, suspect, reference, share, window.merged.reference.window, reasons)
+    index = window.merged.reference.window
+    return Decision(broad, suspect, reference, share, index, reasons), ""

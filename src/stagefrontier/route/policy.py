@@ -104,8 +104,11 @@ class CapturePolicy:
         )
         if decision is not None:
             return Plan(decision, "window", [decision.suspect_rank, decision.reference_rank])
-        regressed = regression_decision(window)
+        regressed, refused = regression_decision(
+            window, min_share=self.config.min_share, noise_factor=self.config.noise_factor
+        )
         if regressed is None:
+            why = "; ".join(x for x in (why, refused) if x)
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
             return None
         return self._regression(regressed, window.regression or {})
