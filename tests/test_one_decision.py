@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from stagefrontier import Gates, analyze
+from stagefrontier.analysis.block_lead import LeadTest
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
@@ -258,7 +259,8 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
     last rank changes step by step. A router with ``min_share=0.2`` does not capture that
     lead; the window line, written before the router takes the window, said "Next: profile
     data loading (data.next_wait) on rank 2" all the same (it judged the lead against the
-    default tenth of the step). The router's share now travels with the window to the sinks."""
+    default tenth of the step). The router's lead test now travels with the window to the
+    sinks, and the record states the lead it judged."""
     d = _data_wait_under_a_shared_backward()
     d[:, STALL, 0] -= 0.040
     d[:, [0, 1, 3], 2] -= 0.040
@@ -270,12 +272,14 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
         lines = _Lines()
         consumers = Consumers()
         taken: list[AnalyzedWindow] = []
-        consumers.register(SimpleNamespace(take=taken.append), lead_share=share)
+        test = None if share is None else LeadTest(min_share=share)
+        consumers.register(SimpleNamespace(take=taken.append), lead_test=test)
         publish([lines], consumers, window)
         (line,) = lines.lines
         said = "Next: profile data loading (data.next_wait) on rank 2"
         assert (said in line) is named, (share, line)
-        assert taken[0].record["lead_share"] == (share or MIN_SHARE)
+        stated = {"stage": STAGES[0], "rank": STALL} if named else None
+        assert taken[0].record["lead_below_top"] == stated
         assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
         facts = check_window_meta(taken[0].record)  # and offline, from the stored record
         assert (said in window_headline(window.report, facts)) is named

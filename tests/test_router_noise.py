@@ -20,7 +20,8 @@ from stagefrontier import ProfilerRouter
 from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.formats.packet import read_packet
-from stagefrontier.route.decide import regression_decision
+from stagefrontier.render.verdict import verdict
+from stagefrontier.route.decide import decide, regression_decision
 from stagefrontier.route.policy import CapturePolicy
 from stagefrontier.window.merged import AnalyzedWindow, merge_windows
 from stagefrontier.window.rank import RankWindow
@@ -55,6 +56,20 @@ def _replayed() -> list[AnalyzedWindow]:
             )
         windows.append(live.analyze(merge_windows(rank_windows, ranks)))
     return windows
+
+
+def test_the_window_line_names_no_lead_below_the_top_that_the_router_refuses() -> None:
+    """Window 0 (the DataLoader workers starting): backward on top with no steady leader, and
+    rank 2 ahead in the data wait by 19 ms/step at the frontier, more than a tenth of the
+    143 ms step. The router refused it (rank 2 waits only 9.9 ms/step longer than rank 3, the
+    rank of median data wait: under the material floor of 14.3 ms), while the line said
+    "Next: profile data loading (data.next_wait) on rank 2". One judgment now serves both."""
+    window = _replayed()[0]
+    decision, why = decide(window)
+    assert decision is None and window.lead_below_top is None, why
+    line = verdict(window.report, window.record)
+    assert window.record["lead_below_top"] is None
+    assert "on rank 2" not in line and "Next: profile backward" in line, line
 
 
 def test_a_regression_placed_on_a_rank_by_noise_captures_nothing() -> None:

@@ -7,12 +7,12 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 ``max_switch_rate``, and its lag over the median rank grows within the stage by at least
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
 nothing). When the top stage has no such leader, the largest other stage of the routing set
-that has one is routed instead (``block_lead.steady_lead_below_top``, which the window line
-names too): one rank's data wait in every accumulation microstep, beside a backward pass
-whose lead passes between ranks. The suspect rank is that leader; the reference rank is the
-rank whose total time in the stage is the median of the other ranks (under hierarchical
-collection, where rank 0 has no rank columns, the typical rank the node parts carry:
-``typical_reference``).
+that has one by a lead that matters and stands above the noise is routed instead
+(``block_lead.routed_lead_below_top``, the judgment the window line states): one rank's data
+wait in every accumulation microstep, beside a backward pass whose lead passes between ranks.
+The suspect rank is that leader; the reference rank is the rank whose total time in the stage
+is the median of the other ranks (under hierarchical collection, where rank 0 has no rank
+columns, the typical rank the node parts carry: ``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
@@ -48,15 +48,16 @@ import numpy as np
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.block_lead import (
+    LEAD_NOISE_FACTOR,
     MIN_LEAD_SHARE,
-    block_sums,
-    steady_lead_below_top,
+    LeadTest,
+    median_reference,
+    routed_lead_below_top,
     unsteady_lead,
 )
 from ..analysis.collectives import CollectiveReading, collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
-from ..analysis.noise import Difference, mean_excess
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..render.loader_text import block_lead_text
@@ -72,7 +73,7 @@ UNKNOWN_STEP_S = 0.1
 MIN_SHARE = MIN_LEAD_SHARE
 """The least share of the step by which a suspect's time in the stage must exceed its
 reference's (``ProfilerRouter.min_share``)."""
-NOISE_FACTOR = 4.0
+NOISE_FACTOR = LEAD_NOISE_FACTOR
 """Standard errors of the mean per-step difference it must clear
 (``ProfilerRouter.noise_factor``)."""
 
@@ -165,22 +166,23 @@ def decide(
         blocked = (block_lead_text(block),)
     elif block is not None:
         blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
-    below = steady_lead_below_top(report, min_share) if why else None
+    test = LeadTest(min_share, noise_factor)
+    d = window.d[:, positions] if window.summary is None else None
+    ids = [ranks[i] for i in positions]
+    below = routed_lead_below_top(report, d, ids, test) if why else None
     if below is not None:  # the top stage's lead passes between ranks; one leads this one
         blocked = (f"{stage}, on top, has no steady leader ({why})",)
-        stage, why = below, ""
-        loc, share = report.semantic_localization[below], report.semantic_shares[below]
+        stage, why = below[0], ""
+        loc, share = report.semantic_localization[stage], report.semantic_shares[stage]
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
         return None, "; ".join(x for x in (late_why, why) if x)
-    if window.summary is None:
-        columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
-        totals = window.d[:, :, columns].sum(axis=(0, 2))
-        others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
-        reference = others[(len(others) - 1) // 2][1]
+    if d is not None:
+        reference = median_reference(d, report.stages, ids, stage, suspect)
         chosen = f"the median total time in {stage} among the other ranks"
         burst = block.size if block is not None else 1
-        excess = lead_excess(window, stage, (suspect, reference), burst, min_share, noise_factor)
+        pair, step_s = (suspect, reference), report.exposed_s / n
+        excess = test.excess(d, report.stages, ids, stage, pair, burst, step_s)
         if not excess.stands_out:
             return None, (
                 f"rank {suspect} exceeds reference rank {reference} in {stage} by "
@@ -200,25 +202,6 @@ def decide(
     index = window.merged.reference.window
     burst = block.size if block is not None else 1
     return Decision(stage, suspect, reference, share, index, reasons, role, burst), ""
-
-
-def lead_excess(
-    window: AnalyzedWindow,
-    stage: str,
-    pair: tuple[int, int],
-    burst: int,
-    min_share: float,
-    noise_factor: float,
-) -> Difference:
-    """How far the suspect's time in the broad ``stage`` exceeds the reference's (``pair``),
-    per step over the window's steps (over blocks of ``burst`` steps, per step), against the
-    material floor (``min_share`` of the mean step) and ``noise_factor`` standard errors."""
-    report, ranks = window.report, [w.rank for w in window.merged.ranks]
-    columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
-    suspect, reference = (ranks.index(rank) for rank in pair)
-    lead = window.d[:, suspect, columns] - window.d[:, reference, columns]
-    per_step = block_sums(lead.sum(axis=1), burst) / burst
-    return mean_excess(per_step, min_share * report.exposed_s / report.n_steps, noise_factor)
 
 
 def late_rank_decision(
@@ -305,7 +288,7 @@ def regression_decision(
     is the rank that grew most; the reference the rank that grew least. Unless the timed
     collectives name the suspect late (the others then wait for it inside the same stage), its
     time in the stage must exceed the reference's by a material share of the step and above
-    the window's noise, as a window's lead must (``lead_excess``): a busy machine slows the
+    the window's noise, as a window's lead must (``LeadTest``): a busy machine slows the
     ranks unevenly, and one rank's few milliseconds more in a stage are no stall."""
     regression = window.regression
     if not regression or regression.get("kind") == WHOLE_JOB:
@@ -327,8 +310,10 @@ def regression_decision(
             window.merged.ranks, window.d, report.stages, broad, suspect, report.gates
         )
         burst = block.size if block is not None else 1
-        pair = (suspect, reference)
-        excess = lead_excess(window, broad, pair, burst, min_share, noise_factor)
+        ids, pair = [w.rank for w in window.merged.ranks], (suspect, reference)
+        step_s = report.exposed_s / report.n_steps
+        test = LeadTest(min_share, noise_factor)
+        excess = test.excess(window.d, report.stages, ids, broad, pair, burst, step_s)
         if not excess.stands_out:
             return None, (
                 f"the regression's rank {suspect} exceeds rank {reference} in {broad} by "
