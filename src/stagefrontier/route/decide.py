@@ -231,10 +231,7 @@ def late_rank_decision(
             f"rank {suspect} arrives late into {late.stage} in this window but was not late "
             "into it in the window before (a late rank is captured two windows in a row)"
         )
-    columns = [i for i, name in enumerate(window.report.stages) if semantic_stage(name) == stage]
-    totals = window.d[:, :, columns].sum(axis=(0, 2))
-    others = sorted((float(totals[i]), r) for i, r in enumerate(ranks) if r != suspect)
-    reference = others[(len(others) - 1) // 2][1]
+    reference = median_reference(window.d, window.report.stages, ranks, stage, suspect)
     reasons = (
         f"{stage} {share:.0%} of exposed time",
         f"rank {suspect} arrives at {collective_name(late.family, late.bucket)} in "
