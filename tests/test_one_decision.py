@@ -23,10 +23,12 @@ from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import verdict as verdict_of_window
-from stagefrontier.route.confirm import Confirmation, _weak_lead
+from stagefrontier.route.confirm import Confirmation, LiveWindow, _weak_lead
 from stagefrontier.route.decide import MIN_SHARE, decide
+from stagefrontier.route.incident_writer import capture_cost
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
+from stagefrontier.route.requests import CaptureRequest
 from stagefrontier.window.loader import loader_block_lead
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
@@ -283,6 +285,26 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
         assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
         facts = check_window_meta(taken[0].record)  # and offline, from the stored record
         assert (said in window_headline(window.report, facts)) is named
+
+
+def test_the_capture_is_compared_with_the_mean_step_of_the_same_regime() -> None:
+    """Rank 2's two DataLoader workers put a 300 ms wait on every other step of a 40 ms step,
+    before, during and after a capture of steps 26-30 that changes nothing. The incident said
+    "step time during capture: 182.3 ms, outside it 92.8 ms" (the captured steps' mean against
+    the others' median, which the bursts halve), as if the capture had doubled the step; both
+    are means now, as the window line's ms/step is."""
+    d = np.full((40, len(RANKS), len(STAGES)), 0.040 / len(STAGES))
+    d[::2, STALL, 0] += 0.300
+    live = [
+        LiveWindow(20 * w, tuple(RANKS), d[20 * w : 20 * w + 20], tuple(STAGES)) for w in (0, 1)
+    ]
+    request = CaptureRequest("w00000", (STALL, 0), 26, 5)
+    incident = new_incident("w00000", "window")
+    capture_cost(incident, request, live, since=0)
+    during, outside = incident["capture_step_ms"], incident["baseline_step_ms"]
+    assert during == pytest.approx(40 + 150 * 3 / 5, abs=1e-3)  # three of five steps wait
+    assert outside == pytest.approx(40 + 150 * 17 / 35, abs=1e-3)  # 17 of the other 35 wait
+    assert incident["baseline_steps"] == [0, 39]
 
 
 def _captured(lead_ms: list[float]) -> ReducedTrace:
