@@ -143,7 +143,7 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     any rank spent per part: hot path 0.1 ms, ...)`` when what the collection costs exceeds
     :data:`SELF_COST_LINE_FRACTION` of the step time, else empty. The profiler router's CPU is
     left out: an incident's capture and reduction is a one-off, said once in the incident's own
-    line (``render.incident.router_cost_text``)."""
+    line (``render.incident.capture_cost_text``)."""
     cost = self_cost(record)
     if cost is None or not cost.fraction > SELF_COST_LINE_FRACTION:
         return ""
