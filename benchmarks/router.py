@@ -44,7 +44,7 @@ from typing import Any
 
 from harness_common import command_line, load_text, result_header, script_parser, write_result
 from stagefrontier.demo import DemoConfig, launch, parse_fault
-from stagefrontier.render.incident import summary_line
+from stagefrontier.render.incident import summary_line, verdict
 from stagefrontier.route import list_incidents
 
 WARMUP_STEPS = 2
@@ -239,7 +239,7 @@ def render(
         "|---|---:|",
         f"| incident | {incident['id']}: {incident['stage']} on rank {incident['leader_rank']}, "
         f"reference rank {incident['reference_rank']}, steps {first}-{last}, "
-        f"{'confirmed' if incident['confirmed'] else incident['confirmed']} |",
+        f"{verdict(incident)} |",
         f"| job step time during the capture (mean of {last - first + 1} steps) | "
         f"{result['during_ms']:.1f} ms |",
         f"| job step time outside it (median, steps {WARMUP_STEPS}+) | "
