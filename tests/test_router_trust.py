@@ -136,6 +136,23 @@ def test_the_incident_line_states_the_jobs_total_cost_of_the_capture(job: RaceJo
         assert f"the capture cost the job {total:.2f} s in all: " in line, line
 
 
+def test_a_capture_without_a_stage_names_the_stage_its_lead_was_judged_in(job: RaceJob) -> None:
+    """Before: a manual capture names no stage, and its unconfirmed verdict read "rank 0's lead
+    over rank 1 in None is under the material share of the step". The lead is judged in the
+    trace's top stage, and the verdict names it."""
+    incidents = settled_incidents(job.out_dir)
+    # the first capture is asked for at the job's first steps, before any window is analyzed
+    assert any(incident["stage"] is None for incident in incidents), incidents
+    for incident in incidents:
+        line = summary_line(incident)
+        assert " in None " not in line, line
+        if "is under the material share of the step" in line:
+            judged = incident["stage"] or max(
+                incident["trace_shares"], key=incident["trace_shares"].__getitem__
+            )
+            assert f"in {judged} is under" in line, line
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 def test_the_incident_figures_are_drawn_after_the_run_by_a_process_of_their_own(
     job: RaceJob,

@@ -57,7 +57,7 @@ def _why_not(incident: dict[str, Any], top: str) -> str:
         return f"a stage's share in the trace differs from the live steps' by {diff}"
     return (
         f"in the trace rank {incident['leader_rank']}'s lead over rank "
-        f"{incident['reference_rank']} in {stage} is under the material share of the step"
+        f"{incident['reference_rank']} in {stage or top} is under the material share of the step"
     )
 
 
