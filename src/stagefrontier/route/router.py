@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.block_lead import LeadTest
 from ..analysis.gates import Gates
 from ..collect.base import Consumers
 from ..collect.hierarchical import NodeLeader
@@ -232,7 +233,8 @@ class RouterRuntime:
         )
         consumers = getattr(collector, "consumers", None)
         if isinstance(consumers, Consumers):
-            consumers.register(self.coordinator)
+            test = LeadTest(self.config.min_share, self.config.noise_factor)
+            consumers.register(self.coordinator, lead_test=test)
         else:
             logger.warning("stagefrontier: this collector hands no windows on; the router is idle")
 
