@@ -149,10 +149,6 @@ def incident_flow(work: Path) -> set[str]:
 FLOWS = {"a window": window_flow, "an incident": incident_flow}
 
 
-def doc_text() -> str:
-    return ARCHITECTURE.read_text(encoding="utf-8")
-
-
 def loaded_by(flow: str) -> int:
     """How many modules of the package a fresh process running only ``flow`` loads."""
     command = [sys.executable, __file__, "--loaded", flow]
@@ -174,7 +170,8 @@ def main() -> None:
         flows = {name: flow(Path(work)) for name, flow in FLOWS.items()}
     loaded = {name: loaded_by(name) for name in FLOWS}
     loads.append(load_text())
-    drawn = {name: drawn_modules(lines) for name, lines in flows_from_doc(doc_text()).items()}
+    drawings = flows_from_doc(ARCHITECTURE.read_text(encoding="utf-8"))
+    drawn = {name: drawn_modules(lines) for name, lines in drawings.items()}
     rows = []
     for name, seen in flows.items():
         floors = sorted({m.split("/", 1)[0] for m in seen if "/" in m})
