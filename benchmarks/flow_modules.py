@@ -16,10 +16,11 @@ c10d ``TCPStore``, so that the timer collects through the store as a distributed
 
 Beside the modules each flow runs: the modules ``docs/ARCHITECTURE.md`` draws on the flow's
 path (``drawn_flows``), how many of them ran, and the drawn ones that did not run here, by
-name; and the modules the flow loads: the same flow alone in a fresh process (the script run
-again with ``--loaded FLOW``), every module of ``stagefrontier`` that the process imported by
-its end, the flow's own imports from the package's top included. Counts, not times: the load
-average is recorded only as the run's setting.
+name; of the modules an incident runs, those a window's flow does not; and the modules the
+flow loads: the same flow alone in a fresh process (the script run again with ``--loaded
+FLOW``), every module of ``stagefrontier`` that the process imported by its end, the flow's
+own imports from the package's top included. Counts, not times: the load average is recorded
+only as the run's setting.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def incident_flow(work: Path) -> set[str]:
     return called.seen
 
 
-FLOWS = {"a window": window_flow, "an incident": incident_flow}
+WINDOW = "a window"
+FLOWS = {WINDOW: window_flow, "an incident": incident_flow}
 
 
 def loaded_by(flow: str) -> int:
@@ -177,12 +179,13 @@ def main() -> None:
         floors = sorted({m.split("/", 1)[0] for m in seen if "/" in m})
         analysis = len([m for m in seen if m.startswith("analysis/")])
         ran = [m for m in drawn[name] if seen.intersection(alternatives(m))]
-        row = (len(drawn[name]), len(ran), len(seen), analysis, ", ".join(floors), loaded[name])
-        rows.append((name, *row))
+        own = "-" if name == WINDOW else len(seen - flows[WINDOW])
+        row = (len(drawn[name]), len(ran), len(seen), own, analysis, ", ".join(floors))
+        rows.append((name, *row, loaded[name]))
     lines = result_header("The modules each flow runs", command_line())
     lines += [f"- Load average (1/5/15 min) at start: {loads[0]}; at end: {loads[1]}", ""]
-    header = ["flow", "modules drawn", "of them run", "modules run", "of them analysis/"]
-    lines += table([*header, "packages", "modules loaded"], rows)
+    header = ["flow", "modules drawn", "of them run", "modules run", "not in a window's"]
+    lines += table([*header, "of them analysis/", "packages", "modules loaded"], rows)
     for name, seen in flows.items():
         absent = [m for m in drawn[name] if not seen.intersection(alternatives(m))]
         lines += ["", f"The flow of {name}, drawn: " + ", ".join(f"`{m}`" for m in drawn[name])]
