@@ -23,6 +23,7 @@ from ..analysis.block_lead import (
     LeadTest,
     routed_lead_below_top,
 )
+from ..analysis.collective_summary import CollectiveSummary, read_collective_summary
 from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
 from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
@@ -100,6 +101,9 @@ class AnalyzedWindow:
     slow_collective: dict[str, Any] | None = None
     """Set on rank 0 when a collective every rank reached together took much longer than in
     the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
+    collective_summary: CollectiveSummary | None = None
+    """Under hierarchical collection, the node parts' timed collectives combined, from which
+    ``communication`` is read (``analysis.collective_summary``)."""
     host_signals: dict[str, Any] | None = None
     """Rank 0's host signals over the window (``collect.host_signals``): load, CPU steal,
     throttling, its process's CPU per wall second; None when not read."""
@@ -171,7 +175,13 @@ class AnalyzedWindow:
     @cached_property
     def communication(self) -> CommunicationReading | None:
         """The clock-free reading of the collectives the ranks timed (``analysis.collectives``),
-        or None when no rank watched any."""
+        or None when no rank watched any. Under hierarchical collection it is read from the
+        node summaries, the threshold from the mean step (the median over every rank's steps
+        flat)."""
+        if self.collective_summary is not None and self.summary is not None:
+            summary = self.summary
+            step_ms = 1e3 * summary.rank_total_sum_s / max(summary.n_ranks * summary.n_steps, 1)
+            return read_collective_summary(self.collective_summary, summary.n_ranks, step_ms)
         times = self.side.collectives
         if times is None:
             return None
