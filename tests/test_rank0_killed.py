@@ -60,7 +60,8 @@ def _rank0(folder: Path, port: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _rank1(folder: Path, port: int) -> None:
+def _kept_warnings() -> list[str]:
+    """The library's WARNING lines this process logs from now on."""
     warnings: list[str] = []
 
     class Keep(logging.Handler):
@@ -68,6 +69,11 @@ def _rank1(folder: Path, port: int) -> None:
             warnings.append(record.getMessage())
 
     logging.getLogger("stagefrontier").addHandler(Keep(logging.WARNING))
+    return warnings
+
+
+def _rank1(folder: Path, port: int) -> None:
+    warnings = _kept_warnings()
     timer = _timer(1, folder, port)
     deadline = time.monotonic() + DEADLINE_S / 2
     while not any(GONE in w for w in warnings) and time.monotonic() < deadline:
@@ -143,13 +149,7 @@ def _late_rank0(folder: Path, port: int) -> None:
 def _rank1_before_rank0(folder: Path, port: int) -> None:
     from stagefrontier.collect.rank0_watch import SILENT_MARGIN_S
 
-    warnings: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage())
-
-    logging.getLogger("stagefrontier").addHandler(Keep(logging.WARNING))
+    warnings = _kept_warnings()
     timer = _timer(1, folder, port)
     alone_until = time.monotonic() + 2 * TIMEOUT_S + SILENT_MARGIN_S + 1
     while time.monotonic() < alone_until:  # past the silence a dead rank 0 is judged by
