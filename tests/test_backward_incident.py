@@ -12,8 +12,9 @@ asserts a duration.
 
 The delay is large against the scheduling noise of the ranks' arrival at the all-reduce: at load
 60-70 on this 2-core machine, with 420-775 ms steps, a 100 ms delay left rank 1 late in too few
-steps to name it. Windows of 10 steps keep the run short: three of its five windows run the
-delay.
+steps to name it. Windows of 10 steps keep the run short: four of its six windows run the delay.
+The router captures a late rank once it was late two windows in a row (``route.decide``), so the
+capture runs in the fifth window and the sixth covers any start margin.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = launch(
         DemoConfig(
             ranks=4,
-            steps=50,
+            steps=60,
             window=10,
             faults=(parse_fault("backward_compute@1:400ms,from=20"),),
             out_dir=str(tmp_path_factory.mktemp("backward") / "run"),
@@ -47,7 +48,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             router=True,
             router_timeout_s=20.0,
         ),
-        deadline_s=540.0,  # 50 steps of four spawned ranks on a 2-core machine at any load
+        deadline_s=600.0,  # 60 steps of four spawned ranks on a 2-core machine at any load
     )
     return Path(run.out_dir)
 
@@ -80,7 +81,7 @@ def test_the_report_names_the_late_rank_as_the_window_line_does(
     assert main(["report", str(run_dir)]) == 0
     table = capsys.readouterr().out.split("Per window", 1)[1].split("\n\n", 1)[0]
     late = [line for line in table.splitlines() if "rank 1 late into its last bucket" in line]
-    assert len(late) >= 2, table  # windows 2-4, each all after the fault began
+    assert len(late) >= 2, table  # windows 2-5, each all after the fault began
     assert not any("no single leader" in line for line in late), table
     page = run_dir / "report.html"
     assert main(["report", str(run_dir), "--html", str(page)]) == 0

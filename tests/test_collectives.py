@@ -25,6 +25,7 @@ pytest.importorskip("torch")
 
 from rank_support import run_job, torchrun_command
 from recorder_support import read_records
+from stagefrontier import ProfilerRouter
 from stagefrontier.analysis.collectives import (
     LATE_MIN_MS,
     CollectiveBaseline,
@@ -42,6 +43,7 @@ from stagefrontier.render.headline import window_headline
 from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
+from stagefrontier.route.policy import CapturePolicy
 from stagefrontier.window.merged import analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
 
@@ -422,17 +424,38 @@ def _windows(index: int, backward_ms: float, late: int | None) -> list[RankWindo
     return out
 
 
-def test_the_router_captures_the_late_rank_the_collectives_name() -> None:
+def _considered(lates: list[int | None]) -> list[Any]:
+    """Rank 0's router policy over consecutive windows whose backward ``late`` reaches last
+    (None: no rank late), as the coordinator hands them on: the plan of each."""
+    policy = CapturePolicy(ProfilerRouter(cooldown_windows=0))
+    plans = []
+    for index, late in enumerate(lates):
+        window = analyze_merged(merge_windows(_windows(index, 120.0, late=late), RANKS))
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    return plans
+
+
+def test_the_router_captures_the_late_rank_the_collectives_name_two_windows_in_a_row() -> None:
     """Every rank's backward is as long (the others wait inside it), so only the collectives
-    say who is late: the capture names rank 1 and a reference among the others."""
-    analyzed = analyze_merged(merge_windows(_windows(0, 120.0, late=1), RANKS))
-    decision, why = decide(analyzed)
-    assert decision is not None, why
+    say who is late: the capture names rank 1 and a reference among the others, once rank 1
+    was late in two windows in a row. One window alone is noise on a busy machine (a healthy
+    window beside CPU burners named a rank 53 ms/step late and opened an incident): before,
+    the first late window opened it."""
+    first, second = _considered([1, 1])
+    assert first is None
+    assert second is not None and second.trigger == "window", second
+    decision = second.decision
     assert decision.suspect_rank == 1 and decision.reference_rank != 1, decision
-    assert decision.stage == "model.backward_cpu_wall"
+    assert decision.stage == "model.backward_cpu_wall" and decision.window == 1
     assert "rank 1 arrives at" in decision.reasons[1] and "after the others" in decision.reasons[1]
+    assert "two windows in a row" in decision.reasons[2], decision.reasons
     healthy = analyze_merged(merge_windows(_windows(0, 120.0, late=None), RANKS))
     assert healthy.communication is not None and healthy.communication.late is None
+    # Late after a healthy window, or after another rank was late: nothing yet.
+    assert _considered([None, 1, None, 2, 1]) == [None] * 5
+    _, why = decide(analyze_merged(merge_windows(_windows(1, 120.0, late=1), RANKS)))
+    assert "rank 1 arrives late into model.backward_cpu_wall in this window but" in why, why
 
 
 def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
@@ -450,7 +473,7 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     assert text.startswith("+") and text.endswith(
         "vs windows 0-2: rank 1 late into model.backward_cpu_wall's last bucket"
     ), text
-    decision = regression_decision(analyzed)
+    decision, _ = regression_decision(analyzed)
     assert decision is not None and decision.suspect_rank == 1, decision
     gathered = {**regression["late"], "family": "all_gather", "bucket": 0}  # as under FSDP2
     assert regression_text({**regression, "late": gathered}).endswith(

@@ -30,6 +30,9 @@ from stagefrontier.route.opdiff import stage_op_times
 from trace_support import manual_incident, thread_trace
 
 DATA = "data.next_wait"
+OPEN_DEADLINE_S = 120.0
+"""How long a test waits for the router thread to open a requested incident (it polls every
+50 ms; a busy machine may leave the thread unscheduled for seconds)."""
 FWD = "model.fwd_loss_cpu_wall"
 
 
@@ -203,7 +206,14 @@ def test_a_capture_scheduled_after_the_last_step_says_training_ended_first(
     )
     _loop(timer, "prefetch", 5)
     router.request_capture([0])
-    time.sleep(0.5)  # the request is written; its first step is never reached
+    # Close once the router thread opened the incident (its request written: a capture
+    # counted), never before: a closing router serves no new request. Its first step is
+    # never reached. (A fixed half-second sleep let a busy machine close first.)
+    coordinator = router._attached.runtime.coordinator  # type: ignore[union-attr]
+    end = time.monotonic() + OPEN_DEADLINE_S
+    while coordinator.captures < 1:
+        assert time.monotonic() < end, "the router thread never opened the incident"
+        time.sleep(0.01)
     timer.close()
     incident = read_incident(manual_incident(tmp_path))
     assert not incident["captured"]

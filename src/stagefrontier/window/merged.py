@@ -17,7 +17,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
-from ..analysis.block_lead import BlockLead
+from ..analysis.block_lead import (
+    DEFAULT_LEAD_TEST,
+    BlockLead,
+    LeadTest,
+    routed_lead_below_top,
+)
 from ..analysis.collective_summary import CollectiveSummary, read_collective_summary
 from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
 from ..analysis.gates import DEFAULT_GATES, Gates
@@ -102,6 +107,11 @@ class AnalyzedWindow:
     host_signals: dict[str, Any] | None = None
     """Rank 0's host signals over the window (``collect.host_signals``): load, CPU steal,
     throttling, its process's CPU per wall second; None when not read."""
+    lead_test: LeadTest = DEFAULT_LEAD_TEST
+    """When one rank's lead in a stage below the top one is named (``lead_below_top``): the
+    profiler router's ``min_share`` and ``noise_factor`` when a router takes the windows
+    (``collect.base.Consumers``), so that the line names no lead the router would not
+    capture."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -115,6 +125,8 @@ class AnalyzedWindow:
             record["host_signals"] = self.host_signals
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
+        below = self.lead_below_top
+        record["lead_below_top"] = None if below is None else {"stage": below[0], "rank": below[1]}
         reading = self.communication
         if reading is not None:
             record["communication"] = {**reading.to_dict(), "slow": self.slow_collective}
@@ -145,6 +157,19 @@ class AnalyzedWindow:
         leader = report.semantic_localization[top].leader_rank
         return loader_block_lead(
             self.merged.ranks, self.d, report.stages, top, leader, report.gates
+        )
+
+    @cached_property
+    def lead_below_top(self) -> tuple[str, int] | None:
+        """The stage below the top one that one rank leads steadily, materially and above the
+        noise, with that rank, when the top stage has no steady leader
+        (``block_lead.routed_lead_below_top`` by ``lead_test``): what the window line names and
+        the profiler router captures. None with roles or without such a lead."""
+        if self.report.role_reports or not self.report.shares_defined:
+            return None
+        d = self.d if self.summary is None else None
+        return routed_lead_below_top(
+            self.report, d, [w.rank for w in self.merged.ranks], self.lead_test
         )
 
     @cached_property
