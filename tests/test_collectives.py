@@ -345,6 +345,25 @@ def test_a_rank_late_in_every_step_is_named_though_the_others_arrive_far_apart()
     assert read_collectives(calm, list(range(8)), step_ms=400.0).late is None
 
 
+def test_two_ranks_about_as_late_are_not_a_guess_at_one_of_them() -> None:
+    """A data stall on rank 2 holds rank 0 as long (DDP's forward broadcasts rank 0's buffers
+    and rank 0 waits there for rank 2): both reach backward's all-reduce ~120 ms after ranks 1
+    and 3. Neither is named (the rule before named rank 0 in most windows of such a run); rank 2
+    late alone is."""
+    rng = np.random.default_rng(3)
+    arrived = rng.normal(0.0, 5.0, (10, 4))
+    arrived[:, [0, 2]] += 120.0
+    waits = _arrivals_to_waits(arrived)
+    both = CollectiveTimes((("all_reduce", 0, "b", 0),), (64,), waits, 0 * waits)
+    assert read_collectives(both, [0, 1, 2, 3], step_ms=200.0).late is None
+    arrived[:, 0] -= 120.0
+    alone = _arrivals_to_waits(arrived)
+    late = read_collectives(
+        CollectiveTimes(both.keys, both.nbytes, alone, 0 * alone), [0, 1, 2, 3], 200.0
+    ).late
+    assert late is not None and late.late_rank == 2
+
+
 def test_a_slow_collective_is_judged_against_the_first_windows() -> None:
     base = CollectiveBaseline()
     keys, size = (("all_reduce", 3, "b", 0),), (1 << 22,)

@@ -20,8 +20,10 @@ import pytest
 pytest.importorskip("torch")
 
 from node_support import check_communication_read_as_flat
+from stagefrontier.demo import DemoConfig, parse_fault
 from stagefrontier.demo.launch import read_windows
-from stagefrontier.demo.scale_check import main
+from stagefrontier.demo.scale_check import main, small_config
+from stagefrontier.demo.torchrun import launch_nodes
 from trace_support import settled_incidents
 
 NODES, PER_NODE = 2, 2
@@ -93,3 +95,24 @@ def test_the_collectives_read_from_node_summaries_as_from_every_ranks_waits(
         named = [w["communication"]["late_rank"] for w in read_windows(tmp_path / run)]
         assert set(named) <= {2, None}, (run, named)
     check_communication_read_as_flat(tmp_path / "hierarchical", NODES * PER_NODE)
+
+
+def test_a_rank_late_alone_is_named_from_node_summaries(tmp_path: Path) -> None:
+    """A 200 ms delay inside autograd on rank 1 (node 0) makes it late alone into backward's
+    all-reduce: rank 0 names it from the node summaries, and reads each window as the flat
+    reading of the windows the node leaders kept."""
+    config = small_config(
+        DemoConfig(
+            ranks=NODES * PER_NODE,
+            steps=30,
+            window=10,
+            faults=(parse_fault("backward_compute@1:200ms"),),
+            out_dir=str(tmp_path),
+            collect="hierarchical",
+            keep_node_windows=True,
+        )
+    )
+    records = launch_nodes(config, nodes=NODES, per_node=PER_NODE)
+    named = [r["communication"]["late_rank"] for r in records]
+    assert set(named) <= {1, None} and named.count(1) >= 2, named
+    check_communication_read_as_flat(tmp_path, NODES * PER_NODE)

@@ -58,6 +58,8 @@ from .values import is_int
 
 TOP_K = 3
 """Shortest waits kept per step and collective, with their ranks."""
+DECIMALS = 4
+"""Decimal places of the milliseconds a summary is written with (a tenth of a microsecond)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,21 +80,23 @@ class CollectiveSummary:
     untimed: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able form (NaN as null), read back by ``from_dict``."""
+        """A JSON-able form (NaN as null), read back by ``from_dict``. Milliseconds are written
+        to ``DECIMALS`` places: the ranks time in whole microseconds, so sums and their medians
+        (half microseconds) keep their values."""
         sk = self.sketch
         return {
             "keys": [[*k, n] for k, n in zip(self.keys, self.nbytes, strict=True)],
             "n_ranks": self.n_ranks,
             "count": self.count.tolist(),
-            "wait_sum": self.wait_sum.tolist(),
-            "wait_max": self.wait_max.tolist(),
-            "reached_sum": self.reached_sum.tolist(),
+            "wait_sum": _nulled(self.wait_sum),
+            "wait_max": _nulled(self.wait_max),
+            "reached_sum": _nulled(self.reached_sum),
             "low_wait": _nulled(self.low_wait),
             "low_rank": self.low_rank.tolist(),
             "sketch": {
                 "growth": sk.growth,
                 "max_buckets": sk.max_buckets,
-                "lane_min": sk.lane_min.tolist(),
+                "lane_min": _nulled(sk.lane_min),
                 **{name: getattr(sk, name).tolist() for name in _SKETCH_INTS},
             },
             "untimed": list(self.untimed),
@@ -374,7 +378,7 @@ def _weighted_median(values: FloatArray, count: IntArray) -> float:
 
 
 def _nulled(values: FloatArray) -> Any:
-    out = values.astype(object)
+    out = np.round(values, DECIMALS).astype(object)
     out[np.isnan(values)] = None
     return out.tolist()
 

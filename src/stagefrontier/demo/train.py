@@ -90,6 +90,9 @@ class DemoConfig:
     """The timer's collect mode (``hierarchical`` for a job launched as nodes)."""
     keep_node_windows: bool = False
     """Under hierarchical collection, keep each node's exact windows (``CollectConfig``)."""
+    watch_collectives: bool = True
+    """Time the model's collectives (``watch_ddp``, ``watch_fsdp``, ``watch_zero``); False
+    leaves them untimed (the overhead benchmark's ``--untimed-collectives``)."""
 
     def __post_init__(self) -> None:
         if self.accumulation < 1:
@@ -185,11 +188,11 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     entered = markers / FAULT_MARKER.format(rank=rank)
     faults = FaultInjector(config.faults, rank, launched_node(rank, config.ranks), entered)
     timer, router = _make_timer(rank, config)
-    if config.sharding == "fsdp2":
+    if config.watch_collectives and config.sharding == "fsdp2":
         timer.watch_fsdp(model)  # its all-gathers and reduce-scatters timed
-    else:
+    elif config.watch_collectives:
         timer.watch_ddp(model)  # its gradient buckets timed: the late rank behind backward
-    if config.sharding == "zero1":
+    if config.watch_collectives and config.sharding == "zero1":
         timer.watch_zero(optimizer)  # its parameter broadcasts timed
     if any(f.kind == "backward_compute" for f in config.faults):
         first = next(model.parameters())  # its gradient is computed last in backward
