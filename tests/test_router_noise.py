@@ -29,27 +29,36 @@ from stagefrontier.route.policy import CapturePolicy
 from stagefrontier.window.merged import AnalyzedWindow, merge_windows
 from stagefrontier.window.rank import RankWindow
 
-PACKETS = sorted((Path(__file__).parent / "data" / "busy_ddp_windows").glob("window-*.json"))
+DATA = Path(__file__).parent / "data"
+PACKETS = sorted((DATA / "busy_ddp_windows").glob("window-*.json"))
+LEAD_PACKETS = sorted((DATA / "healthy_ddp_lead_windows").glob("window-*.json"))
+"""Windows 5 to 8 of a second healthy run of the same script beside two CPU burners (load
+average 23 to 43). In window 8 (167 ms steps) rank 2's data wait exceeded rank 3's, the rank
+of median data wait, by 17.9 ms/step, just over the 16.7 ms material floor and above the
+noise bar, and the router opened an incident there that its trace did not confirm."""
 
 
-def _replayed() -> list[AnalyzedWindow]:
+def _replayed(packets: list[Path] = PACKETS, repeats: int = 1) -> list[AnalyzedWindow]:
     """The packets' windows as rank 0's live analysis hands them to the router: each rank's
-    durations and DataLoader figures merged, analyzed and checked against the run's baseline."""
+    durations and DataLoader figures merged, analyzed and checked against the run's baseline.
+    The last packet is replayed ``repeats`` times, as that many windows in a row."""
     live = LiveAnalysis(None, RegressionConfig())
     windows = []
-    for path in PACKETS:
+    for path in packets[:-1] + [packets[-1]] * repeats:
         packet = read_packet(path)
         meta = packet.meta
         steps, ranks, _ = packet.d.shape
+        index = windows[-1].merged.reference.window + 1 if windows else meta["window"]
+        first = meta["first_step"] + (index - meta["window"]) * steps
         loaders = meta["loader_workers"]
         rank_windows = []
         for rank in range(ranks):
             durations = np.round(packet.d[:, rank, :] * 1e9).astype(np.int64)
             rank_windows.append(
                 RankWindow(
-                    window=meta["window"],
-                    first_step=meta["first_step"],
-                    last_step=meta["first_step"] + steps - 1,
+                    window=index,
+                    first_step=first,
+                    last_step=first + steps - 1,
                     rank=rank,
                     stages=packet.stages,
                     durations_ns=durations,
@@ -106,3 +115,57 @@ def test_a_regression_placed_on_a_rank_by_noise_captures_nothing() -> None:
     stalled[:, 1, windows[3].report.stages.index("data.next_wait")] += 0.2
     decision, why = regression_decision(replace(placed, d=stalled))
     assert decision is not None and (decision.suspect_rank, decision.reference_rank) == (1, 0), why
+
+
+def test_a_small_lead_in_one_window_of_a_healthy_run_opens_no_incident() -> None:
+    """Window 8 of the second healthy run: a lead that passes the lead test by little, in one
+    window alone, opened an incident before. It is now held until a second window shows it."""
+    windows = _replayed(LEAD_PACKETS)
+    assert [w.merged.reference.window for w in windows] == [5, 6, 7, 8]
+    decision, why = decide(windows[-1])
+    assert decision is not None, why  # the window's own judgment names the lead
+    assert (decision.stage, decision.suspect_rank, decision.reference_rank) == (
+        "data.next_wait",
+        2,
+        3,
+    )
+    assert decision.repeat_needed.startswith("rank 2 exceeds reference rank 3 in data.next_wait")
+    policy = CapturePolicy(ProfilerRouter())
+    for window in windows:
+        policy.remember(window)
+        assert policy.consider(window) is None, window.merged.reference.window
+
+
+def test_the_same_small_lead_two_windows_in_a_row_is_captured() -> None:
+    """Window 8's lead shown again by the next window opens an incident on the second, on
+    the same ranks, with the reason it was held for."""
+    policy = CapturePolicy(ProfilerRouter())
+    plans = []
+    for window in _replayed(LEAD_PACKETS, repeats=2):
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    assert plans[:-1] == [None] * 4
+    plan = plans[-1]
+    assert plan is not None and plan.trigger == "window" and plan.ranks == [2, 3], plan
+    assert plan.decision.window == 9
+    assert plan.decision.reasons[-1].endswith(
+        "rank 2 led data.next_wait in the window before too: two windows in a row"
+    ), plan.decision.reasons
+
+
+def test_a_large_lead_is_captured_in_its_first_window() -> None:
+    """A lead of at least twice the bar it clears acts at once: window 8 with rank 2's data
+    wait 50 ms longer every step (under a third of its step) opens an incident there."""
+    windows = _replayed(LEAD_PACKETS)
+    stalled = windows[-1].d.copy()
+    stalled[:, 2, windows[-1].report.stages.index("data.next_wait")] += 0.05
+    windows[-1] = replace(windows[-1], d=stalled)
+    decision, why = decide(windows[-1])
+    assert decision is not None and decision.repeat_needed == "", why
+    policy = CapturePolicy(ProfilerRouter())
+    for window in windows[:-1]:
+        policy.remember(window)
+        assert policy.consider(window) is None
+    policy.remember(windows[-1])
+    plan = policy.consider(windows[-1])
+    assert plan is not None and plan.ranks == [2, 3] and plan.decision.window == 8, plan

@@ -100,6 +100,10 @@ LOCALIZED_SHARE = 0.5
 """The least part of the most a stage's growth beyond its even share could be (the window's
 increase times the baseline step's share the stage did not hold) that it must reach for the
 regression to be that stage's rather than the whole job's."""
+LARGE_JUMP = 2.0
+"""How many times its threshold an increase must reach to be flagged in the first window above
+it; a smaller one is flagged only when the window before was above the threshold too (the
+profiler router holds a rank's lead in a stage to the same rule, ``route.decide``)."""
 WHOLE_JOB = "whole_job"
 STAGE = "stage"
 STEAL_SHARE = 0.05
@@ -261,9 +265,9 @@ class RegressionCheck:
         increase, threshold = self._shift(base, exposed)
         if increase <= threshold:
             return None, False
-        if filling and not (self._above and increase > 2 * threshold):
+        if filling and not (self._above and increase > LARGE_JUMP * threshold):
             return None, True  # against a baseline still filling: two large jumps in a row
-        if not self._above and increase <= 2 * threshold:
+        if not self._above and increase <= LARGE_JUMP * threshold:
             return None, True
         top = self._localize(entry, base)
         split = (

@@ -31,12 +31,20 @@ report: the role named by ``role=``, or else the one the window says bounds the 
 (``analysis.across_roles``). Its leader is the suspect and the reference is a rank of the same
 role; a window whose bounding role is open asks for no capture.
 
+A rank's lead in a stage holds to the regression check's rule that one slow window on a busy
+machine is noise, and two in a row or a large jump are news: a lead of at least ``LARGE_JUMP``
+times the bar it clears (the larger of the material floor and the noise bar) is captured at
+once; a smaller one is marked ``repeat_needed``, and the policy (``route.policy``) captures it
+only when the window before led to the same stage and suspect. A healthy DDP run beside
+CPU-burning neighbours had rank 2's data wait 17.9 ms/step above the reference's on a 167 ms
+step in one window, just over the 16.7 ms floor, and opened an incident that its trace did not
+confirm.
+
 A rank the timed collectives name late (``late_rank_decision``) is captured only when the
-window before named the same rank late in the same stage: the regression check's rule that
-one slow window on a busy machine is noise and two in a row are news. It keeps no exception
-for a large lateness, as the regression check does for a large jump: a healthy window beside
-CPU-burning neighbours named a rank 53 ms/step late on 203 ms steps, last in 11 of 20 steps,
-more than twice the lateness floor, and nothing was late in the next.
+window before named the same rank late in the same stage, by the same memory of the window
+before. It keeps no exception for a large lateness: a healthy window beside CPU-burning
+neighbours named a rank 53 ms/step late on 203 ms steps, last in 11 of 20 steps, more than
+twice the lateness floor, and nothing was late in the next.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from ..analysis.block_lead import (
 from ..analysis.collectives import CollectiveReading, collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
-from ..analysis.regression import WHOLE_JOB
+from ..analysis.regression import LARGE_JUMP, WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..render.loader_text import block_lead_text
 from ..window.loader import loader_block_lead
@@ -91,6 +99,10 @@ class Decision:
     """The steps over which the leader's DataLoader workers hand over their batches together
     (its worker count, when its lead was judged over blocks of that many steps; else 1): the
     confirmation's blocks hold at least that many captured steps."""
+    repeat_needed: str = ""
+    """Why this window's lead alone opens nothing (a lead under ``LARGE_JUMP`` times the bar it
+    clears): the policy captures it only when the window before led to the same stage and
+    suspect. Empty when it acts at once."""
 
 
 def decide(
@@ -188,8 +200,18 @@ def decide(
                 f"rank {suspect} exceeds reference rank {reference} in {stage} by "
                 f"{excess.shift_s * 1e3:.1f} ms/step, {excess.shortfall()}"
             )
+        lead_s, bar_s = excess.shift_s, excess.threshold_s
+        led = f"rank {suspect} exceeds reference rank {reference} in {stage} by"
     else:
         reference, chosen = typical_reference(window, stage, suspect)
+        lead_s, bar_s = loc.delta_lag_mean_s, min_share * report.exposed_s / n
+        led = f"rank {suspect} pulls ahead of the median in {stage} by"
+    repeat = (
+        f"{led} {lead_s * 1e3:.1f} ms/step, under {LARGE_JUMP:g} times the "
+        f"{bar_s * 1e3:.1f} ms it must clear"
+        if lead_s <= LARGE_JUMP * bar_s
+        else ""
+    )
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
         f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
@@ -201,7 +223,7 @@ def decide(
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
     burst = block.size if block is not None else 1
-    return Decision(stage, suspect, reference, share, index, reasons, role, burst), ""
+    return Decision(stage, suspect, reference, share, index, reasons, role, burst, repeat), ""
 
 
 def late_rank_decision(

@@ -17,9 +17,18 @@ logger = logging.getLogger("stagefrontier")
 
 WINDOW_STEPS_KEPT = 256
 """Step ranges of recent windows kept to tell whether an earlier trace fell in a baseline."""
-LATE_WINDOWS_KEPT = 2
-"""The late ranks of the last windows kept: a late rank is captured when the window before
-named it too (``decide.late_rank_decision``)."""
+NAMED_WINDOWS_KEPT = 2
+"""What the last windows named kept: a late rank, or a lead under the large-jump bar, is
+captured when the window before named it too (``decide``)."""
+
+
+@dataclass
+class Named:
+    """What one window named, for the next window's decision: the rank the timed collectives
+    name late in it, and the (stage, suspect) of a lead it held back (``repeat_needed``)."""
+
+    late: CollectiveReading | None = None
+    lead: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,7 @@ class CapturePolicy:
         self.next_window = 0  # the first window index the cooldown allows
         self.traces: dict[int, list[EarlierTrace]] = {}  # rank -> its local traces, oldest first
         self.window_steps: dict[int, tuple[int, int]] = {}
-        self.late: dict[int, CollectiveReading | None] = {}  # window -> its late rank
+        self.named: dict[int, Named] = {}  # window -> what it named
 
     def remember(self, window: AnalyzedWindow) -> None:
         """The window's steps, to place earlier traces and a capture's regime later, and the
@@ -76,9 +85,9 @@ class CapturePolicy:
         while len(self.window_steps) > WINDOW_STEPS_KEPT:
             del self.window_steps[next(iter(self.window_steps))]
         reading = window.communication
-        self.late[ref.window] = None if reading is None else reading.late
-        while len(self.late) > LATE_WINDOWS_KEPT:
-            del self.late[next(iter(self.late))]
+        self.named[ref.window] = Named(None if reading is None else reading.late)
+        while len(self.named) > NAMED_WINDOWS_KEPT:
+            del self.named[next(iter(self.named))]
 
     def first_step(self, window: int | None, otherwise: int) -> int:
         """The first step of a remembered window (``otherwise`` when it is not)."""
@@ -95,13 +104,16 @@ class CapturePolicy:
         index = window.merged.reference.window
         if self.captures >= self.config.max_captures or index < self.next_window:
             return None
+        before = self.named.get(index - 1, Named())
         decision, why = decide(
             window,
             self.config.gates,
             min_share=self.config.min_share,
             noise_factor=self.config.noise_factor,
-            late_before=self.late.get(index - 1),
+            late_before=before.late,
         )
+        if decision is not None and decision.repeat_needed:
+            decision, why = self._repeated(decision, index, before)
         if decision is not None:
             return Plan(decision, "window", [decision.suspect_rank, decision.reference_rank])
         regressed, refused = regression_decision(
@@ -112,6 +124,24 @@ class CapturePolicy:
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
             return None
         return self._regression(regressed, window.regression or {})
+
+    def _repeated(
+        self, decision: Decision, index: int, before: Named
+    ) -> tuple[Decision | None, str]:
+        """A lead under the large-jump bar: remembered, and captured only when the window
+        before led to the same stage and suspect (else None, with why)."""
+        lead = (decision.stage, decision.suspect_rank)
+        self.named.setdefault(index, Named()).lead = lead
+        if before.lead == lead:
+            held = (
+                f"{decision.repeat_needed}; rank {lead[1]} led {lead[0]} in the window before "
+                "too: two windows in a row"
+            )
+            return replace(decision, reasons=(*decision.reasons, held)), ""
+        return None, (
+            f"{decision.repeat_needed} in this window alone (a smaller lead is captured two "
+            "windows in a row)"
+        )
 
     def _regression(self, decision: Decision, regression: dict[str, Any]) -> Plan:
         """A regression's capture: the suspect alone when it has a trace from the baseline
