@@ -6,6 +6,7 @@ profiler traces (tests/data/traces, readable without torch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,30 @@ def demo_fault_ms(untimed: Any, ranks: int) -> int:
 
     step_s = float(np.median([s for steps in untimed.step_s.values() for s in steps]))
     return max(120, round(4000 * step_s * ranks / 2))
+
+
+PathRun = tuple[Path, list[dict[str, Any]]]
+"""A router path job's output folder and its settled incidents."""
+
+
+@pytest.fixture(scope="session")
+def router_path_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], PathRun]:
+    """The router path tests' 4-rank torchrun job (``router_paths_support.run_path_job``, 20 to
+    30 s a job on a loaded 2-core machine), run once per session for each (path, fault) asked
+    for: the accumulation path's data stall serves ``test_router_paths`` and
+    ``test_accumulation_fetch``. A test reads the folder, never writes into it."""
+    pytest.importorskip("torch")
+    from router_paths_support import run_path_job
+
+    runs: dict[tuple[str, str], PathRun] = {}
+
+    def run(path: str, fault: str) -> PathRun:
+        if (path, fault) not in runs:
+            out = tmp_path_factory.mktemp(f"router-{path}-{fault}") / "out"
+            runs[path, fault] = (out, run_path_job(out, path, fault))
+        return runs[path, fault]
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from rank_support import leave_gloo
 from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 from stagefrontier.analysis.schema import (
     BACKWARD_STAGE,
@@ -174,9 +175,7 @@ def plain_loop(path: str, steps: int, out: str, window: int, workers: int) -> No
                 with timer.stage(OPTIMIZER_STAGE):
                     opt.step()
                     opt.zero_grad()
-    timer.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_gloo(timer)
 
 
 def leave_framework_group() -> None:

@@ -10,24 +10,27 @@ charges it to, so the trace and the live steps still agree (confirmed).
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("torch")
 
+from conftest import PathRun
 from recorder_support import read_records
+from router_paths_support import STALL_FROM
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.render.text import window_details
-from test_router_paths import STALL_FROM, _run
 
 DATA = "data.next_wait"
 MICROSTEPS = 4
 
 
-def test_each_microsteps_fetch_is_charged_to_its_own_microstep(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    incidents = _run(out, "accum", "data")
+def test_each_microsteps_fetch_is_charged_to_its_own_microstep(
+    router_path_runs: Callable[[str, str], PathRun],
+) -> None:
+    """Reads the same job as ``test_router_paths[accumulation-data]`` (``router_path_runs``)."""
+    out, incidents = router_path_runs("accum", "data")
     stalled = [r for r in read_records(out) if r["first_step"] > STALL_FROM]
     assert stalled
     for record in stalled:

@@ -12,6 +12,7 @@ incident opens within three windows of the stall's start.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +20,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rank_support import run_job, torchrun_command
+from conftest import PathRun
 from recorder_support import read_records
+from router_paths_support import RANKS, STALL_FROM, WINDOW, run_path_job
 from stagefrontier.render.incident import write_incident
 from stagefrontier.route.offline import reduce_offline
-from trace_support import settled_incidents
 
-JOB = Path(__file__).resolve().parent / "router_paths_job.py"
-RANKS = 4
-STEPS = 48
-WINDOW = 8
-STALL_FROM = 16
-DEADLINE_S = 420
-FAULTS = {
-    "data": ("--data-rank", "2", "--data-steps", f"{STALL_FROM}:{STEPS}"),
-    "forward": ("--forward-rank", "1", "--forward-steps", f"{STALL_FROM}:{STEPS}"),
-    # 2 DataLoader workers, which read the stall's steps when they fork: from step 0; 120 ms a
-    # sample, so each worker's 480 ms a batch outlasts two steps even on a loaded machine
-    "workers": (
-        *("--data-rank", "2", "--data-steps", f"0:{STEPS}"),
-        *("--workers", "2", "--sample-ms", "120"),
-    ),
-}
 EXPECTED = {  # fault -> (stage, suspect rank, the function the op diff names)
     "data": ("data.next_wait", 2, "slow_sample"),
     "forward": ("model.fwd_loss_cpu_wall", 1, "slow_forward"),
@@ -51,20 +36,6 @@ def _needs(module: str) -> Any:
     return pytest.mark.skipif(
         importlib.util.find_spec(module) is None, reason=f"{module} is not installed"
     )
-
-
-def _run(out: Path, path: str, fault: str) -> list[dict[str, Any]]:
-    """One torchrun job; returns its incidents."""
-    run_job(
-        torchrun_command(
-            JOB,
-            *("--path", path, "--out", str(out), "--steps", str(STEPS), "--window", str(WINDOW)),
-            *FAULTS[fault],
-            ranks=RANKS,
-        ),
-        DEADLINE_S,
-    )
-    return settled_incidents(out)
 
 
 PATHS = [
@@ -79,9 +50,9 @@ PATHS = [
 @pytest.mark.parametrize("fault", ["data", "forward"])
 @pytest.mark.parametrize("path", PATHS)
 def test_a_stall_opens_one_confirmed_incident_naming_the_function(
-    tmp_path: Path, path: str, fault: str
+    router_path_runs: Callable[[str, str], PathRun], path: str, fault: str
 ) -> None:
-    incidents = _run(tmp_path / "out", path, fault)
+    _, incidents = router_path_runs(path, fault)
     stage, suspect, function = EXPECTED[fault]
     assert len(incidents) == 1, [(i["id"], i["stage"], i["reasons"]) for i in incidents]
     incident = incidents[0]
@@ -114,7 +85,7 @@ def test_the_callbacks_find_the_dataloader_and_profile_its_workers(
     carries every rank's worker figures, and a stall in rank 2's dataset opens an incident,
     confirmed, whose worker op diff and advice name ``slow_sample``."""
     out = tmp_path / "out"
-    incidents = _run(out, path, "workers")
+    incidents = run_path_job(out, path, "workers")
     records = read_records(out)
     assert records
     for record in records:
