@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,11 +25,13 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from stagefrontier.auto.driver import AUTO_STAGES, AutoDriver  # noqa: E402
+from stagefrontier.auto.model import ModelForward  # noqa: E402
 from stagefrontier.integrations._timer import TimerArguments  # noqa: E402
 
 STEPS = 12
 WINDOW = 5
 SAVED_AT = 6
+COMPILED_STEPS = 8
 
 
 class Jitter(nn.Module):
@@ -74,3 +77,53 @@ def test_the_model_is_the_module_the_optimizer_steps_and_copies_of_it_work(tmp_p
     assert [r["n_steps"] for r in records] == [5, 5, 1]  # the first step is watched, not timed
     assert all(r["stages"] == list(AUTO_STAGES) for r in records)
     assert all(r["contract_violations"] == 0 for r in records)
+
+
+def _train_compiled(kind: str, out: Path | None) -> tuple[list[float], Any]:
+    """Eight steps of a small model, scripted, traced or compiled (``kind``), under the
+    automatic hooks writing to ``out`` (or with no hooks: None); its losses and the driver."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    if kind == "script":
+        model: Any = torch.jit.script(plain)
+    elif kind == "trace":
+        model = torch.jit.trace(plain, torch.randn(1, 8))
+    else:  # the eager backend: the inductor's needs a C compiler and minutes in the suite
+        model = torch.compile(plain, backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(2 * COMPILED_STEPS, 8), torch.randn(2 * COMPILED_STEPS, 1))
+    driver = None
+    if out is not None:
+        arguments = TimerArguments("the test's", [], None, {"window": 4, "out_dir": str(out)})
+        driver = AutoDriver(arguments)
+        driver.install()
+    losses = []
+    try:
+        for x, y in DataLoader(data, batch_size=2):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            if driver is not None and len(losses) == COMPILED_STEPS // 2:
+                assert isinstance(model.forward, ModelForward)  # timed by now
+    finally:
+        if driver is not None:
+            driver.stop()
+    return losses, driver
+
+
+@pytest.mark.parametrize("kind", ["script", "trace", "compile"])
+def test_a_scripted_traced_or_compiled_model_trains_as_without_the_hooks_and_its_forward_is_timed(
+    tmp_path: Path, kind: str
+) -> None:
+    alone, _ = _train_compiled(kind, None)
+    timed, driver = _train_compiled(kind, tmp_path)
+    assert timed == alone  # the same losses, step for step
+    assert driver is not None
+    assert not isinstance(driver.model.forward, ModelForward)  # its own again
+    records = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    assert [r["n_steps"] for r in records] == [4, 3]  # the first step is watched, not timed
+    assert all(r["contract_violations"] == 0 for r in records)
+    assert all(r["advances"]["model.fwd_loss_cpu_wall"] > 0 for r in records)
+    assert all(r["advances"]["model.backward_cpu_wall"] > 0 for r in records)

@@ -9,8 +9,9 @@ for a user (an isolated build: hatchling, and for the editable install the ``edi
 package, from the index); torch and the other dependencies come from the running interpreter's
 site-packages through one more path file. Nothing puts the source tree on ``PYTHONPATH``.
 
-Cost: per install, one pip build (10 to 40 s on a loaded 2-core machine) and one run of a
-12-step loop in one process (about 10 s, torch's import most of it).
+Cost: per install, one pip build (10 to 40 s on a loaded 2-core machine), one run of a 12-step
+loop in one process (about 10 s, torch's import most of it) and one 11-step torchrun job of 2
+Gloo ranks (about 15 s).
 """
 
 from __future__ import annotations
@@ -92,4 +93,19 @@ def test_the_switch_times_a_script_started_as_it_is(installed: Path, tmp_path: P
         "optim.step_cpu_wall",
         "step.other_cpu_wall",
     ]
+    assert all(r["contract_violations"] == 0 for r in records)
+
+
+def test_the_switch_times_every_worker_of_a_plain_torchrun(installed: Path, tmp_path: Path) -> None:
+    """``STAGEFRONTIER_AUTO=1 torchrun --standalone --nproc-per-node 2 train_ddp.py``: torchrun
+    left as it is (a launcher the user cannot prefix), 2 Gloo ranks; the installed line times
+    both workers and rank 0 gathers their windows."""
+    out = tmp_path / "sf"
+    env = {"STAGEFRONTIER_AUTO": "1", "STAGEFRONTIER_OUT": str(out), "STAGEFRONTIER_WINDOW": "5"}
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    script = (str(ROOT / "examples" / "unmodified" / "train_ddp.py"), "--steps", "11")
+    _python(installed, *torchrun, "--max-restarts=0", *script, env=env)
+    records = [json.loads(r) for r in (out / "windows.jsonl").read_text().splitlines()]
+    assert [r["n_steps"] for r in records] == [5, 5]  # the first of 11 is watched
+    assert all(r["n_ranks"] == 2 and r["gather_ok"] for r in records)
     assert all(r["contract_violations"] == 0 for r in records)

@@ -184,7 +184,7 @@ class AutoDriver:
         if self._stepped:
             self._start_timing()
             if self.phase == TIME and module is self.model:
-                self._forward(module, args)  # its own hook starts with its next call
+                self._forward()  # its timed forward starts with its next call
         elif len(self._called) < MAX_CANDIDATES and all(m is not module for m in self._called):
             self._called.append(module)
 
@@ -227,7 +227,7 @@ class AutoDriver:
                 "optimizer steps: the forward counts in the residual"
             )
         else:
-            self._handles.append(ForwardPatch(self.model, self._forward))
+            self._handles.append(ForwardPatch(self.model, self.timed_forward))
         self.accumulate = self._learn_backwards > 1
         if self._ensure_timer():
             self.phase = TIME
@@ -271,62 +271,89 @@ class AutoDriver:
     # tests and Python calls: the step's contexts are entered and left here, not through a
     # helper (every Python call a step makes is a measurable share of the hooks' cost,
     # benchmarks/hotpath.py); the rare cases go to the helpers below.
-    def _forward(self, module: Any, args: Any) -> None:
-        """Called by the model's timed forward (``ModelForward``, set on the model while
-        timing) before the forward runs."""
-        if module is not self.model or not module.training or not self._grad_on():
-            return
+    def timed_forward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """The model's forward while timing (``ModelForward``'s call): ``inner``, the model's own
+        forward, after the step's first forward opens the step and the forward stage (the
+        common case, inline); any other training forward goes to ``_forward``."""
+        driver, model, grad_on = self, self.model, self._grad_on
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if (
+                driver._step is None
+                and driver._fetched_from is driver._loader
+                and not driver.accumulate
+                and model.training
+                and grad_on()
+            ):
+                try:  # _begin_step's common case; no stage is open between steps
+                    timer: Any = driver.timer
+                    step = driver._step = timer.step()
+                    step.__enter__()
+                    stage = driver._open = timer.stage(FORWARD_STAGE)
+                    driver._open_name = FORWARD_STAGE
+                    stage.__enter__()
+                except Exception as exc:
+                    driver._fail(exc)
+            elif model.training and grad_on():
+                driver._forward()
+            return inner(*args, **kwargs)
+
+        return forward
+
+    def _forward(self) -> None:
+        """A training forward of the model that is not the common case: the step's first with
+        another loader or with accumulation, a microstep's, or a second in one stage."""
         try:
             if self._step is None:
-                if self._fetched_from is not self._loader or self.accumulate:
-                    self._begin_step()
-                else:  # _begin_step's common case, inline
-                    step = self._step = self.timer.step()  # type: ignore[union-attr]
-                    step.__enter__()
-                    self._after_backward = False
+                self._begin_step()
             elif self._after_backward:
                 self._after_backward = False
                 if self.accumulate:
                     self._next_microstep()
             elif self._open_name is FORWARD_STAGE:
                 return  # the model called twice in one forward stage
-            opened = self._open
-            if opened is not None:
-                opened.__exit__(None, None, None)
+            self._close_open()
             stage = self._open = self.timer.stage(FORWARD_STAGE)  # type: ignore[union-attr]
             self._open_name = FORWARD_STAGE
             stage.__enter__()
         except Exception as exc:
             self._fail(exc)
 
-    def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``torch.autograd.backward`` (``call``), the backward stage around it."""
-        if self._step is None or self._in_backward:
-            if self.phase == LEARN and not self._in_backward:
-                self._learn_backwards += 1
-            return call(*args, **kwargs)
-        self._in_backward = True
-        try:
-            opened = self._open
-            if opened is not None:
-                opened.__exit__(None, None, None)
-            stage = self._open = self.timer.stage(BACKWARD_STAGE)  # type: ignore[union-attr]
-            self._open_name = BACKWARD_STAGE
-            stage.__enter__()
-        except Exception as exc:
-            self._fail(exc)
-        try:
-            return call(*args, **kwargs)
-        finally:
-            self._in_backward = False
-            if self._open_name is BACKWARD_STAGE:
-                opened, self._open = self._open, None
-                self._open_name = ""
-                self._after_backward = True
-                try:
+    def timed_backward(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.autograd.backward`` while the hooks are installed: ``call`` (the original)
+        in the backward stage."""
+        driver = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if driver._step is None or driver._in_backward:
+                if driver.phase is LEARN and not driver._in_backward:
+                    driver._learn_backwards += 1
+                return call(*args, **kwargs)
+            driver._in_backward = True
+            try:
+                opened = driver._open
+                if opened is not None:
                     opened.__exit__(None, None, None)
-                except Exception as exc:
-                    self._fail(exc)
+                timer: Any = driver.timer
+                stage = driver._open = timer.stage(BACKWARD_STAGE)
+                driver._open_name = BACKWARD_STAGE
+                stage.__enter__()
+            except Exception as exc:
+                driver._fail(exc)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                driver._in_backward = False
+                if driver._open_name is BACKWARD_STAGE:
+                    opened, driver._open = driver._open, None
+                    driver._open_name = ""
+                    driver._after_backward = True
+                    try:
+                        opened.__exit__(None, None, None)
+                    except Exception as exc:
+                        driver._fail(exc)
+
+        return backward
 
     def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._in_optimizer is not None or self.phase is not TIME:

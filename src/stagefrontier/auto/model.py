@@ -11,7 +11,7 @@ import copy
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def stepped_module(called: list[Any], optimizer: Any) -> Any:
@@ -24,10 +24,13 @@ def stepped_module(called: list[Any], optimizer: Any) -> Any:
 
 
 class ModelForward:
-    """The model's ``forward`` while the hooks time it, set on the model itself: the driver's
-    hook, then the forward it stands in for. A forward pre-hook would do the same through a
-    public API, but any hook takes ``Module.__call__`` off its fast path, which costs each step
-    more than the hook itself (``benchmarks/hotpath.py --hooks-only``).
+    """The model's ``forward`` while the hooks time it, set on the model itself. Calling it calls
+    its ``__call__`` slot: a function the driver made around the forward it stands in for
+    (``AutoDriver.timed_forward``), which times the call and then makes it. A slot, not a
+    method: the call then runs one Python frame, the driver's, with no bound method made on
+    the way. A forward pre-hook would do the same through a public API, but any hook takes
+    ``Module.__call__`` off its fast path, which costs each step more than the hook itself
+    (``benchmarks/hotpath.py --hooks-only``).
 
     It is part of the model's state, so it travels with it: ``copy.deepcopy(model)`` (a
     best-model copy, an EMA) gets the copy's own forward, and ``torch.save(model)`` pickles a
@@ -35,14 +38,14 @@ class ModelForward:
     file loads where StageFrontier is not installed. Neither copies the driver.
     """
 
-    __slots__ = ("hook", "inner", "module")
+    __slots__ = ("__call__", "inner")
+    if TYPE_CHECKING:  # the slot's signature
 
-    def __init__(self, hook: Callable[[Any, Any], None], module: Any, inner: Any) -> None:
-        self.hook, self.module, self.inner = hook, module, inner
+        def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.hook(self.module, args)
-        return self.inner(*args, **kwargs)
+    def __init__(self, call: Callable[..., Any], inner: Any) -> None:
+        self.__call__ = call  # type: ignore[method-assign]
+        self.inner = inner
 
     @property
     def __wrapped__(self) -> Any:
@@ -56,23 +59,26 @@ class ModelForward:
 
 
 class ForwardPatch:
-    """Sets ``ModelForward`` on ``module`` and, at ``remove()``, puts back what was there (as a
-    hook's handle does)."""
+    """Sets ``ModelForward`` on ``module``, its call ``timed(forward)`` of the module's own
+    ``forward``, and, at ``remove()``, puts back what was there (as a hook's handle does)."""
 
-    def __init__(self, module: Any, hook: Callable[[Any, Any], None]) -> None:
-        self.module = module
-        self.own = module.__dict__.get("forward")  # a forward set on the instance before
-        self.patched = ModelForward(hook, module, module.forward)
+    def __init__(self, module: Any, timed: Callable[[Any], Callable[..., Any]]) -> None:
+        # where an attribute set on the module lands: its own ``__dict__``, or, for a traced
+        # module (``torch.jit.trace``), the script module it wraps and hands every attribute to
+        self.holder = getattr(module, "_actual_script_module", module)
+        self.own = vars(self.holder).get("forward")  # a forward set on the instance before
+        inner = module.forward
+        self.patched = ModelForward(timed(inner), inner)
         module.forward = self.patched
 
     def remove(self) -> None:
-        module = self.module
-        if module.__dict__.get("forward") is not self.patched:
+        held = vars(self.holder)
+        if held.get("forward") is not self.patched:
             return  # replaced since, or removed: left as it is
         if self.own is None:
-            del module.forward
+            del held["forward"]
         else:
-            module.forward = self.own
+            held["forward"] = self.own
 
 
 def watch_collectives(timer: Any, model: Any, optimizer: Any) -> None:

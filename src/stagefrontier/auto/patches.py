@@ -16,7 +16,6 @@ patched here, each by one wrapper that calls the original and tells a listener:
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,7 +26,7 @@ LOADER = "_stagefrontier_loader"
 class Listener(Protocol):
     """What the patches tell (``auto.driver.AutoDriver``)."""
 
-    def backward(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+    def timed_backward(self, call: Callable[..., Any]) -> Callable[..., Any]: ...
 
     def loader_starts(self, loader: Any) -> None: ...
 
@@ -49,8 +48,7 @@ class Patches:
         from torch.utils.data import dataloader
 
         listener = self._listener
-        # a partial is called from C: no Python frame of its own on each backward
-        patched_backward = functools.partial(listener.backward, torch.autograd.backward)
+        patched_backward = listener.timed_backward(torch.autograd.backward)
 
         make_iterator = dataloader.DataLoader.__iter__
 
