@@ -1,28 +1,31 @@
 """How many of the library's modules the flow of a window and the flow of an incident run.
 
 A profile hook on every thread of one process records each module of ``stagefrontier`` whose
-functions are called:
+functions are called. The process is a job of one rank: a Gloo process group around a real
+c10d ``TCPStore``, so that the timer collects through the store as a distributed job's does.
 
-* a window: while one window of a local timer (two stages, four steps) is handed off, analyzed
-  and written to ``windows.jsonl`` with its log line (the timer built, and the self-cost meter
-  calibrated, before recording starts);
-* an incident: while a local timer's ``ProfilerRouter`` (a real c10d ``TCPStore``) captures one
-  manually requested incident of three steps on its own rank and writes it (the windows the
-  timer analyzes meanwhile included); Python stacks off, as the profiler's own stack recording
-  replaces a profile hook on the training thread.
+* a window: while one window of a timer (two stages, four steps) is handed off through the
+  store, analyzed and written to ``windows.jsonl`` with its log line (the timer built, and the
+  self-cost meter calibrated, before recording starts);
+* an incident: while the timer's ``ProfilerRouter`` captures one manually requested incident
+  of three steps on its own rank and writes it (the windows the timer analyzes meanwhile
+  included); Python stacks off, as the profiler's own stack recording replaces a profile hook
+  on the training thread.
 
     python benchmarks/flow_modules.py
 
-Beside the modules each flow runs, the modules it loads: the same flow alone in a fresh
-process (the script run again with ``--loaded FLOW``), every module of ``stagefrontier`` that
-the process imported by its end, the flow's own imports from the package's top included.
-
-``docs/ARCHITECTURE.md`` quotes the counts; its drawn flows name the modules each call goes
-through. Counts, not times: the load average is recorded only as the run's setting.
+Beside the modules each flow runs: the modules ``docs/ARCHITECTURE.md`` draws on the flow's
+path (``drawn_flows``), how many of them ran, and the drawn ones that did not run here, by
+name; of the modules an incident runs, those a window's flow does not; and the modules the
+flow loads: the same flow alone in a fresh process (the script run again with ``--loaded
+FLOW``), every module of ``stagefrontier`` that the process imported by its end, the flow's
+own imports from the package's top included. Counts, not times: the load average is recorded
+only as the run's setting.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -35,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from drawn_flows import ARCHITECTURE, alternatives, drawn_modules, flows_from_doc
 from harness_common import (
     command_line,
     load_text,
@@ -98,14 +102,25 @@ def wait_for(done: Callable[[], bool], timer: StageTimer | None = None) -> bool:
     return done()
 
 
+@functools.cache
+def one_rank_job() -> Any:
+    """The process's Gloo group of one rank around a real ``TCPStore`` (made once); its store."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return store
+
+
 def window_flow(work: Path) -> set[str]:
-    collection = CollectConfig(mode="local", out_dir=work / "warm", log=False)
+    one_rank_job()
+    collection = CollectConfig(mode="store", out_dir=work / "warm", log=False)
     warm = StageTimer(config=TimerConfig(stages=STAGES, window=4, collection=collection))
     train(warm, 4)  # the calibration and the imports, before recording
     warm.close()
     records = work / "window" / "windows.jsonl"
     with ModulesCalled() as called:
-        collection = CollectConfig(mode="local", out_dir=work / "window", log=True)
+        collection = CollectConfig(mode="store", out_dir=work / "window", log=True)
         timer = StageTimer(config=TimerConfig(stages=STAGES, window=4, collection=collection))
         called.start()
         train(timer, 4)
@@ -115,13 +130,11 @@ def window_flow(work: Path) -> set[str]:
 
 
 def incident_flow(work: Path) -> set[str]:
-    import torch.distributed as dist
-
     from stagefrontier import ProfilerRouter
 
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    store = one_rank_job()
     router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0, with_stack=False)
-    collection = CollectConfig("local", out_dir=work / "incident", regression=None, log=False)
+    collection = CollectConfig("store", out_dir=work / "incident", regression=None, log=False)
     incidents = work / "incident" / "incidents"
     with ModulesCalled() as called:
         timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
@@ -134,7 +147,8 @@ def incident_flow(work: Path) -> set[str]:
     return called.seen
 
 
-FLOWS = {"a window": window_flow, "an incident": incident_flow}
+WINDOW = "a window"
+FLOWS = {WINDOW: window_flow, "an incident": incident_flow}
 
 
 def loaded_by(flow: str) -> int:
@@ -158,17 +172,28 @@ def main() -> None:
         flows = {name: flow(Path(work)) for name, flow in FLOWS.items()}
     loaded = {name: loaded_by(name) for name in FLOWS}
     loads.append(load_text())
+    drawings = flows_from_doc(ARCHITECTURE.read_text(encoding="utf-8"))
+    drawn = {name: drawn_modules(lines) for name, lines in drawings.items()}
     rows = []
     for name, seen in flows.items():
         floors = sorted({m.split("/", 1)[0] for m in seen if "/" in m})
         analysis = len([m for m in seen if m.startswith("analysis/")])
-        rows.append((name, len(seen), analysis, ", ".join(floors), loaded[name]))
+        ran = [m for m in drawn[name] if seen.intersection(alternatives(m))]
+        own = "-" if name == WINDOW else len(seen - flows[WINDOW])
+        row = (len(drawn[name]), len(ran), len(seen), own, analysis, ", ".join(floors))
+        rows.append((name, *row, loaded[name]))
     lines = result_header("The modules each flow runs", command_line())
     lines += [f"- Load average (1/5/15 min) at start: {loads[0]}; at end: {loads[1]}", ""]
-    header = ["flow", "modules run", "of them analysis/", "packages", "modules loaded"]
-    lines += table(header, rows)
+    header = ["flow", "modules drawn", "of them run", "modules run", "not in a window's"]
+    lines += table([*header, "of them analysis/", "packages", "modules loaded"], rows)
     for name, seen in flows.items():
-        lines += ["", f"The flow of {name}: " + ", ".join(f"`{m}`" for m in sorted(seen)) + "."]
+        absent = [m for m in drawn[name] if not seen.intersection(alternatives(m))]
+        lines += ["", f"The flow of {name}, drawn: " + ", ".join(f"`{m}`" for m in drawn[name])]
+        lines[-1] += f"; not run here: {', '.join(f'`{m}`' for m in absent) or 'none'}."
+        lines += [
+            "",
+            f"The flow of {name}, run: " + ", ".join(f"`{m}`" for m in sorted(seen)) + ".",
+        ]
     text = "\n".join(lines) + "\n"
     write_result(args.out, text)
 

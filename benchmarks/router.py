@@ -5,10 +5,11 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
 
 * the step time before, during and after the capture, per rank (each rank's wall time per step,
   measured around the whole step independently of the timer; under DDP every rank's is about
-  the same): the median of the steps outside the capture, the lead-in step (the profiler
-  starts), the captured steps, the step right after the last captured one (the profiler's last
-  stop) against the median (the target: at most 1.5 times it on every rank), and the slowest of
-  the five steps after that; and the captured ranks' own figures from the incident
+  the same): the median of the steps before the capture (after the first ``WARMUP_STEPS``, up to
+  the lead-in), the lead-in step (the profiler starts), the median and the slowest of the
+  captured steps, the first step after the last captured one (it carries the profiler's stop)
+  and its ratio to the median before (the target: at most 1.5 on every rank), and the slowest
+  of the five steps after that; and the captured ranks' own figures from the incident
   (``capture_step_ms`` vs ``baseline_step_ms``);
 * the size of each trace, and the time from the incident's opening to its confirmation;
 * what the incident cost: the capture's time on each captured rank's training thread (the
@@ -43,7 +44,7 @@ from typing import Any
 
 from harness_common import command_line, load_text, result_header, script_parser, write_result
 from stagefrontier.demo import DemoConfig, launch, parse_fault
-from stagefrontier.render.incident import summary_line
+from stagefrontier.render.incident import summary_line, verdict
 from stagefrontier.route import list_incidents
 
 WARMUP_STEPS = 2
@@ -59,24 +60,23 @@ TARGET_RATIO = 1.5
 
 def phases(step_s: list[float], first: int, last: int) -> dict[str, float]:
     """One rank's step times (ms) around a capture of steps ``first``-``last``: the median of
-    the steps outside the lead-in, the capture and the step after it; the lead-in step; the
-    captured steps' mean and slowest; the step after; the slowest of the next ``AFTER_STEPS``;
-    and the step after over the median."""
+    the steps before it (from ``WARMUP_STEPS`` to the lead-in, left out), the lead-in step, the
+    captured steps' median and slowest, the first step after them, the slowest of the next
+    ``AFTER_STEPS``, and the first step after over the median before."""
     ms = [t * 1e3 for t in step_s]
     lead_in = first - LEAD_IN_STEPS
-    outside = [ms[t] for t in range(WARMUP_STEPS, len(ms)) if not lead_in <= t <= last + 1]
     captured = ms[first : last + 1]
     later = ms[last + 2 : last + 2 + AFTER_STEPS]
-    median = statistics.median(outside)
+    before = statistics.median(ms[WARMUP_STEPS:lead_in])
     after = ms[last + 1] if last + 1 < len(ms) else float("nan")
     return {
-        "median": median,
+        "median_before": before,
         "lead_in": ms[lead_in],
-        "during_mean": statistics.mean(captured),
+        "median_during": statistics.median(captured),
         "during_max": max(captured),
         "after": after,
         "later_max": max(later) if later else float("nan"),
-        "after_ratio": after / median,
+        "after_ratio": after / before,
     }
 
 
@@ -166,25 +166,25 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
 def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
     """The per-rank table of step times before, during and after the capture."""
     lines = [
-        "| rank | median outside (ms) | lead-in step | captured: mean / slowest | step after "
-        f"| after / median | slowest of the next {AFTER_STEPS} |",
+        "| rank | median before (ms) | lead-in step | captured: median / slowest | first step "
+        f"after | after / median before | slowest of the next {AFTER_STEPS} |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for rank, p in sorted(steps.items(), key=lambda item: int(item[0])):
         lines.append(
-            f"| {rank} | {p['median']:.1f} | {p['lead_in']:.1f} | {p['during_mean']:.1f} / "
-            f"{p['during_max']:.1f} | {p['after']:.1f} | {p['after_ratio']:.2f} | "
-            f"{p['later_max']:.1f} |"
+            f"| {rank} | {p['median_before']:.1f} | {p['lead_in']:.1f} | "
+            f"{p['median_during']:.1f} / {p['during_max']:.1f} | {p['after']:.1f} | "
+            f"{p['after_ratio']:.2f} | {p['later_max']:.1f} |"
         )
     return lines
 
 
 def run_rows(runs: list[dict[str, Any]]) -> list[str]:
-    """One line per run: its load, the capture's steps and each rank's step after the capture
-    over its median."""
+    """One line per run: its load, the capture's steps and each rank's first step after the
+    capture over its median before it."""
     lines = [
-        f"| run | load average at start -> end | captured steps | step after / median, per "
-        f"rank | at most {TARGET_RATIO} on every rank |",
+        f"| run | load average at start -> end | captured steps | first step after / median "
+        f"before, per rank | at most {TARGET_RATIO} on every rank |",
         "|---|---|---|---|---|",
     ]
     for i, run in enumerate(runs, 1):
@@ -202,6 +202,16 @@ def _training_text(spent: dict[str, float] | None) -> str:
     if not spent:
         return "n/a"
     return ", ".join(f"rank {r} {v * 1e3:.0f} ms" for r, v in sorted(spent.items()))
+
+
+def _total_cost(figures: dict[str, Any]) -> float | None:
+    """The capture's training-thread seconds on every captured rank plus the router threads'
+    CPU for it (export and reduction): what the incident line states as the job's cost."""
+    parts = (figures.get("export_cpu_s"), figures.get("reduction_cpu_s"))
+    spent = figures.get("training_thread_s")
+    if None in parts or not spent:
+        return None
+    return float(sum(spent.values()) + sum(parts))
 
 
 def render(
@@ -229,7 +239,7 @@ def render(
         "|---|---:|",
         f"| incident | {incident['id']}: {incident['stage']} on rank {incident['leader_rank']}, "
         f"reference rank {incident['reference_rank']}, steps {first}-{last}, "
-        f"{'confirmed' if incident['confirmed'] else incident['confirmed']} |",
+        f"{verdict(incident)} |",
         f"| job step time during the capture (mean of {last - first + 1} steps) | "
         f"{result['during_ms']:.1f} ms |",
         f"| job step time outside it (median, steps {WARMUP_STEPS}+) | "
@@ -263,6 +273,11 @@ def render(
         "| the capture on the captured ranks' training threads (incident) | "
         f"{_training_text(result['training_thread_s'])} |"
         + (f" {_training_text(before.get('training_thread_s'))} |" if before else "")
+    )
+    lines.append(
+        "| the job's total: training threads and router threads (the incident line's) | "
+        f"{_seconds(_total_cost(result))} |"
+        + (f" {_seconds(_total_cost(before))} |" if before else "")
     )
     lines += ["", "The incident's line:", "", "```text", result["line"], "```"]
     if before:

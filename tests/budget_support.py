@@ -1,20 +1,28 @@
 """A 2-rank Gloo job that runs long enough to outgrow a small disk budget, for
 ``test_disk_budget``: every step times eight stages (sleeps, a real all-reduce in the backward
 stage, and five that cost next to nothing) under store collection, and the forward stage of
-each window named in ``slow_windows`` and the one after it sleeps ``slow_s`` longer on every
-rank (an injected regression: two windows in a row, which the check flags however loaded the
-machine). Launched twice into one folder, the second launch is a job resumed into the folder
+each window named in ``slow_windows`` and the one after it sleeps longer on every rank (an
+injected regression: two windows in a row, each sized to clear the check's threshold twice over
+against the steps before it, ``regression_sleep_s``, so that the check flags it however loaded
+the machine). Launched twice into one folder, the second launch is a job resumed into the folder
 of the first. With ``router``, each launch opens one profiler-router incident, on its window
 ``MANUAL_WINDOW``."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rank_support import START_METHOD, join_gloo
+from stagefrontier.analysis.noise import MAD_TO_SIGMA, MEDIAN_SE
+from stagefrontier.analysis.regression import DEFAULT_REGRESSION
 from trace_support import FIGURES_LATER, drawn_pages
 
 STAGES = (
@@ -52,6 +60,8 @@ class BudgetJob:
     window: int = 10
     step_s: float = 0.004
     slow_s: float = 0.04
+    """The injected regression's least sleep per step (more on a busy machine:
+    ``regression_sleep_s``)."""
     ranks: int = 2
     router: bool = False
     """Give the timer a profiler router that decides no capture by itself (``min_share`` 1),
@@ -84,23 +94,49 @@ def run_rank(rank: int, job: BudgetJob, port: int) -> None:
         config=TimerConfig(STAGES, window=job.window, collection=collection, router=router)
     )
     grad = torch.zeros(64)
+    baseline = DEFAULT_REGRESSION.baseline_windows * job.window
+    recent: deque[float] = deque(maxlen=baseline)  # this rank's last steps, wall seconds
+    slow_s = 0.0
     for step in range(job.windows * job.window):
         window = step // job.window
+        if window in job.slow_windows and step % job.window == 0:
+            slow_s = regression_sleep_s(recent, job.window, job.slow_s)
         slow = window in job.slow_windows or window - 1 in job.slow_windows
         if router is not None and rank == 0 and step == (MANUAL_WINDOW + 1) * job.window:
             ask_for_capture(timer, router)
+        began = time.perf_counter()
         with timer.step():
             with timer.stage(STAGES[0]):
                 time.sleep(job.step_s)
             with timer.stage(STAGES[1]):
-                time.sleep(job.step_s + (job.slow_s if slow else 0.0))
+                time.sleep(job.step_s + (slow_s if slow else 0.0))
             with timer.stage(STAGES[2]):
                 dist.all_reduce(grad)
             for stage in STAGES[3:]:
                 with timer.stage(stage):
                     grad.mul_(1.0)
+        recent.append(time.perf_counter() - began)
     timer.close()
     leave_process_group()
+
+
+def regression_sleep_s(steps: Sequence[float], window: int, least_s: float) -> float:
+    """The injected regression's sleep per step: twice the live regression check's threshold
+    (``analysis.regression``: the larger of ``min_increase`` of the baseline's median step and
+    ``noise_factor`` standard errors of a window's median against the baseline's) for a
+    baseline of ``steps`` (this rank's steps before the slow window, as long as the check's
+    baseline) and windows of ``window`` steps, ``least_s`` at least. Twice: each slow window
+    then clears it on its own. A fixed 40 ms went unflagged beside CPU burners, whose
+    windows' steps had become the baseline: a 40 ms shift was inside the noise of their
+    steps."""
+    if len(steps) < 2:
+        return least_s
+    x = np.asarray(steps)
+    median = float(np.median(x))
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(x - median)))
+    error = MEDIAN_SE * sigma * math.sqrt(1.0 / window + 1.0 / x.size)
+    cfg = DEFAULT_REGRESSION
+    return max(least_s, 2.0 * max(cfg.min_increase * median, cfg.noise_factor * error))
 
 
 def ask_for_capture(timer: Any, router: Any) -> None:

@@ -1,10 +1,13 @@
 """Datasets for the DataLoader worker tests (importable by ``spawn`` workers and by the torchrun
-job): a map-style one whose samples may be slow, an iterable one, one whose worker dies and
-one whose worker hangs."""
+job): a map-style one whose samples may be slow, an iterable one, one whose worker dies, one
+whose worker is held inside its exit, and one whose worker hangs."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,7 +61,13 @@ class Stream(IterableDataset[torch.Tensor]):
 class DiesAt(Samples):
     """Its worker process ends abruptly when it reaches sample ``at`` (with exit code 0, so the
     loader finds it dead while waiting for its batch, inside ``next()``, rather than from its
-    SIGCHLD handler, which raises wherever the main thread happens to be)."""
+    SIGCHLD handler, which raises wherever the main thread happens to be).
+
+    Give it a sample of the worker's first batch: a worker that dies after it sent batches can
+    die while the main process is still taking one of them (the file descriptors of its
+    tensors come from a thread of the worker), and the loader then raises whatever that
+    exchange met (``ConnectionRefusedError``, ``ConnectionResetError``, ``EOFError``); one that
+    sent nothing is only found dead ("DataLoader worker (pid(s) ...) exited unexpectedly")."""
 
     def __init__(self, n: int, at: int) -> None:
         super().__init__(n)
@@ -68,6 +77,35 @@ class DiesAt(Samples):
         if index == self.at and get_worker_info() is not None:
             os._exit(0)
         return super().__getitem__(index)
+
+
+EXIT_THREAD = {"x86_64": 60, "aarch64": 93}.get(platform.machine())
+"""Linux's ``exit`` system call number, where known (it ends one thread; ``os._exit`` all)."""
+
+
+class ExitHeldAt(Samples):
+    """Its worker process starts its exit in sample ``at`` and is held there: it writes a byte to
+    the ``told`` pipe, starts a thread that waits for a byte on the ``release`` pipe, then ends
+    its main thread alone (the ``exit`` system call). Until released, the process is what a
+    dying worker is for a moment: its main thread gone (``Z`` in ``/proc``, flagged exiting),
+    the process not yet one its parent can reap, so ``is_alive()`` still says True. Then the
+    waiting thread ends the process. Forked workers only (the pipes are inherited)."""
+
+    def __init__(self, n: int, at: int, told: int, release: int) -> None:
+        super().__init__(n)
+        self.at, self.told, self.release = at, told, release
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.at and get_worker_info() is not None and EXIT_THREAD is not None:
+            threading.Thread(target=self._end_when_released, daemon=True).start()
+            os.write(self.told, b"1")
+            # ctypes releases the GIL for the call, so the waiting thread runs on without it.
+            ctypes.CDLL(None).syscall(EXIT_THREAD, 0)
+        return super().__getitem__(index)
+
+    def _end_when_released(self) -> None:
+        os.read(self.release, 1)
+        os._exit(0)
 
 
 class HangsAt(Samples):

@@ -185,3 +185,29 @@ def launch(job: NodeJob, deadline_s: float = 180.0) -> list[dict[str, Any]]:
 def limited(record: dict[str, Any]) -> list[str]:
     """The telemetry_limited reasons of one window record (empty: not limited)."""
     return list(record.get("reasons", {}).get("telemetry_limited", []))
+
+
+def check_communication_read_as_flat(out_dir: Path, world_size: int) -> None:
+    """Every window rank 0 read from node summaries (``out_dir``'s hierarchical run, the node
+    leaders' windows kept) against the flat reading of those very windows: transfer, wait,
+    spread, arrival and steps exactly, the same late rank, the lateness within the record's
+    ``bound_ms``; raises AssertionError."""
+    import pytest
+
+    from stagefrontier.collect.base import merge_received
+    from stagefrontier.demo.launch import read_windows
+    from stagefrontier.demo.scale_check import node_windows
+    from stagefrontier.window.merged import analyze_merged
+
+    kept = node_windows(out_dir)
+    for record in read_windows(out_dir):
+        comm = record["communication"]
+        windows = kept[int(record["window"])]
+        exact = analyze_merged(merge_received(windows, world_size)).communication
+        assert exact is not None and len(exact.collectives) == len(comm["collectives"]) > 0
+        for want, got in zip(exact.collectives, comm["collectives"], strict=True):
+            for name in ("transfer_ms", "wait_ms", "spread_ms", "reached_ms", "steps"):
+                assert got[name] == pytest.approx(getattr(want, name), abs=1e-3), name
+            assert got["late_rank"] == want.late_rank, (got, want)
+            assert abs(got["lateness_ms"] - want.lateness_ms) <= got["bound_ms"] + 1e-3
+        assert comm["bound_ms"] == max(c["bound_ms"] for c in comm["collectives"])

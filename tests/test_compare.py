@@ -60,7 +60,9 @@ def test_stage_deltas_sum_to_the_exposed_delta(base: np.ndarray, new: np.ndarray
     names = ("a", "b", "c", "d")
     result = compare(Side.from_windows("b", [base], names), Side.from_windows("n", [new], names))
     total = sum(result.delta_advance_ms.values())
-    assert total == pytest.approx(result.delta_exposed_ms, abs=1e-9 * max(result.new_exposed_ms, 1))
+    assert total == pytest.approx(
+        result.delta_exposed_ms, abs=1e-9 * max(result.new_means.exposed_ms, 1)
+    )
     exposed = sf.frontier(new)[:, -1].mean() - sf.frontier(base)[:, -1].mean()
     assert result.delta_exposed_ms == pytest.approx(exposed * 1e3, abs=1e-9)
 
@@ -73,7 +75,7 @@ def test_a_stall_is_named_with_its_size_and_its_rank() -> None:
     assert result.top_stage == DATA
     assert result.delta_advance_ms[DATA] == pytest.approx(120, rel=0.1)
     assert result.rank_deltas[0]["rank"] == 2
-    assert result.leaders(result.new_report)[DATA] == [2]
+    assert result.leaders(result.new_means.report)[DATA] == [2]
     out = result.to_dict()
     assert set(out) >= {
         "base_exposed_ms_per_step",

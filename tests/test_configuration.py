@@ -3,6 +3,7 @@ and the configuration page lists every setting of the tree and every variable, f
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import stagefrontier as sf
-from source_support import SRC, string_constants
+from source_support import SRC, source_nodes, string_constants
+from stagefrontier import environment
 from stagefrontier.environment import VARIABLES, current_attempt
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.limits import limit
@@ -29,6 +31,49 @@ def test_only_the_environment_module_names_a_variable_as_a_string() -> None:
         (module, line, text) for module, line, text in string_constants() if NAME.fullmatch(text)
     ]
     assert named and {module for module, _, _ in named} == {"environment.py"}, named
+
+
+def _reads_the_environment(node: ast.AST) -> bool:
+    """``os.environ.get(...)``, ``os.environ[...]`` read, or ``os.getenv(...)``."""
+
+    def is_os(node: ast.AST, attr: str) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == attr
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        )
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        func = node.func
+        return is_os(func, "getenv") or (func.attr == "get" and is_os(func.value, "environ"))
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Load)
+        and is_os(node.value, "environ")
+    )
+
+
+def test_a_module_given_a_variable_leaves_reading_it_to_the_environment_module() -> None:
+    """A module that imports one of ``environment``'s variables (a ``Variable`` or a table of
+    them) reads no process environment itself: the value comes from ``environment``'s readers.
+    (``deadline.py`` read ``STAGEFRONTIER_CLOSE_DEADLINE_S`` itself, by the variable's name.)"""
+
+    def is_variable(value: object) -> bool:
+        if isinstance(value, dict):
+            return bool(value) and all(isinstance(v, environment.Variable) for v in value.values())
+        return isinstance(value, environment.Variable)
+
+    variables = {name for name, value in vars(environment).items() if is_variable(value)}
+    given, reading = set(), set()
+    for module, node in source_nodes():
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("environment"):
+            if variables & {alias.name for alias in node.names}:
+                given.add(module)
+        elif _reads_the_environment(node):
+            reading.add(module)
+    assert given and reading, (given, reading)  # the scan sees both
+    assert not given & reading, sorted(given & reading)
 
 
 def test_every_variable_mentioned_is_registered() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import pairwise
@@ -22,6 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "stagefrontier"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:  # the drawn flows' notation, read the same way by benchmarks/flow_modules.py
+    from drawn_flows import FLOW_CALL, PASSED_IN, flows_from_doc
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
 NAME = "stagefrontier"
 
 Graph = dict[str, dict[str, int]]
@@ -167,21 +173,6 @@ def split_floors(floors: Mapping[str, int]) -> list[str]:
     for floor, patterns in sorted(rows.items()):
         if len(patterns) > 1 and any(p.endswith("/") for p in patterns):
             found.append(f"floor {floor} holds {', '.join(sorted(patterns))}")
-    return found
-
-
-FLOW_CALL = re.compile(r"([a-z_]+(?:/[a-z_]*(?:<[a-z|]+>)?)?)(?:\.[A-Za-z_]+)* \[(\d+)\]")
-"""A module named in a drawn flow with its floor: ``window/rank [3]``, ``collect/<a|b> [10]``
-(a folder's modules), ``logs [8]``."""
-PASSED_IN = "◄ passed in"
-
-
-def flows_from_doc(text: str) -> dict[str, list[str]]:
-    """Title -> the lines of the first code block under each ``### The flow of ...`` heading."""
-    found = {}
-    for part in text.split("\n### The flow of ")[1:]:
-        title = part.split("\n", 1)[0]
-        found[title] = part.split("```\n", 1)[1].split("```", 1)[0].splitlines()
     return found
 
 

@@ -15,6 +15,7 @@ enough; over 20 steps it takes one of about 90 ms, or two of 45 ms, on rank 3 an
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,12 @@ def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
     said = [r for r in incident["reasons"] if r.startswith("not confirmed: in the trace rank 3's")]
     assert said and "under the material floor" in said[0], incident["reasons"]
     assert f"over {CAPTURED_STEPS} steps" in said[0], said
+    # One decision, one sentence: the trace and the live steps name the same top stage here
+    # (every rank's forward), so no reason may say they disagree. Before, every unconfirmed
+    # incident read "disagrees: trace top model.fwd_loss_cpu_wall, live top
+    # model.fwd_loss_cpu_wall", the two tops the same.
+    tops = {max(incident[k], key=incident[k].get) for k in ("trace_shares", "live_shares")}
+    for text in incident["reasons"]:
+        named = re.match(r"disagrees: trace top (\S+), live top (\S+),", text)
+        assert named is None or named[1] != named[2], incident["reasons"]
+        assert len(tops) > 1 or "disagrees" not in text, (tops, incident["reasons"])

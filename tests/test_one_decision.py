@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from stagefrontier import Gates, analyze
+from stagefrontier.analysis.block_lead import LeadTest
 from stagefrontier.analysis.side import SideEvidence
+from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import new_incident
 from stagefrontier.formats.stored_report import check_window_meta
@@ -21,11 +23,15 @@ from stagefrontier.render.headline import HEADLINE_MAX, window_headline
 from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import verdict as verdict_of_window
-from stagefrontier.route.confirm import Confirmation, _weak_lead
+from stagefrontier.route.confirm import Confirmation, LiveWindow, _weak_lead
 from stagefrontier.route.decide import MIN_SHARE, decide
+from stagefrontier.route.incident_writer import capture_cost
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
+from stagefrontier.route.requests import CaptureRequest
 from stagefrontier.window.loader import loader_block_lead
+from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
+from stagefrontier.window.rank import RankWindow
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
 RANKS = [0, 1, 2, 3]
@@ -68,6 +74,25 @@ def test_the_lead_over_bursts_is_judged_on_a_window_with_a_no_stall_reference() 
     assert decision is not None, why
     assert decision.suspect_rank == STALL
     assert any("judged over blocks of 2 steps" in r for r in decision.reasons), decision.reasons
+
+
+def test_a_loader_with_more_workers_than_a_block_is_confirmed_over_its_bursts() -> None:
+    """Rank 3's six DataLoader workers hand over their batches six at a time, 240 ms late: it
+    waits on one captured step in six. Cut into blocks of four, 12 captured steps leave one
+    block without a wait, and the capture was refused ("a delay in one step is no lead")
+    though the decision had judged the lead over blocks of six. The decision's burst now
+    reaches the confirmation, whose blocks hold one burst each; two workers' bursts, as the
+    decision gives them, and a capture shorter than two bursts are judged as before."""
+    six = ([240.0] + [0.0] * 5) * 2
+    weak, _, _ = _weak_lead(_captured(six), STAGES[1], (3, 2), MIN_SHARE)
+    assert "in every block of about 4 steps" in weak, weak  # the bug, without the burst
+    assert _weak_lead(_captured(six), STAGES[1], (3, 2), MIN_SHARE, burst=6)[0] == ""
+    one = [1.0] * 12
+    one[7] += 240.0  # one delayed step is still no lead, whatever the burst
+    weak, _, _ = _weak_lead(_captured(one), STAGES[1], (3, 2), MIN_SHARE, burst=6)
+    assert "in every block of about 6 steps" in weak, weak
+    decision, why = decide(_live_window(_bursts()))
+    assert decision is not None and decision.burst == 2, why
 
 
 def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
@@ -194,6 +219,92 @@ def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> Non
     said = verdict_of_window(report)
     assert "rank 2 alone leads data loading" in said, said
     assert said.endswith("Next: profile data loading (data.next_wait) on rank 2."), said
+
+
+def _analyzed(d: np.ndarray) -> AnalyzedWindow:
+    """``d`` as rank 0's analysis of the four ranks' windows gives it (each rank's own
+    durations in nanoseconds, the rest of the step zero)."""
+    steps = d.shape[0]
+    ranks = []
+    for rank in RANKS:
+        durations = np.zeros((steps, len(STAGES) + 1), dtype=np.int64)
+        durations[:, : len(STAGES)] = np.round(d[:, rank, :] * 1e9)
+        ranks.append(
+            RankWindow(
+                window=4,
+                first_step=80,
+                last_step=80 + steps - 1,
+                rank=rank,
+                stages=(*STAGES, "step.other_cpu_wall"),
+                durations_ns=durations,
+                wall_ns=durations.sum(axis=1),
+            )
+        )
+    return analyze_merged(merge_windows(ranks, len(RANKS)))
+
+
+class _Lines:
+    """A sink that keeps each window's line as the log sink writes it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, window: AnalyzedWindow) -> None:
+        self.lines.append(window_headline(window.report, window.record))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_on_it() -> None:
+    """Rank 2 waits 60 ms for data in each step (about 16% of it) under a backward pass whose
+    last rank changes step by step. A router with ``min_share=0.2`` does not capture that
+    lead; the window line, written before the router takes the window, said "Next: profile
+    data loading (data.next_wait) on rank 2" all the same (it judged the lead against the
+    default tenth of the step). The router's lead test now travels with the window to the
+    sinks, and the record states the lead it judged."""
+    d = _data_wait_under_a_shared_backward()
+    d[:, STALL, 0] -= 0.040
+    d[:, [0, 1, 3], 2] -= 0.040
+    window = _analyzed(d)
+    routed, why = decide(window)
+    assert routed is not None and (routed.stage, routed.suspect_rank) == (STAGES[0], STALL), why
+    assert decide(window, min_share=0.2)[0] is None
+    for share, named in ((None, True), (0.2, False)):
+        lines = _Lines()
+        consumers = Consumers()
+        taken: list[AnalyzedWindow] = []
+        test = None if share is None else LeadTest(min_share=share)
+        consumers.register(SimpleNamespace(take=taken.append), lead_test=test)
+        publish([lines], consumers, window)
+        (line,) = lines.lines
+        said = "Next: profile data loading (data.next_wait) on rank 2"
+        assert (said in line) is named, (share, line)
+        stated = {"stage": STAGES[0], "rank": STALL} if named else None
+        assert taken[0].record["lead_below_top"] == stated
+        assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
+        facts = check_window_meta(taken[0].record)  # and offline, from the stored record
+        assert (said in window_headline(window.report, facts)) is named
+
+
+def test_the_capture_is_compared_with_the_mean_step_of_the_same_regime() -> None:
+    """Rank 2's two DataLoader workers put a 300 ms wait on every other step of a 40 ms step,
+    before, during and after a capture of steps 26-30 that changes nothing. The incident said
+    "step time during capture: 182.3 ms, outside it 92.8 ms" (the captured steps' mean against
+    the others' median, which the bursts halve), as if the capture had doubled the step; both
+    are means now, as the window line's ms/step is."""
+    d = np.full((40, len(RANKS), len(STAGES)), 0.040 / len(STAGES))
+    d[::2, STALL, 0] += 0.300
+    live = [
+        LiveWindow(20 * w, tuple(RANKS), d[20 * w : 20 * w + 20], tuple(STAGES)) for w in (0, 1)
+    ]
+    request = CaptureRequest("w00000", (STALL, 0), 26, 5)
+    incident = new_incident("w00000", "window")
+    capture_cost(incident, request, live, since=0)
+    during, outside = incident["capture_step_ms"], incident["baseline_step_ms"]
+    assert during == pytest.approx(40 + 150 * 3 / 5, abs=1e-3)  # three of five steps wait
+    assert outside == pytest.approx(40 + 150 * 17 / 35, abs=1e-3)  # 17 of the other 35 wait
+    assert incident["baseline_steps"] == [0, 39]
 
 
 def _captured(lead_ms: list[float]) -> ReducedTrace:

@@ -11,12 +11,15 @@ them. The incident must say what the flat router says of the same stall
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from node_support import check_communication_read_as_flat
 from stagefrontier.demo.launch import read_windows
 from stagefrontier.demo.scale_check import main
 from trace_support import settled_incidents
@@ -25,13 +28,23 @@ NODES, PER_NODE = 2, 2
 STEPS, WINDOW = 60, 10  # room for a decision made late, on a loaded machine
 
 
-def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The job run flat and hierarchically (``tmp_path/flat``, ``tmp_path/hierarchical``, the
+    node leaders' windows kept) and what the comparison printed."""
+    tmp_path = tmp_path_factory.mktemp("router_hierarchical")
     argv = ["--nodes", str(NODES), "--per-node", str(PER_NODE), "--steps", str(STEPS)]
     argv += ["--window", str(WINDOW), "--fault", "data@2:120ms", "--router", "--out", str(tmp_path)]
-    main(argv)  # its exit code says whether every window's top and lead agreed: not asserted
-    printed = capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(argv)  # its exit code says whether every window's top and lead agreed: not asserted
+    return tmp_path, printed.getvalue()
+
+
+def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
+    runs: tuple[Path, str],
+) -> None:
+    tmp_path, printed = runs
     for run in ("flat", "hierarchical"):  # each run's incident, after the comparison table
         assert f"{run}: incident w" in printed and "data.next_wait on rank 2" in printed
     windows = read_windows(tmp_path / "hierarchical")
@@ -64,3 +77,19 @@ def test_a_stall_opens_one_confirmed_incident_on_its_rank_from_node_summaries(
     assert sorted(folder.glob("*.pt.trace.json*")) == sorted(
         folder / f"rank{r}.pt.trace.json.gz" for r in (2, reference)
     )
+
+
+def test_the_collectives_read_from_node_summaries_as_from_every_ranks_waits(
+    runs: tuple[Path, str],
+) -> None:
+    """Rank 0 reads each window's timed collectives from the node summaries as the flat reading
+    of the very windows the node leaders kept: transfer, wait, spread and arrival exactly, the
+    same late rank, the lateness within the stated bound. Rank 2's data stall holds rank 0 too
+    (DDP's forward broadcasts rank 0's buffers, and rank 0 waits there for rank 2), so both reach
+    backward's all-reduce about as late: no run names a rank there other than rank 2 (a late
+    rank must be late alone)."""
+    tmp_path = runs[0]
+    for run in ("flat", "hierarchical"):
+        named = [w["communication"]["late_rank"] for w in read_windows(tmp_path / run)]
+        assert set(named) <= {2, None}, (run, named)
+    check_communication_read_as_flat(tmp_path / "hierarchical", NODES * PER_NODE)

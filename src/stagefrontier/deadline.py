@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable
 
-from .environment import CLOSE_DEADLINE
+from .environment import CLOSE_DEADLINE, close_deadline_text
 from .failures import say_failed
 
 CLOSE_DEADLINE_S = 30.0
@@ -36,7 +35,7 @@ _said_invalid: set[str] = set()
 def close_deadline_s(log: logging.Logger) -> float:
     """The close deadline: ``DEADLINE_VARIABLE``'s seconds when it holds a number in
     ``DEADLINE_RANGE``, else ``CLOSE_DEADLINE_S`` (another value is said once)."""
-    text = os.environ.get(DEADLINE_VARIABLE, "").strip()
+    text = close_deadline_text()
     if not text:
         return CLOSE_DEADLINE_S
     try:

@@ -155,6 +155,12 @@ def current_attempt() -> tuple[str, int]:
     return run_id(), restart_count()
 
 
+def close_deadline_text() -> str:
+    """``STAGEFRONTIER_CLOSE_DEADLINE_S`` as set, stripped (empty when unset): read at each
+    close, its seconds checked by ``deadline.close_deadline_s``."""
+    return os.environ.get(CLOSE_DEADLINE.name, "").strip()
+
+
 def closes_on_sigterm() -> bool:
     """Whether a timer installs its SIGTERM handler (``STAGEFRONTIER_SIGTERM=1``)."""
     return os.environ.get(SIGTERM.name, "").strip() == "1"

@@ -19,6 +19,8 @@ import numpy.typing as npt
 from .analyzer import analyze
 from .evidence import StageLocalization
 from .gates import Gates
+from .noise import Difference, mean_excess
+from .schema import semantic_stage
 from .window_report import WindowReport
 
 MIN_BLOCKS = 4
@@ -26,6 +28,56 @@ MIN_BLOCKS = 4
 MIN_LEAD_SHARE = 0.1
 """The least share of the step by which a rank's lead must matter to be acted on (the
 profiler router's ``min_share``)."""
+LEAD_NOISE_FACTOR = 4.0
+"""Standard errors of the mean per-step lead it must clear (the router's ``noise_factor``)."""
+
+
+@dataclass(frozen=True)
+class LeadTest:
+    """When a rank's lead over a reference rank in a stage is one to act on: its time in the
+    stage minus the reference's, per step, averages at least ``min_share`` of the mean step and
+    stands ``noise_factor`` standard errors above zero (the profiler router's settings of the
+    same names; the window line judges a lead by the router's)."""
+
+    min_share: float = MIN_LEAD_SHARE
+    noise_factor: float = LEAD_NOISE_FACTOR
+
+    def excess(
+        self,
+        d: npt.NDArray[np.float64],
+        stages: Sequence[str],
+        rank_ids: Sequence[int],
+        stage: str,
+        pair: tuple[int, int],
+        burst: int,
+        step_s: float,
+    ) -> Difference:
+        """How far the suspect's time in the broad ``stage`` exceeds the reference's
+        (``pair``) per step of ``d [N, R, S]`` (over blocks of ``burst`` steps, per step),
+        against ``min_share`` of ``step_s`` and ``noise_factor`` standard errors."""
+        columns = [i for i, name in enumerate(stages) if semantic_stage(name) == stage]
+        suspect, reference = (list(rank_ids).index(rank) for rank in pair)
+        lead = d[:, suspect, columns] - d[:, reference, columns]
+        per_step = block_sums(lead.sum(axis=1), burst) / burst
+        return mean_excess(per_step, self.min_share * step_s, self.noise_factor)
+
+
+DEFAULT_LEAD_TEST = LeadTest()
+
+
+def median_reference(
+    d: npt.NDArray[np.float64],
+    stages: Sequence[str],
+    rank_ids: Sequence[int],
+    stage: str,
+    suspect: int,
+) -> int:
+    """The rank whose total time in the broad ``stage`` is the median of the ranks other than
+    ``suspect`` (the lower of the two middle ones)."""
+    columns = [i for i, name in enumerate(stages) if semantic_stage(name) == stage]
+    totals = d[:, :, columns].sum(axis=(0, 2))
+    others = sorted((float(totals[i]), r) for i, r in enumerate(rank_ids) if r != suspect)
+    return others[(len(others) - 1) // 2][1]
 
 
 @dataclass(frozen=True)
@@ -84,6 +136,30 @@ def steady_lead_below_top(report: WindowReport, min_share: float = MIN_LEAD_SHAR
         if stage != top and steady and loc.delta_lag_mean_s >= min_share * mean_step:
             return stage
     return None
+
+
+def routed_lead_below_top(
+    report: WindowReport,
+    d: npt.NDArray[np.float64] | None,
+    rank_ids: Sequence[int],
+    test: LeadTest = DEFAULT_LEAD_TEST,
+) -> tuple[str, int] | None:
+    """The stage below the top one that the profiler router captures, and its leading rank:
+    ``steady_lead_below_top`` by ``test.min_share``, and, where ``d [N, R, S]`` holds the
+    ranks' columns (``rank_ids``), that rank's time in the stage exceeding the rank of median
+    time in it by ``test`` (``LeadTest.excess``). The window line names this lead and the
+    router acts on it: one judgment. None when there is none."""
+    below = steady_lead_below_top(report, test.min_share)
+    suspect = None if below is None else report.semantic_localization[below].leader_rank
+    if below is None or suspect is None:
+        return None
+    if d is not None and d.shape[1] == len(rank_ids) > 1:
+        reference = median_reference(d, report.stages, rank_ids, below, suspect)
+        step_s = report.exposed_s / report.n_steps
+        pair = (suspect, reference)
+        if not test.excess(d, report.stages, rank_ids, below, pair, 1, step_s).stands_out:
+            return None
+    return below, suspect
 
 
 def block_sums(d: npt.NDArray[np.float64], size: int) -> npt.NDArray[np.float64]:

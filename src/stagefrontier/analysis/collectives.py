@@ -10,16 +10,17 @@ the step.
 
 Per window and collective: the transfer (median over steps of the shortest wait), the wait for
 the late rank (median over steps of the ranks' mean extra wait), how far apart the ranks
-arrived (median of the longest extra wait), and the late rank. Each rank's lateness is the
-median over steps of how much after the median of the other ranks it arrived (its wait's
-shortfall against theirs), so a rank that is late in most steps is seen even in steps where a
-descheduled rank arrived later still, and a rank that is last by chance in a few steps is not.
-The latest rank is named when its lateness is material (``LATE_MIN_MS``,
-``LATE_STEP_FRACTION``) and stands out of the window's own noise: ``NOISE_FACTOR`` times how
-far apart the other ranks arrive in a typical step (the median over steps of their waits'
-median absolute deviation), and ``STEADY_FACTOR`` times how much its own lateness wavers from
-step to step. None of it enters the prefix vector: it is side evidence for the labels and the
-verdict.
+arrived (median of the longest extra wait), and the late rank. The rule judges each rank's
+arrival across the window's steps, not step by step: a rank's typical wait is its median over
+the steps, and the rank with the shortest is the candidate, late by the median over steps of
+how long after the other ranks' median it arrived. It is named when that lateness is material
+(``LATE_MIN_MS``, ``LATE_STEP_FRACTION``), stands out of the window's noise as a median over its
+steps does (``NOISE_FACTOR`` times the other ranks' spread in a typical step over the root of
+the steps), held in most steps (``PERSIST_FRACTION``) and alone (``ALONE_FRACTION``: no other
+rank's typical wait is nearly as short). On a loaded host the ranks' order in
+one step is the scheduler's, but a rank held back in most steps of a window stands out of that
+noise over the window, while one last by chance in a few steps does not.
+None of it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
 from __future__ import annotations
@@ -39,16 +40,22 @@ LATE_MIN_MS = 20.0
 LATE_STEP_FRACTION = 0.05
 """...and the least as a fraction of the median step: scheduling noise on a loaded host stays
 below both."""
-NOISE_FACTOR = 4.0
-"""...and at least this many times the window's noise: the median over steps of how far the
-other ranks' waits lie from their median (on a loaded host the ranks arrive in the scheduler's
-order, tens of milliseconds apart at 8 ranks on 2 cores, and a rank late by that much in most
-steps is not named)."""
-STEADY_FACTOR = 2.0
-"""...and at least this many times how much its own lateness wavers from step to step (the
-median over steps of its distance from its median): a rank late by about as much in most steps,
-not far behind in some and ahead in others (with 4 ranks the other three's spread says little
-of the window's noise)."""
+NOISE_FACTOR = 8.0
+"""...and at least this many times the window's noise over the square root of its steps: the
+noise is how far the other ranks' waits lie from their median in a typical step (the median over
+steps of their median absolute deviation), and a median over the window's steps is known to
+about a quarter of that over the root of the steps, so this is about four of its standard
+errors. On a loaded host the ranks reach a collective in the scheduler's order, tens of
+milliseconds apart at 8 ranks on 2 cores, step by step; a rank held back by as much in most
+steps of a window still stands out, as one behind by chance in a few does not."""
+PERSIST_FRACTION = 0.7
+"""...and it arrives at least half its lateness after the other ranks' median in at least this
+part of the steps: a rank late in most steps, not one far behind in a few."""
+ALONE_FRACTION = 0.5
+"""...and its typical wait shorter than every other rank's by at least this part of its lateness:
+it is late alone. Where two ranks arrive about as late (a DDP forward's buffer broadcast from rank
+0 holds rank 0 in the forward until a rank stalled before it arrives, so both reach backward's
+all-reduce late), naming one of them would be a guess."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -125,7 +132,9 @@ class CollectiveTimes:
         """From ``to_dict()``'s form; raises ReportFormatError naming what is wrong."""
         if not isinstance(data, dict) or set(data) != {"keys", "wait_ms", "reached_ms", "untimed"}:
             raise ReportFormatError("collectives must hold keys, wait_ms, reached_ms and untimed")
-        keys = [_key(k, "collectives") for k in _list(data["keys"], "collectives keys")]
+        keys = [
+            checked_key(k, "collectives") for k in checked_list(data["keys"], "collectives keys")
+        ]
         try:
             wait = np.array(data["wait_ms"], dtype=np.float64)
             reached = np.array(data["reached_ms"], dtype=np.float64)
@@ -136,7 +145,7 @@ class CollectiveTimes:
                 raise ReportFormatError(f"collectives {name} must be [steps, ranks, keys] >= 0")
         if wait.shape != reached.shape:
             raise ReportFormatError("collectives wait_ms and reached_ms differ in shape")
-        untimed = _list(data["untimed"], "collectives untimed")
+        untimed = checked_list(data["untimed"], "collectives untimed")
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError("collectives untimed must be a list of strings")
         return cls(
@@ -154,7 +163,8 @@ class CollectiveReading:
     call: int
     nbytes: int
     reached_ms: float
-    """The median over steps and ranks of when the ranks reached it, from their step's start."""
+    """The median over steps of when the ranks reached it on average, from their step's
+    start."""
     last_bucket: bool
     """The highest bucket of its family and stage: in DDP, the last one backward reaches."""
     steps: int
@@ -165,6 +175,9 @@ class CollectiveReading:
     late_rank: int | None
     lateness_ms: float
     late_steps: int
+    bound_ms: float = 0.0
+    """Under hierarchical collection, how far ``lateness_ms`` (and the noise it is judged
+    against) may lie from the reading of every rank's waits; 0 where it is exact."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,8 @@ class CommunicationReading:
     late: CollectiveReading | None
     slowest: CollectiveReading | None
     untimed: list[str]
+    bound_ms: float = 0.0
+    """The largest of the collectives' ``bound_ms``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +205,7 @@ class CommunicationReading:
             "slowest": None if self.slowest is None else _rounded(self.slowest),
             "collectives": [_rounded(c) for c in self.collectives],
             "untimed": self.untimed,
+            "bound_ms": round(self.bound_ms, 3),
         }
 
 
@@ -197,53 +213,100 @@ def read_collectives(
     times: CollectiveTimes, rank_ids: Sequence[int], step_ms: float
 ) -> CommunicationReading:
     """The window's reading (``step_ms``: the median step, for the lateness threshold)."""
-    threshold = max(LATE_MIN_MS, LATE_STEP_FRACTION * step_ms)
-    top: dict[tuple[str, str | None], int] = {}
-    for family, bucket, stage, _ in times.keys:
-        top[(family, stage)] = max(top.get((family, stage), bucket), bucket)
+    threshold = late_threshold(step_ms)
     readings = []
     for c, key in enumerate(times.keys):
-        reading = _read_one(times.wait_ms[:, :, c], key, times.nbytes[c], rank_ids, threshold)
-        if reading is not None:
-            last = reading.bucket == top[(reading.family, reading.stage)]
+        wait = times.wait_ms[:, :, c]
+        if np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2:
             reached = times.reached_ms[:, :, c]
-            arrived = float(np.median(reached[np.isfinite(reached)]))
-            readings.append(_with(reading, last_bucket=last, reached_ms=arrived))
+            steps = StepFacts.of_waits(wait, np.asarray(rank_ids), reached)
+            readings.append(judged(key, times.nbytes[c], steps, threshold))
+    return reading_of(readings, times.untimed)
+
+
+def late_threshold(step_ms: float) -> float:
+    """The least lateness that names a late rank, for a window of ``step_ms`` steps."""
+    return max(LATE_MIN_MS, LATE_STEP_FRACTION * step_ms)
+
+
+def reading_of(
+    readings: Sequence[CollectiveReading], untimed: Sequence[str]
+) -> CommunicationReading:
+    """The window's collectives read together (``last_bucket`` set per family and stage)."""
+    top: dict[tuple[str, str | None], int] = {}
+    for r in readings:
+        top[(r.family, r.stage)] = max(top.get((r.family, r.stage), r.bucket), r.bucket)
+    marked = [_with(r, last_bucket=r.bucket == top[(r.family, r.stage)]) for r in readings]
     return CommunicationReading(
-        collectives=readings,
-        transfer_ms=sum(r.transfer_ms for r in readings),
-        wait_ms=sum(r.wait_ms for r in readings),
-        late=_first_late(readings),
-        slowest=max(readings, key=lambda r: r.transfer_ms) if readings else None,
-        untimed=list(times.untimed),
+        collectives=marked,
+        transfer_ms=sum(r.transfer_ms for r in marked),
+        wait_ms=sum(r.wait_ms for r in marked),
+        late=_first_late(marked),
+        slowest=max(marked, key=lambda r: r.transfer_ms) if marked else None,
+        untimed=list(untimed),
+        bound_ms=max((r.bound_ms for r in marked), default=0.0),
     )
 
 
-def _read_one(
-    wait: npt.NDArray[np.float64],
-    key: Key,
-    nbytes: int,
-    rank_ids: Sequence[int],
-    threshold: float,
-) -> CollectiveReading | None:
-    full = wait[np.isfinite(wait).all(axis=1)]
-    if not len(full) or full.shape[1] < 2:
-        return None
-    shortest = full.min(axis=1)
-    extra = full - shortest[:, None]
-    last = full.argmin(axis=1)
-    behind = _behind_the_others(full)
-    scores = np.median(behind, axis=0)
-    late = int(np.argmax(scores))
-    lateness = float(scores[late])
-    others = np.delete(full, late, axis=1)
-    spread = np.abs(others - np.median(others, axis=1, keepdims=True))
-    noise = float(np.median(np.median(spread, axis=1)))
-    wavers = float(np.median(np.abs(behind[:, late] - lateness)))
+@dataclass(frozen=True)
+class StepFacts:
+    """What the late-rank rule reads of one collective: over the window's steps in which every
+    rank timed it (``[T]`` each), the shortest wait (the transfer), the ranks' mean and longest
+    wait, the rank that waited least (the last to arrive) and the ranks' mean arrival; and of
+    the rank with the shortest typical wait (its median over the steps it timed), how far
+    behind the other ranks' median it arrived in each step (``behind``; its lateness is their
+    median), the ``gap`` from its typical wait to the next shortest, and the window's ``noise``
+    (the median over steps of the other ranks' waits' median absolute deviation). Read exactly
+    from every rank's waits (``of_waits``), or from node summaries
+    (``analysis.collective_summary``), ``behind`` and ``noise`` within ``bound_ms``."""
+
+    shortest: npt.NDArray[np.float64]
+    mean: npt.NDArray[np.float64]
+    longest: npt.NDArray[np.float64]
+    last: npt.NDArray[np.int64]
+    reached: npt.NDArray[np.float64]
+    late: int
+    gap: float
+    noise: float
+    behind: npt.NDArray[np.float64]
+    bound_ms: float = 0.0
+
+    @classmethod
+    def of_waits(
+        cls,
+        wait: npt.NDArray[np.float64],
+        ranks: npt.NDArray[np.int64],
+        reached: npt.NDArray[np.float64],
+    ) -> StepFacts:
+        """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it)
+        and arrival offsets ``[T, R]``."""
+        typical = np.nanmedian(wait, axis=0)
+        late = int(np.argmin(typical))
+        every = np.isfinite(wait).all(axis=1)
+        full = wait[every]
+        others = np.delete(full, late, axis=1)
+        middle = np.median(others, axis=1)
+        return cls(
+            shortest=full.min(axis=1),
+            mean=full.mean(axis=1),
+            longest=full.max(axis=1),
+            last=ranks[full.argmin(axis=1)],
+            reached=reached[every].mean(axis=1),
+            late=int(ranks[late]),
+            gap=float(np.min(np.delete(typical, late)) - typical[late]),
+            noise=float(np.median(np.median(np.abs(others - middle[:, None]), axis=1))),
+            behind=middle - full[:, late],
+        )
+
+
+def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> CollectiveReading:
+    """One collective's reading from its steps' facts: the late rule (module doc)."""
+    lateness = float(np.median(steps.behind))
     named = (
         lateness >= threshold
-        and lateness >= NOISE_FACTOR * noise
-        and lateness >= STEADY_FACTOR * wavers
+        and lateness >= NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
+        and steps.gap >= ALONE_FRACTION * lateness
+        and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
     )
     family, bucket, stage, call = key
     return CollectiveReading(
@@ -252,32 +315,17 @@ def _read_one(
         stage=stage,
         call=call,
         nbytes=nbytes,
-        reached_ms=0.0,
+        reached_ms=float(np.median(steps.reached)),
         last_bucket=False,
-        steps=len(full),
-        transfer_ms=float(np.median(shortest)),
-        wait_ms=float(np.median(extra.mean(axis=1))),
-        spread_ms=float(np.median(extra.max(axis=1))),
-        late_rank=int(rank_ids[late]) if named else None,
+        steps=len(steps.shortest),
+        transfer_ms=float(np.median(steps.shortest)),
+        wait_ms=float(np.median(steps.mean - steps.shortest)),
+        spread_ms=float(np.median(steps.longest - steps.shortest)),
+        late_rank=steps.late if named else None,
         lateness_ms=lateness if named else 0.0,
-        late_steps=int((last == late).sum()) if named else 0,
+        late_steps=int((steps.last == steps.late).sum()) if named else 0,
+        bound_ms=steps.bound_ms,
     )
-
-
-def _behind_the_others(wait: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``[steps, ranks]``: how long after the median of the other ranks each rank arrived in
-    each step (the others' median wait less its own), from one sort per step."""
-    ranks = wait.shape[1]
-    ordered = np.sort(wait, axis=1)
-    position = np.argsort(np.argsort(wait, axis=1, kind="stable"), axis=1)
-
-    def others_at(i: int) -> npt.NDArray[np.float64]:
-        # the i-th smallest of the others: the sorted index skips the rank's own place
-        index = np.where(i < position, i, i + 1)
-        return np.take_along_axis(ordered, index, axis=1)
-
-    low, high = (ranks - 2) // 2, (ranks - 1) // 2
-    return (others_at(low) + others_at(high)) / 2 - wait
 
 
 def ddp_family(family: str) -> bool:
@@ -311,23 +359,21 @@ def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | No
     )
 
 
-def _with(reading: CollectiveReading, last_bucket: bool, reached_ms: float) -> CollectiveReading:
-    return CollectiveReading(
-        **{**asdict(reading), "last_bucket": last_bucket, "reached_ms": reached_ms}
-    )
+def _with(reading: CollectiveReading, last_bucket: bool) -> CollectiveReading:
+    return CollectiveReading(**{**asdict(reading), "last_bucket": last_bucket})
 
 
 def _rounded(reading: CollectiveReading) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reading).items()}
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def checked_list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise ReportFormatError(f"{where} must be a list")
     return value
 
 
-def _key(value: Any, where: str) -> tuple[str, int, str | None, int, int]:
+def checked_key(value: Any, where: str) -> tuple[str, int, str | None, int, int]:
     """``[family, bucket, stage or null, call, bytes]``."""
     if (
         not isinstance(value, list)
@@ -350,8 +396,8 @@ def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
         return value
     if set(value) != {"keys", "calls", "untimed"}:
         raise ReportFormatError(f"{where} must hold keys, calls and untimed")
-    keys = [_key(k, where) for k in _list(value["keys"], where)]
-    for call in _list(value["calls"], where):
+    keys = [checked_key(k, where) for k in checked_list(value["keys"], where)]
+    for call in checked_list(value["calls"], where):
         if not (
             isinstance(call, list)
             and len(call) == 5
@@ -361,7 +407,7 @@ def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
             and call[4] >= 0
         ):
             raise ReportFormatError(f"{where}: a call must be [step, key, reached, issued, wait]")
-    if not all(isinstance(u, str) for u in _list(value["untimed"], where)):
+    if not all(isinstance(u, str) for u in checked_list(value["untimed"], where)):
         raise ReportFormatError(f"{where} untimed must be a list of strings")
     return value
 

@@ -61,28 +61,36 @@ class Side:
 
 
 @dataclass(frozen=True)
+class SideMeans:
+    """One side's per-step means in milliseconds, its stage advances (the compared stages, and
+    ``other stages`` where some are left out) summing to its exposed time, and the report of
+    its windows as one."""
+
+    exposed_ms: float
+    advance_ms: dict[str, float]
+    report: WindowReport
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Per-step means in milliseconds, ``new - base``; see ``to_dict`` for the JSON form."""
 
     base: Side
     new: Side
     stages: tuple[str, ...]
-    base_exposed_ms: float
-    new_exposed_ms: float
-    base_advance_ms: dict[str, float]
-    new_advance_ms: dict[str, float]
+    base_means: SideMeans
+    new_means: SideMeans
     rank_deltas: list[dict[str, Any]]
-    base_report: WindowReport
-    new_report: WindowReport
     notes: list[str] = field(default_factory=list)
 
     @property
     def delta_exposed_ms(self) -> float:
-        return self.new_exposed_ms - self.base_exposed_ms
+        return self.new_means.exposed_ms - self.base_means.exposed_ms
 
     @property
     def delta_advance_ms(self) -> dict[str, float]:
-        return {s: self.new_advance_ms[s] - self.base_advance_ms[s] for s in self.base_advance_ms}
+        base, new = self.base_means.advance_ms, self.new_means.advance_ms
+        return {s: new[s] - base[s] for s in base}
 
     @property
     def top_stage(self) -> str:
@@ -114,17 +122,17 @@ class Comparison:
             "base_steps": int(self.base.d.shape[0]),
             "new_steps": int(self.new.d.shape[0]),
             "world_size": int(self.base.d.shape[1]),
-            "stages": list(self.base_advance_ms),
-            "base_exposed_ms_per_step": self.base_exposed_ms,
-            "new_exposed_ms_per_step": self.new_exposed_ms,
+            "stages": list(self.base_means.advance_ms),
+            "base_exposed_ms_per_step": self.base_means.exposed_ms,
+            "new_exposed_ms_per_step": self.new_means.exposed_ms,
             "delta_exposed_ms_per_step": self.delta_exposed_ms,
-            "base_advance_ms_per_step": self.base_advance_ms,
-            "new_advance_ms_per_step": self.new_advance_ms,
+            "base_advance_ms_per_step": self.base_means.advance_ms,
+            "new_advance_ms_per_step": self.new_means.advance_ms,
             "delta_advance_ms_per_step": self.delta_advance_ms,
             "top_stage": self.top_stage,
             "leaders": {
-                "base": self.leaders(self.base_report),
-                "new": self.leaders(self.new_report),
+                "base": self.leaders(self.base_means.report),
+                "new": self.leaders(self.new_means.report),
             },
             "labels": {"base": label_counts(self.base), "new": label_counts(self.new)},
             "top_stage_rank_deltas": self.stage_rank_deltas(self.top_stage),
@@ -170,33 +178,27 @@ def compare(base: Side, new: Side, stages: Sequence[str] | None = None) -> Compa
                 raise CompareError(f"{side.name} has no stage {', '.join(absent)}")
         if chosen != base.stages or chosen != new.stages:
             notes.append(f"stages not named are compared together as {OTHER_STAGES!r}")
-    base_adv, base_exposed = _mean_advances(base, chosen)
-    new_adv, new_exposed = _mean_advances(new, chosen)
     result = Comparison(
         base=base,
         new=new,
         stages=chosen,
-        base_exposed_ms=base_exposed,
-        new_exposed_ms=new_exposed,
-        base_advance_ms=base_adv,
-        new_advance_ms=new_adv,
+        base_means=side_means(base, chosen),
+        new_means=side_means(new, chosen),
         rank_deltas=_rank_deltas(base, new, chosen),
-        base_report=analyze(base.d, base.stages),
-        new_report=analyze(new.d, new.stages),
         notes=notes,
     )
     _check_identity(result)
     return result
 
 
-def _mean_advances(side: Side, chosen: Sequence[str]) -> tuple[dict[str, float], float]:
+def side_means(side: Side, chosen: Sequence[str]) -> SideMeans:
     a = advances(side.d)  # [N, S]: sums to each step's exposed time
     means = a.mean(axis=0) * MS
     out = {s: float(means[side.stages.index(s)]) for s in chosen}
     rest = [j for j, s in enumerate(side.stages) if s not in chosen]
     if rest or len(chosen) != len(side.stages):
         out[OTHER_STAGES] = float(means[rest].sum()) if rest else 0.0
-    return out, float(a.sum(axis=1).mean() * MS)
+    return SideMeans(float(a.sum(axis=1).mean() * MS), out, analyze(side.d, side.stages))
 
 
 def _rank_deltas(base: Side, new: Side, chosen: Sequence[str]) -> list[dict[str, Any]]:
@@ -214,7 +216,7 @@ def _rank_deltas(base: Side, new: Side, chosen: Sequence[str]) -> list[dict[str,
 
 def _check_identity(result: Comparison) -> None:
     total = sum(result.delta_advance_ms.values())
-    scale = max(result.base_exposed_ms, result.new_exposed_ms, 1.0)
+    scale = max(result.base_means.exposed_ms, result.new_means.exposed_ms, 1.0)
     if abs(total - result.delta_exposed_ms) > 1e-9 * scale:
         raise CompareError(
             f"internal error: stage deltas sum to {total!r} ms, exposed delta is "

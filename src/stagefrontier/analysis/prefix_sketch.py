@@ -108,24 +108,58 @@ def sketch_median(
     ``front`` is the exact frontier (the lane maximum), which caps the highest bucket.
     """
     shape = sketch.lane_min.shape
-    lane_min, top = sketch.lane_min.ravel(), front.ravel()
-    ends = np.cumsum(sketch.sizes)
-    starts = ends - sketch.sizes
     cumulative = np.cumsum(sketch.count)
     base = np.arange(sketch.sizes.size) * n_ranks
+    low_all, high_all = entry_bounds(sketch, front)
     estimate = np.zeros(sketch.sizes.size)
     half_widths = np.zeros(sketch.sizes.size)
     for k in sorted({(n_ranks - 1) // 2, n_ranks // 2}):
         entry = np.searchsorted(cumulative, base + k, side="right")
-        bucket = sketch.index[entry].astype(np.float64)
-        low = np.power(sketch.growth, bucket - 1) * (1 - _SLACK)
-        high = np.power(sketch.growth, bucket) * (1 + _SLACK)
-        low = np.where(entry == starts, lane_min, np.maximum(low, lane_min))
-        high = np.where(entry == ends - 1, top, np.minimum(high, top))
+        low, high = low_all[entry], high_all[entry]
         estimate += 0.5 * (low + high)
         half_widths += 0.5 * (high - low)
     pairs = 1 if n_ranks % 2 else 2
     return (estimate / pairs).reshape(shape), (half_widths / pairs).reshape(shape)
+
+
+def entry_bounds(sketch: PrefixSketch, front: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``[E]`` the least and the most each bucket's values can be: its edges, narrowed by its
+    lane's exact minimum and ``front`` (its exact maximum), which also bound a lane's lowest and
+    highest kept buckets (where folded values sit)."""
+    lane = np.repeat(np.arange(sketch.sizes.size), sketch.sizes)
+    ends = np.cumsum(sketch.sizes)
+    starts = ends - sketch.sizes
+    entry = np.arange(sketch.index.size)
+    lane_min, top = sketch.lane_min.ravel()[lane], front.ravel()[lane]
+    bucket = sketch.index.astype(np.float64)
+    low = np.power(sketch.growth, bucket - 1) * (1 - _SLACK)
+    high = np.power(sketch.growth, bucket) * (1 + _SLACK)
+    low = np.where(entry == starts[lane], lane_min, np.maximum(low, lane_min))
+    high = np.where(entry == ends[lane] - 1, top, np.minimum(high, top))
+    return low, high
+
+
+def widen_lanes(sketch: PrefixSketch, columns: IntArray, width: int, n_ranks: int) -> PrefixSketch:
+    """The sketch of ``[N, S]`` lanes laid out as ``[N, width]``: column ``s`` moves to
+    ``columns[s]``, and each new column holds the ``n_ranks`` ranks at the floor (lanes where
+    they recorded nothing), so sketches of groups that recorded different columns merge."""
+    n = sketch.lane_min.shape[0]
+    moved = (np.arange(n)[:, None] * width + columns[None, :]).ravel()
+    lane = np.repeat(moved, sketch.sizes)
+    empty = np.setdiff1d(np.arange(n * width), moved)
+    floor = int(np.ceil(np.log(FLOOR_S) / np.log(sketch.growth)))
+    entries = (
+        np.concatenate([lane, empty]),
+        np.concatenate([sketch.index, np.full(empty.size, floor)]),
+        np.concatenate([sketch.count, np.full(empty.size, n_ranks)]),
+    )
+    lane_min = np.zeros(n * width)
+    lane_min[moved] = sketch.lane_min.ravel()
+    folds = (np.full(n * width, NO_FOLD_LOW), np.full(n * width, NO_FOLD_HIGH))
+    folds[0][moved], folds[1][moved] = sketch.fold_low, sketch.fold_high
+    return _from_entries(
+        entries, lane_min.reshape(n, width), folds, n_ranks, sketch.growth, sketch.max_buckets
+    )
 
 
 def _from_entries(

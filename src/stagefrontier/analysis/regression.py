@@ -39,7 +39,10 @@ every rank by a tenth of it (a neighbour burning CPU slows every rank unevenly)
 largest rank means, more than half the ranks grew in the top stage by half the most any
 did). A rank slower in every stage than the others (a stall in every microstep of its data
 wait, a straggler host) holds them up only in the collectives they meet it in, where their own
-growth then sits: it is a ``stage`` regression of a stage that rank grew in beyond the others.
+growth then sits: it is a ``stage`` regression of a stage that rank grew in beyond the others,
+when its lead over the others there grew by the margin a stage's own growth must clear
+(``min_increase`` of the baseline's median step and ``noise_factor`` standard errors over blocks
+of steps); else the whole job's (a busy machine slows the ranks unevenly).
 
 A flagged window whose increase does not also stand out of the baseline windows' wander
 (``noise.window_wander``, ``WANDER_SIGMAS`` of it) is a ``whole_job`` slowdown whatever its
@@ -319,8 +322,10 @@ class RegressionCheck:
             Side.from_windows(f"window {entry.window}", [entry.d], stages),
         )
         if top is None:
-            # every stage grew with the step: the whole job's only if the ranks did too
+            # every stage grew with the step: the whole job's only if the ranks did too, and
+            # the rank it is placed on stands out of the ranks in that stage
             spread, top = rank_spread(result, entry.n_ranks)
+            spread = spread or not self._rank_stands_out(entry, top)
         else:  # one stage grew beyond its share: a neighbour's, if every rank grew in several
             spread = spread_beyond_stage(result, entry.n_ranks, top)
         grew = result.stage_rank_deltas(top)
@@ -337,6 +342,31 @@ class RegressionCheck:
             "rank_delta_ms_per_step": {str(row["rank"]): row["delta_ms"] for row in grew},
             "spread_over_ranks": spread,
         }
+
+    def _rank_stands_out(self, entry: _Healthy, stage: str) -> bool:
+        """Whether the rank whose own time in ``stage``'s broad stage grew most now spends
+        longer there than every other rank by more than it did in the baseline: by at least
+        ``min_increase`` of the baseline's median step and ``noise_factor`` standard errors
+        (means over blocks of ``BLOCK_STEPS`` steps, ``noise.mean_shift``), the test a stage's
+        own growth passes (``_localize``). A busy machine slows the ranks unevenly: a healthy
+        run's 126 ms/step slowdown, 103 ms of it in backward, was placed on the rank whose data
+        wait grew 33 ms/step (the others' 10, 8.5 and -11)."""
+        assert entry.d is not None and self._stages is not None
+        if entry.d.shape[1] < 2:
+            return True
+        index = self._stages.index(stage)
+        members = next(g for g in stage_groups(self._stages)[1] if index in g)
+        before = np.concatenate([h.d for h in self._healthy if h.d is not None])
+        before, now = before[:, :, members].sum(axis=2), entry.d[:, :, members].sum(axis=2)
+        rank = int(np.argmax(now.mean(axis=0) - before.mean(axis=0)))
+
+        def ahead(x: FloatArray) -> FloatArray:
+            return np.asarray(x[:, rank] - np.delete(x, rank, axis=1).max(axis=1))
+
+        base = np.concatenate([h.exposed for h in self._healthy])
+        floor = self.config.min_increase * float(np.median(base))
+        was, grown = block_means(ahead(before), BLOCK_STEPS), block_means(ahead(now), BLOCK_STEPS)
+        return mean_shift(was, grown, floor, self.config.noise_factor).stands_out
 
     def _split_summary(self, entry: _Healthy, top: str | None) -> dict[str, Any]:
         """``_split`` from node summaries (see the module docstring)."""

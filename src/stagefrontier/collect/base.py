@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from ..analysis.block_lead import LeadTest
 from ..analysis.gates import Gates
 from ..analysis.regression import DEFAULT_REGRESSION, RegressionConfig
 from ..failures import say_failed
@@ -66,10 +67,24 @@ class Consumers:
     def __init__(self) -> None:
         self._registered: tuple[WindowConsumer, ...] = ()
         self._lock = threading.Lock()
+        self._lead_test: LeadTest | None = None
 
-    def register(self, consumer: WindowConsumer) -> None:
+    def register(self, consumer: WindowConsumer, lead_test: LeadTest | None = None) -> None:
+        """``lead_test``: when a rank's lead in a stage below the top one is one ``consumer``
+        acts on (the profiler router's ``min_share`` and ``noise_factor``); every window
+        published from then on carries it (``stamped``), so that the window line the sinks
+        write names no lead the consumer would not act on."""
         with self._lock:  # a new tuple: the analysis thread iterates the one it read
             self._registered = (*self._registered, consumer)
+            if lead_test is not None:
+                self._lead_test = lead_test
+
+    def stamped(self, window: AnalyzedWindow) -> AnalyzedWindow:
+        """``window`` with the registered lead test (itself when none was given)."""
+        test = self._lead_test
+        if test is None or test == window.lead_test:
+            return window
+        return replace(window, lead_test=test)
 
     def deliver(self, window: AnalyzedWindow) -> None:
         for consumer in self._registered:
@@ -81,7 +96,9 @@ class Consumers:
 
 
 def publish(sinks: Sequence[Sink], consumers: Consumers, window: AnalyzedWindow) -> None:
-    """An analyzed window to the sinks, then to the consumers."""
+    """An analyzed window to the sinks, then to the consumers (with the lead test they act on:
+    ``Consumers.stamped``)."""
+    window = consumers.stamped(window)
     emit(sinks, window)
     consumers.deliver(window)
 

@@ -50,14 +50,14 @@ class LiveAnalysis:
         """The window analyzed, with its host signals, regression check and slow collective."""
         signals = self._host_signals()
         analyzed = self._analyze(merged, signals)
+        return self._read_collectives(replace(analyzed, host_signals=signals))
+
+    def _read_collectives(self, analyzed: AnalyzedWindow) -> AnalyzedWindow:
+        """The window with its slow collective, and its regression naming the late rank."""
         reading = analyzed.communication
-        slow = self._collectives.check(merged.reference.window, reading)
-        return replace(
-            analyzed,
-            slow_collective=slow,
-            regression=_late_into(analyzed.regression, reading),
-            host_signals=signals,
-        )
+        slow = self._collectives.check(analyzed.merged.reference.window, reading)
+        late = _late_into(analyzed.regression, reading)
+        return replace(analyzed, slow_collective=slow, regression=late)
 
     def _analyze(self, merged: MergedWindow, signals: dict[str, Any]) -> AnalyzedWindow:
         check = self._check
@@ -79,15 +79,17 @@ class LiveAnalysis:
         )
 
     def check_summary(self, analyzed: AnalyzedWindow) -> AnalyzedWindow:
-        """A window analyzed from node summaries, with its host signals and regression check."""
+        """A window analyzed from node summaries, with its host signals, regression check and
+        slow collective."""
         analyzed = replace(analyzed, host_signals=self._host_signals())
         check, summary = self._check, analyzed.summary
         side = analyzed.side
         if check is None or summary is None or side.missing_ranks or side.mismatched_ranks:
-            return analyzed
+            return self._read_collectives(analyzed)
         ref = analyzed.merged.reference
         regression = check.check_summary(ref.window, summary, marks(ref))
-        return replace(analyzed, regression=self._with_host(regression, analyzed.host_signals))
+        regression = self._with_host(regression, analyzed.host_signals)
+        return self._read_collectives(replace(analyzed, regression=regression))
 
     def _host_signals(self) -> dict[str, Any]:
         """Rank 0's host signals since the window before (since the collector started for the

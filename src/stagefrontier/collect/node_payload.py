@@ -19,6 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..analysis.analyzer import analyze_summary
+from ..analysis.collective_summary import (
+    CollectiveSummary,
+    combine_collectives,
+    summarize_collectives,
+)
+from ..analysis.collectives import CollectiveTimes
 from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
 from ..analysis.semantic import stage_groups
@@ -180,9 +186,34 @@ def node_group(
         self_cost_max={k: v["max"] for k, v in self_cost_summary(kept).items() if "max" in v},
         typical=typical_ranks(d, [w.rank for w in kept], own.stages),
         rows=wanted_rows(kept, wanted),
+        collectives=node_collectives(kept),
         **event_totals(kept),
     )
     return Group(part, summary, roles)
+
+
+def node_collectives(windows: Sequence[RankWindow]) -> CollectiveSummary | None:
+    """The node's timed collectives summarized (None when none of its ranks watched any)."""
+    first = windows[0]
+    times = CollectiveTimes.of_ranks(
+        first.first_step, first.n_steps, [w.collectives for w in windows]
+    )
+    if times is None:
+        return None
+    return summarize_collectives(times, [w.rank for w in windows])
+
+
+def joined_collectives(parts: Sequence[NodePart], notes: list[str]) -> CollectiveSummary | None:
+    """The groups' collective summaries combined; a group whose steps differ is left out of
+    the communication reading, with a note."""
+    summaries = [p.collectives for p in parts if p.collectives is not None]
+    if not summaries:
+        return None
+    try:
+        return combine_collectives(summaries)
+    except ValueError as exc:
+        notes.append(f"communication evidence not combined: {exc}")
+        return None
 
 
 def event_totals(windows: Sequence[RankWindow]) -> dict[str, Any]:
@@ -242,6 +273,7 @@ def combine_groups(
             *(int(r) for c in dropped for r in (*c.summary.ranks, *c.part.mismatched_ranks)),
         ]
     )
+    collectives = joined_collectives(parts, notes)
     part = NodePart(
         window=own.part.window,
         first_step=own.part.first_step,
@@ -260,6 +292,7 @@ def combine_groups(
         forward_stage=next((p.forward_stage for p in parts if p.forward_stage), ""),
         typical=weighted_typical(joined),
         rows={rank: rows for p in parts for rank, rows in p.rows.items()},
+        collectives=collectives,
     )
     return Group(part, summary, _combined_roles(joined, summary))
 
@@ -355,6 +388,7 @@ def analyze_group(
             for rank, (first, rows) in part.rows.items()
         },
         nodes=nodes,
+        collective_summary=part.collectives,
     )
 
 

@@ -2,8 +2,9 @@
 
 Layout: a fixed header (magic, version, metadata length, body length), a UTF-8 JSON metadata
 block (the window, the nodes the group covers, what is missing from it and why, the collection
-facts the analysis reports, a typical rank per stage and the rows a capture request asked
-for), then the body: the group's summary as its own codec writes it.
+facts the analysis reports, a typical rank per stage, the rows a capture request asked for and
+the group's timed collectives summarized), then the body: the group's summary as its own codec
+writes it.
 Nothing is unpickled; every size and field is checked before use, and a bad envelope raises
 ReportFormatError (its parent then reports the group missing, with the error as the reason).
 """
@@ -15,6 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.collective_summary import CollectiveSummary
 from ..errors import ReportFormatError
 from ..formats.envelope import open_envelope, seal_envelope
 from ..formats.limits import MAX_NAMED_RANKS
@@ -66,6 +68,9 @@ class NodePart:
     rows: dict[int, tuple[int, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
     """The rows a capture request asked for: per named rank of the group, the first global
     step and its durations (ns, ``[steps][stages]``) over the captured steps in this window."""
+    collectives: CollectiveSummary | None = None
+    """The group's timed collectives, summarized (``analysis.collective_summary``); None when
+    none of its ranks watched any. Absent from the metadata when None."""
     roles: tuple[tuple[str, int], ...] = ()
     """When its ranks have roles: per role, the byte length of that role's summary, which
     follows the group's own summary in the body, in this order (0: the group's summary itself,
@@ -104,6 +109,8 @@ def encode_node_part(part: NodePart) -> bytes:
     )
     if part.roles:
         meta["roles"] = [list(pair) for pair in part.roles]
+    if part.collectives is not None:
+        meta["collectives"] = part.collectives.to_dict()
     return seal_envelope(_HEADER, MAGIC, NODE_WIRE_VERSION, meta, part.body, packed=True)
 
 
@@ -114,7 +121,7 @@ def decode_node_part(data: bytes) -> NodePart:
     )
     expected = {*_COUNT_FIELDS, "missing_nodes", "missing_ranks", "mismatched_ranks"}
     expected |= {"notes", "hosts", "self_cost_max", "events", "forward_stage", "typical", "rows"}
-    if not isinstance(meta, dict) or set(meta) - {"roles"} != expected:
+    if not isinstance(meta, dict) or set(meta) - {"roles", "collectives"} != expected:
         raise ReportFormatError(f"node payload metadata must hold exactly {sorted(expected)}")
     values: dict[str, Any] = {
         name: check_meta_value("count", meta[name], f"node payload {name}")
@@ -140,6 +147,8 @@ def decode_node_part(data: bytes) -> NodePart:
     values["typical"] = _typical(meta["typical"])
     values["rows"] = _rows(meta["rows"], values["first_step"], values["last_step"])
     values["roles"] = _roles(meta.get("roles", []), len(body))
+    if "collectives" in meta:
+        values["collectives"] = CollectiveSummary.from_dict(meta["collectives"])
     part = NodePart(body=bytes(body), **values)
     if part.node_count < 1 or any(n not in part.nodes for n in part.missing_nodes):
         raise ReportFormatError("node payload names nodes outside the group it covers")

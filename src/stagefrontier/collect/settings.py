@@ -7,6 +7,7 @@ forever.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from numbers import Integral, Real
@@ -73,3 +74,29 @@ def check_has_methods(name: str, value: Any, *methods: str) -> Any:
     if missing:
         raise TimerSettingError(f"{name} {value!r:.60} has no {', '.join(missing)} method")
     return value
+
+
+FLAG: dict[str, Any] = {"flag": True}
+"""A dataclass field's ``metadata`` for a setting that is True or False (``check_fields``)."""
+
+
+def between(low: float, high: float, *, open_low: bool = False) -> dict[str, Any]:
+    """A dataclass field's ``metadata`` for a setting in ``[low, high]`` (``(low, high]`` with
+    ``open_low``): an integer where both bounds are integers, else a finite number."""
+    return {"between": (low, high, open_low)}
+
+
+def check_fields(settings: Any, owner: str) -> None:
+    """Check each field of the dataclass ``settings`` that states its range (``between``) or is
+    a flag (``FLAG``), in their order; the first wrong one raises TimerSettingError naming it
+    as ``{owner} {field}``."""
+    for item in dataclasses.fields(settings):
+        name, value = f"{owner} {item.name}", getattr(settings, item.name)
+        if "flag" in item.metadata:
+            check_flag(name, value)
+        elif "between" in item.metadata:
+            low, high, open_low = item.metadata["between"]
+            if isinstance(low, int) and isinstance(high, int):
+                check_int(name, value, low, high)
+            else:
+                check_number(name, value, low, high, open_low=open_low)

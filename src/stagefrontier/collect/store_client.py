@@ -2,15 +2,19 @@
 a plain TCP probe before one connects.
 
 When a store dies, torch's store client logs each failed call itself, from C++, on the calling
-thread (``[W... TCPStore.cpp] recvValue failed ...`` and about 17 lines of C++ stack; a
-reconnect logs two more at ERROR), before the library sees the exception and says it in one
-line of its own. The library's background threads met that on every poll. c10's log level is
-one process-wide variable (``FLAGS_caffe2_log_level`` in libc10, read at each message, set from
-``TORCH_CPP_LOG_LEVEL`` at import): ``quiet_cpp_log`` raises it to FATAL for the time one of
-the library's store calls runs, and puts it back when the last such call ends. A C++ warning
-the application's own threads log during that call (microseconds on a live store, up to the
-store's timeout on a hung one) is held back too. Where libc10 or the variable cannot be found,
-nothing is changed.
+thread, before the library sees the exception and says it in one line of its own: a failed read
+or write logs one WARNING (``[W... TCPStore.cpp] recvValue failed ...``) carrying about 17 lines
+of C++ stack; a failed connection logs its retries at ERROR and WARNING, each with a stack. The
+library's background threads met that on every poll. c10's log level is one process-wide
+variable (``FLAGS_caffe2_log_level`` in libc10, read at each message, set from
+``TORCH_CPP_LOG_LEVEL`` at import), so it is raised only as far as each call needs and only
+while it runs: to ERROR around a read or write (``quiet_cpp_log()``: its warning held back, an
+error still printed), to FATAL around a connection (``quiet_cpp_log(FATAL)``: a ``clone`` or a
+new client). The level goes back when the last such call ends. A C++ message below that level
+which the application's own threads log during the call (microseconds on a live store, up to
+the store's timeout on a hung one) is held back too: a warning during a read, anything but a
+fatal message during a connection. Where libc10 or the variable cannot be found, nothing is
+changed.
 
 A connection to a dead store's port is refused at once, while torch's client retries it for its
 whole timeout (10 s and more, logging each try): ``probe`` tries a plain TCP connection first
@@ -30,11 +34,13 @@ from typing import Any
 
 logger = logging.getLogger("stagefrontier")
 
+ERROR = 2
+"""c10's level for ERROR (INFO 0, WARNING 1): a failed read's or write's warning is below it."""
 FATAL = 3
-"""c10's level for FATAL: nothing below it is printed (INFO 0, WARNING 1, ERROR 2)."""
+"""c10's level for FATAL: a failed connection's errors and warnings are below it."""
 
 _lock = threading.Lock()
-_held = 0  # store calls running under the raised level, all threads together
+_holds: dict[int, int] = {}  # level -> store calls running that need it, all threads together
 _saved = 0  # the level before the first of them
 _level: ctypes.c_int | None = None
 _looked = False
@@ -56,35 +62,44 @@ def _find_level() -> ctypes.c_int | None:
 
 
 @contextlib.contextmanager
-def quiet_cpp_log() -> Iterator[None]:
-    """torch's C++ log below FATAL held back while the block runs (see the module)."""
-    global _held, _saved
+def quiet_cpp_log(needed: int = ERROR) -> Iterator[None]:
+    """torch's C++ log below ``needed`` held back while the block runs (see the module): ERROR
+    for a store read or write, FATAL for a connection."""
     level = _find_level()
     if level is None:
         yield
         return
     with _lock:
-        if _held == 0:
-            _saved = level.value
-            level.value = max(_saved, FATAL)
-        _held += 1
+        _hold(level, needed, +1)
     try:
         yield
     finally:
         with _lock:
-            _held -= 1
-            if _held == 0:
-                level.value = _saved
+            _hold(level, needed, -1)
+
+
+def _hold(level: ctypes.c_int, needed: int, change: int) -> None:
+    """Count one call needing ``needed`` in or out, and set the level the calls still running
+    need (the saved one once none is). Called under ``_lock``."""
+    global _saved
+    if not _holds:
+        _saved = level.value
+    count = _holds.get(needed, 0) + change
+    if count:
+        _holds[needed] = count
+    else:
+        _holds.pop(needed, None)
+    level.value = max(_saved, *_holds) if _holds else _saved
 
 
 def _restore_in_child() -> None:
     """In a process forked while a store call held the level (a DataLoader worker), put the
     level back: the call that raised it runs on in the parent only, and would never lower it
     here (and the lock, which another thread may have held at the fork, is a new one)."""
-    global _held, _lock
-    if _held and _level is not None:
+    global _lock
+    if _holds and _level is not None:
         _level.value = _saved
-    _held = 0
+    _holds.clear()
     _lock = threading.Lock()
 
 
@@ -92,9 +107,9 @@ os.register_at_fork(after_in_child=_restore_in_child)
 
 
 class QuietStore:
-    """A store whose every method call runs under ``quiet_cpp_log``. Only the library's own
-    connections are wrapped; torch never sees the wrapper (a ``PrefixStore`` is built on the
-    store it wraps)."""
+    """A store whose every method call runs under ``quiet_cpp_log``: at ERROR, but a ``clone``
+    (a new connection) at FATAL. Only the library's own connections are wrapped; torch never
+    sees the wrapper (a ``PrefixStore`` is built on the store it wraps)."""
 
     __slots__ = ("_store",)
 
@@ -106,16 +121,18 @@ class QuietStore:
         if not callable(attribute):
             return attribute
 
+        needed = FATAL if name == "clone" else ERROR
+
         def quietly(*args: Any, **kwargs: Any) -> Any:
-            with quiet_cpp_log():
+            with quiet_cpp_log(needed):
                 return attribute(*args, **kwargs)
 
         return quietly
 
 
 def connect(make: Callable[[], Any]) -> Any:
-    """``make()`` (a store client's construction or a ``clone``) under ``quiet_cpp_log``."""
-    with quiet_cpp_log():
+    """``make()`` (a store client's construction or a ``clone``) under ``quiet_cpp_log(FATAL)``."""
+    with quiet_cpp_log(FATAL):
         return make()
 
 

@@ -206,6 +206,9 @@ class Incident(msgspec.Struct):
     reduced: Reduced | UnsetType | None = UNSET
     baseline_steps: Span | UnsetType | None = UNSET
     wall_clock: WallClock | UnsetType | None = UNSET
+    lead_block_steps: Count | UnsetType | None = UNSET
+    """The steps the suspect's DataLoader workers hand their batches over in, when its lead was
+    judged over blocks of that many steps: the confirmation's blocks are at least that long."""
 
     def __post_init__(self) -> None:
         for name in ("leader_rank", "reference_rank"):

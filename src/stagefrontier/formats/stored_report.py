@@ -122,6 +122,13 @@ class HostSignals(msgspec.Struct):
     throttled_ms: Amount | UnsetType = UNSET
 
 
+class LeadBelowTop(msgspec.Struct):
+    """A stage below the top one that one rank leads (``block_lead.routed_lead_below_top``)."""
+
+    stage: str
+    rank: Annotated[int, msgspec.Meta(ge=0)]
+
+
 class WindowFacts(msgspec.Struct):
     """The facts of a window a renderer reads, stored beside its report (a record's fields
     other than the report's, a packet's ``meta``); each is checked when present, and other keys
@@ -149,6 +156,10 @@ class WindowFacts(msgspec.Struct):
     from records written before."""
     host_signals: HostSignals | UnsetType = UNSET
     """Rank 0's host signals over the window; absent from records written before."""
+    lead_below_top: LeadBelowTop | UnsetType | None = UNSET
+    """The stage below the top one that one rank leads and the router captures
+    (``AnalyzedWindow.lead_below_top``); None without one; absent from records written before,
+    whose verdict judges it again from the report with the router's default settings."""
 
 
 def check_window_meta(meta: dict[str, Any]) -> dict[str, Any]:

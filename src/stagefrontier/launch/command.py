@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from ..auto.options import DEFAULT_OUT, DEFAULT_WINDOW, AutoOptions, sink_list
 from ..errors import StageFrontierError
@@ -28,8 +29,31 @@ EXAMPLES = """examples:
   srun python -m stagefrontier.run train.py       # the same, the switch not installed"""
 
 
-OWN_VALUED = ("--out", "--window", "--sink")
-OWN_FLAGS = ("--router", "--disable", "-h", "--help")
+OPTIONS: dict[str, dict[str, Any]] = {
+    "--out": {"default": DEFAULT_OUT, "metavar": "DIR", "help": "rank 0's output folder"},
+    "--window": {
+        "type": int,
+        "default": DEFAULT_WINDOW,
+        "metavar": "N",
+        "help": "steps per window",
+    },
+    "--router": {
+        "action": "store_true",
+        "help": "an actionable window captures a profiler trace of the suspect and a reference "
+        "rank",
+    },
+    "--sink": {
+        "action": "append",
+        "default": [],
+        "metavar": "SPEC",
+        "help": "an extra sink: csv:PATH, tensorboard[:DIR] or prometheus[:PORT]; repeatable",
+    },
+    "--disable": {"action": "store_true", "help": "run the script untouched (no hooks at all)"},
+}
+"""StageFrontier's options of ``run``, each with its argparse keywords: the parser declares them
+and :func:`separate` tells them from torchrun's by this one table."""
+OWN_FLAGS = ("-h", "--help", *(o for o, kw in OPTIONS.items() if kw.get("action") == "store_true"))
+OWN_VALUED = tuple(o for o in OPTIONS if o not in OWN_FLAGS)
 
 
 def separate(words: Sequence[str]) -> list[str]:
@@ -68,25 +92,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """StageFrontier's options of ``run``; the rest of the line is torchrun's."""
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help="rank 0's output folder")
-    parser.add_argument(
-        "--window", type=int, default=DEFAULT_WINDOW, metavar="N", help="steps per window"
-    )
-    parser.add_argument(
-        "--router",
-        action="store_true",
-        help="an actionable window captures a profiler trace of the suspect and a reference rank",
-    )
-    parser.add_argument(
-        "--sink",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="an extra sink: csv:PATH, tensorboard[:DIR] or prometheus[:PORT]; repeatable",
-    )
-    parser.add_argument(
-        "--disable", action="store_true", help="run the script untouched (no hooks at all)"
-    )
+    for option, keywords in OPTIONS.items():
+        parser.add_argument(option, **keywords)
     parser.add_argument(
         "torchrun",
         nargs=argparse.REMAINDER,

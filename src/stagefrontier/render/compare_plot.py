@@ -37,7 +37,7 @@ def plot_comparison(c: Comparison, path: str | Path) -> Path:
     ax.set_xlim(-1.3 * span if min(values) < 0 else -0.05 * span, 1.3 * span)
     ax.set_xlabel("change of the stage's exposed time, ms per step (new - base)")
     ax.set_title(
-        f"Exposed time per step {c.base_exposed_ms:.1f} -> {c.new_exposed_ms:.1f} ms "
+        f"Exposed time per step {c.base_means.exposed_ms:.1f} -> {c.new_means.exposed_ms:.1f} ms "
         f"({c.delta_exposed_ms:+.1f} ms)",
         fontsize=11,
     )

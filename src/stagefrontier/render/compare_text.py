@@ -11,26 +11,27 @@ MAX_LEADERS = 3
 
 def render_comparison(c: Comparison) -> str:
     base_n, new_n = c.base.d.shape[0], c.new.d.shape[0]
+    base, new = c.base_means, c.new_means
     lines = [
         f"base: {c.base.name} ({base_n} steps, {c.base.d.shape[1]} ranks)",
         f"new:  {c.new.name} ({new_n} steps)",
-        f"exposed time per step: {c.base_exposed_ms:.1f} ms -> {c.new_exposed_ms:.1f} ms "
-        f"({c.delta_exposed_ms:+.1f} ms{percent_change(c.delta_exposed_ms, c.base_exposed_ms)})",
+        f"exposed time per step: {base.exposed_ms:.1f} ms -> {new.exposed_ms:.1f} ms "
+        f"({c.delta_exposed_ms:+.1f} ms{percent_change(c.delta_exposed_ms, base.exposed_ms)})",
         "",
     ]
     width = max(len(s) for s in c.delta_advance_ms) + 2
     lines.append(
         f"{'stage':<{width}}{'base ms':>9}{'new ms':>9}{'delta ms':>10}   leading ranks base -> new"
     )
-    base_leads, new_leads = c.leaders(c.base_report), c.leaders(c.new_report)
+    base_leads, new_leads = c.leaders(base.report), c.leaders(new.report)
     for stage, delta in c.delta_advance_ms.items():
         leads = f"{_ranks(base_leads.get(stage))} -> {_ranks(new_leads.get(stage))}"
         lines.append(
-            f"{stage:<{width}}{c.base_advance_ms[stage]:>9.1f}{c.new_advance_ms[stage]:>9.1f}"
+            f"{stage:<{width}}{base.advance_ms[stage]:>9.1f}{new.advance_ms[stage]:>9.1f}"
             f"{delta:>+10.1f}   {leads if stage in c.stages else ''}"
         )
     lines.append(
-        f"{'exposed':<{width}}{c.base_exposed_ms:>9.1f}{c.new_exposed_ms:>9.1f}"
+        f"{'exposed':<{width}}{base.exposed_ms:>9.1f}{new.exposed_ms:>9.1f}"
         f"{c.delta_exposed_ms:>+10.1f}   (the stage deltas add up to this exactly)"
     )
     top = c.top_stage

@@ -52,19 +52,18 @@ def gate_markdown(v: Verdict, c: Comparison | None, base: str, new: str) -> str:
     lines += [
         f"Median step {v.base_median_ms:.1f} -> {v.new_median_ms:.1f} ms "
         f"({v.base_steps} and {v.new_steps} steps); mean exposed step "
-        f"{c.base_exposed_ms:.1f} -> {c.new_exposed_ms:.1f} ms "
+        f"{c.base_means.exposed_ms:.1f} -> {c.new_means.exposed_ms:.1f} ms "
         f"({c.delta_exposed_ms:+.1f} ms).",
         "",
         "| stage | base ms/step | new ms/step | change ms/step |",
         "|---|---:|---:|---:|",
     ]
+    base_ms, new_ms = c.base_means.advance_ms, c.new_means.advance_ms
     for stage, delta in c.delta_advance_ms.items():
-        lines.append(
-            f"| {_cell(stage)} | {c.base_advance_ms[stage]:.1f} | {c.new_advance_ms[stage]:.1f} "
-            f"| {delta:+.1f} |"
-        )
+        cells = f"{base_ms[stage]:.1f} | {new_ms[stage]:.1f} | {delta:+.1f}"
+        lines.append(f"| {_cell(stage)} | {cells} |")
     lines.append(
-        f"| **exposed** | {c.base_exposed_ms:.1f} | {c.new_exposed_ms:.1f} "
+        f"| **exposed** | {c.base_means.exposed_ms:.1f} | {c.new_means.exposed_ms:.1f} "
         f"| {c.delta_exposed_ms:+.1f} |"
     )
     return "\n".join(lines) + "\n"

@@ -57,7 +57,7 @@ def _why_not(incident: dict[str, Any], top: str) -> str:
         return f"a stage's share in the trace differs from the live steps' by {diff}"
     return (
         f"in the trace rank {incident['leader_rank']}'s lead over rank "
-        f"{incident['reference_rank']} in {stage} is under the material share of the step"
+        f"{incident['reference_rank']} in {stage or top} is under the material share of the step"
     )
 
 
@@ -121,9 +121,10 @@ def summary_line(incident: dict[str, Any]) -> str:
 
 def capture_cost_text(incident: dict[str, Any]) -> str:
     """What the incident cost the job: the capture's time on each captured rank's training
-    thread (``training_thread_s``), then the router threads' CPU (``router_cpu_s``), e.g.
-    ``the capture took 41 ms on rank 2's training thread and 38 ms on rank 0's; capture and
-    reduction took 0.61 s of CPU on the router's background threads (...)``; empty when
+    thread (``training_thread_s``: time the rank's steps spent in the capture, stop included)
+    and the router threads' CPU (``router_cpu_s``), led by their sum when both were recorded,
+    e.g. ``the capture cost the job 0.69 s in all: 41 ms on rank 2's training thread and 38 ms
+    on rank 0's, and 0.61 s of CPU on the router's background threads (...)``; empty when
     neither was recorded."""
     training = incident.get("training_thread_s")
     items = [
@@ -135,40 +136,53 @@ def capture_cost_text(incident: dict[str, Any]) -> str:
         f"{value * 1e3:.0f} ms on rank {rank}'s" + (" training thread" if i == 0 else "")
         for i, (rank, value) in enumerate(items)
     )
-    parts = [f"the capture took {spent}" if spent else "", router_cost_text(incident)]
-    return "; ".join(part for part in parts if part)
+    router = router_cpu(incident)
+    background = router_cost_text(router)
+    if not spent:
+        return f"capture and reduction took {background}" if background else ""
+    if not background:
+        return f"the capture took {spent}"
+    total = sum(value for _, value in items) + sum(router.values())
+    return f"the capture cost the job {total:.2f} s in all: {spent}, and {background}"
 
 
-def router_cost_text(incident: dict[str, Any]) -> str:
-    """``capture and reduction took 0.61 s of CPU on the router threads (trace export: rank 2
-    0.21 s, rank 0 0.25 s; reduction on rank 0 0.15 s)``; empty when not recorded."""
+def router_cpu(incident: dict[str, Any]) -> dict[str, float]:
+    """The router threads' CPU seconds by part (``export rank 2``, ``reduction``) from the
+    incident's ``router_cpu_s``; empty when not recorded."""
     cost = incident.get("router_cpu_s")
     if not isinstance(cost, dict):
-        return ""
+        return {}
     export = cost.get("export")
-    if not isinstance(export, dict):
-        export = {}
+    parts = {
+        f"export rank {rank}": value
+        for rank, value in (export.items() if isinstance(export, dict) else ())
+        if isinstance(value, (int, float))
+    }
     reduction = cost.get("reduction")
-    numbers = [v for v in export.values() if isinstance(v, (int, float))]
     if isinstance(reduction, (int, float)):
-        numbers.append(reduction)
-    if not numbers:
+        parts["reduction"] = reduction
+    return parts
+
+
+def router_cost_text(parts: dict[str, float]) -> str:
+    """``0.61 s of CPU on the router's background threads (trace export: rank 2 0.21 s, rank 0
+    0.25 s; reduction on rank 0 0.15 s)`` for ``router_cpu``'s parts; empty without any."""
+    if not parts:
         return ""
     exports = ", ".join(
-        f"rank {r} {v:.2f} s" for r, v in export.items() if isinstance(v, (int, float))
+        f"{name.removeprefix('export ')} {value:.2f} s"
+        for name, value in parts.items()
+        if name.startswith("export ")
     )
     detail = "; ".join(
         part
         for part in (
             f"trace export: {exports}" if exports else "",
-            f"reduction on rank 0 {reduction:.2f} s" if isinstance(reduction, (int, float)) else "",
+            f"reduction on rank 0 {parts['reduction']:.2f} s" if "reduction" in parts else "",
         )
         if part
     )
-    return (
-        f"capture and reduction took {sum(numbers):.2f} s of CPU on the router's background "
-        f"threads ({detail})"
-    )
+    return f"{sum(parts.values()):.2f} s of CPU on the router's background threads ({detail})"
 
 
 HERE = "# in the incident's folder (the one holding incident.json), wherever it was copied:"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.leaders import MIN_LEAD_STEPS, single_leader
@@ -111,10 +111,8 @@ class SelfCost:
     """The training thread's time in profiler captures."""
     router_s: float
     """The profiler router's background threads' CPU (left out of ``fraction``)."""
-
-    @property
-    def collection_s(self) -> float:
-        return sum(self.spent.values()) + self.capture_s
+    collection_s: float
+    """The parts and the captures together."""
 
 
 def self_cost(record: Mapping[str, Any]) -> SelfCost | None:
@@ -131,11 +129,11 @@ def self_cost(record: Mapping[str, Any]) -> SelfCost | None:
     fraction, total = most("fraction"), most("total_s")
     parts = {"hot path": "hot_path_s", "hand-off": "handoff_s", "collection": "threads_cpu_s"}
     spent = {name: most(key) for name, key in parts.items()}
-    found = SelfCost(0.0, spent, most("capture_s"), most("router_cpu_s"))
-    if not (fraction > 0 and total > 0):
-        return found
+    capture_s = most("capture_s")
+    collection_s = sum(spent.values()) + capture_s
     # The same step time, without the router's threads.
-    return replace(found, fraction=fraction * min(1.0, found.collection_s / total))
+    share = fraction * min(1.0, collection_s / total) if fraction > 0 and total > 0 else 0.0
+    return SelfCost(share, spent, capture_s, most("router_cpu_s"), collection_s)
 
 
 def self_cost_text(record: Mapping[str, Any]) -> str:
@@ -143,7 +141,7 @@ def self_cost_text(record: Mapping[str, Any]) -> str:
     any rank spent per part: hot path 0.1 ms, ...)`` when what the collection costs exceeds
     :data:`SELF_COST_LINE_FRACTION` of the step time, else empty. The profiler router's CPU is
     left out: an incident's capture and reduction is a one-off, said once in the incident's own
-    line (``render.incident.router_cost_text``)."""
+    line (``render.incident.capture_cost_text``)."""
     cost = self_cost(record)
     if cost is None or not cost.fraction > SELF_COST_LINE_FRACTION:
         return ""

@@ -96,6 +96,19 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
 
 
+def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The stage below the top one that one rank leads and the profiler router captures, and
+    that rank: the record's ``lead_below_top`` (judged on rank 0 by the router's own settings,
+    ``block_lead.routed_lead_below_top``); for a record written before it was kept, judged from
+    the report alone with the default settings."""
+    if "lead_below_top" not in record:
+        stage = steady_lead_below_top(report)
+        rank = None if stage is None else report.semantic_localization[stage].leader_rank
+        return None if stage is None or rank is None else (stage, rank)
+    stored = record["lead_below_top"]
+    return None if stored is None else (str(stored["stage"]), int(stored["rank"]))
+
+
 def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:
     """``(rank, block size)`` when the record's lead over blocks of steps (``block_lead``: a
     DataLoader's workers hand their batches over in bursts) names one rank steadily for
@@ -250,9 +263,9 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     if slow is not None:
         return Said(f"{slow_finding(slow, full=True)}; {plain(top)} costs {cost}", SLOW_NEXT)
     lead = _lead(report, record, top)
-    below = None if lead.who else steady_lead_below_top(report)
-    if below is not None:  # the stage the router captures (``route.decide``)
-        who = rank_name(int(report.semantic_localization[below].leader_rank or 0), record)
+    routed = None if lead.who else lead_below_top(report, record)
+    if routed is not None:  # the stage the router captures (``route.decide``)
+        below, who = routed[0], rank_name(routed[1], record)
         below_share = report.semantic_shares[below]
         return Said(
             f"no single rank leads {plain(top)}, which takes {cost}, but {who} alone leads "

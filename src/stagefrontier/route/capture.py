@@ -66,8 +66,6 @@ def incident_dir(out_dir: str | os.PathLike[str], incident_id: str) -> Path:
 LEAD_IN_STEPS = 1
 """The profiler starts this many steps before the first captured step, so the data wait that
 step consumes (fetched before it begins, or prefetched in the step before) is in the trace."""
-QUIET_KINETO_LOG_LEVEL = "6"
-"""Above Kineto's levels for its stage and start/stop lines (read when a profiler starts)."""
 
 
 class RankCapture:

@@ -30,8 +30,9 @@ BLOCK_STEPS = 4
 the suspect's lead must clear the material floor in every one of them: a mean over the steps
 clears it when one step alone carries a large enough delay (a collection, a preemption on the
 suspect and not on its reference: 90 ms in one of 20 steps of 45 ms), and that is no lead. A
-DataLoader with ``k`` workers puts its wait on one step in ``k``: a block of at least ``k``
-steps holds one of them (five captured steps make blocks of three and two)."""
+DataLoader with ``k`` workers puts its wait on one step in ``k``: the blocks are at least ``k``
+steps long so that each holds one of them (the decision's ``burst``; five captured steps make
+blocks of three and two), and a capture of fewer than two bursts is judged on its mean alone."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,15 @@ def confirm(
     loaded: Mapping[Path, tuple[dict[str, Any], list[Any]]] | None = None,
     lead: tuple[int, int] | None = None,
     min_share: float = 0.0,
+    burst: int = 1,
 ) -> Confirmation:
     """``confirmed`` when the trace's top stage is the live top stage (and the routed one),
     every share differs by less than ``Gates.share_tie`` and, where ``lead`` names a suspect
     and a distinct reference the trace holds, the suspect's time in ``stage`` (by default the
     trace's top stage) exceeds the
     reference's by at least ``min_share`` of the step on average, in every block of about
-    ``BLOCK_STEPS`` captured steps, and by ``CONFIRM_T`` standard errors over the captured steps;
+    ``BLOCK_STEPS`` captured steps (``burst`` at least: the steps a DataLoader's workers hand
+    their batches over in), and by ``CONFIRM_T`` standard errors over the captured steps;
     ``disagrees`` (False) otherwise."""
     g = gates or DEFAULT_GATES
     if live is None:
@@ -165,7 +168,7 @@ def confirm(
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
     agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
-    weak, step_s, lead_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share)
+    weak, step_s, lead_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share, burst)
     return Confirmation(
         confirmed=bool(agree and max_diff < g.share_tie and not weak),
         max_share_diff=round(max_diff, 6),
@@ -182,7 +185,11 @@ def confirm(
 
 
 def _weak_lead(
-    reduced: ReducedTrace, stage: str | None, lead: tuple[int, int] | None, min_share: float
+    reduced: ReducedTrace,
+    stage: str | None,
+    lead: tuple[int, int] | None,
+    min_share: float,
+    burst: int = 1,
 ) -> tuple[str, float | None, float | None]:
     """Why the suspect's lead over its reference in the trace's steps is no confirmation
     (empty when it is one, or when the trace lacks a stage, a suspect or a distinct reference
@@ -204,13 +211,14 @@ def _weak_lead(
     )
     if not excess.stands_out:
         return said + excess.shortfall(), step, excess.shift_s
-    weakest = _weakest_block(diffs, reduced.step_ids, min_share * step)
+    size = max(BLOCK_STEPS, burst)
+    weakest = _weakest_block(diffs, reduced.step_ids, min_share * step, size, burst)
     if weakest is None:
         return "", step, excess.shift_s
     (first, last), block = weakest
     return (
         f"{said}but by {block.shift_s * 1e3:.1f} ms/step in steps {first}-{last}, "
-        f"{block.shortfall()} (the lead must hold in every block of about {BLOCK_STEPS} "
+        f"{block.shortfall()} (the lead must hold in every block of about {size} "
         "steps: a delay in one step is no lead)",
         step,
         excess.shift_s,
@@ -218,12 +226,19 @@ def _weak_lead(
 
 
 def _weakest_block(
-    diffs: npt.NDArray[np.float64], step_ids: Sequence[int], floor_s: float
+    diffs: npt.NDArray[np.float64],
+    step_ids: Sequence[int],
+    floor_s: float,
+    size: int,
+    burst: int,
 ) -> tuple[tuple[int, int], Difference] | None:
-    """The block of consecutive captured steps (``BLOCK_STEPS`` about, two blocks at least)
-    whose mean lead is the smallest, its first and last step ids and that lead against the
-    floor; None when every block clears the floor."""
-    count = max(2, diffs.size // BLOCK_STEPS)
+    """The block of consecutive captured steps (``size`` about, two blocks at least, none
+    shorter than a ``burst``) whose mean lead is the smallest, its first and last step ids and
+    that lead against the floor; None when every block clears the floor, or when the steps
+    hold fewer than two bursts (the mean over them is then the only block)."""
+    if diffs.size < 2 * burst:
+        return None
+    count = max(2, diffs.size // size)
     bounds = np.array_split(np.arange(diffs.size), count)
     means = [float(diffs[b].mean()) for b in bounds]
     i = int(np.argmin(means))

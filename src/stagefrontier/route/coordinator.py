@@ -184,6 +184,7 @@ class Coordinator:
             leader_rank=decision.suspect_rank,
             reference_rank=decision.reference_rank,
             requested_ranks=list(ranks),
+            **({"lead_block_steps": decision.burst} if decision.burst > 1 else {}),
             reasons=[
                 *decision.reasons,
                 f"start margin {margin} steps at "

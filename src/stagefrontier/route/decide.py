@@ -7,12 +7,12 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 ``max_switch_rate``, and its lag over the median rank grows within the stage by at least
 ``share_tie`` of the step (so a healthy run's jitter, whose leader changes by chance, opens
 nothing). When the top stage has no such leader, the largest other stage of the routing set
-that has one is routed instead (``block_lead.steady_lead_below_top``, which the window line
-names too): one rank's data wait in every accumulation microstep, beside a backward pass
-whose lead passes between ranks. The suspect rank is that leader; the reference rank is the
-rank whose total time in the stage is the median of the other ranks (under hierarchical
-collection, where rank 0 has no rank columns, the typical rank the node parts carry:
-``typical_reference``).
+that has one by a lead that matters and stands above the noise is routed instead
+(``block_lead.routed_lead_below_top``, the judgment the window line states): one rank's data
+wait in every accumulation microstep, beside a backward pass whose lead passes between ranks.
+The suspect rank is that leader; the reference rank is the rank whose total time in the stage
+is the median of the other ranks (under hierarchical collection, where rank 0 has no rank
+columns, the typical rank the node parts carry: ``typical_reference``).
 
 A window the live regression check flags (``analysis.regression``) asks for a capture even when
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
@@ -30,6 +30,13 @@ When ranks play different roles the decision is taken inside one role, on that r
 report: the role named by ``role=``, or else the one the window says bounds the step
 (``analysis.across_roles``). Its leader is the suspect and the reference is a rank of the same
 role; a window whose bounding role is open asks for no capture.
+
+A rank the timed collectives name late (``late_rank_decision``) is captured only when the
+window before named the same rank late in the same stage: the regression check's rule that
+one slow window on a busy machine is noise and two in a row are news. It keeps no exception
+for a large lateness, as the regression check does for a large jump: a healthy window beside
+CPU-burning neighbours named a rank 53 ms/step late on 203 ms steps, last in 11 of 20 steps,
+more than twice the lateness floor, and nothing was late in the next.
 """
 
 from __future__ import annotations
@@ -41,15 +48,16 @@ import numpy as np
 
 from ..analysis.across_roles import bounding_role
 from ..analysis.block_lead import (
+    LEAD_NOISE_FACTOR,
     MIN_LEAD_SHARE,
-    block_sums,
-    steady_lead_below_top,
+    LeadTest,
+    median_reference,
+    routed_lead_below_top,
     unsteady_lead,
 )
-from ..analysis.collectives import collective_name
+from ..analysis.collectives import CollectiveReading, collective_name
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
-from ..analysis.noise import mean_excess
 from ..analysis.regression import WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..render.loader_text import block_lead_text
@@ -65,7 +73,7 @@ UNKNOWN_STEP_S = 0.1
 MIN_SHARE = MIN_LEAD_SHARE
 """The least share of the step by which a suspect's time in the stage must exceed its
 reference's (``ProfilerRouter.min_share``)."""
-NOISE_FACTOR = 4.0
+NOISE_FACTOR = LEAD_NOISE_FACTOR
 """Standard errors of the mean per-step difference it must clear
 (``ProfilerRouter.noise_factor``)."""
 
@@ -79,6 +87,10 @@ class Decision:
     window: int
     reasons: tuple[str, ...]
     role: str | None = None
+    burst: int = 1
+    """The steps over which the leader's DataLoader workers hand over their batches together
+    (its worker count, when its lead was judged over blocks of that many steps; else 1): the
+    confirmation's blocks hold at least that many captured steps."""
 
 
 def decide(
@@ -88,9 +100,12 @@ def decide(
     *,
     min_share: float = MIN_SHARE,
     noise_factor: float = NOISE_FACTOR,
+    late_before: CollectiveReading | None = None,
 ) -> tuple[Decision | None, str]:
     """The capture decision for one analyzed window, or None with the reason it is not one.
-    With several roles it is taken inside ``role`` (default: the role that bounds the step)."""
+    With several roles it is taken inside ``role`` (default: the role that bounds the step).
+    ``late_before``: the late rank the timed collectives named in the window just before
+    (``CommunicationReading.late``), without which no late rank is captured."""
     report = window.report
     g = gates or report.gates
     regression = window.regression or {}
@@ -128,8 +143,9 @@ def decide(
             f"{stage} has {share:.0%} < {g.share_dominance:.0%} and the routing set has "
             f"{len(report.routing_set)} stages"
         )
+    late_why = ""
     if not report.role_reports and window.summary is None:
-        measured = late_rank_decision(window, stage, share, ranks)
+        measured, late_why = late_rank_decision(window, stage, share, ranks, late_before)
         if measured is not None:
             return measured, ""
     loc = report.semantic_localization[stage]
@@ -150,27 +166,23 @@ def decide(
         blocked = (block_lead_text(block),)
     elif block is not None:
         blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
-    below = steady_lead_below_top(report, min_share) if why else None
+    test = LeadTest(min_share, noise_factor)
+    d = window.d[:, positions] if window.summary is None else None
+    ids = [ranks[i] for i in positions]
+    below = routed_lead_below_top(report, d, ids, test) if why else None
     if below is not None:  # the top stage's lead passes between ranks; one leads this one
         blocked = (f"{stage}, on top, has no steady leader ({why})",)
-        stage, why = below, ""
-        loc, share = report.semantic_localization[below], report.semantic_shares[below]
+        stage, why = below[0], ""
+        loc, share = report.semantic_localization[stage], report.semantic_shares[stage]
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if why or suspect is None:
-        return None, why
-    if window.summary is None:
-        columns = [i for i, name in enumerate(report.stages) if semantic_stage(name) == stage]
-        totals = window.d[:, :, columns].sum(axis=(0, 2))
-        others = sorted((float(totals[i]), ranks[i]) for i in positions if ranks[i] != suspect)
-        reference = others[(len(others) - 1) // 2][1]
+        return None, "; ".join(x for x in (late_why, why) if x)
+    if d is not None:
+        reference = median_reference(d, report.stages, ids, stage, suspect)
         chosen = f"the median total time in {stage} among the other ranks"
-        lead = (
-            window.d[:, ranks.index(suspect), columns]
-            - window.d[:, ranks.index(reference), columns]
-        )
         burst = block.size if block is not None else 1
-        per_step = block_sums(lead.sum(axis=1), burst) / burst
-        excess = mean_excess(per_step, min_share * report.exposed_s / n, noise_factor)
+        pair, step_s = (suspect, reference), report.exposed_s / n
+        excess = test.excess(d, report.stages, ids, stage, pair, burst, step_s)
         if not excess.stands_out:
             return None, (
                 f"rank {suspect} exceeds reference rank {reference} in {stage} by "
@@ -188,34 +200,49 @@ def decide(
     if role is not None:
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
-    return Decision(stage, suspect, reference, share, index, reasons, role), ""
+    burst = block.size if block is not None else 1
+    return Decision(stage, suspect, reference, share, index, reasons, role, burst), ""
 
 
 def late_rank_decision(
-    window: AnalyzedWindow, stage: str, share: float, ranks: list[int]
-) -> Decision | None:
+    window: AnalyzedWindow,
+    stage: str,
+    share: float,
+    ranks: list[int],
+    before: CollectiveReading | None,
+) -> tuple[Decision | None, str]:
     """The capture of the rank the timed collectives name late in ``stage``
     (``analysis.collectives``), against the rank of median time in it among the others: the
     stage matrix cannot name it when the others wait inside the same stage (DDP's all-reduce
-    in backward)."""
+    in backward). Only when ``before``, the window just before's late rank, is the same rank
+    in the same stage; otherwise None, with why when a rank was late in this window alone."""
     reading = window.communication
     late = None if reading is None else reading.late
     if late is None or late.stage is None or semantic_stage(late.stage) != stage:
-        return None
+        return None, ""
     suspect = int(late.late_rank)  # type: ignore[arg-type]
-    columns = [i for i, name in enumerate(window.report.stages) if semantic_stage(name) == stage]
-    totals = window.d[:, :, columns].sum(axis=(0, 2))
-    others = sorted((float(totals[i]), r) for i, r in enumerate(ranks) if r != suspect)
-    reference = others[(len(others) - 1) // 2][1]
+    if (
+        before is None
+        or before.late_rank != suspect
+        or before.stage is None
+        or semantic_stage(before.stage) != stage
+    ):
+        return None, (
+            f"rank {suspect} arrives late into {late.stage} in this window but was not late "
+            "into it in the window before (a late rank is captured two windows in a row)"
+        )
+    reference = median_reference(window.d, window.report.stages, ranks, stage, suspect)
     reasons = (
         f"{stage} {share:.0%} of exposed time",
         f"rank {suspect} arrives at {collective_name(late.family, late.bucket)} in "
         f"{late.stage} ~{late.lateness_ms:.0f} ms/step after the others (last in "
         f"{late.late_steps}/{late.steps} steps), the others timed waiting for it there",
+        f"late into {stage} in the window before too (~{before.lateness_ms:.0f} ms/step, last "
+        f"in {before.late_steps}/{before.steps} steps): two windows in a row",
         f"reference rank {reference}: the median total time in {stage} among the other ranks",
     )
     index = window.merged.reference.window
-    return Decision(stage, suspect, reference, share, index, reasons)
+    return Decision(stage, suspect, reference, share, index, reasons), ""
 
 
 def typical_reference(window: AnalyzedWindow, stage: str, suspect: int) -> tuple[int, str]:
@@ -248,36 +275,58 @@ def start_margin(step_s: float, poll_s: float) -> int:
     return math.ceil((2 * poll_s + REQUEST_LATENCY_S) / step_s) + 2
 
 
-def regression_decision(window: AnalyzedWindow) -> Decision | None:
+def regression_decision(
+    window: AnalyzedWindow, *, min_share: float = MIN_SHARE, noise_factor: float = NOISE_FACTOR
+) -> tuple[Decision | None, str]:
     """The capture for a window that regressed against the run's healthy baseline (None when
-    it did not, or when no trace of one rank against another can show the cause): the regression
-    must be localized to a stage (not a slowdown of the whole job) and to some ranks (not every
-    rank alike), so that a rank that did not grow can be the reference. The suspect is the rank
-    that grew most; the reference the rank that grew least."""
+    it did not, or when no trace of one rank against another can show the cause, with why): the
+    regression must be localized to a stage (not a slowdown of the whole job) and to some ranks
+    (not every rank alike), so that a rank that did not grow can be the reference. The suspect
+    is the rank that grew most; the reference the rank that grew least. Unless the timed
+    collectives name the suspect late (the others then wait for it inside the same stage), its
+    time in the stage must exceed the reference's by a material share of the step and above
+    the window's noise, as a window's lead must (``LeadTest``): a busy machine slows the
+    ranks unevenly, and one rank's few milliseconds more in a stage are no stall."""
     regression = window.regression
     if not regression or regression.get("kind") == WHOLE_JOB:
-        return None
+        return None, ""
     late = regression.get("late")  # the timed collectives name the rank the others wait for
     if regression["all_ranks"] and not late:
-        return None
+        return None, "every rank grew alike"
     stage = regression["top_stage"]
     deltas = {int(rank): float(ms) for rank, ms in regression["rank_delta_ms_per_step"].items()}
     grown = [int(late["rank"])] if late else [int(rank) for rank in regression["ranks"]]
     healthy = [rank for rank in sorted(deltas, key=lambda r: deltas[r]) if rank not in grown]
     if not grown or not healthy:
-        return None
+        return None, "no rank that did not grow to compare with"
     suspect, reference = grown[0], healthy[0]
+    broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
+    if not late and window.summary is None:
+        report = window.report
+        block = loader_block_lead(
+            window.merged.ranks, window.d, report.stages, broad, suspect, report.gates
+        )
+        burst = block.size if block is not None else 1
+        ids, pair = [w.rank for w in window.merged.ranks], (suspect, reference)
+        step_s = report.exposed_s / report.n_steps
+        test = LeadTest(min_share, noise_factor)
+        excess = test.excess(window.d, report.stages, ids, broad, pair, burst, step_s)
+        if not excess.stands_out:
+            return None, (
+                f"the regression's rank {suspect} exceeds rank {reference} in {broad} by "
+                f"{excess.shift_s * 1e3:.1f} ms/step, {excess.shortfall()}"
+            )
     first, last = regression["baseline_windows"]
     reasons = (
         f"window slower than windows {first}-{last} by "
-        f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, most of it in {stage} "
-        f"({regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step)",
+        f"{regression['delta_exposed_ms_per_step']:+.1f} ms/step, of which {stage} "
+        f"{regression['delta_advance_ms_per_step'][stage]:+.1f} ms/step",
         f"rank {suspect} arrives late into {late['stage']}'s bucket {late['bucket']}, the others "
         "timed waiting for it there"
         if late
         else f"rank {suspect}'s own {stage} grew by {deltas.get(suspect, math.nan):.1f} ms/step",
         f"reference rank {reference}: the rank whose {stage} grew least in this window",
     )
-    broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
     share = window.report.semantic_shares.get(broad, float("nan"))
-    return Decision(broad, suspect, reference, share, window.merged.reference.window, reasons)
+    index = window.merged.reference.window
+    return Decision(broad, suspect, reference, share, index, reasons), ""

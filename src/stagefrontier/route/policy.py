@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..analysis.collectives import CollectiveReading
 from ..window.merged import AnalyzedWindow
 from .decide import Decision, decide, regression_decision
 from .requests import MAX_CAPTURE_STEPS, ManualRequest
@@ -16,6 +17,9 @@ logger = logging.getLogger("stagefrontier")
 
 WINDOW_STEPS_KEPT = 256
 """Step ranges of recent windows kept to tell whether an earlier trace fell in a baseline."""
+LATE_WINDOWS_KEPT = 2
+"""The late ranks of the last windows kept: a late rank is captured when the window before
+named it too (``decide.late_rank_decision``)."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +66,19 @@ class CapturePolicy:
         self.next_window = 0  # the first window index the cooldown allows
         self.traces: dict[int, list[EarlierTrace]] = {}  # rank -> its local traces, oldest first
         self.window_steps: dict[int, tuple[int, int]] = {}
+        self.late: dict[int, CollectiveReading | None] = {}  # window -> its late rank
 
     def remember(self, window: AnalyzedWindow) -> None:
-        """The window's steps, to place earlier traces and a capture's regime later."""
+        """The window's steps, to place earlier traces and a capture's regime later, and the
+        rank the timed collectives name late in it, for the next window's decision."""
         ref = window.merged.reference
         self.window_steps[ref.window] = (ref.first_step, ref.last_step)
         while len(self.window_steps) > WINDOW_STEPS_KEPT:
             del self.window_steps[next(iter(self.window_steps))]
+        reading = window.communication
+        self.late[ref.window] = None if reading is None else reading.late
+        while len(self.late) > LATE_WINDOWS_KEPT:
+            del self.late[next(iter(self.late))]
 
     def first_step(self, window: int | None, otherwise: int) -> int:
         """The first step of a remembered window (``otherwise`` when it is not)."""
@@ -90,11 +100,15 @@ class CapturePolicy:
             self.config.gates,
             min_share=self.config.min_share,
             noise_factor=self.config.noise_factor,
+            late_before=self.late.get(index - 1),
         )
         if decision is not None:
             return Plan(decision, "window", [decision.suspect_rank, decision.reference_rank])
-        regressed = regression_decision(window)
+        regressed, refused = regression_decision(
+            window, min_share=self.config.min_share, noise_factor=self.config.noise_factor
+        )
         if regressed is None:
+            why = "; ".join(x for x in (why, refused) if x)
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
             return None
         return self._regression(regressed, window.regression or {})

@@ -12,6 +12,14 @@ torch offers no handle on the running session, but every ``torch.profiler.profil
 in this process: the router notes the count right after starting its own, and any later count
 means another session started since. A session that ended (the user stopped the one that
 replaced ours) shows as no profiler enabled.
+
+The capture itself drives the profiler by its public API (``torch.profiler.profile``, its
+``start`` and ``stop`` at the step boundaries the router chose). Two private names remain,
+both read-only questions torch's public API cannot answer: the start hook above (whether a
+session started since ours), and ``torch._C._autograd._profiler_enabled`` (whether any session
+is running, ours or the user's). Where a torch lacks the hook, ``watch`` says so and only a
+session that ended is seen. ``schedule`` and ``on_trace_ready`` do not replace them: they order
+one session's own steps and say nothing of another's.
 """
 
 from __future__ import annotations

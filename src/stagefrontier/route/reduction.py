@@ -125,7 +125,8 @@ def _confirm(
     try:
         window = live_slice(live, ranks, steps)
         lead = (incident["leader_rank"], incident["reference_rank"])
-        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share)
+        burst = incident.get("lead_block_steps") or 1
+        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share, burst)
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,

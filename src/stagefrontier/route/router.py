@@ -19,15 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.block_lead import LeadTest
 from ..analysis.gates import Gates
 from ..collect.base import Consumers
 from ..collect.hierarchical import NodeLeader
 from ..collect.settings import (
+    FLAG,
     MAX_TIMEOUT_S,
-    check_flag,
+    between,
+    check_fields,
     check_has_methods,
     check_int,
-    check_number,
     check_optional_text,
 )
 from ..collect.store import claim_scope, release_scope
@@ -113,37 +115,31 @@ class ProfilerRouter:
     capture does not stall a step.
     """
 
-    steps: int = 5
-    cooldown_windows: int = 5
-    max_captures: int = 3
-    max_trace_mb: float = 200.0
-    poll_s: float = 0.05
-    capture_timeout_s: float = 30.0
-    with_stack: bool = True
-    min_share: float = MIN_SHARE
-    noise_factor: float = NOISE_FACTOR
+    steps: int = field(default=5, metadata=between(1, MAX_CAPTURE_STEPS))
+    cooldown_windows: int = field(default=5, metadata=between(0, MAX_COUNT))
+    max_captures: int = field(default=3, metadata=between(0, MAX_COUNT))
+    max_trace_mb: float = field(default=200.0, metadata=between(0.0, MAX_TRACE_MB, open_low=True))
+    poll_s: float = field(default=0.05, metadata=between(MIN_POLL_S, MAX_POLL_S))
+    capture_timeout_s: float = field(default=30.0, metadata=between(0.0, MAX_TIMEOUT_S))
+    with_stack: bool = field(default=True, metadata=FLAG)
+    min_share: float = field(default=MIN_SHARE, metadata=between(0.0, 1.0))
+    noise_factor: float = field(default=NOISE_FACTOR, metadata=between(0.0, MAX_NOISE_FACTOR))
     gates: Gates | None = None
     store: Any = None
     _attached: Attachment = field(default_factory=Attachment, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        """Check every argument; a wrong one raises TimerSettingError naming it."""
-        name = "ProfilerRouter {}".format
-        check_int(name("steps"), self.steps, 1, MAX_CAPTURE_STEPS)
-        check_int(name("cooldown_windows"), self.cooldown_windows, 0, MAX_COUNT)
-        check_int(name("max_captures"), self.max_captures, 0, MAX_COUNT)
-        check_number(name("max_trace_mb"), self.max_trace_mb, 0.0, MAX_TRACE_MB, open_low=True)
-        check_number(name("poll_s"), self.poll_s, MIN_POLL_S, MAX_POLL_S)
-        check_number(name("capture_timeout_s"), self.capture_timeout_s, 0.0, MAX_TIMEOUT_S)
-        check_flag(name("with_stack"), self.with_stack)
-        check_number(name("min_share"), self.min_share, 0.0, 1.0)
-        check_number(name("noise_factor"), self.noise_factor, 0.0, MAX_NOISE_FACTOR)
+        """Check every argument (each number against the range its field states); a wrong one
+        raises TimerSettingError naming it."""
+        check_fields(self, "ProfilerRouter")
         if self.gates is not None and not isinstance(self.gates, Gates):
             raise TimerSettingError(
                 f"ProfilerRouter gates must be a Gates or None, got {self.gates!r:.60}"
             )
         if self.store is not None:
-            check_has_methods(name("store"), self.store, "set", "get", "check", "delete_key")
+            check_has_methods(
+                "ProfilerRouter store", self.store, "set", "get", "check", "delete_key"
+            )
 
     def attach(self, timer: Instrumentation) -> RouterRuntime:
         """Start this rank's router thread for ``timer`` (called by StageTimer)."""
@@ -232,7 +228,8 @@ class RouterRuntime:
         )
         consumers = getattr(collector, "consumers", None)
         if isinstance(consumers, Consumers):
-            consumers.register(self.coordinator)
+            test = LeadTest(self.config.min_share, self.config.noise_factor)
+            consumers.register(self.coordinator, lead_test=test)
         else:
             logger.warning("stagefrontier: this collector hands no windows on; the router is idle")
 

@@ -148,6 +148,7 @@ PACKET_META = (
     "n_ranks_present",
     "loader_workers",
     "block_lead",
+    "lead_below_top",
     "wall_clock",
     "host_signals",
 )

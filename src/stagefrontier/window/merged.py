@@ -17,7 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.analyzer import analyze
-from ..analysis.block_lead import BlockLead
+from ..analysis.block_lead import (
+    DEFAULT_LEAD_TEST,
+    BlockLead,
+    LeadTest,
+    routed_lead_below_top,
+)
+from ..analysis.collective_summary import CollectiveSummary, read_collective_summary
 from ..analysis.collectives import CollectiveTimes, CommunicationReading, read_collectives
 from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.schema import FORWARD_STAGE
@@ -95,9 +101,17 @@ class AnalyzedWindow:
     slow_collective: dict[str, Any] | None = None
     """Set on rank 0 when a collective every rank reached together took much longer than in
     the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
+    collective_summary: CollectiveSummary | None = None
+    """Under hierarchical collection, the node parts' timed collectives combined, from which
+    ``communication`` is read (``analysis.collective_summary``)."""
     host_signals: dict[str, Any] | None = None
     """Rank 0's host signals over the window (``collect.host_signals``): load, CPU steal,
     throttling, its process's CPU per wall second; None when not read."""
+    lead_test: LeadTest = DEFAULT_LEAD_TEST
+    """When one rank's lead in a stage below the top one is named (``lead_below_top``): the
+    profiler router's ``min_share`` and ``noise_factor`` when a router takes the windows
+    (``collect.base.Consumers``), so that the line names no lead the router would not
+    capture."""
 
     @cached_property
     def record(self) -> dict[str, Any]:
@@ -111,6 +125,8 @@ class AnalyzedWindow:
             record["host_signals"] = self.host_signals
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
+        below = self.lead_below_top
+        record["lead_below_top"] = None if below is None else {"stage": below[0], "rank": below[1]}
         reading = self.communication
         if reading is not None:
             record["communication"] = {**reading.to_dict(), "slow": self.slow_collective}
@@ -144,9 +160,28 @@ class AnalyzedWindow:
         )
 
     @cached_property
+    def lead_below_top(self) -> tuple[str, int] | None:
+        """The stage below the top one that one rank leads steadily, materially and above the
+        noise, with that rank, when the top stage has no steady leader
+        (``block_lead.routed_lead_below_top`` by ``lead_test``): what the window line names and
+        the profiler router captures. None with roles or without such a lead."""
+        if self.report.role_reports or not self.report.shares_defined:
+            return None
+        d = self.d if self.summary is None else None
+        return routed_lead_below_top(
+            self.report, d, [w.rank for w in self.merged.ranks], self.lead_test
+        )
+
+    @cached_property
     def communication(self) -> CommunicationReading | None:
         """The clock-free reading of the collectives the ranks timed (``analysis.collectives``),
-        or None when no rank watched any."""
+        or None when no rank watched any. Under hierarchical collection it is read from the
+        node summaries, the threshold from the mean step (the median over every rank's steps
+        flat)."""
+        if self.collective_summary is not None and self.summary is not None:
+            summary = self.summary
+            step_ms = 1e3 * summary.rank_total_sum_s / max(summary.n_ranks * summary.n_steps, 1)
+            return read_collective_summary(self.collective_summary, summary.n_ranks, step_ms)
         times = self.side.collectives
         if times is None:
             return None

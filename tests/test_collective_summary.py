@@ -1,0 +1,123 @@
+"""The timed collectives under hierarchical collection (``analysis.collective_summary``): node
+summaries that combine into the reading of every rank's waits, exact but for the other ranks'
+median and spread, which lie within the bound the reading states. The real multi-node run is in
+``test_scale_torchrun.py``; these cases build the waits by hand to reach the edges."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stagefrontier.analysis.collective_summary import (
+    CollectiveSummary,
+    combine_collectives,
+    read_collective_summary,
+    summarize_collectives,
+)
+from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
+from stagefrontier.collect.node_payload import joined_collectives
+from stagefrontier.collect.node_wire import NodePart, decode_node_part, encode_node_part
+from stagefrontier.errors import ReportFormatError
+
+KEYS = (
+    ("all_reduce", 0, "model.backward_cpu_wall", 0),
+    ("all_reduce", 1, "model.backward_cpu_wall", 0),
+)
+STEP_MS = 300.0
+
+
+def _waits(late: int | None, ranks: int = 8, steps: int = 10, seed: int = 0) -> np.ndarray:
+    """``[steps, ranks, 2]``: ranks arriving up to 30 ms apart (``late`` 100 ms after the
+    others), two buckets that complete 5 ms and 3 ms after the last arrival."""
+    rng = np.random.default_rng(seed)
+    arrived = rng.uniform(0.0, 30.0, (steps, ranks))
+    if late is not None:
+        arrived[:, late] += 100.0
+    last = arrived.max(axis=1, keepdims=True)
+    return np.stack([last + 5.0 - arrived, last + 3.0 - arrived], axis=2)
+
+
+def _by_node(wait: np.ndarray, per_node: int, keys: tuple = KEYS) -> list[CollectiveSummary]:
+    reached = np.ones_like(wait) * np.arange(wait.shape[1])[None, :, None]
+    parts = []
+    for first in range(0, wait.shape[1], per_node):
+        cols = slice(first, first + per_node)
+        times = CollectiveTimes(keys, (1 << 20,) * len(keys), wait[:, cols], reached[:, cols])
+        parts.append(summarize_collectives(times, list(range(first, first + per_node))))
+    return parts
+
+
+def _flat(wait: np.ndarray, keys: tuple = KEYS) -> object:
+    reached = np.ones_like(wait) * np.arange(wait.shape[1])[None, :, None]
+    times = CollectiveTimes(keys, (1 << 20,) * len(keys), wait, reached)
+    return read_collectives(times, list(range(wait.shape[1])), STEP_MS)
+
+
+@pytest.mark.parametrize("late", [5, None])
+@pytest.mark.parametrize("per_node", [2, 4])
+def test_node_summaries_read_as_every_ranks_waits_within_the_stated_bound(
+    late: int | None, per_node: int
+) -> None:
+    wait = _waits(late)
+    flat = _flat(wait)
+    hier = read_collective_summary(combine_collectives(_by_node(wait, per_node)), 8, STEP_MS)
+    assert len(hier.collectives) == len(flat.collectives) == 2  # type: ignore[attr-defined]
+    for want, got in zip(flat.collectives, hier.collectives, strict=True):  # type: ignore[attr-defined]
+        for name in ("transfer_ms", "wait_ms", "spread_ms", "reached_ms", "steps", "last_bucket"):
+            assert getattr(got, name) == pytest.approx(getattr(want, name), abs=1e-9), name
+        assert got.late_rank == want.late_rank == late
+        assert abs(got.lateness_ms - want.lateness_ms) <= got.bound_ms
+        assert want.bound_ms == 0.0 and 0.0 < got.bound_ms < 0.02 * 130.0
+    assert (hier.late is None) == (late is None)
+
+
+def test_a_summary_crosses_the_node_wire_unchanged() -> None:
+    parts = _by_node(_waits(3), 4)
+    top = combine_collectives(parts)
+    part = NodePart(window=0, first_step=0, last_step=9, first_node=0, node_count=2)
+    back = decode_node_part(encode_node_part(NodePart(**{**part.__dict__, "collectives": top})))
+    assert back.collectives is not None
+    assert read_collective_summary(back.collectives, 8, STEP_MS) == read_collective_summary(
+        top, 8, STEP_MS
+    )
+    assert decode_node_part(encode_node_part(part)).collectives is None
+
+
+def test_a_summary_stays_the_same_size_as_ranks_grow() -> None:
+    sizes = [
+        len(json.dumps(combine_collectives(_by_node(_waits(1, ranks=n), 8)).to_dict()))
+        for n in (64, 512)
+    ]
+    assert sizes[1] <= sizes[0] * 1.1, sizes
+
+
+def test_nodes_that_timed_other_collectives_or_other_steps_combine_or_say_why() -> None:
+    wait = _waits(5)
+    left = _by_node(wait[:, :4], 4)[0]
+    right = _by_node(wait[:, 4:, :1], 4, KEYS[:1])[0]  # bucket 1 not timed on node 1
+    right = CollectiveSummary(**{**right.__dict__, "low_rank": right.low_rank + 4})
+    reading = read_collective_summary(combine_collectives([left, right]), 8, STEP_MS)
+    assert [c.bucket for c in reading.collectives] == [0]  # bucket 1: no step timed by all
+    assert reading.late is not None and reading.late.late_rank == 5
+    shorter = _by_node(wait[:5, 4:], 4)[0]
+    notes: list[str] = []
+    parts = [
+        NodePart(0, 0, 9, 0, 1, collectives=left),
+        NodePart(0, 0, 9, 1, 1, collectives=shorter),
+    ]
+    assert joined_collectives(parts, notes) is None
+    assert notes == [
+        "communication evidence not combined: the groups' collectives cover different steps"
+    ]
+
+
+def test_a_malformed_summary_is_refused_with_the_reason() -> None:
+    data = combine_collectives(_by_node(_waits(2), 4)).to_dict()
+    with pytest.raises(ReportFormatError, match="must hold exactly"):
+        CollectiveSummary.from_dict({**data, "extra": 1})
+    with pytest.raises(ReportFormatError, match="do not fit"):
+        CollectiveSummary.from_dict({**data, "count": data["count"][:-1]})
+    with pytest.raises(ReportFormatError, match="do not fit"):
+        CollectiveSummary.from_dict({**data, "n_ranks": 9})
