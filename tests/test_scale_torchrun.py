@@ -45,8 +45,8 @@ WINDOWS = list(range(5))
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The flat and the hierarchical run, side by side (``run_both(side_by_side=True)``): 40
     processes that import torch (8 agents, 32 ranks), 45 to 60 s on a quiet 2-core machine.
-    Side by side the runs share the cores, which the sizes above allow for: a stall is 3 to 4
-    times backward's all-reduce at a load of 30 to 60."""
+    Side by side the runs share the cores, which the sizes above allow for: the 400 ms stalls
+    stay several times backward's 50 to 125 ms a step (seen at loads of 30 to 57)."""
     out = tmp_path_factory.mktemp("scale")
     faults = tuple(parse_fault(f) for f in FAULTS)
     config = small_config(
