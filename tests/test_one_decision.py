@@ -24,7 +24,7 @@ from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import verdict as verdict_of_window
 from stagefrontier.route.confirm import Confirmation, LiveWindow, _weak_lead
-from stagefrontier.route.decide import MIN_SHARE, decide
+from stagefrontier.route.decide import MIN_SHARE, decide, regression_decision
 from stagefrontier.route.incident_writer import capture_cost
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
@@ -93,6 +93,23 @@ def test_a_loader_with_more_workers_than_a_block_is_confirmed_over_its_bursts() 
     assert "in every block of about 6 steps" in weak, weak
     decision, why = decide(_live_window(_bursts()))
     assert decision is not None and decision.burst == 2, why
+    # A regression placed on the same bursts hands its burst on too (before, it judged the
+    # lead over bursts and gave the confirmation one-step blocks).
+    regression = {
+        "kind": "stage",
+        "top_stage": STAGES[0],
+        "ranks": [STALL],
+        "all_ranks": False,
+        "rank_delta_ms_per_step": {str(r): 120.0 if r == STALL else 0.0 for r in RANKS},
+        "baseline_windows": [1, 3],
+        "delta_exposed_ms_per_step": 120.0,
+        "delta_advance_ms_per_step": {STAGES[0]: 120.0},
+    }
+    regressed = _live_window(_bursts())
+    regressed.regression = regression
+    decision, why = regression_decision(regressed)
+    assert decision is not None and decision.suspect_rank == STALL, why
+    assert decision.burst == 2, decision
 
 
 def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
