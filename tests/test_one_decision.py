@@ -343,6 +343,20 @@ def _captured(lead_ms: list[float]) -> ReducedTrace:
     )
 
 
+def test_a_wait_every_other_step_is_confirmed_over_whole_bursts() -> None:
+    """Two workers: rank 3 waits 15 ms on every other one of 5 captured steps, a mean lead of
+    6.0 ms/step against a 5.5 ms floor. Cut into blocks of 3 and 2 steps, the first held one
+    wait and averaged 5.0 ms: not confirmed. Blocks of whole bursts hold one wait each."""
+    waits = [0.0, 15.0, 0.0, 15.0, 0.0]
+    weak, _, lead_s = _weak_lead(_captured(waits), STAGES[1], (3, 2), 0.125, burst=2)
+    assert lead_s is not None and round(lead_s * 1e3, 1) == 6.0
+    assert weak == "", weak
+    # A block of whole bursts without its wait is still found.
+    waits = [0.0, 15.0, 0.0, 15.0, 0.0, 0.0, 0.0, 15.0, 0.0, 15.0]
+    weak, _, _ = _weak_lead(_captured(waits), STAGES[1], (3, 2), 0.125, burst=2)
+    assert "in steps 40-45" in weak and "every block of about 4 steps" in weak, weak
+
+
 def test_a_lead_that_one_delayed_step_makes_is_not_confirmed() -> None:
     """Rank 3 sleeps 1 ms longer than rank 2 in all 20 captured steps, and one of them was
     delayed 95 ms on rank 3 alone (a collection, a preemption): the mean lead, 5.8 ms/step,
