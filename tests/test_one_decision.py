@@ -5,6 +5,7 @@ whose trace agrees with the live steps says so."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from stagefrontier import Gates, analyze
-from stagefrontier.analysis.block_lead import LeadTest
+from stagefrontier.analysis.block_lead import LeadTest, routed_lead_below_top
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
@@ -302,6 +303,39 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
         assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
         facts = check_window_meta(taken[0].record)  # and offline, from the stored record
         assert (said in window_headline(window.report, facts)) is named
+
+
+def test_the_window_line_judges_a_smaller_stages_lead_by_the_routers_gates() -> None:
+    """A router whose gates ask a steady lead to grow by 30% of the step within the stage
+    (``share_tie=0.3``): rank 2's 60 ms/step lead in the data wait, 18% of it, is no steady
+    lead. Before, the router judged the stage below the top by the window's own gates and
+    captured it, and the window line named it; both now judge it by the router's gates."""
+    d = _data_wait_under_a_shared_backward()
+    d[:, STALL, 0] -= 0.040
+    d[:, [0, 1, 3], 2] -= 0.040
+    window = _analyzed(d)
+    gates = Gates(share_tie=0.3)
+    routed, why = decide(window, gates)
+    assert routed is None and "no confident leader of model.backward_cpu_wall" in why, routed
+    lines = _Lines()
+    consumers = Consumers()
+    taken: list[AnalyzedWindow] = []
+    consumers.register(SimpleNamespace(take=taken.append), lead_test=LeadTest(gates=gates))
+    publish([lines], consumers, window)
+    assert taken[0].record["lead_below_top"] is None
+    assert "on rank 2" not in lines.lines[0], lines.lines[0]
+    assert window.lead_below_top == (STAGES[0], STALL)  # by the window's own gates
+    # Where the router asks for nothing, the line names nothing either: limited telemetry, or
+    # a top stage under ``share_dominance`` among more than two routing stages.
+    report, ids, test = window.report, list(RANKS), LeadTest()
+    assert routed_lead_below_top(report, d, ids, test) == (STAGES[0], STALL)
+    limited = replace(report, labels=[*report.labels, "telemetry_limited"])
+    assert routed_lead_below_top(limited, d, ids, test) is None
+    assert decide(replace(window, report=limited))[0] is None
+    spread = replace(report, routing_set=[*report.routing_set, STAGES[1]])
+    dominant = LeadTest(gates=Gates(share_dominance=0.9))
+    assert routed_lead_below_top(spread, d, ids, dominant) is None
+    assert decide(replace(window, report=spread), dominant.gates)[0] is None
 
 
 def test_the_capture_is_compared_with_the_mean_step_of_the_same_regime() -> None:

@@ -181,7 +181,7 @@ def decide(
         blocked = (block_lead_text(block),)
     elif block is not None:
         blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
-    test = LeadTest(min_share, noise_factor)
+    test = LeadTest(min_share, noise_factor, g)
     d = window.d[:, positions] if window.summary is None else None
     ids = [ranks[i] for i in positions]
     below = routed_lead_below_top(report, d, ids, test) if why else None
