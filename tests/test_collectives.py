@@ -473,12 +473,35 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     assert text.startswith("+") and text.endswith(
         "vs windows 0-2: rank 1 late into model.backward_cpu_wall's last bucket"
     ), text
-    decision, _ = regression_decision(analyzed)
+    # Late in this window alone: read as no rank named late, and every rank grew alike.
+    decision, why = regression_decision(analyzed)
+    assert decision is None and why == "every rank grew alike", why
+    before = analyzed.communication.late if analyzed.communication is not None else None
+    again = live.analyze(merge_windows(_windows(4, 120.0, late=1), RANKS))
+    decision, _ = regression_decision(again, late_before=before)
     assert decision is not None and decision.suspect_rank == 1, decision
     gathered = {**regression["late"], "family": "all_gather", "bucket": 0}  # as under FSDP2
     assert regression_text({**regression, "late": gathered}).endswith(
         "rank 1 late into model.backward_cpu_wall's all_gather no. 1"
     )
+
+
+def test_a_late_rank_in_one_regressed_window_alone_opens_no_incident() -> None:
+    """A window far slower than the healthy baseline (a large jump, flagged at once) whose
+    collectives name rank 1 late: the lead path asks for a second window, and the regression
+    path now asks the same (before, it opened an incident on rank 1 in that window). The
+    window after, rank 1 late again, is captured."""
+    live = LiveAnalysis(None, RegressionConfig())
+    policy = CapturePolicy(ProfilerRouter(cooldown_windows=0))
+    plans = []
+    for index, late in enumerate([None, None, None, 1, 1]):
+        window = live.analyze(
+            merge_windows(_windows(index, 20.0 if late is None else 120.0, late), RANKS)
+        )
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    assert plans[3] is None and plans[:3] == [None] * 3, plans[3]
+    assert plans[4] is not None and plans[4].decision.suspect_rank == 1, plans[4]
 
 
 def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ whose trace agrees with the live steps says so."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from stagefrontier import Gates, analyze
-from stagefrontier.analysis.block_lead import LeadTest
+from stagefrontier.analysis.block_lead import LeadTest, routed_lead_below_top
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
@@ -24,7 +25,7 @@ from stagefrontier.render.incident import verdict
 from stagefrontier.render.text import window_details
 from stagefrontier.render.verdict import verdict as verdict_of_window
 from stagefrontier.route.confirm import Confirmation, LiveWindow, _weak_lead
-from stagefrontier.route.decide import MIN_SHARE, decide
+from stagefrontier.route.decide import MIN_SHARE, decide, regression_decision
 from stagefrontier.route.incident_writer import capture_cost
 from stagefrontier.route.own_work import own_work_lead
 from stagefrontier.route.reduction import not_confirmed_text
@@ -93,6 +94,23 @@ def test_a_loader_with_more_workers_than_a_block_is_confirmed_over_its_bursts() 
     assert "in every block of about 6 steps" in weak, weak
     decision, why = decide(_live_window(_bursts()))
     assert decision is not None and decision.burst == 2, why
+    # A regression placed on the same bursts hands its burst on too (before, it judged the
+    # lead over bursts and gave the confirmation one-step blocks).
+    regression = {
+        "kind": "stage",
+        "top_stage": STAGES[0],
+        "ranks": [STALL],
+        "all_ranks": False,
+        "rank_delta_ms_per_step": {str(r): 120.0 if r == STALL else 0.0 for r in RANKS},
+        "baseline_windows": [1, 3],
+        "delta_exposed_ms_per_step": 120.0,
+        "delta_advance_ms_per_step": {STAGES[0]: 120.0},
+    }
+    regressed = _live_window(_bursts())
+    regressed.regression = regression
+    decision, why = regression_decision(regressed)
+    assert decision is not None and decision.suspect_rank == STALL, why
+    assert decision.burst == 2, decision
 
 
 def test_the_window_line_states_the_lead_the_router_acts_on() -> None:
@@ -287,6 +305,39 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
         assert (said in window_headline(window.report, facts)) is named
 
 
+def test_the_window_line_judges_a_smaller_stages_lead_by_the_routers_gates() -> None:
+    """A router whose gates ask a steady lead to grow by 30% of the step within the stage
+    (``share_tie=0.3``): rank 2's 60 ms/step lead in the data wait, 18% of it, is no steady
+    lead. Before, the router judged the stage below the top by the window's own gates and
+    captured it, and the window line named it; both now judge it by the router's gates."""
+    d = _data_wait_under_a_shared_backward()
+    d[:, STALL, 0] -= 0.040
+    d[:, [0, 1, 3], 2] -= 0.040
+    window = _analyzed(d)
+    gates = Gates(share_tie=0.3)
+    routed, why = decide(window, gates)
+    assert routed is None and "no confident leader of model.backward_cpu_wall" in why, routed
+    lines = _Lines()
+    consumers = Consumers()
+    taken: list[AnalyzedWindow] = []
+    consumers.register(SimpleNamespace(take=taken.append), lead_test=LeadTest(gates=gates))
+    publish([lines], consumers, window)
+    assert taken[0].record["lead_below_top"] is None
+    assert "on rank 2" not in lines.lines[0], lines.lines[0]
+    assert window.lead_below_top == (STAGES[0], STALL)  # by the window's own gates
+    # Where the router asks for nothing, the line names nothing either: limited telemetry, or
+    # a top stage under ``share_dominance`` among more than two routing stages.
+    report, ids, test = window.report, list(RANKS), LeadTest()
+    assert routed_lead_below_top(report, d, ids, test) == (STAGES[0], STALL)
+    limited = replace(report, labels=[*report.labels, "telemetry_limited"])
+    assert routed_lead_below_top(limited, d, ids, test) is None
+    assert decide(replace(window, report=limited))[0] is None
+    spread = replace(report, routing_set=[*report.routing_set, STAGES[1]])
+    dominant = LeadTest(gates=Gates(share_dominance=0.9))
+    assert routed_lead_below_top(spread, d, ids, dominant) is None
+    assert decide(replace(window, report=spread), dominant.gates)[0] is None
+
+
 def test_the_capture_is_compared_with_the_mean_step_of_the_same_regime() -> None:
     """Rank 2's two DataLoader workers put a 300 ms wait on every other step of a 40 ms step,
     before, during and after a capture of steps 26-30 that changes nothing. The incident said
@@ -324,6 +375,20 @@ def _captured(lead_ms: list[float]) -> ReducedTrace:
         "kineto",
         (("rank2",), ("rank3",)),
     )
+
+
+def test_a_wait_every_other_step_is_confirmed_over_whole_bursts() -> None:
+    """Two workers: rank 3 waits 15 ms on every other one of 5 captured steps, a mean lead of
+    6.0 ms/step against a 5.5 ms floor. Cut into blocks of 3 and 2 steps, the first held one
+    wait and averaged 5.0 ms: not confirmed. Blocks of whole bursts hold one wait each."""
+    waits = [0.0, 15.0, 0.0, 15.0, 0.0]
+    weak, _, lead_s = _weak_lead(_captured(waits), STAGES[1], (3, 2), 0.125, burst=2)
+    assert lead_s is not None and round(lead_s * 1e3, 1) == 6.0
+    assert weak == "", weak
+    # A block of whole bursts without its wait is still found.
+    waits = [0.0, 15.0, 0.0, 15.0, 0.0, 0.0, 0.0, 15.0, 0.0, 15.0]
+    weak, _, _ = _weak_lead(_captured(waits), STAGES[1], (3, 2), 0.125, burst=2)
+    assert "in steps 40-45" in weak and "every block of about 4 steps" in weak, weak
 
 
 def test_a_lead_that_one_delayed_step_makes_is_not_confirmed() -> None:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from .analyzer import analyze
 from .evidence import StageLocalization
 from .gates import Gates
+from .labels import TELEMETRY_LIMITED
 from .noise import Difference, mean_excess
 from .schema import semantic_stage
 from .window_report import WindowReport
@@ -37,10 +38,12 @@ class LeadTest:
     """When a rank's lead over a reference rank in a stage is one to act on: its time in the
     stage minus the reference's, per step, averages at least ``min_share`` of the mean step and
     stands ``noise_factor`` standard errors above zero (the profiler router's settings of the
-    same names; the window line judges a lead by the router's)."""
+    same names; the window line judges a lead by the router's). ``gates``: the router's gates,
+    by which it judges which stage leads steadily and dominates (None: the window's own)."""
 
     min_share: float = MIN_LEAD_SHARE
     noise_factor: float = LEAD_NOISE_FACTOR
+    gates: Gates | None = None
 
     def excess(
         self,
@@ -115,24 +118,28 @@ def unsteady_lead(
     return ""
 
 
-def steady_lead_below_top(report: WindowReport, min_share: float = MIN_LEAD_SHARE) -> str | None:
+def steady_lead_below_top(
+    report: WindowReport, min_share: float = MIN_LEAD_SHARE, gates: Gates | None = None
+) -> str | None:
     """The largest stage of the routing set after the top one that one rank leads steadily
     (``unsteady_lead`` finds nothing against its leader) and materially (ahead of the median
     rank by ``min_share`` of the step at least), when the top stage has no steady leader: a
     rank that holds the others back in a smaller stage while the lead of the top one passes
     between ranks (one rank's data wait in every accumulation microstep, beside a backward pass
     every rank shares). None when the top stage has a steady leader or no other stage of the
-    routing set has such a one. The window line and the router both read it."""
+    routing set has such a one. The window line and the router both read it, by ``gates``
+    (None: the report's)."""
     top = report.top1
     if top is None or not report.shares_defined or report.n_ranks < 2:
         return None
+    g = gates or report.gates
     n = report.n_steps
     mean_step = report.exposed_s / n
-    if not unsteady_lead(report.semantic_localization[top], n, mean_step, report.gates, top):
+    if not unsteady_lead(report.semantic_localization[top], n, mean_step, g, top):
         return None
     for stage in sorted(report.routing_set, key=lambda s: -report.semantic_shares[s]):
         loc = report.semantic_localization[stage]
-        steady = not unsteady_lead(loc, n, mean_step, report.gates, stage)
+        steady = not unsteady_lead(loc, n, mean_step, g, stage)
         if stage != top and steady and loc.delta_lag_mean_s >= min_share * mean_step:
             return stage
     return None
@@ -147,9 +154,17 @@ def routed_lead_below_top(
     """The stage below the top one that the profiler router captures, and its leading rank:
     ``steady_lead_below_top`` by ``test.min_share``, and, where ``d [N, R, S]`` holds the
     ranks' columns (``rank_ids``), that rank's time in the stage exceeding the rank of median
-    time in it by ``test`` (``LeadTest.excess``). The window line names this lead and the
-    router acts on it: one judgment. None when there is none."""
-    below = steady_lead_below_top(report, test.min_share)
+    time in it by ``test`` (``LeadTest.excess``), judged by the test's gates. The window line
+    names this lead and the router acts on it: one judgment. None when there is none, and,
+    as the router asks for no capture then, when the telemetry is limited or the top stage
+    falls short of ``share_dominance`` with more than two stages in the routing set."""
+    g = test.gates or report.gates
+    top = report.top1
+    if report.has(TELEMETRY_LIMITED) or top is None or not report.shares_defined:
+        return None
+    if report.semantic_shares[top] < g.share_dominance and len(report.routing_set) > 2:
+        return None
+    below = steady_lead_below_top(report, test.min_share, g)
     suspect = None if below is None else report.semantic_localization[below].leader_rank
     if below is None or suspect is None:
         return None

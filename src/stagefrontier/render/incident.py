@@ -122,10 +122,10 @@ def summary_line(incident: dict[str, Any]) -> str:
 def capture_cost_text(incident: dict[str, Any]) -> str:
     """What the incident cost the job: the capture's time on each captured rank's training
     thread (``training_thread_s``: time the rank's steps spent in the capture, stop included)
-    and the router threads' CPU (``router_cpu_s``), led by their sum when both were recorded,
-    e.g. ``the capture cost the job 0.69 s in all: 41 ms on rank 2's training thread and 38 ms
-    on rank 0's, and 0.61 s of CPU on the router's background threads (...)``; empty when
-    neither was recorded."""
+    and the router threads' CPU (``router_cpu_s``), each said apart (one is wall time, the
+    other CPU time: their sum would be neither), e.g. ``the capture cost the job 41 ms on rank
+    2's training thread and 38 ms on rank 0's (0.08 s of training-thread time), and 0.61 s of
+    CPU on the router's background threads (...)``; empty when neither was recorded."""
     training = incident.get("training_thread_s")
     items = [
         (rank, value)
@@ -142,8 +142,11 @@ def capture_cost_text(incident: dict[str, Any]) -> str:
         return f"capture and reduction took {background}" if background else ""
     if not background:
         return f"the capture took {spent}"
-    total = sum(value for _, value in items) + sum(router.values())
-    return f"the capture cost the job {total:.2f} s in all: {spent}, and {background}"
+    training_s = sum(value for _, value in items)
+    return (
+        f"the capture cost the job {spent} ({training_s:.2f} s of training-thread time), "
+        f"and {background}"
+    )
 
 
 def router_cpu(incident: dict[str, Any]) -> dict[str, float]:

@@ -137,9 +137,9 @@ def confirm(
     and a distinct reference the trace holds, the suspect's time in ``stage`` (by default the
     trace's top stage) exceeds the
     reference's by at least ``min_share`` of the step on average, in every block of about
-    ``BLOCK_STEPS`` captured steps (``burst`` at least: the steps a DataLoader's workers hand
-    their batches over in), and by ``CONFIRM_T`` standard errors over the captured steps;
-    ``disagrees`` (False) otherwise."""
+    ``BLOCK_STEPS`` captured steps (whole multiples of ``burst``: the steps a DataLoader's
+    workers hand their batches over in), and by ``CONFIRM_T`` standard errors over the
+    captured steps; ``disagrees`` (False) otherwise."""
     g = gates or DEFAULT_GATES
     if live is None:
         return Confirmation(None, None, notes=("no live windows cover the captured steps",))
@@ -211,7 +211,7 @@ def _weak_lead(
     )
     if not excess.stands_out:
         return said + excess.shortfall(), step, excess.shift_s
-    size = max(BLOCK_STEPS, burst)
+    size = -(-BLOCK_STEPS // burst) * burst  # whole bursts, four steps at least
     weakest = _weakest_block(diffs, reduced.step_ids, min_share * step, size, burst)
     if weakest is None:
         return "", step, excess.shift_s
@@ -232,14 +232,21 @@ def _weakest_block(
     size: int,
     burst: int,
 ) -> tuple[tuple[int, int], Difference] | None:
-    """The block of consecutive captured steps (``size`` about, two blocks at least, none
-    shorter than a ``burst``) whose mean lead is the smallest, its first and last step ids and
-    that lead against the floor; None when every block clears the floor, or when the steps
-    hold fewer than two bursts (the mean over them is then the only block)."""
-    if diffs.size < 2 * burst:
+    """The block of consecutive captured steps (about ``size``, a multiple of ``burst``; two
+    blocks at least) whose mean lead is the smallest, its first and last step ids and that lead
+    against the floor; None when every block clears the floor, or when the steps hold fewer
+    than two whole bursts (the mean over them is then the only block). Blocks hold whole
+    bursts, the steps after the last whole one left out, so that every block holds as many
+    of the workers' waits as the others: cut anywhere, one of three steps holds one wait in
+    two and averages less than the mean."""
+    bursts = diffs.size // burst
+    if bursts < 2:
         return None
-    count = max(2, diffs.size // size)
-    bounds = np.array_split(np.arange(diffs.size), count)
+    count = max(2, bursts * burst // size)
+    bounds = [
+        np.arange(group[0] * burst, (group[-1] + 1) * burst)
+        for group in np.array_split(np.arange(bursts), count)
+    ]
     means = [float(diffs[b].mean()) for b in bounds]
     i = int(np.argmin(means))
     block = Difference(means[i], floor_s, 0.0)

@@ -18,6 +18,8 @@ A window the live regression check flags (``analysis.regression``) asks for a ca
 no rank leads: ``regression_decision`` names the ranks whose own time in the grown stage grew
 most, and a rank that did not grow as the reference. A slowdown of the whole job (every stage,
 or every rank, grew alike) asks for none: no rank's trace against another's can show its cause.
+A rank the timed collectives name late is its suspect without the lead test below only when the
+window before named the same rank late in the same stage, as ``late_rank_decision`` asks.
 
 Both act only on a difference that is material and above the run's noise
 (``analysis.noise``): the suspect's time in the stage minus the reference's, per step, must
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -178,7 +181,7 @@ def decide(
         blocked = (block_lead_text(block),)
     elif block is not None:
         blocked = (f"its excess over the reference judged over blocks of {block.size} steps",)
-    test = LeadTest(min_share, noise_factor)
+    test = LeadTest(min_share, noise_factor, g)
     d = window.d[:, positions] if window.summary is None else None
     ids = [ranks[i] for i in positions]
     below = routed_lead_below_top(report, d, ids, test) if why else None
@@ -298,21 +301,29 @@ def start_margin(step_s: float, poll_s: float) -> int:
 
 
 def regression_decision(
-    window: AnalyzedWindow, *, min_share: float = MIN_SHARE, noise_factor: float = NOISE_FACTOR
+    window: AnalyzedWindow,
+    *,
+    min_share: float = MIN_SHARE,
+    noise_factor: float = NOISE_FACTOR,
+    late_before: CollectiveReading | None = None,
 ) -> tuple[Decision | None, str]:
     """The capture for a window that regressed against the run's healthy baseline (None when
     it did not, or when no trace of one rank against another can show the cause, with why): the
     regression must be localized to a stage (not a slowdown of the whole job) and to some ranks
     (not every rank alike), so that a rank that did not grow can be the reference. The suspect
-    is the rank that grew most; the reference the rank that grew least. Unless the timed
-    collectives name the suspect late (the others then wait for it inside the same stage), its
-    time in the stage must exceed the reference's by a material share of the step and above
-    the window's noise, as a window's lead must (``LeadTest``): a busy machine slows the
-    ranks unevenly, and one rank's few milliseconds more in a stage are no stall."""
+    is the rank that grew most; the reference the rank that grew least. Its time in the stage
+    must exceed the reference's by a material share of the step and above the window's noise,
+    as a window's lead must (``LeadTest``): a busy machine slows the ranks unevenly, and one
+    rank's few milliseconds more in a stage are no stall. The test is skipped only for a rank
+    the timed collectives name late (the others then wait for it inside the same stage) in
+    this window and in the window before (``late_before``), as ``late_rank_decision`` asks: a
+    late rank in one window alone is read as though no rank were named late."""
     regression = window.regression
     if not regression or regression.get("kind") == WHOLE_JOB:
         return None, ""
     late = regression.get("late")  # the timed collectives name the rank the others wait for
+    if late and not _late_before_too(late, late_before):
+        late = None
     if regression["all_ranks"] and not late:
         return None, "every rank grew alike"
     stage = regression["top_stage"]
@@ -323,6 +334,7 @@ def regression_decision(
         return None, "no rank that did not grow to compare with"
     suspect, reference = grown[0], healthy[0]
     broad = semantic_stage(stage)  # the traces' ranges carry the broad stage's name
+    burst = 1
     if not late and window.summary is None:
         report = window.report
         block = loader_block_lead(
@@ -351,4 +363,15 @@ def regression_decision(
     )
     share = window.report.semantic_shares.get(broad, float("nan"))
     index = window.merged.reference.window
-    return Decision(broad, suspect, reference, share, index, reasons), ""
+    return Decision(broad, suspect, reference, share, index, reasons, burst=burst), ""
+
+
+def _late_before_too(late: dict[str, Any], before: CollectiveReading | None) -> bool:
+    """Whether ``before``, the window just before's late rank, is the regression's late rank
+    (``late``) in the same broad stage."""
+    return (
+        before is not None
+        and before.late_rank == int(late["rank"])
+        and before.stage is not None
+        and semantic_stage(before.stage) == semantic_stage(late["stage"])
+    )

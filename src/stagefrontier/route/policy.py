@@ -117,7 +117,10 @@ class CapturePolicy:
         if decision is not None:
             return Plan(decision, "window", [decision.suspect_rank, decision.reference_rank])
         regressed, refused = regression_decision(
-            window, min_share=self.config.min_share, noise_factor=self.config.noise_factor
+            window,
+            min_share=self.config.min_share,
+            noise_factor=self.config.noise_factor,
+            late_before=before.late,
         )
         if regressed is None:
             why = "; ".join(x for x in (why, refused) if x)

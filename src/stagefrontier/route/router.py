@@ -227,7 +227,7 @@ class RouterRuntime:
         )
         consumers = getattr(collector, "consumers", None)
         if isinstance(consumers, Consumers):
-            test = LeadTest(self.config.min_share, self.config.noise_factor)
+            test = LeadTest(self.config.min_share, self.config.noise_factor, self.config.gates)
             consumers.register(self.coordinator, lead_test=test)
         else:
             logger.warning("stagefrontier: this collector hands no windows on; the router is idle")

@@ -155,17 +155,20 @@ class AnalyzedWindow:
         if top is None or not report.shares_defined or report.role_reports:
             return None
         leader = report.semantic_localization[top].leader_rank
-        return loader_block_lead(
-            self.merged.ranks, self.d, report.stages, top, leader, report.gates
-        )
+        gates = self.lead_test.gates or report.gates
+        return loader_block_lead(self.merged.ranks, self.d, report.stages, top, leader, gates)
 
     @cached_property
     def lead_below_top(self) -> tuple[str, int] | None:
         """The stage below the top one that one rank leads steadily, materially and above the
         noise, with that rank, when the top stage has no steady leader
         (``block_lead.routed_lead_below_top`` by ``lead_test``): what the window line names and
-        the profiler router captures. None with roles or without such a lead."""
+        the profiler router captures. None with roles or without such a lead, and when the top
+        stage is a data wait judged over its DataLoader's bursts (``block_lead``): the router
+        then routes that stage or nothing."""
         if self.report.role_reports or not self.report.shares_defined:
+            return None
+        if self.block_lead is not None:
             return None
         d = self.d if self.summary is None else None
         return routed_lead_below_top(
