@@ -257,22 +257,32 @@ def read_collective_summary(
     """The window's reading from a combined summary of its ``n_ranks`` ranks (a step counts
     where all of them timed the collective)."""
     threshold = late_threshold(step_ms)
+    readings = [
+        judged(summary.keys[c], summary.nbytes[c], facts, threshold)
+        for c, facts in summary_facts(summary, n_ranks)
+    ]
+    return reading_of(readings, summary.untimed)
+
+
+def summary_facts(summary: CollectiveSummary, n_ranks: int) -> list[tuple[int, StepFacts]]:
+    """The late-rank rule's facts of each collective (by its column) that all ``n_ranks``
+    ranks timed in some step, read from the summary: ``behind`` and ``noise`` within
+    ``bound_ms`` of ``StepFacts.of_waits`` on every rank's waits, the rest exact."""
     low, high = entry_bounds(summary.sketch, summary.wait_max)
     ends = np.cumsum(summary.sketch.sizes)
     width = len(summary.keys)
     typical = summary.count.shape[0] - 1
-    readings = []
-    for c, key in enumerate(summary.keys):
+    out = []
+    for c in range(width):
         full = np.flatnonzero(summary.count[:typical, c] == n_ranks)
         if not full.size or n_ranks < 2:
             continue
-
-        def lane(t: int, c: int = c) -> _Lane:
-            return _Lane(low, high, summary.sketch.count, ends[t * width + c], summary, t, c)
-
-        facts = _facts(summary, c, full, [lane(int(t)) for t in full])
-        readings.append(judged(key, summary.nbytes[c], facts, threshold))
-    return reading_of(readings, summary.untimed)
+        lanes = [
+            _Lane(low, high, summary.sketch.count, ends[t * width + c], summary, t, c)
+            for t in full.tolist()
+        ]
+        out.append((c, _facts(summary, c, full, lanes)))
+    return out
 
 
 class _Lane:
@@ -297,12 +307,13 @@ class _Lane:
     def without(self, wait: float | None) -> list[IntArray]:
         """The bucket counts of the other ranks: less the bucket holding ``wait``, or, for a
         rank not among the shortest (its wait unknown, at least the ``TOP_K``-th), each
-        bucket it may be in at either end (the bounds below hold for every choice between)."""
-        places = (
-            [self._bucket(wait)]
-            if wait is not None
-            else sorted({self._bucket(self.kth), len(self.count) - 1})
-        )
+        bucket it may be in, from the ``TOP_K``-th's to the last. Every one is tried: the
+        others' median moves one way as the removed wait grows, but their spread need not."""
+        if wait is not None:
+            places = [self._bucket(wait)]
+        else:
+            first = self._bucket(self.kth)
+            places = [p for p in range(first, len(self.count)) if self.count[p] > 0]
         out = []
         for place in places:
             count = self.count.copy()
