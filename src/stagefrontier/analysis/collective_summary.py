@@ -144,14 +144,7 @@ class CollectiveSummary:
             or not (count >= 0).all()
             or not (count <= n_ranks).all()
             or not (sketch.count >= 0).all()
-            or (
-                np.bincount(
-                    np.repeat(np.arange(sketch.sizes.size), sketch.sizes),
-                    sketch.count,
-                    sketch.sizes.size,
-                )
-                != n_ranks
-            ).any()
+            or not _every_lane_holds(sketch, n_ranks)
         ):
             raise ReportFormatError(f"{where}: its arrays do not fit its steps, keys and ranks")
         untimed = checked_list(data["untimed"], where)
@@ -185,6 +178,7 @@ _FIELDS = {
 
 
 def _every_lane_holds(sketch: PrefixSketch, n_ranks: int) -> bool:
+    """Whether every lane's bucket counts add up to ``n_ranks``."""
     lane = np.repeat(np.arange(sketch.sizes.size), sketch.sizes)
     return bool((np.bincount(lane, sketch.count, sketch.sizes.size) == n_ranks).all())
 
