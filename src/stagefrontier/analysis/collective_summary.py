@@ -298,37 +298,37 @@ class _Lane:
         self.longest = float(summary.wait_max[t, c])
         self.kth = float(np.nanmax(summary.low_wait[t, c]))
 
-    def without(self, wait: float | None) -> list[IntArray]:
-        """The bucket counts of the other ranks: less the bucket holding ``wait``, or, for a
-        rank not among the shortest (its wait unknown, at least the ``TOP_K``-th), each
-        bucket it may be in, from the ``TOP_K``-th's to the last. Every one is tried: the
-        others' median moves one way as the removed wait grows, but their spread need not."""
+    def without(self, wait: float | None) -> IntArray:
+        """The bucket counts of the other ranks ``[P, buckets]``: less the bucket holding
+        ``wait``, or, for a rank not among the shortest (its wait unknown, at least the
+        ``TOP_K``-th), one row per bucket it may be in, from the ``TOP_K``-th's to the last.
+        Every one is tried: the others' median moves one way as the removed wait grows, but
+        their spread need not."""
         if wait is not None:
-            places = [self._bucket(wait)]
+            places = np.array([self._bucket(wait)])
         else:
-            first = self._bucket(self.kth)
-            places = [p for p in range(first, len(self.count)) if self.count[p] > 0]
-        out = []
-        for place in places:
-            count = self.count.copy()
-            count[place] -= 1
-            out.append(count)
+            places = np.flatnonzero(self.count > 0)
+            places = places[places >= self._bucket(self.kth)]
+        out = np.repeat(self.count[None, :], len(places), axis=0)
+        out[np.arange(len(places)), places] -= 1
         return out
 
     def _bucket(self, wait: float) -> int:
         inside = np.flatnonzero((self.low <= wait) & (wait <= self.high) & (self.count > 0))
         return int(inside[0]) if inside.size else int(np.argmin(np.abs(self.low - wait)))
 
-    def median(self, count: IntArray) -> tuple[float, float]:
-        """The least and the most the median of ``count``'s values can be."""
-        return _order_median(self.low, count), _order_median(self.high, count)
+    def median(self, count: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Per row of ``count``, the least and the most the median of its values can be."""
+        return _order_medians(self.low, count), _order_medians(self.high, count)
 
-    def spread(self, count: IntArray, median: tuple[float, float]) -> tuple[float, float]:
-        """The least and the most their median absolute deviation can be."""
-        lo, hi = median
-        near = np.maximum.reduce([np.zeros_like(self.low), self.low - hi, lo - self.high])
+    def spread(
+        self, count: IntArray, median: tuple[FloatArray, FloatArray]
+    ) -> tuple[FloatArray, FloatArray]:
+        """Per row, the least and the most their median absolute deviation can be."""
+        lo, hi = median[0][:, None], median[1][:, None]
+        near = np.maximum(0.0, np.maximum(self.low - hi, lo - self.high))
         far = np.maximum(self.high - lo, hi - self.low)
-        return _weighted_median(near, count), _weighted_median(far, count)
+        return _weighted_medians(near, count), _weighted_medians(far, count)
 
 
 def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane]) -> StepFacts:
@@ -344,10 +344,10 @@ def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane
         where = np.flatnonzero(ranks[t] == late)
         wait = float(waits[t, where[0]]) if where.size else None
         counts = lane.without(wait)
-        middles = [lane.median(k) for k in counts]
-        lo, hi = min(m[0] for m in middles), max(m[1] for m in middles)
-        spreads = [lane.spread(k, m) for k, m in zip(counts, middles, strict=True)]
-        noise[1, t], noise[2, t] = min(x[0] for x in spreads), max(x[1] for x in spreads)
+        middle = lane.median(counts)
+        lo, hi = float(middle[0].min()), float(middle[1].max())
+        least, most = lane.spread(counts, middle)
+        noise[1, t], noise[2, t] = least.min(), most.max()
         if wait is None:
             behind[:, t] = lo - lane.longest, lo - lane.longest, hi - lane.kth
         else:
@@ -369,17 +369,23 @@ def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane
     )
 
 
-def _order_median(values: FloatArray, count: IntArray) -> float:
-    """The median of ``values`` (ascending) each taken ``count`` times."""
-    cumulative = np.cumsum(count)
-    n = int(cumulative[-1])
-    picks = [int(np.searchsorted(cumulative, k, side="right")) for k in {(n - 1) // 2, n // 2}]
-    return float(np.mean(values[picks]))
+def _order_medians(values: FloatArray, count: IntArray) -> FloatArray:
+    """Per row of ``count`` ``[P, n]``, the median of ``values`` (``[n]`` or ``[P, n]``,
+    ascending along each row) each taken ``count`` times."""
+    cumulative = np.cumsum(count, axis=1)
+    total = cumulative[:, -1:]
+    rows = np.broadcast_to(values, count.shape)
+    picks = [(cumulative <= k).sum(axis=1, keepdims=True) for k in ((total - 1) // 2, total // 2)]
+    low, high = (np.take_along_axis(rows, p, axis=1)[:, 0] for p in picks)
+    return (low + high) / 2
 
 
-def _weighted_median(values: FloatArray, count: IntArray) -> float:
-    order = np.argsort(values, kind="stable")
-    return _order_median(values[order], count[order])
+def _weighted_medians(values: FloatArray, count: IntArray) -> FloatArray:
+    """``_order_medians`` of each row of ``values`` ``[P, n]`` in any order."""
+    order = np.argsort(values, axis=1, kind="stable")
+    return _order_medians(
+        np.take_along_axis(values, order, axis=1), np.take_along_axis(count, order, axis=1)
+    )
 
 
 def _nulled(values: FloatArray) -> Any:
