@@ -307,8 +307,8 @@ class _Lane:
         if wait is not None:
             places = np.array([self._bucket(wait)])
         else:
-            places = np.flatnonzero(self.count > 0)
-            places = places[places >= self._bucket(self.kth)]
+            places = np.flatnonzero(self.count > 0)  # the last non-empty one at least
+            places = places[places >= min(self._bucket(self.kth), places[-1])]
         out = np.repeat(self.count[None, :], len(places), axis=0)
         out[np.arange(len(places)), places] -= 1
         return out
