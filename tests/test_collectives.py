@@ -485,6 +485,18 @@ def test_a_regression_names_the_late_rank_not_the_whole_job() -> None:
     )
 
 
+def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:
+    analyzed = analyze_merged(merge_windows(_windows(0, 120.0, late=1), RANKS))
+    assert analyzed.report.has("sync_wait_measured")
+    packet = Packet.of_window(analyzed.d, analyzed.report, side=analyzed.side)
+    back = read_packet(write_packet(tmp_path / "w0.json", packet))
+    assert back.side is not None and back.side.collectives is not None
+    sent = analyzed.side.collectives
+    assert sent is not None and back.side.collectives.keys == sent.keys
+    assert np.array_equal(back.side.collectives.wait_ms, sent.wait_ms, equal_nan=True)
+    assert back.reanalyze() == analyzed.report
+
+
 def test_the_collectives_are_read_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 reads a window's collectives for the slow-collective check, then the window is
     copied (the check's result, the router's lead test) before the sinks write its record:
@@ -502,15 +514,3 @@ def test_the_collectives_are_read_once_per_window(monkeypatch: pytest.MonkeyPatc
     assert window.lead_test == LeadTest(min_share=0.2)
     assert window.record["communication"]["late_rank"] == 1, window.record["communication"]
     assert len(reads) == 1
-
-
-def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:
-    analyzed = analyze_merged(merge_windows(_windows(0, 120.0, late=1), RANKS))
-    assert analyzed.report.has("sync_wait_measured")
-    packet = Packet.of_window(analyzed.d, analyzed.report, side=analyzed.side)
-    back = read_packet(write_packet(tmp_path / "w0.json", packet))
-    assert back.side is not None and back.side.collectives is not None
-    sent = analyzed.side.collectives
-    assert sent is not None and back.side.collectives.keys == sent.keys
-    assert np.array_equal(back.side.collectives.wait_ms, sent.wait_ms, equal_nan=True)
-    assert back.reanalyze() == analyzed.report
