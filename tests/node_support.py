@@ -191,19 +191,31 @@ def check_communication_read_as_flat(out_dir: Path, world_size: int) -> None:
     """Every window rank 0 read from node summaries (``out_dir``'s hierarchical run, the node
     leaders' windows kept) against the flat reading of those very windows: transfer, wait,
     spread, arrival and steps exactly, the same late rank, the lateness within the record's
-    ``bound_ms``; raises AssertionError."""
+    ``bound_ms``; and the noise the lateness is judged against (the record does not hold it),
+    read again from the node leaders' summaries of those windows, within the same bound of the
+    flat one. Raises AssertionError."""
+    import numpy as np
     import pytest
 
+    from stagefrontier.analysis.collective_summary import (
+        CollectiveSummary,
+        combine_collectives,
+        summary_facts,
+    )
+    from stagefrontier.analysis.collectives import StepFacts
     from stagefrontier.collect.base import merge_received
+    from stagefrontier.collect.node_payload import node_collectives
     from stagefrontier.demo.launch import read_windows
     from stagefrontier.demo.scale_check import node_windows
     from stagefrontier.window.merged import analyze_merged
 
     kept = node_windows(out_dir)
+    per_node = world_size // len(list(Path(out_dir, "node-windows").glob("node-*")))
     for record in read_windows(out_dir):
         comm = record["communication"]
-        windows = kept[int(record["window"])]
-        exact = analyze_merged(merge_received(windows, world_size)).communication
+        windows = sorted(kept[int(record["window"])], key=lambda w: w.rank)
+        analyzed = analyze_merged(merge_received(windows, world_size))
+        exact, times = analyzed.communication, analyzed.side.collectives
         assert exact is not None and len(exact.collectives) == len(comm["collectives"]) > 0
         for want, got in zip(exact.collectives, comm["collectives"], strict=True):
             for name in ("transfer_ms", "wait_ms", "spread_ms", "reached_ms", "steps"):
@@ -211,3 +223,24 @@ def check_communication_read_as_flat(out_dir: Path, world_size: int) -> None:
             assert got["late_rank"] == want.late_rank, (got, want)
             assert abs(got["lateness_ms"] - want.lateness_ms) <= got["bound_ms"] + 1e-3
         assert comm["bound_ms"] == max(c["bound_ms"] for c in comm["collectives"])
+        assert times is not None
+        nodes = [windows[first : first + per_node] for first in range(0, world_size, per_node)]
+        sent = [node_collectives(node) for node in nodes]  # through the wire's JSON form
+        summary = combine_collectives(
+            [CollectiveSummary.from_dict(json.loads(json.dumps(p.to_dict()))) for p in sent if p]
+        )
+        bounds = {
+            (c["family"], c["bucket"], c["stage"], c["call"]): c["bound_ms"]
+            for c in comm["collectives"]
+        }
+        read = summary_facts(summary, world_size)
+        assert len(read) == len(comm["collectives"]), (read, comm)
+        for c, facts in read:
+            column = times.keys.index(summary.keys[c])
+            flat = StepFacts.of_waits(
+                times.wait_ms[:, :, column],
+                np.array([w.rank for w in windows]),
+                times.reached_ms[:, :, column],
+            )
+            assert facts.bound_ms == pytest.approx(bounds[summary.keys[c]], abs=1e-3)
+            assert abs(facts.noise - flat.noise) <= facts.bound_ms + 1e-3, (facts, flat)

@@ -15,8 +15,9 @@ from stagefrontier.analysis.collective_summary import (
     combine_collectives,
     read_collective_summary,
     summarize_collectives,
+    summary_facts,
 )
-from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
+from stagefrontier.analysis.collectives import CollectiveTimes, StepFacts, read_collectives
 from stagefrontier.collect.node_payload import joined_collectives
 from stagefrontier.collect.node_wire import NodePart, decode_node_part, encode_node_part
 from stagefrontier.errors import ReportFormatError
@@ -72,6 +73,47 @@ def test_node_summaries_read_as_every_ranks_waits_within_the_stated_bound(
         assert abs(got.lateness_ms - want.lateness_ms) <= got.bound_ms
         assert want.bound_ms == 0.0 and 0.0 < got.bound_ms < 0.02 * 130.0
     assert (hier.late is None) == (late is None)
+
+
+def _random_waits(rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """``[steps, ranks, 2]`` waits of one of several shapes (even, long-tailed, two clusters,
+    a late rank or not), whole microseconds, and the ranks per node."""
+    per_node, nodes, steps = rng.choice([2, 4, 8]), rng.integers(2, 9), rng.integers(3, 13)
+    shape = (steps, per_node * nodes)
+    arrived = rng.choice(
+        [
+            lambda: rng.uniform(0.0, rng.uniform(1.0, 60.0), shape),
+            lambda: rng.exponential(rng.uniform(1.0, 30.0), shape),
+            lambda: rng.uniform(0.0, 5.0, shape) + 40.0 * rng.integers(0, 2, shape),
+        ]
+    )()
+    if rng.random() < 0.5:
+        arrived[:, rng.integers(shape[1])] += rng.uniform(5.0, 120.0)
+    last = arrived.max(axis=1, keepdims=True)
+    return np.round(np.stack([last + 5.0 - arrived, last + 3.0 - arrived], axis=2), 3), per_node
+
+
+def test_the_lateness_and_the_noise_lie_within_the_bound_on_random_waits() -> None:
+    """Seeded random windows, node summaries through the JSON wire form: the facts read from
+    them against every rank's exact facts, the lateness and the noise (the others' median
+    absolute deviation) each within ``bound_ms``, the late rank the same."""
+    rng = np.random.default_rng(5)
+    for case in range(300):
+        wait, per_node = _random_waits(rng)
+        ranks = wait.shape[1]
+        parts = [
+            CollectiveSummary.from_dict(json.loads(json.dumps(p.to_dict())))
+            for p in _by_node(wait, per_node)
+        ]
+        facts = summary_facts(combine_collectives(parts), ranks)
+        assert [c for c, _ in facts] == [0, 1]
+        for c, got in facts:
+            want = StepFacts.of_waits(wait[:, :, c], np.arange(ranks), 0 * wait[:, :, c])
+            where = f"case {case}, collective {c}: {ranks} ranks, {wait.shape[0]} steps"
+            assert got.late == want.late, where
+            lateness = float(np.median(got.behind)) - float(np.median(want.behind))
+            assert abs(lateness) <= got.bound_ms + 1e-9, where
+            assert abs(got.noise - want.noise) <= got.bound_ms + 1e-9, where
 
 
 def test_a_summary_crosses_the_node_wire_unchanged() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ pytest.importorskip("torch")
 from rank_support import run_job, torchrun_command
 from recorder_support import read_records
 from stagefrontier import ProfilerRouter
+from stagefrontier.analysis.block_lead import LeadTest
 from stagefrontier.analysis.collectives import (
     LATE_MIN_MS,
     CollectiveBaseline,
@@ -35,6 +37,7 @@ from stagefrontier.analysis.collectives import (
 from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.packet import Packet, read_packet, write_packet
@@ -44,7 +47,8 @@ from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
 from stagefrontier.route.policy import CapturePolicy
-from stagefrontier.window.merged import analyze_merged, merge_windows
+from stagefrontier.window import merged as merged_module
+from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
 
 RANKS = 4
@@ -514,3 +518,22 @@ def test_a_packet_carries_the_timed_collectives_exactly(tmp_path: Path) -> None:
     assert sent is not None and back.side.collectives.keys == sent.keys
     assert np.array_equal(back.side.collectives.wait_ms, sent.wait_ms, equal_nan=True)
     assert back.reanalyze() == analyzed.report
+
+
+def test_the_collectives_are_read_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 reads a window's collectives for the slow-collective check, then the window is
+    copied (the check's result, the router's lead test) before the sinks write its record:
+    each copy read them again (0.54 s of rank 0's analysis thread at 256 ranks), where the
+    reading now travels with the copies."""
+    reads: list[object] = []
+    real = merged_module.read_collectives
+    monkeypatch.setattr(merged_module, "read_collectives", lambda *a: reads.append(a) or real(*a))
+    live = LiveAnalysis(None, RegressionConfig())
+    consumers = Consumers()
+    taken: list[AnalyzedWindow] = []
+    consumers.register(SimpleNamespace(take=taken.append), lead_test=LeadTest(min_share=0.2))
+    publish([], consumers, live.analyze(merge_windows(_windows(0, 120.0, late=1), RANKS)))
+    (window,) = taken
+    assert window.lead_test == LeadTest(min_share=0.2)
+    assert window.record["communication"]["late_rank"] == 1, window.record["communication"]
+    assert len(reads) == 1

@@ -144,14 +144,7 @@ class CollectiveSummary:
             or not (count >= 0).all()
             or not (count <= n_ranks).all()
             or not (sketch.count >= 0).all()
-            or (
-                np.bincount(
-                    np.repeat(np.arange(sketch.sizes.size), sketch.sizes),
-                    sketch.count,
-                    sketch.sizes.size,
-                )
-                != n_ranks
-            ).any()
+            or not _every_lane_holds(sketch, n_ranks)
         ):
             raise ReportFormatError(f"{where}: its arrays do not fit its steps, keys and ranks")
         untimed = checked_list(data["untimed"], where)
@@ -185,6 +178,7 @@ _FIELDS = {
 
 
 def _every_lane_holds(sketch: PrefixSketch, n_ranks: int) -> bool:
+    """Whether every lane's bucket counts add up to ``n_ranks``."""
     lane = np.repeat(np.arange(sketch.sizes.size), sketch.sizes)
     return bool((np.bincount(lane, sketch.count, sketch.sizes.size) == n_ranks).all())
 
@@ -257,22 +251,32 @@ def read_collective_summary(
     """The window's reading from a combined summary of its ``n_ranks`` ranks (a step counts
     where all of them timed the collective)."""
     threshold = late_threshold(step_ms)
+    readings = [
+        judged(summary.keys[c], summary.nbytes[c], facts, threshold)
+        for c, facts in summary_facts(summary, n_ranks)
+    ]
+    return reading_of(readings, summary.untimed)
+
+
+def summary_facts(summary: CollectiveSummary, n_ranks: int) -> list[tuple[int, StepFacts]]:
+    """The late-rank rule's facts of each collective (by its column) that all ``n_ranks``
+    ranks timed in some step, read from the summary: ``behind`` and ``noise`` within
+    ``bound_ms`` of ``StepFacts.of_waits`` on every rank's waits, the rest exact."""
     low, high = entry_bounds(summary.sketch, summary.wait_max)
     ends = np.cumsum(summary.sketch.sizes)
     width = len(summary.keys)
     typical = summary.count.shape[0] - 1
-    readings = []
-    for c, key in enumerate(summary.keys):
+    out = []
+    for c in range(width):
         full = np.flatnonzero(summary.count[:typical, c] == n_ranks)
         if not full.size or n_ranks < 2:
             continue
-
-        def lane(t: int, c: int = c) -> _Lane:
-            return _Lane(low, high, summary.sketch.count, ends[t * width + c], summary, t, c)
-
-        facts = _facts(summary, c, full, [lane(int(t)) for t in full])
-        readings.append(judged(key, summary.nbytes[c], facts, threshold))
-    return reading_of(readings, summary.untimed)
+        lanes = [
+            _Lane(low, high, summary.sketch.count, ends[t * width + c], summary, t, c)
+            for t in full.tolist()
+        ]
+        out.append((c, _facts(summary, c, full, lanes)))
+    return out
 
 
 class _Lane:
@@ -294,36 +298,37 @@ class _Lane:
         self.longest = float(summary.wait_max[t, c])
         self.kth = float(np.nanmax(summary.low_wait[t, c]))
 
-    def without(self, wait: float | None) -> list[IntArray]:
-        """The bucket counts of the other ranks: less the bucket holding ``wait``, or, for a
-        rank not among the shortest (its wait unknown, at least the ``TOP_K``-th), each
-        bucket it may be in at either end (the bounds below hold for every choice between)."""
-        places = (
-            [self._bucket(wait)]
-            if wait is not None
-            else sorted({self._bucket(self.kth), len(self.count) - 1})
-        )
-        out = []
-        for place in places:
-            count = self.count.copy()
-            count[place] -= 1
-            out.append(count)
+    def without(self, wait: float | None) -> IntArray:
+        """The bucket counts of the other ranks ``[P, buckets]``: less the bucket holding
+        ``wait``, or, for a rank not among the shortest (its wait unknown, at least the
+        ``TOP_K``-th), one row per bucket it may be in, from the ``TOP_K``-th's to the last.
+        Every one is tried: the others' median moves one way as the removed wait grows, but
+        their spread need not."""
+        if wait is not None:
+            places = np.array([self._bucket(wait)])
+        else:
+            places = np.flatnonzero(self.count > 0)  # the last non-empty one at least
+            places = places[places >= min(self._bucket(self.kth), places[-1])]
+        out = np.repeat(self.count[None, :], len(places), axis=0)
+        out[np.arange(len(places)), places] -= 1
         return out
 
     def _bucket(self, wait: float) -> int:
         inside = np.flatnonzero((self.low <= wait) & (wait <= self.high) & (self.count > 0))
         return int(inside[0]) if inside.size else int(np.argmin(np.abs(self.low - wait)))
 
-    def median(self, count: IntArray) -> tuple[float, float]:
-        """The least and the most the median of ``count``'s values can be."""
-        return _order_median(self.low, count), _order_median(self.high, count)
+    def median(self, count: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Per row of ``count``, the least and the most the median of its values can be."""
+        return _order_medians(self.low, count), _order_medians(self.high, count)
 
-    def spread(self, count: IntArray, median: tuple[float, float]) -> tuple[float, float]:
-        """The least and the most their median absolute deviation can be."""
-        lo, hi = median
-        near = np.maximum.reduce([np.zeros_like(self.low), self.low - hi, lo - self.high])
+    def spread(
+        self, count: IntArray, median: tuple[FloatArray, FloatArray]
+    ) -> tuple[FloatArray, FloatArray]:
+        """Per row, the least and the most their median absolute deviation can be."""
+        lo, hi = median[0][:, None], median[1][:, None]
+        near = np.maximum(0.0, np.maximum(self.low - hi, lo - self.high))
         far = np.maximum(self.high - lo, hi - self.low)
-        return _weighted_median(near, count), _weighted_median(far, count)
+        return _weighted_medians(near, count), _weighted_medians(far, count)
 
 
 def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane]) -> StepFacts:
@@ -339,10 +344,10 @@ def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane
         where = np.flatnonzero(ranks[t] == late)
         wait = float(waits[t, where[0]]) if where.size else None
         counts = lane.without(wait)
-        middles = [lane.median(k) for k in counts]
-        lo, hi = min(m[0] for m in middles), max(m[1] for m in middles)
-        spreads = [lane.spread(k, m) for k, m in zip(counts, middles, strict=True)]
-        noise[1, t], noise[2, t] = min(x[0] for x in spreads), max(x[1] for x in spreads)
+        middle = lane.median(counts)
+        lo, hi = float(middle[0].min()), float(middle[1].max())
+        least, most = lane.spread(counts, middle)
+        noise[1, t], noise[2, t] = least.min(), most.max()
         if wait is None:
             behind[:, t] = lo - lane.longest, lo - lane.longest, hi - lane.kth
         else:
@@ -364,17 +369,23 @@ def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane
     )
 
 
-def _order_median(values: FloatArray, count: IntArray) -> float:
-    """The median of ``values`` (ascending) each taken ``count`` times."""
-    cumulative = np.cumsum(count)
-    n = int(cumulative[-1])
-    picks = [int(np.searchsorted(cumulative, k, side="right")) for k in {(n - 1) // 2, n // 2}]
-    return float(np.mean(values[picks]))
+def _order_medians(values: FloatArray, count: IntArray) -> FloatArray:
+    """Per row of ``count`` ``[P, n]``, the median of ``values`` (``[n]`` or ``[P, n]``,
+    ascending along each row) each taken ``count`` times."""
+    cumulative = np.cumsum(count, axis=1)
+    total = cumulative[:, -1:]
+    rows = np.broadcast_to(values, count.shape)
+    picks = [(cumulative <= k).sum(axis=1, keepdims=True) for k in ((total - 1) // 2, total // 2)]
+    low, high = (np.take_along_axis(rows, p, axis=1)[:, 0] for p in picks)
+    return (low + high) / 2
 
 
-def _weighted_median(values: FloatArray, count: IntArray) -> float:
-    order = np.argsort(values, kind="stable")
-    return _order_median(values[order], count[order])
+def _weighted_medians(values: FloatArray, count: IntArray) -> FloatArray:
+    """``_order_medians`` of each row of ``values`` ``[P, n]`` in any order."""
+    order = np.argsort(values, axis=1, kind="stable")
+    return _order_medians(
+        np.take_along_axis(values, order, axis=1), np.take_along_axis(count, order, axis=1)
+    )
 
 
 def _nulled(values: FloatArray) -> Any:

@@ -84,7 +84,7 @@ class Consumers:
         test = self._lead_test
         if test is None or test == window.lead_test:
             return window
-        return replace(window, lead_test=test)
+        return window.changed(lead_test=test)
 
     def deliver(self, window: AnalyzedWindow) -> None:
         for consumer in self._registered:

@@ -57,7 +57,7 @@ class LiveAnalysis:
         reading = analyzed.communication
         slow = self._collectives.check(analyzed.merged.reference.window, reading)
         late = _late_into(analyzed.regression, reading)
-        return replace(analyzed, slow_collective=slow, regression=late)
+        return analyzed.changed(slow_collective=slow, regression=late)
 
     def _analyze(self, merged: MergedWindow, signals: dict[str, Any]) -> AnalyzedWindow:
         check = self._check

@@ -68,6 +68,10 @@ def merge_windows(
     return MergedWindow(reference, same, world_size, missing, mismatched, list(notes))
 
 
+_COMMUNICATION_INPUTS = {"merged", "d", "side", "summary", "collective_summary"}
+"""The fields ``AnalyzedWindow.communication`` is read from."""
+
+
 @dataclass(frozen=True)
 class AnalyzedWindow:
     """A merged window with the exact analyzer inputs and its report: what sinks receive."""
@@ -112,6 +116,15 @@ class AnalyzedWindow:
     profiler router's ``min_share`` and ``noise_factor`` when a router takes the windows
     (``collect.base.Consumers``), so that the line names no lead the router would not
     capture."""
+
+    def changed(self, **changes: Any) -> AnalyzedWindow:
+        """``replace(self, **changes)``, keeping the communication reading when it was read
+        and ``changes`` leaves its inputs alone: at hundreds of ranks, reading the node
+        summaries takes a good part of a second of rank 0's analysis thread."""
+        out = replace(self, **changes)
+        if "communication" in self.__dict__ and not _COMMUNICATION_INPUTS & changes.keys():
+            out.__dict__["communication"] = self.__dict__["communication"]
+        return out
 
     @cached_property
     def record(self) -> dict[str, Any]:
