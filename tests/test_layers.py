@@ -423,3 +423,16 @@ def test_the_floors_table_is_read_most_specific_first() -> None:
     assert floor_of("stagefrontier.record.contexts", floors) == 3
     assert floor_of("stagefrontier.errors", floors) == 1
     assert floor_of("stagefrontier.analysis.gates", floors) is None
+
+
+MAX_MODULE_LINES = 500
+"""A module with one job stays small enough to read in one sitting (docs/ARCHITECTURE.md)."""
+
+
+def test_every_module_is_at_most_500_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -51,13 +51,7 @@ from .patches import LOADER, Patches
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns  # the timer's own clock
 
-AUTO_STAGES: tuple[str, ...] = (
-    DATA_STAGE,
-    FORWARD_STAGE,
-    BACKWARD_STAGE,
-    OPTIMIZER_STAGE,
-    RESIDUAL_STAGE,
-)
+AUTO_STAGES = (DATA_STAGE, FORWARD_STAGE, BACKWARD_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE)
 """The ordered schema of the automatic hooks."""
 
 LEARN, TIME, OFF = "learn", "time", "off"
@@ -86,8 +80,7 @@ class AutoDriver:
         self.phase = LEARN
         self.framework: str | None = None  # a framework whose callback took over
         self.timer: StageTimer | None = None
-        # the timer's, kept when it is built (a DataLoader fetch, timed only once it is, reads
-        # them with no property in between)
+        # the timer's, kept when it is built (a fetch reads them with no property in between)
         self._instrumentation: Instrumentation
         self._charge_fetch: Callable[[int], None]
         self._patches = Patches(self)
@@ -267,10 +260,9 @@ class AutoDriver:
         return bool(dist.is_available() and dist.is_initialized())
 
     # ------------------------------------------------------------------ the hooks
-    # Each runs once a step, in the training loop. The common case comes first with the fewest
-    # tests and Python calls: the step's contexts are entered and left here, not through a
-    # helper (every Python call a step makes is a measurable share of the hooks' cost,
-    # benchmarks/hotpath.py); the rare cases go to the helpers below.
+    # Each runs once a step in the training loop, the common case first with the fewest tests
+    # and calls: contexts entered and left here, not through a helper (each Python call a step
+    # makes is a measurable share of the hooks' cost); rare cases go to the helpers below.
     def timed_forward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         """The model's forward while timing (``ModelForward``'s call): ``inner``, the model's own
         forward, after the step's first forward opens the step and the forward stage (the
