@@ -22,6 +22,7 @@ from router_trust_support import (
     FLAKY_READS,
     LOG_FILE,
     SCHEDULE_FILE,
+    WRITERS_FILE,
     RaceJob,
     run_rank,
 )
@@ -101,6 +102,23 @@ def test_a_capture_is_one_profiler_session_whose_trace_holds_every_captured_step
             ranges = {e["name"] for e in events if e["name"].startswith("stagefrontier.step#")}
             steps = {f"stagefrontier.step#{n}" for n in range(first - LEAD_IN_STEPS, last + 1)}
             assert ranges == steps, (rank, sorted(ranges))
+
+
+def test_a_trace_is_written_by_another_process_after_the_step_after_the_capture(
+    job: RaceJob,
+) -> None:
+    """Before: the router thread wrote the session's JSON (Kineto's writer holds the GIL
+    throughout) and built the sampled stacks' events in the rank's own process, during the
+    step after the capture, whose Python waited for both. Now a forked child writes the trace,
+    forked only once the step after the capture has ended."""
+    captured = sorted(settled_incidents(job.out_dir), key=lambda i: i["id"])
+    for rank in range(RANKS):
+        lines = Path(job.out_dir, WRITERS_FILE.format(rank=rank)).read_text().splitlines()
+        writers = [tuple(map(int, line.split())) for line in lines]
+        assert len(writers) == len(captured) == CAPTURES, (rank, writers)
+        for (pid, step), incident in zip(writers, captured, strict=True):
+            assert pid != _schedule(job, rank)["pid"], (rank, writers)
+            assert step >= incident["steps"][1] + 2, (rank, step, incident["steps"])
 
 
 def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
