@@ -204,24 +204,35 @@ def _weak_lead(
     mine, theirs = reduced.ranks.index(suspect), reduced.ranks.index(reference)
     diffs = reduced.d[:, mine, j] - reduced.d[:, theirs, j]
     step = float(np.median(reduced.d[:, [mine, theirs], :].sum(axis=2).max(axis=1)))
-    excess = mean_excess(diffs, min_share * step, CONFIRM_T)
+    excess, why = lead_shortfall(diffs, reduced.step_ids, min_share * step, burst)
+    if not why:
+        return "", step, excess.shift_s
     said = (
         f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
         f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
     )
+    return said + why, step, excess.shift_s
+
+
+def lead_shortfall(
+    diffs: npt.NDArray[np.float64], step_ids: Sequence[int], floor_s: float, burst: int = 1
+) -> tuple[Difference, str]:
+    """The mean of a suspect's per-step lead over its reference in the captured steps, and why
+    it confirms nothing (empty when it does): it must clear ``floor_s`` and ``CONFIRM_T``
+    standard errors over the steps, and the floor in every block of about ``BLOCK_STEPS``
+    steps (whole multiples of ``burst``)."""
+    excess = mean_excess(diffs, floor_s, CONFIRM_T)
     if not excess.stands_out:
-        return said + excess.shortfall(), step, excess.shift_s
+        return excess, excess.shortfall()
     size = -(-BLOCK_STEPS // burst) * burst  # whole bursts, four steps at least
-    weakest = _weakest_block(diffs, reduced.step_ids, min_share * step, size, burst)
+    weakest = _weakest_block(diffs, step_ids, floor_s, size, burst)
     if weakest is None:
-        return "", step, excess.shift_s
+        return excess, ""
     (first, last), block = weakest
-    return (
-        f"{said}but by {block.shift_s * 1e3:.1f} ms/step in steps {first}-{last}, "
+    return excess, (
+        f"but by {block.shift_s * 1e3:.1f} ms/step in steps {first}-{last}, "
         f"{block.shortfall()} (the lead must hold in every block of about {size} "
-        "steps: a delay in one step is no lead)",
-        step,
-        excess.shift_s,
+        "steps: a delay in one step is no lead)"
     )
 
 
