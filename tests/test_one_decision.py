@@ -19,6 +19,7 @@ from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import new_incident
+from stagefrontier.formats.packet import read_packet
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.reducers.result import ReducedTrace
 from stagefrontier.render.headline import HEADLINE_MAX, window_headline
@@ -234,7 +235,7 @@ def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> Non
     decision, why = decide(window)
     assert decision is not None, why
     assert (decision.stage, decision.suspect_rank) == ("data.next_wait", STALL)
-    assert decision.reference_rank != STALL
+    assert decision.reference_rank != STALL and decision.below_top
     assert any("on top, has no steady leader" in r for r in decision.reasons), decision.reasons
     said = verdict_of_window(report)
     assert "rank 2 alone leads data loading" in said, said
@@ -469,3 +470,43 @@ def test_own_work_confirms_only_a_lead_that_holds_over_the_captured_steps(tmp_pa
     steady = _judged_on_own_work(tmp_path / "steady", [10, 11, 12, 13, 14])
     assert steady["confirmed"] is True, steady["reasons"]
     assert any(r.startswith("confirmed by rank 1's own work") for r in steady["reasons"])
+
+
+BELOW_TOP = Path(__file__).parent / "data" / "below_top_incident"
+"""A real incident of ``benchmarks/false_alarms.py --quick`` on 2 busy CPUs (load average 37 to
+40): 4 Gloo ranks, 120 ms of data wait on rank 2 every step. Backward was on top with no steady
+leader, and the router routed data loading below it, "rank 2 leads it alone in 20/20 steps and
+pulls ahead of the median by 138.3 ms/step", against rank 3; it captured steps 64-68. Here:
+the two ranks' traces and window 3's packet (steps 60-79)."""
+
+
+def test_a_stage_routed_below_the_top_is_confirmed_by_its_lead_not_by_being_on_top(
+    tmp_path: Path,
+) -> None:
+    """In the captured steps of ranks 2 and 3, backward (where rank 3 waits for rank 2) is on
+    top, in the trace as in the live steps. The confirmation asked the routed stage to be on
+    top too, which a stage routed below the top need not be: "the routed stage
+    data.next_wait is not on top in the captured steps: not confirmed". It is confirmed by the
+    suspect's lead in it, which holds in the trace."""
+    packet = read_packet(BELOW_TOP / "window-000003.json")
+    ranks = tuple(range(packet.d.shape[1]))
+    live = [LiveWindow(packet.meta["first_step"], ranks, packet.d, tuple(packet.stages))]
+    files = {rank: str(BELOW_TOP / f"rank{rank}.pt.trace.json.gz") for rank in (2, 3)}
+    incident = new_incident("w00002", "window")
+    incident.update(
+        window=2, steps=[64, 68], stage="data.next_wait", leader_rank=2, reference_rank=3
+    )
+    incident["routed_below_top"] = True
+    analyze_traces(incident, files, live, Gates(), tmp_path)
+    assert incident["confirmed"] is True, incident["reasons"]
+    shares = incident["trace_shares"]
+    assert max(shares, key=shares.__getitem__) == "model.backward_cpu_wall"
+    assert not any("not on top" in reason for reason in incident["reasons"])
+    # A stage routed as the window's top must still be on top of the captured steps.
+    incident = new_incident("w00002", "window")
+    incident.update(
+        window=2, steps=[64, 68], stage="data.next_wait", leader_rank=2, reference_rank=3
+    )
+    analyze_traces(incident, files, live, Gates(), tmp_path)
+    assert incident["confirmed"] is False, incident["reasons"]
+    assert any("data.next_wait is not on top" in reason for reason in incident["reasons"])

@@ -131,8 +131,10 @@ def confirm(
     lead: tuple[int, int] | None = None,
     min_share: float = 0.0,
     burst: int = 1,
+    on_top: bool = True,
 ) -> Confirmation:
-    """``confirmed`` when the trace's top stage is the live top stage (and the routed one),
+    """``confirmed`` when the trace's top stage is the live top stage (and the routed one, when
+    ``on_top``: a stage routed below the window's top one need not be on top here either),
     every share differs by less than ``Gates.share_tie`` and, where ``lead`` names a suspect
     and a distinct reference the trace holds, the suspect's time in ``stage`` (by default the
     trace's top stage) exceeds the
@@ -167,7 +169,8 @@ def confirm(
     live_report = analyze(live_d, live.stages, gates=g)
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
-    agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
+    routed = stage is None or not on_top or trace_report.top1 == stage
+    agree = trace_report.top1 == live_report.top1 and routed
     weak, step_s, lead_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share, burst)
     return Confirmation(
         confirmed=bool(agree and max_diff < g.share_tie and not weak),

@@ -105,6 +105,9 @@ class Decision:
     """The steps over which the leader's DataLoader workers hand over their batches together
     (its worker count, when its lead was judged over blocks of that many steps; else 1): the
     confirmation's blocks hold at least that many captured steps."""
+    below_top: bool = False
+    """Whether the stage is below the window's top one (whose lead passed between ranks): the
+    captured steps need not have it on top either (``confirm``)."""
     repeat_needed: str = ""
     """Why this window's lead alone opens nothing (a lead under ``LARGE_JUMP`` times the bar it
     clears, or any lead read from node summaries): the policy captures it only when the window
@@ -234,7 +237,9 @@ def decide(
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
     burst = block.size if block is not None else 1
-    return Decision(stage, suspect, reference, share, index, reasons, role, burst, repeat), ""
+    return Decision(
+        stage, suspect, reference, share, index, reasons, role, burst, below is not None, repeat
+    ), ""
 
 
 def late_rank_decision(

@@ -87,7 +87,8 @@ def _judge_own_work(
     (``own_work``); otherwise the weak lead is the reason it is not, and the own work's
     shortfall with it."""
     tie = (gates or DEFAULT_GATES).share_tie
-    rest_agrees = not_confirmed_text(result, incident["stage"], tie) == ""
+    on_top = not incident.get("routed_below_top")
+    rest_agrees = not_confirmed_text(result, incident["stage"], tie, on_top) == ""
     row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share, result.lead_s)
     step_s = result.step_s
     if not (rest_agrees and row and step_s and sides) or incident.get("reference_capture"):
@@ -138,7 +139,10 @@ def _confirm(
         window = live_slice(live, ranks, steps)
         lead = (incident["leader_rank"], incident["reference_rank"])
         burst = incident.get("lead_block_steps") or 1
-        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share, burst)
+        on_top = not incident.get("routed_below_top")
+        result = confirm(
+            files, window, incident["stage"], gates, loaded, lead, min_share, burst, on_top
+        )
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
@@ -148,7 +152,7 @@ def _confirm(
         incident["reasons"].extend(result.notes)
         if result.confirmed is False:
             tie = (gates or DEFAULT_GATES).share_tie
-            text = not_confirmed_text(result, incident["stage"], tie)
+            text = not_confirmed_text(result, incident["stage"], tie, on_top)
             if text:  # empty when the lead's own note (in ``notes``) is the only reason
                 incident["reasons"].append(text)
     except Exception as exc:
@@ -159,13 +163,14 @@ def _confirm(
 
 
 def not_confirmed_text(
-    result: Confirmation, stage: str | None, tie: float = Gates.share_tie
+    result: Confirmation, stage: str | None, tie: float = Gates.share_tie, on_top: bool = True
 ) -> str:
     """Why a capture did not confirm its incident, in words that match what was compared: the
     trace and the live steps name different top stages; or they agree on the top stage, but it
-    is not the routed one, or a share differs by more than ``tie`` (``Gates.share_tie``). Empty
-    when they agree within ``tie``: the suspect's lead in the trace was too small, which
-    ``confirm`` says in its own note."""
+    is not the routed one (asked only ``on_top``: not of a stage routed below the top), or a
+    share differs by more than ``tie`` (``Gates.share_tie``). Empty when they agree within
+    ``tie``: the suspect's lead in the trace was too small, which ``confirm`` says in its own
+    note."""
     diff = result.max_share_diff
     if result.trace_top != result.live_top:
         return (
@@ -173,7 +178,7 @@ def not_confirmed_text(
             f"share difference {diff}"
         )
     agree = f"the trace agrees with the live steps (top {result.trace_top} in both"
-    if stage is not None and result.trace_top != stage:
+    if stage is not None and result.trace_top != stage and on_top:
         return (
             f"{agree}, largest share difference {diff}), but the routed stage {stage} is not on "
             "top in the captured steps: not confirmed"
