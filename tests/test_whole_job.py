@@ -63,8 +63,7 @@ def run_demo(
 ) -> list[dict[str, Any]]:
     """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``window`` into ``out``; its
     window records. A run without the router forks its ranks from the session's server
-    (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them, as every
-    test whose ranks may start the profiler does."""
+    (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them."""
     run = launch(
         DemoConfig(
             ranks=4,
