@@ -113,6 +113,24 @@ def test_the_lateness_a_cpu_wait_explains_is_discounted_and_what_is_left_stays_n
     assert unknown.late is not None and unknown.late.late_rank == 2
 
 
+def test_a_small_cpu_wait_leaves_a_late_rank_in_a_noisy_window_named() -> None:
+    """Rank 2 107 ms late, the others scattered so that 107 ms just clears the noise bar: 22
+    ms more of a CPU wait leaves 85 ms of its own, material, so it stays named (the noise bar
+    reads its whole arrival) and is not said to be starved (a routing row at 8 ranks, where the
+    fault rank's window went unnamed and was called starved)."""
+    wait = np.tile([162.0, 200.0, 93.0, 238.0], (10, 1))[:, :, None]
+    times = CollectiveTimes(
+        keys=(("all_reduce", 0, "model.backward_cpu_wall", 0),),
+        nbytes=(1 << 20,),
+        wait_ms=wait,
+        reached_ms=np.full_like(wait, 50.0),
+        run_queue_ms=(30.0, 31.0, 52.0, 29.0),
+    )
+    reading = read_collectives(times, [0, 1, 2, 3], 200.0)
+    assert reading.late is not None and reading.late.late_rank == 2
+    assert reading.late.lateness_ms == 107.0 and reading.starved is None
+
+
 def test_an_unreadable_run_queue_is_said_once_and_reads_as_unknown(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

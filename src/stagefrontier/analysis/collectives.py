@@ -24,9 +24,11 @@ noise over the window, while one last by chance in a few steps does not.
 A rank can also be held back in most steps by the machine: its cores busy with other work, it
 waits for a CPU. Each rank says how long its training thread waited for one over the window
 (``record.run_queue``); the candidate's wait beyond the other ranks' median is taken off its
-lateness before the lateness is judged material and out of the noise. A rank late only by that
-is not named late but ``starved_rank``: said, never routed. A rank late because its code slept
-or computed longer keeps that part: sleeping is not waiting for a CPU, and computing is running.
+lateness before the lateness is judged material (the noise bar reads the whole lateness: how far
+its arrival stands out of the others' scatter, whatever held it). A rank whose lateness is not
+material without that wait is not named late but ``starved_rank``: said, never routed. A rank
+late because its code slept or computed longer keeps that part: sleeping is not waiting for a
+CPU, and computing is running.
 None of it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
@@ -210,7 +212,7 @@ class CollectiveReading:
     against) may lie from the reading of every rank's waits; 0 where it is exact."""
     starved_rank: int | None = None
     """The rank that arrives late by the rule's measure, but whose longer wait for a CPU
-    explains enough of it that what is left is not late: the machine held it back, not its
+    explains enough of it that what is left is not material: the machine held it back, not its
     code. Never the ``late_rank`` too."""
     starved_lateness_ms: float = 0.0
     """How late ``starved_rank`` arrives, per step (0 when there is none)."""
@@ -361,10 +363,12 @@ def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> Collect
         steps.gap >= ALONE_FRACTION * lateness
         and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
     )
-    starved = min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)
-    noise = NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
-    named = late and lateness - starved >= max(threshold, noise)
-    held = not named and late and lateness >= max(threshold, noise)
+    behind = late and lateness >= max(
+        threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
+    )
+    own = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not waiting for a CPU
+    named = behind and own >= threshold
+    held = behind and not named
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
