@@ -371,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "process of its own after the run, and the capture still running is stopped and "
         "exported within the router's share. A member of a dead node leader finds the node's "
         "store gone at its next send (a plain TCP probe of the address first, no 10 s connect "
-        "tries) and closes without waiting on it.",
+        "tries), says so once, keeps its own windows from then on, and closes without waiting "
+        "on the dead store.",
         "",
     ]
     for _name, result, _load in rows:
