@@ -16,7 +16,10 @@ What rank 0 cannot get is reported, never waited on forever: a rank missing insi
 named in its node's part (with the leader's reason); a group whose part does not reach its head
 by the head's deadline (one collect timeout more per level) is reported missing with its nodes,
 and a group that missed the previous window gets only a short grace. A dead leader is such a
-group; its members' sends fail against the vanished node store and downgrade there.
+group; its members' sends fail against the vanished node store, and each then keeps its own
+windows (``collect.rank0_watch``). Rank 0 gone while the store stays up is judged by each other
+node's leader from the done counter, as a flat sender judges it; that leader then keeps its
+node's windows.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ as it gathers its first window; a rank 0 slow to start is not gone) says so once
 sending, takes back its windows rank 0 never collected (those still in the store: at most
 ``MAX_UNCOLLECTED``) and analyzes them and every later window itself, writing them under
 ``out_dir/rank-<r>/`` (``windows.jsonl`` and packets, as a one-rank run).
+
+Under hierarchical collection (``collect.hierarchical``) a node's leader watches the counter
+the same way as it sends its node's part up, and keeps every window of its node, each rank's in
+its own folder; a member whose node store fails (its leader died) keeps its own. Neither can
+read back what it sent (a part is condensed; the node store is gone), so each holds its windows
+(``RecentWindows``) until the collector's counter passes them.
 """
 
 from __future__ import annotations
