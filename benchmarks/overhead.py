@@ -37,6 +37,13 @@ Usage::
     python benchmarks/overhead.py            # full run, writes benchmarks/results/overhead.md
     python benchmarks/overhead.py --quick    # 4 blocks of 5 steps per workload: a smoke run
     python benchmarks/overhead.py --untimed-collectives --out PATH  # the demo's buckets untimed
+    python benchmarks/overhead.py --collective-arms --out PATH  # the demo, buckets timed and not
+
+``--collective-arms`` measures the demo twice in one run, its DDP buckets timed and not, each as
+the same in-run A/B: ``ARM_LAUNCHES`` launches of each arm with half the blocks each, in an order
+drawn afresh for every run, so both arms meet the same spells of the machine's load. The notes
+add each rank's own overhead by CPU, which tells a cost every rank pays (the hot path) from one
+rank 0 pays alone (the analysis of the window).
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ import harness_common as hc
 TIMED_COLLECTIVES = "--untimed-collectives"
 """Leave the demo's DDP buckets untimed (by default ``watch_ddp`` times them; in a paused block
 the timed hook still runs and logs nothing, so the A/B holds the logging)."""
+COLLECTIVE_ARMS = "--collective-arms"
+ARM_LAUNCHES = 2
+"""Launches of each arm under ``--collective-arms``, each with ``1 / ARM_LAUNCHES`` of the
+blocks."""
 TARGET = 0.005
 """The issue's bound on this machine: the 95% interval's upper bound <= 0.5% at 4 ranks."""
 RANKS = 4
@@ -96,12 +107,41 @@ def schedule(plan: Plan, seed: int) -> list[bool]:
 
 def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
     plan = QUICK if quick else FULL
+    if COLLECTIVE_ARMS in sys.argv[1:]:
+        return collective_arms(plan, work)
     progress = hc.Progress(len(WORKLOADS))
     hc.warm_up(RANKS, work)
-    return [run_workload(name, plan, work, progress) for name in WORKLOADS]
+    watch = TIMED_COLLECTIVES not in sys.argv[1:]
+    return [run_workload(name, plan, work, progress, watch) for name in WORKLOADS]
 
 
-def run_workload(name: str, plan: Plan, work: Path, progress: hc.Progress) -> dict[str, Any]:
+def collective_arms(plan: Plan, work: Path) -> list[dict[str, Any]]:
+    """The demo with its buckets timed and untimed, ``ARM_LAUNCHES`` launches each in a random
+    order, each launch's blocks pooled into its arm's row."""
+    part = Plan(plan.blocks // ARM_LAUNCHES, plan.block_steps, plan.warmup_blocks)
+    launches = [watch for watch in (True, False) for _ in range(ARM_LAUNCHES)]
+    random.SystemRandom().shuffle(launches)
+    progress = hc.Progress(len(launches))
+    hc.warm_up(RANKS, work)
+    rows: dict[bool, dict[str, Any]] = {}
+    for i, watch in enumerate(launches):
+        name = "demo, buckets timed" if watch else "demo, buckets untimed"
+        row = run_workload("demo", part, work / f"launch-{i}", progress, watch)
+        row["workload"], row["launch_order"] = name, [int(w) for w in launches]
+        if watch not in rows:
+            rows[watch] = {**row, "order_seed": [row["order_seed"]]}
+            continue
+        pooled = rows[watch]
+        pooled["order_seed"].append(row["order_seed"])
+        for key in ("blocks", "windows"):
+            pooled[key] = pooled[key] + row[key]
+        pooled["wall_s"] += row["wall_s"]
+    return [rows[True], rows[False]]
+
+
+def run_workload(
+    name: str, plan: Plan, work: Path, progress: hc.Progress, watch: bool
+) -> dict[str, Any]:
     seed = random.SystemRandom().getrandbits(32)  # a fresh order for every run
     arms = schedule(plan, seed)
     first = plan.warmup_blocks * plan.block_steps
@@ -118,7 +158,7 @@ def run_workload(name: str, plan: Plan, work: Path, progress: hc.Progress) -> di
         seed=0,
         paused_steps=tuple(paused),
         out_dir=str(work / name),
-        watch_collectives=TIMED_COLLECTIVES not in sys.argv[1:],
+        watch_collectives=watch,
         **WORKLOADS[name],
     )
     run = hc.launch_run(config)
@@ -348,13 +388,36 @@ def notes(rows: Sequence[dict[str, Any]], bounds: dict[str, float], quick: bool)
     lines.append(
         "- The demo's DDP buckets: "
         + (
-            "not timed (`--untimed-collectives`)."
+            "timed in one arm, not in the other (`--collective-arms`), each arm in"
+            f" {ARM_LAUNCHES} launches of half the blocks, the launches in the order"
+            f" {rows[0].get('launch_order')} (1 timed, 0 not). Timed: in the off blocks the"
+            " timed hook still runs and logs nothing, so that arm's A/B holds the logging and"
+            " rank 0's reading of the collectives."
+            if COLLECTIVE_ARMS in sys.argv[1:]
+            else "not timed (`--untimed-collectives`)."
             if TIMED_COLLECTIVES in sys.argv[1:]
             else "timed (`watch_ddp`); in the off blocks the timed hook still runs and logs"
             " nothing, so the A/B holds the logging and the rank 0 reading of the collectives."
         )
     )
+    for row in rows:
+        per_rank = [rank_overhead(row, r) for r in range(row["ranks"])]
+        lines.append(
+            f"- {row['workload']}: each rank's own overhead by CPU (mean over pairs, rank 0"
+            " first): " + ", ".join(hc.pct(v, 2) for v in per_rank) + "."
+        )
     return lines
+
+
+def rank_overhead(row: dict[str, Any], rank: int) -> float:
+    """Rank ``rank``'s mean pair overhead by its own CPU time (the table's is the median
+    rank's)."""
+    blocks = row["blocks"]
+    values = []
+    for a, b in zip(blocks[0::2], blocks[1::2], strict=True):
+        on, off = (a, b) if a["on"] else (b, a)
+        values.append(1.0 - off["rank_cpu_s"][rank] / on["rank_cpu_s"][rank])
+    return statistics.fmean(values)
 
 
 def options(parser: argparse.ArgumentParser) -> None:
@@ -362,6 +425,11 @@ def options(parser: argparse.ArgumentParser) -> None:
         TIMED_COLLECTIVES,
         action="store_true",
         help="run the demo without timing its DDP buckets (watch_ddp): the A/B without them",
+    )
+    parser.add_argument(
+        COLLECTIVE_ARMS,
+        action="store_true",
+        help="run the demo with its buckets timed and untimed in one run, launches interleaved",
     )
 
 

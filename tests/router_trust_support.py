@@ -153,6 +153,29 @@ def note_trace_writers(path: Path, step: list[int]) -> None:
     torch.profiler.profile.export_chrome_trace = noted  # type: ignore[method-assign]
 
 
+def ask_for_a_capture_of_a_rank_against_itself(coordinator: Any) -> dict[str, Any]:
+    """On rank 0 of the running job, once its captures are done: its coordinator is handed a
+    regression's plan naming rank 1 as both suspect and reference, as rank 0's analysis thread
+    would hand it a decided window's. What came of it: whether an incident opened, the captures
+    counted, and the ranks of the request the request key holds (read on a connection of its
+    own to the job's store, as every rank's watcher reads it; the last capture's request may
+    still be there, as rank 0 deletes it after the incident is written)."""
+    from stagefrontier.route.decide import Decision
+    from stagefrontier.route.policy import Plan
+    from stagefrontier.route.requests import CaptureRequest, RequestChannel
+
+    captures = coordinator.captures
+    decision = Decision("data.next_wait", 1, 1, 0.5, 40, ("rank 1 grew alone",))
+    coordinator._open(Plan(decision, "regression", [1]))
+    data = RequestChannel(scope=coordinator.session.channel.scope).read(REQUEST_KEY)
+    return {
+        "opened": coordinator.open is not None,
+        "captures_before": captures,
+        "captures_after": coordinator.captures,
+        "request_ranks": None if data is None else list(CaptureRequest.decode(data).ranks),
+    }
+
+
 def run_rank(rank: int, job: RaceJob, port: int) -> None:
     import torch
     from torch import nn
@@ -183,11 +206,14 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     requested = 0
     step = [0]
     note_trace_writers(Path(job.out_dir, WRITERS_FILE.format(rank=rank)), step)
+    refusal: dict[str, Any] = {}
     for step[0] in range(job.max_steps):
         finished = False
         coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             idle = coordinator.open is None and coordinator.captures == requested
+            if idle and requested == CAPTURES and not refusal:
+                refusal = ask_for_a_capture_of_a_rank_against_itself(coordinator)
             finished = idle and requested == CAPTURES
             if idle and requested < CAPTURES:
                 router.request_capture(list(range(job.ranks)))
@@ -207,6 +233,7 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
                 "sessions": profiler_session.started(),
                 "pid": os.getpid(),
                 "matplotlib": "matplotlib" in sys.modules,  # the job drew no figure itself
+                "refusal": refusal,
             }
         )
     )

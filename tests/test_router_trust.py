@@ -1,6 +1,7 @@
 """A router that a busy job can trust, on real Gloo ranks around the job's real TCPStore (one
 3-rank job with two manual captures, see ``router_trust_support``): no single store read turns a
 rank's router off (the request key deleted while a rank reads it; reads that fail for a while),
+no capture is requested whose suspect is its own reference,
 and a capture stops its profiler a step at a time and states what it cost each rank's training
 thread. Also ``read_key`` on each kind of c10d store."""
 
@@ -28,6 +29,7 @@ from router_trust_support import (
 )
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.render.incident import summary_line
+from stagefrontier.route import list_incidents
 from stagefrontier.route.capture import LEAD_IN_STEPS
 from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
 from trace_support import settled_incidents
@@ -67,6 +69,20 @@ def test_a_request_deleted_while_a_rank_reads_it_leaves_its_router_on(job: RaceJ
         assert incident["ranks"] == list(range(RANKS))
     log = _log(job, 1)
     assert "router off" not in log and "WARNING" not in log, log
+
+
+def test_a_capture_whose_suspect_is_its_own_reference_is_never_requested(job: RaceJob) -> None:
+    """Rank 0's coordinator in the running job is handed a regression's plan naming rank 1 as
+    both suspect and reference: it opens no incident, writes no request for any rank to read,
+    and says why in one line. Before the refusal it wrote a request for rank 1 and opened an
+    incident whose op diff compared the rank with itself."""
+    refusal = _schedule(job, 0)["refusal"]
+    assert refusal["opened"] is False, refusal
+    assert refusal["captures_before"] == refusal["captures_after"] == CAPTURES, refusal
+    # the last capture's request, of every rank, may not be deleted yet; none is for rank 1 alone
+    assert refusal["request_ranks"] in (None, list(range(RANKS))), refusal
+    assert "suspect rank 1 would be its own reference" in _log(job, 0)
+    assert len(list_incidents(job.out_dir)) == CAPTURES
 
 
 def test_failed_reads_back_off_and_are_said_once(job: RaceJob) -> None:

@@ -33,13 +33,12 @@ import numpy as np
 
 from ..errors import ReportFormatError
 from .accounting import FloatArray
+from .collective_checks import checked_key, checked_list
 from .collectives import (
     CollectiveTimes,
     CommunicationReading,
     Key,
     StepFacts,
-    checked_key,
-    checked_list,
     judged,
     late_threshold,
     reading_of,

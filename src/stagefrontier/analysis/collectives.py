@@ -20,6 +20,15 @@ the steps), held in most steps (``PERSIST_FRACTION``) and alone (``ALONE_FRACTIO
 rank's typical wait is nearly as short). On a loaded host the ranks' order in
 one step is the scheduler's, but a rank held back in most steps of a window stands out of that
 noise over the window, while one last by chance in a few steps does not.
+
+A rank can also be held back in most steps by the machine: its cores busy with other work, it
+waits for a CPU. Each rank says how long its training thread waited for one over the window
+(``record.run_queue``); the candidate's wait beyond the other ranks' median is taken off its
+lateness before the lateness is judged material (the noise bar reads the whole lateness: how far
+its arrival stands out of the others' scatter, whatever held it). A rank whose lateness is not
+material without that wait is not named late but ``starved_rank``: said, never routed. A rank
+late because its code slept or computed longer keeps that part: sleeping is not waiting for a
+CPU, and computing is running.
 None of it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
@@ -33,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ReportFormatError
-from .values import is_int
+from .collective_checks import checked_key, checked_list, none_or_ms
 
 LATE_MIN_MS = 20.0
 """The least lateness, in milliseconds per step, that names a late rank."""
@@ -79,13 +88,16 @@ class CollectiveTimes:
     """The timed collectives of a window's ranks, as side evidence: ``keys`` and ``nbytes``
     per collective, ``wait_ms`` and ``reached_ms`` ``[steps, ranks, collectives]`` (NaN where a
     rank did not time that collective in that step; step ``i`` is the window's first step plus
-    ``i``), and the ranks' reasons for what they could not time."""
+    ``i``), the ranks' reasons for what they could not time, and per rank how long its training
+    thread waited for a CPU per step over the window (``record.run_queue``; None where unknown,
+    empty when no rank said)."""
 
     keys: tuple[Key, ...]
     nbytes: tuple[int, ...]
     wait_ms: npt.NDArray[np.float64]
     reached_ms: npt.NDArray[np.float64]
     untimed: tuple[str, ...] = ()
+    run_queue_ms: tuple[float | None, ...] = ()
 
     @classmethod
     def of_ranks(
@@ -112,7 +124,16 @@ class CollectiveTimes:
                     wait[row, r, own[k]] = wait_us / 1e3
                     reached[row, r, own[k]] = arrived_us / 1e3
             untimed.extend(u for u in part.get("untimed", []) if u not in untimed)
-        return cls(tuple(keys), tuple(nbytes[k] for k in keys), wait, reached, tuple(untimed))
+        queued = [part.get("run_queue_us") for part in ranks]
+        run_queue = tuple(None if q is None else q / 1e3 / max(n_steps, 1) for q in queued)
+        return cls(
+            tuple(keys),
+            tuple(nbytes[k] for k in keys),
+            wait,
+            reached,
+            tuple(untimed),
+            run_queue if any(q is not None for q in run_queue) else (),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         def boxed(values: npt.NDArray[np.float64]) -> Any:
@@ -125,12 +146,15 @@ class CollectiveTimes:
             "wait_ms": boxed(self.wait_ms),
             "reached_ms": boxed(self.reached_ms),
             "untimed": list(self.untimed),
+            "run_queue_ms": [None if q is None else round(q, 3) for q in self.run_queue_ms],
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> CollectiveTimes:
-        """From ``to_dict()``'s form; raises ReportFormatError naming what is wrong."""
-        if not isinstance(data, dict) or set(data) != {"keys", "wait_ms", "reached_ms", "untimed"}:
+        """From ``to_dict()``'s form (a record written before ``run_queue_ms`` was carried
+        reads as one without it); raises ReportFormatError naming what is wrong."""
+        fields = {"keys", "wait_ms", "reached_ms", "untimed"}
+        if not isinstance(data, dict) or set(data) - {"run_queue_ms"} != fields:
             raise ReportFormatError("collectives must hold keys, wait_ms, reached_ms and untimed")
         keys = [
             checked_key(k, "collectives") for k in checked_list(data["keys"], "collectives keys")
@@ -148,8 +172,16 @@ class CollectiveTimes:
         untimed = checked_list(data["untimed"], "collectives untimed")
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError("collectives untimed must be a list of strings")
+        run_queue = checked_list(data.get("run_queue_ms", []), "collectives run_queue_ms")
+        if (run_queue and len(run_queue) != wait.shape[1]) or not all(map(none_or_ms, run_queue)):
+            raise ReportFormatError("collectives run_queue_ms must hold one value >= 0 a rank")
         return cls(
-            tuple(k[:4] for k in keys), tuple(k[4] for k in keys), wait, reached, tuple(untimed)
+            tuple(k[:4] for k in keys),
+            tuple(k[4] for k in keys),
+            wait,
+            reached,
+            tuple(untimed),
+            tuple(None if q is None else float(q) for q in run_queue),
         )
 
 
@@ -178,6 +210,15 @@ class CollectiveReading:
     bound_ms: float = 0.0
     """Under hierarchical collection, how far ``lateness_ms`` (and the noise it is judged
     against) may lie from the reading of every rank's waits; 0 where it is exact."""
+    starved_rank: int | None = None
+    """The rank that arrives late by the rule's measure, but whose longer wait for a CPU
+    explains enough of it that what is left is not material: the machine held it back, not its
+    code. Never the ``late_rank`` too."""
+    starved_lateness_ms: float = 0.0
+    """How late ``starved_rank`` arrives, per step (0 when there is none)."""
+    cpu_wait_ms: float | None = None
+    """How much longer per step the rank with the shortest typical wait waited for a CPU than
+    the other ranks' median; None where a rank did not say."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +235,9 @@ class CommunicationReading:
     untimed: list[str]
     bound_ms: float = 0.0
     """The largest of the collectives' ``bound_ms``."""
+    starved: CollectiveReading | None = None
+    """Where no rank is late: the first collective a rank reaches late for want of a CPU
+    (``CollectiveReading.starved_rank``), said and never routed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -203,6 +247,7 @@ class CommunicationReading:
             "lateness_ms": 0.0 if self.late is None else round(self.late.lateness_ms, 3),
             "late": None if self.late is None else _rounded(self.late),
             "slowest": None if self.slowest is None else _rounded(self.slowest),
+            "starved": None if self.starved is None else _rounded(self.starved),
             "collectives": [_rounded(c) for c in self.collectives],
             "untimed": self.untimed,
             "bound_ms": round(self.bound_ms, 3),
@@ -219,7 +264,7 @@ def read_collectives(
         wait = times.wait_ms[:, :, c]
         if np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2:
             reached = times.reached_ms[:, :, c]
-            steps = StepFacts.of_waits(wait, np.asarray(rank_ids), reached)
+            steps = StepFacts.of_waits(wait, np.asarray(rank_ids), reached, times.run_queue_ms)
             readings.append(judged(key, times.nbytes[c], steps, threshold))
     return reading_of(readings, times.untimed)
 
@@ -237,11 +282,14 @@ def reading_of(
     for r in readings:
         top[(r.family, r.stage)] = max(top.get((r.family, r.stage), r.bucket), r.bucket)
     marked = [_with(r, last_bucket=r.bucket == top[(r.family, r.stage)]) for r in readings]
+    late = _first_late(marked)
+    starved = [r for r in marked if r.starved_rank is not None]
     return CommunicationReading(
         collectives=marked,
         transfer_ms=sum(r.transfer_ms for r in marked),
         wait_ms=sum(r.wait_ms for r in marked),
-        late=_first_late(marked),
+        late=late,
+        starved=min(starved, key=lambda r: r.reached_ms) if starved and late is None else None,
         slowest=max(marked, key=lambda r: r.transfer_ms) if marked else None,
         untimed=list(untimed),
         bound_ms=max((r.bound_ms for r in marked), default=0.0),
@@ -270,6 +318,9 @@ class StepFacts:
     noise: float
     behind: npt.NDArray[np.float64]
     bound_ms: float = 0.0
+    cpu_wait_ms: float | None = None
+    """How much longer per step the candidate waited for a CPU than the other ranks' median
+    (``record.run_queue``); None where a rank's wait is unknown."""
 
     @classmethod
     def of_waits(
@@ -277,11 +328,16 @@ class StepFacts:
         wait: npt.NDArray[np.float64],
         ranks: npt.NDArray[np.int64],
         reached: npt.NDArray[np.float64],
+        run_queue_ms: Sequence[float | None] = (),
     ) -> StepFacts:
-        """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it)
-        and arrival offsets ``[T, R]``."""
+        """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it),
+        arrival offsets ``[T, R]`` and run-queue waits per step (one a rank, or none)."""
         typical = np.nanmedian(wait, axis=0)
         late = int(np.argmin(typical))
+        cpu_wait = None
+        if len(run_queue_ms) == len(ranks) and all(q is not None for q in run_queue_ms):
+            queued = np.array(run_queue_ms, dtype=np.float64)
+            cpu_wait = float(queued[late] - np.median(np.delete(queued, late)))
         every = np.isfinite(wait).all(axis=1)
         full = wait[every]
         others = np.delete(full, late, axis=1)
@@ -296,18 +352,23 @@ class StepFacts:
             gap=float(np.min(np.delete(typical, late)) - typical[late]),
             noise=float(np.median(np.median(np.abs(others - middle[:, None]), axis=1))),
             behind=middle - full[:, late],
+            cpu_wait_ms=cpu_wait,
         )
 
 
 def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> CollectiveReading:
     """One collective's reading from its steps' facts: the late rule (module doc)."""
     lateness = float(np.median(steps.behind))
-    named = (
-        lateness >= threshold
-        and lateness >= NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
-        and steps.gap >= ALONE_FRACTION * lateness
+    late = (
+        steps.gap >= ALONE_FRACTION * lateness
         and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
     )
+    behind = late and lateness >= max(
+        threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
+    )
+    own = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not waiting for a CPU
+    named = behind and own >= threshold
+    held = behind and not named
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -325,6 +386,9 @@ def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> Collect
         lateness_ms=lateness if named else 0.0,
         late_steps=int((steps.last == steps.late).sum()) if named else 0,
         bound_ms=steps.bound_ms,
+        starved_rank=steps.late if held else None,
+        starved_lateness_ms=lateness if held else 0.0,
+        cpu_wait_ms=steps.cpu_wait_ms,
     )
 
 
@@ -365,51 +429,6 @@ def _with(reading: CollectiveReading, last_bucket: bool) -> CollectiveReading:
 
 def _rounded(reading: CollectiveReading) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reading).items()}
-
-
-def checked_list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ReportFormatError(f"{where} must be a list")
-    return value
-
-
-def checked_key(value: Any, where: str) -> tuple[str, int, str | None, int, int]:
-    """``[family, bucket, stage or null, call, bytes]``."""
-    if (
-        not isinstance(value, list)
-        or len(value) != 5
-        or not isinstance(value[0], str)
-        or not (value[2] is None or isinstance(value[2], str))
-        or not all(is_int(v) and v >= 0 for v in (value[1], value[3], value[4]))
-    ):
-        raise ReportFormatError(f"{where}: a key must be [family, bucket, stage, call, bytes]")
-    return value[0], value[1], value[2], value[3], value[4]
-
-
-def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
-    """A rank's window field as sent (``record.collectives.CollectiveLog.drain``), checked:
-    ``{}`` or ``keys``, ``calls`` (``[step, key, reached_us, issued_us, wait_us]``, the key an
-    index into ``keys``) and ``untimed``; raises ReportFormatError."""
-    if not isinstance(value, dict):
-        raise ReportFormatError(f"{where} must be an object")
-    if not value:
-        return value
-    if set(value) != {"keys", "calls", "untimed"}:
-        raise ReportFormatError(f"{where} must hold keys, calls and untimed")
-    keys = [checked_key(k, where) for k in checked_list(value["keys"], where)]
-    for call in checked_list(value["calls"], where):
-        if not (
-            isinstance(call, list)
-            and len(call) == 5
-            and all(is_int(v) for v in call)
-            and 0 <= call[1] < len(keys)
-            and call[0] >= 0
-            and call[4] >= 0
-        ):
-            raise ReportFormatError(f"{where}: a call must be [step, key, reached, issued, wait]")
-    if not all(isinstance(u, str) for u in checked_list(value["untimed"], where)):
-        raise ReportFormatError(f"{where} untimed must be a list of strings")
-    return value
 
 
 BASELINE_WINDOWS = 3

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.collectives import check_rank_collectives
+from ..analysis.collective_checks import check_rank_collectives
 from ..analysis.values import exact_type
 from ..errors import ReportFormatError
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.collectives import DEFAULT_FAMILY, OWN_PREFIX
 from ..failures import say_failed
+from .run_queue import RunQueueClock
 
 if TYPE_CHECKING:
     from .instrumentation import Instrumentation
@@ -67,6 +68,8 @@ class CollectiveLog:
         self._said: set[tuple[str, str]] = set()
         self._watched: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._watched_ids: dict[int, bool] = {}  # for objects without weak references
+        self._run_queue = RunQueueClock()
+        self._run_queue.since_last()  # the count starts on the thread that watches
 
     def watched_once(self, target: Any, watch: Callable[[], bool]) -> bool:
         """``watch()``'s answer for ``target``, computed the first time only (a model or
@@ -162,7 +165,11 @@ class CollectiveLog:
     def drain(self, last_step: int) -> dict[str, Any]:
         """The window's timed collectives, those of steps up to ``last_step``, in the window
         record's form: ``keys`` ``[family, bucket, stage, call, bytes]``, ``calls`` ``[step,
-        key, reached_us, issued_us, wait_us]`` and the ``untimed`` reasons."""
+        key, reached_us, issued_us, wait_us]``, the ``untimed`` reasons and ``run_queue_us``,
+        how long this thread waited for a CPU since the previous window (None when unknown)."""
+        waited = self._run_queue.since_last()
+        if self._run_queue.reason is not None:
+            self.note(self._run_queue.reason)
         done = self._done
         taken = done[: len(done)]
         del done[: len(taken)]
@@ -182,6 +189,7 @@ class CollectiveLog:
             "keys": [list(key) for key in keys],
             "calls": calls,
             "untimed": list(self.untimed),
+            "run_queue_us": None if waited is None else waited // US,
         }
 
 

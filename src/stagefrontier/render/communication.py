@@ -116,6 +116,21 @@ def late_finding(c: Mapping[str, Any], plain_stage: str, full: bool) -> str:
     )
 
 
+def starved_note(record: Mapping[str, Any], top: str | None, plain_stage: str) -> str:
+    """``Rank 2 reaches backward's last gradient bucket ~90 ms after the others, but it waited
+    ~85 ms per step longer for a CPU than they did: the machine held it back, not its code, so
+    it is not named late``; empty when no rank of the top stage was held back for a CPU."""
+    c = _reading(record, top, "starved")
+    if c is None:
+        return ""
+    return (
+        f"Rank {c['starved_rank']} reaches {bucket_text(c, plain_stage)} "
+        f"~{c['starved_lateness_ms']:.0f} ms after the others, but it waited "
+        f"~{c['cpu_wait_ms']:.0f} ms per step longer for a CPU than they did: the machine held "
+        "it back, not its code, so it is not named late."
+    )
+
+
 def _the(what: str) -> str:
     return f"the {what}" if what in SHARDED_WORDS.values() else what
 

@@ -40,6 +40,7 @@ from .communication import (
     late_rank,
     slow_collective,
     slow_finding,
+    starved_note,
 )
 from .escape import printable
 from .loader_text import window_loader_sentence
@@ -201,6 +202,7 @@ def verdict_parts(report: WindowReport, record: Mapping[str, Any] | None = None)
         said.after,
         "" if stepwise else block_note(record, report.top1),
         window_loader_sentence(record, report.top1, lead.ranks),
+        starved_note(record, report.top1, plain(report.top1)),
     )
     return Said(said.finding, said.next_step, " ".join(extra for extra in extras if extra))
 

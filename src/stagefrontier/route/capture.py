@@ -122,8 +122,7 @@ class RankCapture:
         self._timer.tell_steps(True)
 
     def pending(self) -> str | None:
-        """The id of the armed request that has not started yet (read on the router thread: a
-        capture may start right after)."""
+        """The armed request's id, not started yet (read on the router thread: it may start)."""
         request = self._request
         return request.id if request is not None and self._prof is None else None
 
@@ -134,8 +133,7 @@ class RankCapture:
 
     # ------------------------------------------------------------------ training thread
     def on_step(self, step: int) -> None:
-        """Called at the start of every step while a capture is armed or running, or its trace
-        is held (``_held``)."""
+        """Called at the start of every step while a capture is armed, running or held."""
         start = self._entered_ns = time.perf_counter_ns()
         self._release_held()
         try:
@@ -317,8 +315,7 @@ class RankCapture:
         self._held = lambda: self._export(parts, prof, sampled, request, last, note, spent_s)
 
     def _release_held(self) -> None:
-        """The step after a capture ended (or no step follows): hand its trace's export to the
-        router thread."""
+        """The step after a capture (or none follows): its trace's export to the router thread."""
         held, self._held = self._held, None
         if held is not None:
             self._submit(held)
@@ -330,6 +327,19 @@ class RankCapture:
         """The timer closed (after ``finish``): the sampling thread ends."""
         if self._sampler is not None:
             self._sampler.close()
+
+    def drop(self, reason: str) -> None:
+        """The process ends by a signal (called on another thread than the training one): an
+        armed or running capture ends with ``reason``, its trace discarded. The profiler's
+        session is the training thread's to stop, so it is left to end with the process; the
+        training thread, wherever it was interrupted, finds no capture to act on."""
+        self._end_sampling()
+        self._prof = None
+        parts, self._parts = self._parts, None
+        if parts is not None:
+            self._submit(parts.discard)
+        self._workers.stopped()
+        self._give_up(reason)
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
@@ -456,8 +466,7 @@ class RankCapture:
 
 
 def _write(parts: TraceParts, prof: Any, sampled: SampledStacks | None) -> Path:
-    """The stopped session's JSON, then the sampled stacks, into the trace, ended: its path
-    (raises what a part's write raised)."""
+    """The stopped session's JSON, then the sampled stacks, into the trace: its path (or raises)."""
     parts.append(parts.save(prof))
     if sampled is not None:
         parts.append_events(lambda base: stack_events(sampled, base))

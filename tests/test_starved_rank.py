@@ -1,0 +1,150 @@
+"""A rank starved of CPU is not a late rank (``record.run_queue``, ``analysis.collectives``).
+
+One real 4-rank Gloo DDP job under torchrun (``starved_rank_job.py``): rank 2 pinned to one
+core on which the test keeps CPU burners running, the other ranks on the other cores. Rank 2
+runs the same code as the others and reaches backward's all-reduce late every step because it
+waits for a CPU; the windows must not name it late (nor route it), and must say why it was
+behind. The rule's other half, a rank late by its own code (a sleep, a compute delay), stays
+named: ``test_collectives.py`` and ``test_backward_incident.py`` run those.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from rank_support import run_job, torchrun_command
+from recorder_support import read_records
+from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
+from stagefrontier.analysis.window_report import WindowReport
+from stagefrontier.record import run_queue
+from stagefrontier.record.run_queue import RunQueueClock
+from stagefrontier.render.verdict import verdict
+
+JOB = Path(__file__).with_name("starved_rank_job.py")
+RANKS, STARVED_RANK, BURNERS = 4, 2, 3
+DEADLINE_S = 300
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+@pytest.fixture(scope="module")
+def starved() -> Iterator[int]:
+    """The core rank 2 is pinned to, kept busy by ``BURNERS`` spinning processes of the test's
+    own, pinned there too, for as long as the module's tests run (each in a session of its own:
+    where the kernel schedules sessions as groups, each burner then weighs as one)."""
+    if len(CORES) < 2 or not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("needs Linux's scheduler statistics and two cores to starve one rank")
+    core = CORES[-1]
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass\n"
+    burners = [
+        subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+        for _ in range(BURNERS)
+    ]
+    try:
+        yield core
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+@pytest.fixture(scope="module")
+def records(starved: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("starved")
+    run_job(torchrun_command(JOB, str(out), str(starved), ranks=RANKS), DEADLINE_S)
+    return read_records(out)
+
+
+def test_a_rank_starved_of_cpu_is_not_named_late_and_the_window_says_why(
+    records: list[dict[str, Any]],
+) -> None:
+    assert [r["window"] for r in records] == [0, 1, 2]
+    for record in records:
+        comm = record["communication"]
+        assert comm["late_rank"] is None, (record["window"], comm["late"])
+        assert not any("run-queue wait not read" in u for u in comm["untimed"])
+    said = [r for r in records if r["communication"]["starved"] is not None]
+    assert len(said) >= 2, [r["communication"]["collectives"] for r in records]
+    for record in said:
+        starved = record["communication"]["starved"]
+        assert starved["starved_rank"] == STARVED_RANK
+        assert starved["cpu_wait_ms"] > 0
+        names = set(WindowReport.__dataclass_fields__)
+        report = WindowReport.from_dict({k: v for k, v in record.items() if k in names} | {
+            "format": "stagefrontier.window_report", "version": 3
+        })  # fmt: skip
+        line = verdict(report, record)
+        assert f"Rank {STARVED_RANK} reaches backward's" in line
+        assert "longer for a CPU than they did: the machine held it back" in line
+        assert f"on rank {STARVED_RANK}" not in line  # nothing to profile there
+
+
+def _times(run_queue_ms: tuple[float | None, ...]) -> CollectiveTimes:
+    """Ten steps of one bucket at 4 ranks, rank 2 arriving 90 ms after the others."""
+    wait = np.tile([100.0, 101.0, 10.0, 99.0], (10, 1))[:, :, None]
+    return CollectiveTimes(
+        keys=(("all_reduce", 0, "model.backward_cpu_wall", 0),),
+        nbytes=(1 << 20,),
+        wait_ms=wait,
+        reached_ms=np.full_like(wait, 50.0),
+        run_queue_ms=run_queue_ms,
+    )
+
+
+def test_the_lateness_a_cpu_wait_explains_is_discounted_and_what_is_left_stays_named() -> None:
+    ranks, step_ms = [0, 1, 2, 3], 200.0
+    plain = read_collectives(_times(()), ranks, step_ms)
+    assert plain.late is not None and plain.late.late_rank == 2  # no run-queue figures: as before
+    starved = read_collectives(_times((5.0, 6.0, 90.0, 4.0)), ranks, step_ms)
+    assert starved.late is None and starved.starved is not None
+    assert starved.starved.starved_rank == 2 and starved.starved.cpu_wait_ms == 85.0
+    slept = read_collectives(_times((5.0, 6.0, 40.0, 4.0)), ranks, step_ms)  # 50 ms its own
+    assert slept.late is not None and slept.late.late_rank == 2 and slept.starved is None
+    unknown = read_collectives(_times((5.0, None, 90.0, 4.0)), ranks, step_ms)
+    assert unknown.late is not None and unknown.late.late_rank == 2
+
+
+def test_a_small_cpu_wait_leaves_a_late_rank_in_a_noisy_window_named() -> None:
+    """Rank 2 107 ms late, the others scattered so that 107 ms just clears the noise bar: 22
+    ms more of a CPU wait leaves 85 ms of its own, material, so it stays named (the noise bar
+    reads its whole arrival) and is not said to be starved (a routing row at 8 ranks, where the
+    fault rank's window went unnamed and was called starved)."""
+    wait = np.tile([162.0, 200.0, 93.0, 238.0], (10, 1))[:, :, None]
+    times = CollectiveTimes(
+        keys=(("all_reduce", 0, "model.backward_cpu_wall", 0),),
+        nbytes=(1 << 20,),
+        wait_ms=wait,
+        reached_ms=np.full_like(wait, 50.0),
+        run_queue_ms=(30.0, 31.0, 52.0, 29.0),
+    )
+    reading = read_collectives(times, [0, 1, 2, 3], 200.0)
+    assert reading.late is not None and reading.late.late_rank == 2
+    assert reading.late.lateness_ms == 107.0 and reading.starved is None
+
+
+def test_an_unreadable_run_queue_is_said_once_and_reads_as_unknown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(run_queue, "SCHEDSTAT", str(tmp_path / "absent-{tid}"))
+    clock = RunQueueClock()
+    assert clock.since_last() is None and clock.since_last() is None
+    assert clock.reason is not None and "FileNotFoundError" in clock.reason
+    assert clock.reason.startswith("run-queue wait not read")
+
+
+def test_the_run_queue_wait_counts_from_the_previous_read_on_the_same_thread() -> None:
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("Linux's scheduler statistics are not here")
+    clock = RunQueueClock()
+    assert clock.since_last() is None  # the first read starts the count
+    waited = clock.since_last()
+    assert waited is not None and waited >= 0 and clock.reason is None
