@@ -65,11 +65,12 @@ docs: $(STAMP)
 # PYTEST_WORKERS=0 (the default) runs the suite in one process; PYTEST_WORKERS=2 on two
 # pytest-xdist workers, each test file whole on one (--dist loadfile: a file's shared real-rank
 # job runs once; see docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
-# and a per-test timeout.
+# and a per-test timeout. The site the docs step just built serves tests/test_docs_from_disk.py
+# (STAGEFRONTIER_BUILT_SITE), which builds its own when run without it.
 PYTEST_WORKERS ?= 0
 
 test: $(STAMP) lint typecheck docs
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	STAGEFRONTIER_BUILT_SITE=$(CURDIR)/site $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/analyzer.py

@@ -11,6 +11,11 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
   and its ratio to the median before (the target: at most 1.5 on every rank), and the slowest
   of the five steps after that; and the captured ranks' own figures from the incident
   (``capture_step_ms`` vs ``baseline_step_ms``);
+* the same first step after by the training thread's CPU (``time.thread_time``: what the rank's
+  own thread ran, whatever the machine's load) over the median before, and the ordinary steps'
+  own spread at the run's load: the 90th percentile of the steps before over their median, and
+  how many of them took over ``TARGET_RATIO`` times it (a first step after beyond the target
+  is the capture's only where ordinary steps stay under it);
 * the size of each trace, and the time from the incident's opening to its confirmation;
 * what the incident cost: the capture's time on each captured rank's training thread (the
   incident's ``training_thread_s``), the CPU of the router's background threads (each captured
@@ -58,18 +63,32 @@ TARGET_RATIO = 1.5
 """The step right after the capture, at most this many times the median step, on every rank."""
 
 
-def phases(step_s: list[float], first: int, last: int) -> dict[str, float]:
+def phases(
+    step_s: list[float], thread_cpu_s: list[float], first: int, last: int
+) -> dict[str, float]:
     """One rank's step times (ms) around a capture of steps ``first``-``last``: the median of
     the steps before it (from ``WARMUP_STEPS`` to the lead-in, left out), the lead-in step, the
     captured steps' median and slowest, the first step after them, the slowest of the next
-    ``AFTER_STEPS``, and the first step after over the median before."""
+    ``AFTER_STEPS``, and the first step after over the median before; the same ratio by the
+    training thread's CPU; the steps before's 90th percentile over their median and how many of
+    them exceed ``TARGET_RATIO`` times it."""
     ms = [t * 1e3 for t in step_s]
     lead_in = first - LEAD_IN_STEPS
     captured = ms[first : last + 1]
     later = ms[last + 2 : last + 2 + AFTER_STEPS]
-    before = statistics.median(ms[WARMUP_STEPS:lead_in])
+    ordinary = ms[WARMUP_STEPS:lead_in]
+    before = statistics.median(ordinary)
     after = ms[last + 1] if last + 1 < len(ms) else float("nan")
+    cpu = [t * 1e3 for t in thread_cpu_s]
+    cpu_before = statistics.median(cpu[WARMUP_STEPS:lead_in])
+    cpu_after = cpu[last + 1] if last + 1 < len(cpu) else float("nan")
     return {
+        "cpu_before": cpu_before,
+        "cpu_after": cpu_after,
+        "cpu_ratio": cpu_after / cpu_before,
+        "p90_ratio": statistics.quantiles(ordinary, n=10)[-1] / before,
+        "over_target": sum(t > TARGET_RATIO * before for t in ordinary),
+        "ordinary": len(ordinary),
         "median_before": before,
         "lead_in": ms[lead_in],
         "median_during": statistics.median(captured),
@@ -80,7 +99,9 @@ def phases(step_s: list[float], first: int, last: int) -> dict[str, float]:
     }
 
 
-def measure(out_dir: Path) -> dict[str, Any]:
+def measure(out_dir: Path) -> dict[str, Any] | str:
+    """One run's figures, or why it has none (its capture did not end with room for the steps
+    after it before the run's last step: the incident opened late on a loaded machine)."""
     config = DemoConfig(
         ranks=4,
         steps=120,
@@ -93,13 +114,18 @@ def measure(out_dir: Path) -> dict[str, Any]:
     run = launch(config)
     incidents = list_incidents(out_dir)
     if len(incidents) != 1:
-        raise SystemExit(f"expected one incident, got {len(incidents)}")
+        return f"{len(incidents)} incidents, not one"
     incident = incidents[0]
     first, last = incident["steps"]
+    if not incident["captured"] or last + 1 + AFTER_STEPS >= config.steps:
+        return f"steps {first}-{last} not captured {AFTER_STEPS + 1} steps before the run's end"
     job_step = [max(run.step_s[r][t] for r in run.step_s) for t in range(config.steps)]
     during = [job_step[t] for t in range(first, last + 1)]
     outside = [job_step[t] for t in range(WARMUP_STEPS, config.steps) if not first <= t <= last]
-    per_rank = {rank: phases(run.step_s[rank], first, last) for rank in sorted(run.step_s)}
+    per_rank = {
+        rank: phases(run.step_s[rank], run.step_thread_cpu_s[rank], first, last)
+        for rank in sorted(run.step_s)
+    }
     packets = sorted((out_dir / "packets").glob("*.json"))
     records = [json.loads(line) for line in (out_dir / "windows.jsonl").read_text().splitlines()]
     router_s = sum(r.get("self_cost", {}).get("router_cpu_s", {}).get("max", 0.0) for r in records)
@@ -118,6 +144,7 @@ def measure(out_dir: Path) -> dict[str, Any]:
         "packets": len(packets),
         "steps": per_rank,
         "worst_after_ratio": max(p["after_ratio"] for p in per_rank.values()),
+        "worst_cpu_ratio": max(p["cpu_ratio"] for p in per_rank.values()),
         "training_thread_s": incident.get("training_thread_s"),
         "line": summary_line(incident),
     }
@@ -164,17 +191,22 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
 
 
 def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
-    """The per-rank table of step times before, during and after the capture."""
+    """The per-rank table of step times before, during and after the capture, the first step
+    after by the training thread's CPU, and the ordinary steps' own spread."""
     lines = [
         "| rank | median before (ms) | lead-in step | captured: median / slowest | first step "
-        f"after | after / median before | slowest of the next {AFTER_STEPS} |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"after | after / median before | slowest of the next {AFTER_STEPS} | training-thread "
+        "CPU: median before / first after (ms) | after / median, CPU | steps before: 90th "
+        f"percentile / median | steps before over {TARGET_RATIO}x the median |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rank, p in sorted(steps.items(), key=lambda item: int(item[0])):
         lines.append(
             f"| {rank} | {p['median_before']:.1f} | {p['lead_in']:.1f} | "
             f"{p['median_during']:.1f} / {p['during_max']:.1f} | {p['after']:.1f} | "
-            f"{p['after_ratio']:.2f} | {p['later_max']:.1f} |"
+            f"{p['after_ratio']:.2f} | {p['later_max']:.1f} | {p['cpu_before']:.1f} / "
+            f"{p['cpu_after']:.1f} | {p['cpu_ratio']:.2f} | {p['p90_ratio']:.2f} | "
+            f"{p['over_target']:.0f} of {p['ordinary']:.0f} |"
         )
     return lines
 
@@ -184,8 +216,9 @@ def run_rows(runs: list[dict[str, Any]]) -> list[str]:
     capture over its median before it."""
     lines = [
         f"| run | load average at start -> end | captured steps | first step after / median "
-        f"before, per rank | at most {TARGET_RATIO} on every rank |",
-        "|---|---|---|---|---|",
+        f"before, per rank | at most {TARGET_RATIO} on every rank | by the training thread's "
+        "CPU, per rank | steps before: 90th percentile / median, per rank |",
+        "|---|---|---|---|---|---|---|",
     ]
     for i, run in enumerate(runs, 1):
         steps = run["steps"]
@@ -194,7 +227,12 @@ def run_rows(runs: list[dict[str, Any]]) -> list[str]:
         )
         met = "yes" if run["worst_after_ratio"] <= TARGET_RATIO else "no"
         first, last = run["captured_steps"]
-        lines.append(f"| {i} | {run['load']} | {first}-{last} | {ratios} | {met} |")
+        ranks = sorted(steps, key=lambda r: int(r))
+        cpu = ", ".join(f"{steps[r]['cpu_ratio']:.2f}" for r in ranks)
+        spread = ", ".join(f"{steps[r]['p90_ratio']:.2f}" for r in ranks)
+        lines.append(
+            f"| {i} | {run['load']} | {first}-{last} | {ratios} | {met} | {cpu} | {spread} |"
+        )
     return lines
 
 
@@ -303,10 +341,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
     load_start = load_text()
-    for _ in range(args.runs):
+    result: dict[str, Any] | None = None
+    left_out: list[str] = []
+    for i in range(args.runs):
         run_start = load_text()
         with tempfile.TemporaryDirectory() as tmp:
-            result = measure(Path(tmp) / "demo")
+            measured = measure(Path(tmp) / "demo")
+        if isinstance(measured, str):
+            left_out.append(f"run {i + 1} (load {run_start}): {measured}")
+            continue
+        result = measured
         runs.append(
             {
                 "load": f"{run_start} -> {load_text()}",
@@ -316,8 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     load_end = load_text()
+    if result is None:
+        raise SystemExit("no run captured steps the script could read")
     before = json.loads(args.before.read_text()) if args.before else None
     text = render(result, load_start, load_end, before, runs)
+    if left_out:
+        text += "\nRuns left out: " + "; ".join(left_out) + ".\n"
     if args.json:
         keys = ("router_thread_cpu_s", "export_cpu_s", "reduction_cpu_s", "captured_wall_s")
         figures = {k: result[k] for k in (*keys, "trace_kib", "steps", "training_thread_s")}

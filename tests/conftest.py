@@ -57,21 +57,23 @@ PathRun = tuple[Path, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="session")
-def router_path_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], PathRun]:
-    """The router path tests' 4-rank torchrun job (``router_paths_support.run_path_job``, 20 to
-    30 s a job on a loaded 2-core machine), run once per session for each (path, fault) asked
-    for: the accumulation path's data stall serves ``test_router_paths`` and
-    ``test_accumulation_fetch``. A test reads the folder, never writes into it."""
+def router_path_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], PathRun]:
+    """The router path tests' 4-rank torchrun job (``router_paths_support.run_path_job``) with
+    its two stalls one after the other (``router_paths_support.STALLS``: data, then forward),
+    run once per session for each path asked for (20 to 40 s a job on a loaded 2-core machine;
+    a job per stall would start twice as many ranks): the path's data and forward cases of
+    ``test_router_paths`` read the same job, and ``test_accumulation_fetch`` the accumulation
+    path's. A test reads the folder, never writes into it."""
     pytest.importorskip("torch")
     from router_paths_support import run_path_job
 
-    runs: dict[tuple[str, str], PathRun] = {}
+    runs: dict[str, PathRun] = {}
 
-    def run(path: str, fault: str) -> PathRun:
-        if (path, fault) not in runs:
-            out = tmp_path_factory.mktemp(f"router-{path}-{fault}") / "out"
-            runs[path, fault] = (out, run_path_job(out, path, fault))
-        return runs[path, fault]
+    def run(path: str) -> PathRun:
+        if path not in runs:
+            out = tmp_path_factory.mktemp(f"router-{path}") / "out"
+            runs[path] = (out, run_path_job(out, path, "stalls"))
+        return runs[path]
 
     return run
 

@@ -9,7 +9,9 @@ healthy job may meet at each window's end (``window_barrier``).
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
 import signal
 import time
@@ -51,6 +53,10 @@ class NodeJob:
     window's part up (a late node)."""
     silent_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled."""
+    until_said: dict[int, str] = field(default_factory=dict)
+    """These ranks train past ``steps`` until the library has logged a WARNING holding this text
+    (within ``SAY_DEADLINE_S``); with any, every rank writes its WARNING lines and its close's
+    seconds to ``said-rank<r>.json``."""
     window_barrier: bool = False
     """The ranks meet (Gloo barriers, untimed) before the first step and, all but those in
     ``die_at_step``, after each window's last step, so a slow rank never falls more than a window
@@ -109,11 +115,18 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
             regression=None,
         ),
     )
+    said = _said() if job.until_said else []
     timer = StageTimer(config=config)
     x = torch.randn(64, 64)
     if meet is not None:
         dist.barrier()  # every rank has built its timer: window 0 starts together
-    for step in range(job.steps):
+    waits_for = job.until_said.get(rank)
+    say_by = time.monotonic() + SAY_DEADLINE_S
+    for step in itertools.count():
+        if step >= job.steps and (
+            waits_for is None or any(waits_for in w for w in said) or time.monotonic() > say_by
+        ):
+            break
         if job.die_at_step.get(rank) == step:
             _await_reported(job, step // job.window)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -125,8 +138,27 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
                 pass
         if meet is not None and rank in survivors and (step + 1) % job.window == 0:
             dist.barrier(group=meet)
+    started = time.monotonic()
     timer.close()
+    if job.until_said:
+        kept = {"said": said, "close_s": time.monotonic() - started}
+        Path(job.out_dir, f"said-rank{rank}.json").write_text(json.dumps(kept))
     Path(job.out_dir, f"done-rank{rank}").write_text("ok")
+
+
+SAY_DEADLINE_S = 120.0
+
+
+def _said() -> list[str]:
+    """The library's WARNING lines this process logs from now on."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logging.getLogger("stagefrontier").addHandler(Keep(logging.WARNING))
+    return said
 
 
 def _data_stage(timer: Any, job: NodeJob, rank: int, step: int, store: Any) -> None:

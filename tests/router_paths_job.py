@@ -2,8 +2,8 @@
 ways StageFrontier times data, with the profiler router on.
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 tests/router_paths_job.py \
-        --path iter --out OUT --data-rank 2 --data-steps 24:56 --forward-rank 1 \
-        --forward-steps 64:96 --steps 96
+        --path iter --out OUT --data-rank 2 --data-steps 16:48 --forward-rank 1 \
+        --forward-steps 64:96 --steps 128
 
 ``--path``: ``stage`` (``with timer.stage(...)``), ``iter`` (``timer.iter`` over a DataLoader with
 ``num_workers=0``), ``fetch`` (``timer.fetch``), ``accum`` (4 microsteps per step, each batch
@@ -113,7 +113,10 @@ def get_batch(data: Samples, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def router() -> ProfilerRouter:
-    return ProfilerRouter(steps=5, cooldown_windows=3, capture_timeout_s=20.0)
+    """The router of every path; after an incident its cooldown covers four windows: a stall of
+    four windows opens one incident, and a stall's last batch fetched ahead (a framework's
+    loader) falls in a window that opens nothing."""
+    return ProfilerRouter(steps=5, cooldown_windows=4, capture_timeout_s=20.0)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, timer: StageTimer, batch: Any) -> None:

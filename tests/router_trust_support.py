@@ -13,12 +13,16 @@ Every store below is the job's real TCPStore; the schedule only decides when a c
 Rank 0 asks for a manual capture of all three ranks, then a second once the first incident is
 written; the ranks stop together once the second is written. Each rank writes what the
 ``stagefrontier`` logger said (``log-rank<r>.txt``), what its schedule did, how many profiler
-sessions its captures ran and whether it imported matplotlib (``schedule-rank<r>.json``).
+sessions its captures ran, its process id and whether it imported matplotlib
+(``schedule-rank<r>.json``), and, for each profiler session's JSON written, the writing
+process's id and the step the rank's loop was at (``writers-rank<r>.txt``, see
+``note_trace_writers``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ HOLD_LIMIT_S = 60.0
 """The longest the race schedule holds a read for rank 0 to delete the key."""
 LOG_FILE = "log-rank{rank}.txt"
 SCHEDULE_FILE = "schedule-rank{rank}.json"
+WRITERS_FILE = "writers-rank{rank}.txt"
 CAPTURES = 2
 CAPTURE_STEPS = 3
 
@@ -132,6 +137,45 @@ class ScheduledStore(dist.Store):
         return int(self.inner.add(key, amount))
 
 
+def note_trace_writers(path: Path, step: list[int]) -> None:
+    """Before each profiler session's JSON is written (the real write follows), append to
+    ``path`` the writing process's id and ``step[0]``, the step the rank's loop was at as seen
+    by that process (a forked writer sees the step at its fork)."""
+    import torch.profiler
+
+    export = torch.profiler.profile.export_chrome_trace
+
+    def noted(prof: Any, trace: str) -> Any:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()} {step[0]}\n")
+        return export(prof, trace)
+
+    torch.profiler.profile.export_chrome_trace = noted  # type: ignore[method-assign]
+
+
+def ask_for_a_capture_of_a_rank_against_itself(coordinator: Any) -> dict[str, Any]:
+    """On rank 0 of the running job, once its captures are done: its coordinator is handed a
+    regression's plan naming rank 1 as both suspect and reference, as rank 0's analysis thread
+    would hand it a decided window's. What came of it: whether an incident opened, the captures
+    counted, and the ranks of the request the request key holds (read on a connection of its
+    own to the job's store, as every rank's watcher reads it; the last capture's request may
+    still be there, as rank 0 deletes it after the incident is written)."""
+    from stagefrontier.route.decide import Decision
+    from stagefrontier.route.policy import Plan
+    from stagefrontier.route.requests import CaptureRequest, RequestChannel
+
+    captures = coordinator.captures
+    decision = Decision("data.next_wait", 1, 1, 0.5, 40, ("rank 1 grew alone",))
+    coordinator._open(Plan(decision, "regression", [1]))
+    data = RequestChannel(scope=coordinator.session.channel.scope).read(REQUEST_KEY)
+    return {
+        "opened": coordinator.open is not None,
+        "captures_before": captures,
+        "captures_after": coordinator.captures,
+        "request_ranks": None if data is None else list(CaptureRequest.decode(data).ranks),
+    }
+
+
 def run_rank(rank: int, job: RaceJob, port: int) -> None:
     import torch
     from torch import nn
@@ -160,11 +204,16 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     gen = torch.Generator().manual_seed(1000 + rank)
     requested = 0
-    for _ in range(job.max_steps):
+    step = [0]
+    note_trace_writers(Path(job.out_dir, WRITERS_FILE.format(rank=rank)), step)
+    refusal: dict[str, Any] = {}
+    for step[0] in range(job.max_steps):
         finished = False
         coordinator = router._attached.runtime.coordinator if router._attached.runtime else None
         if coordinator is not None:
             idle = coordinator.open is None and coordinator.captures == requested
+            if idle and requested == CAPTURES and not refusal:
+                refusal = ask_for_a_capture_of_a_rank_against_itself(coordinator)
             finished = idle and requested == CAPTURES
             if idle and requested < CAPTURES:
                 router.request_capture(list(range(job.ranks)))
@@ -182,7 +231,9 @@ def run_rank(rank: int, job: RaceJob, port: int) -> None:
                 "held": schedule.held,
                 "raised": schedule.raised,
                 "sessions": profiler_session.started(),
+                "pid": os.getpid(),
                 "matplotlib": "matplotlib" in sys.modules,  # the job drew no figure itself
+                "refusal": refusal,
             }
         )
     )

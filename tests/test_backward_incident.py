@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.cli import main
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.render.incident import summary_line
@@ -48,7 +49,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             router=True,
             router_timeout_s=20.0,
         ),
-        deadline_s=600.0,  # 60 steps of four spawned ranks on a 2-core machine at any load
+        deadline_s=600.0,  # 60 steps of four ranks on a 2-core machine at any load
+        start_method=START_METHOD,
     )
     return Path(run.out_dir)
 

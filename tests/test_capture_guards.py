@@ -158,14 +158,16 @@ def test_a_pause_ends_a_running_capture_and_skips_one_not_started(tmp_path: Path
 def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) -> None:
     """Before: the stopped session's JSON (Kineto's writer, holding the GIL) was written on the
     training thread in the step after the capture. Now that step only stops the session: the
-    JSON is the router thread's job, and no capture starts on the rank until it is done."""
+    JSON is the router thread's job (handed over as the next step starts, once the step after
+    has ended: ``test_router_trust`` shows where it is written), and no capture starts on the
+    rank until it is done."""
     rank = Rank(tmp_path)
     request = rank.arm(steps=2)
     rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
-    assert rank.jobs and not rank.timer._capture
+    assert not rank.jobs and rank.timer._capture  # held until the next step's start
     folder = tmp_path / "incidents" / request.id
     assert not folder.exists() or not any(folder.iterdir())  # nothing written yet
-    waiting = rank.arm(steps=2)  # while the router thread has not written the trace yet
+    waiting = rank.arm(steps=2)  # the next step hands the export over; it is not done yet
     rank.run(3)
     answer, skipped = rank.drain()
     assert answer.state == "captured" and answer.id == request.id, answer
@@ -199,10 +201,10 @@ def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(
     rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
     (session,) = sessions
     assert session.profiler.kineto_results.events() == []  # type: ignore[attr-defined]
+    rank.timer.close()  # no step follows: the trace's export is handed over
     answer = rank.drain()[0]
     assert answer.state == "captured" and answer.id == request.id, answer
     with gzip.open(answer.path, "rt") as trace:
         names = [event.get("name", "") for event in json.load(trace)["traceEvents"]]
     assert "aten::addmm" in names and STAGE in names
     assert {f"stagefrontier.step#{request.first_step + i}" for i in range(2)} <= set(names)
-    rank.timer.close()

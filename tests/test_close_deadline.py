@@ -147,6 +147,32 @@ def test_close_returns_by_its_deadline_when_the_receiver_never_answers(
     assert "Traceback" not in done.stderr
 
 
+PROFILER_START = "import torch\nprof = torch.profiler.profile(with_stack=True)\nprof.start()\n"
+PROFILER_STOP = (
+    'torch.ones(4).sum()\nprof.stop()\nprint("the profiler stopped", bool(prof.events()))\n'
+)
+PROFILED_CLOSE = TRAIN_AND_CLOSE.replace("before = resource", PROFILER_START + "before = resource")
+PROFILED_CLOSE = PROFILED_CLOSE.replace('print(f"closed;', PROFILER_STOP + 'print(f"closed;')
+"""TRAIN_AND_CLOSE with the application's own profiler (its Python tracer on) running at close."""
+
+
+def test_close_returns_by_its_deadline_while_the_applications_profiler_runs(
+    silent_receiver: str, tmp_path: Path
+) -> None:
+    """Before: while a PyTorch profiler ran at close, the collector closed on the calling thread
+    with no bound (a thread started under the profiler's Python tracer was thought to crash it),
+    so this close waited out the export's 86,400 s. Now the same deadline holds, the
+    profiler's own session runs on untouched, stops and holds its events."""
+    done = _train_and_close(
+        str(tmp_path), silent_receiver, PROFILED_CLOSE, deadline_s=SHORT_DEADLINE_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the profiler stopped True" in done.stdout and "closed;" in done.stdout
+    bound = SHORT_DEADLINE_S - router_close_s(SHORT_DEADLINE_S)
+    assert f"the collector still ran {bound:.3g} s into close()" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_close_deadline_is_30_s_unless_the_environment_sets_a_valid_one(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

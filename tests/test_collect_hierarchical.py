@@ -4,6 +4,7 @@ node, a killed node leader), downgrades to a report that says what is missing an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ pytest.importorskip("torch")
 from node_support import NodeJob, launch, limited
 from stagefrontier.collect.node import node_layout, node_of
 from stagefrontier.collect.node_tree import headed_levels, top_level
+from stagefrontier.deadline import CLOSE_DEADLINE_S
 from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 from stagefrontier.formats.summary_packet import read_summary_packet
 
@@ -96,6 +98,39 @@ def test_a_killed_node_leader_costs_its_node_and_the_other_nodes_keep_arriving(
     # Rank 3, the dead leader's member, lost its node store: it downgraded and exited cleanly
     # (launch asserts every surviving rank's exit code).
     assert (tmp_path / "done-rank3").exists()
+
+
+def test_rank_0_killed_while_node_leaders_relay_the_survivors_say_it_once_and_keep_windows(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, item 4, under hierarchical collection: rank 0 (node 0's leader) dies by SIGKILL
+    while the job's store stays up. Before: its node's member said only "store send failed,
+    collection disabled" and dropped its windows; node 1's leader relayed parts nobody read,
+    saying nothing. Now rank 1 says its leader is gone and keeps its own windows, rank 2 judges
+    rank 0 gone from its done counter and keeps its node's windows (its own and rank 3's), each
+    from the oldest window rank 0 never finished; every close within its deadline."""
+    job = NodeJob(
+        out_dir=str(tmp_path),
+        steps=40,
+        window=5,
+        timeout_s=1.0,
+        die_at_step={0: 20},
+        until_said={1: "its leader, rank 0, may have died", 2: "rank 0 has collected no window"},
+    )
+    finished = len(launch(job))  # the windows rank 0 wrote before it died
+    said = {r: json.loads((tmp_path / f"said-rank{r}.json").read_text()) for r in (1, 2, 3)}
+    lines = {r: [w for w in said[r]["said"] if "this rank stops sending" in w] for r in said}
+    assert len(lines[1]) == 1 and "keeps its own windows" in lines[1][0], said[1]
+    assert "the store of node 0 (ranks 0-1" in lines[1][0] and "failed" in lines[1][0]
+    assert len(lines[2]) == 1 and "keeps its node's windows" in lines[2][0], said[2]
+    assert lines[3] == [], said[3]  # its leader lives and keeps its windows
+    for rank in (1, 2, 3):
+        kept = [
+            json.loads(line)["window"]
+            for line in (tmp_path / f"rank-{rank}" / "windows.jsonl").read_text().splitlines()
+        ]
+        assert kept == list(range(kept[0], kept[-1] + 1)) and kept[0] <= finished, (rank, kept)
+        assert said[rank]["close_s"] < CLOSE_DEADLINE_S
 
 
 def test_a_late_node_is_missing_from_that_window_only_until_it_catches_up(

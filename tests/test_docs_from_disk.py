@@ -2,9 +2,11 @@
 navigation reaches the pages (``.html`` files, not folders a browser lists), and the site's
 search box finds pages with no network and no server.
 
-The site is built here (``mkdocs build``, about 20 s) and read back through Chromium's
-``--dump-dom``, which prints a page's DOM after its scripts ran. Without Chromium on the PATH
-(``apt-get install chromium`` on Debian) the test is skipped, saying so; CI installs it.
+The site is the one ``make test`` built just before (its ``docs`` step, ``mkdocs build
+--strict``, named by ``BUILT_SITE``), or else built here the same way (about 20 s), and read back
+through Chromium's ``--dump-dom``, which prints a page's DOM after its scripts ran. Without
+Chromium on the PATH (``apt-get install chromium`` on Debian) the test is skipped, saying so; CI
+installs it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 NAV_LINK = re.compile(r'<a href="([^"#?]+)"[^>]*class="md-nav__link')
 RESULT_LINK = re.compile(r'<a href="file://([^"#?]+)[^"]*" class="md-search-result__link"')
+BUILT_SITE = "STAGEFRONTIER_BUILT_SITE"
+"""The variable by which ``make test`` names the site its ``docs`` step built from this checkout
+a moment before, so that one strict build serves the step and these tests."""
 
 
 def _browser() -> str:
@@ -34,6 +39,10 @@ def _browser() -> str:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    built = os.environ.get(BUILT_SITE)
+    if built:
+        assert (Path(built) / "index.html").is_file(), f"{BUILT_SITE}={built} holds no site"
+        return Path(built)
     pytest.importorskip("mkdocs", reason="the docs extra builds the site")
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from trace_support import settled_incidents
 
@@ -43,7 +44,8 @@ def test_a_lead_of_one_ms_per_step_is_not_confirmed(tmp_path: Path) -> None:
             router_timeout_s=20.0,
             router_capture=(3, 2),
         ),
-        deadline_s=540.0,  # 80 steps of four spawned ranks on a 2-core machine at any load
+        deadline_s=540.0,  # 80 steps of four ranks on a 2-core machine at any load
+        start_method=START_METHOD,
     )
     incidents = settled_incidents(run.out_dir)
     assert len(incidents) == 1, [i["reasons"] for i in incidents]

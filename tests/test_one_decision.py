@@ -6,6 +6,7 @@ whose trace agrees with the live steps says so."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.collect.base import Consumers, publish
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import new_incident
+from stagefrontier.formats.packet import read_packet
 from stagefrontier.formats.stored_report import check_window_meta
 from stagefrontier.reducers.result import ReducedTrace
 from stagefrontier.render.headline import HEADLINE_MAX, window_headline
@@ -28,11 +30,12 @@ from stagefrontier.route.confirm import Confirmation, LiveWindow, _weak_lead
 from stagefrontier.route.decide import MIN_SHARE, decide, regression_decision
 from stagefrontier.route.incident_writer import capture_cost
 from stagefrontier.route.own_work import own_work_lead
-from stagefrontier.route.reduction import not_confirmed_text
+from stagefrontier.route.reduction import analyze_traces, not_confirmed_text
 from stagefrontier.route.requests import CaptureRequest
 from stagefrontier.window.loader import loader_block_lead
 from stagefrontier.window.merged import AnalyzedWindow, analyze_merged, merge_windows
 from stagefrontier.window.rank import RankWindow
+from trace_support import thread_trace
 
 STAGES = ["data.next_wait", "model.fwd_loss_cpu_wall", "model.backward_cpu_wall"]
 RANKS = [0, 1, 2, 3]
@@ -232,7 +235,7 @@ def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> Non
     decision, why = decide(window)
     assert decision is not None, why
     assert (decision.stage, decision.suspect_rank) == ("data.next_wait", STALL)
-    assert decision.reference_rank != STALL
+    assert decision.reference_rank != STALL and decision.below_top
     assert any("on top, has no steady leader" in r for r in decision.reasons), decision.reasons
     said = verdict_of_window(report)
     assert "rank 2 alone leads data loading" in said, said
@@ -407,3 +410,103 @@ def test_a_lead_that_one_delayed_step_makes_is_not_confirmed() -> None:
     assert _weak_lead(_captured([120.0] * 5), STAGES[1], (3, 2), MIN_SHARE)[0] == ""
     bursts = [240.0, 0.0, 240.0, 0.0, 240.0]
     assert _weak_lead(_captured(bursts), STAGES[1], (3, 2), MIN_SHARE)[0] == ""
+
+
+def _synced_backward_traces(folder: Path, delayed: list[int]) -> dict[int, str]:
+    """Two ranks' traces of steps 10-14 whose backward DDP holds together: in each step in
+    ``delayed`` rank 1 spends 300 ms in its own ``delay`` (a sleep) inside the backward, and
+    rank 0 waits as long inside it for rank 1's gradients (no event of its own), so the
+    stage's time is alike on both ranks in every step."""
+    folder.mkdir()
+    files = {}
+    for rank in (0, 1):
+        events: list[tuple[str, str, float, float]] = []
+        t0 = 0.0
+        for step in range(10, 15):
+            backward = 400_000.0 if step in delayed else 100_000.0
+            events += [
+                ("user_annotation", f"stagefrontier.step#{step}", t0, 10_000 + backward),
+                ("user_annotation", STAGES[0], t0, 5_000),
+                ("user_annotation", STAGES[1], t0 + 5_000, 5_000),
+                ("user_annotation", STAGES[2], t0 + 10_000, backward),
+                ("cpu_op", "aten::mm", t0 + 10_010, 1_000),
+            ]
+            if rank == 1 and step in delayed:
+                events += [
+                    ("python_function", "hook.py(5): delay", t0 + 12_000, 300_010),
+                    ("python_function", "<built-in function sleep>", t0 + 12_005, 300_000),
+                ]
+            t0 += 10_000 + backward + 1_000
+        files[rank] = str(thread_trace(folder / f"rank{rank}.json.gz", events))
+    return files
+
+
+def _judged_on_own_work(folder: Path, delayed: list[int]) -> dict[str, Any]:
+    """An incident on rank 1's backward against rank 0, confirmed against the live steps the
+    traces hold (the same durations)."""
+    files = _synced_backward_traces(folder, delayed)
+    d = np.zeros((5, 2, len(STAGES)))
+    d[:, :, 0] = d[:, :, 1] = 0.005
+    d[:, :, 2] = [[0.4, 0.4] if step in delayed else [0.1, 0.1] for step in range(10, 15)]
+    live = [LiveWindow(10, (0, 1), d, tuple(STAGES))]
+    incident = new_incident("w00002", "window")
+    incident.update(steps=[10, 14], stage=STAGES[2], leader_rank=1, reference_rank=0)
+    analyze_traces(incident, files, live, Gates(), folder)
+    return incident
+
+
+def test_own_work_confirms_only_a_lead_that_holds_over_the_captured_steps(tmp_path: Path) -> None:
+    """DDP's backward holds the ranks together, so only rank 1's own work can confirm its lead.
+    Its ``delay`` takes 300 ms in one of the five captured steps: 60 ms/step on average, over
+    the material floor of a tenth of the 110 ms step, and the mean alone used to confirm the
+    incident. As a lead in a stage's time must, it has to hold over the steps: not confirmed,
+    and the reason says so. The same delay in every step confirms it."""
+    once = _judged_on_own_work(tmp_path / "once", [12])
+    assert once["op_diff"][0]["name"] == "hook.py(5): delay › <built-in function sleep>"
+    assert once["op_diff"][0]["diff_ms_per_step"] == pytest.approx(60.0)
+    assert once["confirmed"] is False, once["reasons"]
+    said = [r for r in once["reasons"] if "its own work in `hook.py(5): delay" in r]
+    assert len(said) == 1 and "leads by 60.0 ms/step over 5 steps" in said[0], once["reasons"]
+    steady = _judged_on_own_work(tmp_path / "steady", [10, 11, 12, 13, 14])
+    assert steady["confirmed"] is True, steady["reasons"]
+    assert any(r.startswith("confirmed by rank 1's own work") for r in steady["reasons"])
+
+
+BELOW_TOP = Path(__file__).parent / "data" / "below_top_incident"
+"""A real incident of ``benchmarks/false_alarms.py --quick`` on 2 busy CPUs (load average 37 to
+40): 4 Gloo ranks, 120 ms of data wait on rank 2 every step. Backward was on top with no steady
+leader, and the router routed data loading below it, "rank 2 leads it alone in 20/20 steps and
+pulls ahead of the median by 138.3 ms/step", against rank 3; it captured steps 64-68. Here:
+the two ranks' traces and window 3's packet (steps 60-79)."""
+
+
+def test_a_stage_routed_below_the_top_is_confirmed_by_its_lead_not_by_being_on_top(
+    tmp_path: Path,
+) -> None:
+    """In the captured steps of ranks 2 and 3, backward (where rank 3 waits for rank 2) is on
+    top, in the trace as in the live steps. The confirmation asked the routed stage to be on
+    top too, which a stage routed below the top need not be: "the routed stage
+    data.next_wait is not on top in the captured steps: not confirmed". It is confirmed by the
+    suspect's lead in it, which holds in the trace."""
+    packet = read_packet(BELOW_TOP / "window-000003.json")
+    ranks = tuple(range(packet.d.shape[1]))
+    live = [LiveWindow(packet.meta["first_step"], ranks, packet.d, tuple(packet.stages))]
+    files = {rank: str(BELOW_TOP / f"rank{rank}.pt.trace.json.gz") for rank in (2, 3)}
+    incident = new_incident("w00002", "window")
+    incident.update(
+        window=2, steps=[64, 68], stage="data.next_wait", leader_rank=2, reference_rank=3
+    )
+    incident["routed_below_top"] = True
+    analyze_traces(incident, files, live, Gates(), tmp_path)
+    assert incident["confirmed"] is True, incident["reasons"]
+    shares = incident["trace_shares"]
+    assert max(shares, key=shares.__getitem__) == "model.backward_cpu_wall"
+    assert not any("not on top" in reason for reason in incident["reasons"])
+    # A stage routed as the window's top must still be on top of the captured steps.
+    incident = new_incident("w00002", "window")
+    incident.update(
+        window=2, steps=[64, 68], stage="data.next_wait", leader_rank=2, reference_rank=3
+    )
+    analyze_traces(incident, files, live, Gates(), tmp_path)
+    assert incident["confirmed"] is False, incident["reasons"]
+    assert any("data.next_wait is not on top" in reason for reason in incident["reasons"])

@@ -73,7 +73,7 @@ def test_a_data_stall_is_actionable_with_its_rank_and_the_median_reference() -> 
     # Rank ids as collected (rank 1 missing from the axis would shift positions: map them).
     decision, why = decide(_window(_matrix(2), [0, 1, 2, 3]))
     assert decision is not None, why
-    assert decision.stage == "data.next_wait"
+    assert decision.stage == "data.next_wait" and not decision.below_top
     assert decision.suspect_rank == 2
     # The other ranks' data totals rank 0 < 1 < 3: the median is rank 1.
     assert decision.reference_rank == 1

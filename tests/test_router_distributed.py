@@ -1,4 +1,5 @@
-"""The profiler router in real 4-rank Gloo DDP runs (spawned around an ephemeral-port store).
+"""The profiler router in real 4-rank Gloo DDP runs (forked from the session's server around an
+ephemeral-port store: ``rank_support.START_METHOD``).
 
 Each run is 30 steps in windows of 10: the stall starts at step 0, rank 0 decides after window 0
 and the capture (5 steps, from a start margin derived from the measured step time and the
@@ -24,6 +25,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.route.offline import reduce_offline
 from trace_support import settled_incidents
@@ -53,7 +55,7 @@ def _run(
         router_timeout_s=kwargs.pop("router_timeout_s", 10.0),
         **kwargs,
     )
-    return launch(config, deadline_s=deadline_s)
+    return launch(config, deadline_s=deadline_s, start_method=START_METHOD)
 
 
 def _stall_ms(healthy: Any) -> int:

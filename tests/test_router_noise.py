@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from stagefrontier import ProfilerRouter
 from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.formats.packet import read_packet
+from stagefrontier.formats.summary_packet import read_summary_packet
 from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
@@ -169,3 +172,70 @@ def test_a_large_lead_is_captured_in_its_first_window() -> None:
     policy.remember(windows[-1])
     plan = policy.consider(windows[-1])
     assert plan is not None and plan.ranks == [2, 3] and plan.decision.window == 8, plan
+
+
+SUMMARY_PACKETS = sorted((DATA / "busy_hierarchical_windows").glob("summary-*.json"))
+"""The four windows of a healthy 16-rank demo job collected as node summaries (4 torchrun agents
+of 4 ranks, ``python -m stagefrontier.demo.scale_check --router``, 10 steps a window) on 2 CPUs
+at a load average of about 53. Window 1 had rank 15 ahead in the forward by 63 ms/step on
+275 ms steps, over twice the material floor, and the router opened an incident; window 2 had
+rank 13 ahead there."""
+
+
+def _summary_windows(repeat_last: int = 1) -> list[Any]:
+    """The summary packets' windows as the router's policy reads them on rank 0 (a summary, its
+    report, the window's place); the last ``repeat_last`` times, as that many windows in a row."""
+    packets = [read_summary_packet(p) for p in SUMMARY_PACKETS]
+    packets += [packets[-1]] * (repeat_last - 1)
+    windows = []
+    for index, packet in enumerate(packets):
+        summary, meta = packet.summary, packet.meta
+        steps = meta["last_step"] - meta["first_step"] + 1
+        place = SimpleNamespace(
+            window=index, first_step=index * steps, last_step=(index + 1) * steps - 1
+        )
+        windows.append(
+            SimpleNamespace(
+                report=packet.report,
+                summary=summary,
+                regression=meta["regression"],
+                communication=None,
+                d=np.zeros((summary.n_steps, 0, len(summary.stages))),
+                merged=SimpleNamespace(
+                    ranks=[SimpleNamespace(rank=0, loader=None)], reference=place
+                ),
+                typical_ranks=None,
+            )
+        )
+    return windows
+
+
+def test_a_lead_read_from_node_summaries_in_one_window_opens_no_incident() -> None:
+    """Node summaries carry no rank's steps: the lead is judged against the material floor
+    alone, and window 1's forward lead of a healthy job passed it twice over. Any lead read
+    from summaries must now hold two windows in a row; none did in this run."""
+    windows = _summary_windows()
+    decision, _ = decide(windows[1])
+    assert decision is not None and (decision.stage, decision.suspect_rank) == (
+        "model.fwd_loss_cpu_wall",
+        15,
+    )
+    assert "read from node summaries" in decision.repeat_needed, decision
+    policy = CapturePolicy(ProfilerRouter())
+    for window in windows:
+        policy.remember(window)
+        assert policy.consider(window) is None, window.merged.reference.window
+
+
+def test_a_lead_read_from_node_summaries_two_windows_in_a_row_is_captured() -> None:
+    """The same forward lead in the next window too opens an incident on the second."""
+    windows = _summary_windows()[:2] + _summary_windows()[1:2]
+    policy = CapturePolicy(ProfilerRouter())
+    plans = []
+    for index, window in enumerate(windows):
+        window.merged.reference.window = index
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    assert plans[:2] == [None, None]
+    assert plans[2] is not None and plans[2].decision.suspect_rank == 15
+    assert "two windows in a row" in plans[2].decision.reasons[-1]

@@ -1,12 +1,13 @@
 """The profiler router on every path StageFrontier offers for timing data, in real 4-rank Gloo
 DDP jobs under torchrun (``router_paths_job.py``).
 
-Each job runs 48 steps in windows of 8: two healthy windows, then a 120 ms stall in the job
-file's own ``slow_sample`` (data, rank 2) or ``slow_forward`` (forward, rank 1) until the end.
-The healthy windows open nothing; the stall opens exactly one incident, confirmed by the traces,
-whose op diff names the stalled function first. With gradient accumulation (4 microsteps, each
-batch fetched through ``timer.fetch`` inside the microstep loop, the next one prefetched) the
-incident opens within three windows of the stall's start.
+Each path's job runs 128 steps in windows of 8 (``router_paths_support.STALLS``): two healthy
+windows, four of a 120 ms stall in the job file's own ``slow_sample`` (data, rank 2), two healthy
+windows, four of a 120 ms stall in its ``slow_forward`` (forward, rank 1), four healthy. The healthy
+windows open nothing; each stall opens exactly one incident within three windows of its start,
+confirmed by the traces, whose op diff names the stalled function first; with gradient
+accumulation (4 microsteps, each batch fetched through ``timer.fetch`` inside the microstep loop,
+the next one prefetched) too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytest.importorskip("torch")
 
 from conftest import PathRun
 from recorder_support import read_records
-from router_paths_support import RANKS, STALL_FROM, WINDOW, run_path_job
+from router_paths_support import RANKS, STALLS, WINDOW, run_path_job
 from stagefrontier.render.incident import write_incident
 from stagefrontier.route.offline import reduce_offline
 
@@ -50,15 +51,16 @@ PATHS = [
 @pytest.mark.parametrize("fault", ["data", "forward"])
 @pytest.mark.parametrize("path", PATHS)
 def test_a_stall_opens_one_confirmed_incident_naming_the_function(
-    router_path_runs: Callable[[str, str], PathRun], path: str, fault: str
+    router_path_runs: Callable[[str], PathRun], path: str, fault: str
 ) -> None:
-    _, incidents = router_path_runs(path, fault)
+    _, incidents = router_path_runs(path)
     stage, suspect, function = EXPECTED[fault]
-    assert len(incidents) == 1, [(i["id"], i["stage"], i["reasons"]) for i in incidents]
-    incident = incidents[0]
-    first_window = STALL_FROM // WINDOW
+    # One incident per stall, in the order of the stalls; this test reads its own stall's.
+    assert len(incidents) == len(STALLS), [(i["id"], i["stage"], i["reasons"]) for i in incidents]
+    assert all(i["window"] is not None for i in incidents), incidents
+    incident = sorted(incidents, key=lambda i: i["window"])[list(STALLS).index(fault)]
+    first_window = STALLS[fault][0] // WINDOW
     # The healthy windows before the stall open nothing; the stall opens one within three.
-    assert incident["window"] is not None
     assert first_window <= incident["window"] <= first_window + 2, incident["window"]
     assert incident["stage"] == stage
     assert incident["leader_rank"] == suspect

@@ -1,6 +1,7 @@
 """A router that a busy job can trust, on real Gloo ranks around the job's real TCPStore (one
 3-rank job with two manual captures, see ``router_trust_support``): no single store read turns a
 rank's router off (the request key deleted while a rank reads it; reads that fail for a while),
+no capture is requested whose suspect is its own reference,
 and a capture stops its profiler a step at a time and states what it cost each rank's training
 thread. Also ``read_key`` on each kind of c10d store."""
 
@@ -22,11 +23,13 @@ from router_trust_support import (
     FLAKY_READS,
     LOG_FILE,
     SCHEDULE_FILE,
+    WRITERS_FILE,
     RaceJob,
     run_rank,
 )
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.render.incident import summary_line
+from stagefrontier.route import list_incidents
 from stagefrontier.route.capture import LEAD_IN_STEPS
 from stagefrontier.route.requests import REQUEST_KEY, RequestChannel, read_key
 from trace_support import settled_incidents
@@ -68,6 +71,20 @@ def test_a_request_deleted_while_a_rank_reads_it_leaves_its_router_on(job: RaceJ
     assert "router off" not in log and "WARNING" not in log, log
 
 
+def test_a_capture_whose_suspect_is_its_own_reference_is_never_requested(job: RaceJob) -> None:
+    """Rank 0's coordinator in the running job is handed a regression's plan naming rank 1 as
+    both suspect and reference: it opens no incident, writes no request for any rank to read,
+    and says why in one line. Before the refusal it wrote a request for rank 1 and opened an
+    incident whose op diff compared the rank with itself."""
+    refusal = _schedule(job, 0)["refusal"]
+    assert refusal["opened"] is False, refusal
+    assert refusal["captures_before"] == refusal["captures_after"] == CAPTURES, refusal
+    # the last capture's request, of every rank, may not be deleted yet; none is for rank 1 alone
+    assert refusal["request_ranks"] in (None, list(range(RANKS))), refusal
+    assert "suspect rank 1 would be its own reference" in _log(job, 0)
+    assert len(list_incidents(job.out_dir)) == CAPTURES
+
+
 def test_failed_reads_back_off_and_are_said_once(job: RaceJob) -> None:
     """Before: the first failed read turned rank 2's router off for the rest of the run. Now
     it reads again later, says so in one line, and answers the next capture."""
@@ -101,6 +118,23 @@ def test_a_capture_is_one_profiler_session_whose_trace_holds_every_captured_step
             ranges = {e["name"] for e in events if e["name"].startswith("stagefrontier.step#")}
             steps = {f"stagefrontier.step#{n}" for n in range(first - LEAD_IN_STEPS, last + 1)}
             assert ranges == steps, (rank, sorted(ranges))
+
+
+def test_a_trace_is_written_by_another_process_after_the_step_after_the_capture(
+    job: RaceJob,
+) -> None:
+    """Before: the router thread wrote the session's JSON (Kineto's writer holds the GIL
+    throughout) and built the sampled stacks' events in the rank's own process, during the
+    step after the capture, whose Python waited for both. Now a forked child writes the trace,
+    forked only once the step after the capture has ended."""
+    captured = sorted(settled_incidents(job.out_dir), key=lambda i: i["id"])
+    for rank in range(RANKS):
+        lines = Path(job.out_dir, WRITERS_FILE.format(rank=rank)).read_text().splitlines()
+        writers = [tuple(map(int, line.split())) for line in lines]
+        assert len(writers) == len(captured) == CAPTURES, (rank, writers)
+        for (pid, step), incident in zip(writers, captured, strict=True):
+            assert pid != _schedule(job, rank)["pid"], (rank, writers)
+            assert step >= incident["steps"][1] + 2, (rank, step, incident["steps"])
 
 
 def test_the_incident_line_states_the_captures_cost_on_every_training_thread(

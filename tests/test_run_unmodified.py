@@ -4,8 +4,10 @@ launcher: the stages come from PyTorch's hooks, and a stall is routed to its sta
 confirmed by an incident naming the function that stalls.
 
 Cost: the two stalled jobs are session fixtures (tests/conftest.py), 30 to 40 s each on a
-loaded 2-core machine; the healthy job with accumulation, the Lightning and the Hugging Face
-runs 25 to 47 s each (the file: 143 s at load ~10, 240 s at load ~20). Nothing asserts a duration.
+loaded 2-core machine; the healthy job with accumulation, the two Lightning jobs and the Hugging
+Face job 25 to 50 s each (one Lightning job more than before: about 25 s on a quiet machine).
+Nothing asserts a duration. The whole matrix (every script healthy and stalled):
+benchmarks/run_matrix.py.
 """
 
 from __future__ import annotations
@@ -94,21 +96,54 @@ def test_a_healthy_run_with_accumulation_opens_no_incident(tmp_path: Path) -> No
     ]
 
 
-def test_a_lightning_fit_gets_the_lightning_callback(tmp_path: Path) -> None:
+def _confirmed(run: AutoRun, stage: str, rank: int, function: str) -> None:
+    """Routed to ``stage`` and ``rank`` in most windows, and the first incident confirmed there
+    with ``function`` on top of its op diff."""
+    assert _led_by(run, stage, rank) > len(run.records) / 2, [
+        (r["top1"], r["leaders"]) for r in run.records
+    ]
+    assert run.incidents, [r["labels"] for r in run.records]
+    incident = min(run.incidents, key=lambda i: i["window"])
+    assert incident["stage"] == stage and incident["leader_rank"] == rank
+    assert incident["confirmed"] is True, incident["reasons"]
+    assert function in incident["op_diff"][0]["name"], incident["op_diff"][:3]
+
+
+@pytest.mark.parametrize(
+    "stall, stage, rank, function",
+    [
+        ("data@2", "data.next_wait", 2, "slow_sample"),
+        ("forward@1", "model.fwd_loss_cpu_wall", 1, "slow_forward"),
+    ],
+    ids=["data", "forward"],
+)
+def test_a_stall_in_a_lightning_fit_is_routed_and_confirmed(
+    tmp_path: Path, stall: str, stage: str, rank: int, function: str
+) -> None:
+    """The Lightning Trainer gets its callback, which times the run in its own stages; a stall
+    on one rank is routed and confirmed naming the script's function. One job each."""
     pytest.importorskip("lightning")
-    run = run_unmodified(tmp_path, "lightning_fit.py", "--steps", "30", router=False)
+    run = run_unmodified(tmp_path, "lightning_fit.py", "--steps", "40", "--stall", stall)
     _clean(run)
     assert "stagefrontier: Lightning Trainer found" in run.output
     from stagefrontier.integrations.lightning import LIGHTNING_STAGES
 
     assert run.records[0]["stages"] == list(LIGHTNING_STAGES)
-    assert sum(r["n_steps"] for r in run.records) == 30
+    assert sum(r["n_steps"] for r in run.records) == 40
+    _confirmed(run, stage, rank, function)
 
 
-def test_a_hugging_face_trainer_gets_the_transformers_callback(tmp_path: Path) -> None:
+def test_a_forward_stall_in_a_hugging_face_trainer_is_routed_and_confirmed(
+    tmp_path: Path,
+) -> None:
+    """The Hugging Face Trainer gets its callback; a stall in rank 1's forward is routed and
+    confirmed naming ``slow_forward``. (A data stall there is not routed to its rank: the
+    Trainer's data stage ends in a cross-rank gather of the batch's token count, which every
+    rank waits in; benchmarks/results/run_matrix.md.)"""
     pytest.importorskip("transformers")
-    run = run_unmodified(tmp_path, "hf_trainer.py", "--steps", "30", router=False)
+    run = run_unmodified(tmp_path, "hf_trainer.py", "--steps", "40", "--stall", "forward@1")
     _clean(run)
     assert "stagefrontier: Hugging Face Trainer found" in run.output
     assert "model.fwd_loss_cpu_wall" in run.records[0]["stages"]
-    assert sum(r["n_steps"] for r in run.records) == 30
+    assert sum(r["n_steps"] for r in run.records) == 40
+    _confirmed(run, "model.fwd_loss_cpu_wall", 1, "slow_forward")

@@ -20,34 +20,12 @@ pytest.importorskip("torch")
 
 from rank_support import job_env
 
-RANK = """\
-import logging, sys, time
-from datetime import timedelta
-from pathlib import Path
-import torch.distributed as dist
-from stagefrontier import ProfilerRouter, StageTimer, TimerConfig
-from stagefrontier.collect import CollectorSettings, StoreCollector
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from store_rank import STORE_RANK  # the rank script the hung-store benchmark runs too
 
-rank, port, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-logging.basicConfig(format="app %(message)s")  # the application shows warnings on stderr
-client = dist.TCPStore(
-    "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False
-)
-settings = CollectorSettings(rank, 2, folder, 2.0, regression=None)
-timer = StageTimer(
-    config=TimerConfig(
-        stages=["data.next_wait"], window=5, router=ProfilerRouter(store=client, poll_s=0.05)
-    ),
-    collector=StoreCollector(settings, store=client),
-)
-
-
-def steps(count):
-    for _ in range(count):
-        with timer.step(), timer.stage("data.next_wait"):
-            time.sleep(0.02)
-
-
+RANK = (
+    STORE_RANK
+    + """\
 steps(20)
 print("ready", flush=True)
 while not (folder / "store-gone").exists():
@@ -56,6 +34,7 @@ steps(40)  # every thread of the library meets the dead store
 timer.close()
 print("closed", flush=True)
 """
+)
 
 C10_LINE = re.compile(r"^\[[WEI]\d{4} ")
 """The head of a line of torch's C++ log (``[W1128 05:49:55.488 TCPStore.cpp:138] ...``)."""
@@ -71,7 +50,7 @@ def test_a_dead_store_is_said_in_the_librarys_words_only(tmp_path: Path) -> None
     server = loopback_store(2)
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK, str(rank), str(server.port), str(tmp_path)],
+            [sys.executable, "-c", RANK, str(rank), "2", str(server.port), str(tmp_path), "0.02"],
             env=job_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

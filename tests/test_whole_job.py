@@ -62,9 +62,8 @@ def run_demo(
     window: int = WINDOW,
 ) -> list[dict[str, Any]]:
     """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``window`` into ``out``; its
-    window records. A run without the router forks its ranks from the session's server
-    (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them, as every
-    test whose ranks may start the profiler does."""
+    window records. Its ranks fork from the session's server (``rank_support.START_METHOD``: no
+    rank imports torch), with the router on or off."""
     run = launch(
         DemoConfig(
             ranks=4,
@@ -77,7 +76,7 @@ def run_demo(
             router=router,
         ),
         deadline_s=500.0,
-        start_method="spawn" if router else START_METHOD,
+        start_method=START_METHOD,
     )
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
     assert len(records) == steps // window == len(run.windows)
@@ -161,7 +160,12 @@ def test_cpu_burning_neighbours_slow_the_whole_job_and_open_no_incident(tmp_path
     assert started, "the run ended before the neighbour's first step"
     flagged = [r["regression"] for r in records if r.get("regression")]
     assert [f["kind"] for f in flagged if f["kind"] != "whole_job"] == [], flagged
-    assert any("the whole job slowed" in regression_text(f) for f in flagged), (started, flagged)
+    lines = [regression_text(f) for f in flagged]
+    assert any("the whole job slowed" in line for line in lines), (started, flagged)
+    # the neighbour halves the job's share of the CPUs: rank 0's process gets less CPU per
+    # second of its windows than in the healthy ones, and the line says so
+    said = [line for line in lines if "rank 0's process got" in line]
+    assert said and all("the whole job slowed" in line for line in said), lines
     assert list_incidents(out) == [], [i["reasons"] for i in list_incidents(out)]
 
 

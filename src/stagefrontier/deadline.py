@@ -6,9 +6,11 @@ its peers or its router do, counted from the call: the collector's close (its la
 sinks' own close: a last OTLP export, a file's flush) runs on a thread of its own until a third
 of the deadline is left (``router_close_s``), and the router's thread gets what is left (when
 the collector closed early, more than its third). Work still running at its bound
-is left to its daemon thread, said in one line; nothing of it reaches the caller. While the
-PyTorch profiler runs, the recorder closes its collector on the calling thread instead (a thread
-started under the profiler's Python tracer crashed it): unbounded then.
+is left to its daemon thread, said in one line; nothing of it reaches the caller. The same
+holds while a PyTorch profiler runs at close (the application's own, its Python tracer on, or a
+capture still running): a thread started and ended under the profiler's Python tracer is safe
+in the torch this project supports (``tests/test_close_deadline.py`` and ``tests/test_sigterm.py``
+run such closes in real processes).
 """
 
 from __future__ import annotations

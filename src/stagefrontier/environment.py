@@ -52,8 +52,8 @@ RUN_ID = Variable(
 )
 SIGTERM = Variable(
     "STAGEFRONTIER_SIGTERM",
-    "0",
-    "1: SIGTERM closes every open timer before the process ends (record.on_sigterm)",
+    "1",
+    "0: a SIGTERM no longer closes every open timer before the process ends (record.on_sigterm)",
 )
 AUTO: dict[str, Variable] = {
     "switch": Variable(
@@ -162,5 +162,5 @@ def close_deadline_text() -> str:
 
 
 def closes_on_sigterm() -> bool:
-    """Whether a timer installs its SIGTERM handler (``STAGEFRONTIER_SIGTERM=1``)."""
-    return os.environ.get(SIGTERM.name, "").strip() == "1"
+    """Whether a timer installs its SIGTERM handler (unless ``STAGEFRONTIER_SIGTERM=0``)."""
+    return os.environ.get(SIGTERM.name, "").strip() != "0"

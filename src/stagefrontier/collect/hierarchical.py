@@ -16,7 +16,10 @@ What rank 0 cannot get is reported, never waited on forever: a rank missing insi
 named in its node's part (with the leader's reason); a group whose part does not reach its head
 by the head's deadline (one collect timeout more per level) is reported missing with its nodes,
 and a group that missed the previous window gets only a short grace. A dead leader is such a
-group; its members' sends fail against the vanished node store and downgrade there.
+group; its members' sends fail against the vanished node store, and each then keeps its own
+windows (``collect.rank0_watch``). Rank 0 gone while the store stays up is judged by each other
+node's leader from the done counter, as a flat sender judges it; that leader then keeps its
+node's windows.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .node_payload import (
 from .node_store import connect_node_store, loopback_store, publish_address
 from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
 from .node_wire import ROW_REQUESTS
+from .rank0_watch import Rank0Watch, RecentWindows
 from .store import (
     StoreCollector,
     attempt_store,
@@ -62,13 +66,32 @@ def part_key(window: int, level: int, node: int) -> str:
 
 
 class NodeMember(StoreCollector):
-    """A rank that is not its node's leader: its windows go to the node's store."""
+    """A rank that is not its node's leader: its windows go to the node's store. When a send
+    fails there (the leader is gone: rank 0 itself on node 0, or a killed leader), it says so
+    once and keeps its own windows from the oldest its leader had not finished."""
 
     def __init__(
         self, settings: CollectorSettings, *, node: NodeIdentity, store: Any = None
     ) -> None:
         super().__init__(settings, store=store)
         self.node = node
+        self._recent = RecentWindows()
+
+    def _sending(self, window: RankWindow) -> None:
+        if self._watch is not None:
+            self._recent.passed(self._watch.done)
+        self._recent.add([window])
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        watch = self._watch
+        if what != "send" or watch is None:
+            super()._fail(what, exc)
+            return
+        why = (
+            f"the store of {self.node.label()} failed ({exc}): its leader, rank "
+            f"{self.node.ranks[0]}, may have died"
+        )
+        watch.take_over(self._recent.held(), why=why)
 
     def _open_raw(self) -> Any:
         job = attempt_store(open_connection(self._base_store, self.timeout_s), self.scope)
@@ -108,6 +131,9 @@ class NodeLeader(StoreCollector):
         server, problem = self._serve(settings.timeout_s, scope)
         self._server = server
         super().__init__(settings, store=server, collects=True, scope=scope)
+        if self.rank != 0:  # it watches rank 0's done counter as a flat sender does
+            self._watch = Rank0Watch(self.rank, settings.out_dir, settings.timeout_s)
+        self._recent = RecentWindows()  # the node's windows rank 0 has not finished
         self.peers = node.ranks[1:]
         if problem is not None:
             self._dead = problem
@@ -154,6 +180,13 @@ class NodeLeader(StoreCollector):
 
     def _collect(self, item: tuple[PendingWindow, float]) -> None:
         own, windows, notes, read = self._gather_window(item)
+        if self._watch is not None and self._watch.gone:  # rank 0 is gone: kept on this node
+            self._worker.activity = f"keeping window {own.window} of {self.node.label()}"
+            for window in windows:
+                self._watch.keep(window)
+            self._release_window(own.window, read)
+            return
+        self._recent.add(windows)
         ended = item[1]
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
         if self._keep:
@@ -322,8 +355,15 @@ class NodeLeader(StoreCollector):
             return
         index = group.part.window
         self._worker.activity = f"sending window {index} of {self.node.label()} up"
+        watch = self._watch
         try:
-            self._sent_up.send(self._job(), index, group.encode())
+            done = self._sent_up.send(self._job(), index, group.encode())
+            if watch is not None:
+                watch.collecting = watch.collecting or done > 0  # rank 0 finished a window
+                self._recent.passed(done)
+                if watch.silent(index, done):
+                    self._sent_up.take_back(self._job(), done)  # its parts: nobody reads them
+                    watch.take_over(self._recent.held(), whose="its node's")
         except Exception as exc:
             self._up_failed = f"job store unavailable since a failed send: {exc}"
             logger.warning(

@@ -304,6 +304,7 @@ class StoreCollector:
         if self._dead:
             return
         self._worker.activity = f"sending window {window.window} to the store"
+        self._sending(window)
         watch = self._watch
         try:
             conn = self._connection()
@@ -315,6 +316,9 @@ class StoreCollector:
             return
         if watch is not None and watch.silent(window.window, done):
             self._take_over(watch, done)
+
+    def _sending(self, window: RankWindow) -> None:
+        """``window`` is about to be sent (a node member holds it until its leader is done)."""
 
     def _take_over(self, watch: Rank0Watch, done: int) -> None:
         """Rank 0 is gone: this rank keeps its own windows."""

@@ -25,6 +25,7 @@ from .train import (
     STACKS_FILE,
     STEP_CPU,
     STEP_MARKER,
+    STEP_THREAD_CPU,
     STEP_TIMES,
     DemoConfig,
     run_rank,
@@ -66,6 +67,8 @@ class DemoRun:
     """Per rank, the measured wall time of each optimizer step (independent of the timer)."""
     step_cpu_s: dict[int, list[float]] = field(default_factory=dict)
     """Per rank, the process CPU time of each optimizer step (every thread of the rank)."""
+    step_thread_cpu_s: dict[int, list[float]] = field(default_factory=dict)
+    """Per rank, the training thread's CPU time of each optimizer step (that thread alone)."""
     close_s: dict[int, float] = field(default_factory=dict)
     """Per rank, the wall time of its ``timer.close()`` (the end of the run's cost)."""
 
@@ -98,6 +101,7 @@ def launch(
         "losses-rank*.json",
         "step-times-rank*",
         "step-cpu-rank*",
+        "step-thread-cpu-rank*",
         "close-time-rank*",
         "error-rank*",
         "stacks-rank*",
@@ -146,6 +150,7 @@ def launch(
         wall_s=time.monotonic() - start,
         step_s=_per_rank(out, STEP_TIMES, config.ranks),
         step_cpu_s=_per_rank(out, STEP_CPU, config.ranks),
+        step_thread_cpu_s=_per_rank(out, STEP_THREAD_CPU, config.ranks),
         close_s=_per_rank(out, CLOSE_TIME, config.ranks),
     )
 

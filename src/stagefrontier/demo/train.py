@@ -121,6 +121,10 @@ STEP_CPU = "step-cpu-rank{rank}.json"
 """Each rank's process CPU time per optimizer step (seconds, ``time.process_time``: every thread
 of the rank, the timer's background threads and rank 0's analysis included), measured like
 ``STEP_TIMES``. Unlike wall time, it does not grow while other processes hold the cores."""
+STEP_THREAD_CPU = "step-thread-cpu-rank{rank}.json"
+"""Each rank's training-thread CPU time per optimizer step (seconds, ``time.thread_time``: the
+thread that runs the loop, without the process's other threads), measured like ``STEP_TIMES``:
+what a step cost the loop's own thread, apart from waiting for the GIL, a core or other ranks."""
 CLOSE_TIME = "close-time-rank{rank}.json"
 """Each rank's wall time in ``timer.close()`` (seconds): what the end of the run cost it."""
 
@@ -212,7 +216,7 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
 
         batches = worker_batches(data, faults, accumulation, config.loader_workers, config.seed)
 
-    losses, step_times, step_cpu = [], [], []
+    losses, step_times, step_cpu, step_thread_cpu = [], [], [], []
     paused = frozenset(config.paused_steps)
     for step in range(config.steps):
         faults.step = step
@@ -223,6 +227,7 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         if router is not None and rank == 0 and config.router_capture and step == config.window:
             router.request_capture(list(config.router_capture))
         started, cpu_started = time.perf_counter(), time.process_time()
+        thread_started = time.thread_time()
         with timer.step():
             for micro in range(accumulation):
                 with _microstep(timer, micro, config), _gradient_sync(model, micro, config):
@@ -250,6 +255,7 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
                 optimizer.zero_grad(set_to_none=True)
         step_times.append(time.perf_counter() - started)
         step_cpu.append(time.process_time() - cpu_started)
+        step_thread_cpu.append(time.thread_time() - thread_started)
         if rank == 0:
             markers.mkdir(parents=True, exist_ok=True)
             (markers / STEP_MARKER.format(step=step)).touch()
@@ -260,6 +266,8 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     Path(config.out_dir, f"losses-rank{rank}.json").write_text(json.dumps(losses))
     Path(config.out_dir, STEP_TIMES.format(rank=rank)).write_text(json.dumps(step_times))
     Path(config.out_dir, STEP_CPU.format(rank=rank)).write_text(json.dumps(step_cpu))
+    thread_cpu_path = Path(config.out_dir, STEP_THREAD_CPU.format(rank=rank))
+    thread_cpu_path.write_text(json.dumps(step_thread_cpu))
     del model, optimizer
     leave_process_group()
 

@@ -209,6 +209,9 @@ class Incident(msgspec.Struct):
     lead_block_steps: Count | UnsetType | None = UNSET
     """The steps the suspect's DataLoader workers hand their batches over in, when its lead was
     judged over blocks of that many steps: the confirmation's blocks are at least that long."""
+    routed_below_top: bool | UnsetType | None = UNSET
+    """True when the stage was routed below the window's top stage, whose lead passed between
+    ranks: the confirmation does not ask it to be on top of the captured steps."""
 
     def __post_init__(self) -> None:
         for name in ("leader_rank", "reference_rank"):

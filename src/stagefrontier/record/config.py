@@ -37,7 +37,9 @@ from .instrumentation import Instrumentation
 class AttachedRouter(Protocol):
     """A router started for one timer: while a capture is armed or runs, the step context
     calls ``on_step`` at a step's start and ``on_step_end`` at its end; ``pause`` calls
-    ``on_pause``; the timer's ``close`` closes it, waiting at most ``join_s`` for its thread."""
+    ``on_pause``; the timer's ``close`` closes it, waiting at most ``join_s`` for its thread
+    (``process_ends``: on another thread than the training one, as the process ends by a signal;
+    a running capture is then dropped, the profiler left untouched)."""
 
     def on_step(self, step: int) -> None: ...
 
@@ -45,7 +47,7 @@ class AttachedRouter(Protocol):
 
     def on_pause(self, step: int) -> None: ...
 
-    def close(self, join_s: float) -> None: ...
+    def close(self, join_s: float, process_ends: bool = False) -> None: ...
 
 
 class Router(Protocol):

@@ -398,6 +398,12 @@ class StageTimer(TimerState):
 
     def close(self) -> None:
         """Flush the last partial window and stop background work. Safe to call twice."""
+        self._close(process_ends=False)
+
+    def _close(self, process_ends: bool) -> None:
+        """``close()``; ``process_ends``: the process is about to end by a signal and this runs
+        on another thread than the training one (``on_sigterm``): a running capture is dropped
+        without touching the profiler."""
         if self._closed:
             return
         self._closed = True
@@ -425,17 +431,15 @@ class StageTimer(TimerState):
                 self.rank,
                 self._dropped,
             )
-        profiling = _profiler_running()
-        if self._collector is not None and profiling:
-            # A thread started while the profiler traces Python (a capture still running as
-            # training ends) can crash its tracer: the collector closes on this thread then.
-            self._collector.close()
-        if self._collector is not None and not profiling:  # its last windows, sinks' close
+        if self._collector is not None:  # its last windows and the sinks' close, bounded
             bound = ends - router_close_s(deadline_s) - time.monotonic()
             call_within(self._collector.close, bound, "the collector", logger, deadline_s)
-        if self._router is not None:  # its thread gets the rest (unbounded above: its share)
-            rest = router_close_s(deadline_s) if profiling else ends - FINISH_S - time.monotonic()
-            self._router.close(max(rest, 0.0))
+        if self._router is not None:  # its thread gets the rest
+            rest = max(ends - FINISH_S - time.monotonic(), 0.0)
+            if process_ends:
+                self._router.close(rest, process_ends=True)
+            else:
+                self._router.close(rest)
 
     def __enter__(self) -> StageTimer:
         return self
@@ -456,20 +460,6 @@ class StageTimer(TimerState):
         self.stage = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.probe = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
         self.microstep = _noop_table().__getitem__  # type: ignore[method-assign,assignment]
-
-
-def _profiler_running() -> bool:
-    """Whether the PyTorch profiler runs in this process (torch imported: the recorder never
-    imports it for this)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch._C._autograd._profiler_enabled())
-    except Exception:  # a torch without it
-        return False
 
 
 def calibration_timer(annotate: bool, window: int, collector: Collector) -> StageTimer:

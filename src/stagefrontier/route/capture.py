@@ -9,8 +9,9 @@ diff can name the user's function), has the timer record its stages, its steps' 
 between-step data waits of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks as
 profiler ranges (``Instrumentation.record_ranges``) and opens a ``stagefrontier.step#<n>`` range;
 each later step closes the previous step's range and opens its own; after the last step it
-stops the sampling and the session, has the timer stop the ranges and hands the stopped session
-and the samples to the router thread, which writes the trace (``trace_parts``).
+stops the sampling and the session and has the timer stop the ranges; as the next step starts
+(the step after the capture ended) it hands the stopped session and the samples to the router
+thread, which has the trace written (``trace_writer``, ``trace_parts``).
 
 One session for the whole capture, started and stopped once on this thread. A session a step
 spread the stop's cost over the captured steps, but it also started and stopped the profiler
@@ -19,8 +20,9 @@ in the lifecycle test's 100-step capture); it also made a long capture several t
 stop must run on this thread (the session is the thread's), so the step after the capture
 carries it, made cheaper by starting the session trace-only where torch offers it
 (``profiler_session.trace_only_config``: the stop skips turning every op into a Python-visible
-event, which a capture never reads); the session's JSON, Kineto's writer holding the GIL
-throughout, is written on the router thread, and no capture starts on this rank until it is
+event, which a capture never reads). The trace (the session's JSON, Kineto's writer holding the
+GIL throughout, and the samples' events) is written by a forked child the router thread waits
+for (``trace_writer``), off this process's GIL, and no capture starts on this rank until it is
 done (see ``docs/router.md``, the cost of a capture).
 
 A profiler session the router did not start is never stopped: a capture is skipped when one is
@@ -45,13 +47,14 @@ from typing import Any
 from msgspec.structs import replace
 
 from ..failures import reason, say_failed
+from ..formats.packet import remove_temporaries
 from ..record.annotate import step_range_name
 from ..record.instrumentation import Instrumentation
-from ..render.escape import first_line
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
 from .stack_sampler import SampledStacks, StackSampler, stack_events
 from .trace_parts import TraceParts
+from .trace_writer import export_failure, write_trace
 from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
@@ -101,8 +104,9 @@ class RankCapture:
         self._spent_ns = 0  # the running capture's time on this thread so far
         self._entered_ns = 0  # when the call into this object running now began
         self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
-        self._saved = threading.Event()  # clear while the router thread writes a session's JSON
+        self._saved = threading.Event()  # clear while the router thread has a trace written
         self._saved.set()
+        self._held: Callable[[], None] | None = None  # the trace's export, until the next step
 
     @property
     def _rank(self) -> int:
@@ -118,8 +122,7 @@ class RankCapture:
         self._timer.tell_steps(True)
 
     def pending(self) -> str | None:
-        """The id of the armed request that has not started yet (read on the router thread: a
-        capture may start right after)."""
+        """The armed request's id, not started yet (read on the router thread: it may start)."""
         request = self._request
         return request.id if request is not None and self._prof is None else None
 
@@ -130,8 +133,9 @@ class RankCapture:
 
     # ------------------------------------------------------------------ training thread
     def on_step(self, step: int) -> None:
-        """Called at the start of every step while a capture is armed or running."""
+        """Called at the start of every step while a capture is armed, running or held."""
         start = self._entered_ns = time.perf_counter_ns()
+        self._release_held()
         try:
             self._on_step(step)
         except Exception as exc:  # telemetry never fails training
@@ -155,6 +159,7 @@ class RankCapture:
         running capture ends with the steps before the pause; one whose first step is paused
         is skipped."""
         start = self._entered_ns = time.perf_counter_ns()
+        self._release_held()
         request = self._request
         try:
             if request is None:
@@ -230,8 +235,11 @@ class RankCapture:
         an armed one that never started."""
         self._entered_ns = time.perf_counter_ns()
         request = self._request
-        if request is None:
-            return
+        if request is not None:
+            self._finish(request, step)
+        self._release_held()  # no step follows
+
+    def _finish(self, request: CaptureRequest, step: int) -> None:
         ended = f"training on rank {self._rank} ended before step {request.first_step}"
         if self._prof is None:
             self._give_up(ended)
@@ -290,11 +298,11 @@ class RankCapture:
         parts, self._parts = self._parts, None
         self._request = None
         self._timer.stop_ranges()
-        self._timer.tell_steps(False)
         self._workers.stopped()
         note, self._note = self._note, ""
         assert parts is not None
         if foreign is not None:  # the session is not ours to stop: leave it running
+            self._timer.tell_steps(False)
             self._submit(parts.discard)
             self._submit(lambda: self._answer(self._status(request, "skipped", _left(foreign))))
             return
@@ -302,18 +310,15 @@ class RankCapture:
         # what the capture took on this thread, this stop included
         spent_s = (self._spent_ns + time.perf_counter_ns() - self._entered_ns) / 1e9
         self._saved.clear()
-        self._submit(lambda: self._save(parts, prof))
-        if sampled is not None:
-            self._submit(lambda: parts.append_events(lambda base: stack_events(sampled, base)))
-        self._submit(lambda: self._export(parts, request, last, note, spent_s))
+        # held until the next step starts: this one (the stop's) runs without the fork's hold
+        # of the GIL and the writer's use of a core (the timer keeps telling steps till then)
+        self._held = lambda: self._export(parts, prof, sampled, request, last, note, spent_s)
 
-    def _save(self, parts: TraceParts, prof: Any) -> None:
-        """On the router thread: the stopped session's JSON into the trace. The training
-        thread no longer touches the session; it starts no other until this is done."""
-        try:
-            parts.append(parts.save(prof))
-        finally:
-            self._saved.set()
+    def _release_held(self) -> None:
+        """The step after a capture (or none follows): its trace's export to the router thread."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._submit(held)
 
     def _end_sampling(self) -> SampledStacks | None:
         return self._sampler.end() if self._sampler is not None else None
@@ -322,6 +327,15 @@ class RankCapture:
         """The timer closed (after ``finish``): the sampling thread ends."""
         if self._sampler is not None:
             self._sampler.close()
+
+    def drop(self, reason: str) -> None:
+        """The process ends by a signal: the capture ends (``RouterRuntime.close`` says how)."""
+        self._release_held()
+        self._prof, parts, self._parts = None, self._parts, None
+        if parts is not None:
+            self._submit(parts.discard)
+        self._workers.stopped()
+        self._give_up(reason)
 
     def _give_up(self, reason: str) -> None:
         request, self._request = self._request, None
@@ -369,16 +383,34 @@ class RankCapture:
 
     # ------------------------------------------------------------------ router thread
     def _export(
-        self, parts: TraceParts, request: CaptureRequest, last: int, note: str, training_s: float
+        self,
+        parts: TraceParts,
+        prof: Any,
+        sampled: SampledStacks | None,
+        request: CaptureRequest,
+        last: int,
+        note: str,
+        training_s: float,
     ) -> None:
-        """Join the parts into the rank's trace and answer (after the last part's write);
-        ``training_s``: what the capture took on the training thread."""
+        """Write the stopped session and the samples into the rank's trace (in a forked child
+        where it can: ``trace_writer``) and answer; ``training_s``: what the capture took on
+        the training thread. The training thread no longer touches the session; it starts no
+        other until the trace is written."""
         try:
-            path = parts.join()
-            size = path.stat().st_size
-        except Exception as exc:  # a full disk, a read-only folder: said, not a traceback
-            cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
-            why = f"trace export failed, nothing was kept: {cause}"
+            written = write_trace(
+                lambda: _write(parts, prof, sampled), resident_bytes=anonymous_resident_bytes()
+            )
+        finally:
+            self._saved.set()
+        path, error, size = written.path, written.error, 0
+        if path is not None:
+            try:
+                size = path.stat().st_size
+            except OSError as exc:
+                error = export_failure(exc)
+        if path is None or error:  # a full disk, a read-only folder, a killed writer: said
+            remove_temporaries(parts.folder, f".{parts.name}*.tmp")
+            why = f"trace export failed, nothing was kept: {error}"
             logger.warning("stagefrontier: rank %d, incident %s: %s", self._rank, request.id, why)
             self._answer(self._status(request, "failed", why))
             return
@@ -396,8 +428,8 @@ class RankCapture:
         cpu_start = time.thread_time()
         self._workers.exported(path.parent, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
-        # the parts' writes and their join, then the workers' profiles
-        export_cpu_s = round(parts.cpu_s + time.thread_time() - cpu_start, 4)
+        # the trace's writing (the child's CPU where a child wrote it), then the workers' profiles
+        export_cpu_s = round(written.cpu_s + time.thread_time() - cpu_start, 4)
         # ``last`` is earlier if the run ended
         self._answer(
             replace(
@@ -427,6 +459,14 @@ class RankCapture:
             first_step=request.first_step,
             last_step=request.last_step,
         )
+
+
+def _write(parts: TraceParts, prof: Any, sampled: SampledStacks | None) -> Path:
+    """The stopped session's JSON, then the sampled stacks, into the trace: its path (or raises)."""
+    parts.append(parts.save(prof))
+    if sampled is not None:
+        parts.append_events(lambda base: stack_events(sampled, base))
+    return parts.join()
 
 
 def _left(why: str) -> str:

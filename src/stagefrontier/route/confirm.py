@@ -131,8 +131,10 @@ def confirm(
     lead: tuple[int, int] | None = None,
     min_share: float = 0.0,
     burst: int = 1,
+    on_top: bool = True,
 ) -> Confirmation:
-    """``confirmed`` when the trace's top stage is the live top stage (and the routed one),
+    """``confirmed`` when the trace's top stage is the live top stage (and the routed one, when
+    ``on_top``: a stage routed below the window's top one need not be on top here either),
     every share differs by less than ``Gates.share_tie`` and, where ``lead`` names a suspect
     and a distinct reference the trace holds, the suspect's time in ``stage`` (by default the
     trace's top stage) exceeds the
@@ -167,7 +169,8 @@ def confirm(
     live_report = analyze(live_d, live.stages, gates=g)
     diffs = [abs(trace_report.shares[s] - live_report.shares[s]) for s in live.stages]
     max_diff = float(max(diffs))
-    agree = trace_report.top1 == live_report.top1 and (stage is None or trace_report.top1 == stage)
+    routed = stage is None or not on_top or trace_report.top1 == stage
+    agree = trace_report.top1 == live_report.top1 and routed
     weak, step_s, lead_s = _weak_lead(reduced, stage or trace_report.top1, lead, min_share, burst)
     return Confirmation(
         confirmed=bool(agree and max_diff < g.share_tie and not weak),
@@ -204,24 +207,35 @@ def _weak_lead(
     mine, theirs = reduced.ranks.index(suspect), reduced.ranks.index(reference)
     diffs = reduced.d[:, mine, j] - reduced.d[:, theirs, j]
     step = float(np.median(reduced.d[:, [mine, theirs], :].sum(axis=2).max(axis=1)))
-    excess = mean_excess(diffs, min_share * step, CONFIRM_T)
+    excess, why = lead_shortfall(diffs, reduced.step_ids, min_share * step, burst)
+    if not why:
+        return "", step, excess.shift_s
     said = (
         f"not confirmed: in the trace rank {suspect}'s {stage} exceeds rank {reference}'s by "
         f"{excess.shift_s * 1e3:.1f} ms/step over {diffs.size} steps of {step * 1e3:.1f} ms, "
     )
+    return said + why, step, excess.shift_s
+
+
+def lead_shortfall(
+    diffs: npt.NDArray[np.float64], step_ids: Sequence[int], floor_s: float, burst: int = 1
+) -> tuple[Difference, str]:
+    """The mean of a suspect's per-step lead over its reference in the captured steps, and why
+    it confirms nothing (empty when it does): it must clear ``floor_s`` and ``CONFIRM_T``
+    standard errors over the steps, and the floor in every block of about ``BLOCK_STEPS``
+    steps (whole multiples of ``burst``)."""
+    excess = mean_excess(diffs, floor_s, CONFIRM_T)
     if not excess.stands_out:
-        return said + excess.shortfall(), step, excess.shift_s
+        return excess, excess.shortfall()
     size = -(-BLOCK_STEPS // burst) * burst  # whole bursts, four steps at least
-    weakest = _weakest_block(diffs, reduced.step_ids, min_share * step, size, burst)
+    weakest = _weakest_block(diffs, step_ids, floor_s, size, burst)
     if weakest is None:
-        return "", step, excess.shift_s
+        return excess, ""
     (first, last), block = weakest
-    return (
-        f"{said}but by {block.shift_s * 1e3:.1f} ms/step in steps {first}-{last}, "
+    return excess, (
+        f"but by {block.shift_s * 1e3:.1f} ms/step in steps {first}-{last}, "
         f"{block.shortfall()} (the lead must hold in every block of about {size} "
-        "steps: a delay in one step is no lead)",
-        step,
-        excess.shift_s,
+        "steps: a delay in one step is no lead)"
     )
 
 

@@ -185,6 +185,7 @@ class Coordinator:
             reference_rank=decision.reference_rank,
             requested_ranks=list(ranks),
             **({"lead_block_steps": decision.burst} if decision.burst > 1 else {}),
+            **({"routed_below_top": True} if decision.below_top else {}),
             reasons=[
                 *decision.reasons,
                 f"start margin {margin} steps at "

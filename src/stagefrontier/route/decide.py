@@ -40,7 +40,10 @@ once; a smaller one is marked ``repeat_needed``, and the policy (``route.policy`
 only when the window before led to the same stage and suspect. A healthy DDP run beside
 CPU-burning neighbours had rank 2's data wait 17.9 ms/step above the reference's on a 167 ms
 step in one window, just over the 16.7 ms floor, and opened an incident that its trace did not
-confirm.
+confirm. A window collected as node summaries carries no rank's steps, so no noise bar can be
+read for its lead, only the material floor: any lead read from one is held to two windows in a
+row. A healthy 16-rank job on a busy machine had rank 15 ahead in the forward by 63 ms/step on
+275 ms steps in one window (rank 13 in the next), over twice the floor, and opened an incident.
 
 A rank the timed collectives name late (``late_rank_decision``) is captured only when the
 window before named the same rank late in the same stage, by the same memory of the window
@@ -102,10 +105,13 @@ class Decision:
     """The steps over which the leader's DataLoader workers hand over their batches together
     (its worker count, when its lead was judged over blocks of that many steps; else 1): the
     confirmation's blocks hold at least that many captured steps."""
+    below_top: bool = False
+    """Whether the stage is below the window's top one (whose lead passed between ranks): the
+    captured steps need not have it on top either (``confirm``)."""
     repeat_needed: str = ""
     """Why this window's lead alone opens nothing (a lead under ``LARGE_JUMP`` times the bar it
-    clears): the policy captures it only when the window before led to the same stage and
-    suspect. Empty when it acts at once."""
+    clears, or any lead read from node summaries): the policy captures it only when the window
+    before led to the same stage and suspect. Empty when it acts at once."""
 
 
 def decide(
@@ -209,12 +215,17 @@ def decide(
         reference, chosen = typical_reference(window, stage, suspect)
         lead_s, bar_s = loc.delta_lag_mean_s, min_share * report.exposed_s / n
         led = f"rank {suspect} pulls ahead of the median in {stage} by"
-    repeat = (
-        f"{led} {lead_s * 1e3:.1f} ms/step, under {LARGE_JUMP:g} times the "
-        f"{bar_s * 1e3:.1f} ms it must clear"
-        if lead_s <= LARGE_JUMP * bar_s
-        else ""
-    )
+    repeat = ""
+    if lead_s <= LARGE_JUMP * bar_s:
+        repeat = (
+            f"{led} {lead_s * 1e3:.1f} ms/step, under {LARGE_JUMP:g} times the "
+            f"{bar_s * 1e3:.1f} ms it must clear"
+        )
+    elif d is None:
+        repeat = (
+            f"{led} {lead_s * 1e3:.1f} ms/step, read from node summaries, which carry no rank's "
+            "steps to judge it against their noise"
+        )
     reasons: tuple[str, ...] = (
         f"{stage} {share:.0%} of exposed time (routing set {'+'.join(report.routing_set)})",
         f"rank {suspect} leads it alone in {loc.confident_steps}/{n} steps and pulls ahead of "
@@ -226,7 +237,9 @@ def decide(
         reasons = (f"inside role {role}, on its own report", *reasons)
     index = window.merged.reference.window
     burst = block.size if block is not None else 1
-    return Decision(stage, suspect, reference, share, index, reasons, role, burst, repeat), ""
+    return Decision(
+        stage, suspect, reference, share, index, reasons, role, burst, below is not None, repeat
+    ), ""
 
 
 def late_rank_decision(

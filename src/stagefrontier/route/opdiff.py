@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,11 @@ class OpTimes:
     self_s: dict[str, float]
     steps: int
     call_paths: dict[str, list[str]]
+    by_step: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Each key's self time per step id (a between-step wait counts in the step it is charged
+    to): whether a lead is in every step or in one."""
+    step_ids: tuple[int, ...] = ()
+    """The steps covered, in order."""
 
 
 @dataclass
@@ -59,8 +64,9 @@ class _Frame:
     user_path: list[str]
     """The user's Python frames from the outermost to this event (or its caller)."""
     key: str
-    counted: bool
-    """Whether the event starts inside one of the stage's ranges (and is not instrumentation)."""
+    step: int | None
+    """The step of the stage's range the event starts inside; None when it starts in none (or
+    is instrumentation): its time is not counted."""
     children: float = 0.0
 
 
@@ -115,14 +121,17 @@ def stage_op_times(
         key=lambda s: (s[0], -s[1]),
     )
     totals: dict[str, float] = {}
+    by_step: dict[str, dict[int, float]] = {}
     paths: dict[str, list[str]] = {}
     stack: list[_Frame] = []  # the enclosing events of the current one, outermost first
     eps = 1e-3  # microseconds: rounding slack when children end at their parent's end
 
     def close(frame: _Frame) -> None:
-        if frame.counted:
+        if frame.step is not None:
             self_s = max(0.0, frame.end - frame.start - frame.children) * 1e-6
             totals[frame.key] = totals.get(frame.key, 0.0) + self_s
+            steps = by_step.setdefault(frame.key, {})
+            steps[frame.step] = steps.get(frame.step, 0.0) + self_s
             paths.setdefault(frame.key, frame.user_path)
 
     for ts, dur, raw, _, _ in ops:
@@ -137,10 +146,11 @@ def stage_op_times(
         key = name if user or not frames else f"{frames[-1]} › {name}"
         i = bisect.bisect_right(starts, ts) - 1
         inside = i >= 0 and ts < stage_ranges[i][1] and not INSTRUMENTATION.match(name)
-        stack.append(_Frame(ts, ts + dur, frames, key, inside))
+        stack.append(_Frame(ts, ts + dur, frames, key, stage_ranges[i][2] if inside else None))
     while stack:
         close(stack.pop())
-    return OpTimes(totals, len(kept_steps), paths)
+    step_ids = tuple(r[2] for r in kept_steps)
+    return OpTimes(totals, len(kept_steps), paths, by_step, step_ids)
 
 
 Thread = tuple[str, str]
@@ -150,11 +160,12 @@ def select_ranges(
     annotations: Sequence[tuple[float, float, str, Thread]],
     stage: str,
     steps: Sequence[int] | None,
-) -> tuple[Thread, list[tuple[float, float, int]], list[tuple[float, float]]] | None:
+) -> tuple[Thread, list[tuple[float, float, int]], list[tuple[float, float, int]]] | None:
     """From a trace's annotation ranges (start, duration, name as a stage, thread): the
     training thread (the one with the most ``stagefrontier.step#<n>`` ranges), its step ranges
-    among ``steps`` (all when None), and the stage's ranges on it, sorted: those inside the
-    kept steps and the between-step waits charged to them. None without step ranges."""
+    among ``steps`` (all when None), and the stage's ranges on it with the step each counts in,
+    sorted: those inside the kept steps and the between-step waits charged to them. None
+    without step ranges."""
     step_ranges: dict[Thread, list[tuple[float, float, int]]] = {}
     for ts, dur, name, thread in annotations:
         if name.startswith(STEP_ANNOTATION + "#"):
@@ -167,16 +178,19 @@ def select_ranges(
     wanted = set(steps) if steps is not None else None
     kept_steps = sorted(r for r in step_ranges[thread] if wanted is None or r[2] in wanted)
     kept_ids = {r[2] for r in kept_steps}
-    stage_ranges = sorted(
-        (ts, ts + dur)
-        for ts, dur, name, th in annotations
-        if th == thread
-        and ((name == stage and _inside_any(ts, kept_steps)) or _wait_of(name, stage) in kept_ids)
-    )
-    return thread, kept_steps, stage_ranges
+    stage_ranges = []
+    for ts, dur, name, th in annotations:
+        if th != thread:
+            continue
+        step = _step_of(ts, kept_steps) if name == stage else _wait_of(name, stage)
+        if step is not None and step in kept_ids:
+            stage_ranges.append((ts, ts + dur, step))
+    return thread, kept_steps, sorted(stage_ranges)
 
 
-def overlaps(lo: float, hi: float, starts: list[float], ranges: list[tuple[float, float]]) -> bool:
+def overlaps(
+    lo: float, hi: float, starts: list[float], ranges: Sequence[tuple[float, float, int]]
+) -> bool:
     """Whether ``[lo, hi]`` meets one of the sorted ``ranges`` (``starts``: their starts)."""
     i = bisect.bisect_right(starts, lo) - 1
     if i >= 0 and ranges[i][1] >= lo:
@@ -190,8 +204,9 @@ def _wait_of(name: str, stage: str) -> int | None:
     return wait[1] if wait is not None and wait[0] == stage else None
 
 
-def _inside_any(ts: float, ranges: Sequence[tuple[float, float, int]]) -> bool:
-    return any(lo <= ts < hi for lo, hi, _ in ranges)
+def _step_of(ts: float, ranges: Sequence[tuple[float, float, int]]) -> int | None:
+    """The step whose range holds ``ts``; None when none does."""
+    return next((step for lo, hi, step in ranges if lo <= ts < hi), None)
 
 
 def op_diff(

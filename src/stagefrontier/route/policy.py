@@ -142,7 +142,7 @@ class CapturePolicy:
             )
             return replace(decision, reasons=(*decision.reasons, held)), ""
         return None, (
-            f"{decision.repeat_needed} in this window alone (a smaller lead is captured two "
+            f"{decision.repeat_needed} in this window alone (such a lead is captured two "
             "windows in a row)"
         )
 

@@ -19,8 +19,8 @@ from ..formats.names import is_plain_name
 from ..window.merged import AnalyzedWindow
 from .confirm import Confirmation, LiveWindow, confirm, live_slice
 from .decide import MIN_SHARE
-from .opdiff import op_diff, stage_op_times
-from .own_work import own_work_lead, own_work_text
+from .opdiff import OpTimes, op_diff, stage_op_times
+from .own_work import own_work_lead, own_work_shortfall, own_work_text
 from .trace_slice import load_for_reduction
 
 logger = logging.getLogger("stagefrontier")
@@ -68,26 +68,39 @@ def analyze_traces(
         return True
 
     loaded, result = _confirm(incident, files, live, gates, min_share)
-    _op_diff(incident, files, loaded, run_dir, over)
+    sides = _op_diff(incident, files, loaded, run_dir, over)
     if result is not None and result.weak_lead:
-        _judge_own_work(incident, result, gates, min_share)
+        _judge_own_work(incident, result, gates, min_share, sides)
     return time.thread_time() - start
 
 
 def _judge_own_work(
-    incident: dict[str, Any], result: Confirmation, gates: Any, min_share: float
+    incident: dict[str, Any],
+    result: Confirmation,
+    gates: Any,
+    min_share: float,
+    sides: tuple[OpTimes, OpTimes | None] | None,
 ) -> None:
     """The stage's time gave the suspect no material lead (``result.weak_lead``): where all
-    else agreed, the suspect's own work in the stage (the op diff against the reference rank)
-    may still confirm it (``own_work``); otherwise the weak lead is the reason it is not."""
+    else agreed, the suspect's own work in the stage (the op diff against the reference rank,
+    ``sides``: its two op times) may still confirm it, when it holds over the captured steps
+    (``own_work``); otherwise the weak lead is the reason it is not, and the own work's
+    shortfall with it."""
     tie = (gates or DEFAULT_GATES).share_tie
-    rest_agrees = not_confirmed_text(result, incident["stage"], tie) == ""
+    on_top = not incident.get("routed_below_top")
+    rest_agrees = not_confirmed_text(result, incident["stage"], tie, on_top) == ""
     row = own_work_lead(incident.get("op_diff") or [], result.step_s, min_share, result.lead_s)
-    if rest_agrees and row is not None and result.step_s and not incident.get("reference_capture"):
-        incident["confirmed"] = True
-        incident["reasons"].append(own_work_text(row, incident, result.step_s, min_share))
-    else:
+    step_s = result.step_s
+    if not (rest_agrees and row and step_s and sides) or incident.get("reference_capture"):
         incident["reasons"].append(result.weak_lead)
+        return
+    burst = incident.get("lead_block_steps") or 1
+    short = own_work_shortfall(row["name"], sides, min_share * step_s, result.lead_s, burst)
+    if short:
+        incident["reasons"].append(f"{result.weak_lead}; {short}")
+        return
+    incident["confirmed"] = True
+    incident["reasons"].append(own_work_text(row, incident, step_s, min_share))
 
 
 def leave_for_after_run(incident: dict[str, Any]) -> None:
@@ -126,7 +139,10 @@ def _confirm(
         window = live_slice(live, ranks, steps)
         lead = (incident["leader_rank"], incident["reference_rank"])
         burst = incident.get("lead_block_steps") or 1
-        result = confirm(files, window, incident["stage"], gates, loaded, lead, min_share, burst)
+        on_top = not incident.get("routed_below_top")
+        result = confirm(
+            files, window, incident["stage"], gates, loaded, lead, min_share, burst, on_top
+        )
         incident.update(
             confirmed=result.confirmed,
             max_share_diff=result.max_share_diff,
@@ -136,7 +152,7 @@ def _confirm(
         incident["reasons"].extend(result.notes)
         if result.confirmed is False:
             tie = (gates or DEFAULT_GATES).share_tie
-            text = not_confirmed_text(result, incident["stage"], tie)
+            text = not_confirmed_text(result, incident["stage"], tie, on_top)
             if text:  # empty when the lead's own note (in ``notes``) is the only reason
                 incident["reasons"].append(text)
     except Exception as exc:
@@ -147,13 +163,14 @@ def _confirm(
 
 
 def not_confirmed_text(
-    result: Confirmation, stage: str | None, tie: float = Gates.share_tie
+    result: Confirmation, stage: str | None, tie: float = Gates.share_tie, on_top: bool = True
 ) -> str:
     """Why a capture did not confirm its incident, in words that match what was compared: the
     trace and the live steps name different top stages; or they agree on the top stage, but it
-    is not the routed one, or a share differs by more than ``tie`` (``Gates.share_tie``). Empty
-    when they agree within ``tie``: the suspect's lead in the trace was too small, which
-    ``confirm`` says in its own note."""
+    is not the routed one (asked only ``on_top``: not of a stage routed below the top), or a
+    share differs by more than ``tie`` (``Gates.share_tie``). Empty when they agree within
+    ``tie``: the suspect's lead in the trace was too small, which ``confirm`` says in its own
+    note."""
     diff = result.max_share_diff
     if result.trace_top != result.live_top:
         return (
@@ -161,7 +178,7 @@ def not_confirmed_text(
             f"share difference {diff}"
         )
     agree = f"the trace agrees with the live steps (top {result.trace_top} in both"
-    if stage is not None and result.trace_top != stage:
+    if stage is not None and result.trace_top != stage and on_top:
         return (
             f"{agree}, largest share difference {diff}), but the routed stage {stage} is not on "
             "top in the captured steps: not confirmed"
@@ -177,9 +194,10 @@ def _op_diff(
     loaded: Loaded,
     run_dir: str | os.PathLike[str],
     over: Callable[[str], bool],
-) -> None:
+) -> tuple[OpTimes, OpTimes | None] | None:
     """The op diff of the incident's stage: the suspect's trace against the reference's (an
-    earlier capture's, or the reference rank's), each side run while ``over`` allows."""
+    earlier capture's, or the reference rank's), each side run while ``over`` allows. Returns
+    the two sides' op times (None when the suspect's was not read)."""
     first, last = incident["steps"]
     steps = list(range(first, last + 1))
     suspect, reference = incident["leader_rank"], incident["reference_rank"]
@@ -207,9 +225,11 @@ def _op_diff(
             else:
                 theirs = None
             incident["op_diff"] = op_diff(mine, theirs)
+            return mine, theirs
         except Exception as exc:
             say_failed(logger, f"the op diff of incident {incident['id']}", exc, "it has none")
             incident["reasons"].append(f"op diff failed: {reason(exc)}")
+    return None
 
 
 def _events(loaded: Loaded, path: str) -> list[Any] | None:

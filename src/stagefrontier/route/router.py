@@ -247,14 +247,24 @@ class RouterRuntime:
             raise StageFrontierError("request captures on rank 0 (or with `stagefrontier capture`)")
         self._jobs.put(lambda: coordinator.request_capture(ranks, steps, stage))
 
-    def close(self, join_s: float) -> None:
+    def close(self, join_s: float, process_ends: bool = False) -> None:
         """On the training thread at the timer's close: stop a running capture, then let the
         thread export, answer and (rank 0) settle the open incident, waiting at most
-        ``join_s`` for it (what the timer's close deadline leaves it)."""
-        self.capture.finish(self._timer.step)
+        ``join_s`` from the call for it (what the timer's close deadline leaves it).
+
+        ``process_ends``: the process ends by a signal and this runs on another thread (see
+        ``record.on_sigterm``): a capture armed or running ends with the reason, its trace
+        discarded and its profiler session left to end with the process (a session is the
+        training thread's to stop); a trace held for export is still written; the sampling ends
+        with ``capture.close``."""
+        ends = time.monotonic() + join_s
+        if process_ends:
+            self.capture.drop(f"rank {self.rank}'s process was ended by SIGTERM during the capture")
+        else:
+            self.capture.finish(self._timer.step)
         self.capture.close()
         self._jobs.put(None)
-        self._thread.join(join_s)
+        self._thread.join(max(ends - time.monotonic(), 0.0))
         if self._thread.is_alive():
             logger.warning(
                 "stagefrontier: rank %d's router thread was still busy %.3g s after its timer "

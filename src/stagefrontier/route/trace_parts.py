@@ -1,13 +1,13 @@
 """A capture's trace: its stopped profiler session's JSON saved and gzipped into the rank's trace
-file on the router thread.
+file, by the process ``trace_writer`` forks (or on the router thread where it cannot fork).
 
 The session belongs to the thread that started it: its stop runs there (the training thread).
-Its JSON export (Kineto's writer, which holds the GIL throughout) then runs on the router thread,
-so that the step after a capture does not carry it; the training thread hands the stopped
-session over and starts no other session until the export is done (with an export on the router
-thread while the training thread started the next session, a rank of a test job once died of
-SIGSEGV). The router thread reads the saved JSON, gzips it into the trace under way and removes
-it (``TraceParts.append``), and ends the file (``TraceParts.join``). A capture runs one session
+Its JSON export (Kineto's writer, which holds the GIL throughout) runs apart from it, so that
+the step after a capture does not carry it; the training thread hands the stopped session over
+and starts no other session until the export is done (with an export on the router thread while
+the training thread started the next session, a rank of a test job once died of SIGSEGV). The
+writer reads the saved JSON, gzips it into the trace under way and removes it
+(``TraceParts.append``), and ends the file (``TraceParts.join``). A capture runs one session
 (see ``capture``); the file is written as parts so that a capture split into several sessions
 joins into one trace.
 

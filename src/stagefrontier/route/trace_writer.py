@@ -1,0 +1,176 @@
+"""A stopped capture's trace written by a forked copy of the rank's process, off its GIL.
+
+Two parts of writing a trace hold the GIL from start to end: Kineto's JSON writer (a C++ call
+torch binds without releasing it) and turning the sampled Python stacks into events. On the
+router thread they stalled the training thread's Python for their whole run: in the step after
+the capture, beside two busy processes on two cores, 130 to 140 ms of that step's 335 ms on
+each captured rank, and through the next collective every rank's step. A forked child has the
+stopped session, the samples and the trace under way as the parent had them at the fork, and a
+GIL of its own: it writes the whole trace (``make``) and says on a pipe where it is or why it
+failed; the router thread waits for its exit in short sleeps, the GIL free.
+
+Forking copies the parent's page tables while holding its GIL (about 10 ms per GiB resident),
+so a process over ``MAX_FORK_BYTES`` writes on the router thread, as does a platform without
+``fork`` or a fork that fails; ``Written.apart`` says which ran. The child runs no signal
+handler of the application's, no garbage collection (no finalizer of the parent's objects runs
+twice) and never returns into the parent's code: it ends with ``os._exit``. A child that has not
+ended after ``WRITE_TIMEOUT_S`` is killed and the trace reported failed, with that reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+
+from ..render.escape import first_line
+
+logger = logging.getLogger("stagefrontier")
+
+MAX_FORK_BYTES = 4 << 30
+"""A process with more anonymous memory resident than this writes its trace on the router
+thread: its fork would hold the GIL for tens of milliseconds."""
+WRITE_TIMEOUT_S = 120.0
+"""The longest a child may take to write a trace before it is killed."""
+POLL_FIRST_S = 0.002
+POLL_MOST_S = 0.05
+"""The router thread looks for the child's exit first after this, then at growing intervals up
+to ``POLL_MOST_S`` (each look is a ``waitpid`` call: the waits between are GIL-free sleeps)."""
+MESSAGE_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class Written:
+    """Where the trace is (None when it failed), why it failed, the CPU seconds its writing
+    took (the child's, or the router thread's) and whether a child wrote it."""
+
+    path: Path | None
+    error: str
+    cpu_s: float
+    apart: bool
+
+
+class _Message(msgspec.Struct):
+    path: str
+    error: str
+
+
+def export_failure(exc: BaseException) -> str:
+    """Why a trace's write failed, in one line (the system's words for an OSError)."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+
+
+def write_trace(
+    make: Callable[[], Path],
+    *,
+    resident_bytes: int | None,
+    timeout_s: float = WRITE_TIMEOUT_S,
+) -> Written:
+    """Run ``make`` (it writes the trace and returns its path, or raises) in a forked child when
+    this process may fork cheaply (``resident_bytes`` at most ``MAX_FORK_BYTES``), else here."""
+    if hasattr(os, "fork") and resident_bytes is not None and resident_bytes <= MAX_FORK_BYTES:
+        try:
+            return _in_child(make, timeout_s)
+        except OSError as exc:  # no process or pipe to be had: written here, as without fork
+            logger.debug("stagefrontier router: forking the trace writer failed: %s", exc)
+    return _here(make)
+
+
+def _here(make: Callable[[], Path]) -> Written:
+    start = time.thread_time()
+    try:
+        path: Path | None = make()
+        error = ""
+    except Exception as exc:
+        path, error = None, export_failure(exc)
+    return Written(path, error, time.thread_time() - start, apart=False)
+
+
+def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
+    read_end, write_end = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that a fork of a threaded process may deadlock in the child: the
+            # child here runs no other thread's locks' owners' code, and a hang is killed below.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            _child(write_end, make)
+        os.close(write_end)
+        write_end = -1
+        status, cpu_s = _wait(pid, timeout_s)
+        os.set_blocking(read_end, False)
+        try:
+            data = os.read(read_end, MESSAGE_BYTES)
+        except BlockingIOError:
+            data = b""
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    if status:
+        return Written(None, status, cpu_s, apart=True)
+    try:
+        message = msgspec.json.decode(data, type=_Message)
+    except msgspec.DecodeError:
+        return Written(None, "the trace writer (a child process) gave no answer", cpu_s, True)
+    path = Path(message.path) if message.path else None
+    return Written(path, message.error, cpu_s, apart=True)
+
+
+def _child(write_end: int, make: Callable[[], Path]) -> NoReturn:
+    """In the forked child: write the trace, say how it went, end (never returns)."""
+    code = 1
+    try:
+        gc.disable()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        try:
+            message = _Message(str(make()), "")
+        except Exception as exc:
+            message = _Message("", export_failure(exc))
+        os.write(write_end, msgspec.json.encode(message))
+        code = 0
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait(pid: int, timeout_s: float) -> tuple[str, float]:
+    """Wait for the child ``pid`` to end: why it failed (empty when it exited cleanly) and the
+    CPU seconds it ran; a child still running after ``timeout_s`` is killed."""
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S
+    while True:
+        try:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by the application (SIGCHLD ignored): read its answer
+            return "", 0.0
+        if done:
+            cpu_s = usage.ru_utime + usage.ru_stime
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                return "", cpu_s
+            code = os.waitstatus_to_exitcode(status)
+            how = f"by signal {-code}" if code < 0 else f"with exit code {code}"
+            return f"the trace writer (a child process) ended {how}", cpu_s
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            _, _, usage = os.wait4(pid, 0)
+            return (
+                f"the trace writer (a child process) had not finished after {timeout_s:g} s: "
+                "killed",
+                usage.ru_utime + usage.ru_stime,
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MOST_S)
