@@ -23,7 +23,8 @@ import pytest
 pytest.importorskip("torch")
 
 from rank_support import run_job, torchrun_command
-from recorder_support import read_records
+from recorder_support import DATA, FWD, CaptureCollector, read_records
+from stagefrontier import StageTimer, TimerConfig
 from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.record import run_queue
@@ -136,15 +137,60 @@ def test_an_unreadable_run_queue_is_said_once_and_reads_as_unknown(
 ) -> None:
     monkeypatch.setattr(run_queue, "SCHEDSTAT", str(tmp_path / "absent-{tid}"))
     clock = RunQueueClock()
-    assert clock.since_last() is None and clock.since_last() is None
+    clock.start()
+    assert clock.take() is None and clock.take() is None
     assert clock.reason is not None and "FileNotFoundError" in clock.reason
     assert clock.reason.startswith("run-queue wait not read")
 
 
-def test_the_run_queue_wait_counts_from_the_previous_read_on_the_same_thread() -> None:
+def test_the_run_queue_wait_counts_from_start_to_take_on_the_same_thread() -> None:
     if not Path("/proc/thread-self/schedstat").exists():
         pytest.skip("Linux's scheduler statistics are not here")
     clock = RunQueueClock()
-    assert clock.since_last() is None  # the first read starts the count
-    waited = clock.since_last()
+    assert clock.take() is None  # nothing counted yet
+    clock.start()
+    waited = clock.take()
     assert waited is not None and waited >= 0 and clock.reason is None
+    assert clock.take() is None  # take stops the count
+
+
+UNCOUNTED_NS = 10**15
+"""A CPU wait fed into the real reading (about 11 days) where no window's step runs: no real
+wait over a few empty steps comes near it, so a window that shows it counted set-up or a pause."""
+STEP_NS = 3_000_000
+
+
+def test_a_window_counts_the_cpu_wait_of_its_recorded_steps_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real schedstat of the test's thread plus a wait the test feeds in: a huge one in the
+    set-up after the log exists (as after ``watch_ddp``) and during a paused stretch, 3 ms in
+    each recorded step. Each window shows its recorded steps' 3 ms each and none of the huge
+    ones: the count starts at a window's first step and again after a pause."""
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("Linux's scheduler statistics are not here")
+    fed = [0]
+    real = run_queue._waited_ns
+    monkeypatch.setattr(run_queue, "_waited_ns", lambda fd: real(fd) + fed[0])
+    collector = CaptureCollector()
+    timer = StageTimer(config=TimerConfig(stages=(DATA, FWD), window=4), collector=collector)
+
+    def steps(n: int, fed_ns: int) -> None:
+        for _ in range(n):
+            with timer.step(), timer.stage(FWD), timer.collective("loss", 8):
+                fed[0] += fed_ns
+
+    timer.collective("loss", 8)  # the log exists from here on
+    fed[0] += UNCOUNTED_NS  # compile, warm-up
+    steps(4, STEP_NS)  # window 0
+    steps(1, STEP_NS)  # window 1: one step, two paused, one
+    timer.pause()
+    steps(2, UNCOUNTED_NS)
+    fed[0] += UNCOUNTED_NS
+    timer.resume()
+    steps(1, STEP_NS)
+    timer.close()
+    waited = [w.collectives["run_queue_us"] for w in collector.windows]
+    assert [w.n_steps for w in collector.windows] == [4, 2]
+    for us, recorded in zip(waited, (4, 2), strict=True):
+        assert recorded * STEP_NS // 1000 <= us < UNCOUNTED_NS // 1000, waited
