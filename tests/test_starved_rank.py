@@ -1,11 +1,17 @@
 """A rank starved of CPU is not a late rank (``record.run_queue``, ``analysis.collectives``).
 
-One real 4-rank Gloo DDP job under torchrun (``starved_rank_job.py``): rank 2 pinned to one
-core on which the test keeps CPU burners running, the other ranks on the other cores. Rank 2
+One real 4-rank Gloo DDP job, its ranks forked from the session's server
+(``starved_rank_job.py``): rank 2 pinned to one core on which the test keeps CPU burners
+running, the other ranks on the other cores. Rank 2
 runs the same code as the others and reaches backward's all-reduce late every step because it
 waits for a CPU; the windows must not name it late (nor route it), and must say why it was
 behind. The rule's other half, a rank late by its own code (a sleep, a compute delay), stays
 named: ``test_collectives.py`` and ``test_backward_incident.py`` run those.
+
+Cost on the 2-core machine, this module alone (the burners' CPU and the fork server's start
+included; in the whole suite the server is shared): 57 s of wall and 28 s of CPU, children
+included, at load 29-26, where the same job under torchrun took 112 s and 65 s just before
+(load 18-29): the ranks no longer import torch each, rank 2 at its starved share of a core.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rank_support import run_job, torchrun_command
+from rank_support import START_METHOD
 from recorder_support import DATA, FWD, CaptureCollector, read_records
 from stagefrontier import StageTimer, TimerConfig
 from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
@@ -30,9 +36,9 @@ from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.record import run_queue
 from stagefrontier.record.run_queue import RunQueueClock
 from stagefrontier.render.verdict import verdict
+from starved_rank_job import RANKS, STARVED_RANK, run_rank
 
-JOB = Path(__file__).with_name("starved_rank_job.py")
-RANKS, STARVED_RANK, BURNERS = 4, 2, 3
+BURNERS = 3
 DEADLINE_S = 300
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -60,8 +66,12 @@ def starved() -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def records(starved: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    from stagefrontier.demo.launch import run_ranks
+
     out = tmp_path_factory.mktemp("starved")
-    run_job(torchrun_command(JOB, str(out), str(starved), ranks=RANKS), DEADLINE_S)
+    job = (str(out), starved)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=DEADLINE_S, start_method=START_METHOD)
+    assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
     return read_records(out)
 
 
