@@ -237,7 +237,7 @@ def main() -> None:
     unknown = sorted(set(scripts) - set(SCRIPTS))
     if unknown:
         p.error(f"unknown rows: {', '.join(unknown)}")
-    load_start = hc.load_text()
+    environment = hc.environment()  # the load when the script started among them
     cells = []
     with hc.work_dir(args.work) as work:
         for script in scripts:
@@ -249,8 +249,8 @@ def main() -> None:
         *hc.result_header(
             "`stagefrontier run` on unmodified scripts: the matrix", hc.command_line()
         ),
-        *hc.environment(),
-        f"- Load average (1/5/15 min) at the end: {hc.load_text()} (at the start {load_start})",
+        *environment,
+        f"- Load average (1/5/15 min) at the end: {hc.load_text()}",
         "",
         METHOD,
         "",

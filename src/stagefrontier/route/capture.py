@@ -329,13 +329,9 @@ class RankCapture:
             self._sampler.close()
 
     def drop(self, reason: str) -> None:
-        """The process ends by a signal (called on another thread than the training one): an
-        armed or running capture ends with ``reason``, its trace discarded. The profiler's
-        session is the training thread's to stop, so it is left to end with the process; the
-        training thread, wherever it was interrupted, finds no capture to act on."""
-        self._end_sampling()
-        self._prof = None
-        parts, self._parts = self._parts, None
+        """The process ends by a signal: the capture ends (``RouterRuntime.close`` says how)."""
+        self._release_held()
+        self._prof, parts, self._parts = None, self._parts, None
         if parts is not None:
             self._submit(parts.discard)
         self._workers.stopped()

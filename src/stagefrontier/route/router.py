@@ -253,8 +253,10 @@ class RouterRuntime:
         ``join_s`` from the call for it (what the timer's close deadline leaves it).
 
         ``process_ends``: the process ends by a signal and this runs on another thread (see
-        ``record.on_sigterm``): a running capture is dropped, its profiler session left to end
-        with the process (a session is the training thread's to stop)."""
+        ``record.on_sigterm``): a capture armed or running ends with the reason, its trace
+        discarded and its profiler session left to end with the process (a session is the
+        training thread's to stop); a trace held for export is still written; the sampling ends
+        with ``capture.close``."""
         ends = time.monotonic() + join_s
         if process_ends:
             self.capture.drop(f"rank {self.rank}'s process was ended by SIGTERM during the capture")
