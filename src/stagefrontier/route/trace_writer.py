@@ -100,8 +100,8 @@ def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
     read_end, write_end = os.pipe()
     try:
         with warnings.catch_warnings():
-            # Python 3.12+ warns that a fork of a threaded process may deadlock in the child: the
-            # child here runs no other thread's locks' owners' code, and a hang is killed below.
+            # Python 3.12+ warns that a fork of a threaded process may deadlock in the child: this
+            # child runs only the trace's writer, and one that hangs is killed (``_wait``).
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:
