@@ -253,6 +253,16 @@ def _summary_regressions(order: tuple[int, ...], repeat_last: int = 1) -> list[A
     return windows
 
 
+def _plans(windows: list[Any]) -> list[Any]:
+    """The router's policy's plan for each window in turn, as rank 0 hands them over."""
+    policy = CapturePolicy(ProfilerRouter())
+    plans = []
+    for window in windows:
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    return plans
+
+
 def test_a_regression_read_from_node_summaries_in_one_window_opens_no_incident() -> None:
     """A regression from node summaries skips the lead test (no rank's steps to judge its noise
     by) and opened an incident on its first window. Against the quietest window (3, 233 ms
@@ -271,10 +281,7 @@ def test_a_regression_read_from_node_summaries_in_one_window_opens_no_incident()
     decision, _ = regression_decision(windows[1])
     assert decision is not None and decision.suspect_rank == 15, decision
     assert "read from node summaries" in decision.repeat_needed, decision
-    policy = CapturePolicy(ProfilerRouter())
-    for window in windows:
-        policy.remember(window)
-        assert policy.consider(window) is None, window.merged.reference.window
+    assert _plans(windows) == [None] * 4
 
 
 def test_a_regression_read_from_node_summaries_two_windows_in_a_row_is_captured() -> None:
@@ -283,11 +290,7 @@ def test_a_regression_read_from_node_summaries_two_windows_in_a_row_is_captured(
     second, triggered by the regression, with the reason it was held for."""
     windows = _summary_regressions((3, 0), repeat_last=2)
     assert decide(windows[1])[0] is None  # the backward's leader switches
-    policy = CapturePolicy(ProfilerRouter())
-    plans = []
-    for window in windows:
-        policy.remember(window)
-        plans.append(policy.consider(window))
+    plans = _plans(windows)
     assert plans[:2] == [None, None]
     plan = plans[2]
     assert plan is not None and plan.trigger == "regression", plan

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..errors import ReportFormatError
 from ..window.rank import PendingWindow, RankWindow
 from .base import CollectorSettings, publish
 from .launcher import warn_once
-from .node import NodeIdentity, host_layout, node_of
+from .node import NodeIdentity, node_from_hosts, node_of
 from .node_payload import (
     Group,
     Wanted,
@@ -433,49 +432,6 @@ def node_store_client(collector: NodeMember | NodeLeader) -> Any:
     (the profiler router's). Raises when it cannot be reached: the leader serves none, its
     address never came, or the connection failed."""
     return collector._open_raw()
-
-
-HOSTS_KEY = "hosts"
-"""Job-store keys of the host names (``hosts/<rank>``) and rank 0's verdict (``hosts``: the
-ranks per node, or why the hosts do not form nodes)."""
-_HOSTS_READ = 1024
-"""Host names rank 0 reads per store call."""
-
-
-def node_from_hosts(
-    rank: int, world_size: int, timeout_s: float, store: Any = None
-) -> NodeIdentity:
-    """This rank's node from the ranks' host names, gathered once through the job's store: each
-    rank writes its own, rank 0 reads them all and writes the verdict every rank reads (so all
-    choose alike). Runs on the training thread when the timer is built.
-
-    Raises:
-        ValueError: the hosts do not form whole nodes (rank 0's reason), or the store failed.
-    """
-    host = socket.gethostname()
-    try:
-        conn = attempt_store(open_connection(store, timeout_s))
-        conn.set(f"{HOSTS_KEY}/{rank}", host)
-        if rank == 0:
-            keys = [f"{HOSTS_KEY}/{r}" for r in range(world_size)]
-            hosts: list[str] = []
-            for start in range(0, world_size, _HOSTS_READ):
-                chunk = conn.multi_get(keys[start : start + _HOSTS_READ])
-                hosts.extend(bytes(h).decode("utf-8", "replace") for h in chunk)
-            try:
-                verdict = str(host_layout(hosts))
-            except ValueError as exc:
-                verdict = str(exc)
-            conn.set(HOSTS_KEY, verdict)
-        verdict = bytes(conn.get(HOSTS_KEY)).decode("utf-8", "replace")
-    except Exception as exc:
-        raise ValueError(
-            f"the host names could not be gathered through the job's store: {exc}"
-        ) from None
-    if not verdict.isdigit():
-        raise ValueError(f"the ranks' hosts do not form nodes: {verdict}")
-    size = int(verdict)
-    return NodeIdentity(node=rank // size, first_rank=rank - rank % size, size=size, host=host)
 
 
 def hierarchical_collector(
