@@ -172,7 +172,10 @@ class _Handler:
 
 def _take_wakeup_fd() -> tuple[int, int] | None:
     """A pipe whose write end is the signal wakeup fd, or None when another holds that fd."""
-    read_fd, write_fd = os.pipe()
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:  # out of file descriptors: the main thread's handler alone, as before
+        return None
     try:
         os.set_blocking(write_fd, False)
         held = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
