@@ -420,7 +420,13 @@ class StageTimer(TimerState):
                 release_scope(self._disabled_scope)
             return
         try:
-            if self._n:
+            if self._handing_off:  # a SIGTERM's close while the training thread hands off
+                logger.warning(
+                    "stagefrontier: rank %d's window being handed off as the process ends is "
+                    "lost: its copy was half done, and a half copy would be a wrong window",
+                    self.rank,
+                )
+            elif self._n:
                 self._hand_off(self._n)
             self._say_paused_through()
         except Exception as exc:  # telemetry never fails the caller

@@ -134,6 +134,8 @@ class TimerState:
         self._paused_ranges: list[list[int]] = []
         self._paused_through: list[list[int]] = []  # steps of windows not handed off: all paused
         self._handed_windows = 0
+        # Set through a hand-off: a close on another thread (SIGTERM's) must not read it half done.
+        self._handing_off = False
         self._window_end = window
         self._window_index = 0
         # The open ordered stage: None when none is, OUTSIDE when no step is open.
@@ -311,6 +313,14 @@ class TimerState:
         A window whose steps were all paused (``n == 0``) is not handed off; its index is
         skipped, so that the next window keeps the index of the other ranks' next window.
         """
+        self._handing_off = True
+        try:
+            self._hand_off_steps(n, carry_row)
+        finally:
+            self._handing_off = False
+
+    def _hand_off_steps(self, n: int, carry_row: int | None) -> None:
+        """``_hand_off``'s work, under its flag."""
         start = _now()
         ended_ns = time.time_ns()
         first = self._first_step
