@@ -313,14 +313,24 @@ class AutoDriver:
 
     def timed_backward(self, call: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.autograd.backward`` while the hooks are installed: ``call`` (the original)
-        in the backward stage."""
+        in the backward stage. Its parameters are spelt out (``Patches`` checks they are the
+        original's): passing ``*args, **kwargs`` on would pack a tuple and a dict each step."""
         driver = self
 
-        def backward(*args: Any, **kwargs: Any) -> Any:
+        def backward(
+            tensors: Any,
+            grad_tensors: Any = None,
+            retain_graph: Any = None,
+            create_graph: Any = False,
+            grad_variables: Any = None,
+            inputs: Any = None,
+        ) -> Any:
             if driver._step is None or driver._in_backward:
                 if driver.phase is LEARN and not driver._in_backward:
                     driver._learn_backwards += 1
-                return call(*args, **kwargs)
+                return call(
+                    tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+                )
             driver._in_backward = True
             try:
                 opened = driver._open
@@ -333,7 +343,9 @@ class AutoDriver:
             except Exception as exc:
                 driver._fail(exc)
             try:
-                return call(*args, **kwargs)
+                return call(
+                    tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+                )
             finally:
                 driver._in_backward = False
                 if driver._open_name is BACKWARD_STAGE:
