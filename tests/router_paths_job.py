@@ -3,7 +3,7 @@ ways StageFrontier times data, with the profiler router on.
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 tests/router_paths_job.py \
         --path iter --out OUT --data-rank 2 --data-steps 16:48 --forward-rank 1 \
-        --forward-steps 64:96 --steps 112
+        --forward-steps 64:96 --steps 128
 
 ``--path``: ``stage`` (``with timer.stage(...)``), ``iter`` (``timer.iter`` over a DataLoader with
 ``num_workers=0``), ``fetch`` (``timer.fetch``), ``accum`` (4 microsteps per step, each batch

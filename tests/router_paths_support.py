@@ -14,15 +14,16 @@ from trace_support import settled_incidents
 
 JOB = Path(__file__).resolve().parent / "router_paths_job.py"
 RANKS = 4
-STEPS = 112
+STEPS = 128
 WINDOW = 8
 STALLS = {"data": (16, 48), "forward": (64, 96)}
 """Each stall's steps in the one job that serves both: two healthy windows, rank 2's data stall
-for four windows, two healthy windows, rank 1's forward stall for four windows, then two healthy
-windows, in which the forward stall's capture settles while the run goes on (at a load of 50, a
-run that ended with the stall once left its reduction to the after-run process). The router's
-cooldown (``router_paths_job.router``) covers the four windows after an incident, so neither
-stall can open a second one; the other windows open nothing."""
+for four windows, two healthy windows, rank 1's forward stall for four windows, then four healthy
+windows, in which the forward stall's capture runs and settles while the run goes on (a run that
+ended two windows after the stall left its reduction to the after-run process at a load of 50,
+and ended inside its capture at 70). The router's cooldown (``router_paths_job.router``) covers
+the four windows after an incident, so neither stall can open a second one; the other windows
+open nothing."""
 STALL_FROM = STALLS["data"][0]
 DEADLINE_S = 420
 

@@ -1,9 +1,9 @@
 """The profiler router on every path StageFrontier offers for timing data, in real 4-rank Gloo
 DDP jobs under torchrun (``router_paths_job.py``).
 
-Each path's job runs 112 steps in windows of 8 (``router_paths_support.STALLS``): two healthy
+Each path's job runs 128 steps in windows of 8 (``router_paths_support.STALLS``): two healthy
 windows, four of a 120 ms stall in the job file's own ``slow_sample`` (data, rank 2), two healthy
-windows, four of a 120 ms stall in its ``slow_forward`` (forward, rank 1), two healthy. The healthy
+windows, four of a 120 ms stall in its ``slow_forward`` (forward, rank 1), four healthy. The healthy
 windows open nothing; each stall opens exactly one incident within three windows of its start,
 confirmed by the traces, whose op diff names the stalled function first; with gradient
 accumulation (4 microsteps, each batch fetched through ``timer.fetch`` inside the microstep loop,

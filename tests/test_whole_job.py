@@ -62,8 +62,8 @@ def run_demo(
     window: int = WINDOW,
 ) -> list[dict[str, Any]]:
     """A 4-rank Gloo DDP demo run of ``steps`` steps in windows of ``window`` into ``out``; its
-    window records. A run without the router forks its ranks from the session's server
-    (``rank_support.START_METHOD``: no rank imports torch); one with it spawns them."""
+    window records. Its ranks fork from the session's server (``rank_support.START_METHOD``: no
+    rank imports torch), with the router on or off."""
     run = launch(
         DemoConfig(
             ranks=4,
@@ -76,7 +76,7 @@ def run_demo(
             router=router,
         ),
         deadline_s=500.0,
-        start_method="spawn" if router else START_METHOD,
+        start_method=START_METHOD,
     )
     records = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines()]
     assert len(records) == steps // window == len(run.windows)

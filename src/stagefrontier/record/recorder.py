@@ -314,6 +314,7 @@ class StageTimer(TimerState):
     def _collective_log(self) -> CollectiveLog:
         if self._collectives is None:
             self._collectives = CollectiveLog(self.instrumentation)
+            self._step_hooks = True  # its run-queue count starts at the next step
         log: CollectiveLog = self._collectives
         return log
 
