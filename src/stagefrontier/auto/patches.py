@@ -32,7 +32,8 @@ BACKWARD_PARAMETERS = (
     "grad_variables",
     "inputs",
 )
-"""The parameters of ``torch.autograd.backward`` (torch 2.2 on) that its wrapper takes."""
+"""The parameters of ``torch.autograd.backward`` (torch 2.2 on), spelt out by its wrapper: a
+wrapper taking ``*args, **kwargs`` packs a tuple and a dict at every backward call."""
 
 
 class Listener(Protocol):
