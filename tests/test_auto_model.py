@@ -41,16 +41,24 @@ class Jitter(nn.Module):
         return x + 0.01 * torch.randn_like(x) if self.training else x
 
 
+def _linear_under_the_hooks(out: Path) -> tuple[Any, Any, Any, AutoDriver]:
+    """A ``Linear(8, 1)``, its SGD, a DataLoader of ``STEPS`` batches, and the automatic hooks
+    installed, writing windows of ``WINDOW`` steps to ``out``."""
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
+    driver = AutoDriver(
+        TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(out)})
+    )
+    driver.install()
+    return model, optimizer, loader, driver
+
+
 def test_the_model_is_the_module_the_optimizer_steps_and_copies_of_it_work(tmp_path: Path) -> None:
     torch.manual_seed(0)
     jitter = Jitter()
     frozen = nn.Linear(8, 8).requires_grad_(False)  # parameters the optimizer does not step
-    model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
-    arguments = TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(tmp_path)})
-    driver = AutoDriver(arguments)
-    driver.install()
+    model, optimizer, loader, driver = _linear_under_the_hooks(tmp_path)
     try:
         for step, (x, y) in enumerate(loader):
             loss = nn.functional.mse_loss(model(frozen(jitter(x))), y)
@@ -144,12 +152,7 @@ def test_a_backward_with_other_parameters_is_left_alone_and_said(
     monkeypatch.setattr(torch.autograd, "backward", other)
     monkeypatch.delenv("RANK", raising=False)
     torch.manual_seed(0)
-    model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
-    arguments = TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(tmp_path)})
-    driver = AutoDriver(arguments)
-    driver.install()
+    model, optimizer, loader, driver = _linear_under_the_hooks(tmp_path)
     try:
         for x, y in loader:
             nn.functional.mse_loss(model(x), y).backward()
