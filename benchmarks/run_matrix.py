@@ -9,7 +9,7 @@ examples/unmodified that has no StageFrontier in it:
 * ``lightning_fit.py`` (a Lightning ``Trainer.fit``) and ``hf_trainer.py`` (a Hugging Face
   ``Trainer.train``), whose Trainers get StageFrontier's callbacks attached; ``hf_trainer.py``
   also with ``--local-token-count`` (the Trainer's cross-rank sum of each batch's label tokens,
-  which runs inside the data wait, turned off).
+  after the fetches, turned off).
 
 Each runs healthy, with a 120 ms data stall per step on rank 2 (``--stall data@2``, in the
 script's own ``slow_sample``) and with a 120 ms forward stall per step on rank 1 (``--stall

@@ -53,6 +53,9 @@ class NodeJob:
     window's part up (a late node)."""
     silent_ranks: tuple[int, ...] = ()
     """Ranks whose timer is disabled."""
+    take_back_fails: tuple[int, ...] = ()
+    """Leaders whose taking back of the parts they sent up fails (the job's store refuses it),
+    once they judge rank 0 gone."""
     until_said: dict[int, str] = field(default_factory=dict)
     """These ranks train past ``steps`` until the library has logged a WARNING holding this text
     (within ``SAY_DEADLINE_S``); with any, every rank writes its WARNING lines and its close's
@@ -79,6 +82,15 @@ def _late_parts(delays: dict[int, float]) -> None:
     NodeLeader._send_up = late  # type: ignore[method-assign]
 
 
+def _failing_take_back() -> None:
+    from stagefrontier.collect.store_keys import SentKeys
+
+    def refused(self: Any, conn: Any, since: int) -> list[bytes]:
+        raise RuntimeError("the store refused to give the parts back")
+
+    SentKeys.take_back = refused  # type: ignore[method-assign]
+
+
 def run_rank(rank: int, job: NodeJob, port: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     if job.layout_env:
@@ -102,6 +114,8 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     node = rank // job.per_node
     if rank % job.per_node == 0 and node in job.late_part_s:
         _late_parts(job.late_part_s[node])
+    if rank in job.take_back_fails:
+        _failing_take_back()
     config = TimerConfig(
         stages=tuple(STAGES),
         window=job.window,

@@ -41,16 +41,24 @@ class Jitter(nn.Module):
         return x + 0.01 * torch.randn_like(x) if self.training else x
 
 
+def _linear_under_the_hooks(out: Path) -> tuple[Any, Any, Any, AutoDriver]:
+    """A ``Linear(8, 1)``, its SGD, a DataLoader of ``STEPS`` batches, and the automatic hooks
+    installed, writing windows of ``WINDOW`` steps to ``out``."""
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
+    driver = AutoDriver(
+        TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(out)})
+    )
+    driver.install()
+    return model, optimizer, loader, driver
+
+
 def test_the_model_is_the_module_the_optimizer_steps_and_copies_of_it_work(tmp_path: Path) -> None:
     torch.manual_seed(0)
     jitter = Jitter()
     frozen = nn.Linear(8, 8).requires_grad_(False)  # parameters the optimizer does not step
-    model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
-    arguments = TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(tmp_path)})
-    driver = AutoDriver(arguments)
-    driver.install()
+    model, optimizer, loader, driver = _linear_under_the_hooks(tmp_path)
     try:
         for step, (x, y) in enumerate(loader):
             loss = nn.functional.mse_loss(model(frozen(jitter(x))), y)
@@ -127,3 +135,34 @@ def test_a_scripted_traced_or_compiled_model_trains_as_without_the_hooks_and_its
     assert all(r["contract_violations"] == 0 for r in records)
     assert all(r["advances"]["model.fwd_loss_cpu_wall"] > 0 for r in records)
     assert all(r["advances"]["model.backward_cpu_wall"] > 0 for r in records)
+
+
+def test_a_backward_with_other_parameters_is_left_alone_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backward wrapper spells out ``torch.autograd.backward``'s parameters; a torch whose
+    backward takes others keeps its own, and the backward is timed in the forward stage."""
+    real = torch.autograd.backward
+
+    def other(  # type: ignore[no-untyped-def]
+        tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None, *, x=0
+    ):
+        return real(tensors, grad_tensors, retain_graph, create_graph, inputs=inputs)
+
+    monkeypatch.setattr(torch.autograd, "backward", other)
+    monkeypatch.delenv("RANK", raising=False)
+    torch.manual_seed(0)
+    model, optimizer, loader, driver = _linear_under_the_hooks(tmp_path)
+    try:
+        for x, y in loader:
+            nn.functional.mse_loss(model(x), y).backward()
+            assert torch.autograd.backward is other
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        driver.stop()
+    said = [r.getMessage() for r in caplog.records if "no backward call seen" in r.getMessage()]
+    assert len(said) == 1
+    records = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    assert [r["n_steps"] for r in records] == [5, 5, 1]
+    assert all(r["contract_violations"] == 0 for r in records)

@@ -174,11 +174,31 @@ def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) ->
     assert Path(answer.path).exists() and answer.export_cpu_s > 0
     assert [p.name for p in folder.iterdir()] == [Path(answer.path).name]
     assert skipped.id == waiting.id and skipped.state == "skipped"
-    assert skipped.reason == "rank 0 is still writing the trace of its last capture"
+    assert skipped.reason == (
+        "rank 0 is still writing the trace of its last capture (a writer may take up to 120 s)"
+    )
     again = rank.arm(steps=2)  # written: the next capture runs
     rank.run(4)
     rank.timer.close()
     assert rank.drain()[2].id == again.id and rank.answers[2].state == "captured"
+
+
+def test_a_process_ending_by_a_signal_writes_no_held_trace(tmp_path: Path) -> None:
+    """SIGTERM (``drop``) after a capture stopped, its trace held for the next step's start:
+    the export is discarded, not handed to the router thread (whose writer, a fork, must not
+    start while the process ends), and the capture is answered skipped with the reason."""
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=2)
+    rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
+    assert not rank.jobs and rank.timer._capture  # held until the next step's start
+    rank.capture.drop("rank 0's process was ended by SIGTERM during the capture")
+    (answer,) = rank.drain()
+    assert answer.id == request.id and answer.state == "skipped", answer
+    assert answer.reason == (
+        "rank 0's process was ended by SIGTERM during the capture: its trace was not written"
+    )
+    folder = tmp_path / "incidents" / request.id
+    assert not folder.exists() or not any(folder.iterdir())  # nothing was written
 
 
 def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(

@@ -108,23 +108,35 @@ def test_rank_0_killed_while_node_leaders_relay_the_survivors_say_it_once_and_ke
     collection disabled" and dropped its windows; node 1's leader relayed parts nobody read,
     saying nothing. Now rank 1 says its leader is gone and keeps its own windows, rank 2 judges
     rank 0 gone from its done counter and keeps its node's windows (its own and rank 3's), each
-    from the oldest window rank 0 never finished; every close within its deadline."""
+    from the oldest window rank 0 never finished; every close within its deadline. Node 2's
+    leader, rank 4, then fails to take its parts back from the store: it says so in one line
+    and keeps its node's windows all the same (before, it stopped there and kept none)."""
     job = NodeJob(
         out_dir=str(tmp_path),
+        nodes=3,
         steps=40,
         window=5,
         timeout_s=1.0,
         die_at_step={0: 20},
-        until_said={1: "its leader, rank 0, may have died", 2: "rank 0 has collected no window"},
+        take_back_fails=(4,),
+        until_said={
+            1: "its leader, rank 0, may have died",
+            2: "rank 0 has collected no window",
+            4: "rank 0 has collected no window",
+        },
     )
     finished = len(launch(job))  # the windows rank 0 wrote before it died
-    said = {r: json.loads((tmp_path / f"said-rank{r}.json").read_text()) for r in (1, 2, 3)}
+    said = {r: json.loads((tmp_path / f"said-rank{r}.json").read_text()) for r in range(1, 6)}
     lines = {r: [w for w in said[r]["said"] if "this rank stops sending" in w] for r in said}
     assert len(lines[1]) == 1 and "keeps its own windows" in lines[1][0], said[1]
     assert "the store of node 0 (ranks 0-1" in lines[1][0] and "failed" in lines[1][0]
-    assert len(lines[2]) == 1 and "keeps its node's windows" in lines[2][0], said[2]
-    assert lines[3] == [], said[3]  # its leader lives and keeps its windows
-    for rank in (1, 2, 3):
+    for leader in (2, 4):
+        assert len(lines[leader]) == 1 and "keeps its node's windows" in lines[leader][0], said
+    assert lines[3] == [] and lines[5] == [], said  # their leaders live and keep their windows
+    refused = [w for w in said[4]["said"] if "could not delete its parts" in w]
+    assert len(refused) == 1 and "the store refused to give the parts back" in refused[0], said[4]
+    assert not any("could not delete" in w for w in said[2]["said"]), said[2]
+    for rank in (1, 2, 3, 4, 5):
         kept = [
             json.loads(line)["window"]
             for line in (tmp_path / f"rank-{rank}" / "windows.jsonl").read_text().splitlines()

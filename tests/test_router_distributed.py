@@ -64,10 +64,14 @@ def _stall_ms(healthy: Any) -> int:
     return max(120, round(4 * float(np.median(steps)) * 1e3))
 
 
-def _stall_deadline_s(healthy: Any, stall_ms: int) -> float:
-    """Three times what the stalled run should take (the fault-free run's wall time and the
-    stall in every step), ``DEADLINE_S`` at least: the stall grows with the load."""
-    return max(DEADLINE_S, 3 * (float(healthy.wall_s) + STEPS * stall_ms / 1e3))
+def _stall_deadline_s(
+    healthy: Any, stall_ms: int, steps: int = STEPS, stalled: int = STEPS
+) -> float:
+    """Three times what a run of ``steps`` steps, ``stalled`` of them stalled, should take (the
+    fault-free run's wall time per step and the stall in each stalled step), ``DEADLINE_S`` at
+    least: the stall grows with the load."""
+    healthy_s = float(healthy.wall_s) * steps / STEPS
+    return max(DEADLINE_S, 3 * (healthy_s + stalled * stall_ms / 1e3))
 
 
 def _traces(out: Path) -> list[Path]:
@@ -154,11 +158,15 @@ def test_a_suspect_rank_that_never_captures_is_recorded_not_captured(
     assert run.losses == healthy.losses
 
 
-def test_a_slowdown_of_every_rank_is_named_and_never_captured(tmp_path: Path) -> None:
-    """Every rank's data loading slows by 100 ms from step 40: no rank leads, the live
-    regression check flags the first slowed window as the data stage's, on every rank, and the
-    router captures nothing: no rank is left to serve as the suspect's reference."""
-    run = _run(tmp_path, "every", ("data@all:100ms,from=40",), steps=70)
+def test_a_slowdown_of_every_rank_is_named_and_never_captured(tmp_path: Path, healthy: Any) -> None:
+    """Every rank's data loading slows from step 40: no rank leads, the live regression check
+    flags the first slowed window as the data stage's, on every rank, and the router captures
+    nothing: no rank is left to serve as the suspect's reference. The slowdown is four times
+    the fault-free run's median step (``_stall_ms``): a fixed 100 ms went unflagged beside CPU
+    burners, where a step took about 300 ms and a window's median swung by a third."""
+    stall_ms = _stall_ms(healthy)
+    deadline_s = _stall_deadline_s(healthy, stall_ms, steps=70, stalled=30)
+    run = _run(tmp_path, "every", (f"data@all:{stall_ms}ms,from=40",), deadline_s, steps=70)
     records = [
         json.loads(line) for line in (run.out_dir / "windows.jsonl").read_text().split("\n") if line
     ]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from stagefrontier import ProfilerRouter
-from stagefrontier.analysis.regression import RegressionConfig
+from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig
 from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.formats.summary_packet import read_summary_packet
@@ -182,10 +182,11 @@ at a load average of about 53. Window 1 had rank 15 ahead in the forward by 63 m
 rank 13 ahead there."""
 
 
-def _summary_windows(repeat_last: int = 1) -> list[Any]:
+def _summary_windows(repeat_last: int = 1, order: tuple[int, ...] = (0, 1, 2, 3)) -> list[Any]:
     """The summary packets' windows as the router's policy reads them on rank 0 (a summary, its
-    report, the window's place); the last ``repeat_last`` times, as that many windows in a row."""
-    packets = [read_summary_packet(p) for p in SUMMARY_PACKETS]
+    report, the window's place), in ``order``; the last ``repeat_last`` times, as that many
+    windows in a row."""
+    packets = [read_summary_packet(SUMMARY_PACKETS[i]) for i in order]
     packets += [packets[-1]] * (repeat_last - 1)
     windows = []
     for index, packet in enumerate(packets):
@@ -239,3 +240,59 @@ def test_a_lead_read_from_node_summaries_two_windows_in_a_row_is_captured() -> N
     assert plans[:2] == [None, None]
     assert plans[2] is not None and plans[2].decision.suspect_rank == 15
     assert "two windows in a row" in plans[2].decision.reasons[-1]
+
+
+def _summary_regressions(order: tuple[int, ...], repeat_last: int = 1) -> list[Any]:
+    """The summary windows in ``order``, each with what rank 0's regression check on summaries
+    finds in it when it flags every window slower than its baseline (no floor, no noise bar):
+    the first window, the baseline, regresses in none; each later one may."""
+    check = RegressionCheck(RegressionConfig(min_baseline=1, min_increase=0.0, noise_factor=0.0))
+    windows = _summary_windows(repeat_last, order)
+    for index, window in enumerate(windows):
+        window.regression = check.check_summary(index, window.summary)
+    return windows
+
+
+def _plans(windows: list[Any]) -> list[Any]:
+    """The router's policy's plan for each window in turn, as rank 0 hands them over."""
+    policy = CapturePolicy(ProfilerRouter())
+    plans = []
+    for window in windows:
+        policy.remember(window)
+        plans.append(policy.consider(window))
+    return plans
+
+
+def test_a_regression_read_from_node_summaries_in_one_window_opens_no_incident() -> None:
+    """A regression from node summaries skips the lead test (no rank's steps to judge its noise
+    by) and opened an incident on its first window. Against the quietest window (3, 233 ms
+    steps) as the baseline, a check without floor or noise bar finds each other window of the
+    healthy job regressed in the forward, on a different rank each time (15, 13, 12): noise.
+    Held to two windows in a row, none opens an incident."""
+    windows = _summary_regressions((3, 1, 2, 0))
+    placed = [
+        (w.regression["top_stage"], w.regression["ranks"][0]) for w in windows if w.regression
+    ]
+    assert placed == [
+        ("model.fwd_loss_cpu_wall", 15),
+        ("model.fwd_loss_cpu_wall", 13),
+        ("model.fwd_loss_cpu_wall", 12),
+    ]
+    decision, _ = regression_decision(windows[1])
+    assert decision is not None and decision.suspect_rank == 15, decision
+    assert "read from node summaries" in decision.repeat_needed, decision
+    assert _plans(windows) == [None] * 4
+
+
+def test_a_regression_read_from_node_summaries_two_windows_in_a_row_is_captured() -> None:
+    """Window 0's regression on rank 12 (a window whose top stage has no steady leader, so
+    only the regression path names a rank) in the next window too opens an incident on the
+    second, triggered by the regression, with the reason it was held for."""
+    windows = _summary_regressions((3, 0), repeat_last=2)
+    assert decide(windows[1])[0] is None  # the backward's leader switches
+    plans = _plans(windows)
+    assert plans[:2] == [None, None]
+    plan = plans[2]
+    assert plan is not None and plan.trigger == "regression", plan
+    assert plan.decision.suspect_rank == 12 and plan.decision.stage == "model.fwd_loss_cpu_wall"
+    assert any("two windows in a row" in reason for reason in plan.decision.reasons), plan

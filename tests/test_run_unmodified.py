@@ -4,8 +4,8 @@ launcher: the stages come from PyTorch's hooks, and a stall is routed to its sta
 confirmed by an incident naming the function that stalls.
 
 Cost: the two stalled jobs are session fixtures (tests/conftest.py), 30 to 40 s each on a
-loaded 2-core machine; the healthy job with accumulation, the two Lightning jobs and the Hugging
-Face job 25 to 50 s each (one Lightning job more than before: about 25 s on a quiet machine).
+loaded 2-core machine; the healthy job with accumulation, the two Lightning jobs and the two
+Hugging Face jobs 25 to 50 s each (the Hugging Face data stall is the latest one added).
 Nothing asserts a duration. The whole matrix (every script healthy and stalled):
 benchmarks/run_matrix.py.
 """
@@ -27,6 +27,17 @@ AUTO_STAGES = [
     "optim.step_cpu_wall",
     "step.other_cpu_wall",
 ]
+
+
+STALLS = pytest.mark.parametrize(
+    "stall, stage, rank, function",
+    [
+        ("data@2", "data.next_wait", 2, "slow_sample"),
+        ("forward@1", "model.fwd_loss_cpu_wall", 1, "slow_forward"),
+    ],
+    ids=["data", "forward"],
+)
+"""A stall on one rank, its stage and the script's function it runs in."""
 
 
 def _led_by(run: AutoRun, stage: str, rank: int) -> int:
@@ -109,14 +120,7 @@ def _confirmed(run: AutoRun, stage: str, rank: int, function: str) -> None:
     assert function in incident["op_diff"][0]["name"], incident["op_diff"][:3]
 
 
-@pytest.mark.parametrize(
-    "stall, stage, rank, function",
-    [
-        ("data@2", "data.next_wait", 2, "slow_sample"),
-        ("forward@1", "model.fwd_loss_cpu_wall", 1, "slow_forward"),
-    ],
-    ids=["data", "forward"],
-)
+@STALLS
 def test_a_stall_in_a_lightning_fit_is_routed_and_confirmed(
     tmp_path: Path, stall: str, stage: str, rank: int, function: str
 ) -> None:
@@ -133,17 +137,20 @@ def test_a_stall_in_a_lightning_fit_is_routed_and_confirmed(
     _confirmed(run, stage, rank, function)
 
 
-def test_a_forward_stall_in_a_hugging_face_trainer_is_routed_and_confirmed(
-    tmp_path: Path,
+@STALLS
+def test_a_stall_in_a_hugging_face_trainer_is_routed_and_confirmed(
+    tmp_path: Path, stall: str, stage: str, rank: int, function: str
 ) -> None:
-    """The Hugging Face Trainer gets its callback; a stall in rank 1's forward is routed and
-    confirmed naming ``slow_forward``. (A data stall there is not routed to its rank: the
-    Trainer's data stage ends in a cross-rank gather of the batch's token count, which every
-    rank waits in; benchmarks/results/run_matrix.md.)"""
+    """The Hugging Face Trainer gets its callback; a stall on one rank is routed and confirmed
+    naming the script's function. One job each. The data stall runs with the Trainer's default
+    ``average_tokens_across_devices``, whose cross-rank gather of the step's label tokens, after
+    the fetches, makes every rank wait for the slow one: the callback's data stage is the
+    loader's own fetches (the HF test used to cover the forward stall only; the data job is
+    25 to 50 s more)."""
     pytest.importorskip("transformers")
-    run = run_unmodified(tmp_path, "hf_trainer.py", "--steps", "40", "--stall", "forward@1")
+    run = run_unmodified(tmp_path, "hf_trainer.py", "--steps", "40", "--stall", stall)
     _clean(run)
     assert "stagefrontier: Hugging Face Trainer found" in run.output
     assert "model.fwd_loss_cpu_wall" in run.records[0]["stages"]
     assert sum(r["n_steps"] for r in run.records) == 40
-    _confirmed(run, "model.fwd_loss_cpu_wall", 1, "slow_forward")
+    _confirmed(run, stage, rank, function)

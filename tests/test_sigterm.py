@@ -9,25 +9,60 @@ signal, not the script, must end it.
 from __future__ import annotations
 
 import json
+import linecache
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
 
+from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.environment import SIGTERM
 from trace_support import manual_incident
 
 TRAIN = textwrap.dedent("""\
-    import logging, os, signal, sys, time
+    import ctypes, logging, os, signal, sys, threading, time
 
     logging.basicConfig(format="%(message)s", level=logging.INFO)
     logging.getLogger("stagefrontier").setLevel(logging.INFO)
     out, case = sys.argv[1], sys.argv[2]
+    MUTEX = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER in glibc
+
+
+    def waiting_in(tid, mutex):  # thread tid waits in the futex of mutex (its first word)
+        try:
+            with open(f"/proc/{tid}/task/{tid}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            return False
+        return len(fields) > 1 and int(fields[1], 16) == ctypes.addressof(mutex)
+
+
+    def wait_in_c(tid):  # until thread tid (a process's main thread) waits in its C lock
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not waiting_in(tid, MUTEX):
+            time.sleep(0.01)
+
+
+    def hang_in_c():  # lock a locked mutex: the calling thread stays in this C call for good
+        libc = ctypes.CDLL(None)
+        libc.pthread_mutex_lock(ctypes.byref(MUTEX))
+        if case == "stuck":
+            def signal_when_waiting():
+                wait_in_c(os.getpid())
+                os.kill(os.getpid(), signal.SIGTERM)
+            threading.Thread(target=signal_when_waiting, daemon=True).start()
+        libc.pthread_mutex_lock(ctypes.byref(MUTEX))
+
+
     if case == "chained":  # the application's own handler, installed before the timer
         def own(signum, frame):
             print("the application's handler ran", flush=True)
@@ -79,6 +114,40 @@ TRAIN = textwrap.dedent("""\
         for _ in range(4):
             torch.ones(8).sum()
             step()
+    if case == "stuck":  # the main thread waits in one C call that never returns
+        hang_in_c()
+        print("the C call returned", flush=True)
+    if case in ("forked", "forked-timer"):  # the handler installed, then a child forked
+        child = os.fork()
+        if child == 0:
+            if case == "forked":  # a DataLoader worker hung in C
+                hang_in_c()
+            else:  # a child that trains with a timer of its own, then is signalled
+                own = StageTimer(config=TimerConfig(stages=("data.next_wait",), window=5,
+                    collection=CollectConfig("local", out_dir=os.path.join(out, "child"),
+                    regression=None, log=False)))
+                timer = own
+                for _ in range(12):
+                    step()
+                os.kill(os.getpid(), signal.SIGTERM)
+                end = time.monotonic() + 60
+                while time.monotonic() < end:
+                    step()
+            os._exit(0)
+        if case == "forked":
+            wait_in_c(child)
+            os.kill(child, signal.SIGTERM)
+        status, end = None, time.monotonic() + 60
+        while status is None and time.monotonic() < end:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if not pid:
+                status = time.sleep(0.05)
+        if status is None:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            print("the child outlived its SIGTERM", flush=True)
+        elif os.WIFSIGNALED(status):
+            print("the child ended by signal", os.WTERMSIG(status), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     end = time.monotonic() + 60
     while time.monotonic() < end:
@@ -87,13 +156,15 @@ TRAIN = textwrap.dedent("""\
 """)
 
 
-def _signalled(folder: Path, case: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _signalled(
+    folder: Path, case: str, timeout: float = 240, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", TRAIN, str(folder), case],
         capture_output=True,
         text=True,
         env={**{k: v for k, v in os.environ.items() if k != SIGTERM.name}, **env},
-        timeout=240,
+        timeout=timeout,
     )
 
 
@@ -174,3 +245,90 @@ def test_a_sigterm_while_the_applications_profiler_traces_python_ends_the_proces
     assert _steps(tmp_path) == [(0, 0, 4), (1, 5, 9), (2, 10, 14), (3, 15, 15)]
     assert CLOSING in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_main_thread_stuck_in_a_c_call_still_ends_by_sigterm(tmp_path: Path) -> None:
+    """Before: Python runs a handler only between bytecodes, so a main thread waiting in one C
+    call (here a locked mutex; in a job, a collective waiting for a dead peer) ignored SIGTERM
+    until the launcher's SIGKILL. Now a watcher thread woken by the signal's wakeup byte closes
+    the timer and ends the process by SIGTERM (it would be by the close deadline and a second;
+    a minute here only tells "ended" from "stuck")."""
+    try:
+        done = _signalled(tmp_path, "stuck", timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("SIGTERM did not end a process stuck in a C call") from None
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "the C call returned" not in done.stdout
+    assert _steps(tmp_path) == [(0, 0, 4), (1, 5, 9), (2, 10, 11)]
+    assert CLOSING in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_forked_worker_hung_in_c_ends_on_sigterm_and_the_parent_is_untouched(
+    tmp_path: Path,
+) -> None:
+    """Before: a child forked after the handler was installed (a DataLoader worker) inherited
+    it, so one hung in a C call ignored the ``terminate()`` of its loader. Now the child gets
+    SIGTERM's default action back at the fork, and its signal does not reach the parent's
+    watcher: the parent trains on and closes on its own SIGTERM."""
+    done = _signalled(tmp_path, "forked")
+    assert "the child ended by signal 15" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert _steps(tmp_path) == [(0, 0, 4), (1, 5, 9), (2, 10, 11)]
+    assert done.stderr.count(CLOSING) == 1, done.stderr
+
+
+def test_a_child_forked_after_the_handler_closes_its_own_timer_on_sigterm(tmp_path: Path) -> None:
+    """Before: a child forked after the handler was installed (``mp.start_processes`` with
+    fork, Lightning's ``ddp_fork``) inherited the parent's handler and list of timers: the
+    timer it built never installed one, and a SIGTERM ended it without writing its window
+    being recorded. Now it installs its own and closes only its own timer."""
+    done = _signalled(tmp_path, "forked-timer")
+    assert "the child ended by signal 15" in done.stdout, done.stdout + done.stderr
+    assert _steps(tmp_path / "child") == [(0, 0, 4), (1, 5, 9), (2, 10, 11)]
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert _steps(tmp_path) == [(0, 0, 4), (1, 5, 9), (2, 10, 11)]
+    assert done.stderr.count(CLOSING) == 2, done.stderr
+
+
+def test_a_close_during_a_window_hand_off_says_the_window_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: SIGTERM's close, on its own thread, read a hand-off the training thread had left
+    half done: here the buffer already fresh and the window index moved on, but the steps not
+    yet reset, so it wrote a window 1 of steps 5 to 9, all zeros. Now the hand-off is flagged
+    while it runs and the close says that window is lost. The training thread runs the real
+    hand-off and is held, by a trace function of its own, just before it resets the steps."""
+    monkeypatch.setenv(SIGTERM.name, "0")  # no handler in the test's process
+    collect = CollectConfig("local", out_dir=tmp_path, regression=None, log=False)
+    timer = StageTimer(config=TimerConfig(stages=("data.next_wait",), window=5, collection=collect))
+    held, release = threading.Event(), threading.Event()
+
+    def hold_before_the_steps_reset(frame: FrameType, event: str, arg: object) -> Any:
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if event == "line" and line == "self._n = 0":
+            held.set()
+            release.wait(120)
+        return hold_before_the_steps_reset
+
+    def train() -> None:
+        def trace(frame: FrameType, event: str, arg: object) -> Any:
+            return hold_before_the_steps_reset if "hand_off" in frame.f_code.co_name else None
+
+        sys.settrace(trace)
+        for _ in range(5):
+            with timer.step(), timer.stage("data.next_wait"):
+                time.sleep(0.001)
+        sys.settrace(None)
+
+    training = threading.Thread(target=train)
+    training.start()
+    try:
+        assert held.wait(120), "the training thread never reached its hand-off"
+        with caplog.at_level(logging.WARNING, logger="stagefrontier"):
+            timer._close(process_ends=True)
+        assert _steps(tmp_path) == []
+        assert "window being handed off as the process ends is lost" in caplog.text
+    finally:
+        release.set()
+        training.join(120)

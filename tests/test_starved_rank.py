@@ -1,11 +1,17 @@
 """A rank starved of CPU is not a late rank (``record.run_queue``, ``analysis.collectives``).
 
-One real 4-rank Gloo DDP job under torchrun (``starved_rank_job.py``): rank 2 pinned to one
-core on which the test keeps CPU burners running, the other ranks on the other cores. Rank 2
+One real 4-rank Gloo DDP job, its ranks forked from the session's server
+(``starved_rank_job.py``): rank 2 pinned to one core on which the test keeps CPU burners
+running, the other ranks on the other cores. Rank 2
 runs the same code as the others and reaches backward's all-reduce late every step because it
 waits for a CPU; the windows must not name it late (nor route it), and must say why it was
 behind. The rule's other half, a rank late by its own code (a sleep, a compute delay), stays
 named: ``test_collectives.py`` and ``test_backward_incident.py`` run those.
+
+Cost on the 2-core machine, this module alone (the burners' CPU and the fork server's start
+included; in the whole suite the server is shared): 57 s of wall and 28 s of CPU, children
+included, at load 29-26, where the same job under torchrun took 112 s and 65 s just before
+(load 18-29): the ranks no longer import torch each, rank 2 at its starved share of a core.
 """
 
 from __future__ import annotations
@@ -22,16 +28,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rank_support import run_job, torchrun_command
-from recorder_support import read_records
+from rank_support import START_METHOD
+from recorder_support import DATA, FWD, CaptureCollector, read_records
+from stagefrontier import StageTimer, TimerConfig
 from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
 from stagefrontier.analysis.window_report import WindowReport
 from stagefrontier.record import run_queue
 from stagefrontier.record.run_queue import RunQueueClock
 from stagefrontier.render.verdict import verdict
+from starved_rank_job import RANKS, STARVED_RANK, run_rank
 
-JOB = Path(__file__).with_name("starved_rank_job.py")
-RANKS, STARVED_RANK, BURNERS = 4, 2, 3
+BURNERS = 3
 DEADLINE_S = 300
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -59,8 +66,12 @@ def starved() -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def records(starved: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    from stagefrontier.demo.launch import run_ranks
+
     out = tmp_path_factory.mktemp("starved")
-    run_job(torchrun_command(JOB, str(out), str(starved), ranks=RANKS), DEADLINE_S)
+    job = (str(out), starved)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=DEADLINE_S, start_method=START_METHOD)
+    assert all(code == 0 for code in codes.values()), f"rank exit codes {codes}"
     return read_records(out)
 
 
@@ -136,15 +147,60 @@ def test_an_unreadable_run_queue_is_said_once_and_reads_as_unknown(
 ) -> None:
     monkeypatch.setattr(run_queue, "SCHEDSTAT", str(tmp_path / "absent-{tid}"))
     clock = RunQueueClock()
-    assert clock.since_last() is None and clock.since_last() is None
+    clock.start()
+    assert clock.take() is None and clock.take() is None
     assert clock.reason is not None and "FileNotFoundError" in clock.reason
     assert clock.reason.startswith("run-queue wait not read")
 
 
-def test_the_run_queue_wait_counts_from_the_previous_read_on_the_same_thread() -> None:
+def test_the_run_queue_wait_counts_from_start_to_take_on_the_same_thread() -> None:
     if not Path("/proc/thread-self/schedstat").exists():
         pytest.skip("Linux's scheduler statistics are not here")
     clock = RunQueueClock()
-    assert clock.since_last() is None  # the first read starts the count
-    waited = clock.since_last()
+    assert clock.take() is None  # nothing counted yet
+    clock.start()
+    waited = clock.take()
     assert waited is not None and waited >= 0 and clock.reason is None
+    assert clock.take() is None  # take stops the count
+
+
+UNCOUNTED_NS = 10**15
+"""A CPU wait fed into the real reading (about 11 days) where no window's step runs: no real
+wait over a few empty steps comes near it, so a window that shows it counted set-up or a pause."""
+STEP_NS = 3_000_000
+
+
+def test_a_window_counts_the_cpu_wait_of_its_recorded_steps_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real schedstat of the test's thread plus a wait the test feeds in: a huge one in the
+    set-up after the log exists (as after ``watch_ddp``) and during a paused stretch, 3 ms in
+    each recorded step. Each window shows its recorded steps' 3 ms each and none of the huge
+    ones: the count starts at a window's first step and again after a pause."""
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("Linux's scheduler statistics are not here")
+    fed = [0]
+    real = run_queue._waited_ns
+    monkeypatch.setattr(run_queue, "_waited_ns", lambda fd: real(fd) + fed[0])
+    collector = CaptureCollector()
+    timer = StageTimer(config=TimerConfig(stages=(DATA, FWD), window=4), collector=collector)
+
+    def steps(n: int, fed_ns: int) -> None:
+        for _ in range(n):
+            with timer.step(), timer.stage(FWD), timer.collective("loss", 8):
+                fed[0] += fed_ns
+
+    timer.collective("loss", 8)  # the log exists from here on
+    fed[0] += UNCOUNTED_NS  # compile, warm-up
+    steps(4, STEP_NS)  # window 0
+    steps(1, STEP_NS)  # window 1: one step, two paused, one
+    timer.pause()
+    steps(2, UNCOUNTED_NS)
+    fed[0] += UNCOUNTED_NS
+    timer.resume()
+    steps(1, STEP_NS)
+    timer.close()
+    waited = [w.collectives["run_queue_us"] for w in collector.windows]
+    assert [w.n_steps for w in collector.windows] == [4, 2]
+    for us, recorded in zip(waited, (4, 2), strict=True):
+        assert recorded * STEP_NS // 1000 <= us < UNCOUNTED_NS // 1000, waited

@@ -1,18 +1,29 @@
 """The trace's writer in a forked child (``route.trace_writer``): what it answers when the write
-works, fails, hangs or dies, and where it writes when the process must not fork. Each child is a
-real fork of the test process; each ``make`` writes which process ran it."""
+works, fails, hangs or dies, and where it writes when the process must not fork; that the child
+never outlives its parent (killed with it, or ended by its own alarm) and is never written twice.
+Each child is a real fork of the test process; each ``make`` writes which process ran it."""
 
 from __future__ import annotations
 
 import errno
 import os
 import signal
+import sys
 import time
+import warnings
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
-from stagefrontier.route.trace_writer import MAX_FORK_BYTES, write_trace
+import pytest
+
+from stagefrontier.route.trace_writer import MAX_FORK_BYTES, _child, _prctl, write_trace
 
 SMALL = 1 << 20  # resident bytes of a process that may fork
+ENDS_WITHIN_S = 30.0
+"""How long a test waits for a process to end that should end at once (or, by its alarm, after
+a second): a bound for a busy machine, not a measure."""
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc, prctl")
 
 
 def _writes_its_pid(path: Path) -> Path:
@@ -68,3 +79,123 @@ def test_a_large_process_writes_on_the_calling_thread(tmp_path: Path) -> None:
         written = write_trace(lambda t=target: _writes_its_pid(t), resident_bytes=resident)
         assert not written.apart and written.path == target
         assert int(target.read_text()) == os.getpid()
+
+
+def test_a_child_the_kernel_reaps_is_not_written_again_here(tmp_path: Path) -> None:
+    """SIGCHLD ignored (an application's choice): the kernel reaps the child itself, so the wait
+    after the kill at the timeout finds no child. The trace is said failed, not written a second
+    time on the calling thread."""
+    target = tmp_path / "trace.json.gz"
+    caller = os.getpid()
+
+    def hangs() -> Path:
+        _writes_its_pid(target)
+        if os.getpid() != caller:
+            time.sleep(60)
+        return target
+
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        written = write_trace(hangs, resident_bytes=SMALL, timeout_s=0.5)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert written.apart and written.path is None
+    assert (
+        written.error == "the trace writer (a child process) had not finished after 0.5 s: killed"
+    )
+    assert not target.exists() or int(target.read_text()) != caller
+
+
+def _fork(child: Callable[[], object]) -> int:
+    """A real fork of this process that runs ``child`` and ends: its pid."""
+    with warnings.catch_warnings():  # the fork of a threaded process: the child only forks again
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _hangs_after_writing_its_pid(pid_file: Path) -> Path:
+    pid_file.with_suffix(".tmp").write_text(str(os.getpid()))
+    pid_file.with_suffix(".tmp").replace(pid_file)
+    time.sleep(600)
+    return pid_file
+
+
+def _state(pid: int) -> tuple[str, int]:
+    """A process's state letter (``"gone"`` once reaped) and its exit status (a zombie's)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone", 0
+    fields = stat.rsplit(")", 1)[1].split()  # the name, in brackets, may hold spaces
+    return fields[0], int(fields[-1])
+
+
+def _wait_for(pid_file: Path) -> int:
+    deadline = time.monotonic() + ENDS_WITHIN_S
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the writer child never started"
+        time.sleep(0.01)
+    return int(pid_file.read_text())
+
+
+def _until_ended(pid: int) -> tuple[str, int]:
+    """Wait (bounded) for ``pid`` to end: ended (zombie) or reaped; its last state."""
+    deadline = time.monotonic() + ENDS_WITHIN_S
+    while (state := _state(pid))[0] not in ("Z", "gone") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state
+
+
+@linux_only
+def test_a_writer_dies_with_its_parent_killed_by_sigkill(tmp_path: Path) -> None:
+    """The rank is SIGKILLed (or OOM-killed) while its writer hangs: the writer, holding copies
+    of the rank's sockets, is killed with it (``PR_SET_PDEATHSIG``), not left an orphan."""
+    pid_file = tmp_path / "writer.pid"
+    parent = _fork(
+        lambda: write_trace(
+            lambda: _hangs_after_writing_its_pid(pid_file), resident_bytes=SMALL, timeout_s=600
+        )
+    )
+    writer = _wait_for(pid_file)
+    try:
+        os.kill(parent, signal.SIGKILL)
+        os.waitpid(parent, 0)
+        state, status = _until_ended(writer)
+        assert state in ("Z", "gone"), f"the writer outlived its parent: state {state}"
+        assert state == "gone" or os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        with suppress(ProcessLookupError):
+            os.kill(writer, signal.SIGKILL)
+
+
+def test_a_writer_no_parent_kills_ends_by_its_own_alarm(tmp_path: Path) -> None:
+    """The writer's own body (``_child``) under a parent that never kills it (one stopped, or
+    stuck where its timeout never comes): it hangs, and ends by itself, by SIGALRM, when its
+    alarm rings (here after 1 s; in a rank ``ALARM_GRACE_S`` after the parent's timeout), having
+    said nothing."""
+    pid_file = tmp_path / "writer.pid"
+    read_end, write_end = os.pipe()
+    writer = _fork(
+        lambda: _child(
+            write_end, lambda: _hangs_after_writing_its_pid(pid_file), _prctl(), os.getppid(), 1
+        )
+    )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + ENDS_WITHIN_S
+        while not (ended := os.waitpid(writer, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ended[0] == writer, "the writer did not end by itself"
+        assert os.WIFSIGNALED(ended[1]) and os.WTERMSIG(ended[1]) == signal.SIGALRM
+        assert os.read(read_end, 1 << 16) == b""  # no answer: it never finished
+    finally:
+        os.close(read_end)
+        with suppress(ProcessLookupError, ChildProcessError):
+            os.kill(writer, signal.SIGKILL)
+            os.waitpid(writer, 0)

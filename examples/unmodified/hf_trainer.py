@@ -8,8 +8,8 @@ A two-layer GPT-2 built from a config (random weights) trains on random tokens.
 samples slow (``slow_sample``: 120 ms of stall per step), ``--stall forward@R`` rank R's
 forward (``slow_forward``). The model's own step takes about 25 ms. ``--local-token-count``
 turns off the Trainer's cross-rank sum of each batch's label tokens
-(``average_tokens_across_devices=False``), which runs in the data wait and makes every rank wait
-there for the slowest one.
+(``average_tokens_across_devices=False``), which runs after the fetches and makes every rank
+wait there for the slowest one.
 """
 
 from __future__ import annotations

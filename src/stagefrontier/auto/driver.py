@@ -8,18 +8,13 @@ an augmentation module before it), the first that holds a parameter the optimize
 From the second step on it times, entering and leaving the timer's public contexts
 (``timer.step()``, ``timer.microstep(i)``, ``timer.stage(name)``, ``timer.fetch``) at each hook:
 
-==========================  =====================================================================
-stage                       from -> to
-==========================  =====================================================================
-``data.next_wait``          each ``next()`` of a DataLoader iterator, timed in its ``__next__``
-                            (through ``timer.fetch`` while a capture records profiler ranges;
-                            charged to the step that consumes the batch; with accumulation, a
-                            fetch after a backward opens the next microstep and is its own)
-``model.fwd_loss_cpu_wall`` the model's forward (``auto.model.ModelForward``) -> the backward call
-``model.backward_cpu_wall`` the backward call, start to return
-``optim.step_cpu_wall``     the optimizer's step pre-hook -> its post-hook, which ends the step
-``step.other_cpu_wall``     the rest of the step (device transfer, clipping, logging)
-==========================  =====================================================================
+- ``data.next_wait``: each ``next()`` of a DataLoader iterator, timed in its ``__next__`` (through
+  ``timer.fetch`` while a capture records profiler ranges; charged to the step that consumes the
+  batch; with accumulation, a fetch after a backward opens the next microstep and is its own);
+- ``model.fwd_loss_cpu_wall``: the model's forward (``auto.model.ModelForward``) -> the backward;
+- ``model.backward_cpu_wall``: the backward call, start to return;
+- ``optim.step_cpu_wall``: the optimizer's step pre-hook -> its post-hook, which ends the step;
+- ``step.other_cpu_wall``: the rest of the step (device transfer, clipping, logging).
 
 A loop that does not fit is said in one line on rank 0 and left untimed, or timed with what
 the line names as lumped: two optimizers, no optimizer step, no backward call seen. Every method
@@ -58,8 +53,8 @@ LEARN, TIME, OFF = "learn", "time", "off"
 MAX_CANDIDATES = 8
 """Distinct outermost modules kept while learning, as candidates for the model."""
 LEARN_CALLS = 1000
-"""Outermost module calls with no optimizer step after which the hooks stop waiting for one:
-no real loop accumulates that many micro-batches into its first step."""
+"""Outermost module calls with no optimizer step after which the hooks stop waiting for one
+(no real loop accumulates that many micro-batches into its first step)."""
 
 
 def say(message: str) -> None:
@@ -253,16 +248,9 @@ class AutoDriver:
             self._watch(self._loader)
         return True
 
-    def _process_group_ready(self) -> bool:
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return True
-        dist = self._torch.distributed
-        return bool(dist.is_available() and dist.is_initialized())
-
     # ------------------------------------------------------------------ the hooks
-    # Each runs once a step in the training loop, the common case first with the fewest tests
-    # and calls: contexts entered and left here, not through a helper (each Python call a step
-    # makes is a measurable share of the hooks' cost); rare cases go to the helpers below.
+    # Each runs once a step, the common case first with the fewest tests and calls: contexts
+    # entered and left here, not in helpers (each Python call costs); rare cases go to helpers.
     def timed_forward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         """The model's forward while timing (``ModelForward``'s call): ``inner``, the model's own
         forward, after the step's first forward opens the step and the forward stage (the
@@ -312,15 +300,24 @@ class AutoDriver:
             self._fail(exc)
 
     def timed_backward(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        """``torch.autograd.backward`` while the hooks are installed: ``call`` (the original)
-        in the backward stage."""
+        """``torch.autograd.backward`` while hooked: ``call`` (the original) in the backward
+        stage, its parameters spelt out (``patches.BACKWARD_PARAMETERS``)."""
         driver = self
 
-        def backward(*args: Any, **kwargs: Any) -> Any:
+        def backward(
+            tensors: Any,
+            grad_tensors: Any = None,
+            retain_graph: Any = None,
+            create_graph: Any = False,
+            grad_variables: Any = None,
+            inputs: Any = None,
+        ) -> Any:
             if driver._step is None or driver._in_backward:
                 if driver.phase is LEARN and not driver._in_backward:
                     driver._learn_backwards += 1
-                return call(*args, **kwargs)
+                return call(
+                    tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+                )
             driver._in_backward = True
             try:
                 opened = driver._open
@@ -333,7 +330,9 @@ class AutoDriver:
             except Exception as exc:
                 driver._fail(exc)
             try:
-                return call(*args, **kwargs)
+                return call(
+                    tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+                )
             finally:
                 driver._in_backward = False
                 if driver._open_name is BACKWARD_STAGE:
@@ -446,7 +445,8 @@ class AutoDriver:
             self._loader = loader
         if loader is not self._loader:
             return
-        if self.timer is None and self._process_group_ready():
+        dist, alone = self._torch.distributed, int(os.environ.get("WORLD_SIZE", "1")) <= 1
+        if self.timer is None and (alone or (dist.is_available() and dist.is_initialized())):
             self._ensure_timer()
         elif self.timer is not None:
             self._watch(loader)

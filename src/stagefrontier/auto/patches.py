@@ -5,7 +5,9 @@ PyTorch has public global hooks for the optimizer step (``register_optimizer_ste
 ``register_forward_pre_hook``); the automatic hooks use those. Four events have none, and are
 patched here, each by one wrapper that calls the original and tells a listener:
 
-- ``torch.autograd.backward``: the backward call (``Tensor.backward`` calls it, so both count);
+- ``torch.autograd.backward``: the backward call (``Tensor.backward`` calls it, so both count),
+  when its parameters are ``BACKWARD_PARAMETERS`` (the wrapper spells them out; a torch whose
+  backward takes others is left as it is, and its backward is timed in the forward stage);
 - ``DataLoader.__iter__``: a loader starts an epoch (its workers are watched from then on);
 - ``_BaseDataLoaderIter.__next__``: one batch fetched (every DataLoader iterator inherits it);
 - ``torch.distributed.destroy_process_group``: the timer closes first, while its store works.
@@ -16,11 +18,22 @@ patched here, each by one wrapper that calls the original and tells a listener:
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
 LOADER = "_stagefrontier_loader"
 """The attribute on a DataLoader iterator naming the loader it came from."""
+BACKWARD_PARAMETERS = (
+    "tensors",
+    "grad_tensors",
+    "retain_graph",
+    "create_graph",
+    "grad_variables",
+    "inputs",
+)
+"""The parameters of ``torch.autograd.backward`` (torch 2.2 on), spelt out by its wrapper: a
+wrapper taking ``*args, **kwargs`` packs a tuple and a dict at every backward call."""
 
 
 class Listener(Protocol):
@@ -48,7 +61,7 @@ class Patches:
         from torch.utils.data import dataloader
 
         listener = self._listener
-        patched_backward = listener.timed_backward(torch.autograd.backward)
+        backward = torch.autograd.backward
 
         make_iterator = dataloader.DataLoader.__iter__
 
@@ -66,7 +79,8 @@ class Patches:
             listener.closing()
             return destroy(*args, **kwargs)
 
-        self._replace(torch.autograd, "backward", patched_backward)
+        if tuple(inspect.signature(backward).parameters) == BACKWARD_PARAMETERS:
+            self._replace(torch.autograd, "backward", listener.timed_backward(backward))
         self._replace(dataloader.DataLoader, "__iter__", patched_iter)
         self._replace(dataloader._BaseDataLoaderIter, "__next__", patched_next)
         self._replace(torch.distributed, "destroy_process_group", patched_destroy)

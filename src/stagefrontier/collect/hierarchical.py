@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..errors import ReportFormatError
 from ..window.rank import PendingWindow, RankWindow
 from .base import CollectorSettings, publish
 from .launcher import warn_once
-from .node import NodeIdentity, host_layout, node_of
+from .node import NodeIdentity, node_from_hosts, node_of
 from .node_payload import (
     Group,
     Wanted,
@@ -45,7 +44,7 @@ from .node_payload import (
     node_group,
 )
 from .node_store import connect_node_store, loopback_store, publish_address
-from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, top_level
+from .node_tree import DEFAULT_FAN_IN, Level, group_span, headed_levels, level_wait_s, top_level
 from .node_wire import ROW_REQUESTS
 from .rank0_watch import Rank0Watch, RecentWindows
 from .store import (
@@ -71,9 +70,16 @@ class NodeMember(StoreCollector):
     once and keeps its own windows from the oldest its leader had not finished."""
 
     def __init__(
-        self, settings: CollectorSettings, *, node: NodeIdentity, store: Any = None
+        self,
+        settings: CollectorSettings,
+        *,
+        node: NodeIdentity,
+        store: Any = None,
+        fan_in: int = DEFAULT_FAN_IN,
     ) -> None:
-        super().__init__(settings, store=store)
+        # its leader waits for the tree levels it heads before it finishes a window
+        levels = top_level(node.node, settings.world_size // node.size, fan_in)
+        super().__init__(settings, store=store, watch_levels=levels)
         self.node = node
         self._recent = RecentWindows()
 
@@ -132,7 +138,8 @@ class NodeLeader(StoreCollector):
         self._server = server
         super().__init__(settings, store=server, collects=True, scope=scope)
         if self.rank != 0:  # it watches rank 0's done counter as a flat sender does
-            self._watch = Rank0Watch(self.rank, settings.out_dir, settings.timeout_s)
+            levels = top_level(0, self.nodes, fan_in)  # rank 0 waits for each
+            self._watch = Rank0Watch(self.rank, settings.out_dir, settings.timeout_s, levels)
         self._recent = RecentWindows()  # the node's windows rank 0 has not finished
         self.peers = node.ranks[1:]
         if problem is not None:
@@ -186,7 +193,8 @@ class NodeLeader(StoreCollector):
                 self._watch.keep(window)
             self._release_window(own.window, read)
             return
-        self._recent.add(windows)
+        if self._watch is not None:  # rank 0 has no collector above it to outlive
+            self._recent.add(windows)
         ended = item[1]
         self._worker.activity = f"condensing window {own.window} of {self.node.label()}"
         if self._keep:
@@ -240,7 +248,7 @@ class NodeLeader(StoreCollector):
         keys = {
             c: part_key(index, top_level(c, self.nodes, self.fan_in), c) for c in level.children
         }
-        wait_s = self.timeout_s * (level.level + 1)
+        wait_s = level_wait_s(level.level, self.timeout_s)
         left = self._read_parts(
             self._waits[level.level],
             keys,
@@ -358,12 +366,6 @@ class NodeLeader(StoreCollector):
         watch = self._watch
         try:
             done = self._sent_up.send(self._job(), index, group.encode())
-            if watch is not None:
-                watch.collecting = watch.collecting or done > 0  # rank 0 finished a window
-                self._recent.passed(done)
-                if watch.silent(index, done):
-                    self._sent_up.take_back(self._job(), done)  # its parts: nobody reads them
-                    watch.take_over(self._recent.held(), whose="its node's")
         except Exception as exc:
             self._up_failed = f"job store unavailable since a failed send: {exc}"
             logger.warning(
@@ -371,6 +373,22 @@ class NodeLeader(StoreCollector):
                 self.node.label(),
                 exc,
             )
+            return
+        if watch is None:
+            return
+        watch.collecting = watch.collecting or done > 0  # rank 0 finished a window
+        self._recent.passed(done)
+        if watch.silent(index, done):
+            try:  # its parts: nobody reads them
+                self._sent_up.take_back(self._job(), done)
+            except Exception as exc:  # they stay in the store; the node's windows are kept
+                logger.warning(
+                    "stagefrontier: %s could not delete its parts rank 0 never read from the "
+                    "job's store: %s",
+                    self.node.label(),
+                    exc,
+                )
+            watch.take_over(self._recent.held(), whose="its node's")
 
     def _release_parts(self, index: int, read: list[str]) -> None:
         """Delete the children's parts read and this window's parts of a previous attempt;
@@ -416,49 +434,6 @@ def node_store_client(collector: NodeMember | NodeLeader) -> Any:
     return collector._open_raw()
 
 
-HOSTS_KEY = "hosts"
-"""Job-store keys of the host names (``hosts/<rank>``) and rank 0's verdict (``hosts``: the
-ranks per node, or why the hosts do not form nodes)."""
-_HOSTS_READ = 1024
-"""Host names rank 0 reads per store call."""
-
-
-def node_from_hosts(
-    rank: int, world_size: int, timeout_s: float, store: Any = None
-) -> NodeIdentity:
-    """This rank's node from the ranks' host names, gathered once through the job's store: each
-    rank writes its own, rank 0 reads them all and writes the verdict every rank reads (so all
-    choose alike). Runs on the training thread when the timer is built.
-
-    Raises:
-        ValueError: the hosts do not form whole nodes (rank 0's reason), or the store failed.
-    """
-    host = socket.gethostname()
-    try:
-        conn = attempt_store(open_connection(store, timeout_s))
-        conn.set(f"{HOSTS_KEY}/{rank}", host)
-        if rank == 0:
-            keys = [f"{HOSTS_KEY}/{r}" for r in range(world_size)]
-            hosts: list[str] = []
-            for start in range(0, world_size, _HOSTS_READ):
-                chunk = conn.multi_get(keys[start : start + _HOSTS_READ])
-                hosts.extend(bytes(h).decode("utf-8", "replace") for h in chunk)
-            try:
-                verdict = str(host_layout(hosts))
-            except ValueError as exc:
-                verdict = str(exc)
-            conn.set(HOSTS_KEY, verdict)
-        verdict = bytes(conn.get(HOSTS_KEY)).decode("utf-8", "replace")
-    except Exception as exc:
-        raise ValueError(
-            f"the host names could not be gathered through the job's store: {exc}"
-        ) from None
-    if not verdict.isdigit():
-        raise ValueError(f"the ranks' hosts do not form nodes: {verdict}")
-    size = int(verdict)
-    return NodeIdentity(node=rank // size, first_rank=rank - rank % size, size=size, host=host)
-
-
 def hierarchical_collector(
     settings: CollectorSettings, *, keep_node_windows: bool, fan_in: int, store: Any = None
 ) -> StoreCollector | None:
@@ -492,4 +467,4 @@ def hierarchical_collector(
         return NodeLeader(
             settings, node=node, store=store, keep_node_windows=keep_node_windows, fan_in=fan_in
         )
-    return NodeMember(settings, node=node, store=store)
+    return NodeMember(settings, node=node, store=store, fan_in=fan_in)

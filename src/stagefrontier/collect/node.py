@@ -7,7 +7,7 @@ rank knows its node's ranks without asking anyone, and rank 0 knows every node's
 leader is its local rank 0. ``GROUP_RANK`` is checked when set (a launcher that numbers its nodes
 otherwise cannot be followed); the host name labels the node in reports. Without
 ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` the ranks' host names, gathered once through the job's store
-(``collect.hierarchical``), say it instead when they form whole nodes (``host_layout``); when
+(``node_from_hosts``), say it instead when they form whole nodes (``host_layout``); when
 they do not, hierarchical collection falls back to flat collection.
 """
 
@@ -17,6 +17,9 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from .store import attempt_store, open_connection
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,46 @@ def host_layout(hosts: Sequence[str]) -> int:
 def node_layout(world_size: int, size: int) -> dict[int, range]:
     """Every node's ranks, by node index, in a job of whole nodes of ``size`` ranks."""
     return {node: range(node * size, (node + 1) * size) for node in range(world_size // size)}
+
+
+HOSTS_KEY = "hosts"
+"""Job-store keys of the host names (``hosts/<rank>``) and rank 0's verdict (``hosts``: the
+ranks per node, or why the hosts do not form nodes)."""
+_HOSTS_READ = 1024
+"""Host names rank 0 reads per store call."""
+
+
+def node_from_hosts(
+    rank: int, world_size: int, timeout_s: float, store: Any = None
+) -> NodeIdentity:
+    """This rank's node from the ranks' host names, gathered once through the job's store: each
+    rank writes its own, rank 0 reads them all and writes the verdict every rank reads (so all
+    choose alike). Runs on the training thread when the timer is built.
+
+    Raises:
+        ValueError: the hosts do not form whole nodes (rank 0's reason), or the store failed.
+    """
+    host = socket.gethostname()
+    try:
+        conn = attempt_store(open_connection(store, timeout_s))
+        conn.set(f"{HOSTS_KEY}/{rank}", host)
+        if rank == 0:
+            keys = [f"{HOSTS_KEY}/{r}" for r in range(world_size)]
+            hosts: list[str] = []
+            for start in range(0, world_size, _HOSTS_READ):
+                chunk = conn.multi_get(keys[start : start + _HOSTS_READ])
+                hosts.extend(bytes(h).decode("utf-8", "replace") for h in chunk)
+            try:
+                verdict = str(host_layout(hosts))
+            except ValueError as exc:
+                verdict = str(exc)
+            conn.set(HOSTS_KEY, verdict)
+        verdict = bytes(conn.get(HOSTS_KEY)).decode("utf-8", "replace")
+    except Exception as exc:
+        raise ValueError(
+            f"the host names could not be gathered through the job's store: {exc}"
+        ) from None
+    if not verdict.isdigit():
+        raise ValueError(f"the ranks' hosts do not form nodes: {verdict}")
+    size = int(verdict)
+    return NodeIdentity(node=rank // size, first_rank=rank - rank % size, size=size, host=host)

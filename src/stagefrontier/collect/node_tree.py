@@ -54,3 +54,10 @@ def top_level(node: int, nodes: int, fan_in: int) -> int:
 def group_span(first_node: int, level: int, nodes: int, fan_in: int) -> range:
     """The nodes a level-``level`` part that starts at ``first_node`` covers."""
     return range(first_node, min(first_node + fan_in**level, nodes))
+
+
+def level_wait_s(level: int, timeout_s: float) -> float:
+    """How long after a window's end a head waits for the parts of its level-``level``
+    children: one collect timeout for each level below, each of which may have waited its own,
+    and one for its own."""
+    return timeout_s * (level + 1)

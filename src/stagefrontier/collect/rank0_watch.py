@@ -5,8 +5,10 @@ every sender reads it with each window it sends. When rank 0 dies with the store
 was killed, the store lives in the launcher's agent), the counter stops while the other ranks
 train on and their windows pile up in a store nobody reads. A sender whose windows run
 ``SILENT_WINDOWS`` ahead of a counter that has not moved for twice its collection timeout and
-``SILENT_MARGIN_S`` more (counted once rank 0 has begun collecting: it claims the store's keys
-as it gathers its first window; a rank 0 slow to start is not gone) says so once, stops
+``SILENT_MARGIN_S`` more (under hierarchical collection one timeout more for each tree level
+the watched collector heads, as it waits that much longer for its children's parts; counted
+once rank 0 has begun collecting: it claims the store's keys as it gathers its first window;
+a rank 0 slow to start is not gone) says so once, stops
 sending, takes back its windows rank 0 never collected (those still in the store: at most
 ``MAX_UNCOLLECTED``) and analyzes them and every later window itself, writing them under
 ``out_dir/rank-<r>/`` (``windows.jsonl`` and packets, as a one-rank run).
@@ -37,16 +39,22 @@ SILENT_WINDOWS = 3
 """How many windows a sender runs ahead of rank 0's done counter before it may judge rank 0
 gone (rank 0 may lag a window or two behind a live job)."""
 SILENT_MARGIN_S = 5.0
-"""What a stopped counter must last beyond twice the collection timeout."""
+"""What a stopped counter must last beyond the watched collector's longest wait for a window
+(``level_wait_s`` of its top level) and one collection timeout more."""
 
 
 class Rank0Watch:
     """Told by a sender, after each window it sent, how many windows rank 0 has finished."""
 
-    def __init__(self, rank: int, out_dir: str | os.PathLike[str], timeout_s: float) -> None:
+    def __init__(
+        self, rank: int, out_dir: str | os.PathLike[str], timeout_s: float, levels: int = 0
+    ) -> None:
+        """``levels``: the node tree levels the watched collector heads (0 when flat); it
+        waits one collect timeout more for each before it finishes a window
+        (``node_tree.level_wait_s``)."""
         self.rank = rank
         self.out_dir = Path(out_dir)
-        self.silent_after_s = 2 * timeout_s + SILENT_MARGIN_S
+        self.silent_after_s = (levels + 2) * timeout_s + SILENT_MARGIN_S
         self._done = -1
         self._since = time.monotonic()
         self.collecting = False

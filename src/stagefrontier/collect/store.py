@@ -208,10 +208,12 @@ class StoreCollector:
         store: Any = None,
         collects: bool | None = None,
         scope: int | None = None,
+        watch_levels: int = 0,
     ) -> None:
         """``store``: the store to clone for the collector's connection (the job's by default);
         ``collects``: whether this rank reads the others' windows (None: rank 0 does);
-        ``scope``: the key scope, already claimed (None: claimed here)."""
+        ``scope``: the key scope, already claimed (None: claimed here); ``watch_levels``: the
+        node tree levels the collector this sender watches heads (``Rank0Watch``)."""
         rank, world_size, timeout_s = settings.rank, settings.world_size, settings.timeout_s
         collects = rank == 0 if collects is None else collects
         self.rank = rank
@@ -234,7 +236,9 @@ class StoreCollector:
         self._silent_read = 0  # rank 0: announcements read so far
         self._done = 0  # rank 0: the value of the done counter it last published
         self._sent = SentKeys(lambda index: window_key(index, rank))  # sender's keys
-        self._watch = None if collects else Rank0Watch(rank, settings.out_dir, timeout_s)
+        self._watch = (
+            None if collects else Rank0Watch(rank, settings.out_dir, timeout_s, watch_levels)
+        )
         self.sinks = collector_sinks(rank, settings.out_dir, distributed=True, sinks=settings.sinks)
         start_sinks(self.sinks)
         self.consumers = Consumers()

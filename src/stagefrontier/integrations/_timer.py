@@ -22,6 +22,7 @@ from ..record.loader_workers import restart_persistent_workers
 from ..record.recorder import StageTimer
 from ..route.router import ProfilerRouter
 from ..sinks import Sink
+from ._fetches import FetchTimes
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns
@@ -134,6 +135,7 @@ class HookClock:
 
     __slots__ = (
         "_broken",
+        "_fetches",
         "_loader",
         "_mark",
         "_micro",
@@ -151,6 +153,7 @@ class HookClock:
         self._mark: int | None = None
         self._broken = False
         self._loader: Any = None  # the watched DataLoader's counters, or None
+        self._fetches: FetchTimes | None = None  # see time_fetches
         self.microstep_index = -1
 
     @property
@@ -179,6 +182,23 @@ class HookClock:
             self._loader = None
         return self._loader is not None
 
+    def time_fetches(self, data: Any) -> bool:
+        """Charge as the data wait only the time inside the fetches of the DataLoader in
+        ``data`` (see ``_fetches``), not all the time between two steps: for a framework that
+        does more there than fetch, such as a collective every rank waits in for the slowest.
+        True when its fetches are timed; otherwise the whole gap is charged, as before."""
+        if self._broken or data is None or not self._timer.enabled:
+            return False
+        fetches = FetchTimes(self._timer.instrumentation)
+        try:
+            timed = fetches.watch(train_loader(data))
+        except Exception as exc:
+            doing = "timing the training DataLoader's fetches"
+            say_failed(logger, doing, exc, "all the time between steps is the data wait")
+            timed = False
+        self._fetches = fetches if timed else None
+        return timed
+
     def took(self, batches: int) -> None:
         """The loop took ``batches`` batches from the watched loader."""
         if self._loader is not None:
@@ -188,6 +208,9 @@ class HookClock:
         """The next step's data wait starts now (unless a step is open)."""
         if self._step is None:
             self._mark = _now()
+            if self._fetches is not None:
+                self._fetches.take()  # count this wait's fetches only (each its own range)
+                return
             try:  # while the router captures, the wait is a profiler range too
                 self._timer.instrumentation.open_wait_gap()
             except Exception as exc:
@@ -202,7 +225,9 @@ class HookClock:
                 self.end_step()
             mark, self._mark = self._mark, None
             if mark is not None:
-                charge_data_wait(self._timer, _now() - mark)
+                fetches = self._fetches
+                wait = _now() - mark if fetches is None else fetches.take()
+                charge_data_wait(self._timer, wait)
             self._timer.instrumentation.close_wait_gap()
             step = self._timer.step()
             step.__enter__()

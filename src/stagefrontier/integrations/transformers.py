@@ -22,13 +22,16 @@ callbacks in list order: its defaults, the reporting integrations, then yours):
 =====================================  ========================================================
 stage                                  from -> to
 =====================================  ========================================================
-``data.next_wait``                     end of the previous step (see the last row), or
-                                       ``on_train_begin`` / ``on_epoch_begin`` /
-                                       ``on_evaluate`` / ``on_save`` -> ``on_step_begin``. The
-                                       Trainer fetches every micro-batch of the optimizer step
-                                       here (``get_batch_samples``), and counts the step's
-                                       label tokens (a cross-rank gather when
-                                       ``average_tokens_across_devices``).
+``data.next_wait``                     the time inside the training DataLoader's fetches
+                                       between the end of the previous step (see the last
+                                       row), or ``on_train_begin`` / ``on_epoch_begin`` /
+                                       ``on_evaluate`` / ``on_save``, and ``on_step_begin``:
+                                       the Trainer fetches every micro-batch of the optimizer
+                                       step there (``get_batch_samples``). It then counts the
+                                       step's label tokens, a cross-rank gather with
+                                       ``average_tokens_across_devices`` where every rank waits
+                                       for the slowest fetch: not counted (a loader that is not
+                                       a torch ``DataLoader``: the whole time is counted).
 ``model.fwd_loss_cpu_wall``            ``on_step_begin`` (micro-batch 0) or ``on_substep_end``
                                        (micro-batch i > 0) -> the model's forward returns:
                                        input preparation (device transfer) and the forward,
@@ -49,9 +52,10 @@ stage                                  from -> to
 ``step.other_cpu_wall`` (residual)     step wall time beyond the stages above (next to nothing).
 =====================================  ========================================================
 
-Not counted: evaluation and checkpoint saving (``_maybe_log_save_evaluate`` after the step's
-log; the next data wait starts again at ``on_evaluate`` / ``on_save``), and callbacks listed
-after this one. Add it last to count the others' hooks.
+Not counted: the label tokens' count after the fetches (above), evaluation and checkpoint
+saving (``_maybe_log_save_evaluate`` after the step's log; the next data wait starts again at
+``on_evaluate`` / ``on_save``), and callbacks listed after this one. Add it last to count the
+others' hooks.
 
 Gradient accumulation (``gradient_accumulation_steps=k``): one timer step per optimizer step;
 micro-batch ``i`` is ``timer.microstep(i)``. The Trainer fetches all k micro-batches before
@@ -127,6 +131,9 @@ class StageFrontierCallback(_transformers.TrainerCallback):  # type: ignore[misc
             self._hook = model.register_forward_hook(self._forward_returned)
         # The Trainer hands its callbacks the loader before the first epoch starts its workers.
         self._clock.watch(kwargs.get("train_dataloader"))  # type: ignore[union-attr]
+        # The data wait is the loader's own fetches: the token count's gather after them waits
+        # for the slowest rank's fetch (see the module doc).
+        self._clock.time_fetches(kwargs.get("train_dataloader"))  # type: ignore[union-attr]
         self._clock.mark()  # type: ignore[union-attr]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

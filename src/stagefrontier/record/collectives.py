@@ -68,8 +68,7 @@ class CollectiveLog:
         self._said: set[tuple[str, str]] = set()
         self._watched: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._watched_ids: dict[int, bool] = {}  # for objects without weak references
-        self._run_queue = RunQueueClock()
-        self._run_queue.since_last()  # the count starts on the thread that watches
+        self.run_queue = RunQueueClock()  # started and stopped by the timer's steps
 
     def watched_once(self, target: Any, watch: Callable[[], bool]) -> bool:
         """``watch()``'s answer for ``target``, computed the first time only (a model or
@@ -166,10 +165,11 @@ class CollectiveLog:
         """The window's timed collectives, those of steps up to ``last_step``, in the window
         record's form: ``keys`` ``[family, bucket, stage, call, bytes]``, ``calls`` ``[step,
         key, reached_us, issued_us, wait_us]``, the ``untimed`` reasons and ``run_queue_us``,
-        how long this thread waited for a CPU since the previous window (None when unknown)."""
-        waited = self._run_queue.since_last()
-        if self._run_queue.reason is not None:
-            self.note(self._run_queue.reason)
+        how long this thread waited for a CPU over the window's recorded steps (None when
+        unknown)."""
+        waited = self.run_queue.take()
+        if self.run_queue.reason is not None:
+            self.note(self.run_queue.reason)
         done = self._done
         taken = done[: len(done)]
         del done[: len(taken)]

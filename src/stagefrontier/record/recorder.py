@@ -314,6 +314,7 @@ class StageTimer(TimerState):
     def _collective_log(self) -> CollectiveLog:
         if self._collectives is None:
             self._collectives = CollectiveLog(self.instrumentation)
+            self._step_hooks = True  # its run-queue count starts at the next step
         log: CollectiveLog = self._collectives
         return log
 
@@ -419,7 +420,13 @@ class StageTimer(TimerState):
                 release_scope(self._disabled_scope)
             return
         try:
-            if self._n:
+            if self._handing_off:  # a SIGTERM's close while the training thread hands off
+                logger.warning(
+                    "stagefrontier: rank %d's window being handed off as the process ends is "
+                    "lost: its copy was half done, and a half copy would be a wrong window",
+                    self.rank,
+                )
+            elif self._n:
                 self._hand_off(self._n)
             self._say_paused_through()
         except Exception as exc:  # telemetry never fails the caller

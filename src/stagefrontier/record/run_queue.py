@@ -7,8 +7,12 @@ rank late because its own code slept or computed longer does not: sleeping is no
 computing is running. The late-rank rule (``analysis.collectives``) discounts the part of a
 rank's lateness its extra run-queue wait explains.
 
-One read per window, on the training thread at the hand-off, from a file descriptor opened on
-that thread (a ``schedstat`` file names the thread that opened it). Where the file cannot be
+The count covers a window's recorded steps only: it starts as the window's first step begins
+(``record.timer_state``), stops as a paused stretch begins and starts again at the first step
+recorded after it, and is read at the hand-off; the set-up before the first window (compile,
+warm-up) and a pause do not inflate the per-step wait the rule divides by the window's steps.
+A few reads per window, all on the training thread, from a file descriptor opened on that thread
+(a ``schedstat`` file names the thread that opened it). Where the file cannot be
 read (not Linux, a kernel without scheduler statistics) the reason goes into the window record
 once and the rule stays as it was without it.
 """
@@ -24,38 +28,58 @@ UNREAD = "run-queue wait not read ({why}): a rank starved of CPU is judged as a 
 
 
 class RunQueueClock:
-    """The calling thread's run-queue wait since the previous ``since_last`` on the same
-    thread; None when it cannot be read (``reason`` then says why)."""
+    """The calling thread's run-queue wait over the stretches it is told to count: from
+    ``start`` to ``stop`` (or ``take``), summed until ``take`` hands the sum over. A stretch
+    started on one thread and stopped on another is dropped (the file names one thread)."""
 
     def __init__(self) -> None:
         self._thread: int | None = None
         self._fd = -1
-        self._last = 0
+        self._started: int | None = None  # the reading the running stretch counts from
+        self._held = 0
+        self._counted = False
         self.reason: str | None = None
 
-    def since_last(self) -> int | None:
-        """Nanoseconds waited for a CPU since the previous call, or None: the first call on a
-        thread (it starts the count), or the file is unreadable."""
-        if self.reason is not None:
-            return None
-        thread = threading.get_ident()
+    def start(self) -> None:
+        """Count from now (nothing when counting already, or the file is unreadable)."""
+        if self._started is None and self.reason is None:
+            self._started = self._read()
+
+    def stop(self) -> None:
+        """Stop counting; the stretch since ``start`` is kept for ``take``."""
+        started, self._started = self._started, None
+        if started is None:
+            return
+        thread = self._thread
+        now = self._read()
+        if now is not None and self._thread == thread:
+            self._held += max(now - started, 0)
+            self._counted = True
+
+    def take(self) -> int | None:
+        """Nanoseconds waited for a CPU over the stretches counted since the previous
+        ``take``, and the count stops; None when none was counted (it never started, or the
+        file is unreadable: ``reason`` then says why)."""
+        self.stop()
+        held, counted = self._held, self._counted
+        self._held, self._counted = 0, False
+        return held if counted and self.reason is None else None
+
+    def _read(self) -> int | None:
         try:
+            thread = threading.get_ident()
             if thread != self._thread:
                 self._open(thread)
-                return None
-            now = _waited_ns(self._fd)
+            return _waited_ns(self._fd)
         except (OSError, ValueError, IndexError) as exc:
             self.reason = UNREAD.format(why=f"{type(exc).__name__}: {exc}"[:120])
             self.close()
             return None
-        waited, self._last = now - self._last, now
-        return max(waited, 0)
 
     def _open(self, thread: int) -> None:
         self.close()
         fd = os.open(SCHEDSTAT.format(tid=threading.get_native_id()), os.O_RDONLY)
         self._fd, self._thread = fd, thread
-        self._last = _waited_ns(fd)
 
     def close(self) -> None:
         fd, self._fd, self._thread = self._fd, -1, None

@@ -134,6 +134,8 @@ class TimerState:
         self._paused_ranges: list[list[int]] = []
         self._paused_through: list[list[int]] = []  # steps of windows not handed off: all paused
         self._handed_windows = 0
+        # Set through a hand-off: a close on another thread (SIGTERM's) must not read it half done.
+        self._handing_off = False
         self._window_end = window
         self._window_index = 0
         # The open ordered stage: None when none is, OUTSIDE when no step is open.
@@ -211,7 +213,8 @@ class TimerState:
         """The rare work at the beginning of a step. A data wait fetched through ``timer.iter``
         is charged to this step, as the first stage of microstep 0; it is returned, to extend
         the step's wall time over it. Pending CUDA-event pairs are polled. The run's first step
-        reads the wall clock its first window starts at."""
+        reads the wall clock its first window starts at. The collectives' run-queue count
+        starts here: at a window's first step, and at the first step recorded after a pause."""
         pending = self._pending_data_ns
         if not self._window_started_ns:  # the run's first step: its data wait included
             self._window_started_ns = time.time_ns() - pending
@@ -221,6 +224,8 @@ class TimerState:
             self._last = row + 1
         if self._events.pending:
             self._events.poll(self._step_index)
+        if self._collectives is not None:
+            self._collectives.run_queue.start()
         self._step_hooks = bool(self._events.pending)
         return pending
 
@@ -253,6 +258,9 @@ class TimerState:
         it (a batch fetched for it) is dropped with it."""
         self._active = PAUSED_STEP
         self._pending_data_ns = 0
+        if self._collectives is not None:  # a paused stretch is not the window's CPU wait
+            self._collectives.run_queue.stop()
+            self._step_hooks = True  # the count starts again at the next recorded step
         if self._capture:  # a capture armed or running ends at a pause
             self._router.on_pause(self._step_index)
 
@@ -305,6 +313,14 @@ class TimerState:
         A window whose steps were all paused (``n == 0``) is not handed off; its index is
         skipped, so that the next window keeps the index of the other ranks' next window.
         """
+        self._handing_off = True
+        try:
+            self._hand_off_steps(n, carry_row)
+        finally:
+            self._handing_off = False
+
+    def _hand_off_steps(self, n: int, carry_row: int | None) -> None:
+        """``_hand_off``'s work, under its flag."""
         start = _now()
         ended_ns = time.time_ns()
         first = self._first_step
@@ -336,6 +352,8 @@ class TimerState:
         self._window_mixed = False
         self._violations = 0
         self._reasons = []
+        if self._collectives is not None:  # the run-queue count starts at the next step
+            self._step_hooks = True
         if n:
             try:
                 queued = (

@@ -47,14 +47,13 @@ from typing import Any
 from msgspec.structs import replace
 
 from ..failures import reason, say_failed
-from ..formats.packet import remove_temporaries
 from ..record.annotate import step_range_name
 from ..record.instrumentation import Instrumentation
 from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
 from .stack_sampler import SampledStacks, StackSampler, stack_events
 from .trace_parts import TraceParts
-from .trace_writer import export_failure, write_trace
+from .trace_writer import WRITE_TIMEOUT_S, anonymous_resident_bytes, export_failure, write_trace
 from .worker_profile import WorkerCapture
 
 logger = logging.getLogger("stagefrontier")
@@ -106,7 +105,8 @@ class RankCapture:
         self._workers = WorkerCapture(timer)  # the DataLoader's workers, profiled alongside
         self._saved = threading.Event()  # clear while the router thread has a trace written
         self._saved.set()
-        self._held: Callable[[], None] | None = None  # the trace's export, until the next step
+        # the stopped capture's request and its trace's export, held until the next step
+        self._held: tuple[CaptureRequest, Callable[[], None]] | None = None
 
     @property
     def _rank(self) -> int:
@@ -257,7 +257,10 @@ class RankCapture:
             self._give_up("a profiler the user started is already active on this rank")
             return
         if not self._saved.is_set():
-            self._give_up(f"rank {self._rank} is still writing the trace of its last capture")
+            self._give_up(
+                f"rank {self._rank} is still writing the trace of its last capture (a writer "
+                f"may take up to {WRITE_TIMEOUT_S:g} s)"
+            )
             return
         if request.steps > MAX_CAPTURE_STEPS:
             self._note = f"{request.steps} steps asked: capped at {MAX_CAPTURE_STEPS} steps"
@@ -312,13 +315,16 @@ class RankCapture:
         self._saved.clear()
         # held until the next step starts: this one (the stop's) runs without the fork's hold
         # of the GIL and the writer's use of a core (the timer keeps telling steps till then)
-        self._held = lambda: self._export(parts, prof, sampled, request, last, note, spent_s)
+        self._held = (
+            request,
+            lambda: self._export(parts, prof, sampled, request, last, note, spent_s),
+        )
 
     def _release_held(self) -> None:
         """The step after a capture (or none follows): its trace's export to the router thread."""
         held, self._held = self._held, None
         if held is not None:
-            self._submit(held)
+            self._submit(held[1])
 
     def _end_sampling(self) -> SampledStacks | None:
         return self._sampler.end() if self._sampler is not None else None
@@ -329,8 +335,13 @@ class RankCapture:
             self._sampler.close()
 
     def drop(self, reason: str) -> None:
-        """The process ends by a signal: the capture ends (``RouterRuntime.close`` says how)."""
-        self._release_held()
+        """The process ends by a signal: the capture ends (``RouterRuntime.close`` says how); a
+        stopped one's trace is not written (no writer is forked while the process ends)."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._saved.set()
+            why = f"{reason}: its trace was not written"
+            self._submit(lambda: self._answer(self._status(held[0], "skipped", why)))
         self._prof, parts, self._parts = None, self._parts, None
         if parts is not None:
             self._submit(parts.discard)
@@ -409,7 +420,7 @@ class RankCapture:
             except OSError as exc:
                 error = export_failure(exc)
         if path is None or error:  # a full disk, a read-only folder, a killed writer: said
-            remove_temporaries(parts.folder, f".{parts.name}*.tmp")
+            parts.remove()
             why = f"trace export failed, nothing was kept: {error}"
             logger.warning("stagefrontier: rank %d, incident %s: %s", self._rank, request.id, why)
             self._answer(self._status(request, "failed", why))
@@ -471,19 +482,6 @@ def _write(parts: TraceParts, prof: Any, sampled: SampledStacks | None) -> Path:
 
 def _left(why: str) -> str:
     return f"{why}: the capture is abandoned and that session left as it is"
-
-
-def anonymous_resident_bytes() -> int | None:
-    """This process's resident anonymous memory, its heap (Linux ``/proc``: resident less
-    shared); None where it cannot be read. The file pages of its libraries are left out: the
-    kernel maps them in as code first runs (the first profiled step's, megabytes of them) and
-    may evict them under memory pressure, and neither is memory the profiler holds."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            fields = statm.read().split()
-        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def size_text(size: int) -> str:

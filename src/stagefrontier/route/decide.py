@@ -110,8 +110,8 @@ class Decision:
     captured steps need not have it on top either (``confirm``)."""
     repeat_needed: str = ""
     """Why this window's lead alone opens nothing (a lead under ``LARGE_JUMP`` times the bar it
-    clears, or any lead read from node summaries): the policy captures it only when the window
-    before led to the same stage and suspect. Empty when it acts at once."""
+    clears, or any lead or regression read from node summaries): the policy captures it only
+    when the window before named the same stage and suspect. Empty when it acts at once."""
 
 
 def decide(
@@ -330,7 +330,9 @@ def regression_decision(
     rank's few milliseconds more in a stage are no stall. The test is skipped only for a rank
     the timed collectives name late (the others then wait for it inside the same stage) in
     this window and in the window before (``late_before``), as ``late_rank_decision`` asks: a
-    late rank in one window alone is read as though no rank were named late."""
+    late rank in one window alone is read as though no rank were named late. From node
+    summaries, which carry no rank's steps for that test, the decision is ``repeat_needed``:
+    captured only when the window before named the same rank in the same stage."""
     regression = window.regression
     if not regression or regression.get("kind") == WHOLE_JOB:
         return None, ""
@@ -363,6 +365,13 @@ def regression_decision(
                 f"the regression's rank {suspect} exceeds rank {reference} in {broad} by "
                 f"{excess.shift_s * 1e3:.1f} ms/step, {excess.shortfall()}"
             )
+    repeat = ""
+    if not late and window.summary is not None:
+        repeat = (
+            f"the regression's rank {suspect} grew by {deltas.get(suspect, math.nan):.1f} "
+            f"ms/step in {stage}, read from node summaries, which carry no rank's steps to "
+            "judge it against their noise"
+        )
     first, last = regression["baseline_windows"]
     reasons = (
         f"window slower than windows {first}-{last} by "
@@ -376,7 +385,9 @@ def regression_decision(
     )
     share = window.report.semantic_shares.get(broad, float("nan"))
     index = window.merged.reference.window
-    return Decision(broad, suspect, reference, share, index, reasons, burst=burst), ""
+    return Decision(
+        broad, suspect, reference, share, index, reasons, burst=burst, repeat_needed=repeat
+    ), ""
 
 
 def _late_before_too(late: dict[str, Any], before: CollectiveReading | None) -> bool:

@@ -5,7 +5,7 @@ requests, and decides; it writes nothing (``coordinator`` acts on its plans)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..analysis.collectives import CollectiveReading
@@ -25,10 +25,11 @@ captured when the window before named it too (``decide``)."""
 @dataclass
 class Named:
     """What one window named, for the next window's decision: the rank the timed collectives
-    name late in it, and the (stage, suspect) of a lead it held back (``repeat_needed``)."""
+    name late in it, and the (stage, suspect) of each lead or regression it held back
+    (``repeat_needed``)."""
 
     late: CollectiveReading | None = None
-    lead: tuple[str, int] | None = None
+    leads: set[tuple[str, int]] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class CapturePolicy:
             noise_factor=self.config.noise_factor,
             late_before=before.late,
         )
+        if regressed is not None and regressed.repeat_needed:
+            regressed, refused = self._repeated(regressed, index, before)
         if regressed is None:
             why = "; ".join(x for x in (why, refused) if x)
             logger.debug("stagefrontier router: window %d not actionable: %s", index, why)
@@ -131,11 +134,12 @@ class CapturePolicy:
     def _repeated(
         self, decision: Decision, index: int, before: Named
     ) -> tuple[Decision | None, str]:
-        """A lead under the large-jump bar: remembered, and captured only when the window
-        before led to the same stage and suspect (else None, with why)."""
+        """A lead under the large-jump bar, or a lead or regression read from node summaries:
+        remembered, and captured only when the window before named the same stage and suspect,
+        by either (else None, with why)."""
         lead = (decision.stage, decision.suspect_rank)
-        self.named.setdefault(index, Named()).lead = lead
-        if before.lead == lead:
+        self.named.setdefault(index, Named()).leads.add(lead)
+        if lead in before.leads:
             held = (
                 f"{decision.repeat_needed}; rank {lead[1]} led {lead[0]} in the window before "
                 "too: two windows in a row"

@@ -255,7 +255,8 @@ class RouterRuntime:
         ``process_ends``: the process ends by a signal and this runs on another thread (see
         ``record.on_sigterm``): a capture armed or running ends with the reason, its trace
         discarded and its profiler session left to end with the process (a session is the
-        training thread's to stop); a trace held for export is still written; the sampling ends
+        training thread's to stop); a trace held for export is not written (no writer is forked
+        while the process ends) and its capture answered skipped; the sampling ends
         with ``capture.close``."""
         ends = time.monotonic() + join_s
         if process_ends:

@@ -24,7 +24,6 @@ import errno
 import gzip
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import msgspec
 
 from ..failures import say_failed
-from ..formats.packet import atomic_file
+from ..formats.packet import atomic_file, remove_temporaries
 
 logger = logging.getLogger("stagefrontier")
 
@@ -117,9 +116,6 @@ class TraceParts:
         """Parts appended to the trace."""
         self._saved = 0
         self.error: Exception | None = None
-        self.cpu_s = 0.0
-        """CPU seconds the router thread spent saving and appending the parts and ending the
-        trace."""
         self._out: GzipTarget | None = None
         self._base = b""
         self._events = False  # an event was written (the next part's go after a comma)
@@ -130,11 +126,7 @@ class TraceParts:
         ``join``); no other profiler session of the capture's may start while it runs."""
         if self.error is not None:
             return None
-        start = time.thread_time()
-        try:
-            return self._save(prof)
-        finally:
-            self.cpu_s += time.thread_time() - start
+        return self._save(prof)
 
     def _save(self, prof: Any) -> Path | None:
         # Kineto writes ``path`` under a temporary name first, then renames it; every name ends
@@ -157,7 +149,6 @@ class TraceParts:
         removed (nothing after a failure)."""
         if path is None:
             return
-        start = time.thread_time()
         try:
             if self.error is None:
                 self._append(path.read_bytes())
@@ -167,7 +158,6 @@ class TraceParts:
             self.discard()
         finally:
             _remove_part(path)
-            self.cpu_s += time.thread_time() - start
 
     def _append(self, data: bytes) -> None:
         start, end = split_trace(data)
@@ -193,7 +183,6 @@ class TraceParts:
         and the trace kept without them."""
         if self._out is None or self.error is not None:
             return
-        start = time.thread_time()
         try:
             try:
                 events = make(int(self._base or b"0"))
@@ -207,13 +196,10 @@ class TraceParts:
         except Exception as exc:
             self.error = exc
             self.discard()
-        finally:
-            self.cpu_s += time.thread_time() - start
 
     def join(self) -> Path:
         """End the trace (``folder / name``, in place whole or not at all). Raises what a
         part's write raised, or OSError."""
-        start = time.thread_time()
         out, self._out = self._out, None
         try:
             if self.error is not None:
@@ -226,8 +212,6 @@ class TraceParts:
             if out is not None:
                 out.discard()
             raise
-        finally:
-            self.cpu_s += time.thread_time() - start
         return self.folder / self.name
 
     def discard(self) -> None:
@@ -235,6 +219,13 @@ class TraceParts:
         out, self._out = self._out, None
         if out is not None:
             out.discard()
+
+    def remove(self) -> None:
+        """Remove what a failed write left: the temporary files, and the trace itself (a
+        writer killed after it was in place reports no path: the trace is not kept)."""
+        remove_temporaries(self.folder, f".{self.name}*.tmp")
+        with suppress(OSError):
+            (self.folder / self.name).unlink(missing_ok=True)
 
 
 def _remove_part(path: Path) -> None:

@@ -13,23 +13,34 @@ Forking copies the parent's page tables while holding its GIL (about 10 ms per G
 so a process over ``MAX_FORK_BYTES`` writes on the router thread, as does a platform without
 ``fork`` or a fork that fails; ``Written.apart`` says which ran. The child runs no signal
 handler of the application's, no garbage collection (no finalizer of the parent's objects runs
-twice) and never returns into the parent's code: it ends with ``os._exit``. A child that has not
-ended after ``WRITE_TIMEOUT_S`` is killed and the trace reported failed, with that reason.
+twice) and never returns into the parent's code: it ends with ``os._exit``, flushing nothing it
+inherited (its answer goes through the pipe only). A child that has not ended after
+``WRITE_TIMEOUT_S`` is killed and the trace reported failed, with that reason; an answer the
+child gave in full is trusted over how it ended.
+
+The child holds copies of every descriptor the parent had (its Gloo sockets, its store client, a
+node leader's listening store): it must not outlive the parent. On Linux the kernel kills it when
+the parent's thread that forked it ends (``PR_SET_PDEATHSIG``: a parent killed, even by SIGKILL
+or the OOM killer, takes its writer with it), and the child sets its own alarm for a little
+after that timeout (``ALARM_GRACE_S``), so it ends by itself where the parent is stopped or
+stuck.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import gc
 import logging
+import math
 import os
 import signal
-import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -42,11 +53,17 @@ MAX_FORK_BYTES = 4 << 30
 thread: its fork would hold the GIL for tens of milliseconds."""
 WRITE_TIMEOUT_S = 120.0
 """The longest a child may take to write a trace before it is killed."""
+ALARM_GRACE_S = 30.0
+"""The child's own alarm rings this long after its parent's timeout: the parent's kill, which
+names the timeout, comes first; the alarm ends a child whose parent is stopped or stuck."""
 POLL_FIRST_S = 0.002
 POLL_MOST_S = 0.05
 """The router thread looks for the child's exit first after this, then at growing intervals up
 to ``POLL_MOST_S`` (each look is a ``waitpid`` call: the waits between are GIL-free sleeps)."""
 MESSAGE_BYTES = 1 << 16
+PR_SET_PDEATHSIG = 1
+"""``prctl``'s option (linux/prctl.h): the signal the kernel sends a process when its parent
+(the thread that forked it) ends."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,19 @@ class _Message(msgspec.Struct):
 def export_failure(exc: BaseException) -> str:
     """Why a trace's write failed, in one line (the system's words for an OSError)."""
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+
+
+def anonymous_resident_bytes() -> int | None:
+    """This process's resident anonymous memory, its heap (Linux ``/proc``: resident less
+    shared); None where it cannot be read. The file pages of its libraries are left out: the
+    kernel maps them in as code first runs (the first profiled step's, megabytes of them) and
+    may evict them under memory pressure, and neither is memory the profiler holds."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            fields = statm.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def write_trace(
@@ -98,6 +128,8 @@ def _here(make: Callable[[], Path]) -> Written:
 
 def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
     read_end, write_end = os.pipe()
+    parent = os.getpid()
+    prctl = _prctl()  # looked up here: the child must not take the dynamic loader's lock
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns that a fork of a threaded process may deadlock in the child: this
@@ -106,7 +138,7 @@ def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
             pid = os.fork()
         if pid == 0:
             os.close(read_end)
-            _child(write_end, make)
+            _child(write_end, make, prctl, parent, math.ceil(timeout_s + ALARM_GRACE_S))
         os.close(write_end)
         write_end = -1
         status, cpu_s = _wait(pid, timeout_s)
@@ -119,23 +151,27 @@ def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
-    if status:
-        return Written(None, status, cpu_s, apart=True)
-    try:
+    try:  # a whole answer stands, however the child ended after giving it
         message = msgspec.json.decode(data, type=_Message)
     except msgspec.DecodeError:
-        return Written(None, "the trace writer (a child process) gave no answer", cpu_s, True)
+        why = status or "the trace writer (a child process) gave no answer"
+        return Written(None, why, cpu_s, apart=True)
     path = Path(message.path) if message.path else None
     return Written(path, message.error, cpu_s, apart=True)
 
 
-def _child(write_end: int, make: Callable[[], Path]) -> NoReturn:
-    """In the forked child: write the trace, say how it went, end (never returns)."""
+def _child(
+    write_end: int, make: Callable[[], Path], prctl: Any, parent: int, alarm_s: int
+) -> NoReturn:
+    """In the forked child: write the trace, say how it went, end (never returns; by SIGALRM
+    after ``alarm_s`` seconds at the latest)."""
     code = 1
     try:
+        _end_with(prctl, parent)
         gc.disable()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
             signal.signal(signum, signal.SIG_DFL)
+        signal.alarm(alarm_s)
         try:
             message = _Message(str(make()), "")
         except Exception as exc:
@@ -143,8 +179,26 @@ def _child(write_end: int, make: Callable[[], Path]) -> NoReturn:
         os.write(write_end, msgspec.json.encode(message))
         code = 0
     finally:
-        sys.stderr.flush()
         os._exit(code)
+
+
+@functools.cache
+def _prctl() -> Any:
+    """The C library's ``prctl`` (None off Linux, or where no C library can be loaded)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _end_with(prctl: Any, parent: int) -> None:
+    """The child is killed when its parent ends (with ``prctl``; elsewhere its alarm alone ends
+    it); a parent that ended before the request took effect left the child: it ends now."""
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _wait(pid: int, timeout_s: float) -> tuple[str, float]:
@@ -165,12 +219,21 @@ def _wait(pid: int, timeout_s: float) -> tuple[str, float]:
             how = f"by signal {-code}" if code < 0 else f"with exit code {code}"
             return f"the trace writer (a child process) ended {how}", cpu_s
         if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            _, _, usage = os.wait4(pid, 0)
             return (
                 f"the trace writer (a child process) had not finished after {timeout_s:g} s: "
                 "killed",
-                usage.ru_utime + usage.ru_stime,
+                _kill(pid),
             )
         time.sleep(pause)
         pause = min(pause * 2, POLL_MOST_S)
+
+
+def _kill(pid: int) -> float:
+    """Kill the child ``pid`` and reap it: the CPU seconds it ran (0 where it was reaped
+    elsewhere: SIGCHLD ignored, or the application's own wait, between the last look and here)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        _, _, usage = os.wait4(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return 0.0
+    return usage.ru_utime + usage.ru_stime
