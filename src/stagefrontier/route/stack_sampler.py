@@ -21,11 +21,20 @@ the interval may be missed, and a builtin (``time.sleep``) is charged to the lin
 function that called it.
 
 A garbage collection holds the GIL for as long as it runs (hundreds of milliseconds in a process
-holding a framework's objects), and no sample can be taken meanwhile: the sampled thread's stack
-is read as such a collection starts on another thread (a ``gc`` callback while sampling), and a
-sample is stamped before a collection it runs itself, so the time goes to the stack the sampled
-thread had, not to one sampled before. Another thread holding the GIL in a long C call is still
-a gap that the stack sampled before it fills.
+holding a framework's objects), and no sample can be taken meanwhile. The sampled thread cannot
+run Python during another thread's collection, so its stack then is the stack it has when the
+collection ends: a ``gc`` callback (while sampling) only stamps the time such a collection
+started, and the next regular sample is stamped there, so the collection's time goes to the stack
+read after it, not to one sampled before. Another thread holding the GIL in a long C call is
+still a gap that the stack sampled before it fills.
+
+Reading another thread's frames is where CPython 3.11 can crash (SIGSEGV in ``PyFrame_GetBack``
+from a profiler thread): the reader holds frame objects of a live thread, and if the GIL passes
+to that thread in the middle of the walk it pops and materializes frames under them. So the walk
+holds the GIL from the first frame to the last: the switch interval is raised and the collector
+paused for the few microseconds it takes (both process-wide, both restored to exactly what they
+were), and the ``gc`` callback, which runs inside a collection at any allocation of another
+thread, reads no frame at all.
 """
 
 from __future__ import annotations
@@ -62,6 +71,9 @@ Sample = tuple[int, Stack, int]
 """When it was taken (``time.time_ns``), the frames (outermost first) and the line the
 innermost one was at; no frames at a cut (``StackSampler.cut``)."""
 MAX_LINE_CHARS = 80
+HOLD_GIL_S = 0.1
+"""The switch interval while a stack is read (20 times Python's default; a read takes tens of
+microseconds), so that no other thread asks for the GIL in the middle of it."""
 CLOSE_JOIN_S = 1.0
 """The longest ``close`` waits for the sampling thread to end (it takes one interval)."""
 
@@ -90,6 +102,7 @@ class StackSampler:
         self._native_id = 0
         self._samples: list[Sample] = []
         self._cuts: list[int] = []  # when the sampled thread cut (``cut``), written by it alone
+        self._collection_ns: int | None = None  # when another thread's collection started
         self._closed = False
         self._thread = threading.Thread(
             target=self._run, name=f"{ROUTER_THREAD}-sampler", daemon=True
@@ -101,6 +114,7 @@ class StackSampler:
         with self._wake:
             self._samples = []
             self._cuts = []
+            self._collection_ns = None
             self._target = threading.get_ident()
             self._native_id = threading.get_native_id()
             self._wake.notify()
@@ -145,25 +159,15 @@ class StackSampler:
 
     def _on_collection(self, phase: str, info: dict[str, int]) -> None:
         """A garbage collection on another thread (the router's, say) holds the GIL until it
-        ends, and the sampled thread cannot run Python meanwhile: its stack now is its stack
-        throughout. Sampled as the collection starts: the sampling thread, held off until it
-        ends, may find the sampled thread moved on (out of a sleep that the collection spanned)
-        and would charge the whole time to the stack it sampled before. The sampled thread's own
-        collections are its own time, and this thread's are stamped by ``_sample``."""
-        target = self._target
-        if phase != "start" or target is None:
+        ends, and the sampled thread cannot run Python meanwhile: its stack as the collection
+        starts is its stack as it ends. Only the start is stamped (reading frames here, inside a
+        collection at an arbitrary allocation, is what crashed): the next regular sample is
+        stamped there (``_run``). The sampled thread's own collections are its own time, and the
+        sampling thread runs none while it reads (``_sample``)."""
+        if phase != "start" or self._target is None or self._collection_ns is not None:
             return
-        if threading.get_ident() in (target, self._thread.ident):
-            return
-        if not self._wake.acquire(blocking=False):  # a sample or a cut is being written
-            return
-        try:
-            if self._target == target and len(self._samples) < MAX_SAMPLES:
-                self._keep(_sample(target))
-        except Exception:  # never a traceback from a collection; the regular samples go on
-            logger.debug("stagefrontier: sampling at a collection failed", exc_info=True)
-        finally:
-            self._wake.release()
+        if threading.get_ident() not in (self._target, self._thread.ident):
+            self._collection_ns = time.time_ns()
 
     def _keep(self, sample: Sample | None) -> None:
         """Keep a sample, never stamped before the last cut: a sample is stamped before its
@@ -182,6 +186,7 @@ class StackSampler:
             gc.callbacks.remove(self._on_collection)
 
     def _run(self) -> None:
+        last_ns = 0  # the last sample's stamp
         while True:
             with self._wake:
                 while self._target is None and not self._closed:
@@ -191,7 +196,13 @@ class StackSampler:
                     return
                 try:
                     if len(self._samples) < MAX_SAMPLES:
-                        self._keep(_sample(target))
+                        collection_ns, self._collection_ns = self._collection_ns, None
+                        sample = _sample(target)
+                        if sample is not None:
+                            if collection_ns is not None and last_ns < collection_ns < sample[0]:
+                                sample = (collection_ns, sample[1], sample[2])
+                            last_ns = sample[0]
+                        self._keep(sample)
                 except Exception as exc:  # telemetry never fails: this capture has no more
                     say_failed(logger, "sampling the training thread's stack", exc, "it stops")
                     self._target = None
@@ -199,18 +210,32 @@ class StackSampler:
 
 
 def _sample(thread_id: int) -> Sample | None:
-    """One sample of a thread's stack, or None when the thread is gone. The thread's frame is
-    referenced only inside this call: a frame kept by the sampling thread would keep the
-    training loop's locals (its model, its DataLoader) alive after the loop returned, and free
-    them on the sampling thread later, possibly while the interpreter shuts down, where freeing
-    a tensor aborts the process (the tensor's release of the GIL cannot take it back then).
+    """One sample of a thread's stack, or None when the thread is gone, read while this thread
+    holds the GIL throughout: the switch interval is raised, so that no other thread takes the
+    GIL in the middle of the walk, and the collector paused, so that no collection (whose
+    finalizers and callbacks run Python, and may release the GIL) runs inside it; both are put
+    back exactly as they were. The stamp is then the moment the stack was read.
 
-    The sample is stamped before the frames are read. Reading them allocates, so a garbage
-    collection may run here, on this thread, holding the GIL for as long as it takes (hundreds
-    of milliseconds in a process holding a framework's objects). The sampled thread cannot run
-    Python meanwhile, so the stack read after the collection is the one it had when this call
-    began: stamped after, the collection's time went to the previous sample's stack, and a
-    120 ms sleep that the collection spanned came out as a few milliseconds."""
+    The thread's frame is referenced only inside ``_read``: a frame kept by the sampling thread
+    would keep the training loop's locals (its model, its DataLoader) alive after the loop
+    returned, and free them on the sampling thread later, possibly while the interpreter shuts
+    down, where freeing a tensor aborts the process (the tensor's release of the GIL cannot take
+    it back then)."""
+    switch_s = sys.getswitchinterval()
+    collecting = gc.isenabled()
+    sys.setswitchinterval(HOLD_GIL_S)
+    gc.disable()
+    try:
+        return _read(thread_id)
+    finally:
+        # Kept in whole microseconds, read back as a float that may fall just short of them:
+        # set as read, 249 us would come back 248, one less at every sample.
+        sys.setswitchinterval((round(switch_s * 1e6) + 0.5) / 1e6)
+        if collecting:
+            gc.enable()
+
+
+def _read(thread_id: int) -> Sample | None:
     at_ns = time.time_ns()
     frame = sys._current_frames().get(thread_id)
     if frame is None:
