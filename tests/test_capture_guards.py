@@ -45,7 +45,7 @@ class Rank:
             on_step=self.capture.on_step,
             on_step_end=self.capture.on_step_end,
             on_pause=self.capture.on_pause,
-            close=lambda join_s: self.capture.finish(self.timer._step_index),
+            close=lambda join_s, process_ends=False: self.capture.finish(self.timer._step_index),
         )
 
     def arm(self, steps: int) -> CaptureRequest:

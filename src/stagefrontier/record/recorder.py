@@ -443,10 +443,7 @@ class StageTimer(TimerState):
             call_within(self._collector.close, bound, "the collector", logger, deadline_s)
         if self._router is not None:  # its thread gets the rest
             rest = max(ends - FINISH_S - time.monotonic(), 0.0)
-            if process_ends:
-                self._router.close(rest, process_ends=True)
-            else:
-                self._router.close(rest)
+            self._router.close(rest, process_ends=process_ends)
 
     def __enter__(self) -> StageTimer:
         return self
