@@ -90,7 +90,9 @@ class CollectiveTimes:
     rank did not time that collective in that step; step ``i`` is the window's first step plus
     ``i``), the ranks' reasons for what they could not time, and per rank how long its training
     thread waited for a CPU per step over the window (``record.run_queue``; None where unknown,
-    empty when no rank said)."""
+    empty when no rank said); ``queued_ms`` ``[steps, ranks, collectives]``, how long the rank's
+    training thread had waited for a CPU from the step's start until it reached the collective
+    (NaN where unread; None when no rank read it)."""
 
     keys: tuple[Key, ...]
     nbytes: tuple[int, ...]
@@ -98,6 +100,7 @@ class CollectiveTimes:
     reached_ms: npt.NDArray[np.float64]
     untimed: tuple[str, ...] = ()
     run_queue_ms: tuple[float | None, ...] = ()
+    queued_ms: npt.NDArray[np.float64] | None = None
 
     @classmethod
     def of_ranks(
@@ -115,17 +118,19 @@ class CollectiveTimes:
                 nbytes[key] = max(nbytes.get(key, 0), size)
         shape = (n_steps, len(ranks), len(keys))
         wait, reached = np.full(shape, np.nan), np.full(shape, np.nan)
+        queued = np.full(shape, np.nan)
         untimed: list[str] = []
         for r, part in enumerate(ranks):
             own = [keys[(f, b, s, c)] for f, b, s, c, _ in part.get("keys", [])]
-            for step, k, arrived_us, _, wait_us in part.get("calls", []):
+            for step, k, arrived_us, _, wait_us, *queued_us in part.get("calls", []):
                 row = step - first_step
                 if 0 <= row < n_steps:
                     wait[row, r, own[k]] = wait_us / 1e3
                     reached[row, r, own[k]] = arrived_us / 1e3
+                    queued[row, r, own[k]] = queued_us[0] / 1e3 if queued_us else np.nan
             untimed.extend(u for u in part.get("untimed", []) if u not in untimed)
-        queued = [part.get("run_queue_us") for part in ranks]
-        run_queue = tuple(None if q is None else q / 1e3 / max(n_steps, 1) for q in queued)
+        said = [part.get("run_queue_us") for part in ranks]
+        run_queue = tuple(None if q is None else q / 1e3 / max(n_steps, 1) for q in said)
         return cls(
             tuple(keys),
             tuple(nbytes[k] for k in keys),
@@ -133,6 +138,7 @@ class CollectiveTimes:
             reached,
             tuple(untimed),
             run_queue if any(q is not None for q in run_queue) else (),
+            queued if np.isfinite(queued).any() else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,34 +147,41 @@ class CollectiveTimes:
             out[np.isnan(values)] = None
             return out.tolist()
 
-        return {
+        out = {
             "keys": [[*key, size] for key, size in zip(self.keys, self.nbytes, strict=True)],
             "wait_ms": boxed(self.wait_ms),
             "reached_ms": boxed(self.reached_ms),
             "untimed": list(self.untimed),
             "run_queue_ms": [None if q is None else round(q, 3) for q in self.run_queue_ms],
         }
+        if self.queued_ms is not None:
+            out["queued_ms"] = boxed(self.queued_ms)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> CollectiveTimes:
-        """From ``to_dict()``'s form (a record written before ``run_queue_ms`` was carried
-        reads as one without it); raises ReportFormatError naming what is wrong."""
+        """From ``to_dict()``'s form (a record written before ``run_queue_ms`` or
+        ``queued_ms`` was carried reads as one without it); raises ReportFormatError naming
+        what is wrong."""
         fields = {"keys", "wait_ms", "reached_ms", "untimed"}
-        if not isinstance(data, dict) or set(data) - {"run_queue_ms"} != fields:
+        if not isinstance(data, dict) or set(data) - {"run_queue_ms", "queued_ms"} != fields:
             raise ReportFormatError("collectives must hold keys, wait_ms, reached_ms and untimed")
         keys = [
             checked_key(k, "collectives") for k in checked_list(data["keys"], "collectives keys")
         ]
+        arrays = {"wait_ms": data["wait_ms"], "reached_ms": data["reached_ms"]}
+        if data.get("queued_ms") is not None:
+            arrays["queued_ms"] = data["queued_ms"]
         try:
-            wait = np.array(data["wait_ms"], dtype=np.float64)
-            reached = np.array(data["reached_ms"], dtype=np.float64)
+            read = {name: np.array(value, dtype=np.float64) for name, value in arrays.items()}
         except (TypeError, ValueError) as exc:
             raise ReportFormatError(f"malformed collectives: {exc}") from None
-        for name, arr in (("wait_ms", wait), ("reached_ms", reached)):
+        for name, arr in read.items():
             if arr.ndim != 3 or arr.shape[2] != len(keys) or np.isinf(arr).any() or (arr < 0).any():
                 raise ReportFormatError(f"collectives {name} must be [steps, ranks, keys] >= 0")
-        if wait.shape != reached.shape:
-            raise ReportFormatError("collectives wait_ms and reached_ms differ in shape")
+        wait, reached = read["wait_ms"], read["reached_ms"]
+        if any(arr.shape != wait.shape for arr in read.values()):
+            raise ReportFormatError("collectives wait_ms, reached_ms and queued_ms differ in shape")
         untimed = checked_list(data["untimed"], "collectives untimed")
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError("collectives untimed must be a list of strings")
@@ -182,6 +195,7 @@ class CollectiveTimes:
             reached,
             tuple(untimed),
             tuple(None if q is None else float(q) for q in run_queue),
+            read.get("queued_ms"),
         )
 
 
@@ -264,8 +278,11 @@ def read_collectives(
         wait = times.wait_ms[:, :, c]
         if np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2:
             reached = times.reached_ms[:, :, c]
-            steps = StepFacts.of_waits(wait, np.asarray(rank_ids), reached, times.run_queue_ms)
-            readings.append(judged(key, times.nbytes[c], steps, threshold))
+            ranks = np.asarray(rank_ids)
+            queued = None if times.queued_ms is None else times.queued_ms[:, :, c]
+            steps = StepFacts.of_waits(wait, ranks, reached, times.run_queue_ms, queued)
+            own = None if queued is None else StepFacts.of_own_waits(wait, queued, ranks, reached)
+            readings.append(judged(key, times.nbytes[c], steps, threshold, own))
     return reading_of(readings, times.untimed)
 
 
@@ -320,7 +337,8 @@ class StepFacts:
     bound_ms: float = 0.0
     cpu_wait_ms: float | None = None
     """How much longer per step the candidate waited for a CPU than the other ranks' median
-    (``record.run_queue``); None where a rank's wait is unknown."""
+    (``record.run_queue``: step by step before the collective where every rank read it, else
+    over the window); None where a rank's wait is unknown."""
 
     @classmethod
     def of_waits(
@@ -329,15 +347,14 @@ class StepFacts:
         ranks: npt.NDArray[np.int64],
         reached: npt.NDArray[np.float64],
         run_queue_ms: Sequence[float | None] = (),
+        queued: npt.NDArray[np.float64] | None = None,
     ) -> StepFacts:
         """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it),
-        arrival offsets ``[T, R]`` and run-queue waits per step (one a rank, or none)."""
+        arrival offsets ``[T, R]``, run-queue waits per step (one a rank, or none) and, where
+        read, each rank's run-queue wait before the collective ``queued`` ``[T, R]``."""
         typical = np.nanmedian(wait, axis=0)
         late = int(np.argmin(typical))
-        cpu_wait = None
-        if len(run_queue_ms) == len(ranks) and all(q is not None for q in run_queue_ms):
-            queued = np.array(run_queue_ms, dtype=np.float64)
-            cpu_wait = float(queued[late] - np.median(np.delete(queued, late)))
+        cpu_wait = _extra_cpu_wait(late, len(ranks), run_queue_ms, queued)
         every = np.isfinite(wait).all(axis=1)
         full = wait[every]
         others = np.delete(full, late, axis=1)
@@ -355,20 +372,67 @@ class StepFacts:
             cpu_wait_ms=cpu_wait,
         )
 
+    @classmethod
+    def of_own_waits(
+        cls,
+        wait: npt.NDArray[np.float64],
+        queued: npt.NDArray[np.float64],
+        ranks: npt.NDArray[np.int64],
+        reached: npt.NDArray[np.float64],
+    ) -> StepFacts | None:
+        """The facts of the ranks' waits with each one's run-queue wait before the collective
+        added back, over the steps in which every rank read both: the wait each rank would
+        have had had the scheduler given every rank a CPU when it asked (None without such a
+        step)."""
+        own = wait + queued
+        if not np.isfinite(own).all(axis=1).any():
+            return None
+        return cls.of_waits(own, ranks, reached)
 
-def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> CollectiveReading:
-    """One collective's reading from its steps' facts: the late rule (module doc)."""
+
+def _extra_cpu_wait(
+    late: int,
+    n_ranks: int,
+    run_queue_ms: Sequence[float | None],
+    queued: npt.NDArray[np.float64] | None,
+) -> float | None:
+    """How much longer per step the rank ``late`` (an index) waited for a CPU than the others'
+    median: step by step before the collective where every rank read it in some step, else
+    over the window (``run_queue_ms``); None where unknown."""
+    if queued is not None and np.isfinite(queued).all(axis=1).any():
+        rows = queued[np.isfinite(queued).all(axis=1)]
+        return float(np.median(rows[:, late] - np.median(np.delete(rows, late, axis=1), axis=1)))
+    if len(run_queue_ms) == n_ranks and all(q is not None for q in run_queue_ms):
+        said = np.array(run_queue_ms, dtype=np.float64)
+        return float(said[late] - np.median(np.delete(said, late)))
+    return None
+
+
+def stands_out(steps: StepFacts, threshold: float) -> bool:
+    """Whether the candidate is late by the rule's bars (module doc): alone, in most steps,
+    out of the window's noise, and material (``threshold``)."""
     lateness = float(np.median(steps.behind))
-    late = (
+    return (
         steps.gap >= ALONE_FRACTION * lateness
         and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
+        and lateness >= max(threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind)))
     )
-    behind = late and lateness >= max(
-        threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
-    )
-    own = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not waiting for a CPU
-    named = behind and own >= threshold
-    held = behind and not named
+
+
+def judged(
+    key: Key, nbytes: int, steps: StepFacts, threshold: float, own: StepFacts | None = None
+) -> CollectiveReading:
+    """One collective's reading from its steps' facts, and from ``own`` (the facts of the waits
+    with each rank's run-queue wait before the collective added back, where every rank read
+    it): the late rule (module doc)."""
+    lateness = float(np.median(steps.behind))
+    behind = stands_out(steps, threshold)
+    discounted = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not a CPU wait
+    # step by step, the scheduler's part taken off every rank's arrival (``own``); else, over
+    # the window, the candidate's extra wait for a CPU taken off its lateness
+    named = stands_out(own, threshold) if own is not None else behind and discounted >= threshold
+    held = behind and not named and discounted < threshold
+    by = own if named and own is not None else steps
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -382,9 +446,9 @@ def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> Collect
         transfer_ms=float(np.median(steps.shortest)),
         wait_ms=float(np.median(steps.mean - steps.shortest)),
         spread_ms=float(np.median(steps.longest - steps.shortest)),
-        late_rank=steps.late if named else None,
-        lateness_ms=lateness if named else 0.0,
-        late_steps=int((steps.last == steps.late).sum()) if named else 0,
+        late_rank=by.late if named else None,
+        lateness_ms=float(np.median(by.behind)) if named else 0.0,
+        late_steps=int((steps.last == by.late).sum()) if named else 0,
         bound_ms=steps.bound_ms,
         starved_rank=steps.late if held else None,
         starved_lateness_ms=lateness if held else 0.0,
