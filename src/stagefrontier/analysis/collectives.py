@@ -427,7 +427,12 @@ def judged(
     it): the late rule (module doc)."""
     lateness = float(np.median(steps.behind))
     behind = stands_out(steps, threshold)
-    discounted = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not a CPU wait
+    cpu_wait = steps.cpu_wait_ms
+    if cpu_wait is None and own is not None:  # node summaries: what adding the waits back took
+        # off (where the own reading's candidate is another rank, the candidate's own lateness
+        # is at most that rank's: the part its CPU waits explain is at least this)
+        cpu_wait = lateness - max(float(np.median(own.behind)), 0.0)
+    discounted = lateness - min(max(cpu_wait or 0.0, 0.0), lateness)  # not a CPU wait
     # step by step, the scheduler's part taken off every rank's arrival (``own``); else, over
     # the window, the candidate's extra wait for a CPU taken off its lateness
     named = stands_out(own, threshold) if own is not None else behind and discounted >= threshold
@@ -449,10 +454,10 @@ def judged(
         late_rank=by.late if named else None,
         lateness_ms=float(np.median(by.behind)) if named else 0.0,
         late_steps=int((steps.last == by.late).sum()) if named else 0,
-        bound_ms=steps.bound_ms,
+        bound_ms=max(steps.bound_ms, 0.0 if own is None else own.bound_ms),
         starved_rank=steps.late if held else None,
         starved_lateness_ms=lateness if held else 0.0,
-        cpu_wait_ms=steps.cpu_wait_ms,
+        cpu_wait_ms=cpu_wait,
     )
 
 
