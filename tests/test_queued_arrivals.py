@@ -13,6 +13,7 @@ only) and one real timer's calls.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ def test_without_the_queued_waits_the_scatter_hides_the_late_rank() -> None:
     for seed in range(5):
         own, queued = _scatter(seed)
         own[:, 4] += 120.0
-        blind = CollectiveTimes(**{**_times(own, queued).__dict__, "queued_ms": None})
+        blind = replace(_times(own, queued), queued_ms=None)
         late = read_collectives(blind, list(range(RANKS)), STEP_MS).late
         named.append(late is not None and late.late_rank == 4)
     assert sum(named) < 3, named

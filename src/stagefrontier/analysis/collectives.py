@@ -21,14 +21,19 @@ rank's typical wait is nearly as short). On a loaded host the ranks' order in
 one step is the scheduler's, but a rank held back in most steps of a window stands out of that
 noise over the window, while one last by chance in a few steps does not.
 
-A rank can also be held back in most steps by the machine: its cores busy with other work, it
-waits for a CPU. Each rank says how long its training thread waited for one over the window
-(``record.run_queue``); the candidate's wait beyond the other ranks' median is taken off its
-lateness before the lateness is judged material (the noise bar reads the whole lateness: how far
-its arrival stands out of the others' scatter, whatever held it). A rank whose lateness is not
-material without that wait is not named late but ``starved_rank``: said, never routed. A rank
-late because its code slept or computed longer keeps that part: sleeping is not waiting for a
-CPU, and computing is running.
+A rank can also be held back by the machine: its cores busy with other work, it waits for a CPU.
+Each arrival carries how long the rank's training thread waited for one since its previous
+arrival at that collective (``record.run_queue``). Where every rank read it, the rule runs on the
+waits with those waits added back (``StepFacts.of_own_waits``): the scheduler's scatter leaves
+each step before the lateness and the noise are read, and what is left of a late rank's lateness
+is its own code's, steady from step to step, so it must also stand out of its own wavering (the
+median absolute deviation of how far behind it arrived; the raw rule cannot ask that, as the
+scatter makes every rank waver). A rank the waits as timed find late, but whose lateness less
+its extra wait for a CPU (the median over steps of its run-queue wait beyond the other ranks')
+is not material, is not named late but ``starved_rank``: said, never routed. Where the waits were
+not read at the arrivals, the window's run-queue wait per step is taken off the candidate's
+lateness the same way before it is judged material. A rank late because its code slept or
+computed longer keeps that part: sleeping is not waiting for a CPU, and computing is running.
 None of it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
@@ -68,16 +73,6 @@ all-reduce late), naming one of them would be a guess."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
-
-DEFAULT_FAMILY = "all_reduce"
-"""The family of DDP's default bucket all-reduce (a user's hook is named by its function, a
-program's own collective by the name it gave ``timer.collective``)."""
-ALL_GATHER, REDUCE_SCATTER = "all_gather", "reduce_scatter"
-"""FSDP2's families: their ``bucket`` is their order in the stage and step, not DDP's."""
-OWN_PREFIX = "own:"
-"""The family of a program's own collective: ``own:`` and the name given ``timer.collective``."""
-ZERO_BROADCAST = "zero_broadcast"
-"""ZeRO-1's parameter broadcasts at the end of its ``step``, one collective per step."""
 
 Key = tuple[str, int, "str | None", int]
 """A collective across ranks: (family, bucket, stage, call in the step)."""
@@ -259,10 +254,10 @@ class CommunicationReading:
             "wait_ms_per_step": round(self.wait_ms, 3),
             "late_rank": None if self.late is None else self.late.late_rank,
             "lateness_ms": 0.0 if self.late is None else round(self.late.lateness_ms, 3),
-            "late": None if self.late is None else _rounded(self.late),
-            "slowest": None if self.slowest is None else _rounded(self.slowest),
-            "starved": None if self.starved is None else _rounded(self.starved),
-            "collectives": [_rounded(c) for c in self.collectives],
+            "late": None if self.late is None else rounded_reading(self.late),
+            "slowest": None if self.slowest is None else rounded_reading(self.slowest),
+            "starved": None if self.starved is None else rounded_reading(self.starved),
+            "collectives": [rounded_reading(c) for c in self.collectives],
             "untimed": self.untimed,
             "bound_ms": round(self.bound_ms, 3),
         }
@@ -408,14 +403,18 @@ def _extra_cpu_wait(
     return None
 
 
-def stands_out(steps: StepFacts, threshold: float) -> bool:
+def stands_out(steps: StepFacts, threshold: float, steady: bool = False) -> bool:
     """Whether the candidate is late by the rule's bars (module doc): alone, in most steps,
-    out of the window's noise, and material (``threshold``)."""
+    out of the window's noise (with ``steady``, out of its own lateness's wavering too), and
+    material (``threshold``)."""
     lateness = float(np.median(steps.behind))
+    noise = steps.noise
+    if steady:
+        noise = max(noise, float(np.median(np.abs(steps.behind - lateness))))
     return (
         steps.gap >= ALONE_FRACTION * lateness
         and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
-        and lateness >= max(threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind)))
+        and lateness >= max(threshold, NOISE_FACTOR * noise / np.sqrt(len(steps.behind)))
     )
 
 
@@ -433,9 +432,14 @@ def judged(
         # is at most that rank's: the part its CPU waits explain is at least this)
         cpu_wait = lateness - max(float(np.median(own.behind)), 0.0)
     discounted = lateness - min(max(cpu_wait or 0.0, 0.0), lateness)  # not a CPU wait
-    # step by step, the scheduler's part taken off every rank's arrival (``own``); else, over
-    # the window, the candidate's extra wait for a CPU taken off its lateness
-    named = stands_out(own, threshold) if own is not None else behind and discounted >= threshold
+    # step by step, the scheduler's part taken off every rank's arrival (``own``: what is left
+    # of a late rank's lateness is steady from step to step); else, over the window, the
+    # candidate's extra wait for a CPU taken off its lateness
+    named = (
+        stands_out(own, threshold, steady=True)
+        if own is not None
+        else behind and discounted >= threshold
+    )
     held = behind and not named and discounted < threshold
     by = own if named and own is not None else steps
     family, bucket, stage, call = key
@@ -461,25 +465,6 @@ def judged(
     )
 
 
-def ddp_family(family: str) -> bool:
-    """A DDP bucket's collective (DDP's all-reduce or the user's communication hook), whose
-    ``bucket`` is DDP's own."""
-    sharded = (ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST)
-    return family not in sharded and not family.startswith(OWN_PREFIX)
-
-
-def collective_name(family: str, bucket: int) -> str:
-    """A collective for the labels' reasons: ``user_hook of bucket 1`` (DDP's buckets),
-    ``all_gather no. 1`` (FSDP2's, by order in the stage), ``loss_all_reduce`` (the program's
-    own, the first of that name in the stage), ``zero_broadcast``."""
-    if family in (ALL_GATHER, REDUCE_SCATTER):
-        return f"{family} no. {bucket + 1}"
-    if family == ZERO_BROADCAST or family.startswith(OWN_PREFIX):
-        name = family.removeprefix(OWN_PREFIX)
-        return name if bucket == 0 else f"{name} no. {bucket + 1}"
-    return f"{family} of bucket {bucket}"
-
-
 def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | None:
     """The collective the late rank is named in (``FIRST_LATE_FRACTION``)."""
     late = [r for r in readings if r.late_rank is not None]
@@ -496,56 +481,5 @@ def _with(reading: CollectiveReading, last_bucket: bool) -> CollectiveReading:
     return CollectiveReading(**{**asdict(reading), "last_bucket": last_bucket})
 
 
-def _rounded(reading: CollectiveReading) -> dict[str, Any]:
+def rounded_reading(reading: CollectiveReading) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reading).items()}
-
-
-BASELINE_WINDOWS = 3
-"""Windows whose transfer times stand for a collective's usual speed: its first ones with no
-late rank..."""
-MIN_BASELINE = 2
-"""...of which a window is judged against as few as this many."""
-SLOW_FACTOR = 2.0
-"""A collective is slow when its transfer takes this many times its baseline..."""
-SLOW_MIN_MS = 10.0
-"""...and at least this many milliseconds more, with no late rank named. The transfer is the
-last rank's wait, so how far apart the ranks arrived does not enter it."""
-
-
-class CollectiveBaseline:
-    """Rank 0's memory of each collective's usual transfer time (its first
-    ``BASELINE_WINDOWS`` windows with no late rank), against which a window's transfers are
-    judged: the slow collective (``check``)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[Key, list[tuple[int, float]]] = {}
-
-    def check(self, window: int, reading: CommunicationReading | None) -> dict[str, Any] | None:
-        """The window's slowest collective against its baseline, when it is slow and no rank
-        is late; otherwise None (and a window with no late rank joins the baselines)."""
-        if reading is None or reading.late is not None:
-            return None
-        slow: dict[str, Any] | None = None
-        for c in reading.collectives:
-            before = self._seen.setdefault((c.family, c.bucket, c.stage, c.call), [])
-            if len(before) < MIN_BASELINE:
-                before.append((window, c.transfer_ms))
-                continue
-            usual = float(np.median([t for _, t in before]))
-            if (
-                c.transfer_ms >= SLOW_FACTOR * usual
-                and c.transfer_ms - usual >= SLOW_MIN_MS
-                and (slow is None or c.transfer_ms - usual > slow["slower_ms"])
-            ):
-                slow = {
-                    **_rounded(c),
-                    "baseline_ms": round(usual, 3),
-                    "baseline_windows": [before[0][0], before[-1][0]],
-                    "slower_ms": round(c.transfer_ms - usual, 3),
-                }
-        if slow is None:
-            for c in reading.collectives:
-                before = self._seen[(c.family, c.bucket, c.stage, c.call)]
-                if len(before) < BASELINE_WINDOWS and before[-1][0] != window:
-                    before.append((window, c.transfer_ms))
-        return slow

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.collectives import DEFAULT_FAMILY, OWN_PREFIX
+from ..analysis.collective_names import DEFAULT_FAMILY, OWN_PREFIX
 from ..failures import say_failed
 from .run_queue import RunQueueClock
 
