@@ -17,7 +17,8 @@ from stagefrontier.analysis.collective_summary import (
     summarize_collectives,
     summary_facts,
 )
-from stagefrontier.analysis.collectives import CollectiveTimes, StepFacts, read_collectives
+from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
+from stagefrontier.analysis.step_facts import StepFacts
 from stagefrontier.collect.node_payload import joined_collectives
 from stagefrontier.collect.node_wire import NodePart, decode_node_part, encode_node_part
 from stagefrontier.errors import ReportFormatError

@@ -30,7 +30,6 @@ longest), so a rank named late from the summary is one the full reading names to
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,6 @@ from .collectives import (
     CollectiveTimes,
     CommunicationReading,
     Key,
-    StepFacts,
     judged,
     late_threshold,
     reading_of,
@@ -59,6 +57,7 @@ from .prefix_sketch import (
     sketch_prefixes,
     widen_lanes,
 )
+from .step_facts import StepFacts, typical_waits
 from .values import is_int
 
 TOP_K = 3
@@ -199,9 +198,7 @@ def _every_lane_holds(sketch: PrefixSketch, n_ranks: int) -> bool:
 
 def summarize_collectives(times: CollectiveTimes, rank_ids: Sequence[int]) -> CollectiveSummary:
     """A group's summary from its ranks' timed collectives (``rank_ids``: their global ranks)."""
-    with warnings.catch_warnings():  # a rank that timed a collective in no step: NaN, kept
-        warnings.simplefilter("ignore", RuntimeWarning)
-        typical = np.nanmedian(times.wait_ms, axis=0, keepdims=True)
+    typical = typical_waits(times.wait_ms)[None]
     wait = np.concatenate([times.wait_ms, typical]).transpose(0, 2, 1)  # [T + 1, C, R]
     timed = np.isfinite(wait)
     order = np.argsort(np.where(timed, wait, np.inf), axis=2, kind="stable")[:, :, :TOP_K]

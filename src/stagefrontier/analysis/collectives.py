@@ -40,7 +40,7 @@ None of it enters the prefix vector: it is side evidence for the labels and the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from ..errors import ReportFormatError
 from .collective_checks import checked_key, checked_list, none_or_ms
+from .step_facts import StepFacts
 
 LATE_MIN_MS = 20.0
 """The least lateness, in milliseconds per step, that names a late rank."""
@@ -96,6 +97,32 @@ class CollectiveTimes:
     untimed: tuple[str, ...] = ()
     run_queue_ms: tuple[float | None, ...] = ()
     queued_ms: npt.NDArray[np.float64] | None = None
+    _facts: dict[tuple[int, ...], list[tuple[int, StepFacts, StepFacts | None]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def facts(self, rank_ids: Sequence[int]) -> list[tuple[int, StepFacts, StepFacts | None]]:
+        """The late rule's facts of each collective every rank timed in some step (by its
+        column): of the waits as timed and with the run-queue waits added back (None where not
+        read). Read once for the ranks and kept: rank 0's labels and its window's reading
+        both judge them, each against its own threshold."""
+        key = tuple(rank_ids)
+        if key not in self._facts:
+            ranks = np.asarray(rank_ids)
+            out = []
+            for c in range(len(self.keys)):
+                wait = self.wait_ms[:, :, c]
+                if not (np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2):
+                    continue
+                reached = self.reached_ms[:, :, c]
+                queued = None if self.queued_ms is None else self.queued_ms[:, :, c]
+                steps = StepFacts.of_waits(wait, ranks, reached, self.run_queue_ms, queued)
+                own = (
+                    None if queued is None else StepFacts.of_own_waits(wait, queued, ranks, reached)
+                )
+                out.append((c, steps, own))
+            self._facts[key] = out
+        return self._facts[key]
 
     @classmethod
     def of_ranks(
@@ -268,16 +295,10 @@ def read_collectives(
 ) -> CommunicationReading:
     """The window's reading (``step_ms``: the median step, for the lateness threshold)."""
     threshold = late_threshold(step_ms)
-    readings = []
-    for c, key in enumerate(times.keys):
-        wait = times.wait_ms[:, :, c]
-        if np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2:
-            reached = times.reached_ms[:, :, c]
-            ranks = np.asarray(rank_ids)
-            queued = None if times.queued_ms is None else times.queued_ms[:, :, c]
-            steps = StepFacts.of_waits(wait, ranks, reached, times.run_queue_ms, queued)
-            own = None if queued is None else StepFacts.of_own_waits(wait, queued, ranks, reached)
-            readings.append(judged(key, times.nbytes[c], steps, threshold, own))
+    readings = [
+        judged(times.keys[c], times.nbytes[c], steps, threshold, own)
+        for c, steps, own in times.facts(rank_ids)
+    ]
     return reading_of(readings, times.untimed)
 
 
@@ -306,101 +327,6 @@ def reading_of(
         untimed=list(untimed),
         bound_ms=max((r.bound_ms for r in marked), default=0.0),
     )
-
-
-@dataclass(frozen=True)
-class StepFacts:
-    """What the late-rank rule reads of one collective: over the window's steps in which every
-    rank timed it (``[T]`` each), the shortest wait (the transfer), the ranks' mean and longest
-    wait, the rank that waited least (the last to arrive) and the ranks' mean arrival; and of
-    the rank with the shortest typical wait (its median over the steps it timed), how far
-    behind the other ranks' median it arrived in each step (``behind``; its lateness is their
-    median), the ``gap`` from its typical wait to the next shortest, and the window's ``noise``
-    (the median over steps of the other ranks' waits' median absolute deviation). Read exactly
-    from every rank's waits (``of_waits``), or from node summaries
-    (``analysis.collective_summary``), ``behind`` and ``noise`` within ``bound_ms``."""
-
-    shortest: npt.NDArray[np.float64]
-    mean: npt.NDArray[np.float64]
-    longest: npt.NDArray[np.float64]
-    last: npt.NDArray[np.int64]
-    reached: npt.NDArray[np.float64]
-    late: int
-    gap: float
-    noise: float
-    behind: npt.NDArray[np.float64]
-    bound_ms: float = 0.0
-    cpu_wait_ms: float | None = None
-    """How much longer per step the candidate waited for a CPU than the other ranks' median
-    (``record.run_queue``: step by step before the collective where every rank read it, else
-    over the window); None where a rank's wait is unknown."""
-
-    @classmethod
-    def of_waits(
-        cls,
-        wait: npt.NDArray[np.float64],
-        ranks: npt.NDArray[np.int64],
-        reached: npt.NDArray[np.float64],
-        run_queue_ms: Sequence[float | None] = (),
-        queued: npt.NDArray[np.float64] | None = None,
-    ) -> StepFacts:
-        """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it),
-        arrival offsets ``[T, R]``, run-queue waits per step (one a rank, or none) and, where
-        read, each rank's run-queue wait before the collective ``queued`` ``[T, R]``."""
-        typical = np.nanmedian(wait, axis=0)
-        late = int(np.argmin(typical))
-        cpu_wait = _extra_cpu_wait(late, len(ranks), run_queue_ms, queued)
-        every = np.isfinite(wait).all(axis=1)
-        full = wait[every]
-        others = np.delete(full, late, axis=1)
-        middle = np.median(others, axis=1)
-        return cls(
-            shortest=full.min(axis=1),
-            mean=full.mean(axis=1),
-            longest=full.max(axis=1),
-            last=ranks[full.argmin(axis=1)],
-            reached=reached[every].mean(axis=1),
-            late=int(ranks[late]),
-            gap=float(np.min(np.delete(typical, late)) - typical[late]),
-            noise=float(np.median(np.median(np.abs(others - middle[:, None]), axis=1))),
-            behind=middle - full[:, late],
-            cpu_wait_ms=cpu_wait,
-        )
-
-    @classmethod
-    def of_own_waits(
-        cls,
-        wait: npt.NDArray[np.float64],
-        queued: npt.NDArray[np.float64],
-        ranks: npt.NDArray[np.int64],
-        reached: npt.NDArray[np.float64],
-    ) -> StepFacts | None:
-        """The facts of the ranks' waits with each one's run-queue wait before the collective
-        added back, over the steps in which every rank read both: the wait each rank would
-        have had had the scheduler given every rank a CPU when it asked (None without such a
-        step)."""
-        own = wait + queued
-        if not np.isfinite(own).all(axis=1).any():
-            return None
-        return cls.of_waits(own, ranks, reached)
-
-
-def _extra_cpu_wait(
-    late: int,
-    n_ranks: int,
-    run_queue_ms: Sequence[float | None],
-    queued: npt.NDArray[np.float64] | None,
-) -> float | None:
-    """How much longer per step the rank ``late`` (an index) waited for a CPU than the others'
-    median: step by step before the collective where every rank read it in some step, else
-    over the window (``run_queue_ms``); None where unknown."""
-    if queued is not None and np.isfinite(queued).all(axis=1).any():
-        rows = queued[np.isfinite(queued).all(axis=1)]
-        return float(np.median(rows[:, late] - np.median(np.delete(rows, late, axis=1), axis=1)))
-    if len(run_queue_ms) == n_ranks and all(q is not None for q in run_queue_ms):
-        said = np.array(run_queue_ms, dtype=np.float64)
-        return float(said[late] - np.median(np.delete(said, late)))
-    return None
 
 
 def stands_out(steps: StepFacts, threshold: float, steady: bool = False) -> bool:
