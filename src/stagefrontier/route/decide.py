@@ -69,7 +69,8 @@ from ..analysis.block_lead import (
     routed_lead_below_top,
     unsteady_lead,
 )
-from ..analysis.collectives import CollectiveReading, collective_name
+from ..analysis.collective_names import collective_name
+from ..analysis.collectives import CollectiveReading
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.regression import LARGE_JUMP, WHOLE_JOB

@@ -104,7 +104,7 @@ class AnalyzedWindow:
     nodes the report can name (``collect.node_payload.nodes_entry``)."""
     slow_collective: dict[str, Any] | None = None
     """Set on rank 0 when a collective every rank reached together took much longer than in
-    the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
+    the run's first windows (``analysis.collective_baseline.CollectiveBaseline``)."""
     collective_summary: CollectiveSummary | None = None
     """Under hierarchical collection, the node parts' timed collectives combined, from which
     ``communication`` is read (``analysis.collective_summary``)."""
