@@ -397,7 +397,7 @@ def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
     assert done.stdout.split() == ["[False,", "True]", "[True,", "True]"], done.stdout
 
 
-def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
+def test_the_reduction_reads_only_the_events_it_needs_from_the_writers_slice(
     tmp_path: Path, store: Any
 ) -> None:
     """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
@@ -435,6 +435,28 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     assert np.array_equal(matrices[1].d, matrices[0].d)
     times = [stage_op_times(path, "data.next_wait", steps, events[1]) for events in (whole, kept)]
     assert times[0] == times[1] and times[0].self_s
+    _the_writer_left_the_reduction_its_slice(path, steps)
+
+
+def _the_writer_left_the_reduction_its_slice(path: Path, steps: range) -> None:
+    """The process that wrote the trace also wrote its slice beside it: the events the
+    reduction keeps, cut for the routed stage and the captured steps, so that rank 0 reads
+    them without parsing the trace. A slice cut for anything else, from another trace, or
+    unreadable is ignored, and the trace is parsed instead."""
+    from stagefrontier.route.trace_slice import cut_trace, read_slice, slice_path
+
+    stage = "data.next_wait"
+    assert slice_path(path) == path.with_name("rank0.pt.trace.slice.json")
+    assert slice_path(path).is_file()
+    assert read_slice(path, stage, steps) == cut_trace(path, stage, steps)
+    assert read_slice(path, "forward", steps) is None
+    assert read_slice(path, stage, range(steps.start, steps.stop - 1)) is None
+    copy = path.with_name("rank9.pt.trace.json.gz")
+    copy.write_bytes(path.read_bytes() + b"\0")  # another trace beside the same slice
+    slice_path(copy).write_bytes(slice_path(path).read_bytes())
+    assert read_slice(copy, stage, steps) is None
+    slice_path(copy).write_bytes(b"{}")
+    assert read_slice(copy, stage, steps) is None
 
 
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:

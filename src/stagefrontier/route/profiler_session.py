@@ -111,6 +111,19 @@ def trace_only_config() -> Any:
         return None
 
 
+def capture_profile() -> Any:
+    """A capture's profiler session, not started: CPU, plus CUDA where available, trace-only
+    where torch offers it; no shapes, memory, stacks (the Python stack is sampled instead) or
+    FLOPs. Its stop, on the training thread, takes time in proportion to the operators
+    recorded (see ``docs/router.md``, the cost of a capture)."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, experimental_config=trace_only_config())
+
+
 def started() -> int:
     """Profiler sessions started in this process since ``watch()``."""
     return _started
