@@ -30,6 +30,7 @@ import os
 import threading
 from typing import Any
 
+from ..reducers import kineto
 from ..render.html_page import templates
 
 _lock = threading.Lock()
@@ -94,6 +95,8 @@ def warm_up() -> None:
         with contextlib.suppress(ImportError):  # not installed: the standard library serves
             importlib.import_module(optional)
     templates()  # the incident pages' (Jinja2 is imported at the first page otherwise)
+    # the decoders of the trace's slice, built before a trace writer forks: not in each child
+    kineto._range_decoders()
     watch()
 
 
