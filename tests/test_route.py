@@ -459,6 +459,30 @@ def _the_writer_left_the_reduction_its_slice(path: Path, steps: range) -> None:
     assert read_slice(copy, stage, steps) is None
 
 
+def test_a_trace_that_cannot_be_cut_leaves_no_slice_and_says_so_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer cuts the slice after the trace is in place: when that fails (here a trace
+    that is not JSON), the trace stands, no slice is left (not even a partial one), one warning
+    line says why, and the reduction parses the trace itself (``load_for_reduction``), which
+    raises its own error for such a file."""
+    from stagefrontier.errors import TraceFormatError
+    from stagefrontier.route.trace_slice import load_for_reduction, slice_path, write_slice
+
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(b'{"traceEvents": [not json'))
+    with caplog.at_level("WARNING", logger="stagefrontier"):
+        assert write_slice(trace, "data.next_wait", range(3, 8)) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("stagefrontier: cutting the trace for the reduction failed (")
+    assert lines[0].endswith("; rank 0 parses the trace"), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [trace.name]
+    assert not slice_path(trace).exists()
+    with pytest.raises(TraceFormatError, match="not a readable JSON trace"):
+        load_for_reduction(trace, "data.next_wait", range(3, 8))
+
+
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer
 
