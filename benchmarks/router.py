@@ -224,7 +224,8 @@ def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
         f"percentile / median | steps before over {TARGET_RATIO}x the median |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for rank, p in sorted(steps.items(), key=lambda item: int(item[0])):
+    for rank, figures in sorted(steps.items(), key=lambda item: int(item[0])):
+        p = {"median_settled": float("nan"), "local_ratio": float("nan"), **figures}
         lines.append(
             f"| {rank} | {p['median_before']:.1f} | {p['lead_in']:.1f} | "
             f"{p['median_during']:.1f} / {p['during_max']:.1f} | {p['after']:.1f} | "
@@ -262,7 +263,8 @@ def run_rows(runs: list[dict[str, Any]]) -> list[str]:
 
 def _listed(steps: dict[Any, dict[str, float]], key: str) -> str:
     """``key``'s figure of every rank, in rank order."""
-    return ", ".join(f"{steps[r][key]:.2f}" for r in sorted(steps, key=lambda r: int(r)))
+    nan = float("nan")  # a figure an earlier revision's --json lacks
+    return ", ".join(f"{steps[r].get(key, nan):.2f}" for r in sorted(steps, key=lambda r: int(r)))
 
 
 def _training_text(spent: dict[str, float] | None) -> str:
