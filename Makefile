@@ -71,6 +71,8 @@ schemas: $(STAMP)
 docs: $(STAMP)
 	$(call timed,the docs build,NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet)
 
+# The three checks run side by side (mypy and the docs build each keep one core busy for tens of
+# seconds; each check's output is printed whole when it ends), then the suite, if they passed.
 # PYTEST_WORKERS=0 (the default) runs the suite in one process; PYTEST_WORKERS=2 on two
 # pytest-xdist workers, each test file whole on one (--dist loadfile: a file's shared real-rank
 # job runs once; see docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
@@ -78,7 +80,8 @@ docs: $(STAMP)
 # (STAGEFRONTIER_BUILT_SITE), which builds its own when run without it.
 PYTEST_WORKERS ?= 0
 
-test: $(STAMP) lint typecheck docs
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck docs
 	$(call timed,pytest,STAGEFRONTIER_BUILT_SITE=$(CURDIR)/site $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)
