@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
+from rank_support import START_METHOD
 from router_trust_support import (
     CAPTURES,
     FLAKY_READS,
@@ -42,7 +43,7 @@ FIGURES_WAIT_S = 180.0
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> RaceJob:
     job = RaceJob(out_dir=str(tmp_path_factory.mktemp("race")), ranks=RANKS)
-    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0, start_method=START_METHOD)
     assert codes == dict.fromkeys(range(RANKS), 0), f"rank exit codes {codes}"
     return job
 
