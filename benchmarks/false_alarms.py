@@ -15,10 +15,11 @@ was decided on, in steps and in rank 0's measured wall seconds.
 
 Each fault is sized to the step the machine gives the job at the time: a short healthy run of
 the same job just before it measures rank 0's median step, and every delay of the fault is
-scaled by that step over ``REFERENCE_STEP_S``, the demo's step on a quiet machine, so that the
-stall is the share of the step it is there (120 ms on a step of about 100 ms) however loaded
-the machine is. For each stalled window the table's evidence gives the stalled rank's lead in
-its stage over the rank of median time in it, against the bar the router asks it to clear.
+scaled by that step over the job's step on a quiet machine (``REFERENCE_STEP_S`` a microstep),
+so that the stall is the share of the step it is there (120 ms on a step of about 100 ms)
+however loaded the machine is. For each stalled window the table's evidence gives the stalled
+rank's lead in its stage over the rank of median time in it, against the bar the router asks it
+to clear.
 
 Usage::
 
@@ -55,7 +56,8 @@ FAULT_FROM = 40
 FULL = {"healthy_runs": 17, "healthy_steps": 240, "fault_steps": 140}
 QUICK = {"healthy_runs": 1, "healthy_steps": 80, "fault_steps": 100}
 REFERENCE_STEP_S = 0.1
-"""The demo job's step on a quiet machine, against which each fault's delays are stated."""
+"""The demo job's step on a quiet machine, a microstep's with gradient accumulation, against
+which each fault's delays are stated."""
 CALIBRATION_STEPS = 40
 """The healthy steps that measure the step before each fault run, in windows of 10 (the first
 window, which holds the job's start, left out)."""
@@ -194,7 +196,8 @@ def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
         out = work / f"fault{len(rows)}"
         started, load = time.monotonic(), hc.load_1min()
         step_s = _calibrated_step(work / f"calibration{len(rows)}", extra)
-        sized = _sized(spec, step_s / REFERENCE_STEP_S)
+        quiet_s = REFERENCE_STEP_S * extra.get("accumulation", 1)
+        sized = _sized(spec, step_s / quiet_s)
         config = hc.demo_config(
             ranks=RANKS,
             steps=plan["fault_steps"],
@@ -236,7 +239,7 @@ def _calibrated_step(out: Path, extra: dict[str, Any]) -> float:
     hc.launch_run(config)
     packets = sorted((out / "packets").glob("window-*.json"))[1:]
     steps = [read_packet(path).report.mean_step_s for path in packets]
-    return float(np.median(steps)) if steps else REFERENCE_STEP_S
+    return float(np.median(steps)) if steps else REFERENCE_STEP_S * extra.get("accumulation", 1)
 
 
 def _sized(spec: str, scale: float) -> str:
@@ -312,10 +315,10 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
         "How to read it",
         [
             "- Each fault's delays are the stated ones (`data@2:120ms`, on the demo's step of "
-            f"about {REFERENCE_STEP_S * 1e3:.0f} ms on a quiet machine) scaled by the step "
-            f"measured in a {CALIBRATION_STEPS}-step healthy run of the same job just before "
-            "it (the median of its windows' mean steps, the first left out); the evidence "
-            "table compares the delay in a step (all microsteps "
+            f"about {REFERENCE_STEP_S * 1e3:.0f} ms a microstep on a quiet machine) scaled "
+            f"by the step measured in a {CALIBRATION_STEPS}-step healthy run of the same job "
+            "just before it (the median of its windows' mean steps, the first left out) over "
+            "that quiet step; the evidence table compares the delay in a step (all microsteps "
             "together; a worker's delay a batch over the worker count) with the fault run's "
             "own healthy windows' mean step (windows before "
             f"{FAULT_FROM // WINDOW}). The rank's lead is its time in the stage minus the "
