@@ -3,7 +3,8 @@ every open timer before the process ends (issue 37, item 4): on by default, pass
 handler that was there before, and safe while a profiler runs.
 
 Each case is a real process that signals itself at a known step and then keeps training: the
-signal, not the script, must end it.
+signal, not the script, must end it. The last case is a real 2-rank Gloo job whose rank 0 the
+test signals while it waits in a collective.
 """
 
 from __future__ import annotations
