@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -27,6 +28,18 @@ START_METHOD = "forkserver"
 (``stagefrontier.demo.launch.FORKSERVER_PRELOAD``) instead of spawned: a 2-rank job then starts in
 about a second, where two spawned ranks each import torch first (13 to 22 s a job on a loaded
 2-core machine). Each rank still sets itself up (seeds, environment, process group)."""
+
+
+def rank_context() -> Any:
+    """The multiprocessing context of ``START_METHOD``, its server importing what the demo's
+    ranks import (``stagefrontier.demo.launch.FORKSERVER_PRELOAD``, as ``run_ranks`` asks): for
+    a test's own processes (a rank started by hand, DataLoader workers), which then fork from
+    that single-threaded server, never from the test's process and its threads."""
+    from stagefrontier.demo.launch import FORKSERVER_PRELOAD
+
+    context = multiprocessing.get_context(START_METHOD)
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return context
 
 
 def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> Any:

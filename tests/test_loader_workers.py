@@ -6,7 +6,6 @@ counted once); nothing here asserts a duration."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -21,11 +20,10 @@ pytest.importorskip("torch")
 from torch.utils.data import DataLoader
 
 from loader_support import EXIT_THREAD, DiesAt, ExitHeldAt, MarkWorker, Samples, Stream
-from rank_support import START_METHOD
+from rank_support import rank_context
 from recorder_support import FWD, read_records
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
-from stagefrontier.demo.launch import FORKSERVER_PRELOAD
 from stagefrontier.errors import ReportFormatError
 from stagefrontier.integrations._timer import train_loader
 from stagefrontier.window.loader import loader_figures
@@ -88,17 +86,15 @@ def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
     tmp_path: Path, loop: str
 ) -> None:
     """Worker 2 dies in its first batch (batch 2), after batches 0 and 1 were used. The workers
-    fork from the session's server (``rank_support.START_METHOD``), not from this process: a
+    fork from the session's server (``rank_support.rank_context``), not from this process: a
     worker forked from a test process that earlier tests left threads in could crash on its
     own (a loaded run's stderr held workers' segmentation faults), and the loader then raises
     the same error for that worker before worker 2 reaches its batch."""
-    context = multiprocessing.get_context(START_METHOD)
-    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     loader = DataLoader(
         DiesAt(48, at=2 * BATCH + 1),
         batch_size=BATCH,
         num_workers=3,
-        multiprocessing_context=context,
+        multiprocessing_context=rank_context(),
     )
     timer = StageTimer(
         config=TimerConfig(
