@@ -20,7 +20,8 @@ handler of the application's, no garbage collection (no finalizer of the parent'
 twice) and never returns into the parent's code: it ends with ``os._exit``, flushing nothing it
 inherited (its answer goes through the pipe only). A child that has not ended after
 ``WRITE_TIMEOUT_S`` is killed and the trace reported failed, with that reason; an answer the
-child gave in full is trusted over how it ended.
+child gave in full is trusted over how it ended (killed during ``then``, the trace stands and
+the note gives the reason).
 
 The child holds copies of every descriptor the parent had (its Gloo sockets, its store client, a
 node leader's listening store): it must not outlive the parent. On Linux the kernel kills it when
