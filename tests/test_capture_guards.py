@@ -20,6 +20,7 @@ import torch
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.route.capture import RankCapture
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
+from stagefrontier.route.trace_slice import slice_path
 
 STAGE = "data.next_wait"
 
@@ -172,7 +173,8 @@ def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) ->
     answer, skipped = rank.drain()
     assert answer.state == "captured" and answer.id == request.id, answer
     assert Path(answer.path).exists() and answer.export_cpu_s > 0
-    assert [p.name for p in folder.iterdir()] == [Path(answer.path).name]
+    trace = Path(answer.path)  # and beside it its slice for the reduction (``trace_slice``)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([trace.name, slice_path(trace).name])
     assert skipped.id == waiting.id and skipped.state == "skipped"
     assert skipped.reason == (
         "rank 0 is still writing the trace of its last capture (a writer may take up to 120 s)"

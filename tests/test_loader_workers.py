@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 from torch.utils.data import DataLoader
 
 from loader_support import EXIT_THREAD, DiesAt, ExitHeldAt, MarkWorker, Samples, Stream
+from rank_support import rank_context
 from recorder_support import FWD, read_records
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
@@ -84,8 +85,17 @@ def test_an_iterable_dataset_is_timed_like_a_map_style_one(tmp_path: Path) -> No
 def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
     tmp_path: Path, loop: str
 ) -> None:
-    # Worker 2 dies in its first batch (batch 2), after batches 0 and 1 were used.
-    loader = DataLoader(DiesAt(48, at=2 * BATCH + 1), batch_size=BATCH, num_workers=3)
+    """Worker 2 dies in its first batch (batch 2), after batches 0 and 1 were used. The workers
+    fork from the session's server (``rank_support.rank_context``), not from this process: a
+    worker forked from a test process that earlier tests left threads in could crash on its
+    own (a loaded run's stderr held workers' segmentation faults), and the loader then raises
+    the same error for that worker before worker 2 reaches its batch."""
+    loader = DataLoader(
+        DiesAt(48, at=2 * BATCH + 1),
+        batch_size=BATCH,
+        num_workers=3,
+        multiprocessing_context=rank_context(),
+    )
     timer = StageTimer(
         config=TimerConfig(
             window=100, collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False)

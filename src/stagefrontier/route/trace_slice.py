@@ -8,21 +8,110 @@ the forward's and backward's operators, which neither reads when the routed stag
 (``reducers.kineto.load_trace_ranges``: fast with msgspec installed), and keeps only the events
 they read, so that both iterate a few hundred events instead of every one, with the same results
 as from the whole trace.
+
+Parsing a trace still takes tens of milliseconds of CPU, and on rank 0's router thread that CPU
+holds the GIL its training thread needs. So the process that writes a capture's trace (a forked
+child, see ``trace_writer``) also writes the trace's slice beside it (``write_slice``: the
+header and the kept events, with the stage, the steps and the trace's size they were cut for),
+and ``load_for_reduction`` reads that small file instead of the trace when it was cut for the
+same stage and steps from the same trace. A slice that is missing, unreadable or cut for
+anything else is ignored: the trace is parsed, as before.
 """
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..analysis.schema import stage_of_range
+from ..failures import say_failed
+from ..formats.limits import limit
+from ..formats.packet import atomic_file
 from ..reducers.kineto import load_trace_ranges
 from .opdiff import OP_CATEGORIES, select_ranges
 
+logger = logging.getLogger("stagefrontier")
+
+SLICE_SUFFIX = ".slice.json"
+"""A trace's slice is named after it: ``rank2.pt.trace.json.gz`` has ``rank2.pt.trace.slice.json``
+(a name the traces' ``*.pt.trace.json*`` pattern does not match)."""
+
+
+class TraceSlice(msgspec.Struct, frozen=True):
+    """What ``load_for_reduction`` keeps of a trace, and what it was cut for."""
+
+    stage: str | None
+    steps: list[int]
+    trace_bytes: int
+    header: dict[str, Any]
+    events: list[Any]
+
+
+def slice_path(trace: Path) -> Path:
+    """Where the slice of ``trace`` is written."""
+    return trace.with_name(trace.name.removesuffix(".json.gz") + SLICE_SUFFIX)
+
+
+def write_slice(trace: Path, stage: str | None, steps: Sequence[int]) -> Path | None:
+    """Cut ``trace`` for the reduction of ``stage`` over ``steps`` and write the slice beside
+    it (whole or not at all); its path, or None when that failed (said in one line: the
+    reduction then parses the trace)."""
+    try:
+        header, events = cut_trace(trace, stage, steps)
+        record = TraceSlice(stage, list(steps), trace.stat().st_size, header, events)
+        target = slice_path(trace)
+        with atomic_file(target) as out:
+            out.write(msgspec.json.encode(record))
+    except Exception as exc:
+        say_failed(logger, "cutting the trace for the reduction", exc, "rank 0 parses the trace")
+        return None
+    return target
+
+
+def remove_slice(trace: Path) -> None:
+    """Remove the slice beside ``trace``, if any (the trace was not kept)."""
+    with suppress(OSError):
+        slice_path(trace).unlink(missing_ok=True)
+
+
+def read_slice(
+    trace: Path, stage: str | None, steps: Sequence[int]
+) -> tuple[dict[str, Any], list[Any]] | None:
+    """The header and events of the slice beside ``trace``, when it was cut for ``stage`` over
+    ``steps`` from this trace (its size unchanged); None otherwise, or when it cannot be read
+    (over the trace size limit, not a slice)."""
+    path = slice_path(trace)
+    try:
+        if path.stat().st_size > limit("trace_bytes"):
+            return None
+        record = msgspec.json.decode(path.read_bytes(), type=TraceSlice)
+        size = trace.stat().st_size
+    except (OSError, msgspec.DecodeError):
+        return None
+    if record.stage != stage or record.steps != list(steps) or record.trace_bytes != size:
+        return None
+    return record.header, record.events
+
 
 def load_for_reduction(
+    path: Path, stage: str | None, steps: Sequence[int]
+) -> tuple[dict[str, Any], list[Any]]:
+    """The header and the events of ``path`` that the reduction reads (``cut_trace``): from the
+    slice beside it when one was cut for the same stage and steps (``read_slice``), else from
+    the trace.
+
+    Raises what ``load_trace`` raises."""
+    found = read_slice(path, stage, steps)
+    return found if found is not None else cut_trace(path, stage, steps)
+
+
+def cut_trace(
     path: Path, stage: str | None, steps: Sequence[int]
 ) -> tuple[dict[str, Any], list[Any]]:
     """The header and the events of a captured trace that the confirmation and the op diff of
