@@ -242,9 +242,9 @@ def test_a_rank_that_leads_a_smaller_stage_steadily_is_routed_and_named() -> Non
     assert said.endswith("Next: profile data loading (data.next_wait) on rank 2."), said
 
 
-def _analyzed(d: np.ndarray) -> AnalyzedWindow:
+def _analyzed(d: np.ndarray, loader: dict[str, Any] | None = None) -> AnalyzedWindow:
     """``d`` as rank 0's analysis of the four ranks' windows gives it (each rank's own
-    durations in nanoseconds, the rest of the step zero)."""
+    durations in nanoseconds, the rest of the step zero), each carrying ``loader`` counts."""
     steps = d.shape[0]
     ranks = []
     for rank in RANKS:
@@ -259,6 +259,7 @@ def _analyzed(d: np.ndarray) -> AnalyzedWindow:
                 stages=(*STAGES, "step.other_cpu_wall"),
                 durations_ns=durations,
                 wall_ns=durations.sum(axis=1),
+                loader=dict(loader or {}),
             )
         )
     return analyze_merged(merge_windows(ranks, len(RANKS)))
@@ -301,7 +302,7 @@ def test_the_window_line_names_a_smaller_stages_lead_only_where_the_router_acts_
         (line,) = lines.lines
         said = "Next: profile data loading (data.next_wait) on rank 2"
         assert (said in line) is named, (share, line)
-        stated = {"stage": STAGES[0], "rank": STALL} if named else None
+        stated = {"stage": STAGES[0], "rank": STALL, "burst": 1} if named else None
         assert taken[0].record["lead_below_top"] == stated
         assert (decide(taken[0], min_share=share or MIN_SHARE)[0] is not None) is named
         facts = check_window_meta(taken[0].record)  # and offline, from the stored record
@@ -327,11 +328,11 @@ def test_the_window_line_judges_a_smaller_stages_lead_by_the_routers_gates() -> 
     publish([lines], consumers, window)
     assert taken[0].record["lead_below_top"] is None
     assert "on rank 2" not in lines.lines[0], lines.lines[0]
-    assert window.lead_below_top == (STAGES[0], STALL)  # by the window's own gates
+    assert window.lead_below_top == (STAGES[0], STALL, 1)  # by the window's own gates
     # Where the router asks for nothing, the line names nothing either: limited telemetry, or
     # a top stage under ``share_dominance`` among more than two routing stages.
     report, ids, test = window.report, list(RANKS), LeadTest()
-    assert routed_lead_below_top(report, d, ids, test) == (STAGES[0], STALL)
+    assert routed_lead_below_top(report, d, ids, test) == (STAGES[0], STALL, 1)
     limited = replace(report, labels=[*report.labels, "telemetry_limited"])
     assert routed_lead_below_top(limited, d, ids, test) is None
     assert decide(replace(window, report=limited))[0] is None
@@ -339,6 +340,30 @@ def test_the_window_line_judges_a_smaller_stages_lead_by_the_routers_gates() -> 
     dominant = LeadTest(gates=Gates(share_dominance=0.9))
     assert routed_lead_below_top(spread, d, ids, dominant) is None
     assert decide(replace(window, report=spread), dominant.gates)[0] is None
+
+
+def test_the_window_line_states_blocks_only_where_the_lead_was_judged_over_them() -> None:
+    """Rank 2 waits for data in every step, and has two DataLoader workers: its lead holds
+    step by step, and over blocks of two steps too. The router judges the lead step by step
+    first and captures it with one-step blocks; the window line said "led by rank 2 in 2-step
+    blocks" and the verdict "over blocks of 2 steps ... step by step the lead seems to pass
+    between ranks", a judgment that was not made. The record now keeps the steps the routed
+    lead was judged over, and the line states blocks only for a lead judged over them."""
+    window = _analyzed(_data_wait_under_a_shared_backward(), {"workers": 2})
+    block = window.block_lead
+    assert block is not None and (block.stage, block.rank, block.size) == (STAGES[0], STALL, 2)
+    decision, why = decide(window)
+    assert decision is not None and (decision.stage, decision.suspect_rank) == (STAGES[0], STALL)
+    assert decision.burst == 1 and decision.below_top, why
+    stated = {"stage": STAGES[0], "rank": STALL, "burst": 1}
+    assert window.record["lead_below_top"] == stated
+    facts = check_window_meta(window.record)  # and offline, from the stored record
+    for record in (window.record, facts):
+        headline = window_headline(window.report, record)
+        assert f"{STAGES[0]} 26% led by rank {STALL} below top backward" in headline, headline
+        said = verdict_of_window(window.report, record)
+        assert f"rank {STALL} alone leads data loading" in said, said
+        assert "blocks" not in headline and "blocks" not in said, said
 
 
 def test_the_capture_is_compared_with_the_mean_step_of_the_same_regime() -> None:

@@ -206,7 +206,8 @@ def test_a_data_wait_below_the_top_is_judged_over_the_loaders_bursts() -> None:
         window = windows[index]
         assert window.report.top1 == "model.backward_cpu_wall", index
         headline, said, decision = _story(window)
-        assert window.record["lead_below_top"] == {"stage": "data.next_wait", "rank": 2}
+        stated = {"stage": "data.next_wait", "rank": 2, "burst": 2}
+        assert window.record["lead_below_top"] == stated
         assert "data.next_wait" in headline and "led by rank 2 in 2-step blocks" in headline
         assert headline.endswith("Next: profile data loading on rank 2"), headline
         assert "no single leader" not in headline, headline

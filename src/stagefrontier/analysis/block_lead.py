@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -145,36 +146,34 @@ def steady_lead_below_top(
     return None
 
 
+class RoutedLead(NamedTuple):
+    """A stage below the top one that one rank leads, as the profiler router captures it:
+    the stage, the rank, and the steps over which its lead was judged (1, or a DataLoader's
+    burst)."""
+
+    stage: str
+    rank: int
+    burst: int
+
+
 def routed_lead_below_top(
     report: WindowReport,
     d: npt.NDArray[np.float64] | None,
     rank_ids: Sequence[int],
     test: LeadTest = DEFAULT_LEAD_TEST,
     blocks: BlockLead | None = None,
-) -> tuple[str, int] | None:
-    """The stage below the top one that the profiler router captures, and its leading rank:
-    ``steady_lead_below_top`` by ``test.min_share``, and, where ``d [N, R, S]`` holds the
-    ranks' columns (``rank_ids``), that rank's time in the stage exceeding the rank of median
-    time in it by ``test`` (``LeadTest.excess``), judged by the test's gates. Failing that,
-    ``blocks``: a stage of the routing set below the top one whose lead was judged over blocks
-    of steps (a DataLoader's bursts, ``window.loader.data_block_lead``) and names one rank
-    steadily there, its excess judged over the same blocks. The window line names this lead
-    and the router acts on it: one judgment. None when there is none, and, as the router asks
-    for no capture then, when the telemetry is limited or the top stage falls short of
+) -> RoutedLead | None:
+    """The stage below the top one that the profiler router captures, its leading rank, and
+    the steps its lead was judged over: ``steady_lead_below_top`` by ``test.min_share``, and,
+    where ``d [N, R, S]`` holds the ranks' columns (``rank_ids``), that rank's time in the
+    stage exceeding the rank of median time in it by ``test`` (``LeadTest.excess``), judged by
+    the test's gates, step by step (burst 1). Failing that, ``blocks``: a stage of the routing
+    set below the top one whose lead was judged over blocks of steps (a DataLoader's bursts,
+    ``window.loader.data_block_lead``) and names one rank steadily there, its excess judged
+    over the same blocks (burst ``blocks.size``). The window line names this lead and the
+    router acts on it: one judgment. None when there is none, and, as the router asks for no
+    capture then, when the telemetry is limited or the top stage falls short of
     ``share_dominance`` with more than two stages in the routing set."""
-    routed = routed_lead_and_burst(report, d, rank_ids, test, blocks)
-    return None if routed is None else (routed[0], routed[1])
-
-
-def routed_lead_and_burst(
-    report: WindowReport,
-    d: npt.NDArray[np.float64] | None,
-    rank_ids: Sequence[int],
-    test: LeadTest = DEFAULT_LEAD_TEST,
-    blocks: BlockLead | None = None,
-) -> tuple[str, int, int] | None:
-    """``routed_lead_below_top`` with the steps over which its lead was judged: 1, or the
-    size of the ``blocks`` it was judged over."""
     g = test.gates or report.gates
     top = report.top1
     if report.has(TELEMETRY_LIMITED) or top is None or not report.shares_defined:
@@ -197,9 +196,9 @@ def routed_lead_and_burst(
                 d, report.stages, rank_ids, stage, (rank, reference), burst, step_s
             )
             if excess.stands_out:
-                return stage, rank, burst
+                return RoutedLead(stage, rank, burst)
         elif burst == 1:  # a lead over blocks is judged against the blocks' noise, or not at all
-            return stage, rank, burst
+            return RoutedLead(stage, rank, burst)
     return None
 
 

@@ -127,6 +127,9 @@ class LeadBelowTop(msgspec.Struct):
 
     stage: str
     rank: Annotated[int, msgspec.Meta(ge=0)]
+    burst: Annotated[int, msgspec.Meta(ge=1)] | UnsetType = UNSET
+    """The steps its lead was judged over: 1 step by step, or a DataLoader's burst; absent
+    from records written before, whose line then states no blocks."""
 
 
 class WindowFacts(msgspec.Struct):

@@ -20,7 +20,6 @@ from ..analysis.schema import DATA_STAGE
 from ..analysis.window_report import WindowReport
 from .communication import communication_short
 from .escape import printable
-from .loader_text import block_leader
 from .text import index_text, lead_text, window_title
 from .verdict import (
     both_names,
@@ -30,6 +29,7 @@ from .verdict import (
     rank_name,
     ranks_text,
     routed_below,
+    routed_block,
 )
 
 HEADLINE_MAX = 160
@@ -155,11 +155,10 @@ def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) ->
         return f"{plain(top)} {share:.0%}: {measured}"
     routed = routed_below(report, record)
     if routed is not None:  # the lead the router acts on, then the top stage no rank leads
-        below, rank = routed[0], routed[1][0]
-        block = block_leader(record, below)
-        blocks = f" in {block[1]}-step blocks" if block else ""
+        below, size = routed.stage, routed_block(record, routed)
+        blocks = f" in {size}-step blocks" if size else ""
         return (
-            f"{below} {report.semantic_shares[below]:.0%} led by {rank_name(rank, record)}"
+            f"{below} {report.semantic_shares[below]:.0%} led by {rank_name(routed.rank, record)}"
             f"{blocks} below top {plain(top)} {share:.0%}"
         )
     return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.across_roles import bounding_role
-from ..analysis.block_lead import steady_lead_below_top
+from ..analysis.block_lead import RoutedLead, steady_lead_below_top
 from ..analysis.labels import (
     CO_CRITICAL,
     DIRECT_EXPOSURE,
@@ -97,27 +97,40 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
     return ("rank " if len(set(ranks)) == 1 else "ranks ") + text
 
 
-def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The stage below the top one that one rank leads and the profiler router captures, and
-    that rank: the record's ``lead_below_top`` (judged on rank 0 by the router's own settings,
-    ``block_lead.routed_lead_below_top``); for a record written before it was kept, judged from
-    the report alone with the default settings."""
+def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> RoutedLead | None:
+    """The stage below the top one that one rank leads and the profiler router captures, that
+    rank and the steps its lead was judged over: the record's ``lead_below_top`` (judged on
+    rank 0 by the router's own settings, ``block_lead.routed_lead_below_top``); for a record
+    written before it was kept, judged from the report alone with the default settings, step
+    by step (as is a stored lead without its burst)."""
     if "lead_below_top" not in record:
         stage = steady_lead_below_top(report)
         rank = None if stage is None else report.semantic_localization[stage].leader_rank
-        return None if stage is None or rank is None else (stage, rank)
+        return None if stage is None or rank is None else RoutedLead(stage, rank, 1)
     stored = record["lead_below_top"]
-    return None if stored is None else (str(stored["stage"]), int(stored["rank"]))
+    if stored is None:
+        return None
+    return RoutedLead(str(stored["stage"]), int(stored["rank"]), int(stored.get("burst", 1)))
 
 
-def routed_below(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
-    """The stage below the top one the window names, with its rank (``lead_below_top``), when
-    no rank or node is named for the top stage; None otherwise."""
+def routed_below(report: WindowReport, record: Mapping[str, Any]) -> RoutedLead | None:
+    """The stage below the top one the window names, with its rank and the steps its lead was
+    judged over (``lead_below_top``), when no rank or node is named for the top stage; None
+    otherwise."""
     top = report.top1
     if top is None or not report.shares_defined or _lead(report, record, top).who:
         return None
-    below = lead_below_top(report, record)
-    return None if below is None else (below[0], [below[1]])
+    return lead_below_top(report, record)
+
+
+def routed_block(record: Mapping[str, Any], routed: RoutedLead) -> int | None:
+    """The block size to state for the routed lead: its burst, when it was judged over blocks
+    of steps and the record's lead over blocks (``block_leader``) names its stage and rank;
+    None for a lead judged step by step."""
+    block = block_leader(record, routed.stage)
+    if routed.burst > 1 and block == (routed.rank, routed.burst):
+        return routed.burst
+    return None
 
 
 def block_note(record: Mapping[str, Any], stage: str) -> str:
@@ -199,7 +212,11 @@ def verdict_parts(report: WindowReport, record: Mapping[str, Any] | None = None)
     stepwise = single_leader(report, report.top1) is not None
     # The DataLoader's figures of the rank the finding names, never of a rank it does not
     routed = routed_below(report, record)
-    stage, named = (report.top1, lead.ranks if lead.who else []) if routed is None else routed
+    stage, named = (
+        (report.top1, lead.ranks if lead.who else [])
+        if routed is None
+        else (routed.stage, [routed.rank])
+    )
     extras = (
         said.after,
         "" if stepwise else block_note(record, report.top1),
@@ -269,15 +286,15 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     lead = _lead(report, record, top)
     routed = routed_below(report, record)
     if routed is not None:  # the stage the router captures (``route.decide``)
-        below, who = routed[0], rank_name(routed[1][0], record)
+        below, who = routed.stage, rank_name(routed.rank, record)
         below_share = report.semantic_shares[below]
-        block = block_leader(record, below)
-        how = f"over blocks of {block[1]} steps" if block else _behind(report, below)
+        size = routed_block(record, routed)
+        how = f"over blocks of {size} steps" if size else _behind(report, below)
         return Said(
             f"no single rank leads {plain(top)}, which takes {cost}, but {who} alone leads "
             f"{plain(below)} ({below_share:.0%} of the step), {how}",
             f"profile {both_names(below)} on {who}",
-            block_note(record, below),
+            block_note(record, below) if size else "",
         )
     target = f"profile {both_names(top)} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):

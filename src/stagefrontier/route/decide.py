@@ -69,7 +69,7 @@ from ..analysis.block_lead import (
     MIN_LEAD_SHARE,
     LeadTest,
     median_reference,
-    routed_lead_and_burst,
+    routed_lead_below_top,
     unsteady_lead,
 )
 from ..analysis.collective_names import collective_name
@@ -193,13 +193,13 @@ def decide(
     test = LeadTest(min_share, noise_factor, g)
     d = window.d[:, positions] if window.summary is None else None
     ids = [ranks[i] for i in positions]
-    below = routed_lead_and_burst(report, d, ids, test, data_block) if why else None
+    below = routed_lead_below_top(report, d, ids, test, data_block) if why else None
     suspect = loc.leader_rank  # the report names ranks by number, not by column
     if below is not None:  # the top stage's lead passes between ranks; one leads this one
         blocked = (f"{stage}, on top, has no steady leader ({why})",)
-        stage, suspect, why = below[0], below[1], ""
+        stage, suspect, why = below.stage, below.rank, ""
         loc, share = report.semantic_localization[stage], report.semantic_shares[stage]
-        if below[2] > 1 and data_block is not None:
+        if below.burst > 1 and data_block is not None:
             block = data_block  # its lead and its excess judged over the loader's bursts
             blocked = (*blocked, block_lead_text(block))
     if why or suspect is None:

@@ -21,6 +21,7 @@ from ..analysis.block_lead import (
     DEFAULT_LEAD_TEST,
     BlockLead,
     LeadTest,
+    RoutedLead,
     routed_lead_below_top,
 )
 from ..analysis.collective_summary import CollectiveSummary, read_collective_summary
@@ -139,7 +140,7 @@ class AnalyzedWindow:
         record["gain_reference_windows"] = self.gain_reference
         record["block_lead"] = None if self.block_lead is None else self.block_lead.to_dict()
         below = self.lead_below_top
-        record["lead_below_top"] = None if below is None else {"stage": below[0], "rank": below[1]}
+        record["lead_below_top"] = None if below is None else below._asdict()
         reading = self.communication
         if reading is not None:
             record["communication"] = {**reading.to_dict(), "slow": self.slow_collective}
@@ -171,9 +172,10 @@ class AnalyzedWindow:
         return data_block_lead(self.merged.ranks, self.d, report, gates)
 
     @cached_property
-    def lead_below_top(self) -> tuple[str, int] | None:
+    def lead_below_top(self) -> RoutedLead | None:
         """The stage below the top one that one rank leads steadily, materially and above the
-        noise, with that rank, when the top stage has no steady leader
+        noise, with that rank and the steps its lead was judged over, when the top stage has no
+        steady leader
         (``block_lead.routed_lead_below_top`` by ``lead_test``, the data wait's lead over its
         DataLoader's bursts included): what the window line names and the profiler router
         captures. None with roles or without such a lead, and when the top stage is a data
