@@ -254,7 +254,11 @@ def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) 
     """``stagefrontier demo`` with DataLoader workers: each window carries the workers' counts,
     as a loop under ``timer.iter`` gives them. Before, the demo made its loader without telling
     the timer: its windows carried no worker figures, and a stall in its workers was judged step
-    by step only, never over the workers' bursts."""
+    by step only, never over the workers' bursts. Its worker processes start when the stream
+    is made, before the loop, as a loop's ``iter(loader)`` starts them: they started at the
+    first batch asked for, inside step 0's timed data wait."""
+    import multiprocessing
+
     from stagefrontier.demo.faults import FaultInjector
     from stagefrontier.demo.loader import worker_batches
     from stagefrontier.demo.model import CharData
@@ -265,7 +269,10 @@ def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) 
         )
     )
     data = CharData("the demo's corpus, short " * 8, seq_len=8, batch_size=2, seed=0)
+    before = set(multiprocessing.active_children())
     batches = worker_batches(data, FaultInjector((), rank=0), 1, 2, 0, timer)
+    started = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(started) == 2 and all(p.is_alive() for p in started), started
     for _ in range(6):
         with timer.step():
             with timer.stage("data.next_wait"):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..record.loader_workers import WorkerCounters
 from ..record.recorder import StageTimer
 from .faults import FaultInjector
 from .model import CharData
@@ -52,7 +53,9 @@ def worker_batches(
     """An endless stream of ``data``'s batches from ``workers`` worker processes, watched by
     ``timer`` from inside as a loop that iterates its loader itself has them watched
     (``StageTimer.watch_dataloader``): each window carries the workers' figures, and the data
-    wait's lead is judged over their bursts, as in a user's loop under ``timer.iter``."""
+    wait's lead is judged over their bursts, as in a user's loop under ``timer.iter``. The
+    workers start here, before the loop, as a loop's ``iter(loader)`` starts them: not inside
+    the first step's timed data wait."""
     dataset = WorkerBatches(data, faults, accumulation, seed)
     # forked, as on Linux by default: a spawned worker would receive the corpus through shared
     # memory, which a small /dev/shm refuses
@@ -60,7 +63,12 @@ def worker_batches(
         dataset, batch_size=None, num_workers=workers, multiprocessing_context="fork"
     )
     counters = timer.watch_dataloader(loader)  # before the workers start
-    for batch in loader:
+    return _counted(iter(loader), counters)
+
+
+def _counted(batches: Iterator[Batch], counters: WorkerCounters | None) -> Iterator[Batch]:
+    """``batches``, each one taken added to the ``counters``' ``consumed``."""
+    for batch in batches:
         if counters is not None:
             counters.consumed += 1
         yield batch
