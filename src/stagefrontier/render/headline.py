@@ -20,6 +20,7 @@ from ..analysis.schema import DATA_STAGE
 from ..analysis.window_report import WindowReport
 from .communication import communication_short
 from .escape import printable
+from .loader_text import routed_block
 from .text import index_text, lead_text, window_title
 from .verdict import (
     both_names,
@@ -29,7 +30,6 @@ from .verdict import (
     rank_name,
     ranks_text,
     routed_below,
-    routed_block,
 )
 
 HEADLINE_MAX = 160

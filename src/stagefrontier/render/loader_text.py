@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..analysis.block_lead import BlockLead
+from ..analysis.block_lead import BlockLead, RoutedLead
 from ..analysis.schema import DATA_STAGE
 
 BUSY_SHOWN = 0.5
@@ -69,6 +69,16 @@ def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | Non
         return None
     rank, size = lead.get("rank"), lead.get("size")
     return (rank, size) if isinstance(rank, int) and isinstance(size, int) else None
+
+
+def routed_block(record: Mapping[str, Any], routed: RoutedLead) -> int | None:
+    """The block size to state for the routed lead: its burst, when it was judged over blocks
+    of steps and the record's lead over blocks (``block_leader``) names its stage and rank;
+    None for a lead judged step by step."""
+    block = block_leader(record, routed.stage)
+    if routed.burst > 1 and block == (routed.rank, routed.burst):
+        return routed.burst
+    return None
 
 
 def block_lead_text(lead: BlockLead) -> str:

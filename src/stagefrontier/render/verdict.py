@@ -43,7 +43,7 @@ from .communication import (
     starved_note,
 )
 from .escape import printable
-from .loader_text import block_leader, window_loader_sentence
+from .loader_text import block_leader, routed_block, window_loader_sentence
 
 PLAIN_NAMES = {
     DATA_STAGE: "data loading",
@@ -98,11 +98,9 @@ def ranks_phrase(ranks: Sequence[int], n_ranks: int) -> str:
 
 
 def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> RoutedLead | None:
-    """The stage below the top one that one rank leads and the profiler router captures, that
-    rank and the steps its lead was judged over: the record's ``lead_below_top`` (judged on
-    rank 0 by the router's own settings, ``block_lead.routed_lead_below_top``); for a record
-    written before it was kept, judged from the report alone with the default settings, step
-    by step (as is a stored lead without its burst)."""
+    """The lead below the top stage the profiler router captures: the record's
+    ``lead_below_top`` (``block_lead.routed_lead_below_top`` on rank 0, by the router's
+    settings); for a record without it, judged from the report by the default settings."""
     if "lead_below_top" not in record:
         stage = steady_lead_below_top(report)
         rank = None if stage is None else report.semantic_localization[stage].leader_rank
@@ -114,23 +112,12 @@ def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> RoutedLea
 
 
 def routed_below(report: WindowReport, record: Mapping[str, Any]) -> RoutedLead | None:
-    """The stage below the top one the window names, with its rank and the steps its lead was
-    judged over (``lead_below_top``), when no rank or node is named for the top stage; None
-    otherwise."""
+    """The lead below the top stage the window names (``lead_below_top``), when no rank or
+    node is named for the top stage; None otherwise."""
     top = report.top1
     if top is None or not report.shares_defined or _lead(report, record, top).who:
         return None
     return lead_below_top(report, record)
-
-
-def routed_block(record: Mapping[str, Any], routed: RoutedLead) -> int | None:
-    """The block size to state for the routed lead: its burst, when it was judged over blocks
-    of steps and the record's lead over blocks (``block_leader``) names its stage and rank;
-    None for a lead judged step by step."""
-    block = block_leader(record, routed.stage)
-    if routed.burst > 1 and block == (routed.rank, routed.burst):
-        return routed.burst
-    return None
 
 
 def block_note(record: Mapping[str, Any], stage: str) -> str:
@@ -212,11 +199,9 @@ def verdict_parts(report: WindowReport, record: Mapping[str, Any] | None = None)
     stepwise = single_leader(report, report.top1) is not None
     # The DataLoader's figures of the rank the finding names, never of a rank it does not
     routed = routed_below(report, record)
-    stage, named = (
-        (report.top1, lead.ranks if lead.who else [])
-        if routed is None
-        else (routed.stage, [routed.rank])
-    )
+    stage, named = report.top1, lead.ranks if lead.who else []
+    if routed is not None:
+        stage, named = routed.stage, [routed.rank]
     extras = (
         said.after,
         "" if stepwise else block_note(record, report.top1),
