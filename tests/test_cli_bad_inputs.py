@@ -309,7 +309,7 @@ def stage_leader(obj: dict[str, Any]) -> None:
     leader["leader_fraction"] = "x"
 
 
-@pytest.mark.parametrize("command", ["report", "report --html", "compare"])
+@pytest.mark.parametrize("command", ["report", "report --html", "plot", "compare"])
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
