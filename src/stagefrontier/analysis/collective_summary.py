@@ -285,7 +285,8 @@ def _own_facts(
     per collective, with ``queued_ms`` (exact: over the steps every rank read both, what adding
     the run-queue waits back added to the sum of the waits, over the ranks) and
     ``timed_late_ms`` (read again with the timed candidate as the candidate where the two
-    readings' candidates differ; the bound is the larger of the two readings')."""
+    readings' candidates differ: its least value in a step where it is not among the shortest
+    waits, as ``behind``)."""
     late = {summary.keys[c]: facts.late for c, facts in timed}
     read = {own.keys[c]: (c, facts) for c, facts in summary_facts(own, n_ranks)}
     other = {k: late[k] for k, (_, facts) in read.items() if k in late and facts.late != late[k]}
@@ -294,12 +295,10 @@ def _own_facts(
     for key, (c, facts) in read.items():
         full = np.flatnonzero(own.count[:-1, c] == n_ranks)
         added = own.wait_sum[full, c] - summary.wait_sum[full, summary.keys.index(key)]
-        candidate = again.get(key, facts)
         out[key] = replace(
             facts,
             queued_ms=float(np.median(added / n_ranks)),
-            timed_late_ms=float(np.median(candidate.behind)),
-            bound_ms=max(facts.bound_ms, candidate.bound_ms),
+            timed_late_ms=float(np.median(again.get(key, facts).behind)),
         )
     return out
 
