@@ -30,8 +30,8 @@ longest), so a rank named late from the summary is one the full reading names to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -123,10 +123,7 @@ class CollectiveSummary:
         if not is_int(n_ranks) or n_ranks < 1 or not isinstance(sk, dict):
             raise ReportFormatError(f"{where}: n_ranks must be an integer >= 1, sketch an object")
         try:
-            lanes = {
-                name: np.asarray(data[name], np.float64)
-                for name in ("wait_sum", "wait_max", "reached_sum", "low_wait")
-            }
+            lanes = {name: np.asarray(data[name], np.float64) for name in _LANES}
             count = np.asarray(data["count"], np.int64)
             low_rank = np.asarray(data["low_rank"], np.int64)
             ints = {name: np.asarray(sk[name], np.int64) for name in _SKETCH_INTS}
@@ -159,11 +156,19 @@ class CollectiveSummary:
         untimed = checked_list(data["untimed"], where)
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError(f"{where}: untimed must be a list of strings")
-        own = None if data.get("own") is None else cls.from_dict(data["own"])
-        if own is not None and (own.n_ranks != n_ranks or own.count.shape[0] != steps):
+        inner = data.get("own")
+        if isinstance(inner, dict) and inner.get("own") is not None:
+            raise ReportFormatError(f"{where}: its own waits' summary carries one of its own")
+        own = None if inner is None else cls.from_dict(inner)
+        named = tuple(k[:4] for k in keys)
+        if own is not None and (own.n_ranks, own.count.shape[0], own.keys) != (
+            n_ranks,
+            steps,
+            named,
+        ):
             raise ReportFormatError(f"{where}: its own waits' summary covers other ranks or steps")
         return cls(
-            keys=tuple(k[:4] for k in keys),
+            keys=named,
             nbytes=tuple(k[4] for k in keys),
             n_ranks=n_ranks,
             count=count,
@@ -176,18 +181,8 @@ class CollectiveSummary:
 
 
 _SKETCH_INTS = ("sizes", "index", "count", "fold_low", "fold_high")
-_FIELDS = {
-    "keys",
-    "n_ranks",
-    "count",
-    "wait_sum",
-    "wait_max",
-    "reached_sum",
-    "low_wait",
-    "low_rank",
-    "sketch",
-    "untimed",
-}
+_LANES = ("wait_sum", "wait_max", "reached_sum", "low_wait")
+_FIELDS = {"keys", "n_ranks", "count", "low_rank", "sketch", "untimed", *_LANES}
 
 
 def _every_lane_holds(sketch: PrefixSketch, n_ranks: int) -> bool:
@@ -271,20 +266,50 @@ def read_collective_summary(
     """The window's reading from a combined summary of its ``n_ranks`` ranks (a step counts
     where all of them timed the collective)."""
     threshold = late_threshold(step_ms)
-    own: dict[Key, StepFacts] = {}
-    if summary.own is not None:
-        own = {summary.own.keys[c]: f for c, f in summary_facts(summary.own, n_ranks)}
+    timed = summary_facts(summary, n_ranks)
+    own = {} if summary.own is None else _own_facts(summary, summary.own, timed, n_ranks)
     readings = [
         judged(summary.keys[c], summary.nbytes[c], facts, threshold, own.get(summary.keys[c]))
-        for c, facts in summary_facts(summary, n_ranks)
+        for c, facts in timed
     ]
     return reading_of(readings, summary.untimed)
 
 
-def summary_facts(summary: CollectiveSummary, n_ranks: int) -> list[tuple[int, StepFacts]]:
+def _own_facts(
+    summary: CollectiveSummary,
+    own: CollectiveSummary,
+    timed: list[tuple[int, StepFacts]],
+    n_ranks: int,
+) -> dict[Key, StepFacts]:
+    """The facts of ``own`` (the waits with the run-queue waits added back, on the same keys)
+    per collective, with ``queued_ms`` (exact: over the steps every rank read both, what adding
+    the run-queue waits back added to the sum of the waits, over the ranks) and
+    ``timed_late_ms`` (read again with the timed candidate as the candidate where the two
+    readings' candidates differ: its least value in a step where it is not among the shortest
+    waits, as ``behind``)."""
+    late = {summary.keys[c]: facts.late for c, facts in timed}
+    read = {own.keys[c]: (c, facts) for c, facts in summary_facts(own, n_ranks)}
+    other = {k: late[k] for k, (_, facts) in read.items() if k in late and facts.late != late[k]}
+    again = {own.keys[c]: facts for c, facts in summary_facts(own, n_ranks, other)}
+    out = {}
+    for key, (c, facts) in read.items():
+        full = np.flatnonzero(own.count[:-1, c] == n_ranks)
+        added = own.wait_sum[full, c] - summary.wait_sum[full, summary.keys.index(key)]
+        out[key] = replace(
+            facts,
+            queued_ms=float(np.median(added / n_ranks)),
+            timed_late_ms=float(np.median(again.get(key, facts).behind)),
+        )
+    return out
+
+
+def summary_facts(
+    summary: CollectiveSummary, n_ranks: int, candidates: Mapping[Key, int] | None = None
+) -> list[tuple[int, StepFacts]]:
     """The late-rank rule's facts of each collective (by its column) that all ``n_ranks``
     ranks timed in some step, read from the summary: ``behind`` and ``noise`` within
-    ``bound_ms`` of ``StepFacts.of_waits`` on every rank's waits, the rest exact."""
+    ``bound_ms`` of ``StepFacts.of_waits`` on every rank's waits, the rest exact. With
+    ``candidates``, only their collectives, each read with the rank given as the candidate."""
     low, high = entry_bounds(summary.sketch, summary.wait_max)
     ends = np.cumsum(summary.sketch.sizes)
     width = len(summary.keys)
@@ -292,13 +317,18 @@ def summary_facts(summary: CollectiveSummary, n_ranks: int) -> list[tuple[int, S
     out = []
     for c in range(width):
         full = np.flatnonzero(summary.count[:typical, c] == n_ranks)
-        if not full.size or n_ranks < 2:
+        if (
+            not full.size
+            or n_ranks < 2
+            or (candidates is not None and summary.keys[c] not in candidates)
+        ):
             continue
         lanes = [
             _Lane(low, high, summary.sketch.count, ends[t * width + c], summary, t, c)
             for t in full.tolist()
         ]
-        out.append((c, _facts(summary, c, full, lanes)))
+        late = None if candidates is None else candidates[summary.keys[c]]
+        out.append((c, _facts(summary, c, full, lanes, late)))
     return out
 
 
@@ -354,13 +384,16 @@ class _Lane:
         return _weighted_medians(near, count), _weighted_medians(far, count)
 
 
-def _facts(summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane]) -> StepFacts:
+def _facts(
+    summary: CollectiveSummary, c: int, full: IntArray, steps: list[_Lane], late: int | None
+) -> StepFacts:
     """The rule's facts from the summary: the late rank from the typical waits' shortest
-    (exact); in each step how far behind the others' median it arrived and how far apart the
-    others arrived, within their buckets where it is among the step's shortest waits, else the
-    least lateness it can have (its wait the step's longest) and the others' spread either way.
+    (exact), or ``late`` where given; in each step how far behind the others' median it
+    arrived and how far apart the others arrived, within their buckets where it is among the
+    step's shortest waits, else the least lateness it can have (its wait the step's longest)
+    and the others' spread either way.
     ``bound_ms``: how far the lateness and the noise may lie from the exact values."""
-    late = int(summary.low_rank[-1, c, 0])
+    late = int(summary.low_rank[-1, c, 0]) if late is None else late
     ranks, waits = summary.low_rank[full, c], summary.low_wait[full, c]
     behind, noise = np.empty((3, len(full))), np.empty((3, len(full)))  # estimate, least, most
     for t, lane in enumerate(steps):

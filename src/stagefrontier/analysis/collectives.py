@@ -25,16 +25,18 @@ A rank can also be held back by the machine: its cores busy with other work, it 
 Each arrival carries how long the rank's training thread waited for one since its previous
 arrival at that collective (``record.run_queue``). Where every rank read it, the rule runs on the
 waits with those waits added back (``StepFacts.of_own_waits``): the scheduler's scatter leaves
-each step before the lateness and the noise are read, and what is left of a late rank's lateness
-is its own code's, steady from step to step, so it must also stand out of its own wavering (the
-median absolute deviation of how far behind it arrived; the raw rule cannot ask that, as the
-scatter makes every rank waver). A rank the waits as timed find late, but whose lateness less
-its extra wait for a CPU (the median over steps of its run-queue wait beyond the other ranks')
-is not material, is not named late but ``starved_rank``: said, never routed. Where the waits were
-not read at the arrivals, the window's run-queue wait per step is taken off the candidate's
-lateness the same way before it is judged material. A rank late because its code slept or
-computed longer keeps that part: sleeping is not waiting for a CPU, and computing is running.
-None of it enters the prefix vector: it is side evidence for the labels and the verdict.
+each step before the lateness and the noise are read. Where those waits were material
+(``SCATTER_FRACTION``), what is left still carries the scheduler's trace, so a late rank's own
+lateness must also stand out of its own wavering (the median absolute deviation of how far
+behind it arrived; the raw rule cannot ask that, as the scatter makes every rank waver). A rank
+the waits as timed find late, which the waits with the run-queue waits added back do not name,
+and whose own lateness there (its median over steps) is not material, is not named late but
+``starved_rank``: said, never routed. Where the waits were not read at the arrivals, the
+candidate's extra run-queue wait per step over the window (beyond the other ranks' median) is
+taken off its lateness before it is judged material, and decides ``starved_rank`` the same
+way. A rank late because its code slept or computed longer keeps that part: sleeping is not
+waiting for a CPU, and computing is running. None of it enters the prefix vector: it is side
+evidence for the labels and the verdict.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ ALONE_FRACTION = 0.5
 it is late alone. Where two ranks arrive about as late (a DDP forward's buffer broadcast from rank
 0 holds rank 0 in the forward until a rank stalled before it arrives, so both reach backward's
 all-reduce late), naming one of them would be a guess."""
+SCATTER_FRACTION = 0.25
+"""With the run-queue waits added back, the late rank's own lateness must stand out of its own
+wavering too only where those waits were material: the ranks' mean run-queue wait before the
+collective, in a typical step, at least this part of the lateness threshold. On a loaded host the
+scheduler's order leaves a trace in what is left (a lead that comes and goes from step to step);
+on an idle one the waits are a fraction of a millisecond, nothing was taken off, and a late rank
+whose own lateness varies from step to step is judged as without them."""
 FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
@@ -88,7 +97,8 @@ class CollectiveTimes:
     thread waited for a CPU per step over the window (``record.run_queue``; None where unknown,
     empty when no rank said); ``queued_ms`` ``[steps, ranks, collectives]``, how long the rank's
     training thread had waited for a CPU since its previous arrival at the collective, as it
-    reached it (NaN where unread; None when no rank read it)."""
+    reached it (``record.run_queue``'s ``since_last``; NaN where unread; None when no rank read
+    it)."""
 
     keys: tuple[Key, ...]
     nbytes: tuple[int, ...]
@@ -352,21 +362,17 @@ def judged(
     it): the late rule (module doc)."""
     lateness = float(np.median(steps.behind))
     behind = stands_out(steps, threshold)
+    if own is None:  # over the window, the candidate's extra wait for a CPU off its lateness
+        left = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)
+        named = behind and left >= threshold
+    else:  # step by step, each rank's wait for a CPU added back to its wait
+        left = own.timed_late_ms  # the candidate's own lateness, whoever the own reading names
+        scattered = (own.queued_ms or 0.0) >= SCATTER_FRACTION * threshold
+        named = stands_out(own, threshold, steady=scattered)
+    held = behind and not named and left < threshold
     cpu_wait = steps.cpu_wait_ms
     if cpu_wait is None and own is not None:  # node summaries: what adding the waits back took
-        # off (where the own reading's candidate is another rank, the candidate's own lateness
-        # is at most that rank's: the part its CPU waits explain is at least this)
-        cpu_wait = lateness - max(float(np.median(own.behind)), 0.0)
-    discounted = lateness - min(max(cpu_wait or 0.0, 0.0), lateness)  # not a CPU wait
-    # step by step, the scheduler's part taken off every rank's arrival (``own``: what is left
-    # of a late rank's lateness is steady from step to step); else, over the window, the
-    # candidate's extra wait for a CPU taken off its lateness
-    named = (
-        stands_out(own, threshold, steady=True)
-        if own is not None
-        else behind and discounted >= threshold
-    )
-    held = behind and not named and discounted < threshold
+        cpu_wait = lateness - max(left, 0.0)
     by = own if named and own is not None else steps
     family, bucket, stage, call = key
     return CollectiveReading(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,14 @@ class StepFacts:
     """How much longer per step the candidate waited for a CPU than the other ranks' median
     (``record.run_queue``: step by step before the collective where every rank read it, else
     over the window); None where a rank's wait is unknown."""
+    queued_ms: float | None = None
+    """Of the waits with each rank's run-queue wait before the collective added back
+    (``of_own_waits``): the median over steps of the ranks' mean run-queue wait, what adding
+    them back moved the waits by; None for the waits as timed."""
+    timed_late_ms: float = float("nan")
+    """Of the waits with the run-queue waits added back: the own lateness of the candidate of
+    the waits as timed (the median over steps of how far behind the other ranks' median it
+    arrives here), whichever rank is this reading's candidate; NaN for the waits as timed."""
 
     @classmethod
     def of_waits(
@@ -56,8 +64,7 @@ class StepFacts:
         cpu_wait = _extra_cpu_wait(late, len(ranks), run_queue_ms, queued)
         every = np.isfinite(wait).all(axis=1)
         full = wait[every]
-        others = np.delete(full, late, axis=1)
-        middle = np.median(others, axis=1)
+        others, middle = _others(full, late)
         return cls(
             shortest=full.min(axis=1),
             mean=full.mean(axis=1),
@@ -84,9 +91,16 @@ class StepFacts:
         have had had the scheduler given every rank a CPU when it asked (None without such a
         step)."""
         own = wait + queued
-        if not np.isfinite(own).all(axis=1).any():
+        every = np.isfinite(own).all(axis=1)
+        if not every.any():
             return None
-        return cls.of_waits(own, ranks, reached)
+        timed_late = int(np.argmin(typical_waits(wait)))
+        middle = _others(own[every], timed_late)[1]
+        return replace(
+            cls.of_waits(own, ranks, reached),
+            queued_ms=float(np.median(queued[every].mean(axis=1))),
+            timed_late_ms=float(np.median(middle - own[every, timed_late])),
+        )
 
 
 def typical_waits(wait: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -99,6 +113,15 @@ def typical_waits(wait: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     with warnings.catch_warnings():  # a rank that timed the collective in no step: NaN, kept
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmedian(wait, axis=0)
+
+
+def _others(
+    full: npt.NDArray[np.float64], late: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Of waits ``[T, R]`` every rank timed: the ranks' but ``late``'s (an index) ``[T, R - 1]``
+    and their median in each step ``[T]``."""
+    others = np.delete(full, late, axis=1)
+    return others, np.median(others, axis=1)
 
 
 def _extra_cpu_wait(
