@@ -47,12 +47,21 @@ DEMO_ARGS ?= --ranks 4 --steps 120 --window 20 --fault data@2:120ms --router --o
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/stagefrontier demo $(DEMO_ARGS)
 
+# $(call timed,WHAT,COMMAND): print COMMAND, run it, then print how long WHAT took (the CI log
+# keeps each check's time); a failing command still fails the target.
+define timed
+	@echo '$(2)'
+	@start=$$(date +%s.%N); $(2); status=$$?; \
+	  echo "make: $(1) took $$(awk "BEGIN {printf \"%.1f\", $$(date +%s.%N) - $$start}") s"; \
+	  exit $$status
+endef
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks docs/hooks
-	$(VENV)/bin/ruff format --check src tests benchmarks docs/hooks
+	$(call timed,ruff check,$(VENV)/bin/ruff check src tests benchmarks docs/hooks)
+	$(call timed,ruff format --check,$(VENV)/bin/ruff format --check src tests benchmarks docs/hooks)
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy
+	$(call timed,mypy,$(VENV)/bin/mypy)
 
 # The documentation site (mkdocs.yml): --strict fails on a broken link, a missing API reference
 # or a docstring the reference cannot parse. Written to site/.
@@ -60,8 +69,10 @@ schemas: $(STAMP)
 	PYTHONPATH=src $(VENV)/bin/python tests/schema_support.py
 
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(call timed,the docs build,NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet)
 
+# The three checks run side by side (mypy and the docs build each keep one core busy for tens of
+# seconds; each check's output is printed whole when it ends), then the suite, if they passed.
 # PYTEST_WORKERS=0 (the default) runs the suite in one process; PYTEST_WORKERS=2 on two
 # pytest-xdist workers, each test file whole on one (--dist loadfile: a file's shared real-rank
 # job runs once; see docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
@@ -69,8 +80,9 @@ docs: $(STAMP)
 # (STAGEFRONTIER_BUILT_SITE), which builds its own when run without it.
 PYTEST_WORKERS ?= 0
 
-test: $(STAMP) lint typecheck docs
-	STAGEFRONTIER_BUILT_SITE=$(CURDIR)/site $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck docs
+	$(call timed,pytest,STAGEFRONTIER_BUILT_SITE=$(CURDIR)/site $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)
 	$(PY) benchmarks/analyzer.py

@@ -116,14 +116,17 @@ def forward_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="session")
-def data_stall_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The same with 2 DataLoader workers per rank and rank 2's samples slow
-    (``slow_sample``: 120 ms of stall per step); 30 to 40 s."""
+def data_stall_run(tmp_path_factory: pytest.TempPathFactory, untimed_demo: Any) -> Any:
+    """The same with 2 DataLoader workers per rank and rank 2's samples slow (``slow_sample``:
+    ``demo_fault_ms`` of stall per step, sized for 4 ranks from this session's untimed run, 120
+    ms at least: a fixed 120 ms, against a loaded machine's longer steps, left the lead of one
+    window under the bar an incident needs); 30 to 40 s."""
     pytest.importorskip("torch")
-    from auto_support import run_unmodified
+    from auto_support import RANKS, run_unmodified
 
     out = tmp_path_factory.mktemp("data-stall")
-    return run_unmodified(out, "train_ddp.py", "--stall", "data@2", "--workers", "2")
+    stall = f"data@2:{demo_fault_ms(untimed_demo, RANKS)}ms"
+    return run_unmodified(out, "train_ddp.py", "--stall", stall, "--workers", "2")
 
 
 GATE_STEPS = 100

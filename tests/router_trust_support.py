@@ -1,5 +1,6 @@
-"""A spawned 3-rank Gloo job whose ranks 1 and 2 read the capture request through a store with
-a schedule, for the tests of ``route.requests.read_key`` and the router's back-off.
+"""A 3-rank Gloo job (its ranks forked from the session's server) whose ranks 1 and 2 read the
+capture request through a store with a schedule, for the tests of ``route.requests.read_key``
+and the router's back-off.
 
 Every store below is the job's real TCPStore; the schedule only decides when a call returns:
 

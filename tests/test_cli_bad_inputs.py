@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import math
+import shutil
 import sqlite3
 import time
 import zipfile
@@ -244,7 +245,7 @@ def record_with(folder: Path, **changes: Any) -> bytes:
     return json.dumps(record).encode() + b"\n"
 
 
-@pytest.mark.parametrize("command", ["report", "plot"])
+@pytest.mark.parametrize("command", ["report", "report --html", "plot"])
 @pytest.mark.parametrize(
     ("line", "needle"),
     [
@@ -269,7 +270,8 @@ def test_bad_records_are_one_line(
     elif line == "attempt":
         line = record_with(folder, attempt="1", window=1)
     out_dir = records_folder(tmp_path, folder, line)
-    code, out, err = run([command, str(out_dir)], capsys)
+    name, *options = command.split()
+    code, out, err = run([name, str(out_dir), *options], capsys)
     assert_one_line_error(code, out, err, needle)
 
 
@@ -299,6 +301,48 @@ def test_one_corrupt_packet_is_named(
     bad.write_bytes(bad.read_bytes()[:-10])
     code, out, err = run(["report", str(out_dir)], capsys)
     assert_one_line_error(code, out, err, f"{bad}: packet is not JSON")
+
+
+def stage_leader(obj: dict[str, Any]) -> None:
+    """The packet's report's first stage leader given a fraction that is a string."""
+    leader = next(iter(obj["report"]["semantic_localization"].values()))
+    leader["leader_fraction"] = "x"
+
+
+@pytest.mark.parametrize("command", ["report", "report --html", "plot", "compare"])
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda obj: obj.update(gates="strict"), "packet field 'gates' must be a JSON object"),
+        (lambda obj: obj.update(version="1"), "unknown packet version '1'"),
+        (lambda obj: obj["report"].update(n_steps="x"), "field 'n_steps' has type str"),
+        (stage_leader, "leader_fraction"),
+    ],
+    ids=["gates", "version", "report.n_steps", "report.semantic_localization"],
+)
+def test_packet_field_of_the_wrong_type_is_one_line(
+    folder: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    edit: Any,
+    needle: str,
+) -> None:
+    """Each packet in turn (a report reads one in full, the others for their summary only)."""
+    names = sorted(p.name for p in (folder / "packets").glob("*.json"))
+    assert len(names) == 2
+    for name in names:
+        out_dir = tmp_path / name
+        shutil.copytree(folder, out_dir)
+        bad = out_dir / "packets" / name
+        obj = json.loads(bad.read_text())
+        edit(obj)
+        bad.write_text(json.dumps(obj))
+        verb, *options = command.split()
+        sides = [str(out_dir), str(folder)] if verb == "compare" else [str(out_dir)]
+        code, out, err = run([verb, *sides, *options], capsys)
+        assert_one_line_error(code, out, err, f"{bad}: ")
+        assert needle in err, err
 
 
 def test_accumulation_change_mid_run_reports_and_plots_each_stage_list(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import time
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
+
+from rank_support import rank_context
 
 STAGE = "data.next_wait"
 WINDOW = 5
@@ -84,7 +85,7 @@ def _rank1(folder: Path) -> None:
 
 
 def test_close_on_another_rank_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()  # forked from the session's server: torch imported once
     rank0 = context.Process(target=_rank0, args=(tmp_path,), daemon=True)
     rank1 = context.Process(target=_rank1, args=(tmp_path,), daemon=True)
     rank0.start()

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.formats.incident import read_incident
 from trace_support import manual_incident
@@ -73,7 +74,9 @@ def _capture_on_a_full_disk(rank: int, out_dir: str, port: int) -> None:
 def test_a_trace_export_on_a_full_disk_leaves_no_partial_file_and_says_why(
     tmp_path: Path,
 ) -> None:
-    codes = run_ranks(_capture_on_a_full_disk, 1, str(tmp_path), deadline_s=300.0)
+    codes = run_ranks(
+        _capture_on_a_full_disk, 1, str(tmp_path), deadline_s=300.0, start_method=START_METHOD
+    )
     assert codes == {0: 0}
     folder = manual_incident(tmp_path)
     incident = read_incident(folder)

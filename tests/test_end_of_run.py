@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch.distributed")
 
 from end_of_run_support import CLOSE_FILE, LOG_FILE, STAGE, SUSPECT, EndJob, run_rank
+from rank_support import START_METHOD
 from stagefrontier.demo.launch import run_ranks
 from stagefrontier.formats.incident import list_incidents
 from stagefrontier.render.incident import summary_line
@@ -29,7 +30,7 @@ def test_a_reduction_pending_at_close_is_done_by_the_after_run_process(tmp_path:
     it closes reduces it: its record ends confirmed (or not), saying it was reduced after the
     run."""
     job = EndJob(out_dir=str(tmp_path), ranks=RANKS)
-    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0, start_method=START_METHOD)
     assert codes == dict.fromkeys(range(RANKS), 0), f"rank exit codes {codes}"
     for rank in range(RANKS):
         assert json.loads(Path(job.out_dir, CLOSE_FILE.format(rank=rank)).read_text()) >= 0

@@ -1,7 +1,8 @@
 """DataLoader workers timed from inside (``record.loader_workers``): real worker processes under
 ``fork`` and ``spawn``, persistent or not, map-style and iterable datasets, a worker that dies, and
 data that does not come from a DataLoader. Counts are exact (every batch the workers made is
-counted once); nothing here asserts a duration."""
+counted once); nothing here asserts a duration. The demo's workers are watched as a timed loop's
+are."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ pytest.importorskip("torch")
 from torch.utils.data import DataLoader
 
 from loader_support import EXIT_THREAD, DiesAt, ExitHeldAt, MarkWorker, Samples, Stream
+from rank_support import rank_context
 from recorder_support import FWD, read_records
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
@@ -84,8 +86,17 @@ def test_an_iterable_dataset_is_timed_like_a_map_style_one(tmp_path: Path) -> No
 def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
     tmp_path: Path, loop: str
 ) -> None:
-    # Worker 2 dies in its first batch (batch 2), after batches 0 and 1 were used.
-    loader = DataLoader(DiesAt(48, at=2 * BATCH + 1), batch_size=BATCH, num_workers=3)
+    """Worker 2 dies in its first batch (batch 2), after batches 0 and 1 were used. The workers
+    fork from the session's server (``rank_support.rank_context``), not from this process: a
+    worker forked from a test process that earlier tests left threads in could crash on its
+    own (a loaded run's stderr held workers' segmentation faults), and the loader then raises
+    the same error for that worker before worker 2 reaches its batch."""
+    loader = DataLoader(
+        DiesAt(48, at=2 * BATCH + 1),
+        batch_size=BATCH,
+        num_workers=3,
+        multiprocessing_context=rank_context(),
+    )
     timer = StageTimer(
         config=TimerConfig(
             window=100, collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False)
@@ -237,3 +248,31 @@ def test_the_callbacks_find_the_dataloader_in_what_the_framework_hands_them() ->
     assert train_loader([range(3), loader]) is loader
     numbers = iter(range(3))
     assert train_loader(numbers) is numbers  # not a DataLoader: the timer notes what it is
+
+
+def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) -> None:
+    """``stagefrontier demo`` with DataLoader workers: each window carries the workers' counts,
+    as a loop under ``timer.iter`` gives them. Before, the demo made its loader without telling
+    the timer: its windows carried no worker figures, and a stall in its workers was judged step
+    by step only, never over the workers' bursts."""
+    from stagefrontier.demo.faults import FaultInjector
+    from stagefrontier.demo.loader import worker_batches
+    from stagefrontier.demo.model import CharData
+
+    timer = StageTimer(
+        config=TimerConfig(
+            window=3, collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False)
+        )
+    )
+    data = CharData("the demo's corpus, short " * 8, seq_len=8, batch_size=2, seed=0)
+    batches = worker_batches(data, FaultInjector((), rank=0), 1, 2, 0, timer)
+    for _ in range(6):
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                next(batches)
+            with timer.stage(FWD):
+                pass
+    timer.close()
+    figures = [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
+    assert [f.get("workers") for f in figures] == [2, 2], figures
+    assert sum(f["consumed"] for f in figures) == 6, figures

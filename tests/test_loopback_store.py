@@ -1,6 +1,6 @@
 """The demo's TCPStore server listens on loopback only: torch binds its server to every interface
 whatever host it is given, so the demo hands it a socket bound to 127.0.0.1. Checked from inside a
-rank the demo's launcher spawned, against the kernel's table of listening sockets."""
+rank the demo's launcher started, against the kernel's table of listening sockets."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rank_support import START_METHOD
 from stagefrontier.demo.launch import run_ranks
 
 PROC_TABLES = {"/proc/net/tcp": socket.AF_INET, "/proc/net/tcp6": socket.AF_INET6}
@@ -43,7 +44,7 @@ def report_listeners(rank: int, out_dir: str, port: int) -> None:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
 def test_the_demo_store_listens_on_loopback_only(tmp_path: Path) -> None:
-    codes = run_ranks(report_listeners, 1, str(tmp_path), deadline_s=120)
+    codes = run_ranks(report_listeners, 1, str(tmp_path), deadline_s=120, start_method=START_METHOD)
     assert codes == {0: 0}
     # Before the fix this was ["::"]: the wildcard address, every interface, IPv4 included.
     assert json.loads((tmp_path / "listeners.json").read_text()) == ["127.0.0.1"]

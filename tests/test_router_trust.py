@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
+from rank_support import START_METHOD
 from router_trust_support import (
     CAPTURES,
     FLAKY_READS,
@@ -42,7 +43,7 @@ FIGURES_WAIT_S = 180.0
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> RaceJob:
     job = RaceJob(out_dir=str(tmp_path_factory.mktemp("race")), ranks=RANKS)
-    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0)
+    codes = run_ranks(run_rank, RANKS, job, deadline_s=400.0, start_method=START_METHOD)
     assert codes == dict.fromkeys(range(RANKS), 0), f"rank exit codes {codes}"
     return job
 
@@ -151,7 +152,7 @@ def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
         assert "on rank 0's training thread" in line, line
         for rank in range(1, RANKS):
             assert f"ms on rank {rank}'s" in line, line
-        assert "of CPU on the router's background threads" in line
+        assert "of CPU off the training threads (trace writers: " in line, line
 
 
 def test_the_incident_line_states_the_jobs_cost_of_the_capture_in_two_figures(

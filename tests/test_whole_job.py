@@ -1,12 +1,15 @@
 """A slowdown of the whole job is named as such in the window line and never captured; and a
 capture whose suspect is its own reference cannot be requested.
 
-Two slowdowns of a healthy 4-rank Gloo DDP run. Sleeps: from step 60 on, each rank sleeps 30 ms
-in each of four stages of every step (data, forward, backward and the callbacks), as when every
-part of the job waits on the same slower resource. A neighbour: CPU-burning processes started
-beside the job from step 50 to step 100, as many as the job's ranks and everything else already
-runnable, so that the job's share of the CPUs halves however busy the machine was (a fixed
-number of burners slows a loaded machine's job less than an idle one's).
+Two slowdowns of a healthy 4-rank Gloo DDP run. Sleeps: from step 60 on, each rank sleeps in
+each of four stages of every step (data, forward, backward and the callbacks), as when every
+part of the job waits on the same slower resource; the four sleeps add up to the suite's fault
+size (``demo_fault_ms``: four times the median step this session measured, scaled to 4 ranks,
+120 ms at least), so the slowdown stays large against the step however busy the machine is (a
+fixed 30 ms a stage went unflagged at a load average of 85). A neighbour: CPU-burning
+processes started beside the job from step 50 to step 100, as many as the job's ranks and
+everything else already runnable, so that the job's share of the CPUs halves however busy the
+machine was (a fixed number of burners slows a loaded machine's job less than an idle one's).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import demo_fault_ms
 from rank_support import START_METHOD
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.demo.train import STEP_MARKER
@@ -36,17 +40,22 @@ from stagefrontier.route import list_incidents
 
 STEPS = 120
 WINDOW = 20
-SPREAD = tuple(
-    parse_fault(f"{kind}@all:30ms,from=60")
-    for kind in ("data", "forward", "backward", "callback_host")
-)
-"""From step 60: three healthy windows make the baseline."""
+SPREAD_STAGES = ("data", "forward", "backward", "callback_host")
+RANKS = 4
+
+
+def spread(untimed: Any) -> tuple[Any, ...]:
+    """Every rank slower in each of ``SPREAD_STAGES`` from step 60 (three healthy windows make
+    the baseline), the sleeps of a step adding up to ``demo_fault_ms`` (30 ms a stage at least)."""
+    stage_ms = math.ceil(demo_fault_ms(untimed, RANKS) / len(SPREAD_STAGES))
+    return tuple(parse_fault(f"{kind}@all:{stage_ms}ms,from=60") for kind in SPREAD_STAGES)
+
+
 STRAGGLER_WINDOW = 10
 STRAGGLER = tuple(
-    parse_fault(f"{kind}@2:300ms,from={3 * STRAGGLER_WINDOW}")
-    for kind in ("data", "forward", "backward", "callback_host")
+    parse_fault(f"{kind}@2:300ms,from={3 * STRAGGLER_WINDOW}") for kind in SPREAD_STAGES
 )
-"""Rank 2 alone slower in each of its stages, as ``SPREAD`` slows every rank: 1.2 s a step,
+"""Rank 2 alone slower in each of its stages, as ``spread`` slows every rank: 1.2 s a step,
 far above what a busy machine's own swings move the other ranks' stages (and than the spread
 of a window's median over ten steps), after three healthy windows."""
 STRAGGLER_STEPS = 5 * STRAGGLER_WINDOW
@@ -71,7 +80,7 @@ def run_demo(
     rank imports torch), with the router on or off."""
     run = launch(
         DemoConfig(
-            ranks=4,
+            ranks=RANKS,
             steps=steps,
             window=window,
             faults=faults,
@@ -89,10 +98,10 @@ def run_demo(
 
 
 def test_a_slowdown_of_every_stage_and_rank_is_the_whole_jobs_and_opens_no_incident(
-    tmp_path: Path,
+    tmp_path: Path, untimed_demo: Any
 ) -> None:
     out = tmp_path / "spread"
-    records = run_demo(out, SPREAD)
+    records = run_demo(out, spread(untimed_demo))
     flagged = [r["regression"] for r in records if r.get("regression")]
     assert flagged, "the slowed windows were not flagged"
     assert [f["kind"] for f in flagged] == ["whole_job"] * len(flagged), flagged
@@ -160,7 +169,7 @@ def test_cpu_burning_neighbours_slow_the_whole_job_and_open_no_incident(tmp_path
     load. Every rank and every CPU stage slows: the windows that flag it say the whole job
     slowed, none names a stage or a rank, and the router opens no incident."""
     out = tmp_path / "neighbour"
-    with neighbour(out / ".markers", 4) as started:
+    with neighbour(out / ".markers", RANKS) as started:
         records = run_demo(out)
     assert started, "the run ended before the neighbour's first step"
     flagged = [r["regression"] for r in records if r.get("regression")]

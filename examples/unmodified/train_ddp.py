@@ -5,9 +5,9 @@
         examples/unmodified/train_ddp.py --workers 2 --stall data@2
 
 ``--accumulate K`` runs K micro-batches per optimizer step; ``--stall data@R`` makes rank R's
-samples slow (``slow_sample``, in the DataLoader's workers when there are any: 120 ms of
-stall per step either way), ``--stall
-forward@R`` rank R's forward (``slow_forward``). The model's own step takes about 25 ms.
+samples slow (``slow_sample``, in the DataLoader's workers when there are any), ``--stall
+forward@R`` rank R's forward (``slow_forward``): 120 ms of stall per step, or MS with
+``--stall data@R:MSms``. The model's own step takes about 25 ms.
 """
 
 from __future__ import annotations
@@ -72,14 +72,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--stall", default="", help="data@RANK or forward@RANK")
+    parser.add_argument(
+        "--stall", default="", help="data@RANK or forward@RANK, with :MSms for other than 120 ms"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    kind, _, stalled = args.stall.partition("@")
-    stall = STALL_S if stalled and int(stalled) == rank else 0.0
+    where, _, size = args.stall.partition(":")
+    kind, _, stalled = where.partition("@")
+    stall_s = float(size.removesuffix("ms")) / 1e3 if size else STALL_S
+    stall = stall_s if stalled and int(stalled) == rank else 0.0
     # each worker makes a whole batch: with W workers a batch is W times slower to stall as much
     per_sample = stall * max(1, args.workers) / args.batch if kind == "data" else 0.0
     batches = args.steps * args.accumulate

@@ -22,7 +22,7 @@ from .compacted import MissingPackets
 from .packet import Packet, packet_key
 from .records import WINDOWS_FILE, iter_records, record_key
 from .run_folder import lean_packet, named, packet_matrix, read_named_packet
-from .window_rows import packet_host_signals, packet_labels
+from .window_rows import packet_host_signals
 
 _RANGE = re.compile(
     r"^(?P<path>.+?):(?:(?P<attempt>\d+)/)?(?P<first>\d*)(?:(?P<dash>-)(?P<last>\d*))?$"
@@ -122,9 +122,8 @@ def _folder_side(
 
 def _side_window(file: Path) -> SideWindow:
     read = lean_packet(file)
-    labels = named(file, packet_labels, read)
     signals = named(file, packet_host_signals, read)
-    return SideWindow(packet_matrix(file, read), tuple(read.stages), labels, signals)
+    return SideWindow(packet_matrix(file, read), tuple(read.stages), read.report.labels, signals)
 
 
 def packet_files(folder: Path) -> list[tuple[tuple[int, int], Path]]:

@@ -12,7 +12,7 @@ full (``formats.records.check_record``, ``formats.packet.read_packet``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -51,12 +51,10 @@ class RoleRow(msgspec.Struct):
     semantic_shares: dict[str, float]
 
 
-class WindowRow(msgspec.Struct):
-    """A window as the run summary reads it: its facts and the report fields it counts."""
+class ReportRow(msgspec.Struct):
+    """A stored report's fields that the run summary reads: a window's exposed time, its
+    shares and the leader of each stage, its labels; the other fields are skipped."""
 
-    window: Count
-    first_step: int
-    last_step: int
     stages: list[str]
     n_steps: Annotated[int, msgspec.Meta(ge=1)]
     n_ranks: Annotated[int, msgspec.Meta(ge=1)]
@@ -66,18 +64,11 @@ class WindowRow(msgspec.Struct):
     semantic_shares: dict[str, float]
     semantic_localization: dict[str, RowLocalization]
     gates: RowGates
-    attempt: Count = 0
     top1: str | None = None
     labels: list[str] = msgspec.field(default_factory=list)
     routing_set: list[str] = msgspec.field(default_factory=list)
     co_critical_stages: list[str] = msgspec.field(default_factory=list)
-    regression: dict[str, Any] | None = None
-    missing_ranks: list[Count] = msgspec.field(default_factory=list)
-    self_cost: dict[str, Any] | None = None
-    wall_clock: dict[str, Any] | None = None
     role_reports: dict[str, RoleRow] | None = None
-    compacted: bool = False
-    """The disk budget cut the record down to these fields (``summary_record``)."""
 
     def __post_init__(self) -> None:
         if set(self.shares) != set(self.stages):
@@ -86,6 +77,21 @@ class WindowRow(msgspec.Struct):
             raise ValueError("its semantic shares and leaders name different stages")
         if self.top1 is not None and self.top1 not in self.semantic_shares:
             raise ValueError(f"its top stage {self.top1!r} has no share")
+
+
+class WindowRow(ReportRow, kw_only=True):
+    """A window as the run summary reads it: its facts and the report fields it counts."""
+
+    window: Count
+    first_step: int
+    last_step: int
+    attempt: Count = 0
+    regression: dict[str, Any] | None = None
+    missing_ranks: list[Count] = msgspec.field(default_factory=list)
+    self_cost: dict[str, Any] | None = None
+    wall_clock: dict[str, Any] | None = None
+    compacted: bool = False
+    """The disk budget cut the record down to these fields (``summary_record``)."""
 
     @property
     def mean_step_s(self) -> float:
@@ -133,13 +139,20 @@ def summary_record(record: dict[str, Any], row: WindowRow) -> dict[str, Any]:
 
 class LeanPacket(msgspec.Struct):
     """A packet as the run summary reads it: its matrix (decoded by ``formats.packet``), its
-    stages, and its report and facts left undecoded until a window without a record needs
-    them."""
+    stages, its report's summary fields, and its facts left undecoded until a window without a
+    record needs them. Every field a packet holds is declared, so that one of the wrong kind
+    (a string for the version, the gates or a report's step count) is refused here, in the one
+    decoding of the packet, not only when the packet is read whole."""
 
+    format: Literal["stagefrontier.formats.packet"]
+    version: Literal[1]
     d: dict[str, Any]
     stages: list[str]
+    roles: list[str] | None
+    side: dict[str, Any] | None
+    gates: RowGates
     meta: msgspec.Raw
-    report: msgspec.Raw
+    report: ReportRow
 
 
 class WindowKey(msgspec.Struct):
@@ -149,12 +162,6 @@ class WindowKey(msgspec.Struct):
     attempt: Count = 0
 
 
-class ReportLabels(msgspec.Struct):
-    """A stored report's labels, the rest of it left undecoded."""
-
-    labels: list[str]
-
-
 class PacketHost(msgspec.Struct):
     """A packet's ``meta`` as ``compare`` reads it: the window's host signals, when kept."""
 
@@ -162,7 +169,6 @@ class PacketHost(msgspec.Struct):
 
 
 _ROW = msgspec.json.Decoder(WindowRow)
-_LABELS = msgspec.json.Decoder(ReportLabels)
 _KEY = msgspec.json.Decoder(WindowKey)
 _PACKET = msgspec.json.Decoder(LeanPacket)
 _HOST = msgspec.json.Decoder(PacketHost)
@@ -200,14 +206,6 @@ def decode_lean_packet(data: bytes) -> LeanPacket:
         raise ReportFormatError(f"not a packet: {exc}") from None
 
 
-def packet_labels(packet: LeanPacket) -> list[str]:
-    """The labels of a packet's report; ReportFormatError when it has none."""
-    try:
-        return _LABELS.decode(packet.report).labels
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise ReportFormatError(f"not a window's packet: {exc}") from None
-
-
 def packet_host_signals(packet: LeanPacket) -> dict[str, Any]:
     """The host signals a packet's ``meta`` holds (empty when it holds none); ReportFormatError
     when they are malformed."""
@@ -225,10 +223,9 @@ def packet_host_signals(packet: LeanPacket) -> dict[str, Any]:
 def packet_row(packet: LeanPacket) -> WindowRow:
     """The :class:`WindowRow` of a packet whose window has no record (its meta and report)."""
     try:
-        report = msgspec.json.decode(packet.report)
         meta = msgspec.json.decode(packet.meta)
-        if not isinstance(report, dict) or not isinstance(meta, dict):
-            raise ReportFormatError("packet fields 'report' and 'meta' must be objects")
-        return msgspec.convert({**report, **meta}, WindowRow)
+        if not isinstance(meta, dict):
+            raise ReportFormatError("packet field 'meta' must be an object")
+        return msgspec.convert({**msgspec.to_builtins(packet.report), **meta}, WindowRow)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ReportFormatError(f"not a window's packet: {exc}") from None
