@@ -11,8 +11,12 @@ in-memory dataset, SGD, one process) run interleaved, round after round:
   ``stagefrontier run`` installs it.
 
 A variant's cost is its loop time less the untimed loop's in the same round, per step; the
-ratio of the automatic to the hand-written cost is taken per round, and the median and quartiles
-over rounds are reported. Both timers hand their windows to a collector that drops them.
+ratio of the automatic to the hand-written cost is taken per round (the median and quartiles
+over rounds are reported) and between the variants' medians. On a busy machine the two can
+disagree: the verdict is given only when they agree and the per-round quartiles lie on the same
+side of the target, and is "unresolved at this load" otherwise. ``count_instructions`` counts
+the same loops' instructions under callgrind (``callgrind_counts``), a ratio the load does not
+move. Both timers hand their windows to a collector that drops them.
 """
 
 from __future__ import annotations
@@ -326,9 +330,9 @@ WHY = (
     "its global hooks). Beyond it, a step under the automatic hooks runs five Python functions "
     "of theirs (the DataLoader `next()` wrapper, the model's timed forward, the backward "
     "wrapper, the optimizer's step pre- and post-hook) where hand-written contexts run one "
-    "(`timer.iter`'s generator); the timed forward takes and passes on its arguments as "
-    "`*args, **kwargs` (any model's), and the fetch and the forward each check the grad "
-    "mode. The timer's contexts entered and left are the same in both. The loop here is a toy "
+    "(`timer.iter`'s generator); the timed forward takes its arguments as `*args, **kwargs` "
+    "(any model's: a dict and a tuple each call), and the fetch and the forward each check the "
+    "grad mode. The timer's contexts entered and left are the same in both. The loop here is a toy "
     "step of about {base_ms:.2f} ms, which makes the cost a large share of it; on a step of "
     "100 ms it is about {share_100ms:.3f}%."
 )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,11 +39,11 @@ from ..failures import say_failed
 from ..integrations._timer import TimerArguments
 from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
+from .fetch import timed_fetch
 from .model import ForwardPatch, stepped_module, watch_collectives
 from .patches import Patches
 
 logger = logging.getLogger("stagefrontier")
-_now = time.perf_counter_ns  # the timer's own clock
 
 AUTO_STAGES = (DATA_STAGE, FORWARD_STAGE, BACKWARD_STAGE, OPTIMIZER_STAGE, RESIDUAL_STAGE)
 """The ordered schema of the automatic hooks."""
@@ -67,39 +66,12 @@ class AutoDriver:
     """The state of the automatic hooks in one worker process (see the module doc). Its fields
     are slots: the hooks read and write a dozen of them every step."""
 
-    __slots__ = (
-        "_after_backward",
-        "_arguments",
-        "_called",
-        "_calls",
-        "_charge_fetch",
-        "_counters",
-        "_depth",
-        "_fetched_from",
-        "_forwards",
-        "_grad_on",
-        "_handles",
-        "_in_backward",
-        "_in_optimizer",
-        "_instrumentation",
-        "_learn_backwards",
-        "_learn_handles",
-        "_loader",
-        "_micro",
-        "_micro_index",
-        "_open",
-        "_open_name",
-        "_optimizer",
-        "_patches",
-        "_step",
-        "_stepped",
-        "_torch",
-        "accumulate",
-        "framework",
-        "model",
-        "phase",
-        "timer",
-    )
+    __slots__ = (  # noqa: SIM905 (a list of 31 names, one a line, would be as long again)
+        "_after_backward _arguments _called _calls _charge_fetch _counters _depth _fetched_from "
+        "_forwards _grad_on _handles _in_backward _in_optimizer _instrumentation "
+        "_learn_backwards _learn_handles _loader _micro _micro_index _open _open_name "
+        "_optimizer _patches _step _stepped _torch accumulate framework model phase timer"
+    ).split()
 
     def __init__(self, arguments: TimerArguments) -> None:
         import torch
@@ -515,44 +487,8 @@ class AutoDriver:
             self._counters = timer.watch_dataloader(loader)
 
     def fetcher(self, next_batch: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """The DataLoader iterators' ``__next__`` while the hooks are installed: one ``next()``
-        of ``next_batch`` (the original), timed while timing. A function, not a method of the
-        driver: a class attribute that is a function binds to the iterator it is called on,
-        and the wrapper is then the only Python call a fetch adds."""
-        driver = self
-        grad_on = self._grad_on
-
-        def fetch(iterator: Any) -> Any:
-            if (driver.phase is not TIME or not grad_on()) and not driver._timing_starts():
-                return next_batch(iterator)
-            try:
-                loader = iterator._stagefrontier_loader  # set by the patched DataLoader.__iter__
-            except AttributeError:  # an iterator made before the hooks, or with slots
-                loader = None
-            driver._fetched_from = loader
-            if driver._after_backward and driver.accumulate and driver._step is not None:
-                driver._after_backward = False
-                try:
-                    driver._next_microstep()  # the next micro-batch's own wait
-                except Exception as exc:
-                    driver._fail(exc)
-                    return next_batch(iterator)
-            if driver._instrumentation.records_ranges:  # a capture: the wait is a profiler range
-                timer: Any = driver.timer
-                batch = timer.fetch(next_batch, iterator)
-            else:
-                # timed here and charged as ``timer.fetch`` charges a fetch: calling it would
-                # add a Python call, an argument tuple and a keyword dict to every batch
-                start = _now()
-                batch = next_batch(iterator)
-                charge = driver._charge_fetch
-                charge(_now() - start)
-            counters = driver._counters
-            if counters is not None and loader is driver._loader:
-                counters.consumed += 1
-            return batch
-
-        return fetch
+        """The DataLoader iterators' ``__next__`` while the hooks are installed (``fetch``)."""
+        return timed_fetch(self, next_batch, TIME)
 
     def _timing_starts(self) -> bool:
         """A fetch while not timing: the first fetch after the first optimizer step starts
