@@ -13,14 +13,24 @@ open an incident on the stalled stage and rank and have it confirmed by the trac
 localization is counted from the stall's first step to the last step of the window the incident
 was decided on, in steps and in rank 0's measured wall seconds.
 
+Each fault is sized to the step the machine gives the job at the time: a short healthy run of
+the same job just before it measures rank 0's median step, and every delay of the fault is
+scaled by that step over the job's step on a quiet machine (``REFERENCE_STEP_S`` a microstep),
+so that the stall is the share of the step it is there (120 ms on a step of about 100 ms)
+however loaded the machine is. For each stalled window the table's evidence gives the stalled
+rank's lead in its stage over the rank of median time in it, against the bar the router asks it
+to clear.
+
 Usage::
 
-    python benchmarks/false_alarms.py            # about 20 minutes on 2 busy cores
-    python benchmarks/false_alarms.py --quick    # a smoke run
+    python benchmarks/false_alarms.py                 # about 20 minutes on 2 busy cores
+    python benchmarks/false_alarms.py --quick         # a smoke run
+    python benchmarks/false_alarms.py --faults-only   # the fault runs alone
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -30,9 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import harness_common as hc
+from stagefrontier.analysis.block_lead import DEFAULT_LEAD_TEST, median_reference
 from stagefrontier.demo import parse_fault
 from stagefrontier.demo.train import STEP_MARKER
+from stagefrontier.formats.packet import read_packet
 from stagefrontier.route import list_incidents
 
 RANKS = 4
@@ -41,6 +55,14 @@ FAULT_FROM = 40
 """The stall's first step: windows 0 and 1 are healthy, window 2 the first stalled one."""
 FULL = {"healthy_runs": 17, "healthy_steps": 240, "fault_steps": 140}
 QUICK = {"healthy_runs": 1, "healthy_steps": 80, "fault_steps": 100}
+REFERENCE_STEP_S = 0.1
+"""The demo job's step on a quiet machine, a microstep's with gradient accumulation, against
+which each fault's delays are stated."""
+CALIBRATION_STEPS = 40
+"""The healthy steps that measure the step before each fault run, in windows of 10 (the first
+window, which holds the job's start, left out)."""
+RUNS = {"healthy": True}
+"""Whether the healthy runs run too (``--faults-only`` leaves them out)."""
 NEIGHBOUR = (0.3, 0.7)
 """The share of a healthy run's steps after which the neighbour starts, and stops."""
 FAULTS = (
@@ -139,9 +161,10 @@ def _windows(out: Path) -> list[dict[str, Any]]:
 def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
     plan = QUICK if quick else FULL
     faults = FAULTS[:1] if quick else FAULTS
-    progress = hc.Progress(plan["healthy_runs"] + len(faults))
+    healthy_runs = plan["healthy_runs"] if RUNS["healthy"] else 0
+    progress = hc.Progress(healthy_runs + len(faults))
     rows = []
-    for seed in range(plan["healthy_runs"]):
+    for seed in range(healthy_runs):
         out = work / f"healthy{seed}"
         steps = plan["healthy_steps"]
         start, stop = (int(share * steps) for share in NEIGHBOUR)
@@ -171,12 +194,15 @@ def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
         )
     for name, spec, stage, rank, extra in faults:
         out = work / f"fault{len(rows)}"
-        started = time.monotonic()
+        started, load = time.monotonic(), hc.load_1min()
+        step_s = _calibrated_step(work / f"calibration{len(rows)}", extra)
+        quiet_s = REFERENCE_STEP_S * extra.get("accumulation", 1)
+        sized = _sized(spec, step_s / quiet_s)
         config = hc.demo_config(
             ranks=RANKS,
             steps=plan["fault_steps"],
             window=WINDOW,
-            faults=(parse_fault(f"{spec},from={FAULT_FROM}"),),
+            faults=(parse_fault(f"{sized},from={FAULT_FROM}"),),
             out_dir=str(out),
             router=True,
             **extra,
@@ -186,16 +212,70 @@ def collect(quick: bool, work: Path) -> list[dict[str, Any]]:
         row = {
             "name": name,
             "healthy": False,
-            "spec": f"{spec},from={FAULT_FROM}",
+            "spec": f"{sized},from={FAULT_FROM}",
+            "stated": spec,
+            "calibrated_step_s": step_s,
+            "load_at_start": load,
             "stage": stage,
             "rank": rank,
             "extra": extra,
             "windows": _windows(out),
+            "evidence": _evidence(out, stage, rank),
             "incidents": incidents,
             "step_s": run.step_s[0],
         }
         rows.append(row)
         progress.line(name, f"{len(incidents)} incident(s)", time.monotonic() - started)
+    return rows
+
+
+def _calibrated_step(out: Path, extra: dict[str, Any]) -> float:
+    """The median of the mean steps of a short healthy run of the fault run's job (its first
+    window left out), under the machine's load of the moment: the measure of the step the
+    evidence table states for the fault run's own healthy windows."""
+    config = hc.demo_config(
+        ranks=RANKS, steps=CALIBRATION_STEPS, window=10, out_dir=str(out), **extra
+    )
+    hc.launch_run(config)
+    packets = sorted((out / "packets").glob("window-*.json"))[1:]
+    steps = [read_packet(path).report.mean_step_s for path in packets]
+    return float(np.median(steps)) if steps else REFERENCE_STEP_S * extra.get("accumulation", 1)
+
+
+def _sized(spec: str, scale: float) -> str:
+    """``data@2:120ms`` with its delay scaled by ``scale`` (never below the stated delay)."""
+    head, _, delay = spec.rpartition(":")
+    return f"{head}:{float(delay.removesuffix('ms')) * max(scale, 1.0):.0f}ms"
+
+
+def _evidence(out: Path, stage: str, rank: int) -> list[dict[str, Any]]:
+    """Per window: the mean step, the stage's share of it, and ``rank``'s lead in ``stage``
+    over the rank of median time in it, with the bar the router's lead test asks it to clear
+    (a material share of the step, and the steps' noise; over blocks of the DataLoader's
+    worker count when the rank's loader has more than one worker)."""
+    rows = []
+    for path in sorted((out / "packets").glob("window-*.json")):
+        packet = read_packet(path)
+        d, stages, meta = packet.d, list(packet.stages), packet.meta
+        ids = list(range(d.shape[1]))
+        step_s = packet.report.exposed_s / packet.report.n_steps
+        workers = int((meta.get("loader_workers") or {}).get(str(rank), {}).get("workers", 0))
+        burst = workers if stage == "data.next_wait" and workers > 1 else 1
+        reference = median_reference(d, stages, ids, stage, rank)
+        excess = DEFAULT_LEAD_TEST.excess(d, stages, ids, stage, (rank, reference), burst, step_s)
+        report = packet.report
+        rows.append(
+            {
+                "window": meta["window"],
+                "step_ms": report.mean_step_s * 1e3,
+                "share": report.semantic_shares.get(stage),
+                "lead_ms": excess.shift_s * 1e3,
+                "bar_ms": excess.threshold_s * 1e3,
+                "burst": burst,
+                "top": report.top1,
+                "in_routing_set": stage in report.routing_set,
+            }
+        )
     return rows
 
 
@@ -220,13 +300,45 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
     for row in faulty:
         incident, _ = _localized(row)
         confirmed += bool(incident and incident["confirmed"])
+    said = f"{confirmed} of {len(faulty)} real faults localized and confirmed."
     result.summary = [
         f"{windows} healthy windows in {len(healthy)} run(s) of {RANKS} ranks, a neighbour "
         f"burning the CPUs for the middle 40% of each: {incidents} incident(s) opened, "
         f"{stage_flags} window(s) flagged as a stage or rank regression, {whole} named a "
-        f"slowdown of the whole job. {confirmed} of {len(faulty)} real faults localized and "
-        "confirmed."
+        f"slowdown of the whole job. {said}"
+        if healthy
+        else f"The fault runs alone (--faults-only): {said}"
     ]
+    _healthy_section(result, healthy)
+    _faults_sections(result, faulty)
+    result.section(
+        "How to read it",
+        [
+            "- Each fault's delays are the stated ones (`data@2:120ms`, on the demo's step of "
+            f"about {REFERENCE_STEP_S * 1e3:.0f} ms a microstep on a quiet machine) scaled "
+            f"by the step measured in a {CALIBRATION_STEPS}-step healthy run of the same job "
+            "just before it (the median of its windows' mean steps, the first left out) over "
+            "that quiet step; the evidence table compares the delay in a step (all microsteps "
+            "together; a worker's delay a batch over the worker count) with the fault run's "
+            "own healthy windows' mean step (windows before "
+            f"{FAULT_FROM // WINDOW}). The rank's lead is its time in the stage minus the "
+            "rank of median time in it, per step; the bar is the larger of the router's "
+            "material floor (min_share of the step) and its noise bar.",
+            f"- Windows of {WINDOW} steps; the default RegressionConfig and ProfilerRouter "
+            "(min_share 0.1, noise_factor 4). The stall starts at step "
+            f"{FAULT_FROM}, the first step of window {FAULT_FROM // WINDOW}; the steps and "
+            "seconds to localization run from it to the last step of the window the incident "
+            "was decided on (rank 0's wall time per step, measured around the whole step).",
+            "- A neighbour's effect on the job depends on what else the machine runs: read the "
+            "load average at its start beside each run.",
+        ]
+        + (["- --quick smoke run: one short healthy run and one fault."] if quick else []),
+    )
+
+
+def _healthy_section(result: hc.Result, healthy: list[dict[str, Any]]) -> None:
+    if not healthy:
+        return
     result.section(
         "Healthy runs with a noisy neighbour",
         hc.table(
@@ -254,6 +366,9 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
             ],
         ),
     )
+
+
+def _faults_sections(result: hc.Result, faulty: list[dict[str, Any]]) -> None:
     table = []
     for row in faulty:
         incident, verdict = _localized(row)
@@ -271,6 +386,8 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
                 verdict,
                 steps,
                 seconds,
+                "-" if row.get("load_at_start") is None else f"{row['load_at_start']:.1f}",
+                "-" if "calibrated_step_s" not in row else f"{row['calibrated_step_s'] * 1e3:.0f}",
             ]
         )
     result.section(
@@ -284,24 +401,62 @@ def render(rows: list[dict[str, Any]], result: hc.Result, quick: bool) -> None:
                 "Verdict",
                 "Steps to localization",
                 "Seconds to localization",
+                "Load at its start",
+                "Step measured before it (ms)",
             ],
             table,
         ),
     )
-    result.section(
-        "How to read it",
-        [
-            f"- Windows of {WINDOW} steps; the default RegressionConfig and ProfilerRouter "
-            "(min_share 0.1, noise_factor 4). The stall starts at step "
-            f"{FAULT_FROM}, the first step of window {FAULT_FROM // WINDOW}; the steps and "
-            "seconds to localization run from it to the last step of the window the incident "
-            "was decided on (rank 0's wall time per step, measured around the whole step).",
-            "- A neighbour's effect on the job depends on what else the machine runs: read the "
-            "load average at its start beside each run.",
-        ]
-        + (["- --quick smoke run: one short healthy run and one fault."] if quick else []),
+    evidence = []
+    for row in faulty:
+        stalled = [w for w in row.get("evidence", []) if w["window"] >= FAULT_FROM // WINDOW]
+        healthy = [w["step_ms"] for w in row.get("evidence", []) if w not in stalled]
+        per_step = row["extra"].get("accumulation", 1) / row["extra"].get("loader_workers", 1)
+        delay = float(row["spec"].split(":")[1].split("ms")[0]) * per_step
+        before = f"{np.mean(healthy):.0f}" if healthy else "-"
+        for w in stalled:
+            evidence.append(
+                [
+                    row["name"],
+                    w["window"],
+                    f"{delay:.0f} ms / {before} ms",
+                    f"{w['step_ms']:.0f}",
+                    "-" if w["share"] is None else f"{w['share']:.0%}",
+                    f"{w['top']}" + ("" if w["in_routing_set"] else " (stage outside the set)"),
+                    f"{w['lead_ms']:.0f} / {w['bar_ms']:.0f}"
+                    + (f" (blocks of {w['burst']})" if w["burst"] > 1 else ""),
+                ]
+            )
+    if evidence:
+        result.section(
+            "Each stalled window's evidence",
+            hc.table(
+                [
+                    "Fault",
+                    "Window",
+                    "Delay a step / healthy step",
+                    "Step (ms)",
+                    "Stage's share",
+                    "Top stage",
+                    "Rank's lead / bar (ms/step)",
+                ],
+                evidence,
+            ),
+        )
+
+
+class _FaultsOnly(argparse.Action):
+    """``--faults-only``: the fault runs alone, the healthy runs left out."""
+
+    def __call__(self, *_: object, **__: object) -> None:
+        RUNS["healthy"] = False
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--faults-only", nargs=0, action=_FaultsOnly, help="run the real faults alone"
     )
 
 
 if __name__ == "__main__":
-    raise SystemExit(hc.harness_main("false_alarms", __doc__ or "", collect, render))
+    raise SystemExit(hc.harness_main("false_alarms", __doc__ or "", collect, render, _options))

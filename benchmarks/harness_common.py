@@ -209,6 +209,19 @@ def work_dir(keep: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+@contextmanager
+def cpu_burners(count: int) -> Iterator[None]:
+    """``count`` processes that each keep a CPU busy (``while True: pass``) while the block runs,
+    killed after it: a busy neighbour that comes with the command."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
 # --- running rows ---------------------------------------------------------------------------
 
 

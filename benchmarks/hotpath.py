@@ -35,6 +35,7 @@ Usage::
     python benchmarks/hotpath.py --quick    # few short repeats, for a smoke check
     python benchmarks/hotpath.py --out PATH # write the markdown somewhere else
     python benchmarks/hotpath.py --hooks-only  # only the automatic hooks: results/hotpath_hooks.md
+    python benchmarks/hotpath.py --hooks-only --instructions  # and their instructions counted
     python benchmarks/hotpath.py --buckets-only  # the timed collectives: results/hotpath_buckets.md
 """
 
@@ -105,6 +106,10 @@ class Settings:
     """Interleaved rounds of each timed collective's measurement (``hotpath_buckets``)."""
     bucket_steps: int
     """DDP training steps per loop in that measurement."""
+    count_rounds: int
+    """Rounds of the automatic hooks' instruction count (``--instructions``; the first warms up)."""
+    count_steps: int
+    """Training steps per loop in that count."""
 
 
 FULL = Settings(
@@ -116,6 +121,8 @@ FULL = Settings(
     hook_steps=500,
     bucket_rounds=31,
     bucket_steps=50,
+    count_rounds=4,
+    count_steps=200,
 )
 QUICK = Settings(
     repeats=3,
@@ -126,6 +133,8 @@ QUICK = Settings(
     hook_steps=50,
     bucket_rounds=3,
     bucket_steps=10,
+    count_rounds=2,
+    count_steps=20,
 )
 
 
@@ -761,7 +770,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="measure only the cost per timed collective: DDP, FSDP2, ZeRO-1, own (default out: "
         "benchmarks/results/hotpath_buckets.md)",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="with --hooks-only: also count the automatic hooks' instructions against "
+        "hand-written contexts under valgrind's callgrind (minutes; a ratio the machine's load "
+        "does not move)",
+    )
     return parser.parse_args(argv)
+
+
+def counting(args: argparse.Namespace) -> tuple[int, int] | None:
+    """The rounds and steps of the hooks' instruction count, when ``--instructions`` asks."""
+    settings = QUICK if args.quick else FULL
+    return (settings.count_rounds, settings.count_steps) if args.instructions else None
 
 
 def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) -> int:
@@ -785,10 +807,11 @@ def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) ->
     else:
         title = "The automatic hooks (`stagefrontier run`) vs hand-written contexts"
         method = hotpath_hooks.METHOD.format(rounds=settings.hook_rounds, steps=settings.hook_steps)
-        lines = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps)
+        lines = hotpath_hooks.report(settings.hook_rounds, settings.hook_steps, counting(args))
     load_end = load_text()
     quiet = quiet_check([load_1min_start, load_1min()])
     command = f"{COMMAND} {flag}" + (" --quick" if args.quick else "")
+    command += " --instructions" if args.instructions else ""
     text = [
         *result_header(title, command),
         *(
@@ -810,6 +833,9 @@ def section_only(args: argparse.Namespace, settings: Settings, buckets: bool) ->
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
+    if args.instructions and not args.hooks_only:
+        print("--instructions counts the automatic hooks: add --hooks-only", file=sys.stderr)
+        return 2
     if args.hooks_only or args.buckets_only:
         return section_only(args, settings, buckets=args.buckets_only)
     load_start, load_1min_start = load_text(), load_1min()

@@ -7,9 +7,14 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
   measured around the whole step independently of the timer; under DDP every rank's is about
   the same): the median of the steps before the capture (after the first ``WARMUP_STEPS``, up to
   the lead-in), the lead-in step (the profiler starts), the median and the slowest of the
-  captured steps, the first step after the last captured one (it carries the profiler's stop)
-  and its ratio to the median before (the target: at most 1.5 on every rank), and the slowest
-  of the five steps after that; and the captured ranks' own figures from the incident
+  captured steps, the first step after the last captured one (it carries the profiler's stop),
+  the slowest of the five steps after that and the median of the ten after that one (steps +2
+  to +11); the first step after over the median before, the target being at most 1.5 on every
+  rank, judged by that median only; beside it, not judged, the first step after over the local
+  median (the median of the ten ordinary steps before the lead-in and the ten steps +2 to +11,
+  which shows a slowdown of the machine that lasts through the capture, but whose later half
+  runs beside the trace writers' CPU: a slowdown the capture itself leaves there raises it and
+  shrinks the ratio); and the captured ranks' own figures from the incident
   (``capture_step_ms`` vs ``baseline_step_ms``);
 * the same first step after by the training thread's CPU (``time.thread_time``: what the rank's
   own thread ran, whatever the machine's load) over the median before, and the ordinary steps'
@@ -18,19 +23,20 @@ rank 2, the router on: ``make demo``'s configuration) and reports, from the run 
   is the capture's only where ordinary steps stay under it);
 * the size of each trace, and the time from the incident's opening to its confirmation;
 * what the incident cost: the capture's time on each captured rank's training thread (the
-  incident's ``training_thread_s``), the CPU of the router's background threads (each captured
-  rank's trace export and rank 0's reduction, the incident's ``router_cpu_s``) against the
-  captured steps' own wall time, the router threads' CPU summed over the run's windows (each
-  window's rank maximum, ``self_cost.router_cpu_s``: polling, export, reduction, incident
-  files), and the incident's own line;
+  incident's ``training_thread_s``), the CPU off the training threads (each captured rank's
+  trace writer, its slice for the reduction included, and rank 0's reduction, the incident's
+  ``router_cpu_s``) against the captured steps' own wall time, the router threads' CPU summed
+  over the run's windows (each window's rank maximum, ``self_cost.router_cpu_s``: polling, the
+  writer's fork and the wait for it, reduction, incident files), and the incident's own line;
 * the size of an evidence packet (what the always-on path writes per window) beside them.
 
 ``--runs N`` repeats the job (the step figures of every run are listed; the CPU table is the
-last run's). ``--json`` also writes the figures as JSON; ``--before FILE`` adds a column with
-the figures of an earlier revision's ``--json`` (run the same command there first).
+last run's); ``--burners N`` runs N CPU-burning processes beside every run (killed after).
+``--json`` also writes the figures as JSON; ``--before FILE`` adds a column with the figures
+of an earlier revision's ``--json`` (run the same command there first).
 
     python benchmarks/router.py
-    python benchmarks/router.py --out router.md
+    python benchmarks/router.py --runs 3 --burners 2 --out router.md
 
 Wall-clock figures on a shared machine: read them with the load average recorded beside them.
 """
@@ -47,7 +53,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_common import command_line, load_text, result_header, script_parser, write_result
+from harness_common import (
+    command_line,
+    cpu_burners,
+    load_text,
+    result_header,
+    script_parser,
+    write_result,
+)
 from stagefrontier.demo import DemoConfig, launch, parse_fault
 from stagefrontier.render.incident import summary_line, verdict
 from stagefrontier.route import list_incidents
@@ -59,8 +72,13 @@ LEAD_IN_STEPS = 1
 AFTER_STEPS = 5
 """Steps after the one right after the capture whose slowest is reported: the capture's cost
 must not just move a step later."""
+LOCAL_STEPS = 10
+"""Steps on each side of the capture whose median is the local median: the ordinary steps
+right before the lead-in, and the steps after the first step after (+2 to +11, beside the trace
+writers: shown, never judged)."""
 TARGET_RATIO = 1.5
-"""The step right after the capture, at most this many times the median step, on every rank."""
+"""The step right after the capture, at most this many times the median step before it, on
+every rank."""
 
 
 def phases(
@@ -69,14 +87,18 @@ def phases(
     """One rank's step times (ms) around a capture of steps ``first``-``last``: the median of
     the steps before it (from ``WARMUP_STEPS`` to the lead-in, left out), the lead-in step, the
     captured steps' median and slowest, the first step after them, the slowest of the next
-    ``AFTER_STEPS``, and the first step after over the median before; the same ratio by the
-    training thread's CPU; the steps before's 90th percentile over their median and how many of
-    them exceed ``TARGET_RATIO`` times it."""
+    ``AFTER_STEPS`` and the median of the next ``LOCAL_STEPS``; the first step after over the
+    median before (judged) and over the local median (``LOCAL_STEPS`` ordinary steps before the
+    lead-in and the ``LOCAL_STEPS`` after, which the trace writers' CPU slows: not judged); the
+    first over the median before by the training thread's CPU; the steps before's 90th
+    percentile over their median and how many of them exceed ``TARGET_RATIO`` times it."""
     ms = [t * 1e3 for t in step_s]
     lead_in = first - LEAD_IN_STEPS
     captured = ms[first : last + 1]
     later = ms[last + 2 : last + 2 + AFTER_STEPS]
+    settled = ms[last + 2 : last + 2 + LOCAL_STEPS]
     ordinary = ms[WARMUP_STEPS:lead_in]
+    local = statistics.median(ordinary[-LOCAL_STEPS:] + settled)
     before = statistics.median(ordinary)
     after = ms[last + 1] if last + 1 < len(ms) else float("nan")
     cpu = [t * 1e3 for t in thread_cpu_s]
@@ -95,7 +117,10 @@ def phases(
         "during_max": max(captured),
         "after": after,
         "later_max": max(later) if later else float("nan"),
+        "median_settled": statistics.median(settled) if settled else float("nan"),
+        "median_local": local,
         "after_ratio": after / before,
+        "local_ratio": after / local,
     }
 
 
@@ -117,8 +142,8 @@ def measure(out_dir: Path) -> dict[str, Any] | str:
         return f"{len(incidents)} incidents, not one"
     incident = incidents[0]
     first, last = incident["steps"]
-    if not incident["captured"] or last + 1 + AFTER_STEPS >= config.steps:
-        return f"steps {first}-{last} not captured {AFTER_STEPS + 1} steps before the run's end"
+    if not incident["captured"] or last + 1 + LOCAL_STEPS >= config.steps:
+        return f"steps {first}-{last} not captured {LOCAL_STEPS + 1} steps before the run's end"
     job_step = [max(run.step_s[r][t] for r in run.step_s) for t in range(config.steps)]
     during = [job_step[t] for t in range(first, last + 1)]
     outside = [job_step[t] for t in range(WARMUP_STEPS, config.steps) if not first <= t <= last]
@@ -144,6 +169,7 @@ def measure(out_dir: Path) -> dict[str, Any] | str:
         "packets": len(packets),
         "steps": per_rank,
         "worst_after_ratio": max(p["after_ratio"] for p in per_rank.values()),
+        "worst_local_ratio": max(p["local_ratio"] for p in per_rank.values()),
         "worst_cpu_ratio": max(p["cpu_ratio"] for p in per_rank.values()),
         "training_thread_s": incident.get("training_thread_s"),
         "line": summary_line(incident),
@@ -167,7 +193,7 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
     """The CPU table: this revision, and the earlier one's figures beside them when given."""
     rows = [
         ("captured steps' own wall time", "captured_wall_s"),
-        ("trace export, summed over the captured ranks", "export_cpu_s"),
+        ("trace writers (export and slice), summed over the captured ranks", "export_cpu_s"),
         ("reduction (confirmation and op diff) on rank 0", "reduction_cpu_s"),
         ("router threads over the whole run (sum of each window's rank max)",
          "router_thread_cpu_s"),
@@ -192,20 +218,25 @@ def cost_rows(now: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
 
 def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
     """The per-rank table of step times before, during and after the capture, the first step
-    after by the training thread's CPU, and the ordinary steps' own spread."""
+    after over the median before and over the local median, the same by the training thread's
+    CPU, and the ordinary steps' own spread."""
     lines = [
         "| rank | median before (ms) | lead-in step | captured: median / slowest | first step "
-        f"after | after / median before | slowest of the next {AFTER_STEPS} | training-thread "
-        "CPU: median before / first after (ms) | after / median, CPU | steps before: 90th "
+        f"after | slowest of the next {AFTER_STEPS} | median of steps +2 to +{LOCAL_STEPS + 1} | "
+        "first after / median before (judged) | first after / local median (not judged: steps "
+        f"+2 to +{LOCAL_STEPS + 1} run beside the trace writers) | training-thread CPU: "
+        "median before / first after (ms) | after / median, CPU | steps before: 90th "
         f"percentile / median | steps before over {TARGET_RATIO}x the median |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for rank, p in sorted(steps.items(), key=lambda item: int(item[0])):
+    for rank, figures in sorted(steps.items(), key=lambda item: int(item[0])):
+        p = {"median_settled": float("nan"), "local_ratio": float("nan"), **figures}
         lines.append(
             f"| {rank} | {p['median_before']:.1f} | {p['lead_in']:.1f} | "
             f"{p['median_during']:.1f} / {p['during_max']:.1f} | {p['after']:.1f} | "
-            f"{p['after_ratio']:.2f} | {p['later_max']:.1f} | {p['cpu_before']:.1f} / "
-            f"{p['cpu_after']:.1f} | {p['cpu_ratio']:.2f} | {p['p90_ratio']:.2f} | "
+            f"{p['later_max']:.1f} | {p['median_settled']:.1f} | {p['after_ratio']:.2f} | "
+            f"{p['local_ratio']:.2f} | {p['cpu_before']:.1f} / {p['cpu_after']:.1f} | "
+            f"{p['cpu_ratio']:.2f} | {p['p90_ratio']:.2f} | "
             f"{p['over_target']:.0f} of {p['ordinary']:.0f} |"
         )
     return lines
@@ -213,27 +244,32 @@ def step_rows(steps: dict[Any, dict[str, float]]) -> list[str]:
 
 def run_rows(runs: list[dict[str, Any]]) -> list[str]:
     """One line per run: its load, the capture's steps and each rank's first step after the
-    capture over its median before it."""
+    capture over the median before (the target's figure), over the local median (shown, not
+    judged), and by the training thread's CPU."""
     lines = [
-        f"| run | load average at start -> end | captured steps | first step after / median "
-        f"before, per rank | at most {TARGET_RATIO} on every rank | by the training thread's "
-        "CPU, per rank | steps before: 90th percentile / median, per rank |",
-        "|---|---|---|---|---|---|---|",
+        "| run | burners | load average at start -> end | captured steps | first step after / "
+        f"median before, per rank | at most {TARGET_RATIO} on every rank | first step after / "
+        f"local median, per rank (not judged: steps +2 to +{LOCAL_STEPS + 1} run beside the "
+        "trace writers) | by the training thread's CPU, per rank | steps before: 90th "
+        "percentile / median, per rank |",
+        "|---|---:|---|---|---|---|---|---|---|",
     ]
     for i, run in enumerate(runs, 1):
         steps = run["steps"]
-        ratios = ", ".join(
-            f"{steps[r]['after_ratio']:.2f}" for r in sorted(steps, key=lambda r: int(r))
-        )
         met = "yes" if run["worst_after_ratio"] <= TARGET_RATIO else "no"
         first, last = run["captured_steps"]
-        ranks = sorted(steps, key=lambda r: int(r))
-        cpu = ", ".join(f"{steps[r]['cpu_ratio']:.2f}" for r in ranks)
-        spread = ", ".join(f"{steps[r]['p90_ratio']:.2f}" for r in ranks)
         lines.append(
-            f"| {i} | {run['load']} | {first}-{last} | {ratios} | {met} | {cpu} | {spread} |"
+            f"| {i} | {run.get('burners', 0)} | {run['load']} | {first}-{last} | "
+            f"{_listed(steps, 'after_ratio')} | {met} | {_listed(steps, 'local_ratio')} | "
+            f"{_listed(steps, 'cpu_ratio')} | {_listed(steps, 'p90_ratio')} |"
         )
     return lines
+
+
+def _listed(steps: dict[Any, dict[str, float]], key: str) -> str:
+    """``key``'s figure of every rank, in rank order."""
+    nan = float("nan")  # a figure an earlier revision's --json lacks
+    return ", ".join(f"{steps[r].get(key, nan):.2f}" for r in sorted(steps, key=lambda r: int(r)))
 
 
 def _training_text(spent: dict[str, float] | None) -> str:
@@ -243,8 +279,8 @@ def _training_text(spent: dict[str, float] | None) -> str:
 
 
 def _total_cost(figures: dict[str, Any]) -> float | None:
-    """The capture's training-thread seconds on every captured rank plus the router threads'
-    CPU for it (export and reduction): what the incident line states as the job's cost."""
+    """The capture's training-thread seconds on every captured rank plus the CPU it took off
+    the training threads (trace writers and reduction): the incident line's two figures."""
     parts = (figures.get("export_cpu_s"), figures.get("reduction_cpu_s"))
     spent = figures.get("training_thread_s")
     if None in parts or not spent:
@@ -270,6 +306,7 @@ def render(
         f"- Python: {platform.python_version()}; CPU count: {os.cpu_count()}; "
         f"platform: {platform.platform()}",
         f"- Load average (1/5/15 min) at start: {load_start}; at end: {load_end}",
+        f"- CPU-burning processes beside each run: {result.get('burners', 0)}",
         "- Job: the demo (`make demo`): 4 Gloo DDP ranks on CPU, 120 steps, window 20, "
         "`data@2:120ms`, router on (5 steps, `with_stack=True`)",
         "",
@@ -313,7 +350,7 @@ def render(
         + (f" {_training_text(before.get('training_thread_s'))} |" if before else "")
     )
     lines.append(
-        "| the job's total: training threads and router threads (the incident line's) | "
+        "| the job's total: training threads and off them (the incident line's two, added) | "
         f"{_seconds(_total_cost(result))} |"
         + (f" {_seconds(_total_cost(before))} |" if before else "")
     )
@@ -324,9 +361,9 @@ def render(
         "",
         "The time to confirmation runs from the request (written when window 0 is analyzed) "
         "through the start margin, the captured steps and the export to the reduction of both "
-        "traces on rank 0's router thread; training never waits for it. Outside the capture the "
-        "router costs one flag test per step and a store poll every 50 ms on a background "
-        "thread (see the router row of `hotpath.md`).",
+        "traces' slices on rank 0's router thread; training never waits for it. Outside the "
+        "capture the router costs one flag test per step and a store poll every 50 ms on a "
+        "background thread (see the router row of `hotpath.md`).",
         "",
     ]
     return "\n".join(lines)
@@ -338,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, help="an earlier revision's --json figures")
     parser.add_argument("--label", default="this revision", help="what --json's figures are")
     parser.add_argument("--runs", type=int, default=1, help="runs of the job (default 1)")
+    parser.add_argument(
+        "--burners", type=int, default=0, help="CPU-burning processes beside each run (default 0)"
+    )
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
     load_start = load_text()
@@ -345,18 +385,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     left_out: list[str] = []
     for i in range(args.runs):
         run_start = load_text()
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, cpu_burners(args.burners):
             measured = measure(Path(tmp) / "demo")
         if isinstance(measured, str):
             left_out.append(f"run {i + 1} (load {run_start}): {measured}")
             continue
         result = measured
+        result["burners"] = args.burners
         runs.append(
             {
                 "load": f"{run_start} -> {load_text()}",
+                "burners": args.burners,
                 "captured_steps": result["incident"]["steps"],
                 "steps": result["steps"],
                 "worst_after_ratio": result["worst_after_ratio"],
+                "worst_local_ratio": result["worst_local_ratio"],
             }
         )
     load_end = load_text()

@@ -248,7 +248,7 @@ def check_communication_read_as_flat(out_dir: Path, world_size: int) -> None:
         combine_collectives,
         summary_facts,
     )
-    from stagefrontier.analysis.collectives import StepFacts
+    from stagefrontier.analysis.step_facts import StepFacts
     from stagefrontier.collect.base import merge_received
     from stagefrontier.collect.node_payload import node_collectives
     from stagefrontier.demo.launch import read_windows

@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,37 @@ def join_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) ->
         timeout=timedelta(seconds=timeout_s),
     )
     return store
+
+
+@contextlib.contextmanager
+def started_ranks(
+    targets: Sequence[Callable[[int, Any, int], None]], payload: Any
+) -> Iterator[list[Any]]:
+    """Start ``targets[r](r, payload, port)`` as rank r of a job, each a process from the fork
+    server (``START_METHOD``), around a loopback TCPStore this process holds (a launcher's
+    agent's place: the store outlives any rank). Yields the processes, for a test that signals
+    them itself; those still alive when the ``with`` ends are killed."""
+    import multiprocessing
+
+    from stagefrontier.demo.launch import FORKSERVER_PRELOAD, loopback_store
+
+    store = loopback_store(len(targets))
+    context = multiprocessing.get_context(START_METHOD)
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    procs = [
+        context.Process(target=target, args=(rank, payload, store.port), daemon=True)
+        for rank, target in enumerate(targets)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+        del store
 
 
 def join_torchrun_gloo(timeout_s: float = 120.0) -> int:

@@ -3,6 +3,7 @@ timing checks)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from bench_support import benchmark_text, table_rows
@@ -39,6 +40,11 @@ def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
     # the cost per timed collective, one row per kind
     for kind in ("DDP gradient bucket", "FSDP2 all-gather", "ZeRO-1 broadcasts", "own collective"):
         assert f"| {kind} " in text, kind
+    # the automatic hooks: both ratios, and a verdict only where they agree
+    hooks = next(line for line in text.splitlines() if "automatic hooks, thread CPU" in line)
+    assert "by the ratio of the medians" in hooks
+    assert re.search(r"target <= 1\.5x: (MET|MISSED|unresolved at this load)", hooks), hooks
+    assert "- instructions: not counted in this run" in text
 
 
 SOAK_HEADER = (

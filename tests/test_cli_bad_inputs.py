@@ -244,7 +244,7 @@ def record_with(folder: Path, **changes: Any) -> bytes:
     return json.dumps(record).encode() + b"\n"
 
 
-@pytest.mark.parametrize("command", ["report", "plot"])
+@pytest.mark.parametrize("command", ["report", "report --html", "plot"])
 @pytest.mark.parametrize(
     ("line", "needle"),
     [
@@ -269,7 +269,8 @@ def test_bad_records_are_one_line(
     elif line == "attempt":
         line = record_with(folder, attempt="1", window=1)
     out_dir = records_folder(tmp_path, folder, line)
-    code, out, err = run([command, str(out_dir)], capsys)
+    name, *options = command.split()
+    code, out, err = run([name, str(out_dir), *options], capsys)
     assert_one_line_error(code, out, err, needle)
 
 

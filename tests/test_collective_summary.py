@@ -17,7 +17,8 @@ from stagefrontier.analysis.collective_summary import (
     summarize_collectives,
     summary_facts,
 )
-from stagefrontier.analysis.collectives import CollectiveTimes, StepFacts, read_collectives
+from stagefrontier.analysis.collectives import CollectiveTimes, read_collectives
+from stagefrontier.analysis.step_facts import StepFacts
 from stagefrontier.collect.node_payload import joined_collectives
 from stagefrontier.collect.node_wire import NodePart, decode_node_part, encode_node_part
 from stagefrontier.errors import ReportFormatError
@@ -163,3 +164,46 @@ def test_a_malformed_summary_is_refused_with_the_reason() -> None:
         CollectiveSummary.from_dict({**data, "count": data["count"][:-1]})
     with pytest.raises(ReportFormatError, match="do not fit"):
         CollectiveSummary.from_dict({**data, "n_ranks": 9})
+
+
+def _queued_parts(own_ms: np.ndarray, queued: np.ndarray, per_node: int) -> list:
+    """Node summaries through the JSON wire form of ranks arriving ``own_ms + queued`` after a
+    moment they share, each carrying its run-queue wait ``queued`` before the collective."""
+    arrived = own_ms + queued
+    wait = np.round(arrived.max(axis=1, keepdims=True) + 5.0 - arrived, 3)[:, :, None]
+    parts = []
+    for first in range(0, wait.shape[1], per_node):
+        cols = slice(first, first + per_node)
+        times = CollectiveTimes(
+            KEYS[:1], (1 << 20,), wait[:, cols], 0 * wait[:, cols], queued_ms=queued[:, cols, None]
+        )
+        part = summarize_collectives(times, list(range(first, first + per_node)))
+        parts.append(CollectiveSummary.from_dict(json.loads(json.dumps(part.to_dict()))))
+    return parts
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_node_summaries_carry_the_run_queue_waits_so_a_late_rank_is_told_from_a_starved_one(
+    seed: int,
+) -> None:
+    """8 ranks scattered 0-350 ms a step by the scheduler, carried per arrival: from node
+    summaries, rank 4 late 120 ms by its own code is named (as from every rank's waits, within
+    the stated bound), and rank 2 late by 150 ms more of CPU wait a step is said starved, not
+    late. Without the run-queue waits the summaries name neither."""
+    rng = np.random.default_rng(seed)
+    own, queued = rng.normal(200.0, 3.0, (10, 8)), np.round(rng.uniform(0.0, 350.0, (10, 8)), 3)
+    own[:, 4] += 120.0
+    hier = read_collective_summary(combine_collectives(_queued_parts(own, queued, 2)), 8, 430.0)
+    assert hier.late is not None and hier.late.late_rank == 4, hier.collectives
+    assert hier.late.lateness_ms == pytest.approx(120.0, abs=10.0 + hier.late.bound_ms)
+    own[:, 4] -= 120.0
+    queued = queued * 0.1
+    queued[:, 2] += 150.0
+    starved = read_collective_summary(combine_collectives(_queued_parts(own, queued, 4)), 8, 430.0)
+    assert starved.late is None and starved.starved is not None
+    assert starved.starved.starved_rank == 2 and (starved.starved.cpu_wait_ms or 0.0) > 100.0
+    blind = [
+        CollectiveSummary(**{**p.__dict__, "own": None}) for p in _queued_parts(own, queued, 4)
+    ]
+    plain = read_collective_summary(combine_collectives(blind), 8, 430.0)
+    assert plain.starved is None  # without them a starved rank is not told apart

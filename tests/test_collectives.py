@@ -28,12 +28,8 @@ from rank_support import run_job, torchrun_command
 from recorder_support import read_records
 from stagefrontier import ProfilerRouter
 from stagefrontier.analysis.block_lead import LeadTest
-from stagefrontier.analysis.collectives import (
-    LATE_MIN_MS,
-    CollectiveBaseline,
-    CollectiveTimes,
-    read_collectives,
-)
+from stagefrontier.analysis.collective_baseline import CollectiveBaseline
+from stagefrontier.analysis.collectives import LATE_MIN_MS, CollectiveTimes, read_collectives
 from stagefrontier.analysis.regression import RegressionConfig
 from stagefrontier.analysis.side import SideEvidence
 from stagefrontier.analysis.window_report import WindowReport

@@ -13,7 +13,7 @@ import pytest
 from recorder_support import DATA, FWD, CaptureCollector
 from stagefrontier import ContractViolation, StageTimer, TimerConfig
 from stagefrontier.analysis.collective_checks import check_rank_collectives
-from stagefrontier.analysis.collectives import OWN_PREFIX
+from stagefrontier.analysis.collective_names import OWN_PREFIX
 
 
 def capture(strict: bool = False) -> tuple[StageTimer, CaptureCollector]:

@@ -397,7 +397,7 @@ def test_the_router_extra_is_imported_where_the_router_is_attached() -> None:
     assert done.stdout.split() == ["[False,", "True]", "[True,", "True]"], done.stdout
 
 
-def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
+def test_the_reduction_reads_only_the_events_it_needs_from_the_writers_slice(
     tmp_path: Path, store: Any
 ) -> None:
     """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
@@ -435,6 +435,60 @@ def test_the_reduction_reads_only_the_events_it_needs_with_the_same_results(
     assert np.array_equal(matrices[1].d, matrices[0].d)
     times = [stage_op_times(path, "data.next_wait", steps, events[1]) for events in (whole, kept)]
     assert times[0] == times[1] and times[0].self_s
+    _the_writer_left_the_reduction_its_slice(path, steps)
+
+
+def _the_writer_left_the_reduction_its_slice(path: Path, steps: range) -> None:
+    """The process that wrote the trace also wrote its slice beside it: the events the
+    reduction keeps, cut for the routed stage and the captured steps, so that rank 0 reads
+    them without parsing the trace. A slice cut for anything else, from another trace, or
+    unreadable is ignored, and the trace is parsed instead."""
+    from stagefrontier.route.trace_slice import cut_trace, read_slice, slice_path
+
+    stage = "data.next_wait"
+    assert slice_path(path) == path.with_name("rank0.pt.trace.slice.json")
+    assert slice_path(path).is_file()
+    assert read_slice(path, stage, steps) == cut_trace(path, stage, steps)
+    assert read_slice(path, "forward", steps) is None
+    assert read_slice(path, stage, range(steps.start, steps.stop - 1)) is None
+    copy = path.with_name("rank9.pt.trace.json.gz")
+    copy.write_bytes(path.read_bytes() + b"\0")  # another trace beside the same slice
+    slice_path(copy).write_bytes(slice_path(path).read_bytes())
+    assert read_slice(copy, stage, steps) is None
+    slice_path(copy).write_bytes(b"{}")
+    assert read_slice(copy, stage, steps) is None
+
+
+def test_a_trace_that_cannot_be_cut_leaves_no_slice_and_says_so_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer cuts the slice after the trace is in place: when that fails (here a trace
+    that is not JSON), the trace stands, no slice is left (not even a partial one), the cut
+    logs nothing and says why (the writer's parent says it in one warning line: ``drop_slice``),
+    and the reduction parses the trace itself (``load_for_reduction``), which raises its own
+    error for such a file."""
+    from stagefrontier.errors import TraceFormatError
+    from stagefrontier.route.trace_slice import (
+        drop_slice,
+        load_for_reduction,
+        slice_path,
+        write_slice,
+    )
+
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(b'{"traceEvents": [not json'))
+    with caplog.at_level("WARNING", logger="stagefrontier"):
+        why = write_slice(trace, "data.next_wait", range(3, 8))
+        assert why.startswith("TraceFormatError: ") and not caplog.records
+        drop_slice(trace, why)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("stagefrontier: cutting the trace for the reduction failed (")
+    assert lines[0].endswith("; rank 0 parses the trace"), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [trace.name]
+    assert not slice_path(trace).exists()
+    with pytest.raises(TraceFormatError, match="not a readable JSON trace"):
+        load_for_reduction(trace, "data.next_wait", range(3, 8))
 
 
 def test_stagefrontier_capture_asks_a_running_job(tmp_path: Path, store: Any) -> None:

@@ -25,6 +25,7 @@ from stagefrontier.analysis.regression import RegressionCheck, RegressionConfig
 from stagefrontier.collect.live import LiveAnalysis
 from stagefrontier.formats.packet import read_packet
 from stagefrontier.formats.summary_packet import read_summary_packet
+from stagefrontier.render.headline import window_headline
 from stagefrontier.render.regression_text import regression_text
 from stagefrontier.render.verdict import verdict
 from stagefrontier.route.decide import decide, regression_decision
@@ -172,6 +173,75 @@ def test_a_large_lead_is_captured_in_its_first_window() -> None:
     policy.remember(windows[-1])
     plan = policy.consider(windows[-1])
     assert plan is not None and plan.ranks == [2, 3] and plan.decision.window == 8, plan
+
+
+BELOW_TOP_PACKETS = sorted((DATA / "busy_loader_below_top_windows").glob("window-*.json"))
+"""Windows 0 to 6 of the same script with a data stall (every sample 5 ms slower on rank 2,
+its 2 DataLoader workers 168 to 193 ms a batch) beside 16 CPU-burning processes (load average
+24 to 38): the burners slowed the backward pass every rank shares to the top of the step,
+its last rank changing step by step, while rank 2's workers, busy 75 to 100% of the time,
+handed over their batches two at a time."""
+
+
+def _story(window: AnalyzedWindow) -> tuple[str, str, Any]:
+    """A window's headline, its verdict and the router's decision on it."""
+    decision, _ = decide(window)
+    return (
+        window_headline(window.report, window.record),
+        verdict(window.report, window.record),
+        decision,
+    )
+
+
+def test_a_data_wait_below_the_top_is_judged_over_the_loaders_bursts() -> None:
+    """Windows 2 and 6: backward on top (56% and 51%) with no steady leader, and rank 2 ahead
+    in the data wait on every block of two steps, by 24 and 34 ms/step against the rank of
+    median data wait, above the noise of the blocks. Before, the data wait's lead was judged
+    over blocks only when it was on top: the line said "top model.backward_cpu_wall ... no
+    single leader | Next: profile backward on any rank" and the router captured nothing, while
+    rank 2's workers were busy 84 to 100% of the time. Now the headline, the loader's figures
+    and the router's decision name the same rank, with its worker count."""
+    windows = _replayed(BELOW_TOP_PACKETS)
+    for index in (2, 6):
+        window = windows[index]
+        assert window.report.top1 == "model.backward_cpu_wall", index
+        headline, said, decision = _story(window)
+        assert window.record["lead_below_top"] == {"stage": "data.next_wait", "rank": 2}
+        assert "data.next_wait" in headline and "led by rank 2 in 2-step blocks" in headline
+        assert headline.endswith("Next: profile data loading on rank 2"), headline
+        assert "no single leader" not in headline, headline
+        assert "rank 2 alone leads data loading" in said and "over blocks of 2 steps" in said
+        assert "Rank 2's 2 DataLoader workers each take" in said, said
+        assert decision is not None and (decision.stage, decision.suspect_rank) == (
+            "data.next_wait",
+            2,
+        )
+        assert decision.burst == 2 and decision.below_top, decision
+
+
+def test_the_line_and_the_router_name_one_rank_and_only_its_workers() -> None:
+    """In every window the router's suspect is the rank the headline names, and the verdict
+    gives the DataLoader figures of that rank alone; where rank 2's lead below the top stays
+    inside the noise (windows 1 and 3: ahead in the data wait by 22 and 19 ms/step against
+    bars of 23 and 27 ms) no rank is named. Window 4 with its lead over blocks unsteady is read
+    as no leader: before, its verdict still gave rank 2's workers' figures (the first of the
+    leading ranks) after saying that no rank leads."""
+    windows = _replayed(BELOW_TOP_PACKETS)
+    for window in windows:
+        headline, said, decision = _story(window)
+        named = {rank for rank in range(4) if f"led by rank {rank}" in headline}
+        workers = {rank for rank in range(4) if f"Rank {rank}'s 2 DataLoader" in said}
+        assert len(named) <= 1 and workers <= named, (headline, said)
+        if decision is not None:
+            assert named == {decision.suspect_rank}, (headline, decision)
+    for index in (1, 3):
+        headline, said, decision = _story(windows[index])
+        assert decision is None and "led by" not in headline and "DataLoader" not in said
+    unsteady = dict(windows[4].record)
+    unsteady["block_lead"] = {**unsteady["block_lead"], "why": "the leader switches"}
+    said = verdict(windows[4].report, unsteady)
+    assert "no single rank leads" in said.lower(), said
+    assert "DataLoader workers each take" not in said, said
 
 
 SUMMARY_PACKETS = sorted((DATA / "busy_hierarchical_windows").glob("summary-*.json"))

@@ -152,7 +152,7 @@ def test_the_incident_line_states_the_captures_cost_on_every_training_thread(
         assert "on rank 0's training thread" in line, line
         for rank in range(1, RANKS):
             assert f"ms on rank {rank}'s" in line, line
-        assert "of CPU on the router's background threads" in line
+        assert "of CPU off the training threads (trace writers: " in line, line
 
 
 def test_the_incident_line_states_the_jobs_cost_of_the_capture_in_two_figures(

@@ -179,7 +179,7 @@ def test_a_capture_traces_the_between_step_wait_and_the_op_diff_names_it(
     cost = incident["router_cpu_s"]
     assert set(cost["export"]) == {"0"} and cost["export"]["0"] > 0 and cost["reduction"] > 0
     line = summary_line(incident)
-    assert "of CPU on the router's background threads (trace export: rank 0 " in line, line
+    assert "of CPU off the training threads (trace writers: rank 0 " in line, line
     # `stagefrontier analyze INCIDENT_DIR` reads the traces back as the live incident did: the
     # stages, the wait's among them, from incident.json (inferred from the ranges, the wait,
     # which has no range of its own, was left out and another stage came out on top), and the

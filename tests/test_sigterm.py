@@ -3,7 +3,8 @@ every open timer before the process ends (issue 37, item 4): on by default, pass
 handler that was there before, and safe while a profiler runs.
 
 Each case is a real process that signals itself at a known step and then keeps training: the
-signal, not the script, must end it.
+signal, not the script, must end it. The last case is a real 2-rank Gloo job whose rank 0 the
+test signals while it waits in a collective.
 """
 
 from __future__ import annotations
@@ -332,3 +333,90 @@ def test_a_close_during_a_window_hand_off_says_the_window_is_lost(
     finally:
         release.set()
         training.join(120)
+
+
+IN_THE_COLLECTIVE = "in-the-collective"
+"""The marker rank 0 writes once its main thread is inside the all-reduce's C call."""
+ENDED_BOUND_S = 60.0
+"""Tells a rank that ended from one stuck until SIGKILL: the close deadline (30 s) and a second
+are what an end by SIGTERM takes at most; the rest is for a loaded machine."""
+
+
+def _main_thread_inside_the_all_reduce() -> bool:
+    """Whether the main thread's innermost Python frame is ``all_reduce`` at its wait for the
+    collective's end (``work.wait()``, where Gloo blocks): read holding the GIL, which that
+    thread gave up inside the call, and a peer that never joins keeps it there. Not the line
+    before, the call that starts the collective (``group.allreduce(...)``): it returns at once,
+    and the GIL passes at the end of a call with the frame still on its line, so a frame seen
+    there may be back in bytecode, where the signal runs Python's handler instead (4 runs of 30
+    signalled it there)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    if frame is None or frame.f_code.co_name != "all_reduce":
+        return False
+    return ".wait(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+
+
+def _say_when_inside_the_all_reduce(marker: Path) -> None:
+    while not _main_thread_inside_the_all_reduce():
+        time.sleep(0.01)
+    marker.touch()
+
+
+def _gloo_rank(rank: int, folder: str, port: int) -> None:
+    """Rank 0 enters an all-reduce that rank 1, alive, never joins."""
+    from rank_support import join_gloo, log_to_file
+
+    out = Path(folder)
+    log = out / f"rank{rank}.log"
+    stderr = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(stderr, 2)  # a traceback lands there too
+    os.close(stderr)
+    log_to_file(log)
+    join_gloo(rank, 2, port, timeout_s=300)
+    import torch
+    import torch.distributed as dist
+
+    collect = CollectConfig("local", out_dir=out, regression=None, log=False)
+    timer = StageTimer(config=TimerConfig(stages=("data.next_wait",), window=5, collection=collect))
+    for _ in range(12):
+        with timer.step(), timer.stage("data.next_wait"):
+            time.sleep(0.002)
+    if rank == 1:
+        time.sleep(600)  # alive, never joining: ended by the test
+        return
+    watch = threading.Thread(
+        target=_say_when_inside_the_all_reduce, args=(out / IN_THE_COLLECTIVE,), daemon=True
+    )
+    watch.start()
+    dist.all_reduce(torch.ones(4))
+    (out / "the-collective-returned").touch()
+
+
+def test_a_rank_waiting_in_a_gloo_collective_ends_by_sigterm(tmp_path: Path) -> None:
+    """The case the watcher is for, in a real job: rank 0 waits in an all-reduce that rank 1,
+    alive, never joins (Gloo's wait, a C call), and a SIGTERM (a preemption, a launcher ending
+    the job) comes once rank 0's main thread is inside that call. Before: rank 0 stayed in the
+    collective until killed, its window being recorded lost. Now it writes that window and ends
+    by SIGTERM (``STAGEFRONTIER_SIGTERM=0``: it ends at once, without the window). The signal
+    is sent once the rank says its main thread is inside the call (its frame, read from another
+    thread of the rank), never after a sleep: a rank still starting on a loaded machine is not
+    taken for one that ignores the signal."""
+    pytest.importorskip("torch")
+    from rank_support import started_ranks
+
+    with started_ranks([_gloo_rank, _gloo_rank], str(tmp_path)) as ranks:
+        marker = tmp_path / IN_THE_COLLECTIVE
+        deadline = time.monotonic() + 240
+        while not marker.exists() and ranks[0].is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = tmp_path / "rank0.log"
+        assert marker.exists(), f"rank 0 never reached its collective: {log.read_text()}"
+        ranks[0].terminate()  # SIGTERM
+        ranks[0].join(ENDED_BOUND_S)
+        assert ranks[0].exitcode == -signal.SIGTERM, "SIGTERM did not end rank 0 in its collective"
+        assert ranks[1].is_alive()  # the peer never joined: rank 0 was still waiting for it
+    text = log.read_text()
+    assert not (tmp_path / "the-collective-returned").exists()
+    assert _steps(tmp_path / "rank-0") == [(0, 0, 4), (1, 5, 9), (2, 10, 11)], text
+    assert "SIGTERM while the main thread is inside a C call" in text
+    assert "Traceback" not in text

@@ -150,31 +150,69 @@ def routed_lead_below_top(
     d: npt.NDArray[np.float64] | None,
     rank_ids: Sequence[int],
     test: LeadTest = DEFAULT_LEAD_TEST,
+    blocks: BlockLead | None = None,
 ) -> tuple[str, int] | None:
     """The stage below the top one that the profiler router captures, and its leading rank:
     ``steady_lead_below_top`` by ``test.min_share``, and, where ``d [N, R, S]`` holds the
     ranks' columns (``rank_ids``), that rank's time in the stage exceeding the rank of median
-    time in it by ``test`` (``LeadTest.excess``), judged by the test's gates. The window line
-    names this lead and the router acts on it: one judgment. None when there is none, and,
-    as the router asks for no capture then, when the telemetry is limited or the top stage
-    falls short of ``share_dominance`` with more than two stages in the routing set."""
+    time in it by ``test`` (``LeadTest.excess``), judged by the test's gates. Failing that,
+    ``blocks``: a stage of the routing set below the top one whose lead was judged over blocks
+    of steps (a DataLoader's bursts, ``window.loader.data_block_lead``) and names one rank
+    steadily there, its excess judged over the same blocks. The window line names this lead
+    and the router acts on it: one judgment. None when there is none, and, as the router asks
+    for no capture then, when the telemetry is limited or the top stage falls short of
+    ``share_dominance`` with more than two stages in the routing set."""
+    routed = routed_lead_and_burst(report, d, rank_ids, test, blocks)
+    return None if routed is None else (routed[0], routed[1])
+
+
+def routed_lead_and_burst(
+    report: WindowReport,
+    d: npt.NDArray[np.float64] | None,
+    rank_ids: Sequence[int],
+    test: LeadTest = DEFAULT_LEAD_TEST,
+    blocks: BlockLead | None = None,
+) -> tuple[str, int, int] | None:
+    """``routed_lead_below_top`` with the steps over which its lead was judged: 1, or the
+    size of the ``blocks`` it was judged over."""
     g = test.gates or report.gates
     top = report.top1
     if report.has(TELEMETRY_LIMITED) or top is None or not report.shares_defined:
         return None
     if report.semantic_shares[top] < g.share_dominance and len(report.routing_set) > 2:
         return None
+    candidates = []
     below = steady_lead_below_top(report, test.min_share, g)
     suspect = None if below is None else report.semantic_localization[below].leader_rank
-    if below is None or suspect is None:
-        return None
-    if d is not None and d.shape[1] == len(rank_ids) > 1:
-        reference = median_reference(d, report.stages, rank_ids, below, suspect)
-        step_s = report.exposed_s / report.n_steps
-        pair = (suspect, reference)
-        if not test.excess(d, report.stages, rank_ids, below, pair, 1, step_s).stands_out:
-            return None
-    return below, suspect
+    if below is not None and suspect is not None:
+        candidates.append((below, suspect, 1))
+    if _steady_below(report, blocks, g):
+        assert blocks is not None and blocks.rank is not None  # checked by _steady_below
+        candidates.append((blocks.stage, blocks.rank, blocks.size))
+    for stage, rank, burst in candidates:
+        if d is not None and d.shape[1] == len(rank_ids) > 1:
+            reference = median_reference(d, report.stages, rank_ids, stage, rank)
+            step_s = report.exposed_s / report.n_steps
+            excess = test.excess(
+                d, report.stages, rank_ids, stage, (rank, reference), burst, step_s
+            )
+            if excess.stands_out:
+                return stage, rank, burst
+        elif burst == 1:  # a lead over blocks is judged against the blocks' noise, or not at all
+            return stage, rank, burst
+    return None
+
+
+def _steady_below(report: WindowReport, blocks: BlockLead | None, g: Gates) -> bool:
+    """Whether ``blocks`` names one rank steadily in a stage of the routing set below a top
+    stage whose own lead is unsteady step by step."""
+    top = report.top1
+    if blocks is None or blocks.why or blocks.rank is None or top is None:
+        return False
+    if blocks.stage == top or blocks.stage not in report.routing_set:
+        return False
+    n = report.n_steps
+    return bool(unsteady_lead(report.semantic_localization[top], n, report.exposed_s / n, g, top))
 
 
 def block_sums(d: npt.NDArray[np.float64], size: int) -> npt.NDArray[np.float64]:

@@ -40,8 +40,9 @@ def checked_key(value: Any, where: str) -> tuple[str, int, str | None, int, int]
 
 def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
     """A rank's window field as sent (``record.collectives.CollectiveLog.drain``), checked:
-    ``{}`` or ``keys``, ``calls`` (``[step, key, reached_us, issued_us, wait_us]``, the key an
-    index into ``keys``) and ``untimed``; raises ReportFormatError."""
+    ``{}`` or ``keys``, ``calls`` (``[step, key, reached_us, issued_us, wait_us]`` and, where
+    read, ``queued_us``; the key an index into ``keys``) and ``untimed``; raises
+    ReportFormatError."""
     if not isinstance(value, dict):
         raise ReportFormatError(f"{where} must be an object")
     if not value:
@@ -55,13 +56,15 @@ def check_rank_collectives(value: Any, where: str) -> dict[str, Any]:
     for call in checked_list(value["calls"], where):
         if not (
             isinstance(call, list)
-            and len(call) == 5
+            and len(call) in (5, 6)
             and all(is_int(v) for v in call)
             and 0 <= call[1] < len(keys)
             and call[0] >= 0
-            and call[4] >= 0
+            and min(call[4:]) >= 0
         ):
-            raise ReportFormatError(f"{where}: a call must be [step, key, reached, issued, wait]")
+            raise ReportFormatError(
+                f"{where}: a call must be [step, key, reached, issued, wait] and its queued wait"
+            )
     if not all(isinstance(u, str) for u in checked_list(value["untimed"], where)):
         raise ReportFormatError(f"{where} untimed must be a list of strings")
     return value

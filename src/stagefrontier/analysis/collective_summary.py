@@ -14,6 +14,12 @@ reads, whatever the number of ranks:
   median absolute deviation of the other ranks' waits, each known to within an interval (about
   1% of the median wait) that the reading states as ``bound_ms``.
 
+Where every rank read its run-queue wait before each collective, a group keeps a second summary
+of the same kind, of the waits with those run-queue waits added back (``own``): the rule reads
+the ranks' own lateness from it as it does from every rank's (``StepFacts.of_own_waits``), with
+the same exact and bounded parts, so a rank starved of CPU is told from a late one under
+hierarchical collection too.
+
 A summary holds ``O(steps * collectives * (TOP_K + max_buckets))`` numbers. The reading of a
 combined summary equals the reading of every rank's waits but for the median and the spread of
 the other ranks, which lie inside their bounds; a candidate's lateness in a step where it is not
@@ -24,7 +30,6 @@ longest), so a rank named late from the summary is one the full reading names to
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +43,6 @@ from .collectives import (
     CollectiveTimes,
     CommunicationReading,
     Key,
-    StepFacts,
     judged,
     late_threshold,
     reading_of,
@@ -53,6 +57,7 @@ from .prefix_sketch import (
     sketch_prefixes,
     widen_lanes,
 )
+from .step_facts import StepFacts, typical_waits
 from .values import is_int
 
 TOP_K = 3
@@ -77,6 +82,9 @@ class CollectiveSummary:
     low_rank: IntArray
     sketch: PrefixSketch
     untimed: tuple[str, ...] = ()
+    own: CollectiveSummary | None = None
+    """The same summary of the waits with each rank's run-queue wait before the collective
+    added back (module doc); None where some rank did not read it."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (NaN as null), read back by ``from_dict``. Milliseconds are written
@@ -99,13 +107,15 @@ class CollectiveSummary:
                 **{name: getattr(sk, name).tolist() for name in _SKETCH_INTS},
             },
             "untimed": list(self.untimed),
+            "own": None if self.own is None else self.own.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> CollectiveSummary:
-        """From ``to_dict()``'s form; raises ReportFormatError naming what is wrong."""
+        """From ``to_dict()``'s form (one written before ``own`` was carried reads as one
+        without it); raises ReportFormatError naming what is wrong."""
         where = "collectives summary"
-        if not isinstance(data, dict) or set(data) != _FIELDS:
+        if not isinstance(data, dict) or set(data) - {"own"} != _FIELDS:
             raise ReportFormatError(f"{where} must hold exactly {sorted(_FIELDS)}")
         keys = [checked_key(k, where) for k in checked_list(data["keys"], where)]
         n_ranks = data["n_ranks"]
@@ -149,6 +159,9 @@ class CollectiveSummary:
         untimed = checked_list(data["untimed"], where)
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError(f"{where}: untimed must be a list of strings")
+        own = None if data.get("own") is None else cls.from_dict(data["own"])
+        if own is not None and (own.n_ranks != n_ranks or own.count.shape[0] != steps):
+            raise ReportFormatError(f"{where}: its own waits' summary covers other ranks or steps")
         return cls(
             keys=tuple(k[:4] for k in keys),
             nbytes=tuple(k[4] for k in keys),
@@ -157,6 +170,7 @@ class CollectiveSummary:
             low_rank=low_rank,
             sketch=sketch,
             untimed=tuple(untimed),
+            own=own,
             **lanes,
         )
 
@@ -184,15 +198,19 @@ def _every_lane_holds(sketch: PrefixSketch, n_ranks: int) -> bool:
 
 def summarize_collectives(times: CollectiveTimes, rank_ids: Sequence[int]) -> CollectiveSummary:
     """A group's summary from its ranks' timed collectives (``rank_ids``: their global ranks)."""
-    with warnings.catch_warnings():  # a rank that timed a collective in no step: NaN, kept
-        warnings.simplefilter("ignore", RuntimeWarning)
-        typical = np.nanmedian(times.wait_ms, axis=0, keepdims=True)
+    typical = typical_waits(times.wait_ms)[None]
     wait = np.concatenate([times.wait_ms, typical]).transpose(0, 2, 1)  # [T + 1, C, R]
     timed = np.isfinite(wait)
     order = np.argsort(np.where(timed, wait, np.inf), axis=2, kind="stable")[:, :, :TOP_K]
     low_wait = np.take_along_axis(wait, order, axis=2)
     low_rank = np.where(np.isfinite(low_wait), np.asarray(rank_ids, np.int64)[order], -1)
     reached = np.concatenate([times.reached_ms, 0 * typical]).transpose(0, 2, 1)
+    own = None
+    if times.queued_ms is not None:  # NaN where a rank did not read it: not a full step there
+        own_times = CollectiveTimes(
+            times.keys, times.nbytes, times.wait_ms + times.queued_ms, times.reached_ms
+        )
+        own = summarize_collectives(own_times, rank_ids)
     return CollectiveSummary(
         keys=times.keys,
         nbytes=times.nbytes,
@@ -205,6 +223,7 @@ def summarize_collectives(times: CollectiveTimes, rank_ids: Sequence[int]) -> Co
         low_rank=_padded_ranks(low_rank),
         sketch=sketch_prefixes(np.where(timed, wait, 0.0), DEFAULT_GROWTH, DEFAULT_MAX_BUCKETS),
         untimed=times.untimed,
+        own=own,
     )
 
 
@@ -229,6 +248,7 @@ def combine_collectives(parts: Sequence[CollectiveSummary]) -> CollectiveSummary
     untimed: list[str] = []
     for part in parts:
         untimed.extend(u for u in part.untimed if u not in untimed)
+    owns = [p.own for p in parts if p.own is not None]
     return CollectiveSummary(
         keys=tuple(keys),
         nbytes=tuple(nbytes[k] for k in keys),
@@ -241,6 +261,7 @@ def combine_collectives(parts: Sequence[CollectiveSummary]) -> CollectiveSummary
         low_rank=_padded_ranks(np.take_along_axis(low_rank, order, axis=2)),
         sketch=merge_sketches([w.sketch for w in wide], n_ranks),
         untimed=tuple(untimed),
+        own=combine_collectives(owns) if len(owns) == len(parts) else None,
     )
 
 
@@ -250,8 +271,11 @@ def read_collective_summary(
     """The window's reading from a combined summary of its ``n_ranks`` ranks (a step counts
     where all of them timed the collective)."""
     threshold = late_threshold(step_ms)
+    own: dict[Key, StepFacts] = {}
+    if summary.own is not None:
+        own = {summary.own.keys[c]: f for c, f in summary_facts(summary.own, n_ranks)}
     readings = [
-        judged(summary.keys[c], summary.nbytes[c], facts, threshold)
+        judged(summary.keys[c], summary.nbytes[c], facts, threshold, own.get(summary.keys[c]))
         for c, facts in summary_facts(summary, n_ranks)
     ]
     return reading_of(readings, summary.untimed)

@@ -21,21 +21,26 @@ rank's typical wait is nearly as short). On a loaded host the ranks' order in
 one step is the scheduler's, but a rank held back in most steps of a window stands out of that
 noise over the window, while one last by chance in a few steps does not.
 
-A rank can also be held back in most steps by the machine: its cores busy with other work, it
-waits for a CPU. Each rank says how long its training thread waited for one over the window
-(``record.run_queue``); the candidate's wait beyond the other ranks' median is taken off its
-lateness before the lateness is judged material (the noise bar reads the whole lateness: how far
-its arrival stands out of the others' scatter, whatever held it). A rank whose lateness is not
-material without that wait is not named late but ``starved_rank``: said, never routed. A rank
-late because its code slept or computed longer keeps that part: sleeping is not waiting for a
-CPU, and computing is running.
+A rank can also be held back by the machine: its cores busy with other work, it waits for a CPU.
+Each arrival carries how long the rank's training thread waited for one since its previous
+arrival at that collective (``record.run_queue``). Where every rank read it, the rule runs on the
+waits with those waits added back (``StepFacts.of_own_waits``): the scheduler's scatter leaves
+each step before the lateness and the noise are read, and what is left of a late rank's lateness
+is its own code's, steady from step to step, so it must also stand out of its own wavering (the
+median absolute deviation of how far behind it arrived; the raw rule cannot ask that, as the
+scatter makes every rank waver). A rank the waits as timed find late, but whose lateness less
+its extra wait for a CPU (the median over steps of its run-queue wait beyond the other ranks')
+is not material, is not named late but ``starved_rank``: said, never routed. Where the waits were
+not read at the arrivals, the window's run-queue wait per step is taken off the candidate's
+lateness the same way before it is judged material. A rank late because its code slept or
+computed longer keeps that part: sleeping is not waiting for a CPU, and computing is running.
 None of it enters the prefix vector: it is side evidence for the labels and the verdict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +48,7 @@ import numpy.typing as npt
 
 from ..errors import ReportFormatError
 from .collective_checks import checked_key, checked_list, none_or_ms
+from .step_facts import StepFacts
 
 LATE_MIN_MS = 20.0
 """The least lateness, in milliseconds per step, that names a late rank."""
@@ -69,16 +75,6 @@ FIRST_LATE_FRACTION = 0.5
 """Where a late rank is late into several collectives (each one's lateness carries into the
 next), the one named is the first it reaches late by at least this part of its most."""
 
-DEFAULT_FAMILY = "all_reduce"
-"""The family of DDP's default bucket all-reduce (a user's hook is named by its function, a
-program's own collective by the name it gave ``timer.collective``)."""
-ALL_GATHER, REDUCE_SCATTER = "all_gather", "reduce_scatter"
-"""FSDP2's families: their ``bucket`` is their order in the stage and step, not DDP's."""
-OWN_PREFIX = "own:"
-"""The family of a program's own collective: ``own:`` and the name given ``timer.collective``."""
-ZERO_BROADCAST = "zero_broadcast"
-"""ZeRO-1's parameter broadcasts at the end of its ``step``, one collective per step."""
-
 Key = tuple[str, int, "str | None", int]
 """A collective across ranks: (family, bucket, stage, call in the step)."""
 
@@ -90,7 +86,9 @@ class CollectiveTimes:
     rank did not time that collective in that step; step ``i`` is the window's first step plus
     ``i``), the ranks' reasons for what they could not time, and per rank how long its training
     thread waited for a CPU per step over the window (``record.run_queue``; None where unknown,
-    empty when no rank said)."""
+    empty when no rank said); ``queued_ms`` ``[steps, ranks, collectives]``, how long the rank's
+    training thread had waited for a CPU since its previous arrival at the collective, as it
+    reached it (NaN where unread; None when no rank read it)."""
 
     keys: tuple[Key, ...]
     nbytes: tuple[int, ...]
@@ -98,6 +96,33 @@ class CollectiveTimes:
     reached_ms: npt.NDArray[np.float64]
     untimed: tuple[str, ...] = ()
     run_queue_ms: tuple[float | None, ...] = ()
+    queued_ms: npt.NDArray[np.float64] | None = None
+    _facts: dict[tuple[int, ...], list[tuple[int, StepFacts, StepFacts | None]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def facts(self, rank_ids: Sequence[int]) -> list[tuple[int, StepFacts, StepFacts | None]]:
+        """The late rule's facts of each collective every rank timed in some step (by its
+        column): of the waits as timed and with the run-queue waits added back (None where not
+        read). Read once for the ranks and kept: rank 0's labels and its window's reading
+        both judge them, each against its own threshold."""
+        key = tuple(rank_ids)
+        if key not in self._facts:
+            ranks = np.asarray(rank_ids)
+            out = []
+            for c in range(len(self.keys)):
+                wait = self.wait_ms[:, :, c]
+                if not (np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2):
+                    continue
+                reached = self.reached_ms[:, :, c]
+                queued = None if self.queued_ms is None else self.queued_ms[:, :, c]
+                steps = StepFacts.of_waits(wait, ranks, reached, self.run_queue_ms, queued)
+                own = (
+                    None if queued is None else StepFacts.of_own_waits(wait, queued, ranks, reached)
+                )
+                out.append((c, steps, own))
+            self._facts[key] = out
+        return self._facts[key]
 
     @classmethod
     def of_ranks(
@@ -115,17 +140,19 @@ class CollectiveTimes:
                 nbytes[key] = max(nbytes.get(key, 0), size)
         shape = (n_steps, len(ranks), len(keys))
         wait, reached = np.full(shape, np.nan), np.full(shape, np.nan)
+        queued = np.full(shape, np.nan)
         untimed: list[str] = []
         for r, part in enumerate(ranks):
             own = [keys[(f, b, s, c)] for f, b, s, c, _ in part.get("keys", [])]
-            for step, k, arrived_us, _, wait_us in part.get("calls", []):
+            for step, k, arrived_us, _, wait_us, *queued_us in part.get("calls", []):
                 row = step - first_step
                 if 0 <= row < n_steps:
                     wait[row, r, own[k]] = wait_us / 1e3
                     reached[row, r, own[k]] = arrived_us / 1e3
+                    queued[row, r, own[k]] = queued_us[0] / 1e3 if queued_us else np.nan
             untimed.extend(u for u in part.get("untimed", []) if u not in untimed)
-        queued = [part.get("run_queue_us") for part in ranks]
-        run_queue = tuple(None if q is None else q / 1e3 / max(n_steps, 1) for q in queued)
+        said = [part.get("run_queue_us") for part in ranks]
+        run_queue = tuple(None if q is None else q / 1e3 / max(n_steps, 1) for q in said)
         return cls(
             tuple(keys),
             tuple(nbytes[k] for k in keys),
@@ -133,6 +160,7 @@ class CollectiveTimes:
             reached,
             tuple(untimed),
             run_queue if any(q is not None for q in run_queue) else (),
+            queued if np.isfinite(queued).any() else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,34 +169,41 @@ class CollectiveTimes:
             out[np.isnan(values)] = None
             return out.tolist()
 
-        return {
+        out = {
             "keys": [[*key, size] for key, size in zip(self.keys, self.nbytes, strict=True)],
             "wait_ms": boxed(self.wait_ms),
             "reached_ms": boxed(self.reached_ms),
             "untimed": list(self.untimed),
             "run_queue_ms": [None if q is None else round(q, 3) for q in self.run_queue_ms],
         }
+        if self.queued_ms is not None:
+            out["queued_ms"] = boxed(self.queued_ms)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> CollectiveTimes:
-        """From ``to_dict()``'s form (a record written before ``run_queue_ms`` was carried
-        reads as one without it); raises ReportFormatError naming what is wrong."""
+        """From ``to_dict()``'s form (a record written before ``run_queue_ms`` or
+        ``queued_ms`` was carried reads as one without it); raises ReportFormatError naming
+        what is wrong."""
         fields = {"keys", "wait_ms", "reached_ms", "untimed"}
-        if not isinstance(data, dict) or set(data) - {"run_queue_ms"} != fields:
+        if not isinstance(data, dict) or set(data) - {"run_queue_ms", "queued_ms"} != fields:
             raise ReportFormatError("collectives must hold keys, wait_ms, reached_ms and untimed")
         keys = [
             checked_key(k, "collectives") for k in checked_list(data["keys"], "collectives keys")
         ]
+        arrays = {"wait_ms": data["wait_ms"], "reached_ms": data["reached_ms"]}
+        if data.get("queued_ms") is not None:
+            arrays["queued_ms"] = data["queued_ms"]
         try:
-            wait = np.array(data["wait_ms"], dtype=np.float64)
-            reached = np.array(data["reached_ms"], dtype=np.float64)
+            read = {name: np.array(value, dtype=np.float64) for name, value in arrays.items()}
         except (TypeError, ValueError) as exc:
             raise ReportFormatError(f"malformed collectives: {exc}") from None
-        for name, arr in (("wait_ms", wait), ("reached_ms", reached)):
+        for name, arr in read.items():
             if arr.ndim != 3 or arr.shape[2] != len(keys) or np.isinf(arr).any() or (arr < 0).any():
                 raise ReportFormatError(f"collectives {name} must be [steps, ranks, keys] >= 0")
-        if wait.shape != reached.shape:
-            raise ReportFormatError("collectives wait_ms and reached_ms differ in shape")
+        wait, reached = read["wait_ms"], read["reached_ms"]
+        if any(arr.shape != wait.shape for arr in read.values()):
+            raise ReportFormatError("collectives wait_ms, reached_ms and queued_ms differ in shape")
         untimed = checked_list(data["untimed"], "collectives untimed")
         if not all(isinstance(u, str) for u in untimed):
             raise ReportFormatError("collectives untimed must be a list of strings")
@@ -182,6 +217,7 @@ class CollectiveTimes:
             reached,
             tuple(untimed),
             tuple(None if q is None else float(q) for q in run_queue),
+            read.get("queued_ms"),
         )
 
 
@@ -245,10 +281,10 @@ class CommunicationReading:
             "wait_ms_per_step": round(self.wait_ms, 3),
             "late_rank": None if self.late is None else self.late.late_rank,
             "lateness_ms": 0.0 if self.late is None else round(self.late.lateness_ms, 3),
-            "late": None if self.late is None else _rounded(self.late),
-            "slowest": None if self.slowest is None else _rounded(self.slowest),
-            "starved": None if self.starved is None else _rounded(self.starved),
-            "collectives": [_rounded(c) for c in self.collectives],
+            "late": None if self.late is None else rounded_reading(self.late),
+            "slowest": None if self.slowest is None else rounded_reading(self.slowest),
+            "starved": None if self.starved is None else rounded_reading(self.starved),
+            "collectives": [rounded_reading(c) for c in self.collectives],
             "untimed": self.untimed,
             "bound_ms": round(self.bound_ms, 3),
         }
@@ -259,13 +295,10 @@ def read_collectives(
 ) -> CommunicationReading:
     """The window's reading (``step_ms``: the median step, for the lateness threshold)."""
     threshold = late_threshold(step_ms)
-    readings = []
-    for c, key in enumerate(times.keys):
-        wait = times.wait_ms[:, :, c]
-        if np.isfinite(wait).all(axis=1).any() and wait.shape[1] >= 2:
-            reached = times.reached_ms[:, :, c]
-            steps = StepFacts.of_waits(wait, np.asarray(rank_ids), reached, times.run_queue_ms)
-            readings.append(judged(key, times.nbytes[c], steps, threshold))
+    readings = [
+        judged(times.keys[c], times.nbytes[c], steps, threshold, own)
+        for c, steps, own in times.facts(rank_ids)
+    ]
     return reading_of(readings, times.untimed)
 
 
@@ -296,79 +329,45 @@ def reading_of(
     )
 
 
-@dataclass(frozen=True)
-class StepFacts:
-    """What the late-rank rule reads of one collective: over the window's steps in which every
-    rank timed it (``[T]`` each), the shortest wait (the transfer), the ranks' mean and longest
-    wait, the rank that waited least (the last to arrive) and the ranks' mean arrival; and of
-    the rank with the shortest typical wait (its median over the steps it timed), how far
-    behind the other ranks' median it arrived in each step (``behind``; its lateness is their
-    median), the ``gap`` from its typical wait to the next shortest, and the window's ``noise``
-    (the median over steps of the other ranks' waits' median absolute deviation). Read exactly
-    from every rank's waits (``of_waits``), or from node summaries
-    (``analysis.collective_summary``), ``behind`` and ``noise`` within ``bound_ms``."""
-
-    shortest: npt.NDArray[np.float64]
-    mean: npt.NDArray[np.float64]
-    longest: npt.NDArray[np.float64]
-    last: npt.NDArray[np.int64]
-    reached: npt.NDArray[np.float64]
-    late: int
-    gap: float
-    noise: float
-    behind: npt.NDArray[np.float64]
-    bound_ms: float = 0.0
-    cpu_wait_ms: float | None = None
-    """How much longer per step the candidate waited for a CPU than the other ranks' median
-    (``record.run_queue``); None where a rank's wait is unknown."""
-
-    @classmethod
-    def of_waits(
-        cls,
-        wait: npt.NDArray[np.float64],
-        ranks: npt.NDArray[np.int64],
-        reached: npt.NDArray[np.float64],
-        run_queue_ms: Sequence[float | None] = (),
-    ) -> StepFacts:
-        """From every rank's wait ``[T, R]`` (ranks ``ranks``; NaN where a rank did not time it),
-        arrival offsets ``[T, R]`` and run-queue waits per step (one a rank, or none)."""
-        typical = np.nanmedian(wait, axis=0)
-        late = int(np.argmin(typical))
-        cpu_wait = None
-        if len(run_queue_ms) == len(ranks) and all(q is not None for q in run_queue_ms):
-            queued = np.array(run_queue_ms, dtype=np.float64)
-            cpu_wait = float(queued[late] - np.median(np.delete(queued, late)))
-        every = np.isfinite(wait).all(axis=1)
-        full = wait[every]
-        others = np.delete(full, late, axis=1)
-        middle = np.median(others, axis=1)
-        return cls(
-            shortest=full.min(axis=1),
-            mean=full.mean(axis=1),
-            longest=full.max(axis=1),
-            last=ranks[full.argmin(axis=1)],
-            reached=reached[every].mean(axis=1),
-            late=int(ranks[late]),
-            gap=float(np.min(np.delete(typical, late)) - typical[late]),
-            noise=float(np.median(np.median(np.abs(others - middle[:, None]), axis=1))),
-            behind=middle - full[:, late],
-            cpu_wait_ms=cpu_wait,
-        )
-
-
-def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> CollectiveReading:
-    """One collective's reading from its steps' facts: the late rule (module doc)."""
+def stands_out(steps: StepFacts, threshold: float, steady: bool = False) -> bool:
+    """Whether the candidate is late by the rule's bars (module doc): alone, in most steps,
+    out of the window's noise (with ``steady``, out of its own lateness's wavering too), and
+    material (``threshold``)."""
     lateness = float(np.median(steps.behind))
-    late = (
+    noise = steps.noise
+    if steady:
+        noise = max(noise, float(np.median(np.abs(steps.behind - lateness))))
+    return (
         steps.gap >= ALONE_FRACTION * lateness
         and float(np.mean(steps.behind >= lateness / 2)) >= PERSIST_FRACTION
+        and lateness >= max(threshold, NOISE_FACTOR * noise / np.sqrt(len(steps.behind)))
     )
-    behind = late and lateness >= max(
-        threshold, NOISE_FACTOR * steps.noise / np.sqrt(len(steps.behind))
+
+
+def judged(
+    key: Key, nbytes: int, steps: StepFacts, threshold: float, own: StepFacts | None = None
+) -> CollectiveReading:
+    """One collective's reading from its steps' facts, and from ``own`` (the facts of the waits
+    with each rank's run-queue wait before the collective added back, where every rank read
+    it): the late rule (module doc)."""
+    lateness = float(np.median(steps.behind))
+    behind = stands_out(steps, threshold)
+    cpu_wait = steps.cpu_wait_ms
+    if cpu_wait is None and own is not None:  # node summaries: what adding the waits back took
+        # off (where the own reading's candidate is another rank, the candidate's own lateness
+        # is at most that rank's: the part its CPU waits explain is at least this)
+        cpu_wait = lateness - max(float(np.median(own.behind)), 0.0)
+    discounted = lateness - min(max(cpu_wait or 0.0, 0.0), lateness)  # not a CPU wait
+    # step by step, the scheduler's part taken off every rank's arrival (``own``: what is left
+    # of a late rank's lateness is steady from step to step); else, over the window, the
+    # candidate's extra wait for a CPU taken off its lateness
+    named = (
+        stands_out(own, threshold, steady=True)
+        if own is not None
+        else behind and discounted >= threshold
     )
-    own = lateness - min(max(steps.cpu_wait_ms or 0.0, 0.0), lateness)  # not waiting for a CPU
-    named = behind and own >= threshold
-    held = behind and not named
+    held = behind and not named and discounted < threshold
+    by = own if named and own is not None else steps
     family, bucket, stage, call = key
     return CollectiveReading(
         family=family,
@@ -382,33 +381,14 @@ def judged(key: Key, nbytes: int, steps: StepFacts, threshold: float) -> Collect
         transfer_ms=float(np.median(steps.shortest)),
         wait_ms=float(np.median(steps.mean - steps.shortest)),
         spread_ms=float(np.median(steps.longest - steps.shortest)),
-        late_rank=steps.late if named else None,
-        lateness_ms=lateness if named else 0.0,
-        late_steps=int((steps.last == steps.late).sum()) if named else 0,
-        bound_ms=steps.bound_ms,
+        late_rank=by.late if named else None,
+        lateness_ms=float(np.median(by.behind)) if named else 0.0,
+        late_steps=int((steps.last == by.late).sum()) if named else 0,
+        bound_ms=max(steps.bound_ms, 0.0 if own is None else own.bound_ms),
         starved_rank=steps.late if held else None,
         starved_lateness_ms=lateness if held else 0.0,
-        cpu_wait_ms=steps.cpu_wait_ms,
+        cpu_wait_ms=cpu_wait,
     )
-
-
-def ddp_family(family: str) -> bool:
-    """A DDP bucket's collective (DDP's all-reduce or the user's communication hook), whose
-    ``bucket`` is DDP's own."""
-    sharded = (ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST)
-    return family not in sharded and not family.startswith(OWN_PREFIX)
-
-
-def collective_name(family: str, bucket: int) -> str:
-    """A collective for the labels' reasons: ``user_hook of bucket 1`` (DDP's buckets),
-    ``all_gather no. 1`` (FSDP2's, by order in the stage), ``loss_all_reduce`` (the program's
-    own, the first of that name in the stage), ``zero_broadcast``."""
-    if family in (ALL_GATHER, REDUCE_SCATTER):
-        return f"{family} no. {bucket + 1}"
-    if family == ZERO_BROADCAST or family.startswith(OWN_PREFIX):
-        name = family.removeprefix(OWN_PREFIX)
-        return name if bucket == 0 else f"{name} no. {bucket + 1}"
-    return f"{family} of bucket {bucket}"
 
 
 def _first_late(readings: Sequence[CollectiveReading]) -> CollectiveReading | None:
@@ -427,56 +407,5 @@ def _with(reading: CollectiveReading, last_bucket: bool) -> CollectiveReading:
     return CollectiveReading(**{**asdict(reading), "last_bucket": last_bucket})
 
 
-def _rounded(reading: CollectiveReading) -> dict[str, Any]:
+def rounded_reading(reading: CollectiveReading) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reading).items()}
-
-
-BASELINE_WINDOWS = 3
-"""Windows whose transfer times stand for a collective's usual speed: its first ones with no
-late rank..."""
-MIN_BASELINE = 2
-"""...of which a window is judged against as few as this many."""
-SLOW_FACTOR = 2.0
-"""A collective is slow when its transfer takes this many times its baseline..."""
-SLOW_MIN_MS = 10.0
-"""...and at least this many milliseconds more, with no late rank named. The transfer is the
-last rank's wait, so how far apart the ranks arrived does not enter it."""
-
-
-class CollectiveBaseline:
-    """Rank 0's memory of each collective's usual transfer time (its first
-    ``BASELINE_WINDOWS`` windows with no late rank), against which a window's transfers are
-    judged: the slow collective (``check``)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[Key, list[tuple[int, float]]] = {}
-
-    def check(self, window: int, reading: CommunicationReading | None) -> dict[str, Any] | None:
-        """The window's slowest collective against its baseline, when it is slow and no rank
-        is late; otherwise None (and a window with no late rank joins the baselines)."""
-        if reading is None or reading.late is not None:
-            return None
-        slow: dict[str, Any] | None = None
-        for c in reading.collectives:
-            before = self._seen.setdefault((c.family, c.bucket, c.stage, c.call), [])
-            if len(before) < MIN_BASELINE:
-                before.append((window, c.transfer_ms))
-                continue
-            usual = float(np.median([t for _, t in before]))
-            if (
-                c.transfer_ms >= SLOW_FACTOR * usual
-                and c.transfer_ms - usual >= SLOW_MIN_MS
-                and (slow is None or c.transfer_ms - usual > slow["slower_ms"])
-            ):
-                slow = {
-                    **_rounded(c),
-                    "baseline_ms": round(usual, 3),
-                    "baseline_windows": [before[0][0], before[-1][0]],
-                    "slower_ms": round(c.transfer_ms - usual, 3),
-                }
-        if slow is None:
-            for c in reading.collectives:
-                before = self._seen[(c.family, c.bucket, c.stage, c.call)]
-                if len(before) < BASELINE_WINDOWS and before[-1][0] != window:
-                    before.append((window, c.transfer_ms))
-        return slow

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import FloatArray
-from .collectives import collective_name, read_collectives
+from .collective_names import collective_name
+from .collectives import read_collectives
 from .evidence import WindowEvidence
 from .forward_events import (
     FORWARD_DEVICE_SUPPORTED,

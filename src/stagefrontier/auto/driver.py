@@ -41,7 +41,7 @@ from ..integrations._timer import TimerArguments
 from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
 from .model import ForwardPatch, stepped_module, watch_collectives
-from .patches import LOADER, Patches
+from .patches import Patches
 
 logger = logging.getLogger("stagefrontier")
 _now = time.perf_counter_ns  # the timer's own clock
@@ -64,7 +64,42 @@ def say(message: str) -> None:
 
 
 class AutoDriver:
-    """The state of the automatic hooks in one worker process (see the module doc)."""
+    """The state of the automatic hooks in one worker process (see the module doc). Its fields
+    are slots: the hooks read and write a dozen of them every step."""
+
+    __slots__ = (
+        "_after_backward",
+        "_arguments",
+        "_called",
+        "_calls",
+        "_charge_fetch",
+        "_counters",
+        "_depth",
+        "_fetched_from",
+        "_forwards",
+        "_grad_on",
+        "_handles",
+        "_in_backward",
+        "_in_optimizer",
+        "_instrumentation",
+        "_learn_backwards",
+        "_learn_handles",
+        "_loader",
+        "_micro",
+        "_micro_index",
+        "_open",
+        "_open_name",
+        "_optimizer",
+        "_patches",
+        "_step",
+        "_stepped",
+        "_torch",
+        "accumulate",
+        "framework",
+        "model",
+        "phase",
+        "timer",
+    )
 
     def __init__(self, arguments: TimerArguments) -> None:
         import torch
@@ -251,10 +286,16 @@ class AutoDriver:
     # ------------------------------------------------------------------ the hooks
     # Each runs once a step, the common case first with the fewest tests and calls: contexts
     # entered and left here, not in helpers (each Python call costs); rare cases go to helpers.
+    # A context's ``__enter__`` and ``__exit__`` are read into a local and then called, and so
+    # are the timer's ``step`` and ``stage``: written ``ctx.__enter__()``, the call looks the
+    # name up through the interpreter's generic method lookup every time (a slot, or an
+    # attribute of the instance, is not a method it can cache), which costs about three times
+    # the attribute read and the call.
     def timed_forward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         """The model's forward while timing (``ModelForward``'s call): ``inner``, the model's own
         forward, after the step's first forward opens the step and the forward stage (the
-        common case, inline); any other training forward goes to ``_forward``."""
+        common case, inline); any other training forward goes to ``_forward``. A model called
+        with one positional argument and no keywords gets it passed on as a plain call."""
         driver, model, grad_on = self, self.model, self._grad_on
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -267,16 +308,24 @@ class AutoDriver:
             ):
                 try:  # _begin_step's common case; no stage is open between steps
                     timer: Any = driver.timer
-                    step = driver._step = timer.step()
-                    step.__enter__()
-                    stage = driver._open = timer.stage(FORWARD_STAGE)
+                    new_step = timer.step
+                    step = driver._step = new_step()
+                    enter = step.__enter__
+                    enter()
+                    stage_of = timer.stage
+                    stage = driver._open = stage_of(FORWARD_STAGE)
                     driver._open_name = FORWARD_STAGE
-                    stage.__enter__()
+                    enter = stage.__enter__
+                    enter()
                 except Exception as exc:
                     driver._fail(exc)
             elif model.training and grad_on():
                 driver._forward()
-            return inner(*args, **kwargs)
+            if kwargs or len(args) != 1:
+                return inner(*args, **kwargs)
+            # the common ``model(batch)``: a plain call, which the interpreter makes without
+            # leaving its loop, where ``inner(*args, **kwargs)`` builds a dict and goes through C
+            return inner(args[0])
 
         return forward
 
@@ -322,11 +371,14 @@ class AutoDriver:
             try:
                 opened = driver._open
                 if opened is not None:
-                    opened.__exit__(None, None, None)
+                    leave = opened.__exit__
+                    leave(None, None, None)
                 timer: Any = driver.timer
-                stage = driver._open = timer.stage(BACKWARD_STAGE)
+                stage_of = timer.stage
+                stage = driver._open = stage_of(BACKWARD_STAGE)
                 driver._open_name = BACKWARD_STAGE
-                stage.__enter__()
+                enter = stage.__enter__
+                enter()
             except Exception as exc:
                 driver._fail(exc)
             try:
@@ -340,7 +392,8 @@ class AutoDriver:
                     driver._open_name = ""
                     driver._after_backward = True
                     try:
-                        opened.__exit__(None, None, None)
+                        leave = opened.__exit__
+                        leave(None, None, None)
                     except Exception as exc:
                         driver._fail(exc)
 
@@ -360,10 +413,13 @@ class AutoDriver:
                 self._begin_step()  # no forward of the model in this step
             opened = self._open
             if opened is not None:
-                opened.__exit__(None, None, None)
-            stage = self._open = self.timer.stage(OPTIMIZER_STAGE)  # type: ignore[union-attr]
+                leave = opened.__exit__
+                leave(None, None, None)
+            stage_of = self.timer.stage  # type: ignore[union-attr]
+            stage = self._open = stage_of(OPTIMIZER_STAGE)
             self._open_name = OPTIMIZER_STAGE
-            stage.__enter__()
+            enter = stage.__enter__
+            enter()
         except Exception as exc:
             self._fail(exc)
 
@@ -380,12 +436,14 @@ class AutoDriver:
             opened, self._open = self._open, None
             self._open_name = ""
             if opened is not None:
-                opened.__exit__(None, None, None)
+                leave = opened.__exit__
+                leave(None, None, None)
             if self._micro is not None:
                 self._end_microstep()
             self._step = None
             self._after_backward = False
-            step.__exit__(None, None, None)
+            leave = step.__exit__
+            leave(None, None, None)
         except Exception as exc:
             self._fail(exc)
 
@@ -467,7 +525,11 @@ class AutoDriver:
         def fetch(iterator: Any) -> Any:
             if (driver.phase is not TIME or not grad_on()) and not driver._timing_starts():
                 return next_batch(iterator)
-            loader = driver._fetched_from = getattr(iterator, LOADER, None)
+            try:
+                loader = iterator._stagefrontier_loader  # set by the patched DataLoader.__iter__
+            except AttributeError:  # an iterator made before the hooks, or with slots
+                loader = None
+            driver._fetched_from = loader
             if driver._after_backward and driver.accumulate and driver._step is not None:
                 driver._after_backward = False
                 try:
@@ -483,7 +545,8 @@ class AutoDriver:
                 # add a Python call, an argument tuple and a keyword dict to every batch
                 start = _now()
                 batch = next_batch(iterator)
-                driver._charge_fetch(_now() - start)
+                charge = driver._charge_fetch
+                charge(_now() - start)
             counters = driver._counters
             if counters is not None and loader is driver._loader:
                 counters.consumed += 1

@@ -8,7 +8,8 @@ patched here, each by one wrapper that calls the original and tells a listener:
 - ``torch.autograd.backward``: the backward call (``Tensor.backward`` calls it, so both count),
   when its parameters are ``BACKWARD_PARAMETERS`` (the wrapper spells them out; a torch whose
   backward takes others is left as it is, and its backward is timed in the forward stage);
-- ``DataLoader.__iter__``: a loader starts an epoch (its workers are watched from then on);
+- ``DataLoader.__iter__``: a loader starts an epoch (its workers are watched from then on), and
+  its new iterator is told which loader it came from (its ``_stagefrontier_loader``);
 - ``_BaseDataLoaderIter.__next__``: one batch fetched (every DataLoader iterator inherits it);
 - ``torch.distributed.destroy_process_group``: the timer closes first, while its store works.
 
@@ -22,8 +23,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
-LOADER = "_stagefrontier_loader"
-"""The attribute on a DataLoader iterator naming the loader it came from."""
 BACKWARD_PARAMETERS = (
     "tensors",
     "grad_tensors",
@@ -69,7 +68,7 @@ class Patches:
             listener.loader_starts(loader)
             iterator = make_iterator(loader)
             with contextlib.suppress(AttributeError):  # an iterator class with slots
-                setattr(iterator, LOADER, loader)
+                iterator._stagefrontier_loader = loader  # the loader it came from
             return iterator
 
         patched_next = listener.fetcher(dataloader._BaseDataLoaderIter.__next__)

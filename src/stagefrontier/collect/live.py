@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.collectives import CollectiveBaseline, CommunicationReading
+from ..analysis.collective_baseline import CollectiveBaseline
+from ..analysis.collectives import CommunicationReading
 from ..analysis.gates import DEFAULT_GATES, Gates
 from ..analysis.regression import STAGE, RegressionCheck, RegressionConfig
 from ..analysis.schema import semantic_stage

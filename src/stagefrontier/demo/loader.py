@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..record.recorder import StageTimer
 from .faults import FaultInjector
 from .model import CharData
 
@@ -41,13 +42,25 @@ class WorkerBatches(IterableDataset):  # type: ignore[misc]
 
 
 def worker_batches(
-    data: CharData, faults: FaultInjector, accumulation: int, workers: int, seed: int
+    data: CharData,
+    faults: FaultInjector,
+    accumulation: int,
+    workers: int,
+    seed: int,
+    timer: StageTimer,
 ) -> Iterator[Batch]:
-    """An endless stream of ``data``'s batches from ``workers`` worker processes."""
+    """An endless stream of ``data``'s batches from ``workers`` worker processes, watched by
+    ``timer`` from inside as a loop that iterates its loader itself has them watched
+    (``StageTimer.watch_dataloader``): each window carries the workers' figures, and the data
+    wait's lead is judged over their bursts, as in a user's loop under ``timer.iter``."""
     dataset = WorkerBatches(data, faults, accumulation, seed)
     # forked, as on Linux by default: a spawned worker would receive the corpus through shared
     # memory, which a small /dev/shm refuses
     loader = DataLoader(
         dataset, batch_size=None, num_workers=workers, multiprocessing_context="fork"
     )
-    return iter(loader)
+    counters = timer.watch_dataloader(loader)  # before the workers start
+    for batch in loader:
+        if counters is not None:
+            counters.consumed += 1
+        yield batch

@@ -214,7 +214,8 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     if config.loader_workers:
         from .loader import worker_batches
 
-        batches = worker_batches(data, faults, accumulation, config.loader_workers, config.seed)
+        workers, seed = config.loader_workers, config.seed
+        batches = worker_batches(data, faults, accumulation, workers, seed, timer)
 
     losses, step_times, step_cpu, step_thread_cpu = [], [], [], []
     paused = frozenset(config.paused_steps)

@@ -57,8 +57,9 @@ CODEC = "shuffle+zlib+base64"
 _FIELDS = ("d", "stages", "roles", "side", "gates", "meta", "report")
 _DTYPES: dict[str, np.dtype[Any]] = {"<f8": np.dtype("<f8"), "|i1": np.dtype("|i1")}
 _SIDE_ARRAYS = {"event_ms": "<f8", "event_state": "|i1", "no_stall_reference_s": "<f8"}
-_COLLECTIVE_ARRAYS = ("wait_ms", "reached_ms")
-"""The timed collectives' ``[steps, ranks, collectives]`` arrays, in the codec like the above."""
+_COLLECTIVE_ARRAYS = ("wait_ms", "reached_ms", "queued_ms")
+"""The timed collectives' ``[steps, ranks, collectives]`` arrays, in the codec like the above
+(``queued_ms`` only where the ranks read it)."""
 _MAX_ZLIB_RATIO = 1100
 """Deflate cannot expand data by more than about 1032x; a declared size beyond this multiple of
 the compressed bytes is a lie and is rejected before any allocation."""
@@ -350,7 +351,8 @@ def _side_to_dict(side: SideEvidence) -> dict[str, Any]:
         out[key] = None if value is None else encode_array(value, dtype)
     if side.collectives is not None:  # the ranks' timed collectives, exact
         for key in _COLLECTIVE_ARRAYS:
-            out["collectives"][key] = encode_array(getattr(side.collectives, key), "<f8")
+            if getattr(side.collectives, key) is not None:
+                out["collectives"][key] = encode_array(getattr(side.collectives, key), "<f8")
     return out
 
 
@@ -425,7 +427,8 @@ def _side_from_dict(data: dict[str, Any], shape: tuple[int, int, int]) -> SideEv
     if values.get("collectives") is not None:
         collectives = dict(object_field(values["collectives"], "side.collectives"))
         for key in _COLLECTIVE_ARRAYS:
-            collectives[key] = decode_array(collectives.get(key), f"side.collectives.{key}")
+            if key != "queued_ms" or collectives.get(key) is not None:
+                collectives[key] = decode_array(collectives.get(key), f"side.collectives.{key}")
         values["collectives"] = collectives
     return SideEvidence.from_dict(values).checked(*shape)
 

@@ -96,7 +96,7 @@ class CollectiveFacts(msgspec.Struct):
 
 
 class SlowCollectiveFacts(CollectiveFacts):
-    """A slow collective against its baseline (``analysis.collectives.CollectiveBaseline``)."""
+    """A slow collective against its baseline (``analysis.collective_baseline``)."""
 
     baseline_ms: Number = 0.0
     baseline_windows: Annotated[list[Count], msgspec.Meta(min_length=2, max_length=2)] = []

@@ -4,11 +4,13 @@
 ``DistributedDataParallel`` model. Each bucket the hook sees inside a recorded step is logged
 with the step, when the rank reached the bucket and when it issued the collective (offsets from
 the step's start on the rank's own clock), the collective's size, the ordered stage open on the
-training thread, and the rank's wait: from the issue until the collective's future completed (a
-done callback on that future). The hook the user registers, before or after ``watch_ddp``
-through ``register_comm_hook`` (fp16 compression, PowerSGD, their own), runs inside the timed
-hook, which counts from its call until the future the user's hook returns completes; without
-one, the timed hook runs DDP's default all-reduce (``allreduce_hook``, what DDP does itself).
+training thread, how long the training thread had waited for a CPU since it last reached the
+same collective (``record.run_queue``), and the rank's wait: from the issue until the
+collective's future completed (a done callback on that future). The hook the user registers,
+before or after ``watch_ddp`` through ``register_comm_hook`` (fp16 compression, PowerSGD, their
+own), runs inside the timed hook, which counts from its call until the future the user's hook
+returns completes; without one, the timed hook runs DDP's default all-reduce
+(``allreduce_hook``, what DDP does itself).
 
 Only a Gloo group's buckets are timed: NCCL (and other device backends) complete the future on
 the host as soon as the collective is queued on the device, so its wait is not visible there;
@@ -28,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.collectives import DEFAULT_FAMILY, OWN_PREFIX
+from ..analysis.collective_names import DEFAULT_FAMILY, OWN_PREFIX
 from ..failures import say_failed
 from .run_queue import RunQueueClock
 
@@ -49,8 +51,9 @@ DEVICE_COMPLETION = (
     "once the collective is queued on the device, so the host cannot see how long it waited"
 )
 OWN_CALLS = "the program's own torch.distributed calls are not timed outside timer.collective(name)"
-Opened = tuple[int, tuple[str, int, "str | None", int, int], int, int]
-"""A collective reached inside a step: the step, its key, the step's start and the arrival."""
+Opened = tuple[int, tuple[str, int, "str | None", int, int], int, int, "int | None"]
+"""A collective reached inside a step: the step, its key, the step's start, the arrival and the
+run-queue wait since the previous arrival (None where unread)."""
 MAX_KEYS = 4096
 """Distinct (family, bucket, stage, call, size) keys a rank keeps per window; more are counted
 as untimed (a bucket layout that changes every step)."""
@@ -61,7 +64,9 @@ class CollectiveLog:
 
     def __init__(self, timer: Instrumentation) -> None:
         self._timer = timer
-        self._done: list[tuple[int, tuple[str, int, str | None, int, int], int, int, int]] = []
+        self._done: list[
+            tuple[int, tuple[str, int, str | None, int, int], int, int, int, int | None]
+        ] = []
         self._step = -1
         self._seen: dict[tuple[str, int, str | None], int] = {}  # counts in this step
         self.untimed: list[str] = [OWN_CALLS]
@@ -96,14 +101,21 @@ class CollectiveLog:
             logger.warning("stagefrontier: %s", reason)
             self.note(reason)
 
-    def opened(self, family: str, nbytes: int, bucket: int | None = None) -> Opened | None:
-        """A collective reached now, inside a recorded step (None outside one, or when the
-        log cannot key it): hand it to ``closed`` when it completes. Without a ``bucket``, it
-        is numbered by its order among its family's collectives in the stage this step."""
+    def opened(
+        self,
+        family: str,
+        nbytes: int,
+        bucket: int | None = None,
+        reached: tuple[int, int | None] | None = None,
+    ) -> Opened | None:
+        """A collective reached now (or as ``reached`` says: when, and the run-queue wait since
+        the previous arrival), inside a recorded step (None outside one, or when the log
+        cannot key it): hand it to ``closed`` when it completes. Without a ``bucket``, it is
+        numbered by its order among its family's collectives in the stage this step."""
         where = self._timer.open_step()
         if where is None:
             return None
-        reached_ns = _now()
+        reached_ns, queued_ns = (_now(), None) if reached is None else reached
         step, start_ns, stage = where
         if step != self._step:
             self._step = step
@@ -113,15 +125,17 @@ class CollectiveLog:
             self._seen[(family, -1, stage)] = bucket + 1
         call = self._seen.get((family, bucket, stage), 0)
         self._seen[(family, bucket, stage)] = call + 1
-        return step, (family, bucket, stage, call, nbytes), start_ns, reached_ns
+        if reached is None:
+            queued_ns = self.run_queue.since_last((family, bucket, stage, call))
+        return step, (family, bucket, stage, call, nbytes), start_ns, reached_ns, queued_ns
 
     def closed(self, opened: Opened, issued_ns: int | None = None) -> None:
         """The collective ``opened`` completed now (issued at ``issued_ns``, else when it was
         reached): its wait counts from the issue."""
-        step, key, start_ns, reached_ns = opened
+        step, key, start_ns, reached_ns, queued_ns = opened
         issued_ns = reached_ns if issued_ns is None else issued_ns
         reached, issued = (reached_ns - start_ns) // US, (issued_ns - start_ns) // US
-        self._done.append((step, key, reached, issued, _now() - issued_ns))
+        self._done.append((step, key, reached, issued, _now() - issued_ns, queued_ns))
 
     def completes(self, opened: Opened | None, work: Any) -> None:
         """``closed(opened)`` when ``work`` (a ``torch.distributed`` Work, or None for a call
@@ -133,22 +147,30 @@ class CollectiveLog:
             return
         work.get_future().add_done_callback(lambda _: self.closed(opened))
 
-    def issued(self, family: str, bucket: Any, reached_ns: int, future: Any) -> Any:
-        """A bucket's collective was issued now (its hook was called at ``reached_ns``): the
-        future to hand DDP, which logs the collective as ``future`` completes and then yields
-        its value. Outside a recorded step nothing is logged (``future`` itself)."""
+    def queued_since_last(self, where: tuple[int, Any]) -> int | None:
+        """``run_queue.since_last`` for a DDP model's bucket (``where``: the model's hook list's
+        id and the bucket); None where the bucket does not say its index."""
+        try:
+            return self.run_queue.since_last((where[0], int(where[1].index())))
+        except Exception:  # a bucket of another kind: its collective is said untimed in issued
+            return None
+
+    def issued(self, family: str, bucket: Any, reached: tuple[int, int | None], future: Any) -> Any:
+        """A bucket's collective was issued now (its hook was called as ``reached`` says: when,
+        and the run-queue wait since the hook's previous call for that bucket): the future to
+        hand DDP, which logs the collective as ``future`` completes and then yields its value.
+        Outside a recorded step nothing is logged (``future`` itself)."""
         try:
             issued_ns = _now()
             buffer = bucket.buffer()
             size = int(buffer.numel() * buffer.element_size())
-            opened = self.opened(family, size, int(bucket.index()))
+            opened = self.opened(family, size, int(bucket.index()), reached)
             if opened is None:
                 return future
-            step, key, start_ns, _ = opened
             log = self
 
             def completed(fut: Any) -> Any:
-                log.closed((step, key, start_ns, reached_ns), issued_ns)
+                log.closed(opened, issued_ns)
                 return fut.value()
 
             return future.then(completed)
@@ -164,9 +186,10 @@ class CollectiveLog:
     def drain(self, last_step: int) -> dict[str, Any]:
         """The window's timed collectives, those of steps up to ``last_step``, in the window
         record's form: ``keys`` ``[family, bucket, stage, call, bytes]``, ``calls`` ``[step,
-        key, reached_us, issued_us, wait_us]``, the ``untimed`` reasons and ``run_queue_us``,
-        how long this thread waited for a CPU over the window's recorded steps (None when
-        unknown)."""
+        key, reached_us, issued_us, wait_us, queued_us]`` (``queued_us``, the run-queue wait
+        since the collective's previous arrival, left off where unread), the
+        ``untimed`` reasons and ``run_queue_us``, how long this thread waited for a CPU over
+        the window's recorded steps (None when unknown)."""
         waited = self.run_queue.take()
         if self.run_queue.reason is not None:
             self.note(self.run_queue.reason)
@@ -176,7 +199,7 @@ class CollectiveLog:
         keys: dict[tuple[str, int, str | None, int, int], int] = {}
         calls = []
         for item in taken:
-            step, key, reached, issued, wait_ns = item
+            step, key, reached, issued, wait_ns, queued_ns = item
             if step > last_step:  # completed early for a later window: keep it
                 done.append(item)
                 continue
@@ -184,7 +207,8 @@ class CollectiveLog:
                 self.note(f"more than {MAX_KEYS} distinct collectives in a window: some dropped")
                 continue
             index = keys.setdefault(key, len(keys))
-            calls.append([step, index, reached, issued, wait_ns // US])
+            call = [step, index, reached, issued, wait_ns // US]
+            calls.append(call if queued_ns is None else [*call, queued_ns // US])
         return {
             "keys": [list(key) for key in keys],
             "calls": calls,
@@ -218,7 +242,7 @@ def timed_hook(log: CollectiveLog, inner: list[Any]) -> Callable[..., Any]:
     annotations: DDP checks any it finds against its own types."""
 
     def stagefrontier_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
-        reached = _now()
+        reached = _now(), log.queued_since_last((id(inner), bucket))
         hook, hook_state, family = inner
         return log.issued(family, bucket, reached, hook(hook_state, bucket))
 

@@ -1,4 +1,5 @@
-"""How long the training thread waited for a CPU: its run-queue wait, read per window.
+"""How long the training thread waited for a CPU: its run-queue wait, per window and per
+collective reached.
 
 Linux keeps, per thread, the time it was runnable but not running (the second field of
 ``/proc/<pid>/task/<tid>/schedstat``, in nanoseconds). A rank that reaches a collective late
@@ -11,8 +12,14 @@ The count covers a window's recorded steps only: it starts as the window's first
 (``record.timer_state``), stops as a paused stretch begins and starts again at the first step
 recorded after it, and is read at the hand-off; the set-up before the first window (compile,
 warm-up) and a pause do not inflate the per-step wait the rule divides by the window's steps.
-A few reads per window, all on the training thread, from a file descriptor opened on that thread
-(a ``schedstat`` file names the thread that opened it). Where the file cannot be
+Each collective reached is read too (``since_last``): how long the thread waited for a CPU
+since it last reached that collective, a step before. Between two arrivals the thread waited in
+the collective (asleep, not runnable), woke when it completed (a moment every rank shares), ran
+the rest of the step and the next one up to the collective: its run-queue wait over that cycle
+is, step by step, how much later the scheduler made it arrive. A pause forgets those readings
+(``pause``): a cycle across a pause would count the pause's waits. A few reads per window and
+one per collective reached, all on the training thread, from a file descriptor opened on that
+thread (a ``schedstat`` file names the thread that opened it). Where the file cannot be
 read (not Linux, a kernel without scheduler statistics) the reason goes into the window record
 once and the rule stays as it was without it.
 """
@@ -24,6 +31,8 @@ import os
 import threading
 
 SCHEDSTAT = "/proc/self/task/{tid}/schedstat"
+MAX_ARRIVALS = 4096
+"""Collectives whose last arrival is kept (as many as a window keeps keys)."""
 UNREAD = "run-queue wait not read ({why}): a rank starved of CPU is judged as a late one"
 
 
@@ -36,6 +45,7 @@ class RunQueueClock:
         self._thread: int | None = None
         self._fd = -1
         self._started: int | None = None  # the reading the running stretch counts from
+        self._arrived: dict[object, int] = {}  # each collective's reading at its last arrival
         self._held = 0
         self._counted = False
         self.reason: str | None = None
@@ -55,6 +65,26 @@ class RunQueueClock:
         if now is not None and self._thread == thread:
             self._held += max(now - started, 0)
             self._counted = True
+
+    def pause(self) -> None:
+        """A paused stretch begins: ``stop``, and the collectives' last arrivals forgotten."""
+        self.stop()
+        self._arrived.clear()
+
+    def since_last(self, key: object) -> int | None:
+        """Nanoseconds the calling thread waited for a CPU since it last reached the collective
+        ``key``; None the first time (or after a pause), from a thread other than the one the
+        count reads, or when the file is unreadable."""
+        if self._thread != threading.get_ident() or self.reason is not None:
+            return None
+        now = self._read()
+        if now is None:
+            return None
+        before = self._arrived.get(key)
+        if before is None and len(self._arrived) >= MAX_ARRIVALS:
+            return None
+        self._arrived[key] = now
+        return None if before is None else max(now - before, 0)
 
     def take(self) -> int | None:
         """Nanoseconds waited for a CPU over the stretches counted since the previous

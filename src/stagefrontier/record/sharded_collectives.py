@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.collectives import ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST
+from ..analysis.collective_names import ALL_GATHER, REDUCE_SCATTER, ZERO_BROADCAST
 from ..failures import say_failed
 
 if TYPE_CHECKING:

@@ -259,7 +259,7 @@ class TimerState:
         self._active = PAUSED_STEP
         self._pending_data_ns = 0
         if self._collectives is not None:  # a paused stretch is not the window's CPU wait
-            self._collectives.run_queue.stop()
+            self._collectives.run_queue.pause()
             self._step_hooks = True  # the count starts again at the next recorded step
         if self._capture:  # a capture armed or running ends at a pause
             self._router.on_pause(self._step_index)

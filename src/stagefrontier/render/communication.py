@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..analysis.collectives import (
+from ..analysis.collective_names import (
     ALL_GATHER,
     DEFAULT_FAMILY,
     OWN_PREFIX,

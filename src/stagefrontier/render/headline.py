@@ -20,8 +20,17 @@ from ..analysis.schema import DATA_STAGE
 from ..analysis.window_report import WindowReport
 from .communication import communication_short
 from .escape import printable
+from .loader_text import block_leader
 from .text import index_text, lead_text, window_title
-from .verdict import both_names, ms, next_step, plain, ranks_text
+from .verdict import (
+    both_names,
+    ms,
+    next_step,
+    plain,
+    rank_name,
+    ranks_text,
+    routed_below,
+)
 
 HEADLINE_MAX = 160
 """The most characters a headline takes; a longer one (long stage or host names) is cut, the
@@ -144,6 +153,15 @@ def _what(report: WindowReport, record: Mapping[str, Any], cost: bool = True) ->
     measured = communication_short(record, top, plain(top))
     if measured:  # the collectives name the late rank or the slow collective: room for it
         return f"{plain(top)} {share:.0%}: {measured}"
+    routed = routed_below(report, record)
+    if routed is not None:  # the lead the router acts on, then the top stage no rank leads
+        below, rank = routed[0], routed[1][0]
+        block = block_leader(record, below)
+        blocks = f" in {block[1]}-step blocks" if block else ""
+        return (
+            f"{below} {report.semantic_shares[below]:.0%} led by {rank_name(rank, record)}"
+            f"{blocks} below top {plain(top)} {share:.0%}"
+        )
     return f"top {top} {share:.0%}{spent} {lead_text(report, record, short=True)}"
 
 

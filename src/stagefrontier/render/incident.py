@@ -125,7 +125,7 @@ def capture_cost_text(incident: dict[str, Any]) -> str:
     and the router threads' CPU (``router_cpu_s``), each said apart (one is wall time, the
     other CPU time: their sum would be neither), e.g. ``the capture cost the job 41 ms on rank
     2's training thread and 38 ms on rank 0's (0.08 s of training-thread time), and 0.61 s of
-    CPU on the router's background threads (...)``; empty when neither was recorded."""
+    CPU off the training threads (...)``; empty when neither was recorded."""
     training = incident.get("training_thread_s")
     items = [
         (rank, value)
@@ -168,8 +168,10 @@ def router_cpu(incident: dict[str, Any]) -> dict[str, float]:
 
 
 def router_cost_text(parts: dict[str, float]) -> str:
-    """``0.61 s of CPU on the router's background threads (trace export: rank 2 0.21 s, rank 0
-    0.25 s; reduction on rank 0 0.15 s)`` for ``router_cpu``'s parts; empty without any."""
+    """``0.61 s of CPU off the training threads (trace writers: rank 2 0.21 s, rank 0 0.25 s;
+    reduction on rank 0's router thread 0.15 s)`` for ``router_cpu``'s parts; empty without
+    any. A rank's trace writer is a process forked for it (``route.trace_writer``), or its
+    router thread where it cannot fork; its CPU includes the trace's slice for the reduction."""
     if not parts:
         return ""
     exports = ", ".join(
@@ -180,12 +182,14 @@ def router_cost_text(parts: dict[str, float]) -> str:
     detail = "; ".join(
         part
         for part in (
-            f"trace export: {exports}" if exports else "",
-            f"reduction on rank 0 {parts['reduction']:.2f} s" if "reduction" in parts else "",
+            f"trace writers: {exports}" if exports else "",
+            f"reduction on rank 0's router thread {parts['reduction']:.2f} s"
+            if "reduction" in parts
+            else "",
         )
         if part
     )
-    return f"{sum(parts.values()):.2f} s of CPU on the router's background threads ({detail})"
+    return f"{sum(parts.values()):.2f} s of CPU off the training threads ({detail})"
 
 
 HERE = "# in the incident's folder (the one holding incident.json), wherever it was copied:"

@@ -60,6 +60,17 @@ def window_loader_sentence(record: Mapping[str, Any], top: str, leaders: list[in
     return ""
 
 
+def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:
+    """``(rank, block size)`` when the record's lead over blocks of steps (``block_lead``: a
+    DataLoader's workers hand their batches over in bursts) names one rank steadily for
+    ``stage``; None otherwise."""
+    lead = record.get("block_lead")
+    if not isinstance(lead, Mapping) or lead.get("stage") != stage or lead.get("why"):
+        return None
+    rank, size = lead.get("rank"), lead.get("size")
+    return (rank, size) if isinstance(rank, int) and isinstance(size, int) else None
+
+
 def block_lead_text(lead: BlockLead) -> str:
     """Why a rank leads the data wait over blocks of steps, in the loader's terms."""
     k = lead.size

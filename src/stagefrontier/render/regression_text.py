@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.collectives import DEFAULT_FAMILY, collective_name, ddp_family
+from ..analysis.collective_names import DEFAULT_FAMILY, collective_name, ddp_family
 from ..analysis.regression import STEAL_SHARE, WHOLE_JOB
 
 RANKS_NAMED = 3

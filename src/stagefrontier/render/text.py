@@ -16,10 +16,10 @@ from ..formats.wall_clock import clock_cell, run_clock, span_text
 from .command import cli_command
 from .communication import late_lead
 from .escape import printable, printable_lines
+from .loader_text import block_leader
 from .regression_text import regression_text
 from .run_summary import sample_note, step_span, summary_text
 from .verdict import (
-    block_leader,
     node_lead,
     rank_name,
     ranks_phrase,

@@ -43,7 +43,7 @@ from .communication import (
     starved_note,
 )
 from .escape import printable
-from .loader_text import window_loader_sentence
+from .loader_text import block_leader, window_loader_sentence
 
 PLAIN_NAMES = {
     DATA_STAGE: "data loading",
@@ -110,15 +110,14 @@ def lead_below_top(report: WindowReport, record: Mapping[str, Any]) -> tuple[str
     return None if stored is None else (str(stored["stage"]), int(stored["rank"]))
 
 
-def block_leader(record: Mapping[str, Any], stage: str) -> tuple[int, int] | None:
-    """``(rank, block size)`` when the record's lead over blocks of steps (``block_lead``: a
-    DataLoader's workers hand their batches over in bursts) names one rank steadily for
-    ``stage``; None otherwise."""
-    lead = record.get("block_lead")
-    if not isinstance(lead, Mapping) or lead.get("stage") != stage or lead.get("why"):
+def routed_below(report: WindowReport, record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
+    """The stage below the top one the window names, with its rank (``lead_below_top``), when
+    no rank or node is named for the top stage; None otherwise."""
+    top = report.top1
+    if top is None or not report.shares_defined or _lead(report, record, top).who:
         return None
-    rank, size = lead.get("rank"), lead.get("size")
-    return (rank, size) if isinstance(rank, int) and isinstance(size, int) else None
+    below = lead_below_top(report, record)
+    return None if below is None else (below[0], [below[1]])
 
 
 def block_note(record: Mapping[str, Any], stage: str) -> str:
@@ -198,10 +197,13 @@ def verdict_parts(report: WindowReport, record: Mapping[str, Any] | None = None)
     said = _main_verdict(report, record)
     lead = _lead(report, record, report.top1)
     stepwise = single_leader(report, report.top1) is not None
+    # The DataLoader's figures of the rank the finding names, never of a rank it does not
+    routed = routed_below(report, record)
+    stage, named = (report.top1, lead.ranks if lead.who else []) if routed is None else routed
     extras = (
         said.after,
         "" if stepwise else block_note(record, report.top1),
-        window_loader_sentence(record, report.top1, lead.ranks),
+        window_loader_sentence(record, stage, list(named)),
         starved_note(record, report.top1, plain(report.top1)),
     )
     return Said(said.finding, said.next_step, " ".join(extra for extra in extras if extra))
@@ -265,14 +267,17 @@ def _main_verdict(report: WindowReport, record: Mapping[str, Any]) -> Said:
     if slow is not None:
         return Said(f"{slow_finding(slow, full=True)}; {plain(top)} costs {cost}", SLOW_NEXT)
     lead = _lead(report, record, top)
-    routed = None if lead.who else lead_below_top(report, record)
+    routed = routed_below(report, record)
     if routed is not None:  # the stage the router captures (``route.decide``)
-        below, who = routed[0], rank_name(routed[1], record)
+        below, who = routed[0], rank_name(routed[1][0], record)
         below_share = report.semantic_shares[below]
+        block = block_leader(record, below)
+        how = f"over blocks of {block[1]} steps" if block else _behind(report, below)
         return Said(
             f"no single rank leads {plain(top)}, which takes {cost}, but {who} alone leads "
-            f"{plain(below)} ({below_share:.0%} of the step), {_behind(report, below)}",
+            f"{plain(below)} ({below_share:.0%} of the step), {how}",
             f"profile {both_names(below)} on {who}",
+            block_note(record, below),
         )
     target = f"profile {both_names(top)} " + (f"on {lead.who}" if lead.who else "on any rank")
     if report.has(LIKELY_SYNC_WAIT) or report.has(SYNC_WAIT_DEPENDENT):

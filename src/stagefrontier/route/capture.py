@@ -53,6 +53,7 @@ from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
 from .stack_sampler import SampledStacks, StackSampler, stack_events
 from .trace_parts import TraceParts
+from .trace_slice import drop_slice, remove_slice, write_slice
 from .trace_writer import WRITE_TIMEOUT_S, anonymous_resident_bytes, export_failure, write_trace
 from .worker_profile import WorkerCapture
 
@@ -282,14 +283,7 @@ class RankCapture:
 
     def _new_session(self) -> Any:
         """A started profiler session of this capture (noted as the router's own)."""
-        import torch
-
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        prof = torch.profiler.profile(
-            activities=activities, experimental_config=profiler_session.trace_only_config()
-        )
+        prof = profiler_session.capture_profile()
         prof.start()
         self._session = profiler_session.started()
         return prof
@@ -404,12 +398,15 @@ class RankCapture:
         training_s: float,
     ) -> None:
         """Write the stopped session and the samples into the rank's trace (in a forked child
-        where it can: ``trace_writer``) and answer; ``training_s``: what the capture took on
-        the training thread. The training thread no longer touches the session; it starts no
-        other until the trace is written."""
+        where it can: ``trace_writer``; that child then cuts the trace's slice, ``trace_slice``)
+        and answer; ``training_s``: what the capture took on the training thread. The training
+        thread no longer touches the session; it starts no other until the trace is written."""
         try:
+            steps = range(request.first_step, last + 1)
             written = write_trace(
-                lambda: _write(parts, prof, sampled), resident_bytes=anonymous_resident_bytes()
+                lambda: _write(parts, prof, sampled),
+                resident_bytes=anonymous_resident_bytes(),
+                then=lambda trace: write_slice(trace, request.stage, steps),  # a child's only
             )
         finally:
             self._saved.set()
@@ -421,12 +418,14 @@ class RankCapture:
                 error = export_failure(exc)
         if path is None or error:  # a full disk, a read-only folder, a killed writer: said
             parts.remove()
+            remove_slice(parts.folder / parts.name)
             why = f"trace export failed, nothing was kept: {error}"
             logger.warning("stagefrontier: rank %d, incident %s: %s", self._rank, request.id, why)
             self._answer(self._status(request, "failed", why))
             return
         if size > self._max_trace_bytes:
             path.unlink(missing_ok=True)
+            remove_slice(path)
             self._answer(
                 self._status(
                     request,
@@ -436,6 +435,8 @@ class RankCapture:
                 )
             )
             return
+        if written.note:  # the child's slice for the reduction failed, or was cut short
+            drop_slice(path, written.note)
         cpu_start = time.thread_time()
         self._workers.exported(path.parent, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
@@ -473,7 +474,8 @@ class RankCapture:
 
 
 def _write(parts: TraceParts, prof: Any, sampled: SampledStacks | None) -> Path:
-    """The stopped session's JSON, then the sampled stacks, into the trace: its path (or raises)."""
+    """The stopped session's JSON, then the sampled stacks, into the trace: its path (or
+    raises)."""
     parts.append(parts.save(prof))
     if sampled is not None:
         parts.append_events(lambda base: stack_events(sampled, base))

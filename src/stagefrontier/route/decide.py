@@ -9,7 +9,10 @@ leads alone in at least ``min_confident_fraction`` of the steps, switches no mor
 nothing). When the top stage has no such leader, the largest other stage of the routing set
 that has one by a lead that matters and stands above the noise is routed instead
 (``block_lead.routed_lead_below_top``, the judgment the window line states): one rank's data
-wait in every accumulation microstep, beside a backward pass whose lead passes between ranks.
+wait in every accumulation microstep, beside a backward pass whose lead passes between ranks;
+or the data wait of a rank whose DataLoader workers hand over their batches in bursts, its lead
+judged over blocks of as many steps as it has workers (``window.loader.data_block_lead``): on
+a busy machine the backward every rank shares can outgrow one rank's slow workers.
 The suspect rank is that leader; the reference rank is the rank whose total time in the stage
 is the median of the other ranks (under hierarchical collection, where rank 0 has no rank
 columns, the typical rank the node parts carry: ``typical_reference``).
@@ -66,16 +69,17 @@ from ..analysis.block_lead import (
     MIN_LEAD_SHARE,
     LeadTest,
     median_reference,
-    routed_lead_below_top,
+    routed_lead_and_burst,
     unsteady_lead,
 )
-from ..analysis.collectives import CollectiveReading, collective_name
+from ..analysis.collective_names import collective_name
+from ..analysis.collectives import CollectiveReading
 from ..analysis.gates import Gates
 from ..analysis.labels import TELEMETRY_LIMITED
 from ..analysis.regression import LARGE_JUMP, WHOLE_JOB
 from ..analysis.schema import semantic_stage
 from ..render.loader_text import block_lead_text
-from ..window.loader import loader_block_lead
+from ..window.loader import data_block_lead, loader_block_lead
 from ..window.merged import AnalyzedWindow
 
 REQUEST_LATENCY_S = 0.5
@@ -175,9 +179,8 @@ def decide(
     blocked: tuple[str, ...] = ()
     # A leader whose k DataLoader workers hand over their batches together waits on one step
     # in k: an unsteady lead is judged again over blocks of k steps, and the excess always is.
-    block = loader_block_lead(
-        window.merged.ranks, window.d, report.stages, stage, loc.leader_rank, g, positions
-    )
+    data_block = data_block_lead(window.merged.ranks, window.d, report, g, positions)
+    block = data_block if data_block is not None and data_block.stage == stage else None
     if why and block is not None:
         if block.why or block.rank != loc.leader_rank:
             return None, (
@@ -190,12 +193,15 @@ def decide(
     test = LeadTest(min_share, noise_factor, g)
     d = window.d[:, positions] if window.summary is None else None
     ids = [ranks[i] for i in positions]
-    below = routed_lead_below_top(report, d, ids, test) if why else None
+    below = routed_lead_and_burst(report, d, ids, test, data_block) if why else None
+    suspect = loc.leader_rank  # the report names ranks by number, not by column
     if below is not None:  # the top stage's lead passes between ranks; one leads this one
         blocked = (f"{stage}, on top, has no steady leader ({why})",)
-        stage, why = below[0], ""
+        stage, suspect, why = below[0], below[1], ""
         loc, share = report.semantic_localization[stage], report.semantic_shares[stage]
-    suspect = loc.leader_rank  # the report names ranks by number, not by column
+        if below[2] > 1 and data_block is not None:
+            block = data_block  # its lead and its excess judged over the loader's bursts
+            blocked = (*blocked, block_lead_text(block))
     if why or suspect is None:
         return None, "; ".join(x for x in (late_why, why) if x)
     if d is not None:

@@ -30,6 +30,7 @@ import os
 import threading
 from typing import Any
 
+from ..reducers import kineto
 from ..render.html_page import templates
 
 _lock = threading.Lock()
@@ -94,6 +95,8 @@ def warm_up() -> None:
         with contextlib.suppress(ImportError):  # not installed: the standard library serves
             importlib.import_module(optional)
     templates()  # the incident pages' (Jinja2 is imported at the first page otherwise)
+    # the decoders of the trace's slice, built before a trace writer forks: not in each child
+    kineto._range_decoders()
     watch()
 
 
@@ -109,6 +112,19 @@ def trace_only_config() -> Any:
         return config(trace_only=True) if config is not None else None
     except TypeError:  # a torch before the option: the keyword is refused
         return None
+
+
+def capture_profile() -> Any:
+    """A capture's profiler session, not started: CPU, plus CUDA where available, trace-only
+    where torch offers it; no shapes, memory, stacks (the Python stack is sampled instead) or
+    FLOPs. Its stop, on the training thread, takes time in proportion to the operators
+    recorded (see ``docs/router.md``, the cost of a capture)."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, experimental_config=trace_only_config())
 
 
 def started() -> int:

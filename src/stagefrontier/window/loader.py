@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..analysis.block_lead import BlockLead, block_lead
+from ..analysis.block_lead import BlockLead, block_lead, unsteady_lead
 from ..analysis.gates import Gates
 from ..analysis.schema import DATA_STAGE
+from ..analysis.window_report import WindowReport
 
 SATURATED_BUSY = 0.8
 """Workers busy this fraction of the window or more supply as fast as they can: saturated."""
@@ -88,3 +89,28 @@ def loader_block_lead(
     cols = list(range(len(ranks))) if positions is None else list(positions)
     rank_ids = [ranks[i].rank for i in cols]
     return block_lead(d[:, cols, :], stages, rank_ids, stage, workers, gates)
+
+
+def data_block_lead(
+    ranks: Sequence[Any],
+    d: npt.NDArray[np.float64],
+    report: WindowReport,
+    gates: Gates,
+    positions: Sequence[int] | None = None,
+) -> BlockLead | None:
+    """The data wait's lead over its DataLoader's bursts (``loader_block_lead``) where a
+    window's lead is read from it: the data wait on top, or below a top stage that no rank
+    leads steadily step by step (a backward every rank shares, slowed by a busy machine, over
+    one rank's slow workers). None otherwise, and where ``loader_block_lead`` gives none."""
+    top = report.top1
+    data = report.semantic_localization.get(DATA_STAGE)
+    if top is None or not report.shares_defined or data is None:
+        return None
+    if top != DATA_STAGE:
+        n = report.n_steps
+        top_loc = report.semantic_localization[top]
+        if not unsteady_lead(top_loc, n, report.exposed_s / n, gates, top):
+            return None
+    return loader_block_lead(
+        ranks, d, report.stages, DATA_STAGE, data.leader_rank, gates, positions
+    )

@@ -32,7 +32,7 @@ from ..analysis.summary import WindowSummary
 from ..analysis.window_metrics import WindowMetrics
 from ..analysis.window_report import WindowReport
 from ..environment import current_attempt
-from .loader import loader_block_lead, loader_record
+from .loader import data_block_lead, loader_record
 from .rank import NS, RankWindow, per_rank_fields, self_cost_summary
 
 
@@ -104,7 +104,7 @@ class AnalyzedWindow:
     nodes the report can name (``collect.node_payload.nodes_entry``)."""
     slow_collective: dict[str, Any] | None = None
     """Set on rank 0 when a collective every rank reached together took much longer than in
-    the run's first windows (``analysis.collectives.CollectiveBaseline``)."""
+    the run's first windows (``analysis.collective_baseline.CollectiveBaseline``)."""
     collective_summary: CollectiveSummary | None = None
     """Under hierarchical collection, the node parts' timed collectives combined, from which
     ``communication`` is read (``analysis.collective_summary``)."""
@@ -160,32 +160,33 @@ class AnalyzedWindow:
     @cached_property
     def block_lead(self) -> BlockLead | None:
         """The data wait's lead over blocks of the leading rank's DataLoader worker count, when
-        the data wait is the top stage and that rank's workers hand over batches in bursts
-        (``window.loader.loader_block_lead``): the lead the window line states and the
-        profiler router acts on when the lead step by step keeps changing hands."""
+        that rank's workers hand over batches in bursts and the data wait is the top stage, or
+        lies below a top stage no rank leads steadily (``window.loader.data_block_lead``): the
+        lead the window line states and the profiler router acts on when the lead step by step
+        keeps changing hands."""
         report = self.report
-        top = report.top1
-        if top is None or not report.shares_defined or report.role_reports:
+        if report.role_reports:
             return None
-        leader = report.semantic_localization[top].leader_rank
         gates = self.lead_test.gates or report.gates
-        return loader_block_lead(self.merged.ranks, self.d, report.stages, top, leader, gates)
+        return data_block_lead(self.merged.ranks, self.d, report, gates)
 
     @cached_property
     def lead_below_top(self) -> tuple[str, int] | None:
         """The stage below the top one that one rank leads steadily, materially and above the
         noise, with that rank, when the top stage has no steady leader
-        (``block_lead.routed_lead_below_top`` by ``lead_test``): what the window line names and
-        the profiler router captures. None with roles or without such a lead, and when the top
-        stage is a data wait judged over its DataLoader's bursts (``block_lead``): the router
-        then routes that stage or nothing."""
+        (``block_lead.routed_lead_below_top`` by ``lead_test``, the data wait's lead over its
+        DataLoader's bursts included): what the window line names and the profiler router
+        captures. None with roles or without such a lead, and when the top stage is a data
+        wait judged over its DataLoader's bursts (``block_lead``): the router then routes that
+        stage or nothing."""
         if self.report.role_reports or not self.report.shares_defined:
             return None
-        if self.block_lead is not None:
+        block = self.block_lead
+        if block is not None and block.stage == self.report.top1:
             return None
         d = self.d if self.summary is None else None
         return routed_lead_below_top(
-            self.report, d, [w.rank for w in self.merged.ranks], self.lead_test
+            self.report, d, [w.rank for w in self.merged.ranks], self.lead_test, block
         )
 
     @cached_property
