@@ -278,6 +278,7 @@ def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) 
             with timer.stage(FWD):
                 pass
     timer.close()
+    wait_for_records(tmp_path / "sf", 2)
     figures = [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
     assert [f.get("workers") for f in figures] == [2, 2], figures
     assert sum(f["consumed"] for f in figures) == 6, figures
