@@ -70,13 +70,10 @@ def started_ranks(
     server (``START_METHOD``), around a loopback TCPStore this process holds (a launcher's
     agent's place: the store outlives any rank). Yields the processes, for a test that signals
     them itself; those still alive when the ``with`` ends are killed."""
-    import multiprocessing
-
-    from stagefrontier.demo.launch import FORKSERVER_PRELOAD, loopback_store
+    from stagefrontier.demo.launch import loopback_store
 
     store = loopback_store(len(targets))
-    context = multiprocessing.get_context(START_METHOD)
-    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    context = rank_context()
     procs = [
         context.Process(target=target, args=(rank, payload, store.port), daemon=True)
         for rank, target in enumerate(targets)

@@ -75,6 +75,21 @@ def read_records(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+RECORDS_WAIT_S = 300.0
+
+
+def wait_for_records(out_dir: Path, count: int) -> None:
+    """Wait until ``out_dir/windows.jsonl`` holds ``count`` whole records. The timer's analysis
+    thread writes them; ``close`` waits for that thread a bounded time only (the local
+    collector's 10 s ran out at a load average of 30) and leaves the rest to it, so a test that
+    reads every window of a closed timer waits here for them."""
+    path = out_dir / "windows.jsonl"
+    deadline = time.monotonic() + RECORDS_WAIT_S
+    while count and not (path.exists() and path.read_text(encoding="utf-8").count("\n") >= count):
+        assert time.monotonic() < deadline, f"fewer than {count} records in {path}"
+        time.sleep(0.05)
+
+
 def column(window: RankWindow, stage: str) -> np.ndarray:
     """One stage's per-step durations in seconds."""
     return window.durations_ns[:, window.stages.index(stage)] * 1e-9

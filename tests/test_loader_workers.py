@@ -7,6 +7,7 @@ are."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from loader_support import EXIT_THREAD, DiesAt, ExitHeldAt, MarkWorker, Samples, Stream
 from rank_support import rank_context
-from recorder_support import FWD, read_records
+from recorder_support import FWD, read_records, wait_for_records
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
 from stagefrontier.collect.wire import decode_window, encode_window
 from stagefrontier.errors import ReportFormatError
@@ -39,11 +40,14 @@ def _train(tmp_path: Path, loader: Any, epochs: int = 1, window: int = 3) -> lis
             collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False),
         )
     )
+    steps = 0
     for _ in range(epochs):
         for _batch in timer.iter(loader):
             with timer.step(), timer.stage(FWD):
                 pass
+            steps += 1
     timer.close()
+    wait_for_records(tmp_path / "sf", math.ceil(steps / window))
     return [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
 
 
@@ -117,6 +121,7 @@ def test_a_worker_that_dies_is_named_and_training_sees_the_loader_error(
             if loop != "timer.iter":
                 counters.consumed += 1
     timer.close()
+    wait_for_records(tmp_path / "sf", 1)
     (record,) = read_records(tmp_path / "sf")
     figures = record["loader_workers"]["0"]
     assert figures["note"] == "worker(s) 2 exited while in use", figures
@@ -280,6 +285,7 @@ def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) 
             with timer.stage(FWD):
                 pass
     timer.close()
+    wait_for_records(tmp_path / "sf", 2)
     figures = [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
     assert [f.get("workers") for f in figures] == [2, 2], figures
     assert sum(f["consumed"] for f in figures) == 6, figures
