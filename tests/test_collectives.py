@@ -372,8 +372,9 @@ def test_a_slow_collective_is_judged_against_the_first_windows() -> None:
         wait = np.full((4, 4, 1), transfer)
         return read_collectives(CollectiveTimes(keys, size, wait, wait * 0), [0, 1, 2, 3], 50)
 
-    assert [base.check(w, window(20.0)) for w in range(3)] == [None, None, None]
-    slow = base.check(3, window(140.0))
+    assert [base.check(w, window(20.0), 200.0) for w in range(3)] == [None, None, None]
+    assert base.check(3, window(140.0), 2000.0) is None  # 120 ms of a 2 s step: not material
+    slow = base.check(3, window(140.0), 200.0)
     assert slow is not None and slow["baseline_ms"] == 20.0 and slow["baseline_windows"] == [0, 2]
 
 
@@ -396,8 +397,8 @@ def test_a_loaded_host_scattering_every_transfer_names_no_slow_collective() -> N
         wait = np.repeat(transfer, 4, axis=1)
         return read_collectives(CollectiveTimes(keys, (64,) * 3, wait, 0 * wait), range(4), 200)
 
-    assert [base.check(w, window()) for w in range(40)] == [None] * 40
-    slow = base.check(40, window(extra_ms=120.0))
+    assert [base.check(w, window(), 200.0) for w in range(40)] == [None] * 40
+    slow = base.check(40, window(extra_ms=120.0), 200.0)
     assert slow is not None and slow["bucket"] == 1 and slow["slower_ms"] >= 100.0, slow
 
 

@@ -26,6 +26,9 @@ host a collective's transfer wavers from step to step with the scheduler: a wind
 scatter as the baseline's did has its fast quarter below the baseline's slow quarter, however
 its median fell, while a collective slowed in every step clears the baseline's own wavering.
 The transfer is the last rank's wait, so how far apart the ranks arrived does not enter it."""
+SLOW_STEP_FRACTION = 0.1
+"""...and its transfer at least this part of the window's step longer than its baseline: a
+collective a few milliseconds slower in a long step is not what the step is waiting on."""
 
 Memory = list[tuple[int, float, float]]
 """A collective's baseline windows: (window, transfer, its upper quartile over steps)."""
@@ -39,9 +42,12 @@ class CollectiveBaseline:
     def __init__(self) -> None:
         self._seen: dict[Key, Memory] = {}
 
-    def check(self, window: int, reading: CommunicationReading | None) -> dict[str, Any] | None:
+    def check(
+        self, window: int, reading: CommunicationReading | None, step_ms: float
+    ) -> dict[str, Any] | None:
         """The window's slowest collective against its baseline, when it is slow and no rank
-        is late; otherwise None (and a window with no late rank joins the baselines)."""
+        is late (``step_ms``: the window's typical step); otherwise None (and a window with no
+        late rank joins the baselines)."""
         if reading is None or reading.late is not None:
             return None
         slow: dict[str, Any] | None = None
@@ -55,6 +61,7 @@ class CollectiveBaseline:
             if (
                 c.transfer_low_ms >= SLOW_FACTOR * usual
                 and c.transfer_low_ms - wavering >= SLOW_MIN_MS
+                and c.transfer_ms - usual >= SLOW_STEP_FRACTION * step_ms
                 and (slow is None or c.transfer_ms - usual > slow["slower_ms"])
             ):
                 slow = {
