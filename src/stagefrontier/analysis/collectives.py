@@ -253,6 +253,10 @@ class CollectiveReading:
     late_rank: int | None
     lateness_ms: float
     late_steps: int
+    transfer_low_ms: float = 0.0
+    """The lower quartile over steps of the transfer: a quarter of the steps were faster."""
+    transfer_high_ms: float = 0.0
+    """The upper quartile over steps of the transfer: a quarter of the steps were slower."""
     bound_ms: float = 0.0
     """Under hierarchical collection, how far ``lateness_ms`` (and the noise it is judged
     against) may lie from the reading of every rank's waits; 0 where it is exact."""
@@ -385,6 +389,8 @@ def judged(
         last_bucket=False,
         steps=len(steps.shortest),
         transfer_ms=float(np.median(steps.shortest)),
+        transfer_low_ms=float(np.quantile(steps.shortest, 0.25)),
+        transfer_high_ms=float(np.quantile(steps.shortest, 0.75)),
         wait_ms=float(np.median(steps.mean - steps.shortest)),
         spread_ms=float(np.median(steps.longest - steps.shortest)),
         late_rank=by.late if named else None,

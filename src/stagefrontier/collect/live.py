@@ -56,7 +56,8 @@ class LiveAnalysis:
     def _read_collectives(self, analyzed: AnalyzedWindow) -> AnalyzedWindow:
         """The window with its slow collective, and its regression naming the late rank."""
         reading = analyzed.communication
-        slow = self._collectives.check(analyzed.merged.reference.window, reading)
+        window = analyzed.merged.reference.window
+        slow = self._collectives.check(window, reading, analyzed.step_ms)
         late = _late_into(analyzed.regression, reading)
         return analyzed.changed(slow_collective=slow, regression=late)
 

@@ -192,20 +192,26 @@ class AnalyzedWindow:
         )
 
     @cached_property
+    def step_ms(self) -> float:
+        """The window's typical step in milliseconds: the median over every rank's steps, or
+        under hierarchical collection the mean step (0 when no step was timed)."""
+        if self.summary is not None:
+            summary = self.summary
+            return 1e3 * summary.rank_total_sum_s / max(summary.n_ranks * summary.n_steps, 1)
+        return float(np.median(self.d.sum(axis=2))) * 1e3 if self.d.size else 0.0
+
+    @cached_property
     def communication(self) -> CommunicationReading | None:
         """The clock-free reading of the collectives the ranks timed (``analysis.collectives``),
-        or None when no rank watched any. Under hierarchical collection it is read from the
-        node summaries, the threshold from the mean step (the median over every rank's steps
-        flat)."""
+        or None when no rank watched any; the lateness threshold from ``step_ms``. Under
+        hierarchical collection it is read from the node summaries."""
         if self.collective_summary is not None and self.summary is not None:
-            summary = self.summary
-            step_ms = 1e3 * summary.rank_total_sum_s / max(summary.n_ranks * summary.n_steps, 1)
-            return read_collective_summary(self.collective_summary, summary.n_ranks, step_ms)
+            n_ranks = self.summary.n_ranks
+            return read_collective_summary(self.collective_summary, n_ranks, self.step_ms)
         times = self.side.collectives
         if times is None:
             return None
-        step_ms = float(np.median(self.d.sum(axis=2))) * 1e3 if self.d.size else 0.0
-        return read_collectives(times, [w.rank for w in self.merged.ranks], step_ms)
+        return read_collectives(times, [w.rank for w in self.merged.ranks], self.step_ms)
 
     @cached_property
     def metrics(self) -> WindowMetrics:
