@@ -19,9 +19,10 @@ pytest.importorskip("torch")
 import torch
 
 from stagefrontier import CollectConfig, StageTimer, TimerConfig
+from stagefrontier.route import trace_writer
 from stagefrontier.route.capture import RankCapture
 from stagefrontier.route.requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureStatus
-from stagefrontier.route.trace_slice import slice_path
+from stagefrontier.route.trace_slice import load_for_reduction, slice_path
 
 STAGE = "data.next_wait"
 
@@ -187,6 +188,27 @@ def test_the_sessions_json_is_written_off_the_training_thread(tmp_path: Path) ->
     rank.run(4)
     rank.timer.close()
     assert rank.drain()[2].id == again.id and rank.answers[2].state == "captured"
+
+
+def test_a_trace_written_on_the_router_thread_gets_no_slice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that may not fork (here every process counts as too large: a real one over
+    ``MAX_FORK_BYTES`` of anonymous memory, common in training) writes its trace on the router
+    thread. Before, that write also cut the trace's slice there, parsing the trace under the
+    rank's GIL; now the slice is a forked writer's only: the trace is kept alone, and rank 0's
+    reduction parses it, as before slices."""
+    monkeypatch.setattr(trace_writer, "MAX_FORK_BYTES", -1)
+    rank = Rank(tmp_path)
+    request = rank.arm(steps=2)
+    rank.run(4)
+    rank.timer.close()
+    (answer,) = rank.drain()
+    assert answer.state == "captured" and answer.id == request.id, answer
+    trace = Path(answer.path)
+    assert [p.name for p in trace.parent.iterdir()] == [trace.name]
+    steps = range(answer.first_step, answer.last_step + 1)
+    assert load_for_reduction(trace, STAGE, steps)[1]  # read from the trace itself
 
 
 def test_a_process_ending_by_a_signal_writes_no_held_trace(tmp_path: Path) -> None:

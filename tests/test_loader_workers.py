@@ -1,7 +1,8 @@
 """DataLoader workers timed from inside (``record.loader_workers``): real worker processes under
 ``fork`` and ``spawn``, persistent or not, map-style and iterable datasets, a worker that dies, and
 data that does not come from a DataLoader. Counts are exact (every batch the workers made is
-counted once); nothing here asserts a duration."""
+counted once); nothing here asserts a duration. The demo's workers are watched as a timed loop's
+are."""
 
 from __future__ import annotations
 
@@ -247,3 +248,31 @@ def test_the_callbacks_find_the_dataloader_in_what_the_framework_hands_them() ->
     assert train_loader([range(3), loader]) is loader
     numbers = iter(range(3))
     assert train_loader(numbers) is numbers  # not a DataLoader: the timer notes what it is
+
+
+def test_the_demos_workers_are_watched_as_a_timed_loop_has_them(tmp_path: Path) -> None:
+    """``stagefrontier demo`` with DataLoader workers: each window carries the workers' counts,
+    as a loop under ``timer.iter`` gives them. Before, the demo made its loader without telling
+    the timer: its windows carried no worker figures, and a stall in its workers was judged step
+    by step only, never over the workers' bursts."""
+    from stagefrontier.demo.faults import FaultInjector
+    from stagefrontier.demo.loader import worker_batches
+    from stagefrontier.demo.model import CharData
+
+    timer = StageTimer(
+        config=TimerConfig(
+            window=3, collection=CollectConfig(mode="local", out_dir=tmp_path / "sf", log=False)
+        )
+    )
+    data = CharData("the demo's corpus, short " * 8, seq_len=8, batch_size=2, seed=0)
+    batches = worker_batches(data, FaultInjector((), rank=0), 1, 2, 0, timer)
+    for _ in range(6):
+        with timer.step():
+            with timer.stage("data.next_wait"):
+                next(batches)
+            with timer.stage(FWD):
+                pass
+    timer.close()
+    figures = [r["loader_workers"].get("0", {}) for r in read_records(tmp_path / "sf")]
+    assert [f.get("workers") for f in figures] == [2, 2], figures
+    assert sum(f["consumed"] for f in figures) == 6, figures

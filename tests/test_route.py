@@ -463,16 +463,24 @@ def test_a_trace_that_cannot_be_cut_leaves_no_slice_and_says_so_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The writer cuts the slice after the trace is in place: when that fails (here a trace
-    that is not JSON), the trace stands, no slice is left (not even a partial one), one warning
-    line says why, and the reduction parses the trace itself (``load_for_reduction``), which
-    raises its own error for such a file."""
+    that is not JSON), the trace stands, no slice is left (not even a partial one), the cut
+    logs nothing and says why (the writer's parent says it in one warning line: ``drop_slice``),
+    and the reduction parses the trace itself (``load_for_reduction``), which raises its own
+    error for such a file."""
     from stagefrontier.errors import TraceFormatError
-    from stagefrontier.route.trace_slice import load_for_reduction, slice_path, write_slice
+    from stagefrontier.route.trace_slice import (
+        drop_slice,
+        load_for_reduction,
+        slice_path,
+        write_slice,
+    )
 
     trace = tmp_path / "rank0.pt.trace.json.gz"
     trace.write_bytes(gzip.compress(b'{"traceEvents": [not json'))
     with caplog.at_level("WARNING", logger="stagefrontier"):
-        assert write_slice(trace, "data.next_wait", range(3, 8)) is None
+        why = write_slice(trace, "data.next_wait", range(3, 8))
+        assert why.startswith("TraceFormatError: ") and not caplog.records
+        drop_slice(trace, why)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert lines[0].startswith("stagefrontier: cutting the trace for the reduction failed (")

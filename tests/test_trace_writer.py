@@ -199,3 +199,52 @@ def test_a_writer_no_parent_kills_ends_by_its_own_alarm(tmp_path: Path) -> None:
         with suppress(ProcessLookupError, ChildProcessError):
             os.kill(writer, signal.SIGKILL)
             os.waitpid(writer, 0)
+
+
+def test_then_runs_in_the_child_after_the_answer_and_never_on_the_calling_thread(
+    tmp_path: Path,
+) -> None:
+    """``then`` (the capture's slice for the reduction) is work for a child, off the rank's GIL:
+    a child runs it on the trace it wrote and says it worked (an empty note); a process that
+    writes on the calling thread skips it (before, the same write ran it there too)."""
+    ran = tmp_path / "then.pid"
+
+    def then(trace: Path) -> str:
+        assert trace.is_file()
+        ran.write_text(str(os.getpid()))
+        return ""
+
+    target = tmp_path / "apart.json.gz"
+    written = write_trace(lambda: _writes_its_pid(target), resident_bytes=SMALL, then=then)
+    assert written.apart and written.path == target and not written.error and not written.note
+    assert int(ran.read_text()) == int(target.read_text()) != os.getpid()
+    ran.unlink()
+    here = tmp_path / "here.json.gz"
+    written = write_trace(
+        lambda: _writes_its_pid(here), resident_bytes=MAX_FORK_BYTES + 1, then=then
+    )
+    assert not written.apart and written.path == here and not written.note
+    assert not ran.exists()
+
+
+def test_a_failure_of_then_is_its_note_and_the_trace_stands(tmp_path: Path) -> None:
+    """``then`` runs once the child has answered where the trace is: its failure (said, or
+    raised) and a child that dies in the middle of it are the answer's note, never the
+    trace's failure."""
+    target = tmp_path / "trace.json.gz"
+
+    def dies(trace: Path) -> str:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return ""
+
+    def raises(trace: Path) -> str:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    for then, note in (
+        (lambda trace: "ValueError: not a trace", "ValueError: not a trace"),
+        (raises, os.strerror(errno.ENOSPC)),
+        (dies, f"the trace writer (a child process) ended by signal {signal.SIGKILL}"),
+    ):
+        written = write_trace(lambda: _writes_its_pid(target), resident_bytes=SMALL, then=then)
+        assert written.apart and written.path == target and not written.error
+        assert written.note == note

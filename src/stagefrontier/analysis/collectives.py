@@ -87,8 +87,8 @@ class CollectiveTimes:
     ``i``), the ranks' reasons for what they could not time, and per rank how long its training
     thread waited for a CPU per step over the window (``record.run_queue``; None where unknown,
     empty when no rank said); ``queued_ms`` ``[steps, ranks, collectives]``, how long the rank's
-    training thread had waited for a CPU from the step's start until it reached the collective
-    (NaN where unread; None when no rank read it)."""
+    training thread had waited for a CPU since its previous arrival at the collective, as it
+    reached it (NaN where unread; None when no rank read it)."""
 
     keys: tuple[Key, ...]
     nbytes: tuple[int, ...]

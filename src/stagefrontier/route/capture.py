@@ -54,7 +54,7 @@ from . import profiler_session
 from .requests import MAX_CAPTURE_STEPS, CaptureRequest, CaptureState, CaptureStatus
 from .stack_sampler import SampledStacks, StackSampler, stack_events
 from .trace_parts import TraceParts
-from .trace_slice import remove_slice, write_slice
+from .trace_slice import drop_slice, remove_slice, write_slice
 from .trace_writer import WRITE_TIMEOUT_S, anonymous_resident_bytes, export_failure, write_trace
 from .worker_profile import WorkerCapture
 
@@ -401,14 +401,15 @@ class RankCapture:
         training_s: float,
     ) -> None:
         """Write the stopped session and the samples into the rank's trace (in a forked child
-        where it can: ``trace_writer``) and answer; ``training_s``: what the capture took on
-        the training thread. The training thread no longer touches the session; it starts no
-        other until the trace is written."""
+        where it can: ``trace_writer``; that child then cuts the trace's slice, ``trace_slice``)
+        and answer; ``training_s``: what the capture took on the training thread. The training
+        thread no longer touches the session; it starts no other until the trace is written."""
         try:
             steps = range(request.first_step, last + 1)
             written = write_trace(
-                lambda: _write(parts, prof, sampled, request.stage, steps),
+                lambda: _write(parts, prof, sampled),
                 resident_bytes=anonymous_resident_bytes(),
+                then=lambda trace: write_slice(trace, request.stage, steps),  # a child's only
             )
         finally:
             self._saved.set()
@@ -437,6 +438,8 @@ class RankCapture:
                 )
             )
             return
+        if written.note:  # the child's slice for the reduction failed, or was cut short
+            drop_slice(path, written.note)
         cpu_start = time.thread_time()
         self._workers.exported(path.parent, self._rank)
         status = self._status(request, "captured", note, str(path.resolve()), size)
@@ -473,17 +476,13 @@ class RankCapture:
         )
 
 
-def _write(
-    parts: TraceParts, prof: Any, sampled: SampledStacks | None, stage: str | None, steps: range
-) -> Path:
+def _write(parts: TraceParts, prof: Any, sampled: SampledStacks | None) -> Path:
     """The stopped session's JSON, then the sampled stacks, into the trace: its path (or
-    raises); then its slice for rank 0's reduction of ``stage`` (``trace_slice``)."""
+    raises)."""
     parts.append(parts.save(prof))
     if sampled is not None:
         parts.append_events(lambda base: stack_events(sampled, base))
-    path = parts.join()
-    write_slice(path, stage, steps)
-    return path
+    return parts.join()
 
 
 def _left(why: str) -> str:

@@ -10,16 +10,19 @@ they read, so that both iterate a few hundred events instead of every one, with 
 as from the whole trace.
 
 Parsing a trace still takes tens of milliseconds of CPU, and on rank 0's router thread that CPU
-holds the GIL its training thread needs. So the process that writes a capture's trace (a forked
-child, see ``trace_writer``) also writes the trace's slice beside it (``write_slice``: the
-header and the kept events, with the stage, the steps and the trace's size they were cut for),
-and ``load_for_reduction`` reads that small file instead of the trace when it was cut for the
-same stage and steps from the same trace. A slice that is missing, unreadable or cut for
+holds the GIL its training thread needs. So the forked child that writes a capture's trace (see
+``trace_writer``) also writes the trace's slice beside it, once it has said where the trace is
+(``write_slice``: the header and the kept events, with the stage, the steps and the trace's size
+they were cut for), and ``load_for_reduction`` reads that small file instead of the trace when
+it was cut for the same stage and steps from the same trace. A trace written on the router
+thread (a process that may not fork) gets no slice: cutting it there would hold the captured
+rank's GIL as long as parsing it holds rank 0's. A slice that is missing, unreadable or cut for
 anything else is ignored: the trace is parsed, as before.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -30,7 +33,7 @@ from typing import Any
 import msgspec
 
 from ..analysis.schema import stage_of_range
-from ..failures import say_failed
+from ..failures import reason
 from ..formats.limits import limit
 from ..formats.packet import atomic_file
 from ..reducers.kineto import load_trace_ranges
@@ -58,26 +61,39 @@ def slice_path(trace: Path) -> Path:
     return trace.with_name(trace.name.removesuffix(".json.gz") + SLICE_SUFFIX)
 
 
-def write_slice(trace: Path, stage: str | None, steps: Sequence[int]) -> Path | None:
+def write_slice(trace: Path, stage: str | None, steps: Sequence[int]) -> str:
     """Cut ``trace`` for the reduction of ``stage`` over ``steps`` and write the slice beside
-    it (whole or not at all); its path, or None when that failed (said in one line: the
-    reduction then parses the trace)."""
+    it (whole or not at all): why that failed, in one line, or empty when it worked. It logs
+    nothing: it runs in the trace's writer, a forked child, whose parent says the failure
+    (``drop_slice``)."""
     try:
         header, events = cut_trace(trace, stage, steps)
         record = TraceSlice(stage, list(steps), trace.stat().st_size, header, events)
-        target = slice_path(trace)
-        with atomic_file(target) as out:
+        with atomic_file(slice_path(trace)) as out:
             out.write(msgspec.json.encode(record))
     except Exception as exc:
-        say_failed(logger, "cutting the trace for the reduction", exc, "rank 0 parses the trace")
-        return None
-    return target
+        return reason(exc)
+    return ""
+
+
+def drop_slice(trace: Path, why: str) -> None:
+    """Say in one line why the slice of ``trace`` was not cut (the reduction then parses the
+    trace) and remove whatever of it is left (``remove_slice``)."""
+    remove_slice(trace)
+    logger.warning(
+        "stagefrontier: cutting the trace for the reduction failed (%s); rank 0 parses the trace",
+        why,
+    )
 
 
 def remove_slice(trace: Path) -> None:
-    """Remove the slice beside ``trace``, if any (the trace was not kept)."""
-    with suppress(OSError):
-        slice_path(trace).unlink(missing_ok=True)
+    """Remove the slice beside ``trace``, if any, and the temporary file of one whose writing
+    did not end (a writer killed in the middle of it)."""
+    target = slice_path(trace)
+    left = glob.glob(glob.escape(str(target.with_name(f".{target.name}."))) + "*.tmp")
+    for path in (target, *map(Path, left)):
+        with suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def read_slice(

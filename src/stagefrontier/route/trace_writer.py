@@ -7,16 +7,21 @@ the capture, beside two busy processes on two cores, 130 to 140 ms of that step'
 each captured rank, and through the next collective every rank's step. A forked child has the
 stopped session, the samples and the trace under way as the parent had them at the fork, and a
 GIL of its own: it writes the whole trace (``make``) and says on a pipe where it is or why it
-failed; the router thread waits for its exit in short sleeps, the GIL free.
+failed; the router thread waits for its exit in short sleeps, the GIL free. Once it has said where
+the trace is, the child may do more work on it (``then``: the trace's slice for the reduction),
+whose failure it says on the pipe too (``Written.note``): that work can no longer lose the trace,
+even when the child is killed in the middle of it.
 
 Forking copies the parent's page tables while holding its GIL (about 10 ms per GiB resident),
 so a process over ``MAX_FORK_BYTES`` writes on the router thread, as does a platform without
-``fork`` or a fork that fails; ``Written.apart`` says which ran. The child runs no signal
+``fork`` or a fork that fails; ``Written.apart`` says which ran. There only ``make`` runs: ``then``
+is work worth doing off the rank's GIL only, so it is skipped. The child runs no signal
 handler of the application's, no garbage collection (no finalizer of the parent's objects runs
 twice) and never returns into the parent's code: it ends with ``os._exit``, flushing nothing it
 inherited (its answer goes through the pipe only). A child that has not ended after
 ``WRITE_TIMEOUT_S`` is killed and the trace reported failed, with that reason; an answer the
-child gave in full is trusted over how it ended.
+child gave in full is trusted over how it ended (killed during ``then``, the trace stands and
+the note gives the reason).
 
 The child holds copies of every descriptor the parent had (its Gloo sockets, its store client, a
 node leader's listening store): it must not outlive the parent. On Linux the kernel kills it when
@@ -69,12 +74,14 @@ PR_SET_PDEATHSIG = 1
 @dataclass(frozen=True)
 class Written:
     """Where the trace is (None when it failed), why it failed, the CPU seconds its writing
-    took (the child's, or the router thread's) and whether a child wrote it."""
+    took (the child's, or the router thread's), whether a child wrote it, and why the child's
+    further work on the trace (``then``) did not finish: empty when it did, or did not run."""
 
     path: Path | None
     error: str
     cpu_s: float
     apart: bool
+    note: str = ""
 
 
 class _Message(msgspec.Struct):
@@ -105,12 +112,15 @@ def write_trace(
     *,
     resident_bytes: int | None,
     timeout_s: float = WRITE_TIMEOUT_S,
+    then: Callable[[Path], str] | None = None,
 ) -> Written:
     """Run ``make`` (it writes the trace and returns its path, or raises) in a forked child when
-    this process may fork cheaply (``resident_bytes`` at most ``MAX_FORK_BYTES``), else here."""
+    this process may fork cheaply (``resident_bytes`` at most ``MAX_FORK_BYTES``), else here.
+    In a child only, once it has answered where the trace is: ``then`` on that path (why it
+    failed, in one line; empty when it worked), within the same ``timeout_s``."""
     if hasattr(os, "fork") and resident_bytes is not None and resident_bytes <= MAX_FORK_BYTES:
         try:
-            return _in_child(make, timeout_s)
+            return _in_child(make, then, timeout_s)
         except OSError as exc:  # no process or pipe to be had: written here, as without fork
             logger.debug("stagefrontier router: forking the trace writer failed: %s", exc)
     return _here(make)
@@ -126,7 +136,9 @@ def _here(make: Callable[[], Path]) -> Written:
     return Written(path, error, time.thread_time() - start, apart=False)
 
 
-def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
+def _in_child(
+    make: Callable[[], Path], then: Callable[[Path], str] | None, timeout_s: float
+) -> Written:
     read_end, write_end = os.pipe()
     parent = os.getpid()
     prctl = _prctl()  # looked up here: the child must not take the dynamic loader's lock
@@ -138,7 +150,8 @@ def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
             pid = os.fork()
         if pid == 0:
             os.close(read_end)
-            _child(write_end, make, prctl, parent, math.ceil(timeout_s + ALARM_GRACE_S))
+            alarm_s = math.ceil(timeout_s + ALARM_GRACE_S)
+            _child(write_end, make, prctl, parent, alarm_s, then)
         os.close(write_end)
         write_end = -1
         status, cpu_s = _wait(pid, timeout_s)
@@ -151,20 +164,33 @@ def _in_child(make: Callable[[], Path], timeout_s: float) -> Written:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+    answer, _, then_said = data.partition(b"\n")
+    why = status or "the trace writer (a child process) gave no answer"
     try:  # a whole answer stands, however the child ended after giving it
-        message = msgspec.json.decode(data, type=_Message)
+        message = msgspec.json.decode(answer, type=_Message)
     except msgspec.DecodeError:
-        why = status or "the trace writer (a child process) gave no answer"
         return Written(None, why, cpu_s, apart=True)
     path = Path(message.path) if message.path else None
-    return Written(path, message.error, cpu_s, apart=True)
+    note = ""
+    if then is not None and path is not None:
+        try:
+            note = msgspec.json.decode(then_said.rstrip(b"\n"), type=str)
+        except msgspec.DecodeError:  # ended (killed at the timeout) before ``then`` was done
+            note = why
+    return Written(path, message.error, cpu_s, apart=True, note=note)
 
 
 def _child(
-    write_end: int, make: Callable[[], Path], prctl: Any, parent: int, alarm_s: int
+    write_end: int,
+    make: Callable[[], Path],
+    prctl: Any,
+    parent: int,
+    alarm_s: int,
+    then: Callable[[Path], str] | None = None,
 ) -> NoReturn:
-    """In the forked child: write the trace, say how it went, end (never returns; by SIGALRM
-    after ``alarm_s`` seconds at the latest)."""
+    """In the forked child: write the trace, say how it went (one line), run ``then`` on the
+    trace and say how that went (a second line), end (never returns; by SIGALRM after
+    ``alarm_s`` seconds at the latest)."""
     code = 1
     try:
         _end_with(prctl, parent)
@@ -176,7 +202,13 @@ def _child(
             message = _Message(str(make()), "")
         except Exception as exc:
             message = _Message("", export_failure(exc))
-        os.write(write_end, msgspec.json.encode(message))
+        os.write(write_end, msgspec.json.encode(message) + b"\n")
+        if then is not None and message.path:
+            try:
+                note = then(Path(message.path))
+            except Exception as exc:
+                note = export_failure(exc)
+            os.write(write_end, msgspec.json.encode(note) + b"\n")
         code = 0
     finally:
         os._exit(code)
