@@ -5,11 +5,14 @@ the session in that thread's state), in the step after the capture. This trains 
 (``TinyDecoder`` with the demo's AdamW, one process, CPU, the steps of ``capture_stop.py``)
 under the router's own
 session (``route.profiler_session.capture_profile``: CPU, trace-only, no shapes, memory, stacks
-or FLOPs) and measures the stop's CPU on the training thread:
+or FLOPs; every operator recorded unless said otherwise) and measures the stop's CPU on the
+training thread:
 
 * by the steps the session recorded (1, 3, 6: the router's lead-in and 5 captured steps, 12),
   with the operator events recorded (read from the exported trace): the stop's cost per step and
-  per event;
+  per event, for a session recording every operator (``ProfilerRouter(record_ops=True)``) and
+  for the default one recording the ``record_function`` ranges only (each step is one such
+  range here, as the capture's step range; the optimizer adds its own);
 * at 6 steps, with each setting the router leaves off turned on, with trace-only off, and with
   the options that could cut it: Kineto's external correlation off, and the CPU activity
   filtered to the annotation ranges (``{CPU: ["USER_ANNOTATION"]}``: it filters the output,
@@ -60,13 +63,20 @@ def _sessions() -> list[tuple[str, int, Callable[[], Any]]]:
     cpu = torch.profiler.ProfilerActivity.CPU
     config = torch.profiler._ExperimentalConfig
 
+    def every_op() -> Any:
+        return capture_profile(record_ops=True)
+
     def profile(**settings: Any) -> Callable[[], Any]:
         settings.setdefault("activities", [cpu])
         return lambda: torch.profiler.profile(**settings)
 
     rows: list[tuple[str, int, Callable[[], Any]]] = [
-        (f"the router's session, {n} step{'s' * (n > 1)}", n, capture_profile)
+        (f"the router's session, every operator, {n} step{'s' * (n > 1)}", n, every_op)
         for n in (1, 3, ROUTER_STEPS, 12)
+    ]
+    rows += [
+        (f"the router's session, ranges only (default), {n} steps", n, capture_profile)
+        for n in (ROUTER_STEPS, 12)
     ]
     rows += [
         ("trace-only off", ROUTER_STEPS, profile()),
@@ -100,10 +110,13 @@ def _events(prof: Any, folder: Path) -> tuple[int, int]:
 
 def stop_once(make: Callable[[], Any], steps: int, model: Any) -> tuple[float, Any]:
     """One session over ``steps`` steps: the stop's CPU seconds on this thread, and the session."""
+    import torch
+
     prof = make()
     prof.start()
-    for _ in range(steps):
-        _step(*model)
+    for step in range(steps):
+        with torch.profiler.record_function(f"stagefrontier.step#{step}"):
+            _step(*model)
     start = time.thread_time()
     prof.stop()
     return time.thread_time() - start, prof

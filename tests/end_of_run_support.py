@@ -54,6 +54,7 @@ def run_rank(rank: int, job: EndJob, port: int) -> None:
         poll_s=0.02,
         capture_timeout_s=60.0,
         with_stack=False,
+        record_ops=True,  # no sampled stacks: the op diff the test reads is of the operators
         gates=Gates(min_confident_fraction=2.0),  # no window is actionable: the manual one only
     )
     collection = CollectConfig(

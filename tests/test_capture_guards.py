@@ -10,6 +10,7 @@ import mmap
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,9 @@ class Rank:
     """A timer with a capture attached as the router attaches it; the router thread's jobs
     (export, answers) run when ``drain`` is called."""
 
-    def __init__(self, out_dir: Path, max_trace_bytes: int = 200 << 20) -> None:
+    def __init__(
+        self, out_dir: Path, max_trace_bytes: int = 200 << 20, record_ops: bool = False
+    ) -> None:
         collection = CollectConfig(mode="local", out_dir=out_dir, log=False)
         self.timer = StageTimer(config=TimerConfig(window=10, collection=collection))
         self.jobs: list[Callable[[], None]] = []
@@ -40,6 +43,7 @@ class Rank:
             out_dir=str(out_dir),
             with_stack=False,
             max_trace_bytes=max_trace_bytes,
+            record_ops=record_ops,
             submit=self.jobs.append,
             answer=self.answers.append,
         )
@@ -225,14 +229,9 @@ def test_a_process_ending_by_a_signal_writes_no_held_trace(tmp_path: Path) -> No
     assert not folder.exists() or not any(folder.iterdir())  # nothing was written
 
 
-def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(
-    tmp_path: Path,
-) -> None:
-    """Before: the profiler's stop on the training thread also turned every recorded op into
-    a Python-visible event, which a capture never reads (only the trace is exported, on the
-    router thread). Now the session is started trace-only: the stopped session holds no such
-    events, and the trace still holds every op and the step's ranges."""
-    rank = Rank(tmp_path)
+def _captured_names(rank: Rank, steps: int) -> tuple[CaptureRequest, Any, list[dict[str, Any]]]:
+    """Arm a capture of ``steps`` steps, run it and its stop, export it: the request, the
+    stopped session and the trace's events."""
     sessions: list[object] = []
     new_session = rank.capture._new_session
 
@@ -241,14 +240,40 @@ def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(
         return sessions[-1]
 
     rank.capture._new_session = noted  # type: ignore[method-assign]
-    request = rank.arm(steps=2)
-    rank.run(4)  # the lead-in, the two captured steps and the step after: the session stopped
+    request = rank.arm(steps=steps)
+    rank.run(steps + 2)  # the lead-in, the captured steps and the step after: the session stopped
     (session,) = sessions
-    assert session.profiler.kineto_results.events() == []  # type: ignore[attr-defined]
     rank.timer.close()  # no step follows: the trace's export is handed over
     answer = rank.drain()[0]
     assert answer.state == "captured" and answer.id == request.id, answer
     with gzip.open(answer.path, "rt") as trace:
-        names = [event.get("name", "") for event in json.load(trace)["traceEvents"]]
+        return request, session, json.load(trace)["traceEvents"]
+
+
+def test_the_stop_on_the_training_thread_skips_the_sessions_post_processing(
+    tmp_path: Path,
+) -> None:
+    """Before: the profiler's stop on the training thread also turned every recorded op into
+    a Python-visible event, which a capture never reads (only the trace is exported, on the
+    router thread). Now the session is started trace-only: the stopped session holds no such
+    events, and the trace still holds every op (``record_ops`` on) and the step's ranges."""
+    request, session, events = _captured_names(Rank(tmp_path, record_ops=True), steps=2)
+    assert session.profiler.kineto_results.events() == []
+    names = [event.get("name", "") for event in events]
     assert "aten::addmm" in names and STAGE in names
     assert {f"stagefrontier.step#{request.first_step + i}" for i in range(2)} <= set(names)
+
+
+def test_the_default_capture_records_the_ranges_and_no_operator(tmp_path: Path) -> None:
+    """Before: every capture recorded each operator (about 2,000 a step of the demo's model),
+    and the profiler's stop on the training thread processed each one (1.8 µs apiece: more
+    than a step for the router's 6 steps). Now, unless ``record_ops``, the session records
+    the ``record_function`` ranges only: the steps' and the stage's ranges are in the trace,
+    no operator is."""
+    request, session, events = _captured_names(Rank(tmp_path), steps=2)
+    assert session.profiler.kineto_results.events() == []
+    names = {event.get("name", "") for event in events}
+    assert STAGE in names
+    assert {f"stagefrontier.step#{request.first_step + i}" for i in range(2)} <= names
+    assert [e["name"] for e in events if e.get("cat") == "cpu_op"] == []
+    assert not any(name.startswith("aten::") for name in names), sorted(names)

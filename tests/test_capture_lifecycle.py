@@ -122,9 +122,10 @@ def test_a_capture_samples_the_training_threads_stack_without_the_python_tracer(
 ) -> None:
     """Before: the profiler ran its Python tracer (``with_stack``), whose stop converted every
     Python call on the training thread (about a second the step after the capture carried) and
-    which hooks every thread. Now the profiler traces operators only, and the training thread's
-    sampled stack gives the trace its Python events: the job's step function is named, and no
-    builtin call is (the tracer records those; a sample of Python frames cannot)."""
+    which hooks every thread. Now the profiler records the ``record_function`` ranges only (no
+    operator either: ``record_ops`` is off), and the training thread's sampled stack gives the
+    trace its Python events: the job's step function is named, and no builtin call is (the
+    tracer records those; a sample of Python frames cannot)."""
     traces = [t for phase in ("capped", "paused") for t in _traces(job, _incident(job, phase))]
     assert len(traces) == 2 * RANKS
     for trace in traces:
@@ -132,4 +133,5 @@ def test_a_capture_samples_the_training_threads_stack_without_the_python_tracer(
         python = {e["name"] for e in events if e.get("cat") == "python_function"}
         assert any(name.endswith("): train_step") for name in python), sorted(python)[:20]
         assert not [name for name in python if name.startswith("<built-in")], sorted(python)[:20]
-        assert any(e.get("cat") == "cpu_op" for e in events)
+        assert any(e.get("name", "").startswith("stagefrontier.step#") for e in events)
+        assert not [e["name"] for e in events if e.get("cat") == "cpu_op"]

@@ -258,13 +258,13 @@ def _settled(out_dir: Path) -> Any:
     return lambda: any(Path(out_dir).glob("incidents/w*-manual0/incident.json"))
 
 
-def _manual_timer(tmp_path: Path, store: Any) -> tuple[Any, Any]:
+def _manual_timer(tmp_path: Path, store: Any, record_ops: bool = False) -> tuple[Any, Any]:
     """A one-process timer (local collection, no regression check: on a loaded machine the step
     times swing, and a regression capture opened first would take the incident a test asks for)
     and its router, whose captures a test asks for by hand."""
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0)
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=30.0, record_ops=record_ops)
     collection = CollectConfig("local", out_dir=tmp_path, regression=None)
     timer = StageTimer(config=TimerConfig(window=5, collection=collection, router=router))
     return timer, router
@@ -402,13 +402,14 @@ def test_the_reduction_reads_only_the_events_it_needs_from_the_writers_slice(
 ) -> None:
     """A real capture's trace: the events ``load_for_reduction`` keeps for the routed stage
     (decoded by msgspec, cut to their range fields) give the same stage matrix and the same op
-    times as the whole trace (decoded by the standard library), from far fewer."""
+    times as the whole trace (decoded by the standard library), from far fewer: the operators
+    outside the stage's ranges are left out, so the capture records them (``record_ops``)."""
     from stagefrontier.analysis.schema import DEFAULT_STAGES
     from stagefrontier.reducers import reduce_kineto
     from stagefrontier.reducers.kineto import load_trace
     from stagefrontier.route.trace_slice import load_for_reduction
 
-    timer, router = _manual_timer(tmp_path, store)
+    timer, router = _manual_timer(tmp_path, store, record_ops=True)
     _train(timer, 5)
     router.request_capture([0], stage="data.next_wait")
     _train(timer, 40)

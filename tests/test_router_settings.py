@@ -40,6 +40,7 @@ from stagefrontier.route.requests import MAX_CAPTURE_STEPS
         ("capture_timeout_s", -1.0),
         ("with_stack", "no"),
         ("with_stack", 1),
+        ("record_ops", "yes"),
         ("min_share", 1.5),
         ("min_share", -0.1),
         ("noise_factor", math.nan),

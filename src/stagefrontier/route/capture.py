@@ -3,9 +3,10 @@
 The router thread arms a capture (``arm``) by storing the request and asking the timer to be
 told of steps (``Instrumentation.tell_steps``: one flag ``StageTimer.step()`` tests at each step's
 start); ``on_step`` is called only while it is set. One step before the request's first step
-(``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available; no
-Python tracer: the training thread's Python stack is sampled instead, ``stack_sampler``, so the op
-diff can name the user's function), has the timer record its stages, its steps' ends and the
+(``LEAD_IN_STEPS``) this starts ``torch.profiler.profile`` (CPU, plus CUDA when available; the
+``record_function`` ranges without the operators unless ``record_ops``; no Python tracer: the
+training thread's Python stack is sampled instead, ``stack_sampler``, so the op diff can name
+the user's function), has the timer record its stages, its steps' ends and the
 between-step data waits of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks as
 profiler ranges (``Instrumentation.record_ranges``) and opens a ``stagefrontier.step#<n>`` range;
 each later step closes the previous step's range and opens its own; after the last step it
@@ -82,6 +83,7 @@ class RankCapture:
         out_dir: str,
         with_stack: bool,
         max_trace_bytes: int,
+        record_ops: bool = False,
         submit: Callable[[Callable[[], None]], None],
         answer: Callable[[CaptureStatus], None],
     ) -> None:
@@ -90,6 +92,7 @@ class RankCapture:
         # started here, idle between captures: no thread starts or ends while a profiler runs
         self._sampler = StackSampler() if with_stack else None
         self._max_trace_bytes = max_trace_bytes
+        self._record_ops = record_ops
         self._submit = submit  # runs a job on the router thread
         self._answer = answer  # posts a status (on the router thread)
         self._request: CaptureRequest | None = None
@@ -283,7 +286,7 @@ class RankCapture:
 
     def _new_session(self) -> Any:
         """A started profiler session of this capture (noted as the router's own)."""
-        prof = profiler_session.capture_profile()
+        prof = profiler_session.capture_profile(self._record_ops)
         prof.start()
         self._session = profiler_session.started()
         return prof

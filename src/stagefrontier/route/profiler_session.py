@@ -13,21 +13,26 @@ in this process: the router notes the count right after starting its own, and an
 means another session started since. A session that ended (the user stopped the one that
 replaced ours) shows as no profiler enabled.
 
-The capture itself drives the profiler by its public API (``torch.profiler.profile``, its
-``start`` and ``stop`` at the step boundaries the router chose). Two private names remain,
-both read-only questions torch's public API cannot answer: the start hook above (whether a
-session started since ours), and ``torch._C._autograd._profiler_enabled`` (whether any session
-is running, ours or the user's). Where a torch lacks the hook, ``watch`` says so and only a
-session that ended is seen. ``schedule`` and ``on_trace_ready`` do not replace them: they order
-one session's own steps and say nothing of another's.
+The capture drives the profiler through ``torch.profiler.profile``, its ``start`` and ``stop``
+at the step boundaries the router chose. Private names remain where torch's public API has no
+answer: the start hook above (whether a session started since ours),
+``torch._C._autograd._profiler_enabled`` (whether any session is running, ours or the user's),
+and, for a capture recording the ``record_function`` ranges without the operators (the
+default), the scopes argument of ``torch._C._autograd._enable_profiler`` and the prepared
+session's ``config``, ``kineto_activities`` and ``_start_trace`` it is reached through. Where a
+torch lacks the hook, ``watch`` says so and only a session that ended is seen; where it lacks
+the others, the capture records every operator. ``schedule`` and ``on_trace_ready`` do not
+replace them: they order one session's own steps and say nothing of another's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import threading
+import time
 from typing import Any
 
 from ..reducers import kineto
@@ -114,17 +119,56 @@ def trace_only_config() -> Any:
         return None
 
 
-def capture_profile() -> Any:
+def capture_profile(record_ops: bool = False) -> Any:
     """A capture's profiler session, not started: CPU, plus CUDA where available, trace-only
     where torch offers it; no shapes, memory, stacks (the Python stack is sampled instead) or
     FLOPs. Its stop, on the training thread, takes time in proportion to the operators
-    recorded (see ``docs/router.md``, the cost of a capture)."""
+    recorded (see ``docs/router.md``, the cost of a capture): unless ``record_ops``, the
+    session records only the ``record_function`` ranges (the steps' and stages' annotations,
+    the DataLoader's and the optimizer's ranges), not each operator; the CUDA activity (kernels,
+    copies) is recorded either way."""
     import torch
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=activities, experimental_config=trace_only_config())
+    session = torch.profiler.profile if record_ops else _ranges_only_profile()
+    return session(activities=activities, experimental_config=trace_only_config())
+
+
+@functools.cache
+def _ranges_only_profile() -> Any:
+    """``torch.profiler.profile`` recording the ``record_function`` ranges and no operator.
+
+    ``torch.profiler`` takes no scopes, but the session it prepares starts by passing its
+    config and activities to ``_enable_profiler``, which also takes the scopes its callbacks
+    observe: this session's start is that call with the user-scope ranges only. Where this
+    torch lacks one of those names, the class is torch's own (every operator recorded)."""
+    import torch
+    import torch.autograd.profiler as autograd_profiler
+
+    scope = getattr(torch._C._profiler, "RecordScope", None)
+    enable: Any = getattr(torch._C._autograd, "_enable_profiler", None)
+    if scope is None or enable is None:
+        return torch.profiler.profile
+    ranges_only = {scope.USER_SCOPE}
+
+    class RangesOnlyProfile(torch.profiler.profile):  # type: ignore[misc]
+        def prepare_trace(self) -> None:
+            super().prepare_trace()
+            session = self.profiler
+            if not (hasattr(session, "config") and hasattr(session, "kineto_activities")):
+                return  # a session built otherwise: it starts as torch starts it
+
+            def start_ranges_only() -> None:
+                autograd_profiler._run_on_profiler_start()
+                config = session.config(create_trace_id=False)
+                enable(config, session.kineto_activities, ranges_only)
+                session.profiling_start_time_ns = time.perf_counter_ns()  # torch's statistic
+
+            session._start_trace = start_ranges_only
+
+    return RangesOnlyProfile
 
 
 def started() -> int:

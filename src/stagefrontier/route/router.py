@@ -100,6 +100,10 @@ class ProfilerRouter:
             rank's answer before recording the incident as not captured; [0, 86400] seconds.
         with_stack: sample the training thread's Python stack during a capture (the op diff
             names the user's functions from it; see ``route.stack_sampler``).
+        record_ops: record every operator (``aten::...``) in the capture, for an op diff
+            that names them; off, the capture records the ``record_function`` ranges only
+            (steps, stages, the DataLoader's and the optimizer's ranges) and, on a GPU, the
+            kernels, and its stop costs the training thread little (see ``docs/router.md``).
         min_share: the least share of the step by which the suspect's time in the stage must
             exceed its reference's, on average over the steps, to open an incident (and over
             the captured steps in the trace, to confirm it); [0, 1].
@@ -121,6 +125,7 @@ class ProfilerRouter:
     poll_s: float = field(default=0.05, metadata=between(MIN_POLL_S, MAX_POLL_S))
     capture_timeout_s: float = field(default=30.0, metadata=between(0.0, MAX_TIMEOUT_S))
     with_stack: bool = field(default=True, metadata=FLAG)
+    record_ops: bool = field(default=False, metadata=FLAG)
     min_share: float = field(default=MIN_SHARE, metadata=between(0.0, 1.0))
     noise_factor: float = field(default=NOISE_FACTOR, metadata=between(0.0, MAX_NOISE_FACTOR))
     gates: Gates | None = None
@@ -187,6 +192,7 @@ class RouterRuntime:
             timer,
             out_dir=timer.out_dir,
             with_stack=config.with_stack,
+            record_ops=config.record_ops,
             max_trace_bytes=int(config.max_trace_mb * 2**20),
             submit=self._jobs.put,
             answer=self._answer,
