@@ -606,6 +606,8 @@ def test_rank_0_keeps_one_capture_in_flight_a_cooldown_and_a_budget(tmp_path: Pa
     # Window 0 opens one; windows 1-2 are the cooldown; windows 3 and 6 open the next two;
     # then the budget of three is spent.
     assert [index for index, _ in opened] == [0, 3, 6]
+    # No window is judged up to the step the last incident settled in (70), plus one of skew.
+    assert coordinator.policy.busy_until_step == 71
     assert channel.keys == {}
     first = read_incident(tmp_path / "incidents" / opened[0][1])
     assert not first["captured"]

@@ -367,3 +367,27 @@ def test_a_regression_read_from_node_summaries_two_windows_in_a_row_is_captured(
     assert plan is not None and plan.trigger == "regression", plan
     assert plan.decision.suspect_rank == 12 and plan.decision.stage == "model.fwd_loss_cpu_wall"
     assert any("two windows in a row" in reason for reason in plan.decision.reasons), plan
+
+
+def test_a_window_whose_steps_ran_while_the_router_worked_is_not_judged() -> None:
+    """On a busy machine rank 0 decides a window late, so an incident's capture, its export and
+    rank 0's reduction can run past the cooldown: the window whose steps they slowed measures
+    the router, not the job, and opens nothing (a false third incident in the Lightning router
+    path's job beside CPU burners). The same lead in a window after the incident settled is
+    captured."""
+    windows = _replayed(LEAD_PACKETS)
+    stalled = windows[-1].d.copy()
+    stalled[:, 2, windows[-1].report.stages.index("data.next_wait")] += 0.05
+    windows[-1] = replace(windows[-1], d=stalled)
+    first = windows[-1].merged.reference.first_step
+    policy = CapturePolicy(ProfilerRouter())
+    for window in windows:
+        policy.remember(window)
+    policy.settled(first)
+    assert policy.consider(windows[-1]) is None
+    policy = CapturePolicy(ProfilerRouter())
+    for window in windows:
+        policy.remember(window)
+    policy.settled(first - 1)
+    plan = policy.consider(windows[-1])
+    assert plan is not None and plan.ranks == [2, 3], plan

@@ -263,6 +263,7 @@ class Coordinator:
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
+        self.policy.settled(self.current_step() + 1)
         self.writer.write(incident)
         self.session.clean_up(request)
         if current.manual_id is not None:

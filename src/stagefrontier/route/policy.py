@@ -68,11 +68,17 @@ class Plan:
 
 class CapturePolicy:
     """Decides on each window, and on manual requests, within the router's budget
-    (``max_captures``) and cooldown (``cooldown_windows`` after each incident's window)."""
+    (``max_captures``) and cooldown (``cooldown_windows`` after each incident's window, and
+    never on a window whose steps ran while the router's own work for an incident did)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
         self.captures = 0
+        # The last step during which an incident's capture, trace export or reduction ran (the
+        # step rank 0 settled it in, plus one of skew between ranks). On a busy machine rank 0
+        # decides late, the capture runs late, and its cost can land past the cooldown: a
+        # window that holds it measures the router, not the job.
+        self.busy_until_step = -1
         self.next_window = 0  # the first window index the cooldown allows
         self.traces: dict[int, list[EarlierTrace]] = {}  # rank -> its local traces, oldest first
         self.window_steps: dict[int, tuple[int, int]] = {}
@@ -104,6 +110,14 @@ class CapturePolicy:
         the cooldown allow one."""
         index = window.merged.reference.window
         if self.captures >= self.config.max_captures or index < self.next_window:
+            return None
+        if window.merged.reference.first_step <= self.busy_until_step:
+            logger.debug(
+                "stagefrontier router: window %d not judged: its steps ran while the router "
+                "captured, exported or reduced an incident (until step %d)",
+                index,
+                self.busy_until_step,
+            )
             return None
         before = self.named.get(index - 1, Named())
         decision, why = decide(
@@ -204,6 +218,10 @@ class CapturePolicy:
             reasons=(f"manual request for ranks {ranks}, {manual.steps} steps{capped}",),
         )
         return Plan(decision, "manual", ranks, steps, manual_id=manual.id)
+
+    def settled(self, step: int) -> None:
+        """An incident settled while the job ran ``step``: no window up to it is judged."""
+        self.busy_until_step = max(self.busy_until_step, step)
 
     def opened(self, window: int, counted: bool) -> None:
         """An incident of ``window`` was opened (``counted``: its request reached the store):
