@@ -31,7 +31,8 @@ from trace_support import manual_incident
 FILE_LIMIT = 256 * 1024
 """Bytes a file of the capturing process may reach once the capture is asked for: the
 incident's files and ``windows.jsonl`` (under 100 kB each here) fit, the profiler's JSON trace
-of this model's steps (megabytes, with Python stacks) does not."""
+of this model's steps with every operator recorded (``record_ops=True``: megabytes) does not. A
+capture of the ranges alone, the router's default, is a few kB and would fit."""
 LAYERS = 20
 
 
@@ -56,7 +57,7 @@ def _capture_on_a_full_disk(rank: int, out_dir: str, port: int) -> None:
     from stagefrontier import CollectConfig, ProfilerRouter, StageTimer, TimerConfig
 
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timedelta(seconds=60))
-    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=120.0)
+    router = ProfilerRouter(steps=3, store=store, capture_timeout_s=120.0, record_ops=True)
     timer = StageTimer(
         config=TimerConfig(
             window=5,
