@@ -11,17 +11,19 @@ in-memory dataset, SGD, one process) run interleaved, round after round:
   ``stagefrontier run`` installs it.
 
 A variant's cost is its loop time less the untimed loop's in the same round, per step; the
-ratio of the automatic to the hand-written cost is taken per round (the median and quartiles
-over rounds are reported) and between the variants' medians. On a busy machine the two can
-disagree: the verdict is given only when they agree and the per-round quartiles lie on the same
-side of the target, and is "unresolved at this load" otherwise. ``count_instructions`` counts
-the same loops' instructions under callgrind (``callgrind_counts``), a ratio the load does not
+ratio of the automatic to the hand-written cost is taken per round (the median over rounds, its
+95% interval and the quartiles are reported) and between the variants' medians. On a busy
+machine the two can disagree: the verdict is given only when they and the 95% interval of the
+per-round median lie on the same side of the target, and is "unresolved at this load"
+otherwise. ``count_instructions`` counts the same loops' instructions under callgrind
+(``callgrind_counts``), a ratio the load does not
 move. Both timers hand their windows to a collector that drops them.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import subprocess
 import sys
@@ -43,7 +45,8 @@ METHOD = (
     "forward, backward and optimizer stages); automatic (the same loop as the untimed one, "
     "under `auto.AutoDriver`, as `stagefrontier run` installs it). A variant's cost is its "
     "loop less the untimed loop of the same round, per step; the ratio of the automatic to the "
-    "hand-written cost is taken per round (median and quartiles over rounds)."
+    "hand-written cost is taken per round (median over rounds, with its distribution-free 95% "
+    "interval)."
 )
 SETUP_STEPS = 2
 """Steps of every loop run before its clock starts: the automatic hooks watch the first step
@@ -235,13 +238,28 @@ def count_instructions(rounds: int, steps: int) -> list[dict[str, int]]:
     return [dict(zip(VARIANTS, row, strict=True)) for row in rows]
 
 
-def verdict(q1: float, per_round: float, q3: float, of_medians: float) -> str:
-    """MET or MISSED only when the median of the per-round ratios and the ratio of the medians
-    agree and the per-round quartiles lie on the same side of the target; on a busy machine
-    they may not, and the figure then decides nothing."""
-    if max(per_round, q3, of_medians) <= HOOKS_TARGET:
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The distribution-free ``confidence`` interval of the median of ``values``: the order
+    statistics ``k`` and ``n - k + 1`` (1-based) for the largest ``k`` with at most
+    ``(1 - confidence) / 2`` of the binomial(n, 1/2) mass below ``k``; the whole range when the
+    values are too few for such a ``k``."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, k, mass = (1 - confidence) / 2, 0, 0.0
+    while k < n and mass + math.comb(n, k) / 2**n <= tail:
+        mass += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def verdict(low: float, per_round: float, high: float, of_medians: float) -> str:
+    """MET or MISSED only when the median of the per-round ratios, its whole 95% interval
+    (``low`` to ``high``, ``median_interval``) and the ratio of the medians lie on one side of
+    the target; on a busy machine they may not, and the figure then decides nothing."""
+    if max(per_round, high, of_medians) <= HOOKS_TARGET:
         return "MET"
-    if min(per_round, q1, of_medians) > HOOKS_TARGET:
+    if min(per_round, low, of_medians) > HOOKS_TARGET:
         return "MISSED"
     return "unresolved at this load"
 
@@ -285,11 +303,12 @@ def table(measured: Sequence[dict[str, int]], steps: int, instructions: Sequence
     if not ratios or statistics.median(hand) <= 0:
         return ["- automatic hooks: not measured (the hand-written cost was lost in the noise)."]
     q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    low, high = median_interval(ratios)
     of_medians = statistics.median(auto) / statistics.median(hand)
-    said = verdict(q1, q2, q3, of_medians)
+    said = verdict(low, q2, high, of_medians)
     return [
         "| variant | ns per step over the untimed loop | x hand-written: median of the "
-        "per-round ratios (quartiles) | x hand-written: ratio of the medians | target |",
+        "per-round ratios (its 95% interval) | x hand-written: ratio of the medians | target |",
         "|---|---:|---:|---:|---|",
         f"| untimed loop ({base:.0f} ns per step, subtracted) | 0 | - | - | - |",
         "| (the dispatch of no-op hooks where the automatic ones go: the model's timed forward, "
@@ -298,16 +317,17 @@ def table(measured: Sequence[dict[str, int]], steps: int, instructions: Sequence
         " | 1.00 | 1.00 | - |",
         f"| automatic hooks (`stagefrontier run`), {100 * statistics.median(auto) / base:.0f}% "
         f"of the untimed step | {statistics.median(auto):.0f} | "
-        f"{q2:.2f} ({q1:.2f} - {q3:.2f}) | {of_medians:.2f} | <= {HOOKS_TARGET:g}x |",
+        f"{q2:.2f} ({low:.2f} - {high:.2f}) | {of_medians:.2f} | <= {HOOKS_TARGET:g}x |",
         "",
         f"- automatic hooks, thread CPU time: {q2:.2f}x the hand-written contexts' cost per step "
-        f"by the median of the per-round ratios (quartiles {q1:.2f} - {q3:.2f}, "
-        f"{len(ratios)} rounds of {steps} steps), {of_medians:.2f}x by the ratio of the "
-        f"medians, target <= {HOOKS_TARGET:g}x: {said}"
+        f"by the median of the per-round ratios (its 95% interval {low:.2f} - {high:.2f}; one "
+        f"round's ratio scatters more, quartiles {q1:.2f} - {q3:.2f}; {len(ratios)} rounds of "
+        f"{steps} steps), {of_medians:.2f}x by the ratio of the medians, target <= "
+        f"{HOOKS_TARGET:g}x: {said}"
         + (
             "."
             if said != "unresolved at this load"
-            else " (the two ratios disagree, or the quartiles straddle the target)."
+            else " (the two ratios disagree, or the median's interval straddles the target)."
         ),
         *instructions,
         *(

@@ -166,3 +166,37 @@ def test_a_backward_with_other_parameters_is_left_alone_and_said(
     records = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
     assert [r["n_steps"] for r in records] == [5, 5, 1]
     assert all(r["contract_violations"] == 0 for r in records)
+
+
+@pytest.mark.parametrize("kind", ["plain", "script"])
+def test_an_evaluation_forward_between_steps_is_not_timed(tmp_path: Path, kind: str) -> None:
+    """The timed forward reads the model's training flag at every call: from the instance dict
+    where ``nn.Module`` keeps it, or, for a scripted module (whose flag lives in its C++
+    module), by attribute. An evaluation forward with gradients on, after each step, opens no
+    step of its own."""
+    from stagefrontier.auto.model import module_state
+
+    torch.manual_seed(0)
+    plain = nn.Linear(8, 1)
+    model: Any = plain if kind == "plain" else torch.jit.script(plain)
+    state = module_state(model)
+    assert (state is vars(model)) == (kind == "plain")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(STEPS, 8), torch.randn(STEPS, 1)), batch_size=1)
+    arguments = TimerArguments("the test's", [], None, {"window": WINDOW, "out_dir": str(tmp_path)})
+    driver = AutoDriver(arguments)
+    driver.install()
+    try:
+        for x, y in loader:
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            model.eval()
+            assert not state["training"]
+            model(x)  # a validation forward, gradients on
+            model.train()
+    finally:
+        driver.stop()
+    records = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    assert [r["n_steps"] for r in records] == [5, 5, 1]  # one a training step, the first watched
+    assert all(r["contract_violations"] == 0 for r in records)

@@ -52,17 +52,17 @@ def test_hotpath_benchmark_quick_writes_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("q1", "per_round", "q3", "of_medians", "said"),
+    ("low", "per_round", "high", "of_medians", "said"),
     [
         (1.20, 1.30, 1.40, 1.32, "MET"),
         (1.55, 1.60, 1.70, 1.65, "MISSED"),
-        (1.30, 1.40, 1.60, 1.42, "unresolved at this load"),  # the quartiles straddle it
+        (1.30, 1.40, 1.60, 1.42, "unresolved at this load"),  # the interval straddles it
         (1.40, 1.45, 1.50, 1.53, "unresolved at this load"),  # the two ratios disagree
         (0.59, 1.22, 2.02, 1.53, "unresolved at this load"),  # the loaded run that read "MET"
     ],
 )
-def test_the_hooks_verdict_needs_both_ratios_and_the_quartiles_on_one_side(
-    q1: float, per_round: float, q3: float, of_medians: float, said: str
+def test_the_hooks_verdict_needs_both_ratios_and_the_medians_interval_on_one_side(
+    low: float, per_round: float, high: float, of_medians: float, said: str
 ) -> None:
     sys.path.insert(0, str(BENCHMARKS))
     try:
@@ -70,7 +70,20 @@ def test_the_hooks_verdict_needs_both_ratios_and_the_quartiles_on_one_side(
     finally:
         sys.path.remove(str(BENCHMARKS))
     assert HOOKS_TARGET == 1.5
-    assert verdict(q1, per_round, q3, of_medians) == said
+    assert verdict(low, per_round, high, of_medians) == said
+
+
+def test_the_medians_interval_is_the_binomial_order_statistics() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from hotpath_hooks import median_interval
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    # n = 100: P(Binom(100, 1/2) <= 39) = 0.018 <= 0.025 < P(<= 40) = 0.028, so the 40th and
+    # the 61st of the sorted values (the textbook table's ranks for n = 100)
+    assert median_interval([float(v) for v in range(100, 0, -1)]) == (40.0, 61.0)
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few: the whole range
+    assert median_interval([5.0]) == (5.0, 5.0)
 
 
 SOAK_HEADER = (

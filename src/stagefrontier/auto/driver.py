@@ -40,7 +40,7 @@ from ..integrations._timer import TimerArguments
 from ..record.instrumentation import Instrumentation
 from ..record.recorder import StageTimer
 from .fetch import timed_fetch
-from .model import ForwardPatch, stepped_module, watch_collectives
+from .model import ForwardPatch, module_state, stepped_module, watch_collectives
 from .patches import Patches
 
 logger = logging.getLogger("stagefrontier")
@@ -69,8 +69,9 @@ class AutoDriver:
     __slots__ = (  # noqa: SIM905 (a list of 31 names, one a line, would be as long again)
         "_after_backward _arguments _called _calls _charge_fetch _counters _depth _fetched_from "
         "_forwards _grad_on _handles _in_backward _in_optimizer _instrumentation "
-        "_learn_backwards _learn_handles _loader _micro _micro_index _open _open_name "
-        "_optimizer _patches _step _stepped _torch accumulate framework model phase timer"
+        "_learn_backwards _learn_handles _loader _micro _micro_index _new_step _open _open_name "
+        "_optimizer _patches _stage_of _step _stepped _torch accumulate framework model phase "
+        "timer"
     ).split()
 
     def __init__(self, arguments: TimerArguments) -> None:
@@ -82,9 +83,11 @@ class AutoDriver:
         self.phase = LEARN
         self.framework: str | None = None  # a framework whose callback took over
         self.timer: StageTimer | None = None
-        # the timer's, kept when it is built (a fetch reads them with no property in between)
+        # the timer's, kept when it is built (read in the hooks with no property in between)
         self._instrumentation: Instrumentation
         self._charge_fetch: Callable[[int], None]
+        self._new_step: Callable[[], Any]  # its ``step`` and ``stage``
+        self._stage_of: Callable[[str], Any]
         self._patches = Patches(self)
         self._handles: list[Any] = []
         self._learn_handles: list[Any] = []
@@ -251,6 +254,7 @@ class AutoDriver:
             return False
         self._instrumentation = timer.instrumentation
         self._charge_fetch = timer.instrumentation.charge_fetch
+        self._new_step, self._stage_of = timer.step, timer.stage  # a context sees a pause
         if self._loader is not None:
             self._watch(self._loader)
         return True
@@ -258,40 +262,39 @@ class AutoDriver:
     # ------------------------------------------------------------------ the hooks
     # Each runs once a step, the common case first with the fewest tests and calls: contexts
     # entered and left here, not in helpers (each Python call costs); rare cases go to helpers.
-    # A context's ``__enter__`` and ``__exit__`` are read into a local and then called, and so
-    # are the timer's ``step`` and ``stage``: written ``ctx.__enter__()``, the call looks the
-    # name up through the interpreter's generic method lookup every time (a slot, or an
-    # attribute of the instance, is not a method it can cache), which costs about three times
-    # the attribute read and the call.
+    # A context's ``__enter__`` and ``__exit__`` are read into a local and then called: written
+    # ``ctx.__enter__()``, the call goes through the interpreter's generic method lookup (a slot
+    # is not a method it can cache), about three times the read and the call. The timer's
+    # ``step`` and ``stage`` (instance attributes shadowing methods: no read of them is
+    # specialized either) are kept in the driver's slots.
     def timed_forward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         """The model's forward while timing (``ModelForward``'s call): ``inner``, the model's own
         forward, after the step's first forward opens the step and the forward stage (the
         common case, inline); any other training forward goes to ``_forward``. A model called
         with one positional argument and no keywords gets it passed on as a plain call."""
-        driver, model, grad_on = self, self.model, self._grad_on
+        driver, grad_on, state = self, self._grad_on, module_state(self.model)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if (
                 driver._step is None
                 and driver._fetched_from is driver._loader
                 and not driver.accumulate
-                and model.training
+                and state["training"]
                 and grad_on()
             ):
                 try:  # _begin_step's common case; no stage is open between steps
-                    timer: Any = driver.timer
-                    new_step = timer.step
+                    new_step = driver._new_step
                     step = driver._step = new_step()
                     enter = step.__enter__
                     enter()
-                    stage_of = timer.stage
+                    stage_of = driver._stage_of
                     stage = driver._open = stage_of(FORWARD_STAGE)
                     driver._open_name = FORWARD_STAGE
                     enter = stage.__enter__
                     enter()
                 except Exception as exc:
                     driver._fail(exc)
-            elif model.training and grad_on():
+            elif state["training"] and grad_on():
                 driver._forward()
             if kwargs or len(args) != 1:
                 return inner(*args, **kwargs)
@@ -314,7 +317,7 @@ class AutoDriver:
             elif self._open_name is FORWARD_STAGE:
                 return  # the model called twice in one forward stage
             self._close_open()
-            stage = self._open = self.timer.stage(FORWARD_STAGE)  # type: ignore[union-attr]
+            stage = self._open = self._stage_of(FORWARD_STAGE)
             self._open_name = FORWARD_STAGE
             stage.__enter__()
         except Exception as exc:
@@ -345,8 +348,7 @@ class AutoDriver:
                 if opened is not None:
                     leave = opened.__exit__
                     leave(None, None, None)
-                timer: Any = driver.timer
-                stage_of = timer.stage
+                stage_of = driver._stage_of
                 stage = driver._open = stage_of(BACKWARD_STAGE)
                 driver._open_name = BACKWARD_STAGE
                 enter = stage.__enter__
@@ -387,7 +389,7 @@ class AutoDriver:
             if opened is not None:
                 leave = opened.__exit__
                 leave(None, None, None)
-            stage_of = self.timer.stage  # type: ignore[union-attr]
+            stage_of = self._stage_of
             stage = self._open = stage_of(OPTIMIZER_STAGE)
             self._open_name = OPTIMIZER_STAGE
             enter = stage.__enter__
@@ -426,8 +428,7 @@ class AutoDriver:
         if fetched is not None and fetched is not self._loader:
             self._loader = fetched  # the loop trains on another loader (a new epoch's)
             self._watch(fetched)
-        timer: Any = self.timer
-        step = self._step = timer.step()
+        step = self._step = self._new_step()
         step.__enter__()
         self._after_backward = False
         if self.accumulate:

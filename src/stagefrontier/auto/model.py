@@ -23,6 +23,27 @@ def stepped_module(called: list[Any], optimizer: Any) -> Any:
     return None
 
 
+class _Attributes:
+    """A module's attributes read by name, as its instance dict is (``module_state``)."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def module_state(module: Any) -> Any:
+    """Where the timed forward reads ``module.training`` at every call: the module's instance
+    dict, where ``nn.Module`` keeps it (``module.training`` goes through ``Module.__getattr__``,
+    which keeps the interpreter from specializing the read), or, for a module that keeps it
+    elsewhere (a property), its attributes read by name."""
+    held = vars(module)
+    return held if isinstance(held.get("training"), bool) else _Attributes(module)
+
+
 class ModelForward:
     """The model's ``forward`` while the hooks time it, set on the model itself. Calling it calls
     its ``__call__`` slot: a function the driver made around the forward it stands in for
