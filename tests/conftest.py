@@ -135,7 +135,7 @@ GATE_STALL = "data@1:120ms"
 GATE_BURNERS = 2
 """CPU-burning processes beside the gate's three jobs (the issue's healthy pairs must pass beside
 them, the stall still fail)."""
-GATE_HEAVIER_LAYERS = 6
+GATE_HEAVIER_LAYERS = 12
 """The heavier model's layers (the demo's has 2): every stage on every rank slower, the code's."""
 GATE_QUIET_STEPS = 60
 
