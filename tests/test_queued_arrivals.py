@@ -12,6 +12,7 @@ only) and one real timer's calls.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -186,43 +187,20 @@ def test_a_rank_late_by_its_own_code_is_not_starved_on_either_path(seed: int) ->
 # A window of the routing rows at 8 ranks on 2 cores (load 25 to 31): rank 5 sleeps 120 ms
 # before backward; each rank's wait at backward's all-reduce and its run-queue wait before it,
 # per step, in milliseconds.
-SLEPT_WAIT = [
-    [142, 202, 207, 145, 170, 14, 204, 203],
-    [114, 203, 203, 39, 111, 4, 193, 113],
-    [313, 317, 259, 254, 123, 172, 321, 325],
-    [314, 260, 100, 94, 331, 212, 312, 315],
-    [722, 729, 292, 33, 843, 554, 845, 23],
-    [173, 159, 152, 139, 234, 25, 148, 151],
-    [69, 124, 125, 124, 68, 19, 115, 104],
-    [160, 156, 148, 137, 153, 37, 148, 126],
-    [90, 263, 19, 139, 346, 142, 90, 151],
-    [489, 489, 501, 480, 486, 20, 482, 481],
-]
-SLEPT_QUEUED = [
-    [110, 32, 35, 97, 80, 88, 40, 38],
-    [37, 182, 173, 126, 37, 120, 175, 181],
-    [82, 87, 89, 94, 190, 133, 103, 94],
-    [223, 80, 301, 312, 123, 205, 208, 93],
-    [91, 87, 108, 529, 66, 142, 92, 364],
-    [56, 72, 593, 82, 22, 602, 69, 75],
-    [121, 93, 86, 104, 141, 90, 94, 101],
-    [69, 60, 79, 78, 40, 37, 53, 82],
-    [27, 19, 323, 128, 10, 102, 27, 227],
-    [61, 68, 68, 58, 63, 409, 71, 66],
-]
+SLEPT = json.loads((Path(__file__).parent / "data" / "slept_rank_8_ranks.json").read_text())
 
 
 def test_a_slept_rank_is_not_starved_when_the_own_reading_names_another_candidate() -> None:
     """Rank 5 arrives about 120 ms late as timed; with the run-queue waits added back the
     candidate is rank 0, not late at all, but rank 5 is still about 100 ms behind: its own
     lateness is material, so it is not said starved (read on rank 0's candidate, it was)."""
-    wait = np.array(SLEPT_WAIT, dtype=np.float64)[:, :, None]
+    wait = np.array(SLEPT["wait"], dtype=np.float64)[:, :, None]
     times = CollectiveTimes(
         KEY,
         (1 << 20,),
         wait,
         np.full_like(wait, 50.0),
-        queued_ms=np.array(SLEPT_QUEUED, dtype=np.float64)[:, :, None],
+        queued_ms=np.array(SLEPT["queued"], dtype=np.float64)[:, :, None],
     )
     ((_, timed, own_facts),) = times.facts(list(range(8)))
     threshold = late_threshold(370.0)

@@ -349,26 +349,37 @@ def test_strict_timer_raises_contract_violation(case: str) -> None:
     assert all(w.contract_violations == 0 for w in collector.windows)
 
 
+def _one_window_of(
+    step: Callable[[StageTimer], None], steps: int, caplog: pytest.LogCaptureFixture
+) -> tuple[Any, list[str]]:
+    """``steps`` calls of ``step`` on a timer whose window is that long: its one window and the
+    warnings said meanwhile."""
+    caplog.set_level(logging.WARNING, logger="stagefrontier")
+    timer, collector = capture(window=steps)
+    for _ in range(steps):
+        step(timer)
+    timer.close()
+    (w,) = collector.windows
+    return w, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_unknown_stage_is_logged_once_per_name_with_a_suggestion(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stagefrontier")
-    timer, collector = capture(window=3)
-    for _ in range(3):
+    def unknown_stages(timer: StageTimer) -> None:
         with timer.step():
             with timer.stage("data.next_wiat"):  # a typo of the data stage
                 pass
             with timer.stage("eval.cpu_wall"):  # nothing like any stage
                 pass
-    timer.close()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    w, warnings = _one_window_of(unknown_stages, 3, caplog)
     assert len(warnings) == 2  # once per name, not once per use
     typo, other = warnings
     assert "unknown stage 'data.next_wiat' on rank 0; did you mean 'data.next_wait'?" in typo
     assert f"counted in {OTHER}" in typo
     assert "unknown stage 'eval.cpu_wall' on rank 0." in other
     assert "did you mean" not in other
-    (w,) = collector.windows
     assert w.contract_violations == 6  # every use is still counted
     assert any("did you mean 'data.next_wait'" in r for r in w.violation_reasons)
 
@@ -376,17 +387,11 @@ def test_unknown_stage_is_logged_once_per_name_with_a_suggestion(
 def test_many_violations_are_counted_exactly_with_distinct_reasons(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stagefrontier")
-    timer, collector = capture(window=5)
-    for _ in range(5):
-        _repeated_stage(timer)
-    timer.close()
-    (w,) = collector.windows
+    w, warnings = _one_window_of(_repeated_stage, 5, caplog)
     assert w.contract_violations == 5
     reason = f"stage '{FWD}' repeated or out of schema order within a step"
     assert w.violation_reasons == (reason,)
     # Said once on the rank where it happened (as the troubleshooting page says), then counted.
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"stagefrontier: rank 0: {reason}; such calls are counted in each window's "
         "contract_violations and not said again (TimerConfig(strict=True) raises instead)"
