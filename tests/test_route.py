@@ -22,7 +22,7 @@ from stagefrontier.errors import ReportFormatError
 from stagefrontier.formats.incident import check_incident, new_incident, read_incident
 from stagefrontier.render.incident import write_incident
 from stagefrontier.route.decide import decide, start_margin
-from stagefrontier.route.opdiff import op_diff, stage_op_times
+from stagefrontier.route.opdiff import OpTimes, op_diff, stage_op_times
 from stagefrontier.route.requests import CaptureRequest, CaptureStatus, ManualRequest
 from trace_support import manual_incident, thread_trace
 
@@ -226,6 +226,41 @@ def test_op_diff_ranks_self_time_inside_the_stage_by_user_function(tmp_path: Pat
     assert one.steps == 1
     forward = stage_op_times(suspect, "model.fwd_loss_cpu_wall")
     assert forward.self_s == {"<built-in method mm>": pytest.approx(500e-6)}
+
+
+def _sampled_step(t0: float, rest_us: float) -> list[tuple[str, str, float, float]]:
+    """One step as the stack sampler cuts it: the training loop's own frame (``_train``) opens
+    at the first sample inside the data stage, where a 120 µs sleep stalls, and runs to the
+    step's end, ``rest_us`` of forward, backward and optimizer after the data stage; its
+    children there lie outside the data stage."""
+    end = t0 + 140 + rest_us
+    return [
+        ("user_annotation", f"stagefrontier.step#{int(t0 // 10_000)}", t0, end - t0),
+        ("user_annotation", "data.next_wait", t0 + 5, 130),
+        ("python_function", "train.py(163): _train", t0 + 7, end - t0 - 8),
+        ("python_function", "faults.py(171): delay", t0 + 8, 121),
+        ("python_function", "<built-in function sleep>", t0 + 9, 120),
+        ("user_annotation", "model.fwd_loss_cpu_wall", t0 + 140, rest_us),
+        ("python_function", "model.py(30): forward", t0 + 141, rest_us - 2),
+    ]
+
+
+@pytest.mark.parametrize("rest_us", [30.0, 400.0])
+def test_a_frame_running_past_the_stage_counts_only_its_time_inside_it(
+    tmp_path: Path, rest_us: float
+) -> None:
+    """The training loop's frame starts inside the data stage and runs to the step's end: only
+    its own time inside the stage is counted (about none: its children fill it), however long
+    the rest of the step is. Counted whole, it led the op diff once the rest outgrew the stall
+    (a loaded machine: the demo's op diff named ``_train`` at 180 ms/step, not ``delay``)."""
+    trace = thread_trace(
+        tmp_path / "s.json.gz", _sampled_step(0, rest_us) + _sampled_step(10_000, rest_us)
+    )
+    mine = stage_op_times(trace, "data.next_wait")
+    rows = op_diff(mine, OpTimes({}, 2, {}))
+    assert rows[0]["name"] == "faults.py(171): delay › <built-in function sleep>", rows
+    assert mine.self_s["train.py(163): _train"] == pytest.approx(2 * 7e-6)  # 7-8 and 129-135
+    assert mine.self_s["faults.py(171): delay"] == pytest.approx(2 * 1e-6)
 
 
 # --- one process, end to end --------------------------------------------------------------------

@@ -127,8 +127,9 @@ def stage_op_times(
     eps = 1e-3  # microseconds: rounding slack when children end at their parent's end
 
     def close(frame: _Frame) -> None:
-        if frame.step is not None:
-            self_s = max(0.0, frame.end - frame.start - frame.children) * 1e-6
+        if frame.step is not None:  # its own time inside the stage: the rest is not the stage's
+            own = within(frame.start, frame.end, starts, stage_ranges) - frame.children
+            self_s = max(0.0, own) * 1e-6
             totals[frame.key] = totals.get(frame.key, 0.0) + self_s
             steps = by_step.setdefault(frame.key, {})
             steps[frame.step] = steps.get(frame.step, 0.0) + self_s
@@ -139,8 +140,8 @@ def stage_op_times(
         while stack and stack[-1].end <= ts + eps:
             close(stack.pop())
         parent_path = stack[-1].user_path if stack else []
-        if stack:
-            stack[-1].children += dur
+        if stack:  # a child's time inside the stage (its parent's is counted there alone)
+            stack[-1].children += within(ts, ts + dur, starts, stage_ranges)
         user = is_user_frame(name)
         frames = [*parent_path, name] if user else parent_path
         key = name if user or not frames else f"{frames[-1]} › {name}"
@@ -196,6 +197,20 @@ def overlaps(
     if i >= 0 and ranges[i][1] >= lo:
         return True
     return i + 1 < len(ranges) and ranges[i + 1][0] <= hi
+
+
+def within(
+    lo: float, hi: float, starts: list[float], ranges: Sequence[tuple[float, float, int]]
+) -> float:
+    """How much of ``[lo, hi]`` lies inside the sorted, disjoint ``ranges`` (``starts``: their
+    starts). An event that starts in the stage may run on past it: a stack sample's frame of
+    the training loop spans the whole step, its children in the other stages left out."""
+    i = max(bisect.bisect_right(starts, lo) - 1, 0)
+    total = 0.0
+    while i < len(ranges) and ranges[i][0] < hi:
+        total += max(0.0, min(hi, ranges[i][1]) - max(lo, ranges[i][0]))
+        i += 1
+    return total
 
 
 def _wait_of(name: str, stage: str) -> int | None:
