@@ -17,7 +17,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -27,8 +29,10 @@ from pathlib import Path
 import harness_common as hc
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (?:passed|failed).*?) in (?P<seconds>[\d.]+)s", re.M)
-FAILED = re.compile(r"^FAILED (\S+)", re.M)
+SUMMARY = re.compile(
+    r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+|no tests ran) in (?P<seconds>[\d.]+)s", re.M
+)
+FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 LOAD_EVERY_S = 30.0
 
 
@@ -60,19 +64,32 @@ def suite_run(index: int, burners: int, log: Path | None) -> SuiteRun:
     watcher.start()
     start = time.monotonic()
     with hc.cpu_burners(burners):
-        proc = subprocess.run(
-            ["make", "test"], cwd=ROOT, capture_output=True, text=True, check=False
+        # its own session: an interrupted script ends the whole suite (workers, ranks) with it
+        proc = subprocess.Popen(
+            ["make", "test"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
+        try:
+            output, _ = proc.communicate()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            done.set()
     run.wall_s = time.monotonic() - start
-    done.set()
     watcher.join()
-    output = proc.stdout + proc.stderr
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(output, encoding="utf-8")
     run.status = proc.returncode
-    found = SUMMARY.search(output)
-    if found:
+    summaries = list(SUMMARY.finditer(output))
+    if summaries:  # the last: pytest's own, at the end
+        found = summaries[-1]
         run.counts, run.pytest_s = found.group("counts"), float(found.group("seconds"))
     run.failed = FAILED.findall(output)
     return run
@@ -118,7 +135,7 @@ def render(runs: list[SuiteRun], args: argparse.Namespace, setup_s: float) -> st
         "- `make test` is the README's test command: the lint, type and docs checks side by "
         "side, then the suite on its default workers (`PYTEST_WORKERS` in the Makefile).",
         "- The load averages are the 1-minute figure, read at the run's start and every "
-        f"{LOAD_EVERY_S:.0f} s during it; the burners alone make 2 of it on this machine.",
+        f"{LOAD_EVERY_S:.0f} s during it; the burners alone make {args.burners} of it.",
     ]
     return "\n".join(lines) + "\n"
 

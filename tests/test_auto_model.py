@@ -168,17 +168,34 @@ def test_a_backward_with_other_parameters_is_left_alone_and_said(
     assert all(r["contract_violations"] == 0 for r in records)
 
 
-@pytest.mark.parametrize("kind", ["plain", "script"])
+class _Decided(nn.Linear):
+    """A module whose class decides its training flag (a property over a flag of its own)."""
+
+    @property  # type: ignore[override]
+    def training(self) -> bool:
+        return self.mode
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self.__dict__["mode"] = mode
+
+
+@pytest.mark.parametrize("kind", ["plain", "script", "trace", "property"])
 def test_an_evaluation_forward_between_steps_is_not_timed(tmp_path: Path, kind: str) -> None:
     """The timed forward reads the model's training flag at every call: from the instance dict
-    where ``nn.Module`` keeps it, or, for a scripted module (whose flag lives in its C++
-    module), by attribute. An evaluation forward with gradients on, after each step, opens no
-    step of its own."""
+    where ``nn.Module`` keeps it, or, for a module whose class decides it (a scripted or traced
+    module's lives in its C++ module; a property), by attribute. An evaluation forward with
+    gradients on, after each step, opens no step of its own."""
     from stagefrontier.auto.model import module_state
 
     torch.manual_seed(0)
-    plain = nn.Linear(8, 1)
-    model: Any = plain if kind == "plain" else torch.jit.script(plain)
+    plain = _Decided(8, 1) if kind == "property" else nn.Linear(8, 1)
+    if kind == "property":
+        plain.__dict__["training"] = True  # a stale copy beside the property: never read
+    model: Any = {
+        "script": lambda: torch.jit.script(plain),
+        "trace": lambda: torch.jit.trace(plain, torch.randn(1, 8)),
+    }.get(kind, lambda: plain)()
     state = module_state(model)
     assert (state is vars(model)) == (kind == "plain")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -3,6 +3,7 @@ timing checks)."""
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -82,8 +83,10 @@ def test_the_medians_interval_is_the_binomial_order_statistics() -> None:
     # n = 100: P(Binom(100, 1/2) <= 39) = 0.018 <= 0.025 < P(<= 40) = 0.028, so the 40th and
     # the 61st of the sorted values (the textbook table's ranks for n = 100)
     assert median_interval([float(v) for v in range(100, 0, -1)]) == (40.0, 61.0)
-    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few: the whole range
-    assert median_interval([5.0]) == (5.0, 5.0)
+    assert median_interval([float(v) for v in range(6)]) == (0.0, 5.0)  # 2/64 <= 0.05
+    unbounded = (-math.inf, math.inf)  # too few to bound the median at 95%
+    assert median_interval([3.0, 1.0, 2.0]) == unbounded
+    assert median_interval([5.0]) == unbounded
 
 
 SOAK_HEADER = (

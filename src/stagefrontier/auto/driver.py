@@ -66,7 +66,7 @@ class AutoDriver:
     """The state of the automatic hooks in one worker process (see the module doc). Its fields
     are slots: the hooks read and write a dozen of them every step."""
 
-    __slots__ = (  # noqa: SIM905 (a list of 31 names, one a line, would be as long again)
+    __slots__ = (  # noqa: SIM905 (a list of 33 names, one a line, would be as long again)
         "_after_backward _arguments _called _calls _charge_fetch _counters _depth _fetched_from "
         "_forwards _grad_on _handles _in_backward _in_optimizer _instrumentation "
         "_learn_backwards _learn_handles _loader _micro _micro_index _new_step _open _open_name "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,11 +38,12 @@ class _Attributes:
 
 def module_state(module: Any) -> Any:
     """Where the timed forward reads ``module.training`` at every call: the module's instance
-    dict, where ``nn.Module`` keeps it (``module.training`` goes through ``Module.__getattr__``,
-    which keeps the interpreter from specializing the read), or, for a module that keeps it
-    elsewhere (a property), its attributes read by name."""
+    dict, where ``nn.Module`` keeps it (a class that defines ``__getattr__``, as ``Module``
+    does, keeps the interpreter from specializing ``module.training``), or, for a module whose
+    class decides it (a property: a compiled or scripted module), its attributes by name."""
     held = vars(module)
-    return held if isinstance(held.get("training"), bool) else _Attributes(module)
+    decided = hasattr(inspect.getattr_static(type(module), "training", None), "__set__")
+    return held if isinstance(held.get("training"), bool) and not decided else _Attributes(module)
 
 
 class ModelForward:
