@@ -49,6 +49,7 @@ class Rank:
         )
         self.timer._router = SimpleNamespace(
             on_step=self.capture.on_step,
+            on_step_started=self.capture.on_step_started,
             on_step_end=self.capture.on_step_end,
             on_pause=self.capture.on_pause,
             close=lambda join_s, process_ends=False: self.capture.finish(self.timer._step_index),

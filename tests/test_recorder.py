@@ -27,6 +27,7 @@ from recorder_support import (
     OTHER,
     TIMED,
     CaptureCollector,
+    StepClock,
     column,
     on_disk_and_captured,
     read_records,
@@ -777,45 +778,109 @@ def test_a_collector_that_raises_never_reaches_the_training_loop(
     assert any("handing off window" in r.getMessage() for r in caplog.records)
 
 
-class StepEnds:
-    """Stands in for the router's runtime: counts the captured steps' ends."""
+class StepEdges:
+    """Stands in for the router's runtime while a capture is armed: each call moves the clock by
+    its own amount, so a step's live time says which of them ran inside it."""
 
-    def __init__(self) -> None:
-        self.ends = 0
+    BEFORE, STARTED, ENDED = 1e-3, 1e-5, 1e-1  # seconds
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+        self.calls: list[str] = []
+
+    def on_step(self, step: int) -> None:
+        self.calls.append(f"on_step {step}")
+        self.clock.advance_s(self.BEFORE)
+
+    def on_step_started(self) -> None:
+        self.calls.append("started")
+        self.clock.advance_s(self.STARTED)
 
     def on_step_end(self) -> None:
-        self.ends += 1
+        self.calls.append("end")
+        self.clock.advance_s(self.ENDED)
 
 
-def test_the_capture_step_class_swapped_in_still_ends_each_step() -> None:
-    """The contexts keep their bound enter and exit in slots (no binding per ``with``); the
-    capture swaps the step context's class to one that defines ``__exit__`` itself, and that
-    exit must run for every step while swapped in, and never after it is swapped back."""
-    from stagefrontier.record.contexts import CapturedStepContext, StepContext
+def test_a_captured_steps_range_opens_after_its_clock_starts_and_closes_after_it_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a capture is armed the step context calls the router before its clock starts
+    (``on_step``: the capture's own work stays out of the step), once it runs (the step's
+    profiler range opens) and once it stopped (the range closes): a stall of the thread in the
+    profiler's calls then falls in both the trace's step and the live one, or in neither. Each
+    call moves the contexts' clock by its own amount, and the live step holds exactly the
+    opening's and the stage's."""
+    from stagefrontier.record import contexts
 
+    clock = StepClock()
+    monkeypatch.setattr(contexts, "_now", clock)
     collector = CaptureCollector()
-    timer = StageTimer(config=TimerConfig(stages=(FWD, BWD), window=4), collector=collector)
-    runtime = StepEnds()
+    timer = StageTimer(config=TimerConfig(stages=(FWD, BWD), window=3), collector=collector)
+    runtime = StepEdges(clock)
     timer._router = runtime
     step, stage = timer.step, timer.stage
 
     def one_step() -> None:
-        with step():
-            with stage(FWD):
-                time.sleep(0.001)
-            with stage(BWD):
-                pass
+        with step(), stage(FWD):
+            clock.advance_s(7e-6)
 
+    one_step()  # no capture armed: the router is not called
+    timer.instrumentation.tell_steps(True)
     one_step()
-    timer._step_ctx.__class__ = CapturedStepContext
     one_step()
-    one_step()
-    assert runtime.ends == 2
-    timer._step_ctx.__class__ = StepContext
-    one_step()
-    assert runtime.ends == 2
+    timer.instrumentation.tell_steps(False)
     timer._router = None
     timer.close()
+    assert runtime.calls == ["on_step 1", "started", "end", "on_step 2", "started", "end"]
     [window] = collector.windows
     assert window.contract_violations == 0
-    assert (column(window, FWD) >= 0.001).all() and (wall(window) >= column(window, FWD)).all()
+    assert list(window.durations_ns[:, window.stages.index(FWD)]) == [7_000] * 3
+    assert list(window.wall_ns) == [7_000, 17_000, 17_000]  # the opening's 10 us and the stage's
+
+
+class SlowRanges:
+    """Stands in for the profiler's ranges: opening one takes ``OPEN`` of the contexts' clock,
+    closing one ``CLOSE`` (a stall after the profiler stamps the range, the GIL given away)."""
+
+    OPEN, CLOSE = 1e-5, 1e-1  # seconds
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def open(self, name: str) -> str:
+        self.clock.advance_s(self.OPEN)
+        return name
+
+    def close(self, scope: str) -> None:
+        self.clock.advance_s(self.CLOSE)
+
+
+def test_a_stages_range_closes_after_its_live_clock_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a capture records ranges, a stage's range opens once its live clock runs and
+    closes once it stopped: a stall in the range's close then falls between the stages in both
+    records, where a close before the clock's stop put it in the live stage alone (the trace's
+    stage ends at the close's stamp), and the confirmation read the two as disagreeing."""
+    from stagefrontier.record import contexts
+
+    clock = StepClock()
+    monkeypatch.setattr(contexts, "_now", clock)
+    collector = CaptureCollector()
+    timer = StageTimer(config=TimerConfig(stages=(FWD, BWD), window=2), collector=collector)
+    timer.instrumentation.record_ranges()
+    for ctx in timer._stage_ctx.values():
+        assert isinstance(ctx, contexts.AnnotatedStageContext)
+        ctx._ranges = SlowRanges(clock)  # type: ignore[assignment]
+    for _ in range(2):
+        with timer.step():
+            with timer.stage(FWD):
+                clock.advance_s(7e-6)
+            with timer.stage(BWD):
+                pass
+    timer.instrumentation.stop_ranges()
+    timer.close()
+    [window] = collector.windows
+    assert list(window.durations_ns[:, window.stages.index(FWD)]) == [17_000] * 2  # open + body
+    assert list(window.durations_ns[:, window.stages.index(BWD)]) == [10_000] * 2
+    assert list(window.wall_ns) == [200_027_000] * 2  # each close's stall between the stages

@@ -36,12 +36,15 @@ from .instrumentation import Instrumentation
 
 class AttachedRouter(Protocol):
     """A router started for one timer: while a capture is armed or runs, the step context
-    calls ``on_step`` at a step's start and ``on_step_end`` at its end; ``pause`` calls
+    calls ``on_step`` at a step's start, ``on_step_started`` once its live clock runs and
+    ``on_step_end`` once the clock stopped at its end; ``pause`` calls
     ``on_pause``; the timer's ``close`` closes it, waiting at most ``join_s`` for its thread
     (``process_ends``: on another thread than the training one, as the process ends by a signal;
     a running capture is then dropped, the profiler left untouched)."""
 
     def on_step(self, step: int) -> None: ...
+
+    def on_step_started(self) -> None: ...
 
     def on_step_end(self) -> None: ...
 

@@ -24,9 +24,7 @@ class StageContext(OpenSpan):
     ``__enter__`` and ``__exit__`` are slots holding the context's own bound ``_enter`` and
     ``_exit``, bound once here: the ``with`` statement looks both up on every use, and a slot
     hands back the bound method it holds where a method defined on the class would be bound
-    anew, an allocation per lookup. A subclass overrides ``_enter`` and ``_exit``; a class
-    swapped in by ``__class__`` assignment after construction (the capture's step context)
-    defines ``__exit__`` itself, which the lookup finds before the slot.
+    anew, an allocation per lookup. A subclass overrides ``_enter`` and ``_exit``.
     """
 
     __slots__ = ("__enter__", "__exit__", "_column", "_reentered", "_reentry", "_start", "_timer")
@@ -140,6 +138,8 @@ class StepContext:
         # set); ``_last`` needs no reset: rows grow within a window.
         t._base = row
         self._start = _now()
+        if t._capture:  # the router's step range opens once the live clock runs (rare)
+            t._router.on_step_started()
         if t._step_hooks:  # a prefetched data wait to import, or CUDA events to poll
             self._start -= t._begin_hooks(row)
 
@@ -161,6 +161,8 @@ class StepContext:
         else:
             t._buf[t._base] = end - self._start
             t._active = OUTSIDE
+        if t._capture:  # the router's step range closes once the live clock stopped (rare)
+            t._router.on_step_end()
         n = t._n + 1
         t._n = n
         if n == t._window_end:
@@ -179,22 +181,6 @@ class StepContext:
             t._violation(f"stage {active._name!r} still open at the end of the step")
 
 
-class CapturedStepContext(StepContext):
-    """The step context while the profiler router captures (the capture swaps the class of the
-    timer's one step context, and back): the step's profiler range, opened by the capture at the
-    step's start, closes as the step ends, so the trace's step spans what the live record's
-    does. Outside a capture nothing of this runs."""
-
-    __slots__ = ()
-
-    # A method, not ``_exit``: the slot still holds StepContext's bound ``_exit`` after the
-    # swap, and this class's ``__exit__`` is found before it.
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if not self._nested:
-            self._timer._router.on_step_end()
-        StepContext._exit(self, exc_type, exc, tb)
-
-
 class AnnotatedStageContext(StageContext):
     """An ordered stage that is also a profiler (and NVTX) range named for it
     (``schema.range_name``: the stage's name, encoded where a trace could not carry it)."""
@@ -207,16 +193,17 @@ class AnnotatedStageContext(StageContext):
         self._ranges = ranges
         self._scope: Any = None
 
-    # The range opens after the stage's clock starts and closes before it stops: the range's
-    # own cost (a profiler that pauses in it) is then the stage's in the trace and in the live
-    # record alike.
+    # The range opens after the stage's clock starts and closes after it stops: the profiler
+    # stamps a range's end as it enters its C call, which gives the GIL away, and the wait to
+    # take it back (long on a busy machine) then falls outside both records, not in the live
+    # one alone. Only the Python work before the profiler stamps the start stays in one.
     def _enter(self) -> None:
         StageContext._enter(self)
         self._scope = self._ranges.open(self._range)
 
     def _exit(self, exc_type: object, exc: object, tb: object) -> None:
-        self._ranges.close(self._scope)
         StageContext._exit(self, exc_type, exc, tb)
+        self._ranges.close(self._scope)
 
 
 class AnnotatedStepContext(StepContext):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .annotate import ProfilerRanges, WaitRanges
-from .contexts import AnnotatedStageContext, CapturedStepContext, StepContext
+from .contexts import AnnotatedStageContext
 from .timer_state import NOT_RECORDING
 
 if TYPE_CHECKING:
@@ -97,8 +97,9 @@ class Instrumentation:
 
     # ------------------------------------------------------------------ steps and cost
     def tell_steps(self, on: bool) -> None:
-        """While on, the timer's router is called at each step's start (``on_step``), at its
-        end (``on_step_end``, once ``record_ranges`` ran) and at a pause (``on_pause``)."""
+        """While on, the timer's router is called at each step's start (``on_step``, before the
+        step's live clock starts, and ``on_step_started``, once it runs), at its end
+        (``on_step_end``, once the clock stopped) and at a pause (``on_pause``)."""
         self._timer._capture = on
 
     def charge(self, ns: int) -> None:
@@ -110,9 +111,6 @@ class Instrumentation:
         """From now on every stage, the step's end and each data wait between steps is a
         profiler range (the stages unless the timer annotates already)."""
         timer = self._timer
-        step_ctx = timer._step_ctx  # type: ignore[attr-defined]
-        if type(step_ctx) is StepContext:  # same slots: the step in flight keeps its exit
-            step_ctx.__class__ = CapturedStepContext
         ranges = ProfilerRanges()
         waits = WaitRanges(timer, ranges)
         timer._wait_ranges = waits
@@ -129,9 +127,6 @@ class Instrumentation:
     def stop_ranges(self) -> None:
         """Back to the timer's own contexts (a wait range still open is closed)."""
         timer = self._timer
-        step_ctx = timer._step_ctx  # type: ignore[attr-defined]
-        if type(step_ctx) is CapturedStepContext:
-            step_ctx.__class__ = StepContext  # type: ignore[assignment]
         waits, timer._wait_ranges = timer._wait_ranges, None
         self.records_ranges = False
         if waits is not None:

@@ -8,21 +8,17 @@ start); ``on_step`` is called only while it is set. One step before the request'
 training thread's Python stack is sampled instead, ``stack_sampler``, so the op diff can name
 the user's function), has the timer record its stages, its steps' ends and the
 between-step data waits of ``timer.iter``, ``timer.fetch`` and the callbacks' hook clocks as
-profiler ranges (``Instrumentation.record_ranges``) and opens a ``stagefrontier.step#<n>`` range;
-each later step closes the previous step's range and opens its own; after the last step it
+profiler ranges (``Instrumentation.record_ranges``); each captured step's
+``stagefrontier.step#<n>`` range opens once the step's live clock runs and closes once it
+stopped (``on_step_started``, ``on_step_end``), as the stages' ranges do, so a stall of the
+thread in the profiler's calls counts in both records or in neither. After the last step it
 stops the sampling and the session and has the timer stop the ranges; as the next step starts
-(the step after the capture ended) it hands the stopped session and the samples to the router
-thread, which has the trace written (``trace_writer``, ``trace_parts``).
+it hands the stopped session and the samples to the router thread, which has the trace written.
 
-One session for the whole capture, started and stopped once on this thread. A session a step
-spread the stop's cost over the captured steps, but it also started and stopped the profiler
-once a step while the router and analysis threads ran, and under load that killed ranks (SIGSEGV
-in the lifecycle test's 100-step capture); it also made a long capture several times slower. The
-stop must run on this thread (the session is the thread's), so the step after the capture
-carries it, made cheaper by starting the session trace-only where torch offers it
-(``profiler_session.trace_only_config``: the stop skips turning every op into a Python-visible
-event, which a capture never reads). The trace (the session's JSON, Kineto's writer holding the
-GIL throughout, and the samples' events) is written by a forked child the router thread waits
+One session for the whole capture, started and stopped once on this thread (a session a step
+killed ranks under load and slowed long captures several times over). The stop must run on
+this thread, so the step after the capture carries it, made cheap by recording the ranges
+alone (``profiler_session``). The trace is written by a forked child the router thread waits
 for (``trace_writer``), off this process's GIL, and no capture starts on this rank until it is
 done (see ``docs/router.md``, the cost of a capture).
 
@@ -100,6 +96,7 @@ class RankCapture:
         self._prof: Any = None
         self._parts: TraceParts | None = None  # the running capture's trace, part by part
         self._step_scope: Any = None
+        self._range_step: int | None = None  # the step whose range opens once its clock runs
         self._host = socket.gethostname()
         self._session = 0  # ``profiler_session.started()`` right after our start
         self._rss_start: int | None = None
@@ -136,48 +133,45 @@ class RankCapture:
         self._withdrawn = (request_id, reason)
 
     # ------------------------------------------------------------------ training thread
-    def on_step(self, step: int) -> None:
-        """Called at the start of every step while a capture is armed, running or held."""
-        start = self._entered_ns = time.perf_counter_ns()
-        self._release_held()
-        try:
-            self._on_step(step)
-        except Exception as exc:  # telemetry never fails training
-            say_failed(logger, f"profiler capture at step {step}", exc, "the capture is abandoned")
-            self._abort(f"capture failed at step {step}: {reason(exc)}")
-        self._charge(start)
+    def on_step(self, step: int) -> None:  # each step's start (before its clock) while armed
+        self._guarded(lambda: self._on_step(step), f"the profiler capture at step {step}")
+
+    def on_step_started(self) -> None:
+        """Called once a step's live clock runs: a captured step's range opens (and closes once
+        the clock stopped, ``on_step_end``): a stall in the profiler's calls, which give the
+        GIL away, counts in both records or in neither; what runs between steps in neither."""
+        self._guarded(self._open_step_range, "opening the step's profiler range")
 
     def on_step_end(self) -> None:
-        """Called as a captured step ends (``record.contexts.CapturedStepContext``): its range
-        closes there, so what runs between steps stays out of it, as out of the live record."""
+        self._guarded(self._close_step_range, "closing the step's profiler range")
+
+    def _guarded(self, call: Callable[[], None], doing: str) -> None:
+        """``call`` on the training thread, its time charged: a failure abandons the capture."""
         start = self._entered_ns = time.perf_counter_ns()
         try:
-            self._close_step_range()
+            call()
         except Exception as exc:  # telemetry never fails training
-            say_failed(logger, "closing the step's profiler range", exc, "the capture is abandoned")
-            self._abort(f"closing the step's range failed: {reason(exc)}")
+            say_failed(logger, doing, exc, "the capture is abandoned")
+            self._abort(f"{doing} failed: {reason(exc)}")
         self._charge(start)
 
     def on_pause(self, step: int) -> None:
         """Called at the start of every paused step while a capture is armed or running: a
         running capture ends with the steps before the pause; one whose first step is paused
         is skipped."""
-        start = self._entered_ns = time.perf_counter_ns()
+        self._guarded(lambda: self._paused(step), f"ending the capture at the pause of step {step}")
+
+    def _paused(self, step: int) -> None:
         self._release_held()
         request = self._request
-        try:
-            if request is None:
-                self._timer.tell_steps(False)
-            elif self._prof is not None:
-                self._close_step_range()
-                self._note = f"the timer was paused at step {step}: the capture ends before it"
-                self._stop(request, step - 1)
-            elif step >= request.first_step:
-                self._give_up(f"the timer on rank {self._rank} was paused at step {step}")
-        except Exception as exc:
-            say_failed(logger, "ending the capture at a pause", exc, "the capture is abandoned")
-            self._abort(f"ending the capture at the pause of step {step} failed: {reason(exc)}")
-        self._charge(start)
+        if request is None:
+            self._timer.tell_steps(False)
+        elif self._prof is not None:
+            self._close_step_range()
+            self._note = f"the timer was paused at step {step}: the capture ends before it"
+            self._stop(request, step - 1)
+        elif step >= request.first_step:
+            self._give_up(f"the timer on rank {self._rank} was paused at step {step}")
 
     def _charge(self, start_ns: int) -> None:
         """Add the time since ``start_ns`` to the timer's self-cost and to this capture's."""
@@ -186,6 +180,7 @@ class RankCapture:
         self._spent_ns += spent
 
     def _on_step(self, step: int) -> None:
+        self._release_held()
         request = self._request
         if request is None:
             self._timer.tell_steps(False)
@@ -217,7 +212,7 @@ class RankCapture:
             self._note = over
             self._stop(request, step - 1)
             return
-        self._open_step_range(step)
+        self._mark_step_range(step)
 
     def _over_budget(self, step: int) -> str:
         """Why the running capture must stop before ``step`` (empty while within budget): the
@@ -280,7 +275,7 @@ class RankCapture:
         self._workers.started()
         self._timer.record_ranges()
         if step < request.first_step or request.steps == 1:
-            self._open_step_range(step)
+            self._mark_step_range(step)
         else:  # the request came too late for the lead-in: this step's data wait is untraced
             self._note = f"step {step} left out: the profiler started after its data wait"
 
@@ -372,15 +367,21 @@ class RankCapture:
         if request is not None:
             self._submit(lambda: self._answer(self._status(request, state, reason)))
 
-    def _open_step_range(self, step: int) -> None:
+    def _mark_step_range(self, step: int) -> None:  # its range opens once its clock runs
+        self._cut_samples()
+        self._range_step = step
+
+    def _open_step_range(self) -> None:
         import torch
 
-        self._cut_samples()
-        self._step_scope = torch.profiler.record_function(step_range_name(step))
-        self._step_scope.__enter__()
+        step, self._range_step = self._range_step, None
+        if step is not None:
+            self._step_scope = torch.profiler.record_function(step_range_name(step))
+            self._step_scope.__enter__()
 
     def _close_step_range(self) -> None:
         scope, self._step_scope = self._step_scope, None
+        self._range_step = None
         if scope is not None:
             scope.__exit__(None, None, None)
             self._cut_samples()

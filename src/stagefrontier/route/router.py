@@ -241,6 +241,9 @@ class RouterRuntime:
     def on_step(self, step: int) -> None:
         self.capture.on_step(step)
 
+    def on_step_started(self) -> None:
+        self.capture.on_step_started()
+
     def on_step_end(self) -> None:
         self.capture.on_step_end()
 
