@@ -146,6 +146,22 @@ def test_store_that_dies_mid_run_downgrades_later_windows(
     assert run.losses == untimed_losses
 
 
+def test_store_that_dies_before_the_first_window_leaves_each_window_to_rank_0(
+    tmp_path: Path, untimed_losses: dict[int, list[float]]
+) -> None:
+    """The collectors connect at their first window, to a store already gone: the connection
+    is refused at once (not retried for the job store's own 60 s, past close's wait), and every
+    window is rank 0's own, with the reason."""
+    config = _config(tmp_path, "dead-early", collect_timeout_s=2.0)
+    run = launch(config, deadline_s=DEADLINE_S, kill_store_after_step=0, start_method=FORK)
+    windows = run.windows
+    assert len(windows) == STEPS // WINDOW
+    for w in windows:
+        assert not w["gather_ok"] and w["ranks_present"] == [0]
+        assert any("store" in r for r in w["reasons"]["telemetry_limited"])
+    assert run.losses == untimed_losses
+
+
 def test_restart_ignores_and_deletes_the_previous_attempts_keys(tmp_path: Path) -> None:
     stale = [f"stagefrontier/job/0/w{w}/r1" for w in range(STEPS // WINDOW)]
     seen: dict[str, bool] = {}

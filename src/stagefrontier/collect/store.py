@@ -62,6 +62,18 @@ SENDER_CLOSE_S = 2.0
 """How long ``close`` waits for a sender's queued windows, whatever the collect timeout: a sender
 only ever waits on the store, and a store that does not answer for this long (rank 0 hung, with
 the store server in its process) is not worth holding the rank's exit for."""
+ANALYSIS_CLOSE_S = 5.0
+"""How long a collector's ``close`` allows for analyzing and writing the windows still queued,
+beyond its store waits (``collector_close_s``)."""
+
+
+def collector_close_s(timeout_s: float) -> float:
+    """How long a collector's ``close`` waits for its queued windows: its connection, if it has
+    none yet (torch's client retries a refused one for ``timeout_s``, and then once more: two
+    timeouts), the wait of the last window for its peers (one more; every queued window ended
+    already and waits until its end plus ``timeout_s``, so the waits do not add up), and
+    ``ANALYSIS_CLOSE_S``. A dead store stops every store wait once its first call fails."""
+    return 3 * timeout_s + ANALYSIS_CLOSE_S
 
 
 OWNER_KEY = "owner"
@@ -114,12 +126,16 @@ def window_key(window: int, rank: int) -> str:
     return f"w{window}/r{rank}"
 
 
-def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: bool = False) -> Any:
-    """A private store connection: ``store.clone()`` of the given store, else of the job's root
-    store, else a TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if none is reachable.
-    With ``probe_first`` (a connection opened again after a failure), a TCP store's address is
-    probed with a plain connection first: a dead store refuses it at once, where the store's
-    client retries for its whole timeout (``store_client.probe``).
+def open_connection(store: Any = None, timeout_s: float = 30.0) -> Any:
+    """A private store connection: to the given store, else to the job's root store, else a
+    TCPStore client on MASTER_ADDR/MASTER_PORT. Raises if none is reachable.
+
+    A connection to a TCP store is bounded by ``timeout_s``, whatever the store's own timeout:
+    its address is probed with a plain connection first (a dead store refuses it at once, where
+    torch's client retries for its whole timeout: ``store_client.probe``), then a client is
+    built with ``timeout_s`` (one that dies between the two is retried for that long, about
+    twice over, not for the job store's timeout: a ``clone`` keeps the store's, 60 s and more).
+    Other stores are cloned (a ``clone`` that is not supported falls back to MASTER_ADDR).
 
     The default group's store is torch's ``PrefixStore`` over the job's store (``0/``, and an
     attempt prefix under torchelastic); it is unwrapped so that keys sit at the documented
@@ -137,9 +153,9 @@ def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: boo
             base = None
         while isinstance(base, dist.PrefixStore):
             base = base.underlying_store
+    if isinstance(base, dist.TCPStore):
+        return tcp_client(base.host, base.port, timeout_s, base.libuvBackend)
     if base is not None:
-        if probe_first and isinstance(base, dist.TCPStore):
-            probe(base.host, base.port, timeout_s)
         try:
             conn = connect(base.clone)
         except Exception as exc:  # stores without clone support
@@ -154,8 +170,15 @@ def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: boo
             "no store to use: no process group, no store given, and MASTER_ADDR/MASTER_PORT "
             "not set (a single process has no store unless one is given)"
         ) from None
-    if probe_first:
-        probe(host, port, timeout_s)
+    return tcp_client(host, port, timeout_s)
+
+
+def tcp_client(host: str, port: int, timeout_s: float, use_libuv: bool = True) -> Any:
+    """A TCPStore client of ``host:port`` whose connection and calls wait at most
+    ``timeout_s``; the address is probed first (see ``open_connection``)."""
+    import torch.distributed as dist
+
+    probe(host, port, timeout_s)
     return connect(
         lambda: dist.TCPStore(
             host,
@@ -163,6 +186,7 @@ def open_connection(store: Any = None, timeout_s: float = 30.0, probe_first: boo
             is_master=False,
             timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
+            use_libuv=use_libuv,
         )
     )
 
@@ -245,7 +269,7 @@ class StoreCollector:
         handler = self._collect if collects else self._send
         join_timeout_s = settings.join_timeout_s
         if join_timeout_s is None:
-            join_timeout_s = timeout_s + 5.0 if collects else SENDER_CLOSE_S
+            join_timeout_s = collector_close_s(timeout_s) if collects else SENDER_CLOSE_S
         self._worker = BackgroundWorker(
             f"stagefrontier-{'collector' if collects else 'sender'}",
             handler,
@@ -283,6 +307,7 @@ class StoreCollector:
         if self._conn is None:
             if self._closed:
                 raise RuntimeError("the collector is closed")
+            self._worker.activity = "connecting to the store"
             raw = self._open_raw()
             self._conn = attempt_store(raw, self.scope)
             self._previous = previous_attempt_store(raw, self.scope)

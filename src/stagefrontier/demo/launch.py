@@ -10,7 +10,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from .train import (
     STEP_MARKER,
     STEP_THREAD_CPU,
     STEP_TIMES,
+    STORE_GONE_MARKER,
     DemoConfig,
     run_rank,
 )
@@ -87,12 +88,14 @@ def launch(
 
     ``store_setup`` may write into the job's store before the ranks start (stale keys of an
     earlier attempt) and ``store_teardown`` inspect it after they finish;
-    ``kill_store_after_step`` shuts the store server down once rank 0 has
-    finished that step (a store that dies mid-run). With ``stuck`` ranks (whose faults never
-    end), the run ends as past its deadline as soon as each of them has been inside its first
-    fault's delay for ``STUCK_SETTLE_S``, not at ``deadline_s``. ``start_method="forkserver"``
-    forks the ranks from a server that has torch imported already (see FORKSERVER_PRELOAD):
-    much faster to start, for harnesses that launch many short runs.
+    ``kill_store_after_step`` shuts the store server down once rank 0 has finished that step
+    and written every window that ended by then, while rank 0 waits for it
+    (``DemoConfig.store_dies_after_step``): a store that dies mid-run, between the windows
+    collected through it and those that end without it, whatever the load. With ``stuck``
+    ranks (whose faults never end), the run ends as past its deadline as soon as each of them
+    has been inside its first fault's delay for ``STUCK_SETTLE_S``, not at ``deadline_s``.
+    ``start_method="forkserver"`` forks the ranks from a server that has torch imported already
+    (see FORKSERVER_PRELOAD): much faster to start, for harnesses that launch many short runs.
     """
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +114,15 @@ def launch(
             stale.unlink(missing_ok=True)
     shutil.rmtree(out / "incidents", ignore_errors=True)  # the profiler router's, of a past run
     marker = out / ".markers" / STEP_MARKER.format(step=kill_store_after_step)
+    gone = out / ".markers" / STORE_GONE_MARKER
+    gone.unlink(missing_ok=True)
+    if kill_store_after_step is not None:
+        config = replace(config, store_dies_after_step=kill_store_after_step)
+        ended = (kill_store_after_step + 1) // config.window
+
+        def store_done() -> bool:
+            return marker.exists() and len(read_windows(out, complete=True)) >= ended
+
     entered = [out / ".markers" / FAULT_MARKER.format(rank=rank) for rank in stuck]
     for path in entered:
         path.unlink(missing_ok=True)
@@ -124,7 +136,8 @@ def launch(
             start_method=start_method,
             store_setup=store_setup,
             store_teardown=store_teardown,
-            kill_store=(lambda: marker.exists()) if kill_store_after_step is not None else None,
+            kill_store=store_done if kill_store_after_step is not None else None,
+            store_killed=gone.touch,
             give_up=(lambda: all(_older_than(p, STUCK_SETTLE_S) for p in entered))
             if entered
             else None,
@@ -170,6 +183,7 @@ def run_ranks(
     store_setup: Callable[[Any], None] | None = None,
     store_teardown: Callable[[Any], None] | None = None,
     kill_store: Callable[[], bool] | None = None,
+    store_killed: Callable[[], None] = lambda: None,
     give_up: Callable[[], bool] | None = None,
     may_die: Collection[int] = (),
     daemon: bool = True,
@@ -182,7 +196,8 @@ def run_ranks(
     live rank is sent SIGUSR1 (a rank that registered ``faulthandler`` for it writes its
     stacks), then terminated, and DemoError raised; so is it when ``give_up``, polled while
     the ranks run, returns True. ``kill_store`` is polled while the ranks
-    run: when it returns True the store server is shut down (a store that dies mid-run). The
+    run: when it returns True the store server is shut down (a store that dies mid-run), then
+    ``store_killed`` called. The
     ranks in ``may_die`` are expected to end early (a killed process): their exit does not stop
     the wait. ``daemon=False`` lets a rank start processes of its own (DataLoader workers);
     the ranks are still terminated when the wait ends, however it ends.
@@ -214,6 +229,7 @@ def run_ranks(
                 break
             if kill_store is not None and store is not None and kill_store():
                 store = None  # the only reference: the server shuts down
+                store_killed()
             time.sleep(0.05)
     finally:
         for proc in procs:
@@ -267,9 +283,13 @@ def _rank_errors(out: Path, ranks: int) -> list[str]:
     return errors
 
 
-def read_windows(out_dir: str | Path) -> list[dict[str, Any]]:
-    """The per-window records rank 0 wrote, in order."""
+def read_windows(out_dir: str | Path, complete: bool = False) -> list[dict[str, Any]]:
+    """The per-window records rank 0 wrote, in order; ``complete``: only the lines written to
+    their end (rank 0 may be writing the last one)."""
     path = Path(out_dir) / "windows.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")
+    if complete:
+        lines = lines[:-1]  # the text after the last newline
+    return [json.loads(line) for line in lines if line.strip()]

@@ -93,6 +93,10 @@ class DemoConfig:
     watch_collectives: bool = True
     """Time the model's collectives (``watch_ddp``, ``watch_fsdp``, ``watch_zero``); False
     leaves them untimed (the overhead benchmark's ``--untimed-collectives``)."""
+    store_dies_after_step: int | None = None
+    """Rank 0 waits after this step until the launcher has shut the job's store down
+    (``STORE_GONE_MARKER``), so every window that ends later ends without a store; ``launch``'s
+    ``kill_store_after_step`` sets it."""
 
     def __post_init__(self) -> None:
         if self.accumulation < 1:
@@ -108,6 +112,9 @@ SHARDINGS = ("ddp", "zero1", "fsdp2")
 
 STEP_MARKER = "step-{step}.marker"
 """Rank 0 touches this file in out_dir/.markers after each step, so a launcher can act mid-run."""
+STORE_GONE_MARKER = "store-gone.marker"
+"""The launcher touches this file in out_dir/.markers once it has shut the store down
+(``DemoConfig.store_dies_after_step``)."""
 FAULT_MARKER = "fault-rank{rank}.marker"
 """A rank touches this file in out_dir/.markers as its first fault's delay begins."""
 ERROR_FILE = "error-rank{rank}.txt"
@@ -260,6 +267,8 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
         if rank == 0:
             markers.mkdir(parents=True, exist_ok=True)
             (markers / STEP_MARKER.format(step=step)).touch()
+            if step == config.store_dies_after_step:
+                _wait_for(markers / STORE_GONE_MARKER)
     closing = time.perf_counter()
     timer.close()
     close_s = time.perf_counter() - closing
@@ -271,6 +280,12 @@ def _train(rank: int, config: DemoConfig, port: int | None) -> None:
     thread_cpu_path.write_text(json.dumps(step_thread_cpu))
     del model, optimizer
     leave_process_group()
+
+
+def _wait_for(path: Path) -> None:
+    """Until ``path`` exists (the launcher's deadline bounds the wait)."""
+    while not path.exists():
+        time.sleep(0.01)
 
 
 def leave_process_group() -> None:

@@ -195,7 +195,6 @@ class RequestChannel:
         self._open_raw = open_raw
         self._conn: Any = None
         self._no_store: str | None = None  # why the process has no store (it never gets one)
-        self._opened = False  # a connection was opened before: the next one is a reconnect
 
     def conn(self) -> Any:
         if self._no_store is not None:
@@ -216,13 +215,11 @@ class RequestChannel:
         return self._conn
 
     def _open_job(self) -> Any:
-        """A connection to the job's store; a reconnect probes its address first (a dead
-        store's refuses at once)."""
+        """A connection to the job's store (a dead one's is refused at once: ``open_connection``
+        probes its address first)."""
         from ..collect.store import open_connection
 
-        raw = open_connection(self.base, probe_first=self._opened)
-        self._opened = True
-        return raw
+        return open_connection(self.base)
 
     def read(self, key: str) -> bytes | None:
         """``key``'s value, None when it has none (``read_key``: atomic, never waits)."""
