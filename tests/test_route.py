@@ -378,6 +378,30 @@ def test_a_capture_keeps_its_windows_while_the_router_thread_exports_its_trace(
     assert not any("analyzed window" in r for r in incident["reasons"]), incident["reasons"]
 
 
+def test_captured_steps_that_no_analyzed_window_holds_are_said() -> None:
+    """Lost (a window past them arrived: theirs was dropped or failed), or not yet analyzed
+    when the capture settled (it timed out first)."""
+    from stagefrontier.route.coordinator import unanalyzed
+
+    def spans(*pairs: tuple[int, int]) -> Any:
+        refs = [SimpleNamespace(first_step=a, last_step=b) for a, b in pairs]
+        return [SimpleNamespace(merged=SimpleNamespace(reference=r)) for r in refs]
+
+    lost: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(lost, spans((10, 14), (20, 24)))
+    assert lost["reasons"] == [
+        "no analyzed window holds captured step(s) 15, 16: their window was dropped from the "
+        "analysis hand-off (its queue was full) or its analysis failed; the trace is compared "
+        "with the live steps that remain"
+    ]
+    late: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(late, spans((10, 14)))
+    assert "not analyzed before the capture settled" in late["reasons"][0]
+    held: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(held, spans((10, 14), (15, 19)))
+    assert held["reasons"] == []
+
+
 def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
