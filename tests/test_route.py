@@ -335,6 +335,73 @@ def test_a_manual_request_from_python_captures_and_writes_an_incident(
     assert (manual_incident(tmp_path) / "incident.html").exists()
 
 
+def test_a_capture_keeps_its_windows_while_the_router_thread_exports_its_trace(
+    tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router thread writes the trace while training goes on; the windows analyzed
+    meanwhile wait for it, and it keeps only the latest ``LIVE_WINDOWS`` live. Here the export
+    waits until more than that many windows were analyzed after it began (a slow export on a
+    loaded machine): the capture kept the windows of its steps, and is confirmed or refuted
+    against them (it was left unconfirmed: no live window covered the captured steps)."""
+    import threading
+
+    from stagefrontier.route import capture, coordinator
+
+    timer, router = _manual_timer(tmp_path, store)
+    _train(timer, 5)
+    analyzed: list[int] = []  # the first step of each window analyzed after these
+    seen = threading.Condition()
+    waited: list[bool] = []
+
+    class Analyzed:
+        def take(self, window: Any) -> None:
+            with seen:
+                analyzed.append(window.merged.reference.first_step)
+                seen.notify_all()
+
+    timer._collector.consumers.register(Analyzed())  # type: ignore[union-attr]
+    real_write = capture.write_trace
+
+    def write_after_windows(*args: Any, **kwargs: Any) -> Any:
+        past = timer._step_index + 5 * (coordinator.LIVE_WINDOWS + 2)  # windows of 5 steps
+        with seen:
+            waited.append(seen.wait_for(lambda: bool(analyzed) and analyzed[-1] >= past, 120))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(capture, "write_trace", write_after_windows)
+    router.request_capture([0], stage="data.next_wait")
+    _train(timer, UNTIL_DONE, done=_settled(tmp_path))
+    timer.close()
+    incident = read_incident(manual_incident(tmp_path))
+    assert waited == [True]
+    assert incident["captured"] and incident["confirmed"] is not None, incident["reasons"]
+    assert not any("analyzed window" in r for r in incident["reasons"]), incident["reasons"]
+
+
+def test_captured_steps_that_no_analyzed_window_holds_are_said() -> None:
+    """Lost (a window past them arrived: theirs was dropped or failed), or not yet analyzed
+    when the capture settled (it timed out first)."""
+    from stagefrontier.route.coordinator import unanalyzed
+
+    def spans(*pairs: tuple[int, int]) -> Any:
+        refs = [SimpleNamespace(first_step=a, last_step=b) for a, b in pairs]
+        return [SimpleNamespace(merged=SimpleNamespace(reference=r)) for r in refs]
+
+    lost: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(lost, spans((10, 14), (20, 24)))
+    assert lost["reasons"] == [
+        "no analyzed window holds captured step(s) 15, 16: their window was dropped from the "
+        "analysis hand-off (its queue was full) or its analysis failed; the trace is compared "
+        "with the live steps that remain"
+    ]
+    late: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(late, spans((10, 14)))
+    assert "not analyzed before the capture settled" in late["reasons"][0]
+    held: dict[str, Any] = {"steps": [13, 16], "reasons": []}
+    unanalyzed(held, spans((10, 14), (15, 19)))
+    assert held["reasons"] == []
+
+
 def test_the_workers_profiles_are_diffed_within_the_incidents_reduction_cost(
     tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ from ..collect.store import previous_attempt_prefix
 from ..errors import ReportFormatError
 from ..formats.limits import regular_file_inside
 from ..render.escape import printable
+from ..window.merged import AnalyzedWindow
 from .policy import EarlierTrace
 from .requests import (
     MANUAL_KEY,
@@ -41,6 +42,10 @@ class OpenCapture:
     answers: dict[int, CaptureStatus] = field(default_factory=dict)
     manual_id: str | None = None
     """The id of the manual request it answers (``stagefrontier capture`` waits for it)."""
+    windows: list[AnalyzedWindow] = field(default_factory=list)
+    """The analyzed windows that hold requested steps, kept with the capture until it settles
+    (the router's live windows are only the latest ones: while its thread runs a trace's
+    export, the windows analyzed meanwhile can push those of the captured steps out)."""
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class Coordinator:
             except queue.Empty:
                 break
             self.live.append(window)
+            self._hold(window)
             self.policy.remember(window)
             if window.report.n_steps:
                 self.step_s = window.report.exposed_s / window.report.n_steps
@@ -225,6 +226,15 @@ class Coordinator:
             ",".join(map(str, ranks)),
         )
 
+    def _hold(self, window: AnalyzedWindow) -> None:
+        """A window that holds steps of the open capture stays with it until it settles."""
+        current = self.open
+        if current is None:
+            return
+        ref, request = window.merged.reference, current.request
+        if ref.first_step <= request.last_step and ref.last_step >= request.first_step:
+            current.windows.append(window)
+
     def _advance(self) -> None:
         current = self.open
         assert current is not None
@@ -250,16 +260,17 @@ class Coordinator:
             incident["reasons"].append("not captured: " + self._why_not(request, settled.files))
         export = export_cpu(current)
         reduction = 0.0
-        live = [block for w in self.live for block in live_windows(w)]
+        windows = [w for w in current.windows if not any(w is k for k in self.live)]
+        windows.extend(self.live)
+        live = [block for w in windows for block in live_windows(w)]
         since = self.policy.first_step(incident["window"], request.first_step)
         capture_cost(incident, request, live, since)
         if incident["captured"] and len(settled.local) == len(settled.files):
             if self.closing or self.run_ending():  # by the process ``finish`` starts
                 leave_for_after_run(incident)
             else:
-                reduction = self.writer.reduce(
-                    incident, settled.local, live, self.live, self.step_s
-                )
+                unanalyzed(incident, windows)
+                reduction = self.writer.reduce(incident, settled.local, live, windows, self.step_s)
         if export or reduction:
             incident["router_cpu_s"] = {"export": export, "reduction": round(reduction, 4)}
         incident["time_to_confirmation_s"] = round(time.monotonic() - current.opened, 3)
@@ -277,3 +288,24 @@ class Coordinator:
         if self.closing and self.current_step() <= request.first_step:
             return f"training ended before step {request.first_step}"
         return "no named rank wrote a trace"
+
+
+def unanalyzed(incident: dict[str, Any], windows: list[AnalyzedWindow]) -> None:
+    """Captured steps that no analyzed window holds, as a reason: the live side of the
+    confirmation lacks them. Lost when a window past them arrived (dropped from the full
+    hand-off queue, or its analysis failed); else not analyzed before the capture timed out."""
+    first, last = incident["steps"]
+    spans = [(w.merged.reference.first_step, w.merged.reference.last_step) for w in windows]
+    missing = [s for s in range(first, last + 1) if not any(a <= s <= b for a, b in spans)]
+    if not missing:
+        return
+    why = (
+        "their window was dropped from the analysis hand-off (its queue was full) or its "
+        "analysis failed"
+        if any(b >= last for _, b in spans)
+        else "their window was not analyzed before the capture settled"
+    )
+    incident["reasons"].append(
+        f"no analyzed window holds captured step(s) {', '.join(map(str, missing))}: {why}; "
+        "the trace is compared with the live steps that remain"
+    )
