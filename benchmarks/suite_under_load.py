@@ -11,6 +11,7 @@ results file (``suite_under_load-logs/``) when ``--keep-logs`` asks for it.
 Usage::
 
     python benchmarks/suite_under_load.py                # five runs beside two burners
+    python benchmarks/suite_under_load.py --workers 2    # the same on two pytest workers
     python benchmarks/suite_under_load.py --runs 1 --burners 0   # one run on the machine as it is
 """
 
@@ -55,8 +56,9 @@ def _watch_load(run: SuiteRun, done: threading.Event) -> None:
             run.load_max = max(run.load_max or 0.0, load)
 
 
-def suite_run(index: int, burners: int, log: Path | None) -> SuiteRun:
-    """One ``make test`` beside ``burners`` CPU burners; its output written to ``log``."""
+def suite_run(index: int, burners: int, workers: int | None, log: Path | None) -> SuiteRun:
+    """One ``make test`` (on ``workers`` pytest workers, else the Makefile's default) beside
+    ``burners`` CPU burners; its output written to ``log``."""
     run = SuiteRun(index, load_start=hc.load_1min())
     run.load_max = run.load_start
     done = threading.Event()
@@ -66,7 +68,7 @@ def suite_run(index: int, burners: int, log: Path | None) -> SuiteRun:
     with hc.cpu_burners(burners):
         # its own session: an interrupted script ends the whole suite (workers, ranks) with it
         proc = subprocess.Popen(
-            ["make", "test"],
+            ["make", "test", *([] if workers is None else [f"PYTEST_WORKERS={workers}"])],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -133,7 +135,12 @@ def render(runs: list[SuiteRun], args: argparse.Namespace, setup_s: float) -> st
         ),
         "",
         "- `make test` is the README's test command: the lint, type and docs checks side by "
-        "side, then the suite on its default workers (`PYTEST_WORKERS` in the Makefile).",
+        "side, then the suite on "
+        + (
+            "its default workers (`PYTEST_WORKERS` in the Makefile)."
+            if args.workers is None
+            else f"{args.workers} pytest worker(s) (`PYTEST_WORKERS={args.workers}`)."
+        ),
         "- The load averages are the 1-minute figure, read at the run's start and every "
         f"{LOAD_EVERY_S:.0f} s during it; the burners alone make {args.burners} of it.",
     ]
@@ -147,11 +154,16 @@ def main() -> int:
         "--burners", type=int, default=2, help="CPU-burning processes beside each (default 2)"
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        help="pytest workers (make test PYTEST_WORKERS=N; default: the Makefile's)",
+    )
+    parser.add_argument(
         "--keep-logs", action="store_true", help="keep each run's output beside the results"
     )
     args = parser.parse_args()
-    if args.runs < 1 or args.burners < 0:
-        parser.error("--runs must be at least 1 and --burners at least 0")
+    if args.runs < 1 or args.burners < 0 or (args.workers is not None and args.workers < 0):
+        parser.error("--runs must be at least 1, --burners and --workers at least 0")
     start = time.monotonic()
     setup = subprocess.run(["make", "setup"], cwd=ROOT, capture_output=True, text=True)
     if setup.returncode != 0:
@@ -162,7 +174,8 @@ def main() -> int:
     runs = []
     for index in range(1, args.runs + 1):
         print(f"[{index}/{args.runs}] make test beside {args.burners} burner(s) ...", flush=True)
-        run = suite_run(index, args.burners, logs / f"run{index}.log" if logs else None)
+        log = logs / f"run{index}.log" if logs else None
+        run = suite_run(index, args.burners, args.workers, log)
         runs.append(run)
         said = "passed" if run.status == 0 else f"FAILED: {', '.join(run.failed) or run.status}"
         print(f"[{index}/{args.runs}] {said}: {run.wall_s / 60:.1f} min, {run.counts}", flush=True)
