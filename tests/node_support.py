@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,19 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     if meet is not None:
         dist.barrier()  # every rank has built its timer: window 0 starts together
     waits_for = job.until_said.get(rank)
+    members = list(range(rank + 1, rank + job.per_node)) if rank % job.per_node == 0 else []
+    leader = rank - rank % job.per_node
+    # a member of a leader that trains on trains on with it to the same step, and the leader
+    # closes after its members: a job's ranks stop together
+    with_leader = rank != leader and leader in job.until_said and leader not in job.die_at_step
     say_by = time.monotonic() + SAY_DEADLINE_S
     for step in itertools.count():
-        if step >= job.steps and (
+        if with_leader and step >= job.steps:
+            if time.monotonic() > say_by:
+                break
+            if store.check([f"stop/{leader}"]) and step >= int(store.get(f"stop/{leader}")):
+                break
+        elif step >= job.steps and (
             waits_for is None or any(waits_for in w for w in said) or time.monotonic() > say_by
         ):
             break
@@ -152,8 +163,13 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
                 pass
         if meet is not None and rank in survivors and (step + 1) % job.window == 0:
             dist.barrier(group=meet)
+    if waits_for is not None and rank == leader:
+        store.set(f"stop/{rank}", str(step))
+        store.wait([f"closed/{r}" for r in members], timedelta(seconds=SAY_DEADLINE_S))
     started = time.monotonic()
     timer.close()
+    if with_leader:
+        store.set(f"closed/{rank}", "1")
     if job.until_said:
         kept = {"said": said, "close_s": time.monotonic() - started}
         Path(job.out_dir, f"said-rank{rank}.json").write_text(json.dumps(kept))

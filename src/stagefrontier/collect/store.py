@@ -432,9 +432,9 @@ class StoreCollector:
         read: list[str],
     ) -> None:
         """Append the windows of ``index`` that arrive by the deadline to ``arrived`` and the
-        keys read to ``read``. The wait ends early when the hand-off queue is full (waiting
-        longer would drop a later window) and never includes the ranks that announced they
-        send nothing."""
+        keys read to ``read``. The wait ends early when the hand-off queue is full and only
+        ranks that missed the previous window are pending (waiting longer would drop a later
+        window), and never includes the ranks that announced they send nothing."""
         conn = self._connection()
         self._read_silent(conn)
         silent = sorted(self._silent.intersection(self.peers))

@@ -9,7 +9,9 @@ going up to rank 0); the rules are the same at every level:
 - a sender deletes its own keys of windows below the collector's ``done`` counter (the collector
   moved past them without reading them), and never keeps more than ``MAX_UNCOLLECTED``;
 - the collector waits for a peer until a deadline, but a peer that missed the previous window
-  only until a short grace, so a dead peer does not stall every window.
+  only until a short grace, so a dead peer does not stall every window; a full hand-off queue
+  cuts the wait short only for such a peer: the collector's own slowness (its queue filled while
+  it analyzed) never makes a peer whose part is on its way missing.
 """
 
 from __future__ import annotations
@@ -155,8 +157,10 @@ class PeerWait:
     ) -> dict[int, str]:
         """Call ``take(peer, key)`` for every key of ``pending`` that appears by the deadline
         (a ReportFormatError from it becomes a note: that peer's payload is rejected); returns
-        the peers still pending. Peers absent last time get only until ``grace``; ``give_up``
-        (the hand-off queue filled up) ends the wait early, with a note."""
+        the peers still pending. Peers absent last time get only until ``grace``, and
+        ``give_up`` (the hand-off queue filled up) ends the wait early for them, with a note; a
+        peer that sent the previous window is waited for until the deadline, full queue or not
+        (the queue fills with the collector's own backlog, however early the peer's part is)."""
         pending = dict(pending)
         try:
             while pending:
@@ -178,7 +182,7 @@ class PeerWait:
                 only_absent = pending.keys() <= self.absent
                 if not pending or now >= deadline or (only_absent and now >= grace):
                     break
-                if give_up():
+                if only_absent and give_up():
                     notes.append(
                         f"stopped waiting for {self.what}(s) {sorted(pending)}: the hand-off "
                         "queue filled up"
