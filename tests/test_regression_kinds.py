@@ -4,6 +4,8 @@ single microstep holds half of it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from stagefrontier import DEFAULT_STAGES
@@ -131,3 +133,25 @@ def test_a_stall_whose_peers_wait_in_one_collective_each_is_still_its_stages() -
     found = check.check(4, stalled, STAGES)
     assert found is not None and found["kind"] == "stage", found
     assert found["top_stage"] == "model.fwd_loss_cpu_wall", found
+
+
+def test_a_rank_late_into_backwards_last_all_reduce_names_backward_not_the_optimizer() -> None:
+    """``data/late_into_backward_windows``: the evidence packets of the collectives job's first
+    four windows (``collectives_job.py``, 4 ranks, 10 steps a window), on a machine at a load of
+    5: three healthy, then a 97 ms compute delay in an autograd hook on rank 1. Every rank's
+    backward grew by about 97 ms (the others wait for rank 1 in the last bucket's all-reduce),
+    every rank's optimizer step by 2.5 ms. The backward's growth did not stand out of its even
+    share over two blocks of steps, and the stage then named was the optimizer's, the one the
+    rank that grew most outside its largest stage grew in: the regression read "whole job" in
+    the optimizer, which the late rank the collectives measured in backward could not correct
+    (the window said "rank 1 late into its last bucket" and "look outside the training code")."""
+    from stagefrontier.formats.packet import read_packet
+
+    folder = Path(__file__).with_name("data") / "late_into_backward_windows"
+    packets = [read_packet(path) for path in sorted(folder.glob("window-*.json"))]
+    check = RegressionCheck()
+    found = [check.check(w, np.asarray(p.d), tuple(p.stages)) for w, p in enumerate(packets)]
+    assert found[:3] == [None, None, None]
+    late = found[3]
+    assert late is not None and late["top_stage"] == "model.backward_cpu_wall", late
+    assert late["delta_advance_ms_per_step"]["model.backward_cpu_wall"] > 80, late

@@ -65,12 +65,20 @@ def rank_spread(result: Comparison, n_ranks: int) -> tuple[bool, str]:
     their largest stage by half the most any rank did, or every rank by a tenth of it
     (``spread_over_ranks``). Where it is not, the stage named is, of those where the rank that
     grew most outside its largest stage grew beyond every other rank (by half the most it did
-    in any), the one that grew most on the frontier."""
+    in any), the one that grew most on the frontier; where no rank grew materially outside its
+    largest stage (less than ``MATERIAL_SHARE`` of the frontier's largest growth), the ranks grew
+    in one stage, which is named: the others' growth is noise (a rank late into backward's
+    last all-reduce and its peers waiting there once named the optimizer's 2 ms)."""
     names, members = stage_groups(result.stages)
     growth = _growth(result)
     outside = _outside(growth)
     if spread_over_ranks(outside, n_ranks):
         return True, result.top_stage
+    if (
+        max(outside.values(), default=0.0)
+        < MATERIAL_SHARE * result.delta_advance_ms[result.top_stage]
+    ):
+        return False, result.top_stage
     rank = max(outside, key=lambda r: outside[r])
     others = [g for r, g in growth.items() if r != rank] or [[0.0] * len(names)]
     beyond = [growth[rank][k] - max(g[k] for g in others) for k in range(len(names))]
