@@ -12,8 +12,25 @@ from typing import Any
 
 import pytest
 
+from machine_support import MARK, hold_machine
 from rank_support import START_METHOD
 from trace_support import trace
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARK}: the test runs with no other pytest worker's test beside it (machine_support)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Each test, with the fixtures set up for it, holds the machine: exclusively when marked
+    ``machine_to_itself``, else shared (``machine_support``; nothing without pytest-xdist)."""
+    with hold_machine(alone=item.get_closest_marker(MARK) is not None):
+        yield
+
 
 DEMO_STEPS = 30
 DEMO_WINDOW = 10

@@ -21,6 +21,8 @@ from cli_support import console_script
 from stagefrontier.analysis.gate import parse_percent
 from test_compare import DATA, healthy, write_run
 
+pytestmark = pytest.mark.machine_to_itself  # jobs side by side or beside its own burners
+
 PASS, FAIL, BAD_INPUT, NOT_COMPARABLE = 0, 1, 2, 3
 
 

@@ -39,6 +39,8 @@ from stagefrontier.demo.scale_check import (
 from stagefrontier.demo.train import DemoConfig
 from stagefrontier.formats.summary_codec import QUANTUM_FRACTION
 
+pytestmark = pytest.mark.machine_to_itself  # jobs side by side or beside its own burners
+
 NODES, PER_NODE = 4, 4
 FAULTS = ("data@5:400ms,to=10", "data@node1:400ms,from=10", "data@all:1200ms,from=30")
 WINDOWS = list(range(7))

@@ -38,6 +38,8 @@ from stagefrontier.record.run_queue import RunQueueClock
 from stagefrontier.render.verdict import verdict
 from starved_rank_job import RANKS, STARVED_RANK, run_rank
 
+pytestmark = pytest.mark.machine_to_itself  # jobs side by side or beside its own burners
+
 BURNERS = 3
 DEADLINE_S = 300
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -38,6 +38,8 @@ from stagefrontier.demo.train import STEP_MARKER
 from stagefrontier.render.regression_text import regression_text
 from stagefrontier.route import list_incidents
 
+pytestmark = pytest.mark.machine_to_itself  # jobs side by side or beside its own burners
+
 STEPS = 120
 WINDOW = 20
 SPREAD_STAGES = ("data", "forward", "backward", "callback_host")
