@@ -73,14 +73,13 @@ docs: $(STAMP)
 
 # The three checks run side by side (mypy and the docs build each keep one core busy for tens of
 # seconds; each check's output is printed whole when it ends), then the suite, if they passed.
-# PYTEST_WORKERS=2 (the default) runs the suite on two pytest-xdist workers, each test file
-# whole on one (--dist loadfile: a file's shared real-rank job runs once; the modules marked
-# machine_to_itself run with no other worker's test beside them, tests/machine_support.py);
-# PYTEST_WORKERS=0 in one process, about 19 min on a quiet 2-core machine
-# (benchmarks/results/suite_under_load.md; docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
+# PYTEST_WORKERS=0 (the default) runs the suite in one process; PYTEST_WORKERS=2 on two
+# pytest-xdist workers, each test file whole on one (--dist loadfile: a file's shared real-rank
+# job runs once): about 13 min on a quiet 2-core machine against 20, but not yet green under
+# load (benchmarks/results/suite_under_load.md; docs/ARCHITECTURE.md, The test suite). pyproject.toml adds --durations=20
 # and a per-test timeout. The site the docs step just built serves tests/test_docs_from_disk.py
 # (STAGEFRONTIER_BUILT_SITE), which builds its own when run without it.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 0
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck docs
