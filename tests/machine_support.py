@@ -3,9 +3,9 @@
 Under pytest-xdist (``make test PYTEST_WORKERS=2``) two workers share the cores. Most tests do
 not mind: their assertions hold at any load. A few compare jobs they run side by side, or start
 CPU burners beside a job and read the slowdown they cause (the compare gate's healthy, stalled
-and heavier runs; the scale check's flat and hierarchical runs; the whole-job, starved-rank and
-router-noise jobs): they assume the jobs beside them are their own, which another worker's jobs
-starting and ending meanwhile break. Such a test module is marked ``machine_to_itself``; each
+and heavier runs; the scale check's flat and hierarchical runs; the whole-job and starved-rank
+jobs): they assume the jobs beside them are their own, which another worker's jobs starting and
+ending meanwhile break. Such a test module is marked ``machine_to_itself``; each
 of its tests (its module's and session's fixtures set up for it included) holds the machine
 exclusively, every other test holds it shared, so the marked ones run with no other worker's
 test beside them.

@@ -136,7 +136,9 @@ def run_rank(rank: int, job: NodeJob, port: int) -> None:
     if meet is not None:
         dist.barrier()  # every rank has built its timer: window 0 starts together
     waits_for = job.until_said.get(rank)
-    members = list(range(rank + 1, rank + job.per_node)) if rank % job.per_node == 0 else []
+    first = rank % job.per_node == 0
+    members = [r for r in range(rank + 1, rank + job.per_node) if first]
+    members = [r for r in members if r not in job.die_at_step]  # a killed member never closes
     leader = rank - rank % job.per_node
     # a member of a leader that trains on trains on with it to the same step, and the leader
     # closes after its members: a job's ranks stop together
